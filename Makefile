@@ -1,0 +1,32 @@
+# Two commands: `make serve` (the server on the default tiny checkpoint) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test unit integration bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch from local disk; a bare `torch` requirement would pull a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+serve: install
+	$(PY) -m engine.serve $(ARGS)
+
+test: install
+	$(PY) -m pytest -q tests
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+integration: install
+	$(PY) -m pytest -q tests/integration
+
+clean:
+	rm -rf cache build results .pytest_cache

@@ -1,0 +1,1 @@
+"""FireRedTTS3 inference engine shared by all Triton models."""

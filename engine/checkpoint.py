@@ -1,0 +1,234 @@
+"""Checkpoints in the official FireRedTTS3 folder layout: load them, or write random ones.
+
+Layout (Hugging Face ``save_pretrained`` folders, as published)::
+
+    DIR/fireredtts3_base/{config.json, model.safetensors | model.safetensors.index.json + shards}
+    DIR/redae/{config.json, model.safetensors ...}
+    DIR/campp/campplus_voxceleb.bin        plain state dict, read with torch.load(weights_only=True)
+    DIR/text_tokenizer/{tokenizer.json, tokenizer_config.json, vocab.json, merges.txt}
+
+``python -m engine.checkpoint make --preset tiny DIR`` writes the same layout with random weights from a
+fixed seed (and a small tokenizer with the same special tokens); the real weights load the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from engine.config import PRESETS, CoreConfig, Preset, RedAEConfig, load_core_config, load_redae_config
+from engine.models.campp import CamppConfig, SpeakerEncoder, load_campp, save_campp
+from engine.models.core import FireRedTTS3Core
+from engine.models.redae import RedAEDecoder, RedAEEncoder
+from engine.text import TextTokenizer, write_tiny_tokenizer
+
+CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR = "fireredtts3_base", "redae", "campp/campplus_voxceleb.bin", "text_tokenizer"
+
+# Tensors present in the official files that inference never reads: each RedAE Qwen3 stack's token
+# embedding (151936 x 896, ~0.5 GB in float32 for the three) and the iSTFT window buffer.
+IGNORED_SUFFIXES = ("qwen3.embed_tokens.weight", "istft_head.istft.window")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that does not match the model; the message lists every problem."""
+
+
+class RedAE(nn.Module):
+    """Container whose parameter names match ``redae/model.safetensors`` (``encoder.*``, ``decoder.*``)."""
+
+    def __init__(self, cfg: RedAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = RedAEEncoder(cfg)
+        self.decoder = RedAEDecoder(cfg)
+
+
+@dataclass
+class Models:
+    core: FireRedTTS3Core
+    redae: RedAE
+    campp: SpeakerEncoder
+    tokenizer: TextTokenizer
+    identity: str  # content identity of the checkpoint (configs + tensor headers)
+    path: Path
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a ``save_pretrained`` folder (single file or sharded with an index)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        shards = json.loads(index.read_text())["weight_map"].values()
+        files = [folder / f for f in sorted(set(shards))]
+    else:
+        raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                state[name] = sf.get_tensor(name)
+    return state
+
+
+def load_into(module: nn.Module, state: dict[str, torch.Tensor], where: str, device, dtype) -> None:
+    """Strictly load ``state`` into ``module`` (built on the meta device), casting floats to ``dtype``.
+
+    Raises:
+        CheckpointError: listing every missing, unexpected, mis-shaped or wrongly typed tensor.
+    """
+    expected = module.state_dict()
+    state = {k: v for k, v in state.items() if not k.endswith(IGNORED_SUFFIXES) or k in expected}
+    problems = []
+    for name in sorted(expected.keys() - state.keys()):
+        problems.append(f"missing: {name} {tuple(expected[name].shape)}")
+    for name in sorted(state.keys() - expected.keys()):
+        problems.append(f"unexpected: {name} {tuple(state[name].shape)}")
+    for name in sorted(expected.keys() & state.keys()):
+        want, got = expected[name], state[name]
+        if tuple(want.shape) != tuple(got.shape):
+            problems.append(f"wrong shape: {name} expected {tuple(want.shape)}, found {tuple(got.shape)}")
+        elif want.is_floating_point() != got.is_floating_point():
+            problems.append(f"wrong dtype: {name} expected a {'float' if want.is_floating_point() else 'integer'} tensor, found {got.dtype}")
+    if problems:
+        shown = problems[:40] + ([f"... and {len(problems) - 40} more"] if len(problems) > 40 else [])
+        raise CheckpointError(f"{where}: checkpoint does not match the model ({len(problems)} problems):\n  " + "\n  ".join(shown))
+    cast = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
+    module.load_state_dict(cast, strict=True, assign=True)
+    module.eval().requires_grad_(False)
+
+
+def _identity(root: Path) -> str:
+    """Hash of the configs and every tensor file's name, size and safetensors header (no full read)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = f.relative_to(root).as_posix()
+        h.update(rel.encode() + str(f.stat().st_size).encode())
+        if f.suffix in (".json", ".txt"):
+            h.update(f.read_bytes())
+        elif f.suffix == ".safetensors":
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                h.update(fh.read(min(n, 1 << 24)))
+        else:  # campp .bin: small, hash it whole
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def load_models(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Models:
+    """Load every part of a checkpoint folder. ``dtype`` defaults to float32 (bfloat16 on CUDA)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {root}")
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for part in (CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR):
+        if not (root / part).exists():
+            raise FileNotFoundError(f"checkpoint {root} lacks {part} (expected the official FireRedTTS3 layout)")
+    core_cfg, redae_cfg = load_core_config(root / CORE_DIR), load_redae_config(root / REDAE_DIR)
+    with torch.device("meta"):
+        core, redae = FireRedTTS3Core(core_cfg), RedAE(redae_cfg)
+    load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, dtype)
+    load_into(redae, read_safetensors(root / REDAE_DIR), str(root / REDAE_DIR), device, dtype)
+    campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32)
+    tokenizer = TextTokenizer.from_dir(root / TOKENIZER_DIR)
+    if tokenizer.vocab_size > core_cfg.backbone.vocab_size:
+        raise CheckpointError(
+            f"tokenizer has {tokenizer.vocab_size} tokens but the backbone embeds only {core_cfg.backbone.vocab_size}"
+        )
+    return Models(core, redae, campp, tokenizer, _identity(root), root)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@torch.no_grad()
+def _randomize(module: nn.Module, scale: float) -> None:
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            fan_in = m.weight[0].numel()
+            m.weight.normal_(0.0, scale / math.sqrt(fan_in))
+            if m.bias is not None:
+                m.bias.normal_(0.0, 0.02)
+        elif isinstance(m, nn.Embedding):
+            m.weight.normal_(0.0, 1.0)
+
+
+def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight checkpoint of ``preset`` in the official layout; same seed, same files."""
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    root = Path(out)
+    torch.manual_seed(seed)
+    core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
+    _randomize(core, p.init_std_scale)
+    _randomize(redae, p.init_std_scale)
+    with torch.no_grad():
+        core.stop_head.bias.fill_(p.stop_bias)
+    c = p.campp
+    campp = SpeakerEncoder(
+        CamppConfig(
+            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
+            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
+        )
+    )  # fmt: skip
+    _randomize(campp, 1.0)
+    for sub, model, cfg in ((CORE_DIR, core, p.core.to_json()), (REDAE_DIR, redae, p.redae.to_json())):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(tensors, str(root / sub / "model.safetensors"), metadata={"format": "pt"})
+    (root / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
+    save_campp(campp, root / CAMPP_FILE)
+    vocab = write_tiny_tokenizer(root / TOKENIZER_DIR)
+    if vocab > p.core.backbone.vocab_size:
+        raise ValueError(f"preset {p.name}: tokenizer ({vocab}) exceeds backbone vocab ({p.core.backbone.vocab_size})")
+    return root
+
+
+def describe(path: str | Path) -> str:
+    m = load_models(path)
+    parts = {
+        "backbone+heads": count_parameters(m.core),
+        "redae encoder": count_parameters(m.redae.encoder),
+        "redae decoder": count_parameters(m.redae.decoder),
+        "campp": count_parameters(m.campp),
+    }
+    lines = [f"{k:>16}: {v / 1e6:9.3f} M" for k, v in parts.items()]
+    lines.append(f"{'total':>16}: {sum(parts.values()) / 1e6:9.3f} M  (identity {m.identity})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.checkpoint", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    mk = sub.add_parser("make", help="write a random-weight checkpoint in the official layout")
+    mk.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("out", type=Path)
+    info = sub.add_parser("info", help="load a checkpoint and print parameter counts")
+    info.add_argument("path", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "make":
+        t0 = time.perf_counter()
+        make_checkpoint(args.preset, args.out, args.seed)
+        print(f"wrote {args.preset} checkpoint to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    else:
+        print(describe(args.path))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

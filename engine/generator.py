@@ -1,0 +1,186 @@
+"""Batched autoregressive generation: one :meth:`Generator.step` advances every live stream by one
+patch (prefill for new streams, one backbone token for the rest, the flow head for all in one call).
+
+Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, an RNG), so
+a stream's latents depend only on its own inputs and seed, never on who shares the batch.
+Slot bookkeeping (which slot a request owns) is the caller's; this module only reads ``Stream.slot``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.kv_cache import SlotCache
+from engine.models.core import FireRedTTS3Core, cosine_schedule
+from engine.prompt import VoicePrompt
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Per-request sampling settings (defaults are the reference's)."""
+
+    seed: int = 1234
+    steps: int = 10  # Euler steps of the flow head
+    cfg: float = 2.0  # classifier-free guidance weight w
+    stop_threshold: float = 0.5
+    min_patches: int = 6  # the stop head is ignored before this many patches
+    max_patches: int = 400  # ~64 s
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.steps <= 100:
+            raise ValueError(f"steps must be in 1..100, got {self.steps}")
+        if not 0.0 <= self.cfg <= 20.0:
+            raise ValueError(f"cfg must be in 0..20, got {self.cfg}")
+        if not 0.0 < self.stop_threshold <= 1.0:
+            raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold}")
+        if not 1 <= self.max_patches <= 4000 or not 0 <= self.min_patches <= self.max_patches:
+            raise ValueError(f"need 0 <= min_patches <= max_patches <= 4000, got {self.min_patches}, {self.max_patches}")
+        if not -(2**63) <= self.seed < 2**63:
+            raise ValueError("seed must fit in int64")
+
+
+@dataclass
+class Stream:
+    """One request's generation state. Created by :meth:`Generator.new_stream`."""
+
+    slot: int
+    tokens: torch.Tensor  # (1, T) prompt token ids
+    prompt: VoicePrompt
+    params: GenerationParams
+    rng: torch.Generator
+    position: int = 0  # next backbone position (= cached tokens)
+    patches: int = 0  # patches generated so far
+    finished: bool = False
+    next_input: torch.Tensor | None = None  # (1, 1, hidden) backbone input of the next decode
+    cond: torch.Tensor | None = None  # (1, 3, hidden) last 3 backbone states, zero-padded
+    history: torch.Tensor | None = None  # (1, 8, 64) last clean latents
+    spk_dit: torch.Tensor | None = None  # (1, spk_in_dim)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.next_input is not None or self.finished
+
+    def prefix_length(self) -> int:
+        return 1 + self.tokens.shape[1] + self.prompt.num_patches
+
+
+@dataclass
+class StepResult:
+    latents: torch.Tensor | None  # (4, 64) float32 of the new patch, None if the stream stopped
+    finished: bool
+    reason: str = ""  # "stop" (stop head), "length" (max_patches) when finished
+
+
+@dataclass
+class Generator:
+    """Runs steps for streams whose slots live in one :class:`SlotCache`."""
+
+    core: FireRedTTS3Core
+    cache: SlotCache
+    _t_spans: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.k.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.core.stop_head.weight.dtype
+
+    def new_stream(self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams) -> Stream:
+        if prompt.num_patches < 1:
+            raise ValueError("the voice prompt has no audio patches")
+        vocab = self.core.cfg.backbone.vocab_size
+        if not tokens or max(tokens) >= vocab or min(tokens) < 0:
+            raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")
+        rng = torch.Generator(device="cpu").manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
+        t = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        s = Stream(slot=slot, tokens=t, prompt=prompt, params=params, rng=rng)
+        need = s.prefix_length() + params.max_patches
+        if need > self.cache.max_len:
+            raise ValueError(
+                f"prompt of {s.prefix_length()} positions plus up to {params.max_patches} patches needs {need} "
+                f"cache positions; this server has {self.cache.max_len} (shorten the text or reference audio)"
+            )
+        return s
+
+    def _t_span(self, steps: int) -> torch.Tensor:
+        if steps not in self._t_spans:
+            self._t_spans[steps] = cosine_schedule(steps, self.device)
+        return self._t_spans[steps]
+
+    @torch.inference_mode()
+    def step(self, streams: list[Stream]) -> list[StepResult]:
+        """Advance each stream by one patch. Streams must be live and own distinct slots."""
+        if len({s.slot for s in streams}) != len(streams):
+            raise ValueError("two streams share a slot")
+        hidden: dict[int, torch.Tensor] = {}  # index -> (1, hidden) newest backbone state
+        new = [i for i, s in enumerate(streams) if not s.prefilled]
+        old = [i for i, s in enumerate(streams) if s.prefilled]
+        for i in new:
+            hidden[i] = self._prefill(streams[i])
+        if old:
+            x = torch.cat([streams[i].next_input for i in old], dim=0)
+            view = self.cache.batch([streams[i].slot for i in old], [streams[i].position for i in old], 1)
+            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+            for j, i in enumerate(old):
+                streams[i].position += 1
+                hidden[i] = h[j : j + 1, -1]
+                streams[i].cond = torch.cat([streams[i].cond[:, 1:], h[j : j + 1]], dim=1)
+
+        results: list[StepResult | None] = [None] * len(streams)
+        last = torch.cat([hidden[i] for i in range(len(streams))], dim=0)
+        p_stop = self.core.stop_probability(last).tolist()
+        going = []
+        for i, s in enumerate(streams):
+            if p_stop[i] >= s.params.stop_threshold and s.patches >= s.params.min_patches:
+                s.finished = True
+                results[i] = StepResult(None, True, "stop")
+            else:
+                going.append(i)
+        # one flow call per distinct step count (normally one)
+        for steps in sorted({streams[i].params.steps for i in going}):
+            group = [i for i in going if streams[i].params.steps == steps]
+            lat = self._flow(group, streams, steps)
+            emb = self.core.patch_encoder(lat.reshape(1, -1, lat.shape[-1])).reshape(len(group), 1, -1)
+            for j, i in enumerate(group):
+                s = streams[i]
+                s.history = torch.cat([s.history[:, lat.shape[1] :], lat[j : j + 1]], dim=1)
+                s.next_input = emb[j : j + 1]
+                s.patches += 1
+                done = s.patches >= s.params.max_patches
+                s.finished = done
+                results[i] = StepResult(lat[j].float(), done, "length" if done else "")
+        return results
+
+    def _prefill(self, s: Stream) -> torch.Tensor:
+        core = self.core
+        dt = self.dtype
+        spk = s.prompt.speaker.to(self.device, dt)[None]
+        lat = s.prompt.latents.to(self.device, dt)[None]
+        x = core.prefix_embeddings(spk, s.tokens, lat)
+        view = self.cache.batch([s.slot], [0], x.shape[1])
+        h = core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+        s.position = x.shape[1]
+        pad = h.new_zeros(1, core.cfg.num_history_patches, h.shape[-1])
+        s.cond = torch.cat([pad, h[:, -s.prompt.num_patches :]], dim=1)[:, -(core.cfg.num_history_patches + 1) :]
+        hist = torch.cat([lat.new_zeros(1, core.history_latents, lat.shape[-1]), lat], dim=1)
+        s.history = hist[:, -core.history_latents :]
+        s.spk_dit = core.spk_proj_dit(spk)
+        s.next_input = None
+        return h[:, -1]
+
+    def _flow(self, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:
+        core = self.core
+        ps, dim = core.cfg.patch_size, core.cfg.redae_dim
+        noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group]).to(self.device)
+        return core.flow(
+            history=torch.cat([streams[i].history for i in group]),
+            cond=core.dit_head(torch.cat([streams[i].cond for i in group])),
+            spk_dit=torch.cat([streams[i].spk_dit for i in group]),
+            noise=noise,
+            t_span=self._t_span(steps),
+            cfg_weight=torch.tensor([streams[i].params.cfg for i in group], device=self.device),
+        )

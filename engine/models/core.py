@@ -1,0 +1,102 @@
+"""The LLM-DiT core of FireRedTTS3 Base: Qwen3 backbone, PatchEncoder, DiT flow head, stop head and
+speaker projections. Parameter names match ``fireredtts3_base/model.safetensors``.
+
+The autoregressive loop itself lives in :mod:`engine.generator`; this module holds the networks and
+the batched pieces one step needs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from engine.config import CoreConfig
+from engine.layers.qwen3 import Qwen3Stack
+from engine.models.dit import DiT
+from engine.models.patch_encoder import PatchEncoder
+
+
+def cosine_schedule(steps: int, device=None) -> torch.Tensor:
+    """(steps + 1,) times ``t = 1 - cos(pi/2 * s)`` for s evenly spaced in [0, 1]."""
+    s = torch.linspace(0, 1, steps + 1, device=device)
+    return 1 - torch.cos(s * 0.5 * math.pi)
+
+
+class FireRedTTS3Core(nn.Module):
+    def __init__(self, cfg: CoreConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.backbone.hidden_size
+        self.backbone_llm = Qwen3Stack(cfg.backbone, with_embeddings=True)
+        self.spk_proj_llm = nn.Linear(cfg.spk_in_dim, h)
+        self.spk_proj_dit = nn.Linear(cfg.spk_in_dim, cfg.spk_in_dim)
+        self.patch_encoder = PatchEncoder(
+            cfg.redae_dim, h, cfg.patch_size, cfg.patch_encoder_hidden_size, cfg.patch_encoder_depth,
+            cfg.patch_encoder_num_heads, cfg.patch_encoder_mlp_ratio,
+        )  # fmt: skip
+        self.dit_head = nn.Linear(h, cfg.dit_hidden_size)
+        self.dit = DiT(
+            cfg.redae_dim + cfg.dit_hidden_size + cfg.spk_in_dim, cfg.redae_dim, cfg.dit_hidden_size,
+            cfg.dit_depth, cfg.dit_num_heads, cfg.dit_mlp_ratio,
+        )  # fmt: skip
+        self.stop_head = nn.Linear(h, 1)
+
+    @property
+    def history_latents(self) -> int:
+        return self.cfg.num_history_patches * self.cfg.patch_size
+
+    def prefix_embeddings(self, spk: torch.Tensor, tokens: torch.Tensor, prompt_latents: torch.Tensor):
+        """Backbone input of a new stream: [speaker, text tokens, one embedding per prompt patch].
+
+        Args:
+            spk: (1, spk_in_dim); tokens: (1, T) int64; prompt_latents: (1, 4P, 64).
+        Returns:
+            (1, 1 + T + P, hidden).
+        """
+        parts = [self.spk_proj_llm(spk)[:, None], self.backbone_llm.embed_tokens(tokens)]
+        parts.append(self.patch_encoder(prompt_latents))
+        return torch.cat(parts, dim=1)
+
+    def stop_probability(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, hidden) last backbone states -> (B,) float32 stop probabilities."""
+        return torch.sigmoid(self.stop_head(h).squeeze(-1).float())
+
+    def flow(
+        self,
+        history: torch.Tensor,
+        cond: torch.Tensor,
+        spk_dit: torch.Tensor,
+        noise: torch.Tensor,
+        t_span: torch.Tensor,
+        cfg_weight: torch.Tensor,
+    ) -> torch.Tensor:
+        """Euler-integrate one patch for B streams with classifier-free guidance (2B DiT rows per step).
+
+        Args:
+            history: (B, 8, 64) clean latents before the patch.
+            cond: (B, 3, dit_hidden) ``dit_head`` of the last 3 backbone states (zeros before the start).
+            spk_dit: (B, spk_in_dim) ``spk_proj_dit`` of the speaker embedding.
+            noise: (B, 4, 64) starting noise.
+            t_span: (steps + 1,) schedule from :func:`cosine_schedule`.
+            cfg_weight: (B,) guidance w; v = (1 + w) v_cond - w v_uncond (the unconditional row zeroes
+                both conditions and keeps the history).
+        Returns:
+            (B, 4, 64) latents of the patch.
+        """
+        b, p = noise.shape[0], self.cfg.patch_size
+        xt = torch.cat([history, noise.to(history.dtype)], dim=1)
+        n = xt.shape[1]
+        c = torch.cat([cond.repeat_interleave(p, dim=1), spk_dit[:, None].expand(b, n, -1)], dim=-1)
+        c = torch.cat([c, torch.zeros_like(c)], dim=0)
+        w = cfg_weight.to(xt.dtype).view(b, 1, 1)
+        for i in range(len(t_span) - 1):
+            t = t_span[i]
+            dt = t_span[i + 1] - t
+            x_in = torch.cat([xt.repeat(2, 1, 1), c], dim=-1)
+            v = self.dit(x_in, t.expand(2 * b).to(xt.dtype))
+            v_c, v_u = v.chunk(2, dim=0)
+            v = (1.0 + w) * v_c - w * v_u
+            xt[:, -p:] = xt[:, -p:] + dt * v[:, -p:]
+        return xt[:, -p:]

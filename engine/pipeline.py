@@ -1,0 +1,106 @@
+"""The loaded model and the request-level pieces around the generator: prompt encoding, tokens,
+decoder streams. Shared by the offline path (:mod:`engine.synthesize`) and the Triton models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine import audio as A
+from engine.checkpoint import Models, load_models
+from engine.config import PATCH_SAMPLES, SAMPLE_RATE
+from engine.generator import Generator
+from engine.kv_cache import SlotCache
+from engine.models.campp import speaker_embedding
+from engine.models.redae import DecoderStream
+from engine.prompt import VoicePrompt
+
+SILENT_PROMPT_SAMPLES = PATCH_SAMPLES  # the prompt used without reference audio: one patch of silence
+MAX_REFERENCE_SECONDS = 60.0
+
+
+class FireRedTTS3:
+    """A checkpoint loaded on one device, with the operations a request needs."""
+
+    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype):
+        self.models = models
+        self.device = device
+        self.dtype = dtype
+        self._silent: VoicePrompt | None = None
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None) -> FireRedTTS3:
+        models = load_models(path, device, dtype)
+        return cls(models, torch.device(device), models.core.stop_head.weight.dtype)
+
+    @property
+    def core(self):
+        return self.models.core
+
+    @property
+    def identity(self) -> str:
+        return self.models.identity
+
+    @torch.inference_mode()
+    def encode_prompt(self, audio: np.ndarray | None, sample_rate: int = SAMPLE_RATE, text: str = "") -> VoicePrompt:
+        """Reference clip -> :class:`VoicePrompt`. ``audio`` None gives the silent prompt (text ignored).
+
+        Args:
+            audio: (N,) float samples in [-1, 1] at ``sample_rate``.
+        """
+        if audio is None:
+            if self._silent is None:
+                self._silent = self._encode(np.zeros(SILENT_PROMPT_SAMPLES, np.float32), "")
+            return self._silent
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim != 1 or audio.size == 0:
+            raise ValueError(f"reference audio must be a non-empty 1-D array, got shape {audio.shape}")
+        if not np.isfinite(audio).all():
+            raise ValueError("reference audio contains NaN or infinite samples")
+        if audio.size / sample_rate > MAX_REFERENCE_SECONDS:
+            raise ValueError(f"reference audio is {audio.size / sample_rate:.1f} s; the limit is {MAX_REFERENCE_SECONDS:.0f} s")
+        audio = A.resample(audio, sample_rate, SAMPLE_RATE)
+        return self._encode(A.left_pad_to_multiple(audio, PATCH_SAMPLES), text)
+
+    def _encode(self, padded: np.ndarray, text: str) -> VoicePrompt:
+        x = torch.from_numpy(padded).to(self.device, self.dtype)[None]
+        latents = self.models.redae.encoder(x)[0].float().cpu()
+        spk = speaker_embedding(self.models.campp, padded)[0].float().cpu()
+        return VoicePrompt(latents=latents, speaker=spk, text=text)
+
+    def tokens(self, text: str, language: str, prompt: VoicePrompt) -> list[int]:
+        return self.models.tokenizer.encode_prompt(text, language=language, prompt_text=prompt.text)
+
+    def generator(self, slots: int, max_len: int) -> Generator:
+        cache = SlotCache(self.core.cfg.backbone, slots, max_len, self.device, self.dtype)
+        return Generator(self.core, cache)
+
+    @torch.inference_mode()
+    def decoder_stream(self, prompt: VoicePrompt) -> PrimedDecoder:
+        return PrimedDecoder(self.models.redae.decoder.stream(1), prompt, self.device, self.dtype)
+
+
+class PrimedDecoder:
+    """One stream's RedAE decoder, primed with the prompt latents so that its audio equals offline
+    decoding of [prompt + generated] with the prompt's samples cut."""
+
+    def __init__(self, stream: DecoderStream, prompt: VoicePrompt, device, dtype):
+        self.stream, self.device, self.dtype = stream, device, dtype
+        self.to_skip = prompt.num_samples
+        self._emit(stream.decode(prompt.latents.to(device, dtype)[None]))
+
+    def _emit(self, samples: torch.Tensor) -> np.ndarray:
+        x = samples[0]
+        if self.to_skip:
+            cut = min(self.to_skip, x.shape[0])
+            x, self.to_skip = x[cut:], self.to_skip - cut
+        return x.float().cpu().numpy()
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """(L, 64) generated latents -> (n,) float32 samples finished so far."""
+        return self._emit(self.stream.decode(latents.to(self.device, self.dtype)[None]))
+
+    def finish(self) -> np.ndarray:
+        return self._emit(self.stream.finish())

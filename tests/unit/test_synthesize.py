@@ -1,0 +1,128 @@
+"""Offline synthesis on the tiny checkpoint: length, determinism, batching independence, CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from engine.generator import GenerationParams
+from engine.synthesize import stream_audio, synthesize
+
+
+def _gen_latents(tts, text, seed, prompt=None, max_patches=400):
+    prompt = prompt or tts.encode_prompt(None)
+    tokens = tts.tokens(text, "English", prompt)
+    gen = tts.generator(1, 1 + len(tokens) + prompt.num_patches + max_patches)
+    s = gen.new_stream(0, tokens, prompt, GenerationParams(seed=seed, max_patches=max_patches))
+    out = []
+    while not s.finished:
+        r = gen.step([s])[0]
+        if r.latents is not None:
+            out.append(r.latents)
+    return torch.stack(out)
+
+
+def test_length_is_whole_patches_and_deterministic(tts):
+    a = synthesize(tts, "Hello", params=GenerationParams(seed=7))
+    b = synthesize(tts, "Hello", params=GenerationParams(seed=7))
+    c = synthesize(tts, "Hello", params=GenerationParams(seed=8))
+    n_patches = _gen_latents(tts, "Hello", 7).shape[0]
+    assert a.dtype == np.float32 and a.ndim == 1
+    assert len(a) == n_patches * 3840 and n_patches >= 6
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a[: len(c)], c[: len(a)])
+    assert np.isfinite(a).all() and np.abs(a).max() > 1e-4
+
+
+def test_max_patches_limits_length(tts):
+    wav = synthesize(tts, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7))
+    assert len(wav) <= 7 * 3840
+
+
+def test_reference_voice_changes_output(tts):
+    rng = np.random.default_rng(0)
+    ref = (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32)
+    a = synthesize(tts, "Hello", ref_audio=ref, ref_sample_rate=16000, ref_text="hi", params=GenerationParams(seed=7))
+    b = synthesize(tts, "Hello", params=GenerationParams(seed=7))
+    assert len(a) % 3840 == 0
+    assert not np.array_equal(a[: len(b)], b[: len(a)])
+    p = tts.encode_prompt(ref, 16000, "hi")
+    assert p.latents.shape == (4 * 13, 64)  # 2 s at 24 kHz -> 48000 samples -> padded to 13 patches
+    assert p.speaker.shape == (512,)
+
+
+def test_bad_inputs_raise(tts):
+    with pytest.raises(ValueError, match="Klingon"):
+        synthesize(tts, "Hello", language="Klingon")
+    with pytest.raises(ValueError, match="non-empty"):
+        tts.encode_prompt(np.zeros(0, np.float32), 24000)
+    with pytest.raises(ValueError, match="steps"):
+        GenerationParams(steps=0)
+
+
+def test_stream_chunks_follow_schedule_and_concatenate(tts):
+    params = GenerationParams(seed=3, min_patches=9, max_patches=9)
+    chunks = list(stream_audio(tts, "Hello world", params=params, schedule=(3, 4)))
+    full = synthesize(tts, "Hello world", params=params, schedule=(3, 4))
+    assert np.array_equal(np.concatenate(chunks), full)
+    # samples finished per chunk: 3 patches minus the iSTFT's open tail, then 4 patches, then the rest
+    assert len(chunks) >= 3 and len(chunks[0]) == 3 * 3840 - 720
+
+
+def test_chunking_changes_nothing_audible(tts):
+    params = GenerationParams(seed=5)
+    a = synthesize(tts, "Chunking test", params=params, schedule=(1,))
+    b = synthesize(tts, "Chunking test", params=params, schedule=(400,))
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_batched_streams_equal_solo_runs(tts):
+    """Four streams stepped together (different texts, seeds, start times) match their solo runs."""
+    texts = ["One", "Two words", "Three little words", "Four"]
+    seeds = [1, 2, 3, 4]
+    solo = [_gen_latents(tts, t, s) for t, s in zip(texts, seeds)]
+    prompt = tts.encode_prompt(None)
+    gen = tts.generator(slots=4, max_len=512)
+    streams, outs = [], [[] for _ in texts]
+    for step in range(1000):
+        if step < len(texts):  # a new stream joins at every step
+            toks = tts.tokens(texts[step], "English", prompt)
+            streams.append(gen.new_stream(3 - step, toks, prompt, GenerationParams(seed=seeds[step])))
+        live = [s for s in streams if not s.finished]
+        if not live and len(streams) == len(texts):
+            break
+        for s, r in zip(live, gen.step(live)):
+            if r.latents is not None:
+                outs[streams.index(s)].append(r.latents)
+    for i in range(len(texts)):
+        got = torch.stack(outs[i])
+        assert got.shape == solo[i].shape
+        torch.testing.assert_close(got, solo[i], atol=1e-4, rtol=1e-4)
+
+
+def test_cli_writes_identical_wavs(tiny_ckpt, tmp_path):
+    def run(seed, name):
+        out = tmp_path / name
+        cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "Hello"]
+        r = subprocess.run(cmd + ["--seed", str(seed), "--out", str(out)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "RTF" in r.stderr
+        return out
+
+    a, b, c = run(7, "a.wav"), run(7, "b.wav"), run(8, "c.wav")
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    info = sf.info(str(a))
+    assert info.samplerate == 24000 and info.channels == 1
+
+
+def test_cli_reports_bad_language(tiny_ckpt, tmp_path):
+    cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "x"]
+    r = subprocess.run(cmd + ["--language", "Elvish", "--out", str(tmp_path / "x.wav")], capture_output=True, text=True)
+    assert r.returncode != 0 and "Elvish" in r.stderr
