@@ -189,6 +189,8 @@ def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Pat
         (root / sub).mkdir(parents=True, exist_ok=True)
         (root / sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if sub == REDAE_DIR:  # the published layout carries this buffer; the reference needs it to load
+            tensors["decoder.istft_head.istft.window"] = torch.hann_window(4 * p.redae.audio_patch_size)
         save_file(tensors, str(root / sub / "model.safetensors"), metadata={"format": "pt"})
     (root / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
     save_campp(campp, root / CAMPP_FILE)

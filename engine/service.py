@@ -1,0 +1,147 @@
+"""Server-side stream bookkeeping, independent of Triton (the ``model.py`` files are thin adapters).
+
+- :class:`GeneratorService`: streams keyed by correlation id, each in a slot of one batched generator;
+  :meth:`step` advances all given streams by one patch and returns the chunks that are due.
+- :class:`VocoderService`: per-stream primed RedAE decoder state, reclaimed on END, cancel or idle.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.generator import GenerationParams, Stream
+from engine.pipeline import FireRedTTS3, PrimedDecoder
+from engine.prompt import VoicePrompt
+from engine.slots import Handle, SlotTable
+from engine.synthesize import chunk_sizes
+
+
+@dataclass
+class _Live:
+    handle: Handle
+    stream: Stream
+    sizes: object  # iterator of chunk sizes
+    want: int
+    pending: list = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Emission:
+    latents: np.ndarray | None  # (L, 64) float32 chunk, or None when nothing is due this step
+    finished: bool
+    reason: str = ""
+
+
+class GeneratorService:
+    def __init__(self, tts: FireRedTTS3, slots: int, max_len: int):
+        self.tts = tts
+        self.table = SlotTable(slots)
+        self.gen = tts.generator(slots, max_len)
+        self.live: dict[int | str, _Live] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.table)
+
+    def admit(
+        self,
+        owner,
+        tokens: list[int],
+        prompt: VoicePrompt,
+        params: GenerationParams,
+        schedule: tuple[int, ...] = (3, 12),
+    ) -> None:
+        """Give ``owner`` a slot and a stream. Raises ValueError for bad input (nothing is kept then)."""
+        sizes = chunk_sizes(schedule)
+        if owner in self.live:
+            raise ValueError(f"stream {owner!r} already exists")
+        handle = self.table.allocate(owner)
+        try:
+            stream = self.gen.new_stream(handle.slot, tokens, prompt, params)
+        except Exception:
+            self.table.release(handle)
+            raise
+        self.live[owner] = _Live(handle, stream, sizes, next(sizes))
+
+    def drop(self, owner) -> bool:
+        """Free ``owner``'s slot (finished, cancelled or failed). Returns False if it had none."""
+        live = self.live.pop(owner, None)
+        if live is None:
+            return False
+        self.table.release(live.handle)
+        return True
+
+    def step(self, owners: list) -> dict:
+        """One generator step for ``owners``; returns owner -> :class:`Emission`. Finished streams are freed."""
+        lives = [self.live[o] for o in owners]
+        for lv in lives:
+            self.table.check(lv.handle)
+        results = self.gen.step([lv.stream for lv in lives])
+        out = {}
+        for owner, lv, r in zip(owners, lives, results):
+            if r.latents is not None:
+                lv.pending.append(r.latents)
+            due = lv.pending and (len(lv.pending) >= lv.want or r.finished)
+            chunk = None
+            if due:
+                chunk = torch.cat(lv.pending).float().cpu().numpy()
+                lv.pending, lv.want = [], next(lv.sizes)
+            out[owner] = Emission(chunk, r.finished, r.reason)
+            if r.finished:
+                self.drop(owner)
+        return out
+
+
+@dataclass
+class _Voc:
+    decoder: PrimedDecoder
+    last_seen: float
+
+
+class VocoderService:
+    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0):
+        self.tts = tts
+        self.idle_seconds = idle_seconds
+        self.streams: dict[int | str, _Voc] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.streams)
+
+    @torch.inference_mode()
+    def process(self, owner, latents: np.ndarray, start: bool, end: bool, prompt_latents: np.ndarray | None):
+        """One chunk of one stream -> float32 samples finished by it (all the rest with ``end``)."""
+        now = time.monotonic()
+        if start:
+            if prompt_latents is None or len(prompt_latents) == 0:
+                raise ValueError("START needs PROMPT_LATENTS")
+            self.streams.pop(owner, None)  # a restarted id begins afresh
+            prompt = VoicePrompt(torch.from_numpy(np.ascontiguousarray(prompt_latents, np.float32)), torch.zeros(1), "")
+            self.streams[owner] = _Voc(self.tts.decoder_stream(prompt), now)
+        voc = self.streams.get(owner)
+        if voc is None:
+            raise ValueError(f"vocoder stream {owner} is unknown (not started, ended, or reclaimed after idling)")
+        voc.last_seen = now
+        parts = []
+        if len(latents):
+            parts.append(voc.decoder.decode(torch.from_numpy(np.ascontiguousarray(latents, np.float32))))
+        if end:
+            parts.append(voc.decoder.finish())
+            del self.streams[owner]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def drop(self, owner) -> bool:
+        return self.streams.pop(owner, None) is not None
+
+    def reap(self) -> list:
+        """Drop streams idle longer than ``idle_seconds``; returns their ids."""
+        cutoff = time.monotonic() - self.idle_seconds
+        dead = [o for o, v in self.streams.items() if v.last_seen < cutoff]
+        for o in dead:
+            del self.streams[o]
+        return dead

@@ -1,0 +1,172 @@
+"""Find a ``tritonserver`` and run it: the NGC image's /opt/tritonserver, else the binary bundled in the
+``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python.
+
+Used by the launcher (:mod:`engine.serve`) and by the integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NGC_ROOT = Path("/opt/tritonserver")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path  # holds python/ with libtriton_python.so and triton_python_backend_stub
+    lib_dirs: tuple[Path, ...]
+
+
+def find_triton(work_dir: Path) -> TritonInstall:
+    """Locate tritonserver; for the pytriton wheel, assemble ``work_dir/backends/python`` with the stub."""
+    if (NGC_ROOT / "bin" / "tritonserver").is_file():
+        return TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends", ())
+    try:
+        import pytriton
+    except ImportError as e:
+        raise RuntimeError("no tritonserver: not in /opt/tritonserver and nvidia-pytriton is not installed") from e
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {ver} ({stub})")
+    dest = work_dir / "backends" / "python"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, dest / "triton_python_backend_stub")
+    libs = [Path(sysconfig.get_config_var("LIBDIR") or ""), root.parent.parent / "nvidia_pytriton.libs"]
+    return TritonInstall(root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_dir()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port())
+
+
+def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver child process. Use as a context manager; it is always stopped."""
+
+    model_repository: Path
+    work_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    host: str = "127.0.0.1"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    proc: subprocess.Popen | None = None
+
+    def command(self, install: TritonInstall) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={install.backend_dir}",
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-port={self.ports.metrics}",
+            "--backend-config=python,shm-default-byte-size=67108864",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+            f"--backend-config=python,shm-region-prefix-name=tts{os.getpid()}_{self.ports.grpc}",
+            "--log-verbose=0",
+            *self.extra_args,
+        ]
+
+    def start(self) -> TritonServer:
+        install = find_triton(self.work_dir)
+        self.log_path = self.log_path or self.work_dir / "tritonserver.log"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command(install), env=server_env(install, self.extra_env), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        return self
+
+    def is_ready(self) -> bool:
+        """One readiness probe; raises RuntimeError if the server has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

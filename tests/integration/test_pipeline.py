@@ -1,0 +1,153 @@
+"""The streaming invariants against a real tritonserver (tiny checkpoint, free loopback ports)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from client import TTSClient, TTSError
+from engine.generator import GenerationParams
+from engine.pipeline import FireRedTTS3
+from engine.synthesize import synthesize
+from tests.integration.conftest import metrics, wait_gauges_zero
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def offline(nostop_ckpt):
+    import torch
+
+    torch.set_num_threads(1)
+    return FireRedTTS3.from_checkpoint(nostop_ckpt)
+
+
+def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    err = np.sum((ref.astype(np.float64) - got) ** 2)
+    return float("inf") if err == 0 else 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err)
+
+
+def grpc(server, **kw):
+    return TTSClient(f"127.0.0.1:{server.ports.grpc}", "grpc", timeout=60)
+
+
+def test_stream_equals_offline(server, offline):
+    params = {"max_patches": 8}
+    chunks = list(grpc(server).stream("Hello streaming world", seed=11, parameters=params))
+    got = np.concatenate([c.audio for c in chunks])
+    ref = synthesize(offline, "Hello streaming world", params=GenerationParams(seed=11, max_patches=8))
+    assert got.shape == ref.shape == (8 * 3840,)
+    assert snr_db(ref, got) >= 60
+    assert len(chunks) >= 2
+
+
+def test_stream_with_reference_voice_equals_offline(server, offline):
+    rng = np.random.default_rng(5)
+    ref_audio = (0.1 * rng.standard_normal(16000 + 123)).astype(np.float32)
+    kw = dict(ref_audio=ref_audio, ref_sample_rate=16000, ref_text="a reference")
+    got = grpc(server).synthesize("Cloned voice", seed=3, parameters={"max_patches": 6}, **kw)
+    ref = synthesize(offline, "Cloned voice", ref_audio=ref_audio, ref_sample_rate=16000, ref_text="a reference",
+                     params=GenerationParams(seed=3, max_patches=6))  # fmt: skip
+    assert got.shape == ref.shape
+    assert snr_db(ref, got) >= 60
+
+
+def test_first_chunk_arrives_before_the_last_is_generated(server):
+    chunks = list(grpc(server).stream("Streaming order", seed=1, parameters={"max_patches": 24, "chunk_first": 3, "chunk_next": 6}))
+    assert len(chunks) >= 4
+    assert chunks[0].audio.size == 3 * 3840 - 720  # 3 patches minus the iSTFT's open tail
+    # 21 more patches were generated after the first chunk left; it arrived well before the end
+    assert chunks[0].arrival < chunks[-1].arrival
+    assert chunks[0].arrival < 0.5 * chunks[-1].arrival
+
+
+def test_concurrent_streams_equal_solo_runs(server, offline):
+    texts = [f"Stream number {i} says something" for i in range(8)]
+    seeds = [100 + i for i in range(8)]
+    lengths = [6, 9, 7, 12, 6, 10, 8, 11]
+    results: dict[int, np.ndarray] = {}
+    errors = []
+
+    def run(i):
+        try:
+            results[i] = grpc(server).synthesize(texts[i], seed=seeds[i], parameters={"max_patches": lengths[i]})
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for i in range(8):
+        ref = synthesize(offline, texts[i], params=GenerationParams(seed=seeds[i], max_patches=lengths[i]))
+        assert results[i].shape == ref.shape, i
+        assert snr_db(ref, results[i]) >= 60, i
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_http_generate_stream_equals_grpc(server):
+    kw = dict(seed=9, parameters={"max_patches": 7})
+    a = grpc(server).synthesize("Over HTTP", **kw)
+    b = TTSClient(f"127.0.0.1:{server.ports.http}", "http", timeout=60).synthesize("Over HTTP", **kw)
+    assert a.shape == b.shape
+    assert snr_db(a, b) >= 60  # JSON carries float32 values as decimals
+
+
+def test_cancel_frees_slot_and_vocoder_state(server):
+    m0 = metrics(server)
+    before = m0.get('tts_requests_total{outcome="cancelled"}', 0)
+    it = grpc(server).stream("A very long utterance", seed=2, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1})
+    first = next(it)
+    assert first.audio.size > 0
+    it.close()  # stop_stream(cancel_requests=True)
+    m = wait_gauges_zero(server, timeout=15)
+    assert m["tts_generator_active_slots"] == 0
+    assert m["tts_vocoder_active_streams"] == 0
+    assert m['tts_requests_total{outcome="cancelled"}'] >= before + 1
+    # the stream asked for 400 patches; cancellation stopped it after a few generator steps
+    assert m["tts_generator_step_seconds_count"] - m0["tts_generator_step_seconds_count"] < 100
+
+
+def test_http_disconnect_frees_slot(server):
+    it = TTSClient(f"127.0.0.1:{server.ports.http}", "http", timeout=60).stream(
+        "Another long one", seed=4, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1}
+    )
+    m0 = metrics(server)
+    next(it)
+    it.close()
+    m = wait_gauges_zero(server, timeout=30)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+    assert m["tts_generator_step_seconds_count"] - m0["tts_generator_step_seconds_count"] < 100
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(language="Klingon"), "Klingon"),
+        (dict(parameters={"steps": 0}), "steps"),
+        (dict(parameters={"bogus": 1}), "bogus"),
+        (dict(ref_text="no audio"), "REF_TEXT"),
+    ],
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_bad_input_gets_clear_error(server, kw, needle, protocol):
+    port = server.ports.grpc if protocol == "grpc" else server.ports.http
+    with pytest.raises(TTSError, match=needle):
+        TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize("Hello", **kw)
+
+
+def test_server_still_serves_after_errors_and_metrics_count(server):
+    with pytest.raises(TTSError):
+        grpc(server).synthesize("", seed=1)
+    audio = grpc(server).synthesize("Still alive", seed=1, parameters={"max_patches": 6})
+    assert audio.shape == (6 * 3840,)
+    m = metrics(server)
+    assert m['tts_requests_total{outcome="error"}'] >= 1
+    assert m['tts_requests_total{outcome="ok"}'] >= 1
+    assert m["tts_first_chunk_seconds_count"] >= 1
+    assert m["tts_audio_seconds_total"] > 0
