@@ -63,6 +63,7 @@ PROMPT_INPUTS = (
     Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
     Spec("REF_TEXT", "TYPE_STRING", (1,), True),
     Spec("VOICE_ID", "TYPE_STRING", (1,), True),
+    Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
 )
 PROMPT_OUTPUTS = (
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="RedAE latents of the padded reference (4 per patch)"),
@@ -91,6 +92,17 @@ VOCODER_INPUTS = (
 )
 VOCODER_OUTPUTS = (Spec("AUDIO", "TYPE_FP32", (-1,)),)
 VOCODER_CONTROLS = ("START", "END", "READY")  # INT32 [1]; plus CORRID (UINT64)
+
+
+# ---- voices (named voice management; max_batch_size 0) ----
+VOICES_INPUTS = (
+    Spec("ACTION", "TYPE_STRING", (1,), doc="add | list | remove"),
+    Spec("NAME", "TYPE_STRING", (1,), True, "voice name, [A-Za-z0-9_-]{1,64}"),
+    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "with add: the reference clip"),
+    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
+    Spec("REF_TEXT", "TYPE_STRING", (1,), True),
+)
+VOICES_OUTPUTS = (Spec("RESULT", "TYPE_STRING", (1,), doc="JSON: the voice (add, remove) or the list of voices"),)
 
 
 def text_of(arr) -> str:

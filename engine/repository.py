@@ -14,7 +14,7 @@ from pathlib import Path
 from engine import contract as C
 
 SOURCE = Path(__file__).resolve().parent.parent / "model_repository"
-MODELS = ("tts", "prompt_encoder", "generator", "vocoder")
+MODELS = ("tts", "prompt_encoder", "generator", "vocoder", "voices")
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class ServeOptions:
     max_len: int = 2048  # backbone positions per slot (prompt + text + generated patches)
     vocoder_streams: int = 64  # vocoder sequences with live state
     vocoder_idle_seconds: int = 60  # abandoned vocoder state is reclaimed after this
-    voice_dir: str = ""
+    voice_dir: str = ""  # empty: engine.voice_store.default_dir()
+    max_anonymous_voices: int = 256  # LRU bound of anonymous reference prompts kept on disk
     device: str = "cpu"
     bls_timeout_seconds: int = 120  # every BLS call from tts
     cancel_dir: str = ""  # tts -> generator cancellation marks (default: engine.cancel.default_dir())
@@ -61,7 +62,7 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
         + _io(C.PROMPT_INPUTS, C.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, voice_dir=opts.voice_dir)
+        + _params(opts, voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices)
     )
     gen = (
         f'name: "generator"\n{header}max_batch_size: {opts.slots}\nmodel_transaction_policy {{ decoupled: true }}\n'
@@ -87,7 +88,13 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, idle_seconds=opts.vocoder_idle_seconds)
     )
-    return {"tts": tts, "prompt_encoder": prompt, "generator": gen, "vocoder": voc}
+    voices = (
+        f'name: "voices"\n{header}max_batch_size: 0\n'
+        + _io(C.VOICES_INPUTS, C.VOICES_OUTPUTS)
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(opts, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
+    )
+    return {"tts": tts, "prompt_encoder": prompt, "generator": gen, "vocoder": voc, "voices": voices}
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine.repository import ServeOptions, build
 from engine.triton_env import Ports, TritonServer
+from engine.voice_store import default_dir as default_voice_dir
 
 
 def cache_dir() -> Path:
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--slots", type=int, default=8, help="generator streams batched together")
     ap.add_argument("--max-len", type=int, default=2048, help="backbone positions per slot")
-    ap.add_argument("--voice-dir", type=Path, default=None, help="voice store (default: in the cache)")
+    ap.add_argument("--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)")
+    ap.add_argument("--max-anonymous-voices", type=int, default=256, help="LRU bound of stored reference prompts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, default=None, help="where the rendered repository and logs go")
     args = ap.parse_args(argv)
@@ -56,10 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = (args.checkpoint or default_checkpoint()).resolve()
     if not ckpt.is_dir():
         ap.error(f"checkpoint folder not found: {ckpt}")
-    voice_dir = (args.voice_dir or cache_dir() / "voices").resolve()
+    voice_dir = (args.voice_dir or default_voice_dir()).resolve()
     work = (args.work_dir or cache_dir() / "run" / f"{args.grpc_port}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir), device=args.device,
+                        max_anonymous_voices=args.max_anonymous_voices,
                         cancel_dir=str(work / "cancel"))  # fmt: skip
     repo = build(work / "model_repository", opts)
     server = TritonServer(repo, work, Ports(args.http_port, args.grpc_port, args.metrics_port), host=args.host,

@@ -1,48 +1,68 @@
-"""prompt_encoder: reference audio + transcript -> voice prompt (latents, speaker embedding, text)."""
+"""prompt_encoder: reference audio + transcript (or a named voice) -> voice prompt.
+
+Prompts are kept in the persistent voice store: a reference clip seen before is not re-encoded, also
+after a restart, and named voices are registered here (REGISTER_NAME) and looked up by VOICE_ID.
+"""
 
 import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.triton_model import bytes_tensor, error_response, get, load_tts, model_parameters, scalar, setup_logging, string
+from engine.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.tts = load_tts(model_parameters(args))
-        self.family = pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER)
-        self.encodes = self.family.Metric()
+        params = model_parameters(args)
+        self.tts = load_tts(params)
+        self.store = VoiceStore(params.get("voice_dir") or None, self.tts.identity, self.tts.encode_prompt,
+                                int(params.get("max_anonymous_voices", 256)))  # fmt: skip
+        self.families = [
+            pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
+            pb.MetricFamily("tts_prompt_cache_hits_total", "voice prompts served from the store", pb.MetricFamily.COUNTER),
+        ]
+        self.encodes, self.hits = (f.Metric() for f in self.families)
+        log.info("voice store at %s (checkpoint %s)", self.store.root, self.tts.identity)
 
-    def _one(self, r):
-        if string(pb, r, "VOICE_ID", "") != "":
-            raise ValueError("VOICE_ID: named voices are not available on this server yet")
+    def _prompt(self, r):
+        voice_id = string(pb, r, "VOICE_ID", "")
+        register = string(pb, r, "REGISTER_NAME", "")
         audio = get(pb, r, "REF_AUDIO", required=False)
         text = string(pb, r, "REF_TEXT", "")
+        if voice_id:
+            if audio is not None:
+                raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+            return self.store.get(voice_id)
         if audio is None:
-            if text:
-                raise ValueError("REF_TEXT was given without REF_AUDIO")
-            prompt = self.tts.encode_prompt(None)
-        else:
-            sr = scalar(pb, r, "REF_SAMPLE_RATE", 0)
-            if not sr or sr < 8000 or sr > 192000:
-                raise ValueError(f"REF_SAMPLE_RATE must be given with REF_AUDIO, in 8000..192000 Hz (got {sr})")
-            prompt = self.tts.encode_prompt(audio.reshape(-1).astype(np.float32), int(sr), text)
-            self.encodes.increment(1)
-        return pb.InferenceResponse([
-            pb.Tensor("PROMPT_LATENTS", prompt.latents.numpy()[None].astype(np.float32)),
-            pb.Tensor("SPEAKER", prompt.speaker.numpy()[None].astype(np.float32)),
-            bytes_tensor(pb, "PROMPT_TEXT", prompt.text),
-        ])  # fmt: skip
+            if text or register:
+                raise ValueError("REF_TEXT and REGISTER_NAME need REF_AUDIO")
+            return self.tts.encode_prompt(None)
+        sr = scalar(pb, r, "REF_SAMPLE_RATE", 0)
+        if not sr or sr < 8000 or sr > 192000:
+            raise ValueError(f"REF_SAMPLE_RATE must be given with REF_AUDIO, in 8000..192000 Hz (got {sr})")
+        audio = audio.reshape(-1).astype(np.float32)
+        if register:
+            return self.store.register(register, audio, int(sr), text)
+        return self.store.prompt_for_audio(audio, int(sr), text)[0]
 
     def execute(self, requests):
         out = []
         for r in requests:
+            enc0, hit0 = self.store.encodes, self.store.hits
             try:
-                out.append(self._one(r))
-            except ValueError as e:
+                prompt = self._prompt(r)
+                out.append(pb.InferenceResponse([
+                    pb.Tensor("PROMPT_LATENTS", prompt.latents.numpy()[None].astype(np.float32)),
+                    pb.Tensor("SPEAKER", prompt.speaker.numpy()[None].astype(np.float32)),
+                    bytes_tensor(pb, "PROMPT_TEXT", prompt.text),
+                ]))  # fmt: skip
+            except (ValueError, VoiceNotFound) as e:
                 out.append(error_response(pb, str(e)))
             except Exception as e:
                 log.exception("prompt encoding failed")
                 out.append(error_response(pb, f"prompt encoding failed: {e}", invalid=False))
+            self.encodes.increment(self.store.encodes - enc0)
+            self.hits.increment(self.store.hits - hit0)
         return out

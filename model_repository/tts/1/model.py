@@ -82,7 +82,7 @@ class TritonPythonModel:
         resp = await r.async_exec()
         if resp.has_error():
             msg = resp.error().message()
-            raise (ValueError if "INVALID_ARG" in str(resp.error().code()) or model == "prompt_encoder" else RuntimeError)(msg)
+            raise (ValueError if resp.error().code() == pb.TritonError.INVALID_ARG else RuntimeError)(msg)
         return {n: pb.get_output_tensor_by_name(resp, n).as_numpy() for n in outputs}
 
     async def _stream(self, request, sender, req, t0) -> int:
@@ -118,7 +118,7 @@ class TritonPythonModel:
                     break
                 if resp.has_error():
                     e = resp.error().message()
-                    raise GeneratorFailed(f"generator: {e}", "INVALID_ARG" in str(resp.error().code()))
+                    raise GeneratorFailed(f"generator: {e}", resp.error().code() == pb.TritonError.INVALID_ARG)
                 t = pb.get_output_tensor_by_name(resp, "LATENTS")
                 if t is None:
                     continue

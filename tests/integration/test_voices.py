@@ -1,0 +1,81 @@
+"""Voices through Triton: named voices, anonymous reuse, and survival across a server restart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client import TTSClient, TTSError
+from client.voices import VoiceClient
+from engine.repository import ServeOptions, build
+from engine.triton_env import Ports, TritonServer
+from tests.integration.conftest import metrics
+
+pytestmark = pytest.mark.integration
+
+
+def ref_clip(seed=7, n=30000):
+    return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
+
+
+def test_named_voice_lifecycle(server):
+    url = f"127.0.0.1:{server.ports.grpc}"
+    voices = VoiceClient(url)
+    added = voices.add("narrator-1", ref_clip(1), 16000, "a narrator")
+    assert added["name"] == "narrator-1"
+    assert any(v["name"] == "narrator-1" for v in voices.list())
+    tts = TTSClient(url)
+    by_id = tts.synthesize("Hello", voice_id="narrator-1", seed=3, parameters={"max_patches": 6})
+    by_audio = tts.synthesize("Hello", ref_audio=ref_clip(1), ref_sample_rate=16000, ref_text="a narrator",
+                              seed=3, parameters={"max_patches": 6})  # fmt: skip
+    assert np.array_equal(by_id, by_audio)
+    assert voices.remove("narrator-1")["removed"]
+    with pytest.raises(TTSError, match="not registered"):
+        tts.synthesize("Hello", voice_id="narrator-1", parameters={"max_patches": 6})
+    http = VoiceClient(f"127.0.0.1:{server.ports.http}", "http")
+    assert not any(v["name"] == "narrator-1" for v in http.list())
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "x" * 65, "with space"])
+def test_bad_voice_names_rejected(server, name):
+    with pytest.raises(TTSError, match="voice name"):
+        VoiceClient(f"127.0.0.1:{server.ports.grpc}").add(name, ref_clip(), 16000, "t")
+
+
+def test_anonymous_reference_is_encoded_once(server):
+    url = f"127.0.0.1:{server.ports.grpc}"
+    clip = ref_clip(42)
+    m0 = metrics(server)
+    for _ in range(2):
+        TTSClient(url).synthesize("Twice", ref_audio=clip, ref_sample_rate=22050, ref_text="x", parameters={"max_patches": 6})
+    m1 = metrics(server)
+    assert m1["tts_prompt_encodes_total"] - m0["tts_prompt_encodes_total"] == 1
+    assert m1["tts_prompt_cache_hits_total"] - m0["tts_prompt_cache_hits_total"] == 1
+
+
+def test_voices_survive_restart(nostop_ckpt, tmp_path):
+    voice_dir = tmp_path / "voices"
+    clip = ref_clip(9)
+    kw = dict(seed=21, parameters={"max_patches": 7})
+
+    def serve(tag):
+        work = tmp_path / tag
+        repo = build(work / "repo", ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=512,
+                                                 voice_dir=str(voice_dir), cancel_dir=str(work / "cancel")))  # fmt: skip
+        return TritonServer(repo, work, Ports.free())
+
+    with serve("first") as srv:
+        url = f"127.0.0.1:{srv.ports.grpc}"
+        VoiceClient(url).add("keeper", clip, 24000, "kept voice")
+        named1 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
+        anon1 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)
+        assert metrics(srv)["tts_prompt_encodes_total"] == 2
+    with serve("second") as srv:
+        url = f"127.0.0.1:{srv.ports.grpc}"
+        named2 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
+        anon2 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)
+        m = metrics(srv)
+        assert m["tts_prompt_encodes_total"] == 0
+        assert m["tts_prompt_cache_hits_total"] == 2
+        assert [v["name"] for v in VoiceClient(url).list()] == ["keeper"]
+    assert np.array_equal(named1, named2) and np.array_equal(anon1, anon2)
