@@ -58,7 +58,7 @@ class RedAE(nn.Module):
 class Models:
     core: FireRedTTS3Core
     redae: RedAE
-    campp: SpeakerEncoder
+    campp: SpeakerEncoder | None  # None when not loaded
     tokenizer: TextTokenizer
     identity: str  # content identity of the checkpoint (configs + tensor headers)
     path: Path
@@ -82,8 +82,8 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_into(module: nn.Module, state: dict[str, torch.Tensor], where: str, device, dtype) -> None:
-    """Strictly load ``state`` into ``module`` (built on the meta device), casting floats to ``dtype``.
+def check_state(module: nn.Module, state: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
+    """Compare ``state`` with ``module``'s tensors; return it without the known-unused extras.
 
     Raises:
         CheckpointError: listing every missing, unexpected, mis-shaped or wrongly typed tensor.
@@ -100,13 +100,23 @@ def load_into(module: nn.Module, state: dict[str, torch.Tensor], where: str, dev
         if tuple(want.shape) != tuple(got.shape):
             problems.append(f"wrong shape: {name} expected {tuple(want.shape)}, found {tuple(got.shape)}")
         elif want.is_floating_point() != got.is_floating_point():
-            problems.append(f"wrong dtype: {name} expected a {'float' if want.is_floating_point() else 'integer'} tensor, found {got.dtype}")
+            kind = "float" if want.is_floating_point() else "integer"
+            problems.append(f"wrong dtype: {name} expected a {kind} tensor, found {got.dtype}")
     if problems:
         shown = problems[:40] + ([f"... and {len(problems) - 40} more"] if len(problems) > 40 else [])
         raise CheckpointError(f"{where}: checkpoint does not match the model ({len(problems)} problems):\n  " + "\n  ".join(shown))
+    return state
+
+
+def assign(module: nn.Module, state: dict[str, torch.Tensor], device, dtype) -> None:
+    """Load a checked ``state`` into ``module`` (built on the meta device), floats cast to ``dtype``."""
     cast = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
     module.load_state_dict(cast, strict=True, assign=True)
     module.eval().requires_grad_(False)
+
+
+def load_into(module: nn.Module, state: dict[str, torch.Tensor], where: str, device, dtype) -> None:
+    assign(module, check_state(module, state, where), device, dtype)
 
 
 def _identity(root: Path) -> str:
@@ -126,8 +136,24 @@ def _identity(root: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def load_models(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Models:
-    """Load every part of a checkpoint folder. ``dtype`` defaults to float32 (bfloat16 on CUDA)."""
+PARTS = ("core", "encoder", "decoder", "campp")
+
+
+def load_models(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    parts: tuple[str, ...] = PARTS,
+) -> Models:
+    """Load a checkpoint folder. ``dtype`` defaults to float32 (bfloat16 on CUDA).
+
+    ``parts`` picks the networks to materialise (each Triton model needs only its own: the generator
+    the core, the prompt encoder the RedAE encoder and CAM++, the vocoder the RedAE decoder); the others
+    stay on the meta device and take no memory. The tokenizer and configs are always read.
+    """
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {root}")
@@ -140,9 +166,15 @@ def load_models(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     core_cfg, redae_cfg = load_core_config(root / CORE_DIR), load_redae_config(root / REDAE_DIR)
     with torch.device("meta"):
         core, redae = FireRedTTS3Core(core_cfg), RedAE(redae_cfg)
-    load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, dtype)
-    load_into(redae, read_safetensors(root / REDAE_DIR), str(root / REDAE_DIR), device, dtype)
-    campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32)
+    if "core" in parts:
+        load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, dtype)
+    if "encoder" in parts or "decoder" in parts:
+        state = check_state(redae, read_safetensors(root / REDAE_DIR), str(root / REDAE_DIR))
+        for sub in ("encoder", "decoder"):
+            if sub in parts:
+                own = {k[len(sub) + 1 :]: v for k, v in state.items() if k.startswith(sub + ".")}
+                assign(getattr(redae, sub), own, device, dtype)
+    campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32) if "campp" in parts else None
     tokenizer = TextTokenizer.from_dir(root / TOKENIZER_DIR)
     if tokenizer.vocab_size > core_cfg.backbone.vocab_size:
         raise CheckpointError(

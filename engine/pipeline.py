@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from engine import audio as A
-from engine.checkpoint import Models, load_models
+from engine.checkpoint import PARTS, Models, load_models
 from engine.config import PATCH_SAMPLES, SAMPLE_RATE
 from engine.generator import Generator
 from engine.kv_cache import SlotCache
@@ -31,9 +31,13 @@ class FireRedTTS3:
         self._silent: VoicePrompt | None = None
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None) -> FireRedTTS3:
-        models = load_models(path, device, dtype)
-        return cls(models, torch.device(device), models.core.stop_head.weight.dtype)
+    def from_checkpoint(
+        cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, parts: tuple[str, ...] = PARTS
+    ) -> FireRedTTS3:
+        models = load_models(path, device, dtype, parts)
+        if dtype is None:
+            dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        return cls(models, torch.device(device), dtype)
 
     @property
     def core(self):

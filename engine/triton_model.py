@@ -34,13 +34,13 @@ def checkpoint_path(params: dict[str, str]) -> str:
     return path
 
 
-def load_tts(params: dict[str, str]):
+def load_tts(params: dict[str, str], parts: tuple[str, ...]):
     import torch
 
     from engine.pipeline import FireRedTTS3
 
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
-    return FireRedTTS3.from_checkpoint(checkpoint_path(params), device=params.get("device") or "cpu")
+    return FireRedTTS3.from_checkpoint(checkpoint_path(params), device=params.get("device") or "cpu", parts=parts)
 
 
 def get(pb, request, name: str, required: bool = True):

@@ -188,3 +188,13 @@ def test_full_preset_layout_on_meta_device():
     assert got_redae == _expected_full_redae()
     n = sum(v.numel() for v in core.parameters())
     assert 1.9e9 < n < 2.2e9, n  # Qwen3-1.7B backbone (with its embedding) plus ~0.3 B of heads
+
+
+def test_partial_load_keeps_other_parts_on_meta(tiny_ckpt):
+    m = load_models(tiny_ckpt, parts=("decoder",))
+    assert not any(p.is_meta for p in m.redae.decoder.parameters())
+    assert all(p.is_meta for p in m.redae.encoder.parameters())
+    assert all(p.is_meta for p in m.core.parameters())
+    assert m.campp is None
+    with pytest.raises(ValueError, match="unknown parts"):
+        load_models(tiny_ckpt, parts=("vocoder",))

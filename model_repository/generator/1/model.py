@@ -24,7 +24,7 @@ class TritonPythonModel:
         from engine.service import GeneratorService
 
         params = model_parameters(args)
-        self.tts = load_tts(params)
+        self.tts = load_tts(params, parts=("core",))
         self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.torch = torch
         self.cancels = CancelBoard(params.get("cancel_dir") or None)

@@ -16,7 +16,7 @@ log = setup_logging("prompt_encoder")
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
-        self.tts = load_tts(params)
+        self.tts = load_tts(params, parts=("encoder", "campp"))
         self.store = VoiceStore(params.get("voice_dir") or None, self.tts.identity, self.tts.encode_prompt,
                                 int(params.get("max_anonymous_voices", 256)))  # fmt: skip
         self.families = [
