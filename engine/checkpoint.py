@@ -27,13 +27,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from engine.config import PRESETS, CoreConfig, Preset, RedAEConfig, load_core_config, load_redae_config
+from engine.config import PRESETS, Preset, RedAEConfig, load_core_config, load_redae_config
 from engine.models.campp import CamppConfig, SpeakerEncoder, load_campp, save_campp
 from engine.models.core import FireRedTTS3Core
 from engine.models.redae import RedAEDecoder, RedAEEncoder
 from engine.text import TextTokenizer, write_tiny_tokenizer
 
-CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR = "fireredtts3_base", "redae", "campp/campplus_voxceleb.bin", "text_tokenizer"
+CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR = (
+    "fireredtts3_base",
+    "redae",
+    "campp/campplus_voxceleb.bin",
+    "text_tokenizer",
+)
 
 # Tensors present in the official files that inference never reads: each RedAE Qwen3 stack's token
 # embedding (151936 x 896, ~0.5 GB in float32 for the three) and the iSTFT window buffer.
@@ -104,7 +109,9 @@ def check_state(module: nn.Module, state: dict[str, torch.Tensor], where: str) -
             problems.append(f"wrong dtype: {name} expected a {kind} tensor, found {got.dtype}")
     if problems:
         shown = problems[:40] + ([f"... and {len(problems) - 40} more"] if len(problems) > 40 else [])
-        raise CheckpointError(f"{where}: checkpoint does not match the model ({len(problems)} problems):\n  " + "\n  ".join(shown))
+        raise CheckpointError(
+            f"{where}: checkpoint does not match the model ({len(problems)} problems):\n  " + "\n  ".join(shown)
+        )
     return state
 
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_NP = {"TYPE_FP32": np.float32, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_UINT64": np.uint64, "TYPE_BOOL": np.bool_, "TYPE_STRING": np.object_}
+_NP = {
+    "TYPE_FP32": np.float32,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_BOOL": np.bool_,
+    "TYPE_STRING": np.object_,
+}
 
 
 @dataclass(frozen=True)

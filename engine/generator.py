@@ -36,7 +36,9 @@ class GenerationParams:
         if not 0.0 < self.stop_threshold <= 1.0:
             raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold}")
         if not 1 <= self.max_patches <= 4000 or not 0 <= self.min_patches <= self.max_patches:
-            raise ValueError(f"need 0 <= min_patches <= max_patches <= 4000, got {self.min_patches}, {self.max_patches}")
+            raise ValueError(
+                f"need 0 <= min_patches <= max_patches <= 4000, got {self.min_patches}, {self.max_patches}"
+            )
         if not -(2**63) <= self.seed < 2**63:
             raise ValueError("seed must fit in int64")
 

@@ -64,7 +64,9 @@ class FireRedTTS3:
         if not np.isfinite(audio).all():
             raise ValueError("reference audio contains NaN or infinite samples")
         if audio.size / sample_rate > MAX_REFERENCE_SECONDS:
-            raise ValueError(f"reference audio is {audio.size / sample_rate:.1f} s; the limit is {MAX_REFERENCE_SECONDS:.0f} s")
+            raise ValueError(
+                f"reference audio is {audio.size / sample_rate:.1f} s; the limit is {MAX_REFERENCE_SECONDS:.0f} s"
+            )
         audio = A.resample(audio, sample_rate, SAMPLE_RATE)
         return self._encode(A.left_pad_to_multiple(audio, PATCH_SAMPLES), text)
 

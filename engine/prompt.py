@@ -25,7 +25,9 @@ class VoicePrompt:
 
     def __post_init__(self) -> None:
         if self.latents.ndim != 2 or self.speaker.ndim != 1:
-            raise ValueError(f"bad prompt shapes: latents {tuple(self.latents.shape)}, speaker {tuple(self.speaker.shape)}")
+            raise ValueError(
+                f"bad prompt shapes: latents {tuple(self.latents.shape)}, speaker {tuple(self.speaker.shape)}"
+            )
         if self.latents.shape[0] % PATCH_SIZE:
             raise ValueError(f"prompt latents ({self.latents.shape[0]}) are not whole patches of {PATCH_SIZE}")
 

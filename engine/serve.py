@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--slots", type=int, default=8, help="generator streams batched together")
     ap.add_argument("--max-len", type=int, default=2048, help="backbone positions per slot")
-    ap.add_argument("--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)")
+    ap.add_argument(
+        "--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)"
+    )
     ap.add_argument("--max-anonymous-voices", type=int, default=256, help="LRU bound of stored reference prompts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, default=None, help="where the rendered repository and logs go")

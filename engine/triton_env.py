@@ -70,7 +70,9 @@ class Ports:
 
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(
+        os.pathsep
+    )
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -111,7 +111,11 @@ class VoiceStore:
     """
 
     def __init__(
-        self, root: str | Path | None, identity: str, encode: Callable[..., VoicePrompt] | None, max_anonymous: int = 256
+        self,
+        root: str | Path | None,
+        identity: str,
+        encode: Callable[..., VoicePrompt] | None,
+        max_anonymous: int = 256,
     ):
         self.root = Path(root or default_dir()) / f"v{FORMAT_VERSION}"
         self.identity = identity
@@ -205,7 +209,9 @@ class VoiceStore:
         check_name(name)
         audio = np.ascontiguousarray(audio, np.float32).reshape(-1)
         if audio.size == 0 or audio.size > MAX_SOURCE_SECONDS * sample_rate:
-            raise ValueError(f"voice audio must be 0..{MAX_SOURCE_SECONDS} s, got {audio.size / max(sample_rate, 1):.1f} s")
+            raise ValueError(
+                f"voice audio must be 0..{MAX_SOURCE_SECONDS} s, got {audio.size / max(sample_rate, 1):.1f} s"
+            )
         return self._encode_and_write("named", name, audio, sample_rate, text, write_source=True)
 
     def get(self, name: str) -> VoicePrompt:
@@ -256,4 +262,3 @@ class VoiceStore:
                 key = p.name[: -len(".prompt.safetensors")]
                 for q in self._paths("anon", key):
                     q.unlink(missing_ok=True)
-

@@ -76,9 +76,7 @@ class CamppConfig:
         return cls(m_channels=8, init_channels=32, growth_rate=8, bn_size=2, block_layers=(2, 2, 2))
 
     @classmethod
-    def from_state_dict(
-        cls, sd: dict[str, torch.Tensor], dilations: tuple[int, ...] | None = None
-    ) -> CamppConfig:
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], dilations: tuple[int, ...] | None = None) -> CamppConfig:
         """Infers the sizes from parameter names and shapes.
 
         Dilations leave no trace in the weights: unless given, the released model's

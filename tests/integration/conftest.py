@@ -27,10 +27,17 @@ def nostop_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(nostop_ckpt, tmp_path_factory):
     work = tmp_path_factory.mktemp("triton")
-    repo = build(work / "model_repository", ServeOptions(
-        checkpoint=str(nostop_ckpt), slots=4, max_len=1024, vocoder_idle_seconds=30, cancel_dir=str(work / "cancel"),
-        voice_dir=str(work / "voices"),
-    ))
+    repo = build(
+        work / "model_repository",
+        ServeOptions(
+            checkpoint=str(nostop_ckpt),
+            slots=4,
+            max_len=1024,
+            vocoder_idle_seconds=30,
+            cancel_dir=str(work / "cancel"),
+            voice_dir=str(work / "voices"),
+        ),
+    )
     srv = TritonServer(repo, work, Ports.free())
     with srv:
         yield srv

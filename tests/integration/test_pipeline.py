@@ -55,7 +55,11 @@ def test_stream_with_reference_voice_equals_offline(server, offline):
 
 
 def test_first_chunk_arrives_before_the_last_is_generated(server):
-    chunks = list(grpc(server).stream("Streaming order", seed=1, parameters={"max_patches": 24, "chunk_first": 3, "chunk_next": 6}))
+    chunks = list(
+        grpc(server).stream(
+            "Streaming order", seed=1, parameters={"max_patches": 24, "chunk_first": 3, "chunk_next": 6}
+        )
+    )
     assert len(chunks) >= 4
     assert chunks[0].audio.size == 3 * 3840 - 720  # 3 patches minus the iSTFT's open tail
     # 21 more patches were generated after the first chunk left; it arrived well before the end
@@ -101,7 +105,9 @@ def test_http_generate_stream_equals_grpc(server):
 def test_cancel_frees_slot_and_vocoder_state(server):
     m0 = metrics(server)
     before = m0.get('tts_requests_total{outcome="cancelled"}', 0)
-    it = grpc(server).stream("A very long utterance", seed=2, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1})
+    it = grpc(server).stream(
+        "A very long utterance", seed=2, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1}
+    )
     first = next(it)
     assert first.audio.size > 0
     it.close()  # stop_stream(cancel_requests=True)

@@ -47,7 +47,9 @@ def test_anonymous_reference_is_encoded_once(server):
     clip = ref_clip(42)
     m0 = metrics(server)
     for _ in range(2):
-        TTSClient(url).synthesize("Twice", ref_audio=clip, ref_sample_rate=22050, ref_text="x", parameters={"max_patches": 6})
+        TTSClient(url).synthesize(
+            "Twice", ref_audio=clip, ref_sample_rate=22050, ref_text="x", parameters={"max_patches": 6}
+        )
     m1 = metrics(server)
     assert m1["tts_prompt_encodes_total"] - m0["tts_prompt_encodes_total"] == 1
     assert m1["tts_prompt_cache_hits_total"] - m0["tts_prompt_cache_hits_total"] == 1

@@ -113,7 +113,10 @@ def test_sharded_checkpoint(tiny_ckpt, tmp_path):
 
 def _expected_full_core() -> dict[str, tuple[int, ...]]:
     """The reference FireRedTTS3BaseCore layout at the released sizes, written out from its modules."""
-    e: dict[str, tuple[int, ...]] = {"backbone_llm.embed_tokens.weight": (151936, 2048), "backbone_llm.norm.weight": (2048,)}
+    e: dict[str, tuple[int, ...]] = {
+        "backbone_llm.embed_tokens.weight": (151936, 2048),
+        "backbone_llm.norm.weight": (2048,),
+    }
     for i in range(28):
         p = f"backbone_llm.layers.{i}."
         e |= {
@@ -129,7 +132,12 @@ def _expected_full_core() -> dict[str, tuple[int, ...]]:
         return {name + ".weight": (o, i), name + ".bias": (o,)}
 
     def attn(p, d):
-        return linear(p + "to_q", d, d) | linear(p + "to_k", d, d) | linear(p + "to_v", d, d) | linear(p + "to_out.0", d, d)
+        return (
+            linear(p + "to_q", d, d)
+            | linear(p + "to_k", d, d)
+            | linear(p + "to_v", d, d)
+            | linear(p + "to_out.0", d, d)
+        )
 
     e |= linear("spk_proj_llm", 2048, 512) | linear("spk_proj_dit", 512, 512) | linear("dit_head", 1024, 2048)
     e |= linear("stop_head", 1, 2048)

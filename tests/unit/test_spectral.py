@@ -22,7 +22,10 @@ def stft_same(x: torch.Tensor, frames: int) -> torch.Tensor:
 
 def test_stft_istft_reconstructs():
     t = torch.arange(HOP * 40) / 24000
-    x = (0.05 * torch.sin(2 * math.pi * 440 * t) + 0.01 * torch.randn(t.shape, generator=torch.Generator().manual_seed(0)))[None]
+    x = (
+        0.05 * torch.sin(2 * math.pi * 440 * t)
+        + 0.01 * torch.randn(t.shape, generator=torch.Generator().manual_seed(0))
+    )[None]
     spec = stft_same(x, 40)
     frames = spectrum_to_frames(torch.log(spec.abs().clamp_min(1e-12)), torch.angle(spec), N_FFT, hann_window(N_FFT))
     ist = StreamingISTFT(1, N_FFT, HOP)

@@ -40,7 +40,9 @@ def test_length_is_whole_patches_and_deterministic(tts):
 
 
 def test_max_patches_limits_length(tts):
-    wav = synthesize(tts, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7))
+    wav = synthesize(
+        tts, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7)
+    )
     assert len(wav) <= 7 * 3840
 
 

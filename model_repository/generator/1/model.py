@@ -28,8 +28,14 @@ class TritonPythonModel:
         self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.torch = torch
         self.cancels = CancelBoard(params.get("cancel_dir") or None)
-        self.families = [pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream", pb.MetricFamily.GAUGE)]
-        self.families.append(pb.MetricFamily("tts_generator_step_seconds", "wall time of one batched generator step", pb.MetricFamily.HISTOGRAM))
+        self.families = [
+            pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream", pb.MetricFamily.GAUGE)
+        ]
+        self.families.append(
+            pb.MetricFamily(
+                "tts_generator_step_seconds", "wall time of one batched generator step", pb.MetricFamily.HISTOGRAM
+            )
+        )
         self.gauge = self.families[0].Metric()
         self.step_hist = self.families[1].Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
         log.info("ready: %d slots, max_len %s", self.svc.table.size, params.get("max_len"))
@@ -71,7 +77,7 @@ class TritonPythonModel:
                 out = self.svc.step([o for _, o, _ in live])
             except Exception as e:
                 log.exception("generator step failed")
-                for r, owner, sender in live:
+                for _r, owner, sender in live:
                     self.svc.drop(owner)
                     sender.send(pb.InferenceResponse(error=pb.TritonError(f"generator step failed: {e}")),
                                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip

@@ -7,7 +7,16 @@ after a restart, and named voices are registered here (REGISTER_NAME) and looked
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.triton_model import bytes_tensor, error_response, get, load_tts, model_parameters, scalar, setup_logging, string
+from engine.triton_model import (
+    bytes_tensor,
+    error_response,
+    get,
+    load_tts,
+    model_parameters,
+    scalar,
+    setup_logging,
+    string,
+)
 from engine.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")
@@ -21,7 +30,9 @@ class TritonPythonModel:
                                 int(params.get("max_anonymous_voices", 256)))  # fmt: skip
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
-            pb.MetricFamily("tts_prompt_cache_hits_total", "voice prompts served from the store", pb.MetricFamily.COUNTER),
+            pb.MetricFamily(
+                "tts_prompt_cache_hits_total", "voice prompts served from the store", pb.MetricFamily.COUNTER
+            ),
         ]
         self.encodes, self.hits = (f.Metric() for f in self.families)
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.tts.identity)

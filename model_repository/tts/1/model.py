@@ -46,7 +46,9 @@ class TritonPythonModel:
         self.first_family = pb.MetricFamily(
             "tts_first_chunk_seconds", "request arrival to first audio chunk sent", pb.MetricFamily.HISTOGRAM
         )
-        self.first_chunk = self.first_family.Metric(buckets=[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0])
+        self.first_chunk = self.first_family.Metric(
+            buckets=[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
+        )
 
     async def execute(self, requests):
         await asyncio.gather(*(self._serve(r) for r in requests))
@@ -88,7 +90,10 @@ class TritonPythonModel:
     async def _stream(self, request, sender, req, t0) -> int:
         inputs = [bytes_tensor(pb, "REF_TEXT", req.ref_text), bytes_tensor(pb, "VOICE_ID", req.voice_id)]
         if req.ref_audio is not None:
-            inputs += [pb.Tensor("REF_AUDIO", req.ref_audio[None]), pb.Tensor("REF_SAMPLE_RATE", np.array([[req.ref_sample_rate]], np.int32))]
+            inputs += [
+                pb.Tensor("REF_AUDIO", req.ref_audio[None]),
+                pb.Tensor("REF_SAMPLE_RATE", np.array([[req.ref_sample_rate]], np.int32)),
+            ]
         prompt = await self._call("prompt_encoder", inputs, ["PROMPT_LATENTS", "SPEAKER", "PROMPT_TEXT"])
         prompt_text = prompt["PROMPT_TEXT"].reshape(-1)[0].decode("utf-8")
         tokens = np.array(self.tokenizer.encode_prompt(req.text, req.language, prompt_text), np.int64)
@@ -139,7 +144,13 @@ class TritonPythonModel:
             if voc_started:  # free the vocoder state now rather than at its idle timeout
                 empty = pb.Tensor("LATENTS", np.zeros((1, 0, 64), np.float32))
                 try:
-                    await self._call("vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+                    await self._call(
+                        "vocoder",
+                        [empty],
+                        ["AUDIO"],
+                        correlation_id=cid,
+                        flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
+                    )
                 except Exception:
                     log.warning("could not end vocoder stream %s", cid)
             raise
@@ -148,7 +159,11 @@ class TritonPythonModel:
         if not voc_started:
             raise RuntimeError("generator produced no audio")
         empty = pb.Tensor("LATENTS", np.zeros((1, 0, 64), np.float32))
-        tail = (await self._call("vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))["AUDIO"]
+        tail = (
+            await self._call(
+                "vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+            )
+        )["AUDIO"]
         sender.send(pb.InferenceResponse([pb.Tensor("AUDIO", tail.reshape(-1))]), flags=FINAL)
         return total + tail.size
 

@@ -18,7 +18,9 @@ class TritonPythonModel:
 
         params = model_parameters(args)
         self.svc = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)))
-        self.family = pb.MetricFamily("tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE)
+        self.family = pb.MetricFamily(
+            "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
+        )
         self.gauge = self.family.Metric()
 
     def execute(self, requests):
