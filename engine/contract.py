@@ -54,7 +54,10 @@ TTS_INPUTS = (
     Spec("VOICE_ID", "TYPE_STRING", (1,), True, "a registered voice (instead of REF_AUDIO)"),
     Spec("SEED", "TYPE_INT64", (1,), True, "sampling seed, default 1234"),
 )
-TTS_OUTPUTS = (Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz float samples, one chunk per response"),)
+TTS_OUTPUTS = (
+    Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz float samples, one chunk per response"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc='final response only: "stop" (stop head) or "length" (max_patches)'),
+)
 # request parameters of tts (Triton request parameters; HTTP: the "parameters" object)
 TTS_PARAMETERS = {
     "steps": (int, 10, "Euler steps of the flow head (1..100)"),
@@ -90,7 +93,10 @@ GENERATOR_INPUTS = (
     Spec("CHUNK_FIRST", "TYPE_INT32", (1,)),
     Spec("CHUNK_NEXT", "TYPE_INT32", (1,)),
 )
-GENERATOR_OUTPUTS = (Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents"),)
+GENERATOR_OUTPUTS = (
+    Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc="final response only: stop | length"),
+)
 
 # ---- vocoder (sequence batcher, state per stream) ----
 VOCODER_INPUTS = (

@@ -157,3 +157,17 @@ def test_server_still_serves_after_errors_and_metrics_count(server):
     assert m['tts_requests_total{outcome="ok"}'] >= 1
     assert m["tts_first_chunk_seconds_count"] >= 1
     assert m["tts_audio_seconds_total"] > 0
+
+
+def test_final_response_reports_finish_reason(server):
+    """The nostop checkpoint always runs to max_patches: the final event says "length", not silently cut."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.ports.http, timeout=60)
+    body = {"TEXT": "Cut short", "SEED": 1, "parameters": {"max_patches": 6}}
+    conn.request("POST", "/v2/models/tts/generate_stream", json.dumps(body))
+    events = [json.loads(line[5:]) for line in conn.getresponse() if line.startswith(b"data:")]
+    conn.close()
+    assert events[-1]["FINISH_REASON"] == "length"
+    assert all("FINISH_REASON" not in e for e in events[:-1])

@@ -69,6 +69,7 @@ def test_generator_service_chunks_and_frees(tts):
             sizes.append(len(em.latents))
         finished = em.finished
     assert sizes == [8, 12, 8]  # 2 patches, 3 patches, then the last 2 (4 latents per patch)
+    assert em.reason == "length"
     assert svc.active == 0 and "a" not in svc.live
 
 
@@ -122,3 +123,13 @@ def test_cancel_board(tmp_path):
     assert not b.is_marked(5)
     with pytest.raises(ValueError):
         b.mark("../etc")
+
+
+def test_stop_head_reason(tts):
+    svc = GeneratorService(tts, slots=1, max_len=600)
+    prompt = tts.encode_prompt(None)
+    svc.admit("s", tts.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
+    em = None
+    while em is None or not em.finished:
+        em = svc.step(["s"])["s"]
+    assert em.reason == "stop"  # the tiny checkpoint's stop head fires within a few patches

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb
 
 from engine.generator import GenerationParams
 from engine.prompt import VoicePrompt
-from engine.triton_model import get, load_tts, model_parameters, scalar, setup_logging
+from engine.triton_model import bytes_tensor, get, load_tts, model_parameters, scalar, setup_logging
 
 log = setup_logging("generator")
 
@@ -85,14 +85,15 @@ class TritonPythonModel:
             self.step_hist.observe(time.perf_counter() - t0)
             for r, owner, sender in live:
                 em = out[owner]
-                resp = None
+                outputs = []
                 if em.latents is not None:
-                    resp = pb.InferenceResponse([pb.Tensor("LATENTS", em.latents[None].astype(np.float32))])
+                    outputs.append(pb.Tensor("LATENTS", em.latents[None].astype(np.float32)))
                 if em.finished:
-                    sender.send(resp, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    outputs.append(bytes_tensor(pb, "FINISH_REASON", em.reason))
+                    sender.send(pb.InferenceResponse(outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 else:
-                    if resp is not None:
-                        sender.send(resp)
+                    if outputs:
+                        sender.send(pb.InferenceResponse(outputs))
                     r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
         self.gauge.set(self.svc.active)
         return None

@@ -107,12 +107,12 @@ class TritonPythonModel:
             pb.Tensor("CHUNK_NEXT", np.array([[req.schedule[1]]], np.int32)),
         ]  # fmt: skip
         cid = next(self.ids)
-        gen = pb.InferenceRequest(model_name="generator", inputs=gen_inputs, requested_output_names=["LATENTS"],
+        gen = pb.InferenceRequest(model_name="generator", inputs=gen_inputs, requested_output_names=["LATENTS", "FINISH_REASON"],
                                   correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)  # fmt: skip
         stream = await gen.async_exec(decoupled=True)
         watcher = asyncio.ensure_future(self._watch(request, cid))
         loop = asyncio.get_running_loop()
-        total, first, vflags = 0, True, pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        total, first, vflags, reason = 0, True, pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, "stop"
         voc_started = False
         try:
             while True:
@@ -124,6 +124,9 @@ class TritonPythonModel:
                 if resp.has_error():
                     e = resp.error().message()
                     raise GeneratorFailed(f"generator: {e}", resp.error().code() == pb.TritonError.INVALID_ARG)
+                fr = pb.get_output_tensor_by_name(resp, "FINISH_REASON")
+                if fr is not None:
+                    reason = fr.as_numpy().reshape(-1)[0].decode("utf-8")
                 t = pb.get_output_tensor_by_name(resp, "LATENTS")
                 if t is None:
                     continue
@@ -164,7 +167,10 @@ class TritonPythonModel:
                 "vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
             )
         )["AUDIO"]
-        sender.send(pb.InferenceResponse([pb.Tensor("AUDIO", tail.reshape(-1))]), flags=FINAL)
+        if reason == "length":
+            log.warning("stream %s reached max_patches (%d); its text may be cut", cid, p.max_patches)
+        final = [pb.Tensor("AUDIO", tail.reshape(-1)), bytes_tensor(pb, "FINISH_REASON", reason, batch=False)]
+        sender.send(pb.InferenceResponse(final), flags=FINAL)
         return total + tail.size
 
     async def _watch(self, request, cid):
