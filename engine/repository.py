@@ -22,6 +22,10 @@ class ServeOptions:
     checkpoint: str = ""  # empty: models read $FIRERED_CHECKPOINT
     slots: int = 8  # generator streams stepped together (KV cache rows)
     max_len: int = 2048  # backbone positions per slot (prompt + text + generated patches)
+    # How long the sequence batcher waits for rescheduled streams before stepping: with 0 it often
+    # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
+    # the batch whole at no measurable cost (bench/step_overhead.py).
+    generator_queue_delay_us: int = 500
     vocoder_streams: int = 64  # vocoder sequences with live state
     vocoder_idle_seconds: int = 60  # abandoned vocoder state is reclaimed after this
     voice_dir: str = ""  # empty: engine.voice_store.default_dir()
@@ -67,7 +71,7 @@ def render(opts: ServeOptions) -> dict[str, str]:
     gen = (
         f'name: "generator"\n{header}max_batch_size: {opts.slots}\nmodel_transaction_policy {{ decoupled: true }}\n'
         + "sequence_batching {\n  iterative_sequence: true\n"
-        + f"  oldest {{ max_candidate_sequences: {opts.slots}  max_queue_delay_microseconds: 0 }}\n"
+        + f"  oldest {{ max_candidate_sequences: {opts.slots}  max_queue_delay_microseconds: {opts.generator_queue_delay_us} }}\n"
         + "  max_sequence_idle_microseconds: 600000000\n}\n"
         + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("TOKENS", "PROMPT_LATENTS"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"

@@ -1,0 +1,480 @@
+"""Per-step overhead of the generator under Triton's iterative sequence batcher, against the same
+batched step called in-process.
+
+For every preset (nostop variants: the stop head never fires, so each stream runs exactly P patches)
+and every stream count N, it measures:
+
+- in-process: ``GeneratorService.step`` over N streams until all finish (the floor);
+- ``generator`` over gRPC: N concurrent streaming requests straight to the generator model (sequence
+  START only), wall time from the first request sent to the last final response; the model's
+  ``tts_generator_step_seconds`` histogram splits that into in-model step time and Triton overhead
+  (request release/reschedule round trip, admission, tensors, responses, gRPC);
+- engine thread (``--no-engine-thread`` to skip): the same generator behind the triton vllm_backend
+  pattern (a decoupled model whose ``execute`` only queues the request; a background thread owns the
+  batch and steps it), written into the rendered repository as ``generator_et`` at run time;
+- end to end (``--e2e``): N TTSClient streams through ``tts`` with chunk_first = chunk_next = P, so
+  the vocoder runs once per stream (its time and the prompt encoder's are in this column too).
+
+Every ms/step figure is wall time / P (a batched step advances all N streams by one patch). The
+repetitions of all variants are interleaved (best kept) so that drifting machine load hits them alike.
+Columns: "overhead" = wall - in-model step time (per stream: / N); "executes" and "batches" (Triton's
+statistics, count×batch size) show fragmentation: with ``max_queue_delay_microseconds: 0`` the batcher
+may dispatch a rescheduled request before the rest of the batch is back, and the split can persist for
+many steps; "lost vs in-process" = 1 - in-process/Triton (overhead plus fragmentation, but noisy across
+processes); "overhead share" = overhead / wall (same run, robust). ``--queue-delay-us D`` renders the
+generator with ``max_queue_delay_microseconds: D`` to try the batcher with a wait for rescheduled requests.
+Checkpoints, the model repository and server logs go to ``--work`` (default results/step_overhead,
+git-ignored). Usage::
+
+    .venv/bin/python bench/step_overhead.py [--presets tiny,small] [--streams 1,4,8] [--patches 48]
+        [--reps 2] [--e2e] [--no-engine-thread] [--queue-delay-us 500]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the server's stubs run with one torch thread
+
+import argparse
+import itertools
+import json
+import math
+import queue
+import re
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from client.tts_client import TTSClient
+from engine.checkpoint import make_checkpoint
+from engine.config import PRESETS
+from engine.generator import GenerationParams
+from engine.pipeline import FireRedTTS3
+from engine.repository import ServeOptions, build
+from engine.service import GeneratorService
+from engine.triton_env import Ports, TritonServer
+
+TEXT = "The quick brown fox jumps over the lazy dog."
+WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_patches = 6)
+ET_MODEL = "generator_et"
+ET_METRIC = "bench_engine_thread_step_seconds"
+
+# The engine-thread variant (triton vllm_backend pattern): execute() parses and queues; one thread
+# admits up to `slots` streams, steps them all, and sends responses from the thread.
+ET_MODEL_PY = """
+import collections, queue, threading, time
+import numpy as np
+import triton_python_backend_utils as pb
+from engine.generator import GenerationParams
+from engine.prompt import VoicePrompt
+from engine.triton_model import get, load_tts, model_parameters, scalar
+
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+        from engine.service import GeneratorService
+        params = model_parameters(args)
+        self.torch = torch
+        try:  # newer engine.triton_model loads only the networks a model needs
+            self.tts = load_tts(params, parts=("core",))
+        except TypeError:
+            self.tts = load_tts(params)
+        self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
+        self.fam = pb.MetricFamily("%(metric)s", "engine-thread generator step", pb.MetricFamily.HISTOGRAM)
+        self.hist = self.fam.Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
+        self.inbox = queue.Queue()
+        self.running = True
+        self.ids = iter(range(1 << 62))
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _parse(self, r):
+        tokens = get(pb, r, "TOKENS").reshape(-1).astype(np.int64).tolist()
+        latents = get(pb, r, "PROMPT_LATENTS").reshape(-1, 64).copy()
+        speaker = get(pb, r, "SPEAKER").reshape(-1).copy()
+        prompt = VoicePrompt(self.torch.from_numpy(latents), self.torch.from_numpy(speaker), "")
+        gp = GenerationParams(
+            seed=int(scalar(pb, r, "SEED")), steps=int(scalar(pb, r, "STEPS")), cfg=float(scalar(pb, r, "CFG")),
+            max_patches=int(scalar(pb, r, "MAX_PATCHES")),
+        )
+        return tokens, prompt, gp, (int(scalar(pb, r, "CHUNK_FIRST")), int(scalar(pb, r, "CHUNK_NEXT")))
+
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            try:
+                self.inbox.put((self._parse(r), sender))
+            except Exception as e:
+                sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)), flags=FINAL)
+        return None
+
+    def _loop(self):
+        waiting, senders = collections.deque(), {}
+        while self.running:
+            try:
+                if not senders and not waiting:
+                    waiting.append(self.inbox.get(timeout=0.1))
+                while True:
+                    waiting.append(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            while waiting and self.svc.active < self.svc.table.size:
+                (tokens, prompt, gp, schedule), sender = waiting.popleft()
+                owner = next(self.ids)
+                try:
+                    self.svc.admit(owner, tokens, prompt, gp, schedule)
+                    senders[owner] = sender
+                except Exception as e:
+                    sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)), flags=FINAL)
+            if not senders:
+                continue
+            owners = list(senders)
+            t0 = time.perf_counter()
+            try:
+                out = self.svc.step(owners)
+            except Exception as e:
+                for o in owners:
+                    self.svc.drop(o)
+                    senders.pop(o).send(pb.InferenceResponse(error=pb.TritonError(f"step failed: {e}")), flags=FINAL)
+                continue
+            self.hist.observe(time.perf_counter() - t0)
+            for o in owners:
+                em = out[o]
+                resp = None
+                if em.latents is not None:
+                    resp = pb.InferenceResponse([pb.Tensor("LATENTS", em.latents[None].astype(np.float32))])
+                if em.finished:
+                    senders.pop(o).send(resp, flags=FINAL)
+                elif resp is not None:
+                    senders[o].send(resp)
+
+    def finalize(self):
+        self.running = False
+        self.thread.join(5)
+"""
+
+
+def et_config(opts: ServeOptions, gen_config: str) -> str:
+    """The generator's rendered config with the sequence batcher removed (no batching at all)."""
+    text = gen_config.replace('name: "generator"', f'name: "{ET_MODEL}"')
+    text = re.sub(r"sequence_batching \{.*?\n\}\n", "", text, flags=re.DOTALL)
+    assert "sequence_batching" not in text, text
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    preset: str
+    n: int
+    inproc: float = float("nan")  # s per step
+    triton: float = float("nan")  # s per step, wall / P
+    in_model: float = float("nan")  # s per step, histogram sum / P
+    executes: float = float("nan")  # histogram count per run (P when all streams were batched from step 1)
+    et: float = float("nan")
+    et_in_model: float = float("nan")
+    et_executes: float = float("nan")
+    batches: str = ""  # generator executions by batch size, "count×size" (Triton statistics)
+    e2e: float = float("nan")
+    notes: list = field(default_factory=list)
+
+
+def nostop_checkpoint(preset: str, work: Path) -> Path:
+    p = replace(PRESETS[preset], name=f"{preset}-nostop", stop_bias=-30.0)
+    return make_checkpoint(p, work / "ckpt" / p.name, seed=0)
+
+
+class InProcess:
+    """GeneratorService.step over n streams until all finish, in this process (admission included)."""
+
+    def __init__(self, ck: Path, slots: int, max_len: int, steps: int):
+        torch.set_num_threads(1)
+        self.tts = FireRedTTS3.from_checkpoint(ck)
+        self.prompt = self.tts.encode_prompt(None)
+        self.tokens = self.tts.tokens(TEXT, "English", self.prompt)
+        self.svc = GeneratorService(self.tts, slots, max_len)
+        self.steps = steps
+        self.ids = itertools.count()
+
+    def run(self, n: int, patches: int) -> float:
+        """Wall seconds for n streams of ``patches`` patches."""
+        svc, owners = self.svc, [next(self.ids) for _ in range(n)]
+        t0 = time.perf_counter()
+        for i, o in enumerate(owners):
+            gp = GenerationParams(seed=1000 + i, steps=self.steps, max_patches=patches)
+            svc.admit(o, self.tokens, self.prompt, gp, (patches, patches))
+        live, k = owners, 0
+        while live:
+            out = svc.step(live)
+            k += 1
+            live = [o for o in live if not out[o].finished]
+        dt = time.perf_counter() - t0
+        assert k == patches, (k, patches)
+        return dt
+
+
+def batch_counts(srv: TritonServer, model: str) -> dict[int, int]:
+    """batch size -> executions so far, from Triton's statistics extension."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.http}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+
+def scrape(srv: TritonServer) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.metrics}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^((?:tts|bench)_[a-z_]+) ([-0-9.e+]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+class GeneratorClient:
+    """Concurrent streaming requests to a generator model over one gRPC stream."""
+
+    def __init__(self, srv: TritonServer, tts: FireRedTTS3):
+        import tritonclient.grpc as grpcclient
+
+        self.g = grpcclient
+        self.client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.ports.grpc}")
+        self.events: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=self._cb, stream_timeout=3600)
+        prompt = tts.encode_prompt(None)
+        self.tokens = np.array([tts.tokens(TEXT, "English", prompt)], np.int64)
+        self.latents = prompt.latents.float().numpy()[None]
+        self.speaker = prompt.speaker.float().numpy()[None]
+        self.seq = itertools.count(int(time.time()) << 20)
+
+    def _cb(self, result, error):
+        now = time.perf_counter()
+        if error is not None:
+            self.events.put((now, None, True, error))
+            return
+        resp = result.get_response()
+        self.events.put((now, resp.id, resp.parameters["triton_final_response"].bool_param, None))
+
+    def _inputs(self, seed: int, P: int, steps: int):
+        arrs = {
+            "TOKENS": self.tokens, "PROMPT_LATENTS": self.latents, "SPEAKER": self.speaker,
+            "SEED": np.array([[seed]], np.int64), "STEPS": np.array([[steps]], np.int32),
+            "CFG": np.array([[2.0]], np.float32), "MAX_PATCHES": np.array([[P]], np.int32),
+            "CHUNK_FIRST": np.array([[P]], np.int32), "CHUNK_NEXT": np.array([[P]], np.int32),
+        }  # fmt: skip
+        dt = {np.int64: "INT64", np.int32: "INT32", np.float32: "FP32"}
+        out = []
+        for name, a in arrs.items():
+            t = self.g.InferInput(name, list(a.shape), dt[a.dtype.type])
+            t.set_data_from_numpy(a)
+            out.append(t)
+        return out
+
+    def run(self, model: str, n: int, P: int, steps: int, timeout: float = 600.0) -> float:
+        """Wall seconds from the first request sent to the last final response of n streams."""
+        reqs = [(f"r{next(self.seq)}", self._inputs(1000 + i, P, steps)) for i in range(n)]
+        t0 = time.perf_counter()
+        for rid, inputs in reqs:
+            kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == "generator" else {}
+            self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True, **kw)
+        pending, last = {rid for rid, _ in reqs}, t0
+        deadline = time.monotonic() + timeout
+        while pending:
+            try:
+                now, rid, final, err = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"{model}: {len(pending)} of {n} streams unfinished") from None
+            if err is not None:
+                raise RuntimeError(f"{model}: {err}")
+            if final and rid in pending:
+                pending.discard(rid)
+                last = now
+        return last - t0
+
+    def close(self):
+        self.client.stop_stream()
+        self.client.close()
+
+
+def e2e_run(srv: TritonServer, n: int, P: int, steps: int) -> float:
+    client = TTSClient(f"127.0.0.1:{srv.ports.grpc}", timeout=600)
+    params = {"max_patches": P, "chunk_first": P, "chunk_next": P, "steps": steps}
+    errors: list = []
+
+    def one(i):
+        try:
+            client.synthesize(TEXT, seed=1000 + i, parameters=params)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"tts: {errors[0]}")
+    return time.perf_counter() - t0
+
+
+def measure(ck: Path, preset: str, rows: dict, args) -> None:
+    """Start a server for ``ck`` and, per stream count, interleave the repetitions of every variant
+    (in-process, generator, engine thread, e2e) so that drifting machine load hits them alike."""
+    work = args.work / f"triton-{preset}"
+    work.mkdir(parents=True, exist_ok=True)
+    opts = ServeOptions(checkpoint=str(ck), slots=args.slots, max_len=args.max_len, cancel_dir=str(work / "cancel"))
+    repo = build(work / "model_repository", opts)
+    if args.queue_delay_us is not None:  # experiment: let the batcher wait for rescheduled requests
+        cfg = repo / "generator" / "config.pbtxt"
+        text, k = re.subn(
+            r"max_queue_delay_microseconds: \d+",
+            f"max_queue_delay_microseconds: {args.queue_delay_us}",
+            cfg.read_text(),
+        )
+        assert k == 1, "generator config has no max_queue_delay_microseconds"
+        cfg.write_text(text)
+    if args.engine_thread:
+        d = repo / ET_MODEL
+        (d / "1").mkdir(parents=True)
+        (d / "config.pbtxt").write_text(et_config(opts, (repo / "generator" / "config.pbtxt").read_text()))
+        (d / "1" / "model.py").write_text(ET_MODEL_PY % {"metric": ET_METRIC})
+    local = InProcess(ck, args.slots, args.max_len, args.steps)
+    srv = TritonServer(repo, work, Ports.free(), log_path=work / "tritonserver.log")
+    if srv.log_path.exists():
+        srv.log_path.unlink()
+    P, steps = args.patches, args.steps
+
+    def served(gc, model, metric, n, patches):
+        m0, b0 = scrape(srv), batch_counts(srv, model)
+        wall = gc.run(model, n, patches, steps)
+        m1, b1 = scrape(srv), batch_counts(srv, model)
+        s, c = (m1.get(f"{metric}_{k}", float("nan")) - m0.get(f"{metric}_{k}", 0.0) for k in ("sum", "count"))
+        sizes = {b: k - b0.get(b, 0) for b, k in sorted(b1.items(), reverse=True) if k - b0.get(b, 0)}
+        return wall, s, c, sizes
+
+    with srv:
+        gc = GeneratorClient(srv, local.tts)
+        try:
+            for n in args.streams:
+                row = rows[(preset, n)]
+                local.run(n, WARM)
+                gc.run("generator", n, WARM, steps)
+                if args.engine_thread:
+                    gc.run(ET_MODEL, n, WARM, steps)
+                if args.e2e:
+                    e2e_run(srv, n, WARM, steps)
+                res: dict[str, list] = {"local": [], "gen": [], "et": [], "e2e": []}
+                for _ in range(args.reps):
+                    res["local"].append(local.run(n, P))
+                    res["gen"].append(served(gc, "generator", "tts_generator_step_seconds", n, P))
+                    if args.engine_thread:
+                        res["et"].append(served(gc, ET_MODEL, ET_METRIC, n, P))
+                    if args.e2e:
+                        res["e2e"].append(e2e_run(srv, n, P, steps))
+                row.inproc = min(res["local"]) / P
+                wall, s, c, sizes = min(res["gen"], key=lambda x: x[0])
+                row.triton, row.in_model, row.executes = wall / P, s / P, c
+                row.batches = " ".join(f"{k}×{b}" for b, k in sizes.items())
+                if res["et"]:
+                    wall, s, c, _ = min(res["et"], key=lambda x: x[0])
+                    row.et, row.et_in_model, row.et_executes = wall / P, s / P, c
+                if res["e2e"]:
+                    row.e2e = min(res["e2e"]) / P
+                print(f"  {preset} N={n}: in-process {row.inproc * 1e3:.2f} ms/step, triton {row.triton * 1e3:.2f} "
+                      f"(in-model {row.in_model * 1e3:.2f}, {row.executes:.0f} executes), engine-thread "
+                      f"{row.et * 1e3:.2f} (in-model {row.et_in_model * 1e3:.2f}), batches {row.batches}, e2e {row.e2e * 1e3:.2f}; "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+        finally:
+            gc.close()
+
+
+def table(rows: list[Row], args) -> str:
+    def ms(x):
+        return "–" if math.isnan(x) else f"{x * 1e3:.2f}"
+
+    def pct(x):
+        return "–" if math.isnan(x) else f"{x * 100:.1f}%"
+
+    head = ["preset", "streams", "in-process ms/step", "Triton ms/step", "in-model ms/step",
+            "overhead ms/step (per stream)", "executes", "batches (count×size)", "lost vs in-process", "overhead share"]  # fmt: skip
+    if args.engine_thread:
+        head += ["engine-thread ms/step", "engine-thread overhead ms/step (per stream)", "engine-thread executes",
+                 "engine-thread lost vs in-process", "engine-thread overhead share"]  # fmt: skip
+    if args.e2e:
+        head += ["tts e2e ms/step"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        over = r.triton - r.in_model
+        cells = [r.preset, str(r.n), ms(r.inproc), ms(r.triton), ms(r.in_model), f"{ms(over)} ({ms(over / r.n)})",
+                 f"{r.executes:.0f}", r.batches or "–", pct(1 - r.inproc / r.triton), pct(over / r.triton)]  # fmt: skip
+        if args.engine_thread:
+            eo = r.et - r.et_in_model
+            cells += [
+                ms(r.et),
+                f"{ms(eo)} ({ms(eo / r.n)})",
+                f"{r.et_executes:.0f}",
+                pct(1 - r.inproc / r.et),
+                pct(eo / r.et),
+            ]
+        if args.e2e:
+            cells += [ms(r.e2e)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="tiny,small")
+    ap.add_argument("--streams", default="1,4,8")
+    ap.add_argument("--patches", type=int, default=48, help="P: patches per stream (= batched steps per run)")
+    ap.add_argument("--reps", type=int, default=2, help="timed runs per point (best is kept), after a short warm-up")
+    ap.add_argument("--slots", type=int, default=8, help="generator slots, in-process and on the server")
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=10, help="Euler steps of the flow head")
+    ap.add_argument("--work", type=Path, default=REPO / "results" / "step_overhead")
+    ap.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=None,
+        help="override the generator's sequence-batcher max_queue_delay_microseconds (rendered: 0)",
+    )
+    ap.add_argument("--no-engine-thread", dest="engine_thread", action="store_false")
+    ap.add_argument("--e2e", action="store_true", help="also N TTSClient streams through tts (vocoder included)")
+    args = ap.parse_args(argv)
+    args.streams = [int(x) for x in args.streams.split(",")]
+    if max(args.streams) > args.slots:
+        ap.error("every stream count must fit in --slots")
+    torch.set_num_threads(1)
+    rows: dict = {}
+    t_start = time.perf_counter()
+    for preset in args.presets.split(","):
+        ck = nostop_checkpoint(preset, args.work)
+        for n in args.streams:
+            rows[(preset, n)] = Row(preset, n)
+        print(f"{preset}: measuring ...", flush=True)
+        measure(ck, preset, rows, args)
+    print()
+    print(f"P = {args.patches} patches per stream, {args.steps} flow steps, slots = {args.slots}, torch threads 1, "
+          f"best of {args.reps}; generator max_queue_delay_microseconds "
+          f"{'rendered' if args.queue_delay_us is None else args.queue_delay_us}; {os.cpu_count()} CPUs; {time.perf_counter() - t_start:.0f} s")  # fmt: skip
+    print()
+    print(table(list(rows.values()), args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
