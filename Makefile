@@ -28,5 +28,9 @@ unit: install
 integration: install
 	$(PY) -m pytest -q tests/integration
 
+# streaming latency and throughput against concurrency; e.g. make bench ARGS="--preset small --max-patches 24"
+bench: install
+	$(PY) -m bench $(ARGS)
+
 clean:
 	rm -rf cache build results .pytest_cache

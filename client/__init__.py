@@ -1,5 +1,20 @@
-"""Python client for the FireRedTTS3 Triton server (gRPC streaming and HTTP generate_stream)."""
+"""Python client for the FireRedTTS3 Triton server (gRPC streaming, sync and asyncio; HTTP generate_stream).
 
-from client.tts_client import Chunk, TTSClient, TTSError
+``python -m client --help`` for the command line.
+"""
 
-__all__ = ["Chunk", "TTSClient", "TTSError"]
+from client.aio import AsyncTTSClient
+from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
+from client.tts_client import SAMPLE_RATE, Chunk, TTSClient, TTSError
+
+__all__ = [
+    "SAMPLE_RATE",
+    "AsyncTTSClient",
+    "Chunk",
+    "TTSClient",
+    "TTSError",
+    "WavWriter",
+    "read_audio",
+    "write_pcm",
+    "write_wav",
+]

@@ -1,7 +1,11 @@
 """Stream speech from the ``tts`` model over gRPC (bidirectional stream) or HTTP (``generate_stream``).
 
 Each yielded :class:`Chunk` holds mono 24 kHz float32 samples and its arrival time. Closing the
-iterator early cancels the request on the server. Every wait has a timeout.
+iterator early cancels the request on the server. Every wait has a timeout: ``timeout`` bounds the wait
+for each response (and the HTTP connect), ``stream_timeout`` the whole stream.
+
+Errors: :class:`TTSError` (the server rejected or failed the request, with its message),
+``ConnectionError`` (no server there), ``TimeoutError`` (a timeout above expired).
 """
 
 from __future__ import annotations
@@ -16,11 +20,18 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from client.request import (
+    SAMPLE_RATE,
+    TTSError,
+    grpc_error,
+    grpc_inputs,
+    http_body,
+    http_error_text,
+    is_final,
+    request_fields,
+)
 
-
-class TTSError(RuntimeError):
-    """The server rejected or failed the request; ``str(e)`` is the server's message."""
+__all__ = ["SAMPLE_RATE", "Chunk", "TTSClient", "TTSError"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +46,27 @@ def _host_port(url: str, default_port: int) -> tuple[str, int]:
 
 
 class TTSClient:
-    def __init__(self, url: str, protocol: str = "grpc", timeout: float = 60.0, model: str = "tts"):
+    """A client for one server; each :meth:`stream` opens its own connection, so streams may run in
+    parallel threads on one client.
+
+    Args:
+        url: ``HOST:PORT`` (``http://`` is accepted and ignored); the port defaults to 8001 (gRPC) / 8000 (HTTP).
+        protocol: ``grpc`` or ``http``.
+        timeout: seconds to wait for each response (and to connect).
+        model: the Triton model name.
+        stream_timeout: seconds for the whole stream; default ``10 * timeout``.
+    """
+
+    def __init__(
+        self, url: str, protocol: str = "grpc", timeout: float = 60.0, model: str = "tts",
+        stream_timeout: float | None = None,
+    ):  # fmt: skip
         if protocol not in ("grpc", "http"):
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.protocol, self.timeout, self.model = protocol, timeout, model
+        self.stream_timeout = stream_timeout or 10 * timeout
         self.host, self.port = _host_port(url, 8001 if protocol == "grpc" else 8000)
 
     def stream(
@@ -52,52 +80,43 @@ class TTSClient:
         seed: int | None = None,
         parameters: dict | None = None,
     ) -> Iterator[Chunk]:
-        fields = {"TEXT": text, "LANGUAGE": language, "REF_TEXT": ref_text, "VOICE_ID": voice_id, "SEED": seed}
-        if ref_audio is not None:
-            fields["REF_AUDIO"] = np.asarray(ref_audio, np.float32).reshape(-1)
-            fields["REF_SAMPLE_RATE"] = ref_sample_rate
-        fields = {k: v for k, v in fields.items() if v is not None}
+        """Chunks as the server sends them; ``parameters`` are the tts request parameters
+        (steps, cfg, chunk_first, chunk_next, max_patches). ``ref_audio``: (n,) float in [-1, 1]."""
+        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed)
         if self.protocol == "grpc":
             return self._grpc(fields, parameters or {})
         return self._http(fields, parameters or {})
 
     def synthesize(self, text: str, **kw) -> np.ndarray:
-        """The whole utterance as one array."""
+        """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
     def _grpc(self, fields: dict, parameters: dict) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
 
-        inputs = []
-        for name, v in fields.items():
-            if name == "REF_AUDIO":
-                arr, dt = v, "FP32"
-            elif name == "REF_SAMPLE_RATE":
-                arr, dt = np.array([v], np.int32), "INT32"
-            elif name == "SEED":
-                arr, dt = np.array([v], np.int64), "INT64"
-            else:
-                arr, dt = np.array([str(v).encode("utf-8")], np.object_), "BYTES"
-            t = grpcclient.InferInput(name, list(arr.shape), dt)
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+        inputs = grpc_inputs(fields)
         client = grpcclient.InferenceServerClient(f"{self.host}:{self.port}")
         q: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: q.put((result, error)), stream_timeout=self.timeout * 10)
+        client.start_stream(callback=lambda result, error: q.put((result, error)), stream_timeout=self.stream_timeout)
         t0 = time.perf_counter()
         done = False
         try:
-            client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True)
+            except InferenceServerException:
+                # the stream broke before the request went out; its callback has the cause (e.g. UNAVAILABLE)
+                pass
             while not done:
                 try:
                     result, error = q.get(timeout=self.timeout)
                 except queue.Empty:
-                    raise TimeoutError(f"no response from the server for {self.timeout:.0f} s") from None
+                    raise TimeoutError(f"no response from the server for {self.timeout:g} s") from None
                 if error is not None:
                     done = True
-                    raise TTSError(error.message() if hasattr(error, "message") else str(error))
-                done = result.get_response().parameters["triton_final_response"].bool_param
+                    raise grpc_error(error)
+                done = is_final(result)
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:
                     yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
@@ -106,18 +125,17 @@ class TTSClient:
             client.close()
 
     def _http(self, fields: dict, parameters: dict) -> Iterator[Chunk]:
-        body = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
-        if parameters:
-            body["parameters"] = parameters
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         t0 = time.perf_counter()
         try:
-            conn.request("POST", f"/v2/models/{self.model}/generate_stream", json.dumps(body),
+            conn.request("POST", f"/v2/models/{self.model}/generate_stream", http_body(fields, parameters),
                          {"Content-Type": "application/json"})  # fmt: skip
             resp = conn.getresponse()
             if resp.status != 200:
-                raise TTSError(_error_text(resp.read()))
+                raise TTSError(http_error_text(resp.read()))
             for line in resp:
+                if time.perf_counter() - t0 > self.stream_timeout:
+                    raise TimeoutError(f"stream still running after {self.stream_timeout:g} s")
                 if not line.startswith(b"data:"):
                     continue
                 event = json.loads(line[5:])
@@ -126,12 +144,9 @@ class TTSClient:
                 audio = np.asarray(event.get("AUDIO", []), np.float32).reshape(-1)
                 if audio.size:
                     yield Chunk(audio, time.perf_counter() - t0)
+        except TimeoutError:
+            raise
+        except OSError as e:  # refused, reset, or the socket timeout (socket.timeout is TimeoutError)
+            raise ConnectionError(f"HTTP {self.host}:{self.port}: {e}") from e
         finally:
             conn.close()
-
-
-def _error_text(raw: bytes) -> str:
-    try:
-        return json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", "replace")

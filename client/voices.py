@@ -56,3 +56,45 @@ class VoiceClient:
             client.close()
         raw = result.as_numpy("RESULT").reshape(-1)[0]
         return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+# ---- `python -m client --url U voices {add,list,remove}` ----
+HELP = "manage named voices on the server: add NAME --audio WAV --text T | list | remove NAME"
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = sub.add_parser("add", help="encode a reference recording and store it as NAME")
+    add.add_argument("name")
+    add.add_argument("--audio", required=True, help="reference recording (any format libsndfile reads)")
+    add.add_argument("--text", default="", help="transcript of the recording")
+    sub.add_parser("list", help="list registered voices")
+    rm = sub.add_parser("remove", help="delete a voice")
+    rm.add_argument("name")
+
+
+def run(args) -> int:
+    import sys
+
+    from client.audio_io import read_audio
+
+    client = VoiceClient(args.url or "127.0.0.1", args.protocol, timeout=max(args.timeout, 120.0))
+    try:
+        if args.action == "add":
+            try:
+                audio, sr = read_audio(args.audio)
+            except Exception as e:
+                print(f"error: cannot read --audio {args.audio}: {e}", file=sys.stderr)
+                return 2
+            v = client.add(args.name, audio, sr, args.text)
+            print(f"added voice {v['name']} ({v['seconds']:.1f} s)", file=sys.stderr)
+        elif args.action == "list":
+            for v in client.list():
+                print(f"{v['name']}\t{v['seconds']:.1f} s\t{v['text']}")
+        else:
+            client.remove(args.name)
+            print(f"removed voice {args.name}", file=sys.stderr)
+    except (TTSError, ConnectionError, TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

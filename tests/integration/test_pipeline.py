@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -102,11 +103,16 @@ def test_http_generate_stream_equals_grpc(server):
     assert snr_db(a, b) >= 60  # JSON carries float32 values as decimals
 
 
-def test_cancel_frees_slot_and_vocoder_state(server):
+@pytest.mark.parametrize("chunks", [(1, 1), (3, 12)])
+def test_cancel_frees_slot_and_vocoder_state(server, chunks):
+    """(3, 12): the client cancels while the generator is inside a chunk, so tts hears of it only from
+    its watcher and the generator's final response."""
     m0 = metrics(server)
     before = m0.get('tts_requests_total{outcome="cancelled"}', 0)
     it = grpc(server).stream(
-        "A very long utterance", seed=2, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1}
+        "A very long utterance",
+        seed=2,
+        parameters={"max_patches": 400, "chunk_first": chunks[0], "chunk_next": chunks[1]},
     )
     first = next(it)
     assert first.audio.size > 0
@@ -114,6 +120,10 @@ def test_cancel_frees_slot_and_vocoder_state(server):
     m = wait_gauges_zero(server, timeout=15)
     assert m["tts_generator_active_slots"] == 0
     assert m["tts_vocoder_active_streams"] == 0
+    deadline = time.monotonic() + 10  # tts counts the outcome after it has freed the vocoder
+    while m['tts_requests_total{outcome="cancelled"}'] < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        m = metrics(server)
     assert m['tts_requests_total{outcome="cancelled"}'] >= before + 1
     # the stream asked for 400 patches; cancellation stopped it after a few generator steps
     assert m["tts_generator_step_seconds_count"] - m0["tts_generator_step_seconds_count"] < 100
@@ -171,3 +181,10 @@ def test_final_response_reports_finish_reason(server):
     conn.close()
     assert events[-1]["FINISH_REASON"] == "length"
     assert all("FINISH_REASON" not in e for e in events[:-1])
+
+
+def test_generator_rejection_reaches_the_client(server):
+    """A prompt longer than the server's cache is refused by the generator with a clear message."""
+    with pytest.raises(TTSError, match="cache positions"):
+        grpc(server).synthesize("word " * 700, seed=1, parameters={"max_patches": 400})
+    assert grpc(server).synthesize("fine", seed=1, parameters={"max_patches": 6}).shape == (6 * 3840,)

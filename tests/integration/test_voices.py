@@ -81,3 +81,33 @@ def test_voices_survive_restart(nostop_ckpt, tmp_path):
         assert m["tts_prompt_cache_hits_total"] == 2
         assert [v["name"] for v in VoiceClient(url).list()] == ["keeper"]
     assert np.array_equal(named1, named2) and np.array_equal(anon1, anon2)
+
+
+def test_cli_voices_add_list_use_remove(server, tmp_path):
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    wav = tmp_path / "ref.wav"
+    sf.write(wav, ref_clip(11, 24000), 24000)
+    url = ["--url", f"127.0.0.1:{server.ports.grpc}"]
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "client", *url, *args], capture_output=True, text=True, timeout=120
+        )
+
+    r = cli("voices", "add", "cli_voice", "--audio", str(wav), "--text", "from the cli")
+    assert r.returncode == 0, r.stderr
+    r = cli("voices", "list")
+    assert r.returncode == 0 and "cli_voice" in r.stdout and "from the cli" in r.stdout
+    out = tmp_path / "out.wav"
+    r = cli("--text", "Hello", "--voice-id", "cli_voice", "--max-patches", "6", "--out", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    assert sf.info(out).samplerate == 24000
+    r = cli("voices", "add", "bad/name", "--audio", str(wav))
+    assert r.returncode == 1 and "voice name" in r.stderr
+    assert cli("voices", "remove", "cli_voice").returncode == 0
+    r = cli("voices", "remove", "cli_voice")
+    assert r.returncode == 1 and "not registered" in r.stderr

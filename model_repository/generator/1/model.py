@@ -60,8 +60,9 @@ class TritonPythonModel:
             if r.is_cancelled() or self.cancels.is_marked(owner):
                 self.svc.drop(owner)
                 self.cancels.clear(owner)
-                sender.send(pb.InferenceResponse(error=pb.TritonError("cancelled", pb.TritonError.CANCELLED)),
-                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+                # a plain final response: an error response with code CANCELLED never reached the BLS caller
+                done = pb.InferenceResponse([bytes_tensor(pb, "FINISH_REASON", "cancelled")])
+                sender.send(done, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             if owner not in self.svc.live:
                 try:

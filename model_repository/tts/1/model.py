@@ -127,6 +127,8 @@ class TritonPythonModel:
                 fr = pb.get_output_tensor_by_name(resp, "FINISH_REASON")
                 if fr is not None:
                     reason = fr.as_numpy().reshape(-1)[0].decode("utf-8")
+                    if reason == "cancelled":
+                        raise Cancelled()
                 t = pb.get_output_tensor_by_name(resp, "LATENTS")
                 if t is None:
                     continue
@@ -142,7 +144,8 @@ class TritonPythonModel:
                         self.first_chunk.observe(time.perf_counter() - t0)
                         first = False
         except BaseException as e:
-            if not isinstance(e, GeneratorFailed):  # a failed generator stream has ended already
+            ended = isinstance(e, GeneratorFailed) or reason == "cancelled"  # the generator stream is over
+            if not ended and not (watcher.done() and not watcher.cancelled()):
                 self.cancels.mark(cid)  # the generator ends the stream at its next step
             if voc_started:  # free the vocoder state now rather than at its idle timeout
                 empty = pb.Tensor("LATENTS", np.zeros((1, 0, 64), np.float32))

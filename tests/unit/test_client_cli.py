@@ -1,0 +1,113 @@
+"""The CLI without a server: argument handling, subcommand dispatch, output files and exit codes."""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from client import Chunk, TTSError
+from client.audio_io import pcm16
+from client.cli import Command, build_parser, main, synthesize
+
+
+class FakeClient:
+    """Streams the given chunks, then raises ``error`` if one is given."""
+
+    def __init__(self, chunks, error=None):
+        self.chunks, self.error, self.calls = chunks, error, []
+
+    def stream(self, text, **kw):
+        self.calls.append((text, kw))
+        for i, a in enumerate(self.chunks):
+            yield Chunk(a, 0.1 * (i + 1))
+        if self.error:
+            raise self.error
+
+
+CHUNKS = [np.full(2400, 0.25, np.float32), np.full(4800, -0.5, np.float32)]
+
+
+def test_synthesize_writes_wav_and_summary(tmp_path, capsys):
+    out = tmp_path / "a.wav"
+    assert synthesize(FakeClient(CHUNKS), "Hi", {}, str(out)) == 0
+    with wave.open(str(out)) as r:
+        assert (r.getframerate(), r.getnchannels(), r.getsampwidth()) == (24000, 1, 2)
+        assert r.readframes(r.getnframes()) == pcm16(np.concatenate(CHUNKS))
+    err = capsys.readouterr().err
+    assert "chunk 2: 0.30 s of audio" in err
+    assert "first chunk: 0.100 s" in err and "real-time factor" in err
+
+
+def test_synthesize_pcm_to_stdout(monkeypatch, capsys):
+    buf = io.BytesIO()
+    monkeypatch.setattr("sys.stdout", io.TextIOWrapper(buf))
+    assert synthesize(FakeClient(CHUNKS), "Hi", {}, "-", quiet=True) == 0
+    assert buf.getvalue() == pcm16(np.concatenate(CHUNKS))
+    assert capsys.readouterr().err == ""
+
+
+def test_server_error_exits_1_with_its_message_and_no_file(tmp_path, capsys):
+    out = tmp_path / "a.wav"
+    client = FakeClient(CHUNKS[:1], TTSError("LANGUAGE: unknown language 'Klingon'"))
+    assert synthesize(client, "Hi", {}, str(out)) == 1
+    assert "error: LANGUAGE: unknown language 'Klingon'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_request_options_reach_the_client(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_synthesize(client, text, request, out, quiet=False):
+        seen.update(url=(client.host, client.port, client.protocol), text=text, request=request, out=out)
+        return 0
+
+    monkeypatch.setattr("client.cli.synthesize", fake_synthesize)
+    monkeypatch.setattr("sys.stdin", io.StringIO("  from stdin \n"))
+    argv = ["--url", "h:9", "--protocol", "http", "--text", "-", "--language", "German", "--voice-id", "v1",
+            "--seed", "5", "--max-patches", "12", "--cfg", "1.5", "--out", "o.wav"]  # fmt: skip
+    assert main(argv) == 0
+    assert seen["url"] == ("h", 9, "http") and seen["text"] == "from stdin" and seen["out"] == "o.wav"
+    assert seen["request"] == {"language": "German", "voice_id": "v1", "ref_text": None, "seed": 5,
+                               "parameters": {"max_patches": 12, "cfg": 1.5}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--text", "Hi"], "--text and --out"),
+        (["--out", "a.wav"], "--text and --out"),
+        (["--text", "Hi", "--out", "a.wav", "--ref-text", "t"], "--ref-text needs --ref-audio"),
+        (["--text", "Hi", "--out", "a.wav", "--voice-id", "v", "--ref-audio", "r.wav"], "not allowed with"),
+        (["--text", "Hi", "--out", "a.wav", "--ref-audio", "/nonexistent.wav"], "cannot read --ref-audio"),
+    ],
+)
+def test_usage_errors_exit_2(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_subcommands_plug_in_and_synthesize_stays_the_default(monkeypatch):
+    """The shape a `voices` group will take: `python -m client --url U voices add NAME --audio A --text T`."""
+    ran = []
+
+    def add_arguments(p):
+        sub = p.add_subparsers(dest="action", required=True)
+        add = sub.add_parser("add")
+        add.add_argument("name")
+        add.add_argument("--audio")
+        add.add_argument("--text", dest="voice_text")
+        sub.add_parser("list")
+
+    voices = Command("manage voices", add_arguments, lambda args: ran.append(args) or 0)
+    commands = {"voices": voices}
+    assert main(["--url", "h:1", "voices", "add", "n1", "--audio", "a.wav", "--text", "t"], commands) == 0
+    assert (ran[0].url, ran[0].action, ran[0].name, ran[0].voice_text) == ("h:1", "add", "n1", "t")
+    assert main(["--url", "h:1", "voices", "list"], commands) == 0 and ran[1].action == "list"
+    monkeypatch.setattr("client.cli.synthesize", lambda *a, **k: 7)
+    assert main(["--url", "h:1", "--text", "Hi", "--out", "a.wav"], commands) == 7
+    assert build_parser({}).parse_args(["--text", "x", "--out", "y"]).command is None
