@@ -71,7 +71,10 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     par.add_argument("--cfg", type=float, help="classifier-free guidance weight")
     par.add_argument("--chunk-first", type=int, help="patches (160 ms each) in the first chunk")
     par.add_argument("--chunk-next", type=int, help="patches in every later chunk")
-    par.add_argument("--max-patches", type=int, help="length limit in patches")
+    par.add_argument("--max-patches", type=int, help="length limit per text segment, in patches")
+    par.add_argument(
+        "--split-tokens", type=int, help="split texts longer than this many tokens at sentences (0: never)"
+    )
 
     if commands:
         sub = ap.add_subparsers(dest="command", metavar="COMMAND")

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 SAMPLE_RATE = 24000  # Hz of the AUDIO output
-PARAMETERS = ("steps", "cfg", "chunk_first", "chunk_next", "max_patches")  # the tts request parameters
+PARAMETERS = ("steps", "cfg", "chunk_first", "chunk_next", "max_patches", "split_tokens")  # tts request parameters
 
 # Triton input name -> (numpy dtype, Triton datatype) for the non-string inputs
 _NUMERIC = {"REF_AUDIO": (np.float32, "FP32"), "REF_SAMPLE_RATE": (np.int32, "INT32"), "SEED": (np.int64, "INT64")}

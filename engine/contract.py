@@ -64,7 +64,8 @@ TTS_PARAMETERS = {
     "cfg": (float, 2.0, "classifier-free guidance weight (0..20)"),
     "chunk_first": (int, 3, "patches (160 ms each) in the first audio chunk"),
     "chunk_next": (int, 12, "patches in every later chunk"),
-    "max_patches": (int, 400, "length limit in patches (400 = 64 s)"),
+    "max_patches": (int, 400, "length limit per text segment, in patches (400 = 64 s)"),
+    "split_tokens": (int, 80, "texts longer than this many tokens are split at sentences (0: never)"),
 }
 
 # ---- prompt_encoder (dynamic batching) ----

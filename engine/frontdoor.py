@@ -24,6 +24,7 @@ class TTSRequest:
     voice_id: str
     params: GenerationParams
     schedule: tuple[int, int]
+    split_tokens: int = 80  # segment length limit for long texts; 0 = one segment
 
 
 def parse_parameters(raw: str | dict | None) -> dict:
@@ -41,6 +42,8 @@ def parse_parameters(raw: str | dict | None) -> dict:
     for key in ("chunk_first", "chunk_next"):
         if not 1 <= out[key] <= 400:
             raise ValueError(f"parameter {key} must be in 1..400, got {out[key]}")
+    if not 0 <= out["split_tokens"] <= 4096:
+        raise ValueError(f"parameter split_tokens must be in 0..4096, got {out['split_tokens']}")
     return out
 
 
@@ -83,5 +86,5 @@ def build_request(
         raise ValueError(f"bad generation parameter: {e}") from None
     return TTSRequest(
         text, language, ref_audio, int(ref_sample_rate or 0), ref_text or "", voice_id or "", gp,
-        (p["chunk_first"], p["chunk_next"]),
+        (p["chunk_first"], p["chunk_next"]), p["split_tokens"],
     )  # fmt: skip

@@ -20,8 +20,10 @@ from engine.config import SAMPLE_RATE
 from engine.generator import GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
+from engine.segments import Joiner, segment_schedule, split_text
 
 DEFAULT_SCHEDULE = (3, 12)  # patches per chunk: first chunk, then every later chunk
+DEFAULT_SPLIT_TOKENS = 80  # longer texts are synthesized sentence group by sentence group
 
 
 def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
@@ -40,9 +42,30 @@ def stream_audio(
     prompt: VoicePrompt | None = None,
     params: GenerationParams = GenerationParams(),
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    split_tokens: int = DEFAULT_SPLIT_TOKENS,
 ) -> Iterator[np.ndarray]:
-    """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1)."""
+    """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1).
+
+    A text longer than ``split_tokens`` tokens is cut into segments at sentence ends; each segment is
+    generated with the same seed and joined to the previous one with a 50 ms cross-fade.
+    """
     prompt = prompt or tts.encode_prompt(None)
+    tokenizer = tts.models.tokenizer
+    segments = split_text(text, lambda t: len(tokenizer.encode(t)), split_tokens)
+    joiner = Joiner()
+    for i, segment in enumerate(segments):
+        more = i < len(segments) - 1
+        joiner.start_segment()
+        for chunk in _segment_audio(tts, segment, language, prompt, params, segment_schedule(i, tuple(schedule))):
+            out = joiner.push(chunk, more)
+            if out.size or not more:
+                yield out
+    rest = joiner.finish()
+    if rest.size:
+        yield rest
+
+
+def _segment_audio(tts, text, language, prompt, params, schedule) -> Iterator[np.ndarray]:
     tokens = tts.tokens(text, language, prompt)
     prefix = 1 + len(tokens) + prompt.num_patches
     gen = tts.generator(slots=1, max_len=prefix + params.max_patches)
@@ -69,13 +92,15 @@ def synthesize(
     ref_text: str = "",
     params: GenerationParams = GenerationParams(),
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    split_tokens: int = DEFAULT_SPLIT_TOKENS,
 ) -> np.ndarray:
-    """Whole utterance as one float32 array at 24 kHz: (patches * 3840,) samples.
+    """Whole utterance as one float32 array at 24 kHz: patches * 3840 samples per text segment, minus
+    the 1200-sample cross-fade between segments.
 
     Without ``ref_audio`` the voice prompt is one patch of silence (the model then picks a voice).
     """
     prompt = tts.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
-    return np.concatenate(list(stream_audio(tts, text, language, prompt, params, schedule)))
+    return np.concatenate(list(stream_audio(tts, text, language, prompt, params, schedule, split_tokens)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--steps", type=int, default=10, help="Euler steps of the flow head")
     ap.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance weight")
-    ap.add_argument("--max-patches", type=int, default=400, help="length limit in 160 ms patches")
+    ap.add_argument("--max-patches", type=int, default=400, help="length limit per text segment, in 160 ms patches")
+    ap.add_argument(
+        "--split-tokens", type=int, default=DEFAULT_SPLIT_TOKENS, help="split longer texts at sentences (0: never)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -105,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
         ref = A.load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
-        wav = synthesize(tts, text, args.language, ref[0], ref[1], args.ref_text, params)
+        wav = synthesize(
+            tts, text, args.language, ref[0], ref[1], args.ref_text, params, split_tokens=args.split_tokens
+        )
         t2 = time.perf_counter()
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

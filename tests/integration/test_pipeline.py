@@ -186,5 +186,19 @@ def test_final_response_reports_finish_reason(server):
 def test_generator_rejection_reaches_the_client(server):
     """A prompt longer than the server's cache is refused by the generator with a clear message."""
     with pytest.raises(TTSError, match="cache positions"):
-        grpc(server).synthesize("word " * 700, seed=1, parameters={"max_patches": 400})
+        grpc(server).synthesize("word " * 700, seed=1, parameters={"max_patches": 400, "split_tokens": 0})
     assert grpc(server).synthesize("fine", seed=1, parameters={"max_patches": 6}).shape == (6 * 3840,)
+
+
+def test_long_text_streams_like_offline(server, offline):
+    text = (
+        "The first sentence is here and it goes on for a while. The second one follows it closely. "
+        "A third sentence arrives, talking about the weather and the sea. Finally the fourth ends it."
+    )
+    params = {"max_patches": 6, "split_tokens": 40}
+    got = grpc(server).synthesize(text, seed=8, parameters=params)
+    ref = synthesize(offline, text, params=GenerationParams(seed=8, max_patches=6), split_tokens=40)
+    assert got.shape == ref.shape and len(ref) > 2 * 6 * 3840
+    assert snr_db(ref, got) >= 60
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0

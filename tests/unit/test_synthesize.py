@@ -128,3 +128,25 @@ def test_cli_reports_bad_language(tiny_ckpt, tmp_path):
     cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "x"]
     r = subprocess.run(cmd + ["--language", "Elvish", "--out", str(tmp_path / "x.wav")], capture_output=True, text=True)
     assert r.returncode != 0 and "Elvish" in r.stderr
+
+
+LONG = (
+    "The first sentence is here and it goes on for a while. The second one follows it closely. "
+    "A third sentence arrives, talking about the weather and the sea. Finally the fourth ends it."
+)
+
+
+def test_long_text_is_split_and_cross_faded(tts):
+    from engine.segments import split_text
+
+    params = GenerationParams(seed=4, min_patches=6, max_patches=6)
+    segs = split_text(LONG, lambda t: len(tts.models.tokenizer.encode(t)), 40)
+    assert len(segs) >= 3
+    whole = synthesize(tts, LONG, params=params, split_tokens=40)
+    assert len(whole) == len(segs) * 6 * 3840 - (len(segs) - 1) * 1200
+    chunks = list(stream_audio(tts, LONG, params=params, split_tokens=40))
+    assert np.array_equal(np.concatenate(chunks), whole)
+    first = synthesize(tts, segs[0], params=params, split_tokens=0)
+    assert np.array_equal(whole[: len(first) - 1200], first[:-1200])  # untouched up to the fade
+    one = synthesize(tts, LONG, params=params, split_tokens=0)
+    assert len(one) == 6 * 3840  # unsplit: one segment, cut at max_patches

@@ -3,6 +3,7 @@ and streams AUDIO chunks to the client; every request ends with exactly one fina
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import secrets
 import time
@@ -12,6 +13,7 @@ import triton_python_backend_utils as pb
 
 from engine.cancel import CancelBoard
 from engine.frontdoor import build_request
+from engine.segments import Joiner, segment_schedule, split_text
 from engine.text import TextTokenizer
 from engine.triton_model import bytes_tensor, checkpoint_path, get, model_parameters, scalar, setup_logging, string
 
@@ -88,6 +90,7 @@ class TritonPythonModel:
         return {n: pb.get_output_tensor_by_name(resp, n).as_numpy() for n in outputs}
 
     async def _stream(self, request, sender, req, t0) -> int:
+        """Prompt once, then each text segment through generator and vocoder, cross-faded; returns samples."""
         inputs = [bytes_tensor(pb, "REF_TEXT", req.ref_text), bytes_tensor(pb, "VOICE_ID", req.voice_id)]
         if req.ref_audio is not None:
             inputs += [
@@ -96,15 +99,44 @@ class TritonPythonModel:
             ]
         prompt = await self._call("prompt_encoder", inputs, ["PROMPT_LATENTS", "SPEAKER", "PROMPT_TEXT"])
         prompt_text = prompt["PROMPT_TEXT"].reshape(-1)[0].decode("utf-8")
-        tokens = np.array(self.tokenizer.encode_prompt(req.text, req.language, prompt_text), np.int64)
-        latents = prompt["PROMPT_LATENTS"]  # (1, L, 64)
-        p = req.params
+        segments = split_text(req.text, lambda t: len(self.tokenizer.encode(t)), req.split_tokens)
+        joiner, total, reasons, first, tail = Joiner(), 0, [], True, np.zeros(0, np.float32)
+        for i, segment in enumerate(segments):
+            more = i < len(segments) - 1
+            tokens = np.array(self.tokenizer.encode_prompt(segment, req.language, prompt_text), np.int64)
+            joiner.start_segment()
+            chunks = self._segment(request, req, prompt, tokens, segment_schedule(i, req.schedule))
+            async with contextlib.aclosing(chunks):  # an error here still ends the segment's streams
+                async for audio, reason in chunks:
+                    if reason is not None:
+                        reasons.append(reason)
+                    out = joiner.push(audio, more)
+                    if more or reason is None:  # the last segment's tail goes out with the final response
+                        if out.size:
+                            sender.send(pb.InferenceResponse([pb.Tensor("AUDIO", out)]))
+                            total += out.size
+                            if first:
+                                self.first_chunk.observe(time.perf_counter() - t0)
+                                first = False
+                    else:
+                        tail = out
+        tail = np.concatenate([tail, joiner.finish()])
+        reason = "length" if "length" in reasons else "stop"
+        if reason == "length":
+            log.warning("a segment reached max_patches (%d); its text may be cut", req.params.max_patches)
+        final = [pb.Tensor("AUDIO", tail), bytes_tensor(pb, "FINISH_REASON", reason, batch=False)]
+        sender.send(pb.InferenceResponse(final), flags=FINAL)
+        return total + tail.size
+
+    async def _segment(self, request, req, prompt, tokens, schedule):
+        """Yield (audio, None) per vocoder chunk of one segment, then (tail audio, finish reason)."""
+        latents, p = prompt["PROMPT_LATENTS"], req.params  # (1, L, 64)
         gen_inputs = [
             pb.Tensor("TOKENS", tokens[None]), pb.Tensor("PROMPT_LATENTS", latents), pb.Tensor("SPEAKER", prompt["SPEAKER"]),
             pb.Tensor("SEED", np.array([[p.seed]], np.int64)), pb.Tensor("STEPS", np.array([[p.steps]], np.int32)),
             pb.Tensor("CFG", np.array([[p.cfg]], np.float32)), pb.Tensor("MAX_PATCHES", np.array([[p.max_patches]], np.int32)),
-            pb.Tensor("CHUNK_FIRST", np.array([[req.schedule[0]]], np.int32)),
-            pb.Tensor("CHUNK_NEXT", np.array([[req.schedule[1]]], np.int32)),
+            pb.Tensor("CHUNK_FIRST", np.array([[schedule[0]]], np.int32)),
+            pb.Tensor("CHUNK_NEXT", np.array([[schedule[-1]]], np.int32)),
         ]  # fmt: skip
         cid = next(self.ids)
         gen = pb.InferenceRequest(model_name="generator", inputs=gen_inputs, requested_output_names=["LATENTS", "FINISH_REASON"],
@@ -112,8 +144,7 @@ class TritonPythonModel:
         stream = await gen.async_exec(decoupled=True)
         watcher = asyncio.ensure_future(self._watch(request, cid))
         loop = asyncio.get_running_loop()
-        total, first, vflags, reason = 0, True, pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, "stop"
-        voc_started = False
+        vflags, reason, voc_started = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, "stop", False
         try:
             while True:
                 resp = await asyncio.wait_for(loop.run_in_executor(self.pool, next, stream, None), self.timeout)
@@ -137,44 +168,29 @@ class TritonPythonModel:
                     vin.append(pb.Tensor("PROMPT_LATENTS", latents))
                 audio = (await self._call("vocoder", vin, ["AUDIO"], correlation_id=cid, flags=vflags))["AUDIO"]
                 voc_started, vflags = True, 0
-                if audio.size:
-                    sender.send(pb.InferenceResponse([pb.Tensor("AUDIO", audio.reshape(-1))]))
-                    total += audio.size
-                    if first:
-                        self.first_chunk.observe(time.perf_counter() - t0)
-                        first = False
+                yield audio.reshape(-1), None
+            if not voc_started:
+                raise RuntimeError("generator produced no audio")
+            tail = (await self._end_vocoder(cid))["AUDIO"]
         except BaseException as e:
             ended = isinstance(e, GeneratorFailed) or reason == "cancelled"  # the generator stream is over
             if not ended and not (watcher.done() and not watcher.cancelled()):
                 self.cancels.mark(cid)  # the generator ends the stream at its next step
             if voc_started:  # free the vocoder state now rather than at its idle timeout
-                empty = pb.Tensor("LATENTS", np.zeros((1, 0, 64), np.float32))
                 try:
-                    await self._call(
-                        "vocoder",
-                        [empty],
-                        ["AUDIO"],
-                        correlation_id=cid,
-                        flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
-                    )
+                    await self._end_vocoder(cid)
                 except Exception:
                     log.warning("could not end vocoder stream %s", cid)
             raise
         finally:
             watcher.cancel()
-        if not voc_started:
-            raise RuntimeError("generator produced no audio")
+        yield tail.reshape(-1), reason
+
+    async def _end_vocoder(self, cid):
         empty = pb.Tensor("LATENTS", np.zeros((1, 0, 64), np.float32))
-        tail = (
-            await self._call(
-                "vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-            )
-        )["AUDIO"]
-        if reason == "length":
-            log.warning("stream %s reached max_patches (%d); its text may be cut", cid, p.max_patches)
-        final = [pb.Tensor("AUDIO", tail.reshape(-1)), bytes_tensor(pb, "FINISH_REASON", reason, batch=False)]
-        sender.send(pb.InferenceResponse(final), flags=FINAL)
-        return total + tail.size
+        return await self._call(
+            "vocoder", [empty], ["AUDIO"], correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        )
 
     async def _watch(self, request, cid):
         """Poll for client cancellation while the stream runs, so the slot frees within one step."""
