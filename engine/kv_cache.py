@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from engine.config import Qwen3Config
@@ -27,6 +29,12 @@ class WindowCache:
         self.v: list[torch.Tensor | None] = [None] * num_layers
         self.pos: torch.Tensor | None = None  # (B, L) positions of cached keys
         self._new_pos: torch.Tensor | None = None
+
+    def clone(self) -> WindowCache:
+        """An independent copy sharing tensors (they are replaced on update, never written in place)."""
+        new = copy.copy(self)
+        new.k, new.v = list(self.k), list(self.v)
+        return new
 
     @property
     def next_position(self) -> int:

@@ -3,6 +3,7 @@ decoder streams. Shared by the offline path (:mod:`engine.synthesize`) and the T
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,12 @@ class PrimedDecoder:
         self.stream, self.device, self.dtype = stream, device, dtype
         self.to_skip = prompt.num_samples
         self._emit(stream.decode(prompt.latents.to(device, dtype)[None]))
+
+    def clone(self) -> PrimedDecoder:
+        """A copy to start another stream from the same primed prompt without decoding it again."""
+        new = copy.copy(self)
+        new.stream = self.stream.clone()
+        return new
 
     def _emit(self, samples: torch.Tensor) -> np.ndarray:
         x = samples[0]

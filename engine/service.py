@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,10 +106,30 @@ class _Voc:
 
 
 class VocoderService:
-    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0):
+    """Per-stream decoders. Priming (decoding the whole prompt) is done once per distinct prompt and
+    kept in a small LRU: streams of a stored voice start from a copy of the primed state."""
+
+    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32):
         self.tts = tts
         self.idle_seconds = idle_seconds
         self.streams: dict[int | str, _Voc] = {}
+        self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
+        self.primed_cache = primed_cache
+        self.primed_hits = 0
+
+    def _primed(self, prompt_latents: np.ndarray) -> PrimedDecoder:
+        lat = np.ascontiguousarray(prompt_latents, np.float32)
+        key = hashlib.sha256(lat.tobytes() + str(lat.shape).encode()).digest()
+        if key in self.primed:
+            self.primed.move_to_end(key)
+            self.primed_hits += 1
+            return self.primed[key].clone()
+        decoder = self.tts.decoder_stream(VoicePrompt(torch.from_numpy(lat), torch.zeros(1), ""))
+        if self.primed_cache > 0:
+            self.primed[key] = decoder.clone()
+            while len(self.primed) > self.primed_cache:
+                self.primed.popitem(last=False)
+        return decoder
 
     @property
     def active(self) -> int:
@@ -121,8 +143,7 @@ class VocoderService:
             if prompt_latents is None or len(prompt_latents) == 0:
                 raise ValueError("START needs PROMPT_LATENTS")
             self.streams.pop(owner, None)  # a restarted id begins afresh
-            prompt = VoicePrompt(torch.from_numpy(np.ascontiguousarray(prompt_latents, np.float32)), torch.zeros(1), "")
-            self.streams[owner] = _Voc(self.tts.decoder_stream(prompt), now)
+            self.streams[owner] = _Voc(self._primed(prompt_latents), now)
         voc = self.streams.get(owner)
         if voc is None:
             raise ValueError(f"vocoder stream {owner} is unknown (not started, ended, or reclaimed after idling)")

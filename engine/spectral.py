@@ -9,6 +9,8 @@ samples are trimmed, and T frames yield exactly T * hop samples.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -69,9 +71,13 @@ class StreamingISTFT:
             return self.tail.new_zeros(self.tail.shape[0], 0)
         keep = self.n_fft - self.hop - self.pad
         out = self._emit(self.tail[:, :keep], self.env_tail[:, :keep])
-        self.tail.zero_()
-        self.env_tail.zero_()
+        self.tail = torch.zeros_like(self.tail)  # new tensors: a clone() may share the old ones
+        self.env_tail = torch.zeros_like(self.env_tail)
         return out
+
+    def clone(self) -> StreamingISTFT:
+        """An independent copy; cheap, because state tensors are replaced, never written in place."""
+        return copy.copy(self)
 
     def _emit(self, num: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
         if self.to_trim:

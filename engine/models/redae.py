@@ -4,6 +4,8 @@ sliding window, so the decoder streams with a bounded cache (:class:`DecoderStre
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -116,6 +118,13 @@ class DecoderStream:
         self.cache.commit()
         self.position += t
         return self.istft.push(dec.frames(x))
+
+    def clone(self) -> DecoderStream:
+        """An independent copy of this stream's state (e.g. a primed prompt reused by many streams)."""
+        new = copy.copy(self)
+        new.cache = self.cache.clone()
+        new.istft = self.istft.clone() if self.istft is not None else None
+        return new
 
     @torch.inference_mode()
     def finish(self) -> torch.Tensor:

@@ -133,3 +133,22 @@ def test_stop_head_reason(tts):
     while em is None or not em.finished:
         em = svc.step(["s"])["s"]
     assert em.reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
+
+
+def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
+    """A second stream with the same prompt starts from a copy of the primed state: same audio."""
+    rng = np.random.default_rng(1)
+    prompt = tts.encode_prompt((0.1 * rng.standard_normal(30000)).astype(np.float32), 16000, "p").latents.numpy()
+    chunks = [rng.standard_normal((n, 64)).astype(np.float32) for n in (12, 48, 8)]
+
+    def run(voc, owner):
+        out = [voc.process(owner, chunks[0], True, False, prompt)]
+        out += [voc.process(owner, c, False, False, None) for c in chunks[1:]]
+        out.append(voc.process(owner, np.zeros((0, 64), np.float32), False, True, None))
+        return np.concatenate(out)
+
+    cold = run(VocoderService(tts, primed_cache=0), 1)
+    voc = VocoderService(tts, primed_cache=4)
+    first, second = run(voc, 1), run(voc, 2)
+    assert voc.primed_hits == 1
+    assert np.array_equal(first, cold) and np.array_equal(second, cold)
