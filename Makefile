@@ -11,8 +11,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch from local disk; a bare `torch` requirement would pull a CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	# CPU build of torch unless the venv already has one (GPU users install their CUDA build first);
+	# a bare `torch` requirement would pull a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
