@@ -129,9 +129,10 @@ def test_cancel_frees_slot_and_vocoder_state(server, chunks):
     assert m["tts_generator_step_seconds_count"] - m0["tts_generator_step_seconds_count"] < 100
 
 
-def test_http_disconnect_frees_slot(server):
+@pytest.mark.parametrize("chunks", [(1, 1), (3, 12)])
+def test_http_disconnect_frees_slot(server, chunks):
     it = TTSClient(f"127.0.0.1:{server.ports.http}", "http", timeout=60).stream(
-        "Another long one", seed=4, parameters={"max_patches": 400, "chunk_first": 1, "chunk_next": 1}
+        "Another long one", seed=4, parameters={"max_patches": 400, "chunk_first": chunks[0], "chunk_next": chunks[1]}
     )
     m0 = metrics(server)
     next(it)
