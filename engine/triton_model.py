@@ -75,3 +75,22 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
 def error_response(pb, message: str, invalid: bool = True):
     code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
     return pb.InferenceResponse(error=pb.TritonError(message, code))
+
+
+def generator_inputs(pb, tokens, prompt_latents, speaker, params, schedule) -> list:
+    """The generator's input tensors (engine.contract.GENERATOR_INPUTS), each with a batch dim of 1."""
+
+    def one(name, value, dtype):
+        return pb.Tensor(name, np.array([[value]], dtype))
+
+    return [
+        pb.Tensor("TOKENS", np.asarray(tokens, np.int64)[None]),
+        pb.Tensor("PROMPT_LATENTS", prompt_latents),
+        pb.Tensor("SPEAKER", speaker),
+        one("SEED", params.seed, np.int64),
+        one("STEPS", params.steps, np.int32),
+        one("CFG", params.cfg, np.float32),
+        one("MAX_PATCHES", params.max_patches, np.int32),
+        one("CHUNK_FIRST", schedule[0], np.int32),
+        one("CHUNK_NEXT", schedule[-1], np.int32),
+    ]

@@ -15,7 +15,16 @@ from engine.cancel import CancelBoard
 from engine.frontdoor import build_request
 from engine.segments import Joiner, segment_schedule, split_text
 from engine.text import TextTokenizer
-from engine.triton_model import bytes_tensor, checkpoint_path, get, model_parameters, scalar, setup_logging, string
+from engine.triton_model import (
+    bytes_tensor,
+    checkpoint_path,
+    generator_inputs,
+    get,
+    model_parameters,
+    scalar,
+    setup_logging,
+    string,
+)
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -131,13 +140,7 @@ class TritonPythonModel:
     async def _segment(self, request, req, prompt, tokens, schedule):
         """Yield (audio, None) per vocoder chunk of one segment, then (tail audio, finish reason)."""
         latents, p = prompt["PROMPT_LATENTS"], req.params  # (1, L, 64)
-        gen_inputs = [
-            pb.Tensor("TOKENS", tokens[None]), pb.Tensor("PROMPT_LATENTS", latents), pb.Tensor("SPEAKER", prompt["SPEAKER"]),
-            pb.Tensor("SEED", np.array([[p.seed]], np.int64)), pb.Tensor("STEPS", np.array([[p.steps]], np.int32)),
-            pb.Tensor("CFG", np.array([[p.cfg]], np.float32)), pb.Tensor("MAX_PATCHES", np.array([[p.max_patches]], np.int32)),
-            pb.Tensor("CHUNK_FIRST", np.array([[schedule[0]]], np.int32)),
-            pb.Tensor("CHUNK_NEXT", np.array([[schedule[-1]]], np.int32)),
-        ]  # fmt: skip
+        gen_inputs = generator_inputs(pb, tokens, latents, prompt["SPEAKER"], p, schedule)
         cid = next(self.ids)
         gen = pb.InferenceRequest(model_name="generator", inputs=gen_inputs, requested_output_names=["LATENTS", "FINISH_REASON"],
                                   correlation_id=cid, flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)  # fmt: skip
