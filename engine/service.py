@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from engine.generator import GenerationParams, Stream
+from engine.models.redae import decode_together, joinable
 from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
 from engine.slots import Handle, SlotTable
@@ -116,6 +117,7 @@ class VocoderService:
         self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
         self.primed_cache = primed_cache
         self.primed_hits = 0
+        self.batched_rows = 0  # chunks decoded in a batched forward with other streams
 
     def _primed(self, prompt_latents: np.ndarray) -> PrimedDecoder:
         lat = np.ascontiguousarray(prompt_latents, np.float32)
@@ -138,23 +140,73 @@ class VocoderService:
     @torch.inference_mode()
     def process(self, owner, latents: np.ndarray, start: bool, end: bool, prompt_latents: np.ndarray | None):
         """One chunk of one stream -> float32 samples finished by it (all the rest with ``end``)."""
+        out = self.process_many([(owner, latents, start, end, prompt_latents)])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    @torch.inference_mode()
+    def process_many(self, items: list[tuple]) -> list:
+        """Chunks of several streams, as (owner, latents, start, end, prompt_latents) each.
+
+        Streams past their priming transient whose chunks have the same length are decoded in one
+        batched forward; the rest one by one. Returns, per item, float32 samples or the exception that
+        failed that item alone.
+        """
         now = time.monotonic()
-        if start:
-            if prompt_latents is None or len(prompt_latents) == 0:
-                raise ValueError("START needs PROMPT_LATENTS")
-            self.streams.pop(owner, None)  # a restarted id begins afresh
-            self.streams[owner] = _Voc(self._primed(prompt_latents), now)
-        voc = self.streams.get(owner)
-        if voc is None:
-            raise ValueError(f"vocoder stream {owner} is unknown (not started, ended, or reclaimed after idling)")
-        voc.last_seen = now
-        parts = []
-        if len(latents):
-            parts.append(voc.decoder.decode(torch.from_numpy(np.ascontiguousarray(latents, np.float32))))
-        if end:
-            parts.append(voc.decoder.finish())
-            del self.streams[owner]
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        results: list = [None] * len(items)
+        parts: list[list] = [[] for _ in items]
+        todo = []
+        for i, (owner, latents, start, _end, prompt_latents) in enumerate(items):
+            try:
+                if start:
+                    if prompt_latents is None or len(prompt_latents) == 0:
+                        raise ValueError("START needs PROMPT_LATENTS")
+                    self.streams.pop(owner, None)  # a restarted id begins afresh
+                    self.streams[owner] = _Voc(self._primed(prompt_latents), now)
+                voc = self.streams.get(owner)
+                if voc is None:
+                    raise ValueError(
+                        f"vocoder stream {owner} is unknown (not started, ended, or reclaimed after idling)"
+                    )
+                voc.last_seen = now
+                if len(latents):
+                    todo.append(i)
+            except Exception as e:
+                results[i] = e
+        groups: dict[int, list[int]] = {}
+        for i in todo:
+            groups.setdefault(len(items[i][1]), []).append(i)
+        for idx in groups.values():
+            decs = [self.streams[items[i][0]].decoder for i in idx]
+            if joinable([d.stream for d in decs]) and all(d.to_skip == 0 for d in decs):
+                lat = np.stack([np.ascontiguousarray(items[i][1], np.float32) for i in idx])
+                try:
+                    audio = decode_together(
+                        [d.stream for d in decs], torch.from_numpy(lat).to(self.tts.device, self.tts.dtype)
+                    )
+                except Exception as e:  # nothing was changed: fail these chunks only
+                    for i in idx:
+                        results[i] = e
+                    continue
+                audio = audio.float().cpu().numpy()
+                for row, i in enumerate(idx):
+                    parts[i].append(audio[row])
+                self.batched_rows += len(idx)
+                continue
+            for i, d in zip(idx, decs, strict=True):
+                try:
+                    parts[i].append(d.decode(torch.from_numpy(np.ascontiguousarray(items[i][1], np.float32))))
+                except Exception as e:
+                    results[i] = e
+        for i, (owner, _lat, _start, end, _prompt) in enumerate(items):
+            if results[i] is not None:
+                self.streams.pop(owner, None)
+                continue
+            if end:
+                parts[i].append(self.streams.pop(owner).decoder.finish())
+            results[i] = np.concatenate(parts[i]) if parts[i] else np.zeros(0, np.float32)
+        return results
 
     def drop(self, owner) -> bool:
         return self.streams.pop(owner, None) is not None

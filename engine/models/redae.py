@@ -131,3 +131,56 @@ class DecoderStream:
         if self.istft is None:
             return torch.zeros(self.batch, 0)
         return self.istft.flush()
+
+
+def joinable(streams: list[DecoderStream]) -> bool:
+    """Whether single-row streams can decode their next chunk in one batched forward: past the
+    priming transient (cache full-shaped alike, iSTFT envelope in steady state, nothing left to trim)."""
+    if len(streams) < 2:
+        return False
+    first = streams[0]
+    if first.istft is None or first.cache.pos is None:
+        return False
+    for s in streams:
+        if s.batch != 1 or s.istft is None or s.cache.pos is None or s.istft.to_trim:
+            return False
+        if s.istft.frames < s.istft.overlap or s.cache.pos.shape != first.cache.pos.shape:
+            return False
+        if not torch.equal(s.istft.env_tail, first.istft.env_tail):
+            return False
+    return True
+
+
+@torch.inference_mode()
+def decode_together(streams: list[DecoderStream], latents: torch.Tensor) -> torch.Tensor:
+    """One chunk of equal length for each of B :func:`joinable` streams in a single batched forward.
+
+    Args:
+        latents: (B, L, 64), row b for ``streams[b]``.
+    Returns:
+        (B, n) samples, row b equal (to float rounding) to ``streams[b].decode(latents[b:b+1])``.
+    """
+    dec, first = streams[0].decoder, streams[0]
+    x = dec.upsample_latents(latents)
+    t = x.shape[1]
+    pos = torch.stack([torch.arange(s.position, s.position + t, device=x.device) for s in streams])
+    cache = WindowCache(len(first.cache.k), first.cache.window)
+    cache.k = [torch.cat([s.cache.k[i] for s in streams]) for i in range(len(first.cache.k))]
+    cache.v = [torch.cat([s.cache.v[i] for s in streams]) for i in range(len(first.cache.v))]
+    cache.pos = torch.cat([s.cache.pos for s in streams])
+    mask = cache.begin(pos)
+    x = dec.qwen3(x, positions=pos, cache=cache, mask=mask)
+    cache.commit()
+    istft = first.istft.clone()
+    istft.tail = torch.cat([s.istft.tail for s in streams])
+    out = istft.push(dec.frames(x))
+    for i, s in enumerate(streams):
+        s.cache = s.cache.clone()
+        s.cache.k = [k[i : i + 1] for k in cache.k]
+        s.cache.v = [v[i : i + 1] for v in cache.v]
+        s.cache.pos = cache.pos[i : i + 1]
+        s.istft = s.istft.clone()
+        s.istft.tail, s.istft.env_tail = istft.tail[i : i + 1], istft.env_tail
+        s.istft.frames += t
+        s.position += t
+    return out

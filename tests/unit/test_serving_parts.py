@@ -152,3 +152,27 @@ def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
     first, second = run(voc, 1), run(voc, 2)
     assert voc.primed_hits == 1
     assert np.array_equal(first, cold) and np.array_equal(second, cold)
+
+
+def test_vocoder_batches_streams_past_priming(tts):
+    """Four streams with different prompts and positions: batched decoding matches one-by-one."""
+    rng = np.random.default_rng(3)
+    prompts = [tts.encode_prompt((0.1 * rng.standard_normal(n)).astype(np.float32), 16000, "").latents.numpy()
+               for n in (16000, 30000, 9000, 40000)]  # fmt: skip
+    chunks = [[rng.standard_normal((12, 64)).astype(np.float32) for _ in range(4)] for _ in prompts]
+    solo, together = VocoderService(tts), VocoderService(tts)
+    want = [[solo.process(o, c[0], True, False, p)] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
+    got = [[together.process(o, c[0], True, False, p)] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
+    for step in range(1, 4):
+        end = step == 3
+        for o in range(4):
+            want[o].append(solo.process(o, chunks[o][step], False, end, None))
+        outs = together.process_many([(o, chunks[o][step], False, end, None) for o in range(4)])
+        for o in range(4):
+            got[o].append(outs[o])
+    assert together.batched_rows >= 8 and solo.batched_rows == 0
+    for o in range(4):
+        a, b = np.concatenate(want[o]), np.concatenate(got[o])
+        assert a.shape == b.shape
+        np.testing.assert_allclose(b, a, atol=1e-5)
+    assert together.active == 0

@@ -26,18 +26,25 @@ class TritonPythonModel:
     def execute(self, requests):
         for owner in self.svc.reap():
             log.warning("reclaimed idle vocoder stream %s", owner)
-        responses = []
+        items, parsed = [], []  # one item per request that parsed; chunks of equal length batch together
         for r in requests:
             owner = int(scalar(pb, r, "CORRID"))
             try:
                 start, end = bool(scalar(pb, r, "START", 0)), bool(scalar(pb, r, "END", 0))
                 latents = get(pb, r, "LATENTS").reshape(-1, 64)
                 prompt = get(pb, r, "PROMPT_LATENTS", required=False)
-                prompt = None if prompt is None else prompt.reshape(-1, 64)
-                audio = self.svc.process(owner, latents, start, end, prompt)
-                responses.append(pb.InferenceResponse([pb.Tensor("AUDIO", audio[None].astype(np.float32))]))
+                items.append((owner, latents, start, end, None if prompt is None else prompt.reshape(-1, 64)))
+                parsed.append(None)
             except Exception as e:
                 self.svc.drop(owner)
-                responses.append(error_response(pb, f"vocoder: {e}", invalid=isinstance(e, ValueError)))
+                parsed.append(e)
+        outs = iter(self.svc.process_many(items))
+        responses = []
+        for err in parsed:
+            out = err if err is not None else next(outs)
+            if isinstance(out, Exception):
+                responses.append(error_response(pb, f"vocoder: {out}", invalid=isinstance(out, ValueError)))
+            else:
+                responses.append(pb.InferenceResponse([pb.Tensor("AUDIO", out[None].astype(np.float32))]))
         self.gauge.set(self.svc.active)
         return responses
