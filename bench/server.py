@@ -7,13 +7,10 @@ The checkpoint's stop head never fires (as in the integration tests), so every u
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 from engine.triton_env import REPO_ROOT, Ports, TritonServer
@@ -23,21 +20,10 @@ CACHE = REPO_ROOT / "cache" / "bench"
 
 def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
     """``cache/bench/checkpoints/{preset}-nostop-seed{seed}``, written on first use."""
-    from engine.checkpoint import make_checkpoint
-    from engine.config import PRESETS
+    from engine.checkpoint import cached_checkpoint
+    from engine.config import nostop
 
-    path = CACHE / "checkpoints" / f"{preset}-nostop-seed{seed}"
-    if not (path / "text_tokenizer" / "tokenizer.json").is_file():
-        print(f"creating the {preset} benchmark checkpoint in {path} (first use) ...", file=sys.stderr, flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent))  # same filesystem: the rename is atomic
-        try:
-            make_checkpoint(replace(PRESETS[preset], name=f"{preset}-nostop", stop_bias=-30.0), tmp / "ck", seed=seed)
-            if not path.exists():
-                os.replace(tmp / "ck", path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return cached_checkpoint(nostop(preset), CACHE / "checkpoints" / f"{preset}-nostop-seed{seed}", seed=seed)
 
 
 @contextmanager

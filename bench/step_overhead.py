@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from client.tts_client import TTSClient
 from engine.checkpoint import make_checkpoint
-from engine.config import PRESETS
+from engine.config import nostop
 from engine.generator import GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.repository import ServeOptions, build
@@ -193,7 +193,7 @@ class Row:
 
 
 def nostop_checkpoint(preset: str, work: Path) -> Path:
-    p = replace(PRESETS[preset], name=f"{preset}-nostop", stop_bias=-30.0)
+    p = nostop(preset)
     return make_checkpoint(p, work / "ckpt" / p.name, seed=0)
 
 
@@ -231,17 +231,6 @@ def batch_counts(srv: TritonServer, model: str) -> dict[int, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.http}/v2/models/{model}/stats", timeout=10) as r:
         stats = json.loads(r.read())["model_stats"][0]
     return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
-
-
-def scrape(srv: TritonServer) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.metrics}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^((?:tts|bench)_[a-z_]+) ([-0-9.e+]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 class GeneratorClient:
@@ -359,9 +348,9 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
     P, steps = args.patches, args.steps
 
     def served(gc, model, metric, n, patches):
-        m0, b0 = scrape(srv), batch_counts(srv, model)
+        m0, b0 = srv.metrics(("tts_", "bench_")), batch_counts(srv, model)
         wall = gc.run(model, n, patches, steps)
-        m1, b1 = scrape(srv), batch_counts(srv, model)
+        m1, b1 = srv.metrics(("tts_", "bench_")), batch_counts(srv, model)
         s, c = (m1.get(f"{metric}_{k}", float("nan")) - m0.get(f"{metric}_{k}", 0.0) for k in ("sum", "count"))
         sizes = {b: k - b0.get(b, 0) for b, k in sorted(b1.items(), reverse=True) if k - b0.get(b, 0)}
         return wall, s, c, sizes

@@ -41,9 +41,11 @@ def request_fields(
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def grpc_inputs(fields: dict) -> list:
-    """``tritonclient.grpc.InferInput`` tensors (also valid for ``tritonclient.grpc.aio``)."""
-    import tritonclient.grpc as grpcclient
+def grpc_inputs(fields: dict, tc=None) -> list:
+    """``InferInput`` tensors of ``tc`` (default ``tritonclient.grpc``, also valid for its aio client;
+    ``tritonclient.http`` works too). Strings become BYTES [1]."""
+    if tc is None:
+        import tritonclient.grpc as tc
 
     inputs = []
     for name, v in fields.items():
@@ -52,7 +54,7 @@ def grpc_inputs(fields: dict) -> list:
             arr = np.asarray(v, np_type).reshape(-1)
         else:
             arr, dt = np.array([str(v).encode("utf-8")], np.object_), "BYTES"
-        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t = tc.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
         inputs.append(t)
     return inputs

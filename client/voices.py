@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 
+from client.request import grpc_inputs
 from client.tts_client import TTSError, _host_port
 
 
@@ -33,18 +34,10 @@ class VoiceClient:
         else:
             import tritonclient.http as tc
             from tritonclient.utils import InferenceServerException
-        fields = [("ACTION", np.array([action.encode()], np.object_), "BYTES")]
-        if name is not None:
-            fields.append(("NAME", np.array([name.encode()], np.object_), "BYTES"))
+        fields = {"ACTION": action, "NAME": name}
         if audio is not None:
-            fields.append(("REF_AUDIO", np.asarray(audio, np.float32).reshape(-1), "FP32"))
-            fields.append(("REF_SAMPLE_RATE", np.array([sample_rate], np.int32), "INT32"))
-            fields.append(("REF_TEXT", np.array([(text or "").encode()], np.object_), "BYTES"))
-        inputs = []
-        for n, arr, dt in fields:
-            t = tc.InferInput(n, list(arr.shape), dt)
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+            fields |= {"REF_AUDIO": audio, "REF_SAMPLE_RATE": sample_rate, "REF_TEXT": text or ""}
+        inputs = grpc_inputs({k: v for k, v in fields.items() if v is not None}, tc)
         kw = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         client = (tc.InferenceServerClient(f"{self.host}:{self.port}") if self.protocol == "grpc"
                   else tc.InferenceServerClient(f"{self.host}:{self.port}", network_timeout=self.timeout))  # fmt: skip

@@ -9,11 +9,15 @@ from __future__ import annotations
 import math
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import kaldi_native_fbank as knf
 import numpy as np
 import soundfile as sf
 import soxr
+
+if TYPE_CHECKING:
+    import torch
 
 SAMPLE_RATE = 24000
 """Rate of the RedAE codec: prompts are encoded and speech is generated at 24 kHz."""

@@ -17,7 +17,10 @@ import argparse
 import hashlib
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +240,25 @@ def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Pat
     if vocab > p.core.backbone.vocab_size:
         raise ValueError(f"preset {p.name}: tokenizer ({vocab}) exceeds backbone vocab ({p.core.backbone.vocab_size})")
     return root
+
+
+def cached_checkpoint(preset: str | Preset, path: str | Path, seed: int = 0) -> Path:
+    """``path`` holding ``preset``'s checkpoint, written on first use (atomically: a half-written
+    checkpoint is never seen, and concurrent first uses leave one)."""
+    path = Path(path)
+    if (path / TOKENIZER_DIR / "tokenizer.json").is_file():
+        return path
+    name = preset if isinstance(preset, str) else preset.name
+    print(f"creating the {name} checkpoint in {path} (first use) ...", file=sys.stderr, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent))  # same filesystem: the rename is atomic
+    try:
+        make_checkpoint(preset, tmp / "ck", seed=seed)
+        if not path.exists():
+            os.replace(tmp / "ck", path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
 
 
 def describe(path: str | Path) -> str:

@@ -14,6 +14,7 @@ Sizes of the ``tiny``/``small``/``full`` presets live here and nowhere else.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -171,11 +172,6 @@ class RedAEConfig:
             self.dec_num_attention_heads, self.dec_num_key_value_heads, sliding_window=self.dec_sliding_window,
         )  # fmt: skip
 
-    @property
-    def samples_per_latent(self) -> int:
-        """Audio samples per 25 Hz latent (960)."""
-        return self.audio_patch_size * self.enc_extra_downsample_rate
-
     def to_json(self) -> dict:
         d = asdict(self)
         d["model_type"] = "redae"
@@ -243,6 +239,18 @@ PRESETS: dict[str, Preset] = {
     ),
     "full": Preset(name="full", core=CoreConfig(), redae=RedAEConfig()),
 }  # fmt: skip
+
+
+def nostop(preset: str) -> Preset:
+    """``preset`` with a stop head that never fires: every utterance runs exactly ``max_patches``, so
+    tests and benchmarks choose lengths (and long streams exist to cancel)."""
+    return replace(PRESETS[preset], name=f"{preset}-nostop", stop_bias=-30.0)
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/fireredtts3-triton`` (default ``~/.cache/...``): generated checkpoints, runs, voices."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fireredtts3-triton"
 
 
 def read_json(path: Path) -> dict:

@@ -11,15 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_NP = {
-    "TYPE_FP32": np.float32,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_BOOL": np.bool_,
-    "TYPE_STRING": np.object_,
-}
-
 
 @dataclass(frozen=True)
 class Spec:
@@ -28,10 +19,6 @@ class Spec:
     dims: tuple[int, ...]
     optional: bool = False
     doc: str = ""
-
-    @property
-    def np_dtype(self):
-        return _NP[self.dtype]
 
     def pbtxt(self, ragged: bool = False) -> str:
         parts = [f'name: "{self.name}"', f"data_type: {self.dtype}", f"dims: [ {', '.join(map(str, self.dims))} ]"]

@@ -171,7 +171,6 @@ class Generator:
         hist = torch.cat([lat.new_zeros(1, core.history_latents, lat.shape[-1]), lat], dim=1)
         s.history = hist[:, -core.history_latents :]
         s.spk_dit = core.spk_proj_dit(spk)
-        s.next_input = None
         return h[:, -1]
 
     def _flow(self, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:

@@ -36,9 +36,21 @@ class WindowCache:
         new.k, new.v = list(self.k), list(self.v)
         return new
 
-    @property
-    def next_position(self) -> int:
-        return 0 if self.pos is None or self.pos.numel() == 0 else int(self.pos.max()) + 1
+    @staticmethod
+    def stack(caches: list[WindowCache]) -> WindowCache:
+        """One cache whose row b is ``caches[b]`` (single-row caches with as many cached keys)."""
+        new = copy.copy(caches[0])
+        new.k = [torch.cat(ks) for ks in zip(*(c.k for c in caches), strict=True)]
+        new.v = [torch.cat(vs) for vs in zip(*(c.v for c in caches), strict=True)]
+        new.pos = torch.cat([c.pos for c in caches])
+        return new
+
+    def row(self, b: int) -> WindowCache:
+        """Row ``b`` as a single-row cache."""
+        new = copy.copy(self)
+        new.k, new.v = [k[b : b + 1] for k in self.k], [v[b : b + 1] for v in self.v]
+        new.pos = self.pos[b : b + 1]
+        return new
 
     def begin(self, q_pos: torch.Tensor) -> torch.Tensor:
         """Register (B, T) query positions; return the (B, 1, T, L+T) mask for this forward."""

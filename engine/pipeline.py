@@ -11,7 +11,7 @@ import torch
 
 from engine import audio as A
 from engine.checkpoint import PARTS, Models, load_models
-from engine.config import PATCH_SAMPLES, SAMPLE_RATE
+from engine.config import PATCH_SAMPLES, SAMPLE_RATE, SAMPLES_PER_LATENT
 from engine.generator import Generator
 from engine.kv_cache import SlotCache
 from engine.models.campp import speaker_embedding
@@ -85,18 +85,19 @@ class FireRedTTS3:
         return Generator(self.core, cache)
 
     @torch.inference_mode()
-    def decoder_stream(self, prompt: VoicePrompt) -> PrimedDecoder:
-        return PrimedDecoder(self.models.redae.decoder.stream(1), prompt, self.device, self.dtype)
+    def decoder_stream(self, prompt_latents: torch.Tensor) -> PrimedDecoder:
+        """A decoder for one stream, primed with (4P, 64) prompt latents."""
+        return PrimedDecoder(self.models.redae.decoder.stream(1), prompt_latents, self.device, self.dtype)
 
 
 class PrimedDecoder:
     """One stream's RedAE decoder, primed with the prompt latents so that its audio equals offline
     decoding of [prompt + generated] with the prompt's samples cut."""
 
-    def __init__(self, stream: DecoderStream, prompt: VoicePrompt, device, dtype):
+    def __init__(self, stream: DecoderStream, prompt_latents: torch.Tensor, device, dtype):
         self.stream, self.device, self.dtype = stream, device, dtype
-        self.to_skip = prompt.num_samples
-        self._emit(stream.decode(prompt.latents.to(device, dtype)[None]))
+        self.to_skip = prompt_latents.shape[0] * SAMPLES_PER_LATENT
+        self._emit(stream.decode(prompt_latents.to(device, dtype)[None]))
 
     def clone(self) -> PrimedDecoder:
         """A copy to start another stream from the same primed prompt without decoding it again."""

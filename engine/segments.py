@@ -7,8 +7,9 @@ synthesizes offline. Nothing here imports torch.
 
 from __future__ import annotations
 
+import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -68,6 +69,13 @@ def _by_words(text: str, count: Callable[[str], int], max_tokens: int) -> list[s
         else:
             out.append(word)  # a single word longer than the limit stays whole
     return out
+
+
+def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
+    """3, 12, 12, ... for (3, 12): the first entries once, the last one forever (validated now)."""
+    if not schedule or any(n < 1 for n in schedule):
+        raise ValueError(f"chunk schedule must be positive patch counts, got {list(schedule)}")
+    return itertools.chain(schedule, itertools.repeat(schedule[-1]))
 
 
 def segment_schedule(index: int, schedule: tuple[int, ...]) -> tuple[int, ...]:

@@ -8,36 +8,22 @@ Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from engine.config import cache_dir
 from engine.repository import ServeOptions, build
 from engine.triton_env import Ports, TritonServer
 from engine.voice_store import default_dir as default_voice_dir
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fireredtts3-triton"
-
-
 def default_checkpoint() -> Path:
     """The tiny checkpoint in the cache, written on first use."""
-    from engine.checkpoint import make_checkpoint
+    from engine.checkpoint import cached_checkpoint
 
-    path = cache_dir() / "checkpoints" / "tiny-seed0"
-    if not (path / "text_tokenizer" / "tokenizer.json").is_file():
-        print(f"creating the tiny checkpoint in {path} (first use) ...", file=sys.stderr, flush=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent))  # same filesystem: the rename is atomic
-        make_checkpoint("tiny", tmp / "ck", seed=0)
-        if not path.exists():
-            os.replace(tmp / "ck", path)
-    return path
+    return cached_checkpoint("tiny", cache_dir() / "checkpoints" / "tiny-seed0")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,8 +19,8 @@ from engine.generator import GenerationParams, Stream
 from engine.models.redae import decode_together, joinable
 from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
+from engine.segments import chunk_sizes
 from engine.slots import Handle, SlotTable
-from engine.synthesize import chunk_sizes
 
 
 @dataclass
@@ -30,7 +30,6 @@ class _Live:
     sizes: object  # iterator of chunk sizes
     want: int
     pending: list = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -126,7 +125,7 @@ class VocoderService:
             self.primed.move_to_end(key)
             self.primed_hits += 1
             return self.primed[key].clone()
-        decoder = self.tts.decoder_stream(VoicePrompt(torch.from_numpy(lat), torch.zeros(1), ""))
+        decoder = self.tts.decoder_stream(torch.from_numpy(lat))
         if self.primed_cache > 0:
             self.primed[key] = decoder.clone()
             while len(self.primed) > self.primed_cache:

@@ -61,6 +61,3 @@ class SlotTable:
         del self._owner[h.owner]
         self._epoch[h.slot] += 1  # invalidate every copy of the handle at once
         self._free.append(h.slot)
-
-    def owners(self) -> list[int | str]:
-        return list(self._owner)

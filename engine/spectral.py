@@ -75,6 +75,18 @@ class StreamingISTFT:
         self.env_tail = torch.zeros_like(self.env_tail)
         return out
 
+    @staticmethod
+    def stack(states: list[StreamingISTFT]) -> StreamingISTFT:
+        """One state whose row b is ``states[b]``; they must share envelope and trim (steady state)."""
+        new = states[0].clone()
+        new.tail = torch.cat([s.tail for s in states])
+        return new
+
+    def row(self, b: int) -> StreamingISTFT:
+        new = self.clone()
+        new.tail = self.tail[b : b + 1]
+        return new
+
     def clone(self) -> StreamingISTFT:
         """An independent copy; cheap, because state tensors are replaced, never written in place."""
         return copy.copy(self)

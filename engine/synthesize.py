@@ -21,18 +21,10 @@ from engine.generator import GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
 from engine.segments import Joiner, segment_schedule, split_text
+from engine.service import GeneratorService
 
 DEFAULT_SCHEDULE = (3, 12)  # patches per chunk: first chunk, then every later chunk
 DEFAULT_SPLIT_TOKENS = 80  # longer texts are synthesized sentence group by sentence group
-
-
-def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
-    """3, 12, 12, ... for (3, 12): the first entries once, the last one forever."""
-    if not schedule or any(n < 1 for n in schedule):
-        raise ValueError(f"chunk schedule must be positive patch counts, got {list(schedule)}")
-    yield from schedule
-    while True:
-        yield schedule[-1]
 
 
 def stream_audio(
@@ -66,20 +58,17 @@ def stream_audio(
 
 
 def _segment_audio(tts, text, language, prompt, params, schedule) -> Iterator[np.ndarray]:
+    """One segment through the server's own stream machinery, in-process with a single slot."""
     tokens = tts.tokens(text, language, prompt)
-    prefix = 1 + len(tokens) + prompt.num_patches
-    gen = tts.generator(slots=1, max_len=prefix + params.max_patches)
-    stream = gen.new_stream(0, tokens, prompt, params)
-    decoder = tts.decoder_stream(prompt)
-    sizes, pending = chunk_sizes(schedule), []
-    want = next(sizes)
-    while not stream.finished:
-        r = gen.step([stream])[0]
-        if r.latents is not None:
-            pending.append(r.latents)
-        if pending and (len(pending) >= want or stream.finished):
-            yield decoder.decode(torch.cat(pending))
-            pending, want = [], next(sizes)
+    gen = GeneratorService(tts, slots=1, max_len=1 + len(tokens) + prompt.num_patches + params.max_patches)
+    gen.admit(0, tokens, prompt, params, schedule)
+    decoder = tts.decoder_stream(prompt.latents)
+    while True:
+        emitted = gen.step([0])[0]
+        if emitted.latents is not None:
+            yield decoder.decode(torch.from_numpy(emitted.latents))
+        if emitted.finished:
+            break
     yield decoder.finish()
 
 

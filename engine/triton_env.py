@@ -143,6 +143,17 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
 
+    def metrics(self, prefixes: tuple[str, ...] = ("tts_",)) -> dict[str, float]:
+        """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
+        with urllib.request.urlopen(f"http://{self.host}:{self.ports.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith(prefixes):
+                out[name] = float(value)
+        return out
+
     def log_tail(self, n: int = 60) -> str:
         if not self.log_path or not self.log_path.exists():
             return ""

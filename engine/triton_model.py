@@ -14,8 +14,6 @@ import numpy as np
 
 from engine import contract as C
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def setup_logging(name: str) -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"[{name}] %(levelname)s %(message)s")

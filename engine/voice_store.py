@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.config import cache_dir
 from engine.prompt import VoicePrompt
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,7 @@ class VoiceNotFound(KeyError):
 
 def default_dir() -> Path:
     """Voices live in the user's cache unless the server is given --voice-dir."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fireredtts3-triton" / "voices"
+    return cache_dir() / "voices"
 
 
 def check_name(name: str) -> str:

@@ -160,27 +160,19 @@ def decode_together(streams: list[DecoderStream], latents: torch.Tensor) -> torc
     Returns:
         (B, n) samples, row b equal (to float rounding) to ``streams[b].decode(latents[b:b+1])``.
     """
-    dec, first = streams[0].decoder, streams[0]
+    dec = streams[0].decoder
     x = dec.upsample_latents(latents)
     t = x.shape[1]
     pos = torch.stack([torch.arange(s.position, s.position + t, device=x.device) for s in streams])
-    cache = WindowCache(len(first.cache.k), first.cache.window)
-    cache.k = [torch.cat([s.cache.k[i] for s in streams]) for i in range(len(first.cache.k))]
-    cache.v = [torch.cat([s.cache.v[i] for s in streams]) for i in range(len(first.cache.v))]
-    cache.pos = torch.cat([s.cache.pos for s in streams])
+    cache = WindowCache.stack([s.cache for s in streams])
     mask = cache.begin(pos)
     x = dec.qwen3(x, positions=pos, cache=cache, mask=mask)
     cache.commit()
-    istft = first.istft.clone()
-    istft.tail = torch.cat([s.istft.tail for s in streams])
+    istft = StreamingISTFT.stack([s.istft for s in streams])
     out = istft.push(dec.frames(x))
-    for i, s in enumerate(streams):
-        s.cache = s.cache.clone()
-        s.cache.k = [k[i : i + 1] for k in cache.k]
-        s.cache.v = [v[i : i + 1] for v in cache.v]
-        s.cache.pos = cache.pos[i : i + 1]
-        s.istft = s.istft.clone()
-        s.istft.tail, s.istft.env_tail = istft.tail[i : i + 1], istft.env_tail
-        s.istft.frames += t
+    for b, s in enumerate(streams):
+        frames = s.istft.frames + t
+        s.cache, s.istft = cache.row(b), istft.row(b)
+        s.istft.frames = frames
         s.position += t
     return out

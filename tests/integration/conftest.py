@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
-from dataclasses import replace
 
 import pytest
 
 from engine.checkpoint import make_checkpoint
-from engine.config import PRESETS
+from engine.config import nostop
 from engine.repository import ServeOptions, build
 from engine.triton_env import Ports, TritonServer
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
-NOSTOP = replace(PRESETS["tiny"], name="tiny-nostop", stop_bias=-30.0)
+NOSTOP = nostop("tiny")
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +42,7 @@ def server(nostop_ckpt, tmp_path_factory):
 
 
 def metrics(server) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(tts_[a-z_]+(?:\{[^}]*\})?) ([-0-9.e+]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return server.metrics()
 
 
 def wait_gauges_zero(server, timeout: float = 10.0) -> dict[str, float]:
