@@ -176,3 +176,13 @@ def test_vocoder_batches_streams_past_priming(tts):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, atol=1e-5)
     assert together.active == 0
+
+
+def test_bad_chunk_schedule_does_not_leak_a_slot(tts):
+    svc = GeneratorService(tts, slots=1, max_len=512)
+    prompt = tts.encode_prompt(None)
+    with pytest.raises(ValueError, match="chunk schedule"):
+        svc.admit("a", tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
+    assert svc.active == 0
+    svc.admit("b", tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (3, 12))
+    assert svc.active == 1
