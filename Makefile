@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: install
-	$(PY) -m engine.serve $(ARGS)
+	$(PY) -m serving.serve $(ARGS)
 
 test: install
 	$(PY) -m pytest -q tests

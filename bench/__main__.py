@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.load import console_progress, one_stream, run_level
 from bench.report import markdown, plot
 from client import TTSClient
-from engine.triton_env import REPO_ROOT
+from serving.triton_env import REPO_ROOT
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

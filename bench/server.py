@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.triton_env import REPO_ROOT, Ports, TritonServer
+from serving.triton_env import REPO_ROOT, Ports, TritonServer
 
 CACHE = REPO_ROOT / "cache" / "bench"
 
@@ -29,7 +29,7 @@ def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
 @contextmanager
 def local_server(preset: str, slots: int) -> Iterator[TritonServer]:
     """A ready server for ``preset`` with ``slots`` generator slots; its log stays in ``cache/bench/run/``."""
-    from engine.repository import ServeOptions, build
+    from serving.repository import ServeOptions, build
 
     ckpt = nostop_checkpoint(preset)
     (CACHE / "run").mkdir(parents=True, exist_ok=True)

@@ -58,11 +58,11 @@ sys.path.insert(0, str(REPO))
 from client.tts_client import TTSClient
 from engine.checkpoint import make_checkpoint
 from engine.config import nostop
-from engine.generator import GenerationParams
+from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from engine.repository import ServeOptions, build
-from engine.service import GeneratorService
-from engine.triton_env import Ports, TritonServer
+from engine.streams import GeneratorService
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_patches = 6)
@@ -75,9 +75,9 @@ ET_MODEL_PY = """
 import collections, queue, threading, time
 import numpy as np
 import triton_python_backend_utils as pb
-from engine.generator import GenerationParams
 from engine.prompt import VoicePrompt
-from engine.triton_model import get, load_tts, model_parameters, scalar
+from serving.requests import generation_request
+from serving.triton_io import chunk_tensors, get, load_tts, model_parameters, scalar, string
 
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -85,13 +85,10 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-        from engine.service import GeneratorService
+        from engine.streams import GeneratorService
         params = model_parameters(args)
         self.torch = torch
-        try:  # newer engine.triton_model loads only the networks a model needs
-            self.tts = load_tts(params, parts=("core",))
-        except TypeError:
-            self.tts = load_tts(params)
+        self.tts = load_tts(params, parts=("core",))
         self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.fam = pb.MetricFamily("%(metric)s", "engine-thread generator step", pb.MetricFamily.HISTOGRAM)
         self.hist = self.fam.Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
@@ -102,15 +99,12 @@ class TritonPythonModel:
         self.thread.start()
 
     def _parse(self, r):
-        tokens = get(pb, r, "TOKENS").reshape(-1).astype(np.int64).tolist()
         latents = get(pb, r, "PROMPT_LATENTS").reshape(-1, 64).copy()
         speaker = get(pb, r, "SPEAKER").reshape(-1).copy()
-        prompt = VoicePrompt(self.torch.from_numpy(latents), self.torch.from_numpy(speaker), "")
-        gp = GenerationParams(
-            seed=int(scalar(pb, r, "SEED")), steps=int(scalar(pb, r, "STEPS")), cfg=float(scalar(pb, r, "CFG")),
-            max_patches=int(scalar(pb, r, "MAX_PATCHES")),
-        )
-        return tokens, prompt, gp, (int(scalar(pb, r, "CHUNK_FIRST")), int(scalar(pb, r, "CHUNK_NEXT")))
+        prompt = VoicePrompt(self.torch.from_numpy(latents), self.torch.from_numpy(speaker), string(pb, r, "PROMPT_TEXT", ""))
+        tokens = self.tts.tokens(string(pb, r, "TEXT"), string(pb, r, "LANGUAGE", "English"), prompt)
+        gp, schedule = generation_request(scalar(pb, r, "SEED", None), r.parameters())
+        return tokens, prompt, gp, schedule
 
     def execute(self, requests):
         for r in requests:
@@ -131,7 +125,7 @@ class TritonPythonModel:
                     waiting.append(self.inbox.get_nowait())
             except queue.Empty:
                 pass
-            while waiting and self.svc.active < self.svc.table.size:
+            while waiting and self.svc.free:
                 (tokens, prompt, gp, schedule), sender = waiting.popleft()
                 owner = next(self.ids)
                 try:
@@ -152,14 +146,10 @@ class TritonPythonModel:
                 continue
             self.hist.observe(time.perf_counter() - t0)
             for o in owners:
-                em = out[o]
-                resp = None
-                if em.latents is not None:
-                    resp = pb.InferenceResponse([pb.Tensor("LATENTS", em.latents[None].astype(np.float32))])
-                if em.finished:
-                    senders.pop(o).send(resp, flags=FINAL)
-                elif resp is not None:
-                    senders[o].send(resp)
+                chunk = out[o]
+                if chunk is not None:
+                    resp = pb.InferenceResponse(chunk_tensors(pb, chunk))
+                    (senders.pop(o) if chunk.last else senders[o]).send(resp, flags=FINAL if chunk.last else 0)
 
     def finalize(self):
         self.running = False
@@ -211,7 +201,7 @@ class InProcess:
 
     def run(self, n: int, patches: int) -> float:
         """Wall seconds for n streams of ``patches`` patches."""
-        svc, owners = self.svc, [next(self.ids) for _ in range(n)]
+        svc, owners = self.svc, [next(self.ids) + 1 for _ in range(n)]
         t0 = time.perf_counter()
         for i, o in enumerate(owners):
             gp = GenerationParams(seed=1000 + i, steps=self.steps, max_patches=patches)
@@ -220,7 +210,7 @@ class InProcess:
         while live:
             out = svc.step(live)
             k += 1
-            live = [o for o in live if not out[o].finished]
+            live = [o for o in live if out[o] is None or not out[o].last]
         dt = time.perf_counter() - t0
         assert k == patches, (k, patches)
         return dt
@@ -244,7 +234,6 @@ class GeneratorClient:
         self.events: queue.Queue = queue.Queue()
         self.client.start_stream(callback=self._cb, stream_timeout=3600)
         prompt = tts.encode_prompt(None)
-        self.tokens = np.array([tts.tokens(TEXT, "English", prompt)], np.int64)
         self.latents = prompt.latents.float().numpy()[None]
         self.speaker = prompt.speaker.float().numpy()[None]
         self.seq = itertools.count(int(time.time()) << 20)
@@ -257,14 +246,11 @@ class GeneratorClient:
         resp = result.get_response()
         self.events.put((now, resp.id, resp.parameters["triton_final_response"].bool_param, None))
 
-    def _inputs(self, seed: int, P: int, steps: int):
-        arrs = {
-            "TOKENS": self.tokens, "PROMPT_LATENTS": self.latents, "SPEAKER": self.speaker,
-            "SEED": np.array([[seed]], np.int64), "STEPS": np.array([[steps]], np.int32),
-            "CFG": np.array([[2.0]], np.float32), "MAX_PATCHES": np.array([[P]], np.int32),
-            "CHUNK_FIRST": np.array([[P]], np.int32), "CHUNK_NEXT": np.array([[P]], np.int32),
-        }  # fmt: skip
-        dt = {np.int64: "INT64", np.int32: "INT32", np.float32: "FP32"}
+    def _inputs(self, seed: int):
+        arrs = {"TEXT": np.array([[TEXT.encode()]], np.object_), "PROMPT_LATENTS": self.latents,
+                "SPEAKER": self.speaker, "PROMPT_TEXT": np.array([[b""]], np.object_),
+                "SEED": np.array([[seed]], np.int64)}  # fmt: skip
+        dt = {np.int64: "INT64", np.float32: "FP32", np.object_: "BYTES"}
         out = []
         for name, a in arrs.items():
             t = self.g.InferInput(name, list(a.shape), dt[a.dtype.type])
@@ -274,11 +260,13 @@ class GeneratorClient:
 
     def run(self, model: str, n: int, P: int, steps: int, timeout: float = 600.0) -> float:
         """Wall seconds from the first request sent to the last final response of n streams."""
-        reqs = [(f"r{next(self.seq)}", self._inputs(1000 + i, P, steps)) for i in range(n)]
+        reqs = [(f"r{next(self.seq)}", self._inputs(1000 + i)) for i in range(n)]
+        params = {"max_patches": P, "chunk_first": P, "chunk_next": P, "steps": steps}
         t0 = time.perf_counter()
         for rid, inputs in reqs:
             kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == "generator" else {}
-            self.client.async_stream_infer(model, inputs, request_id=rid, enable_empty_final_response=True, **kw)
+            self.client.async_stream_infer(model, inputs, request_id=rid, parameters=params,
+                                           enable_empty_final_response=True, **kw)  # fmt: skip
         pending, last = {rid for rid, _ in reqs}, t0
         deadline = time.monotonic() + timeout
         while pending:

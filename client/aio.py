@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from client.request import grpc_error, grpc_inputs, is_final, request_fields
+from client.request import grpc_error, grpc_inputs, is_final, raise_if_failed, request_fields
 from client.tts_client import Chunk, _host_port
 
 
@@ -65,7 +65,11 @@ class AsyncTTSClient:
         import grpc  # here, not at import time: `import client` stays light (and gevent-agnostic)
 
         fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed)
-        request = {"model_name": self.model, "inputs": grpc_inputs(fields), "parameters": parameters or {}}
+        request = {
+            "model_name": self.model,
+            "inputs": grpc_inputs(fields, model=self.model),
+            "parameters": parameters or {},
+        }
 
         async def one_request():
             # then the request side half-closes: the server ends the stream after the request's final
@@ -91,6 +95,7 @@ class AsyncTTSClient:
                     done = True
                     raise grpc_error(error)
                 done = is_final(result)
+                raise_if_failed(result.as_numpy("FINISH_REASON"))
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:
                     yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
-from client.request import PARAMETERS, SAMPLE_RATE, TTSError
+from client.request import SAMPLE_RATE, TTSError
+from engine.params import DEFAULT_SEED
+from serving.contract import TTS_PARAMETERS
 from client.tts_client import TTSClient
 
 
@@ -63,18 +65,17 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     voice.add_argument("--voice-id", help="a voice registered on the server")
     voice.add_argument("--ref-audio", help="reference voice recording (any format libsndfile reads)")
     syn.add_argument("--ref-text", help="transcript of --ref-audio")
-    syn.add_argument("--seed", type=int, help="sampling seed (server default: 1234)")
+    syn.add_argument("--seed", type=int, help=f"sampling seed (server default: {DEFAULT_SEED})")
+    syn.add_argument(
+        "--model", choices=["tts", "tts_ensemble"], default="tts",
+        help="entry point: tts (BLS; long texts, cancellation) or tts_ensemble (plain Triton ensemble, one "
+        "segment, no split_tokens); default tts",
+    )  # fmt: skip
     syn.add_argument("--out", help="output .wav (24 kHz mono 16-bit), or '-' for raw s16le PCM on stdout")
     syn.add_argument("--quiet", "-q", action="store_true", help="no progress or summary on stderr")
     par = ap.add_argument_group("request parameters (server defaults when omitted)")
-    par.add_argument("--steps", type=int, help="Euler steps of the flow head")
-    par.add_argument("--cfg", type=float, help="classifier-free guidance weight")
-    par.add_argument("--chunk-first", type=int, help="patches (160 ms each) in the first chunk")
-    par.add_argument("--chunk-next", type=int, help="patches in every later chunk")
-    par.add_argument("--max-patches", type=int, help="length limit per text segment, in patches")
-    par.add_argument(
-        "--split-tokens", type=int, help="split texts longer than this many tokens at sentences (0: never)"
-    )
+    for p in TTS_PARAMETERS:
+        par.add_argument(f"--{p.name.replace('_', '-')}", type=p.type, help=f"{p.doc} (default {p.default})")
 
     if commands:
         sub = ap.add_subparsers(dest="command", metavar="COMMAND")
@@ -103,8 +104,8 @@ def main(argv: list[str] | None = None, commands: dict[str, Command] | None = No
             request["ref_audio"], request["ref_sample_rate"] = read_audio(args.ref_audio)
         except Exception as e:  # libsndfile's errors are not OSError; any of them means: unreadable
             ap.error(f"cannot read --ref-audio {args.ref_audio}: {e}")
-    request["parameters"] = {k: getattr(args, k) for k in PARAMETERS if getattr(args, k) is not None}
-    client = TTSClient(args.url or "127.0.0.1", args.protocol, timeout=args.timeout)
+    request["parameters"] = {p.name: getattr(args, p.name) for p in TTS_PARAMETERS if getattr(args, p.name) is not None}
+    client = TTSClient(args.url or "127.0.0.1", args.protocol, timeout=args.timeout, model=args.model)
     return synthesize(client, text, request, args.out, quiet=args.quiet)
 
 

@@ -10,11 +10,10 @@ import json
 
 import numpy as np
 
-SAMPLE_RATE = 24000  # Hz of the AUDIO output
-PARAMETERS = ("steps", "cfg", "chunk_first", "chunk_next", "max_patches", "split_tokens")  # tts request parameters
+from engine.orchestrator import ERROR, INVALID
+from serving.contract import SAMPLE_RATE, TTS_PARAMETERS, input_spec  # noqa: F401 (SAMPLE_RATE: re-exported)
 
-# Triton input name -> (numpy dtype, Triton datatype) for the non-string inputs
-_NUMERIC = {"REF_AUDIO": (np.float32, "FP32"), "REF_SAMPLE_RATE": (np.int32, "INT32"), "SEED": (np.int64, "INT64")}
+PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as the CLI offers them
 
 
 class TTSError(RuntimeError):
@@ -41,27 +40,25 @@ def request_fields(
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def grpc_inputs(fields: dict, tc=None) -> list:
+def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
     """``InferInput`` tensors of ``tc`` (default ``tritonclient.grpc``, also valid for its aio client;
-    ``tritonclient.http`` works too). Strings become BYTES [1]."""
+    ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract."""
     if tc is None:
         import tritonclient.grpc as tc
 
     inputs = []
-    for name, v in fields.items():
-        if name in _NUMERIC:
-            np_type, dt = _NUMERIC[name]
-            arr = np.asarray(v, np_type).reshape(-1)
-        else:
-            arr, dt = np.array([str(v).encode("utf-8")], np.object_), "BYTES"
-        t = tc.InferInput(name, list(arr.shape), dt)
+    for name, value in fields.items():
+        spec = input_spec(model, name)
+        arr = spec.array(value)
+        t = tc.InferInput(name, list(arr.shape), spec.datatype)
         t.set_data_from_numpy(arr)
         inputs.append(t)
     return inputs
 
 
 def http_body(fields: dict, parameters: dict) -> str:
-    """The JSON body of ``POST /v2/models/tts/generate_stream``."""
+    """The JSON body of ``POST /v2/models/{model}/generate_stream``: plain JSON values and flat lists
+    (Triton shapes them as the model's inputs, the ensemble's ``[1, -1]`` included)."""
     body = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
     if parameters:
         body["parameters"] = parameters
@@ -92,6 +89,22 @@ def grpc_error(error) -> Exception:
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return TimeoutError(f"stream deadline exceeded: {msg}")
     return TTSError(msg)
+
+
+def raise_if_failed(finish_reason) -> None:
+    """``tts_ensemble`` reports a failed stream in FINISH_REASON ("invalid: ..." or "error: ...") of a
+    normal last response, since an ensemble cannot end a stream with an error: raise it as one."""
+    if finish_reason is None:
+        return
+    if isinstance(finish_reason, np.ndarray):
+        if not finish_reason.size:
+            return
+        finish_reason = finish_reason.reshape(-1)[0]
+    if isinstance(finish_reason, bytes):
+        finish_reason = finish_reason.decode("utf-8", "replace")
+    for prefix in (INVALID, ERROR):
+        if finish_reason.startswith(prefix):
+            raise TTSError(finish_reason.removeprefix(prefix))
 
 
 def is_final(result) -> bool:

@@ -28,6 +28,7 @@ from client.request import (
     http_body,
     http_error_text,
     is_final,
+    raise_if_failed,
     request_fields,
 )
 
@@ -96,7 +97,7 @@ class TTSClient:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        inputs = grpc_inputs(fields)
+        inputs = grpc_inputs(fields, model=self.model)
         client = grpcclient.InferenceServerClient(f"{self.host}:{self.port}")
         q: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: q.put((result, error)), stream_timeout=self.stream_timeout)
@@ -117,6 +118,7 @@ class TTSClient:
                     done = True
                     raise grpc_error(error)
                 done = is_final(result)
+                raise_if_failed(result.as_numpy("FINISH_REASON"))
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:
                     yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
@@ -141,6 +143,7 @@ class TTSClient:
                 event = json.loads(line[5:])
                 if "error" in event:
                     raise TTSError(event["error"])
+                raise_if_failed(event.get("FINISH_REASON"))
                 audio = np.asarray(event.get("AUDIO", []), np.float32).reshape(-1)
                 if audio.size:
                     yield Chunk(audio, time.perf_counter() - t0)

@@ -37,7 +37,7 @@ class VoiceClient:
         fields = {"ACTION": action, "NAME": name}
         if audio is not None:
             fields |= {"REF_AUDIO": audio, "REF_SAMPLE_RATE": sample_rate, "REF_TEXT": text or ""}
-        inputs = grpc_inputs({k: v for k, v in fields.items() if v is not None}, tc)
+        inputs = grpc_inputs({k: v for k, v in fields.items() if v is not None}, tc, "voices")
         kw = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
         client = (tc.InferenceServerClient(f"{self.host}:{self.port}") if self.protocol == "grpc"
                   else tc.InferenceServerClient(f"{self.host}:{self.port}", network_timeout=self.timeout))  # fmt: skip

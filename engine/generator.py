@@ -14,33 +14,8 @@ import torch
 
 from engine.kv_cache import SlotCache
 from engine.models.core import FireRedTTS3Core, cosine_schedule
+from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Per-request sampling settings (defaults are the reference's)."""
-
-    seed: int = 1234
-    steps: int = 10  # Euler steps of the flow head
-    cfg: float = 2.0  # classifier-free guidance weight w
-    stop_threshold: float = 0.5
-    min_patches: int = 6  # the stop head is ignored before this many patches
-    max_patches: int = 400  # ~64 s
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.steps <= 100:
-            raise ValueError(f"steps must be in 1..100, got {self.steps}")
-        if not 0.0 <= self.cfg <= 20.0:
-            raise ValueError(f"cfg must be in 0..20, got {self.cfg}")
-        if not 0.0 < self.stop_threshold <= 1.0:
-            raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold}")
-        if not 1 <= self.max_patches <= 4000 or not 0 <= self.min_patches <= self.max_patches:
-            raise ValueError(
-                f"need 0 <= min_patches <= max_patches <= 4000, got {self.min_patches}, {self.max_patches}"
-            )
-        if not -(2**63) <= self.seed < 2**63:
-            raise ValueError("seed must fit in int64")
 
 
 @dataclass

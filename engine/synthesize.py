@@ -7,24 +7,29 @@ and the same primed, chunked decoder as a server stream.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from engine import audio as A
 from engine.config import SAMPLE_RATE
-from engine.generator import GenerationParams
+from engine.local import local_orchestrator
+from engine.orchestrator import StreamFailed, Utterance
+from engine.params import (
+    DEFAULT_SCHEDULE,
+    DEFAULT_SEED,
+    DEFAULT_SPLIT_TOKENS,
+    UTTERANCE_PARAMETERS,
+    GenerationParams,
+    generation_params,
+    parse_parameters,
+)
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
-from engine.segments import Joiner, segment_schedule, split_text
-from engine.service import GeneratorService
-
-DEFAULT_SCHEDULE = (3, 12)  # patches per chunk: first chunk, then every later chunk
-DEFAULT_SPLIT_TOKENS = 80  # longer texts are synthesized sentence group by sentence group
 
 
 def stream_audio(
@@ -38,38 +43,26 @@ def stream_audio(
 ) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1).
 
-    A text longer than ``split_tokens`` tokens is cut into segments at sentence ends; each segment is
-    generated with the same seed and joined to the previous one with a 50 ms cross-fade.
+    This is the server's orchestration run in-process: a text longer than ``split_tokens`` tokens is cut
+    into segments at sentence ends, each generated with the same seed and joined with a 50 ms cross-fade.
+    Raises ValueError for bad input.
     """
-    prompt = prompt or tts.encode_prompt(None)
-    tokenizer = tts.models.tokenizer
-    segments = split_text(text, lambda t: len(tokenizer.encode(t)), split_tokens)
-    joiner = Joiner()
-    for i, segment in enumerate(segments):
-        more = i < len(segments) - 1
-        joiner.start_segment()
-        for chunk in _segment_audio(tts, segment, language, prompt, params, segment_schedule(i, tuple(schedule))):
-            out = joiner.push(chunk, more)
-            if out.size or not more:
-                yield out
-    rest = joiner.finish()
-    if rest.size:
-        yield rest
-
-
-def _segment_audio(tts, text, language, prompt, params, schedule) -> Iterator[np.ndarray]:
-    """One segment through the server's own stream machinery, in-process with a single slot."""
-    tokens = tts.tokens(text, language, prompt)
-    gen = GeneratorService(tts, slots=1, max_len=1 + len(tokens) + prompt.num_patches + params.max_patches)
-    gen.admit(0, tokens, prompt, params, schedule)
-    decoder = tts.decoder_stream(prompt.latents)
-    while True:
-        emitted = gen.step([0])[0]
-        if emitted.latents is not None:
-            yield decoder.decode(torch.from_numpy(emitted.latents))
-        if emitted.finished:
-            break
-    yield decoder.finish()
+    utterance = Utterance(text, language, params, tuple(schedule), split_tokens)
+    pieces = local_orchestrator(tts).run(utterance, prompt)
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                piece = loop.run_until_complete(anext(pieces))
+            except StopAsyncIteration:
+                return
+            if piece.audio.size or piece.final:
+                yield piece.audio
+    except StreamFailed as e:
+        raise (ValueError if e.invalid else RuntimeError)(str(e)) from None
+    finally:
+        loop.run_until_complete(pieces.aclose())
+        loop.close()
 
 
 def synthesize(
@@ -103,13 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--language", default="English")
     ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; first channel is used)")
     ap.add_argument("--ref-text", default="", help="transcript of --ref-audio")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--steps", type=int, default=10, help="Euler steps of the flow head")
-    ap.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance weight")
-    ap.add_argument("--max-patches", type=int, default=400, help="length limit per text segment, in 160 ms patches")
-    ap.add_argument(
-        "--split-tokens", type=int, default=DEFAULT_SPLIT_TOKENS, help="split longer texts at sentences (0: never)"
-    )
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    for p in UTTERANCE_PARAMETERS:
+        ap.add_argument(
+            f"--{p.name.replace('_', '-')}", type=p.type, default=p.default, help=f"{p.doc} (default {p.default})"
+        )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -117,16 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--ref-text needs --ref-audio")
     text = sys.stdin.read() if args.text == "-" else args.text
     try:
-        params = GenerationParams(seed=args.seed, steps=args.steps, cfg=args.cfg, max_patches=args.max_patches)
+        values = parse_parameters({p.name: getattr(args, p.name) for p in UTTERANCE_PARAMETERS})
+        params, schedule = generation_params(args.seed, values)
         t0 = time.perf_counter()
         tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
         ref = A.load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
-            tts, text, args.language, ref[0], ref[1], args.ref_text, params, split_tokens=args.split_tokens
+            tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"]
         )
         t2 = time.perf_counter()
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     A.write_wav(args.out, wav, SAMPLE_RATE)

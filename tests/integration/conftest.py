@@ -8,8 +8,8 @@ import pytest
 
 from engine.checkpoint import make_checkpoint
 from engine.config import nostop
-from engine.repository import ServeOptions, build
-from engine.triton_env import Ports, TritonServer
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
@@ -30,7 +30,7 @@ def server(nostop_ckpt, tmp_path_factory):
             checkpoint=str(nostop_ckpt),
             slots=4,
             max_len=1024,
-            vocoder_idle_seconds=30,
+            vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
             cancel_dir=str(work / "cancel"),
             voice_dir=str(work / "voices"),
         ),

@@ -1,4 +1,4 @@
-"""`python -m engine.serve`: comes up, serves, and leaves no tritonserver behind on SIGTERM."""
+"""`python -m serving.serve`: comes up, serves, and leaves no tritonserver behind on SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from client import TTSClient
-from engine.triton_env import REPO_ROOT, Ports
+from serving.triton_env import REPO_ROOT, Ports
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def _children_of(pid: int) -> list[int]:
 def test_serve_starts_serves_and_stops_cleanly(tiny_ckpt, tmp_path):
     ports = Ports.free()
     cmd = [
-        sys.executable, "-m", "engine.serve", "--checkpoint", str(tiny_ckpt), "--slots", "2",
+        sys.executable, "-m", "serving.serve", "--checkpoint", str(tiny_ckpt), "--slots", "2",
         "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
         "--voice-dir", str(tmp_path / "voices"), "--work-dir", str(tmp_path / "work"),
     ]  # fmt: skip

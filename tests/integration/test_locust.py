@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.triton_env import REPO_ROOT
+from serving.triton_env import REPO_ROOT
 from tests.integration.conftest import wait_gauges_zero
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from client import TTSClient, TTSError
-from engine.generator import GenerationParams
+from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from engine.synthesize import synthesize
 from tests.integration.conftest import metrics, wait_gauges_zero
+from tests.reference import reference_audio, reference_long, snr_db
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +25,6 @@ def offline(nostop_ckpt):
     return FireRedTTS3.from_checkpoint(nostop_ckpt)
 
 
-def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
-    err = np.sum((ref.astype(np.float64) - got) ** 2)
-    return float("inf") if err == 0 else 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err)
-
-
 def grpc(server, **kw):
     return TTSClient(f"127.0.0.1:{server.ports.grpc}", "grpc", timeout=60)
 
@@ -38,7 +33,7 @@ def test_stream_equals_offline(server, offline):
     params = {"max_patches": 8}
     chunks = list(grpc(server).stream("Hello streaming world", seed=11, parameters=params))
     got = np.concatenate([c.audio for c in chunks])
-    ref = synthesize(offline, "Hello streaming world", params=GenerationParams(seed=11, max_patches=8))
+    ref = reference_audio(offline, "Hello streaming world", GenerationParams(seed=11, max_patches=8))
     assert got.shape == ref.shape == (8 * 3840,)
     assert snr_db(ref, got) >= 60
     assert len(chunks) >= 2
@@ -49,8 +44,8 @@ def test_stream_with_reference_voice_equals_offline(server, offline):
     ref_audio = (0.1 * rng.standard_normal(16000 + 123)).astype(np.float32)
     kw = dict(ref_audio=ref_audio, ref_sample_rate=16000, ref_text="a reference")
     got = grpc(server).synthesize("Cloned voice", seed=3, parameters={"max_patches": 6}, **kw)
-    ref = synthesize(offline, "Cloned voice", ref_audio=ref_audio, ref_sample_rate=16000, ref_text="a reference",
-                     params=GenerationParams(seed=3, max_patches=6))  # fmt: skip
+    prompt = offline.encode_prompt(ref_audio, 16000, "a reference")
+    ref = reference_audio(offline, "Cloned voice", GenerationParams(seed=3, max_patches=6), prompt)
     assert got.shape == ref.shape
     assert snr_db(ref, got) >= 60
 
@@ -88,7 +83,7 @@ def test_concurrent_streams_equal_solo_runs(server, offline):
         t.join(120)
     assert not errors, errors
     for i in range(8):
-        ref = synthesize(offline, texts[i], params=GenerationParams(seed=seeds[i], max_patches=lengths[i]))
+        ref = reference_audio(offline, texts[i], GenerationParams(seed=seeds[i], max_patches=lengths[i]))
         assert results[i].shape == ref.shape, i
         assert snr_db(ref, results[i]) >= 60, i
     m = wait_gauges_zero(server)
@@ -198,7 +193,7 @@ def test_long_text_streams_like_offline(server, offline):
     )
     params = {"max_patches": 6, "split_tokens": 40}
     got = grpc(server).synthesize(text, seed=8, parameters=params)
-    ref = synthesize(offline, text, params=GenerationParams(seed=8, max_patches=6), split_tokens=40)
+    ref = reference_long(offline, text, GenerationParams(seed=8, max_patches=6), 40)
     assert got.shape == ref.shape and len(ref) > 2 * 6 * 3840
     assert snr_db(ref, got) >= 60
     m = wait_gauges_zero(server)

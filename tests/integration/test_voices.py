@@ -7,8 +7,8 @@ import pytest
 
 from client import TTSClient, TTSError
 from client.voices import VoiceClient
-from engine.repository import ServeOptions, build
-from engine.triton_env import Ports, TritonServer
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
 from tests.integration.conftest import metrics
 
 pytestmark = pytest.mark.integration

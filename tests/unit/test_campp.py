@@ -149,8 +149,15 @@ def test_config_validation_and_frozen():
 
 def test_config_inference_for_other_shapes():
     cfg = CamppConfig(
-        feat_dim=40, embedding_size=192, m_channels=4, init_channels=16, growth_rate=4,
-        bn_size=2, block_layers=(1, 3), kernel_sizes=(5, 3), dilations=(1, 2),
+        feat_dim=40,
+        embedding_size=192,
+        m_channels=4,
+        init_channels=16,
+        growth_rate=4,
+        bn_size=2,
+        block_layers=(1, 3),
+        kernel_sizes=(5, 3),
+        dilations=(1, 2),
     )
     with torch.device("meta"):
         sd = SpeakerEncoder(cfg).state_dict()

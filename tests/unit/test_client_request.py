@@ -12,7 +12,7 @@ from tritonclient.utils import InferenceServerException
 
 from client import AsyncTTSClient, TTSClient, TTSError
 from client.request import grpc_error, grpc_inputs, http_body, request_fields
-from engine.triton_env import free_port
+from serving.triton_env import free_port
 
 
 def test_fields_leave_out_what_is_not_given():

@@ -5,45 +5,77 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import contract as C
-from engine.cancel import CancelBoard
-from engine.frontdoor import build_request, parse_parameters
-from engine.generator import GenerationParams
-from engine.repository import SOURCE, ServeOptions, build, render
-from engine.service import GeneratorService, VocoderService
-from engine.synthesize import synthesize
+from engine.orchestrator import CANCELLED, Chunk, end_chunk
+from engine.params import GenerationParams, Parameter, parse_parameters
+from engine.streams import GeneratorService, VocoderService
+from serving import contract as C
+from serving.cancel import CancelBoard
+from serving.repository import SOURCE, ServeOptions, build, render
+from serving.requests import build_request, request_parameters
+from tests.reference import reference_audio
+
+EMPTY = np.zeros((0, 64), np.float32)
 
 
 def test_committed_configs_match_the_contract():
     for name, text in render(ServeOptions()).items():
-        assert (SOURCE / name / "config.pbtxt").read_text() == text, f"run `python -m engine.repository` ({name})"
+        assert (SOURCE / name / "config.pbtxt").read_text() == text, f"run `python -m serving.repository` ({name})"
 
 
 def test_rendered_repository_has_every_tensor(tmp_path):
     repo = build(tmp_path / "repo", ServeOptions(checkpoint="/ck", slots=3))
     gen = (repo / "generator" / "config.pbtxt").read_text()
     assert "max_candidate_sequences: 3" in gen and "iterative_sequence: true" in gen
-    for spec in C.GENERATOR_INPUTS:
+    for spec in C.GENERATOR_INPUTS + C.GENERATOR_OUTPUTS:
         assert f'name: "{spec.name}"' in gen
     tts = (repo / "tts" / "config.pbtxt").read_text()
     assert all(f'name: "{s.name}"' in tts for s in C.TTS_INPUTS + C.TTS_OUTPUTS)
     assert (repo / "tts" / "1" / "model.py").is_file()
+    ens = (repo / "tts_ensemble" / "config.pbtxt").read_text()
+    assert 'platform: "ensemble"' in ens and (repo / "tts_ensemble" / "1").is_dir()
+    voc = (repo / "vocoder" / "config.pbtxt").read_text()
+    assert "dynamic_batching" in voc and "sequence_batching" not in voc
+
+
+def test_ensemble_wires_every_vocoder_input_from_the_generator():
+    text = render(ServeOptions())["tts_ensemble"]
+    for spec in C.VOCODER_INPUTS:
+        assert f'input_map {{ key: "{spec.name}" value: "_gen_{spec.name.lower()}" }}' in text
+    assert {s.name for s in C.VOCODER_INPUTS} == {s.name for s in C.GENERATOR_OUTPUTS}
 
 
 def test_parse_parameters_defaults_and_errors():
-    assert parse_parameters(None)["chunk_first"] == 3
-    assert parse_parameters('{"steps": 4, "cfg": 1.5}')["steps"] == 4
+    assert request_parameters(None)["chunk_first"] == 3
+    assert request_parameters('{"steps": 4, "cfg": 1.5}')["steps"] == 4
+    assert request_parameters({"cfg": "1.5"})["cfg"] == 1.5  # BLS requests carry floats as text
     with pytest.raises(ValueError, match="unknown request parameters"):
-        parse_parameters({"stepz": 3})
+        request_parameters({"stepz": 3})
     with pytest.raises(ValueError, match="chunk_next"):
-        parse_parameters({"chunk_next": 0})
-    with pytest.raises(ValueError, match="cfg must be float"):
-        parse_parameters({"cfg": "lots"})
+        request_parameters({"chunk_next": 0})
+    with pytest.raises(ValueError, match="cfg must be a number"):
+        request_parameters({"cfg": "lots"})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        request_parameters("{steps")
+
+
+@pytest.mark.parametrize("value", [2.7, True, "3", None, [3]])
+def test_integer_parameters_are_never_truncated(value):
+    with pytest.raises(ValueError, match="steps must be an integer"):
+        parse_parameters({"steps": value})
+
+
+def test_parameter_ranges_come_from_one_place():
+    p = Parameter("x", int, 1, 1, 5, "")
+    assert p.parse(5) == 5
+    with pytest.raises(ValueError, match="x must be in 1..5"):
+        p.parse(6)
+    assert {p.name for p in C.ENSEMBLE_PARAMETERS} == {p.name for p in C.TTS_PARAMETERS} - {"split_tokens"}
 
 
 def test_build_request_validation():
-    r = build_request("Hi", None, None, None, None, None, None, None)
-    assert r.language == "English" and r.params.seed == 1234 and r.schedule == (3, 12)
+    utterance, voice = build_request("Hi", None, None, None, None, None, None, None)
+    assert utterance.language == "English" and utterance.params.seed == 1234 and utterance.schedule == (3, 12)
+    assert voice.ref_audio is None and voice.voice_id == ""
     cases = [
         (("", None, None, None, None, None, None, None), "TEXT"),
         (("Hi", "Klingon", None, None, None, None, None, None), "LANGUAGE"),
@@ -57,70 +89,108 @@ def test_build_request_validation():
             build_request(*args)
 
 
+def _run(svc, stream_id):
+    chunks = []
+    while not chunks or not chunks[-1].last:
+        chunk = svc.step([stream_id])[stream_id]
+        if chunk is not None:
+            chunks.append(chunk)
+    return chunks
+
+
 def test_generator_service_chunks_and_frees(tts):
     svc = GeneratorService(tts, slots=2, max_len=512)
     prompt = tts.encode_prompt(None)
     params = GenerationParams(seed=5, min_patches=7, max_patches=7)
-    svc.admit("a", tts.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
-    sizes, finished = [], False
-    while not finished:
-        em = svc.step(["a"])["a"]
-        if em.latents is not None:
-            sizes.append(len(em.latents))
-        finished = em.finished
-    assert sizes == [8, 12, 8]  # 2 patches, 3 patches, then the last 2 (4 latents per patch)
-    assert em.reason == "length"
-    assert svc.active == 0 and "a" not in svc.live
+    svc.admit(11, tts.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
+    chunks = _run(svc, 11)
+    assert [len(c.latents) for c in chunks] == [8, 12, 8]  # 2 patches, 3 patches, then the last 2
+    assert chunks[-1].finish_reason == "length" and all(c.finish_reason == "" for c in chunks[:-1])
+    assert np.array_equal(chunks[0].prompt_latents, prompt.latents.numpy())
+    assert all(len(c.prompt_latents) == 0 for c in chunks[1:])
+    assert svc.active == 0 and list(svc.free) == [1, 0]
 
 
 def test_generator_service_rejects_bad_input_without_leaking(tts):
     svc = GeneratorService(tts, slots=1, max_len=64)
     prompt = tts.encode_prompt(None)
     with pytest.raises(ValueError, match="cache positions"):
-        svc.admit("x", tts.tokens("Too long " * 20, "English", prompt), prompt, GenerationParams(max_patches=400))
+        svc.admit(1, tts.tokens("Too long " * 20, "English", prompt), prompt, GenerationParams(max_patches=400))
+    with pytest.raises(ValueError, match="chunk schedule"):
+        svc.admit(1, tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
     assert svc.active == 0
-    svc.admit("y", tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
-    assert svc.active == 1 and svc.drop("y") and svc.active == 0
+    svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+    with pytest.raises(ValueError, match="already exists"):
+        svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        svc.admit(3, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+    last = svc.cancel(2)
+    assert last.last and last.finish_reason == CANCELLED and last.stream_id == 2 and svc.active == 0
+    assert not svc.drop(2)  # freeing is one call; a second one finds nothing
 
 
-def test_vocoder_service_equals_offline_and_frees(tts):
+def test_vocoder_service_equals_the_reference_and_frees(tts):
     params = GenerationParams(seed=9, min_patches=8, max_patches=8)
     prompt = tts.encode_prompt(None)
     gen = GeneratorService(tts, 1, 512)
-    gen.admit(1, tts.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
+    gen.admit(7, tts.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
     voc = VocoderService(tts, idle_seconds=60)
-    parts, first = [], True
-    while True:
-        em = gen.step([1])[1]
-        if em.latents is not None:
-            parts.append(voc.process(7, em.latents, first, False, prompt.latents.numpy() if first else None))
-            first = False
-        if em.finished:
-            break
-    parts.append(voc.process(7, np.zeros((0, 64), np.float32), False, True, None))
-    got = np.concatenate(parts)
-    ref = synthesize(tts, "Vocoder", params=params)
-    assert np.array_equal(got, ref)
+    got = np.concatenate([voc.process(c) for c in _run(gen, 7)])
+    ref = reference_audio(tts, "Vocoder", params)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-5)
     assert voc.active == 0
     with pytest.raises(ValueError, match="unknown"):
-        voc.process(7, np.zeros((4, 64), np.float32), False, False, None)
+        voc.process(Chunk(7, np.zeros((4, 64), np.float32), EMPTY))
+
+
+def test_vocoder_frees_cancelled_and_failed_streams_without_decoding(tts):
+    voc = VocoderService(tts)
+    prompt = tts.encode_prompt(None).latents.numpy()
+    voc.process(Chunk(1, EMPTY, prompt))
+    voc.process(Chunk(2, EMPTY, prompt))
+    assert voc.active == 2
+    assert voc.process(end_chunk(1)).size == 0
+    assert voc.process(end_chunk(2, "error: boom")).size == 0
+    assert voc.process(end_chunk(3, "invalid: never started")).size == 0  # unknown: nothing to free
+    assert voc.active == 0
+
+
+def test_vocoder_keeps_order_of_one_streams_chunks_in_a_batch(tts):
+    """Dynamic batching can hand the vocoder two chunks of one stream at once: they decode in order."""
+    rng = np.random.default_rng(2)
+    prompt = tts.encode_prompt(None).latents.numpy()
+    chunks = [rng.standard_normal((n, 64)).astype(np.float32) for n in (12, 12, 8)]
+    one = VocoderService(tts)
+    want = [one.process(Chunk(5, chunks[0], prompt)), one.process(Chunk(5, chunks[1], EMPTY)),
+            one.process(Chunk(5, chunks[2], EMPTY, True, "stop"))]  # fmt: skip
+    together = VocoderService(tts)
+    got = together.process_many(
+        [Chunk(5, chunks[0], prompt), Chunk(5, chunks[1], EMPTY), Chunk(5, chunks[2], EMPTY, True, "stop")]
+    )
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert together.active == 0
 
 
 def test_vocoder_reaps_idle_streams(tts):
     voc = VocoderService(tts, idle_seconds=0.0)
-    voc.process(3, np.zeros((0, 64), np.float32), True, False, tts.encode_prompt(None).latents.numpy())
+    voc.process(Chunk(3, EMPTY, tts.encode_prompt(None).latents.numpy()))
     assert voc.active == 1
     assert voc.reap() == [3] and voc.active == 0
 
 
 def test_cancel_board(tmp_path):
     b = CancelBoard(tmp_path / "c")
-    assert not b.is_marked(5)
+    assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
+    assert not b.is_marked(5) and not b.consume(5)
     b.mark(5)
     assert b.is_marked(5)
-    b.clear(5)
-    b.clear(5)
-    assert not b.is_marked(5)
+    assert b.consume(5) and not b.is_marked(5)
+    b.mark(6)
+    b.clear(6)
+    b.clear(6)
+    assert not b.is_marked(6)
     with pytest.raises(ValueError):
         b.mark("../etc")
 
@@ -128,11 +198,8 @@ def test_cancel_board(tmp_path):
 def test_stop_head_reason(tts):
     svc = GeneratorService(tts, slots=1, max_len=600)
     prompt = tts.encode_prompt(None)
-    svc.admit("s", tts.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
-    em = None
-    while em is None or not em.finished:
-        em = svc.step(["s"])["s"]
-    assert em.reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
+    svc.admit(1, tts.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
+    assert _run(svc, 1)[-1].finish_reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
 
 
 def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
@@ -141,10 +208,10 @@ def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
     prompt = tts.encode_prompt((0.1 * rng.standard_normal(30000)).astype(np.float32), 16000, "p").latents.numpy()
     chunks = [rng.standard_normal((n, 64)).astype(np.float32) for n in (12, 48, 8)]
 
-    def run(voc, owner):
-        out = [voc.process(owner, chunks[0], True, False, prompt)]
-        out += [voc.process(owner, c, False, False, None) for c in chunks[1:]]
-        out.append(voc.process(owner, np.zeros((0, 64), np.float32), False, True, None))
+    def run(voc, sid):
+        out = [voc.process(Chunk(sid, chunks[0], prompt))]
+        out += [voc.process(Chunk(sid, c, EMPTY)) for c in chunks[1:]]
+        out.append(voc.process(Chunk(sid, EMPTY, EMPTY, True, "stop")))
         return np.concatenate(out)
 
     cold = run(VocoderService(tts, primed_cache=0), 1)
@@ -161,28 +228,18 @@ def test_vocoder_batches_streams_past_priming(tts):
                for n in (16000, 30000, 9000, 40000)]  # fmt: skip
     chunks = [[rng.standard_normal((12, 64)).astype(np.float32) for _ in range(4)] for _ in prompts]
     solo, together = VocoderService(tts), VocoderService(tts)
-    want = [[solo.process(o, c[0], True, False, p)] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
-    got = [[together.process(o, c[0], True, False, p)] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
+    want = [[solo.process(Chunk(o, c[0], p))] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
+    got = [[together.process(Chunk(o, c[0], p))] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
     for step in range(1, 4):
         end = step == 3
+        msgs = [Chunk(o, chunks[o][step], EMPTY, end, "stop" if end else "") for o in range(4)]
         for o in range(4):
-            want[o].append(solo.process(o, chunks[o][step], False, end, None))
-        outs = together.process_many([(o, chunks[o][step], False, end, None) for o in range(4)])
-        for o in range(4):
-            got[o].append(outs[o])
+            want[o].append(solo.process(msgs[o]))
+        for o, out in enumerate(together.process_many(msgs)):
+            got[o].append(out)
     assert together.batched_rows >= 8 and solo.batched_rows == 0
     for o in range(4):
         a, b = np.concatenate(want[o]), np.concatenate(got[o])
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, atol=1e-5)
     assert together.active == 0
-
-
-def test_bad_chunk_schedule_does_not_leak_a_slot(tts):
-    svc = GeneratorService(tts, slots=1, max_len=512)
-    prompt = tts.encode_prompt(None)
-    with pytest.raises(ValueError, match="chunk schedule"):
-        svc.admit("a", tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
-    assert svc.active == 0
-    svc.admit("b", tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (3, 12))
-    assert svc.active == 1

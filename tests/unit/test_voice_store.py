@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from engine.voice_store import VoiceNotFound, VoiceStore, check_name
+from serving.voice_store import VoiceNotFound, VoiceStore, check_name
 
 
 class Counting:

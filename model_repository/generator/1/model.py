@@ -2,6 +2,8 @@
 
 Triton's iterative sequence batcher owns admission: at most ``slots`` streams are live, the rest wait
 in its queue. A stream that is not finished is released with RESCHEDULE and comes back next step.
+Every response carries all the vocoder's inputs; a stream that fails ends with a normal last response
+whose FINISH_REASON says why (an ensemble would hang on an error response).
 """
 
 import time
@@ -9,96 +11,99 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.generator import GenerationParams
-from engine.prompt import VoicePrompt
-from engine.triton_model import bytes_tensor, get, load_tts, model_parameters, scalar, setup_logging
+from engine.orchestrator import Chunk, end_chunk, failure_reason
+from serving.requests import check_language, check_text, generation_request
+from serving.triton_io import chunk_tensors, get, load_tts, model_parameters, scalar, setup_logging, string
 
 log = setup_logging("generator")
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def send(sender, chunk: Chunk) -> None:
+    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
 
 
 class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from engine.cancel import CancelBoard
-        from engine.service import GeneratorService
+        from engine.prompt import VoicePrompt
+        from engine.streams import GeneratorService
+        from serving.cancel import CancelBoard
 
         params = model_parameters(args)
+        self.torch, self.VoicePrompt = torch, VoicePrompt
         self.tts = load_tts(params, parts=("core",))
-        self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
-        self.torch = torch
+        self.service = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.cancels = CancelBoard(params.get("cancel_dir") or None)
         self.families = [
-            pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream", pb.MetricFamily.GAUGE)
-        ]
-        self.families.append(
+            pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream", pb.MetricFamily.GAUGE),
             pb.MetricFamily(
                 "tts_generator_step_seconds", "wall time of one batched generator step", pb.MetricFamily.HISTOGRAM
-            )
-        )
+            ),
+        ]
         self.gauge = self.families[0].Metric()
         self.step_hist = self.families[1].Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
-        log.info("ready: %d slots, max_len %s", self.svc.table.size, params.get("max_len"))
+        log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
 
-    def _admit(self, request, owner):
-        tokens = get(pb, request, "TOKENS").reshape(-1).astype(np.int64).tolist()
-        latents = get(pb, request, "PROMPT_LATENTS").reshape(-1, 64)
-        speaker = get(pb, request, "SPEAKER").reshape(-1)
-        prompt = VoicePrompt(self.torch.from_numpy(latents.copy()), self.torch.from_numpy(speaker.copy()), "")
-        gp = GenerationParams(
-            seed=int(scalar(pb, request, "SEED")), steps=int(scalar(pb, request, "STEPS")),
-            cfg=float(scalar(pb, request, "CFG")), max_patches=int(scalar(pb, request, "MAX_PATCHES")),
-        )  # fmt: skip
-        schedule = (int(scalar(pb, request, "CHUNK_FIRST")), int(scalar(pb, request, "CHUNK_NEXT")))
-        self.svc.admit(owner, tokens, prompt, gp, schedule)
+    def _admit(self, request, stream_id: int) -> None:
+        """Start a stream; ValueError (nothing kept) for bad input."""
+        if not stream_id:
+            raise ValueError("a generator stream needs a correlation id")
+        if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            raise ValueError(f"stream {stream_id} is not live (a new stream must start a sequence)")
+        text = check_text(string(pb, request, "TEXT"))
+        language = check_language(string(pb, request, "LANGUAGE", ""))
+        params, schedule = generation_request(scalar(pb, request, "SEED", None), request.parameters())
+        latents = get(pb, request, "PROMPT_LATENTS").reshape(-1, 64).astype(np.float32)
+        speaker = get(pb, request, "SPEAKER").reshape(-1).astype(np.float32)
+        torch = self.torch
+        prompt = self.VoicePrompt(
+            torch.from_numpy(latents), torch.from_numpy(speaker), string(pb, request, "PROMPT_TEXT", "")
+        )
+        tokens = self.tts.tokens(text, language, prompt)
+        self.service.admit(stream_id, tokens, prompt, params, schedule)
 
     def execute(self, requests):
         live = []
         for r in requests:
-            owner = r.correlation_id()
-            sender = r.get_response_sender()
-            if r.is_cancelled() or self.cancels.is_marked(owner):
-                self.svc.drop(owner)
-                self.cancels.clear(owner)
-                # a plain final response: an error response with code CANCELLED never reached the BLS caller
-                done = pb.InferenceResponse([bytes_tensor(pb, "FINISH_REASON", "cancelled")])
-                sender.send(done, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            stream_id, sender = r.correlation_id(), r.get_response_sender()
+            if stream_id in self.service.live and r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                # an id that is already streaming: refuse the newcomer, leave the running stream alone
+                send(sender, end_chunk(0, failure_reason(ValueError(f"stream id {stream_id} is in use"))))
                 continue
-            if owner not in self.svc.live:
-                try:
-                    self._admit(r, owner)
-                except Exception as e:  # bad input fails this request only
-                    sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)),
-                                flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
+            if stream_id in self.service.live:
+                if r.is_cancelled() or self.cancels.consume(stream_id):
+                    send(sender, self.service.cancel(stream_id))
                     continue
-            live.append((r, owner, sender))
+            else:
+                try:
+                    self._admit(r, stream_id)
+                except Exception as e:  # bad input fails this request only; it never held a slot
+                    if not isinstance(e, ValueError):
+                        log.exception("could not start stream %x", stream_id)
+                    send(sender, end_chunk(0, failure_reason(e)))
+                    continue
+            live.append((r, stream_id, sender))
         if live:
             t0 = time.perf_counter()
             try:
-                out = self.svc.step([o for _, o, _ in live])
+                out = self.service.step([i for _, i, _ in live])
             except Exception as e:
                 log.exception("generator step failed")
-                for _r, owner, sender in live:
-                    self.svc.drop(owner)
-                    sender.send(pb.InferenceResponse(error=pb.TritonError(f"generator step failed: {e}")),
-                                flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)  # fmt: skip
-                live, out = [], {}
+                out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for _, i, _ in live}
+                for _, i, _ in live:
+                    self.service.drop(i)
             self.step_hist.observe(time.perf_counter() - t0)
-            for r, owner, sender in live:
-                em = out[owner]
-                outputs = []
-                if em.latents is not None:
-                    outputs.append(pb.Tensor("LATENTS", em.latents[None].astype(np.float32)))
-                if em.finished:
-                    outputs.append(bytes_tensor(pb, "FINISH_REASON", em.reason))
-                    sender.send(pb.InferenceResponse(outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                else:
-                    if outputs:
-                        sender.send(pb.InferenceResponse(outputs))
+            for r, stream_id, sender in live:
+                chunk = out[stream_id]
+                if chunk is not None:
+                    send(sender, chunk)
+                if chunk is None or not chunk.last:
                     r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
-        self.gauge.set(self.svc.active)
+        self.gauge.set(self.service.active)
         return None
 
     def finalize(self):
-        for owner in list(self.svc.live):
-            self.svc.drop(owner)
+        for stream_id in list(self.service.live):
+            self.service.drop(stream_id)

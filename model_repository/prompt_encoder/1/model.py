@@ -7,7 +7,7 @@ after a restart, and named voices are registered here (REGISTER_NAME) and looked
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.triton_model import (
+from serving.triton_io import (
     bytes_tensor,
     error_response,
     get,
@@ -17,7 +17,7 @@ from engine.triton_model import (
     setup_logging,
     string,
 )
-from engine.voice_store import VoiceNotFound, VoiceStore
+from serving.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")
 

@@ -1,50 +1,77 @@
-"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state (sequence batcher).
+"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
 
-START primes the stream's decoder with the prompt latents; END flushes the iSTFT tail and frees the
-state; streams idle longer than the configured time are reclaimed.
+Dynamic batching, one instance: the same protocol serves the tts front door (BLS) and tts_ensemble.
+A stream's first chunk (with prompt latents) primes its decoder, its LAST chunk flushes the iSTFT tail
+and frees the state; streams idle longer than the configured time are reclaimed by a reaper thread.
 """
+
+import threading
 
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.triton_model import error_response, get, load_tts, model_parameters, scalar, setup_logging
+from engine.orchestrator import failure_reason
+from serving.contract import VOCODER_OUTPUTS
+from serving.triton_io import load_tts, model_parameters, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")
+REAP_EVERY_SECONDS = 1.0
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.service import VocoderService
+        from engine.streams import VocoderService
 
         params = model_parameters(args)
-        self.svc = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)))
+        self.service = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)))
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )
         self.gauge = self.family.Metric()
+        # One lock between execute and the reaper thread. The reaper frees streams nobody ends: a client
+        # cancelled a tts_ensemble stream (the ensemble then drops the generator's last chunk) or a
+        # caller died; it runs on its own clock because no request may come to trigger it.
+        self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.reaper = threading.Thread(target=self._reap_forever, name="vocoder-reaper", daemon=True)
+        self.reaper.start()
+
+    def _reap_forever(self):
+        while not self.stopping.wait(REAP_EVERY_SECONDS):
+            with self.lock:
+                for stream_id in self.service.reap():
+                    log.warning("reclaimed vocoder stream %x after %.0f s without a chunk", stream_id,
+                                self.service.idle_seconds)  # fmt: skip
+                self.gauge.set(self.service.active)
+
+    def finalize(self):
+        self.stopping.set()
+        self.reaper.join(5)
 
     def execute(self, requests):
-        for owner in self.svc.reap():
-            log.warning("reclaimed idle vocoder stream %s", owner)
-        items, parsed = [], []  # one item per request that parsed; chunks of equal length batch together
+        with self.lock:
+            return self._execute(requests)
+
+    def _execute(self, requests):
+        parsed = []  # a Chunk per request, or the error that makes it unreadable
         for r in requests:
-            owner = int(scalar(pb, r, "CORRID"))
             try:
-                start, end = bool(scalar(pb, r, "START", 0)), bool(scalar(pb, r, "END", 0))
-                latents = get(pb, r, "LATENTS").reshape(-1, 64)
-                prompt = get(pb, r, "PROMPT_LATENTS", required=False)
-                items.append((owner, latents, start, end, None if prompt is None else prompt.reshape(-1, 64)))
-                parsed.append(None)
+                parsed.append(read_chunk(lambda n, r=r: _input(r, n)))
             except Exception as e:
-                self.svc.drop(owner)
-                parsed.append(e)
-        outs = iter(self.svc.process_many(items))
+                parsed.append(ValueError(f"vocoder: {e}"))
+        outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, Exception)]))
         responses = []
-        for err in parsed:
-            out = err if err is not None else next(outs)
-            if isinstance(out, Exception):
-                responses.append(error_response(pb, f"vocoder: {out}", invalid=isinstance(out, ValueError)))
+        for chunk in parsed:
+            out = chunk if isinstance(chunk, Exception) else next(outs)
+            if isinstance(out, Exception):  # a normal response that says why: an ensemble hangs on errors
+                log.warning("vocoder chunk failed: %s", out)
+                values = {"AUDIO": np.zeros(0, np.float32), "FINISH_REASON": failure_reason(out)}
             else:
-                responses.append(pb.InferenceResponse([pb.Tensor("AUDIO", out[None].astype(np.float32))]))
-        self.gauge.set(self.svc.active)
+                values = {"AUDIO": out, "FINISH_REASON": chunk.finish_reason}
+            responses.append(pb.InferenceResponse(tensors(pb, VOCODER_OUTPUTS, values)))
+        self.gauge.set(self.service.active)
         return responses
+
+
+def _input(request, name):
+    t = pb.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()

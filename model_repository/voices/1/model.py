@@ -6,8 +6,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.triton_model import bytes_tensor, error_response, get, model_parameters, scalar, setup_logging, string
-from engine.voice_store import VoiceStore, check_name
+from serving.triton_io import bytes_tensor, error_response, get, model_parameters, scalar, setup_logging, string
+from serving.voice_store import VoiceStore, check_name
 
 log = setup_logging("voices")
 

@@ -1,6 +1,6 @@
-"""Launch the Triton server for a checkpoint: ``python -m engine.serve [--checkpoint DIR] ...``.
+"""Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
-Renders the model repository for the options, finds ``tritonserver`` (see :mod:`engine.triton_env`),
+Renders the model repository for the options, finds ``tritonserver`` (see :mod:`serving.triton_env`),
 runs it in explicit model-control mode and forwards SIGINT/SIGTERM, so no server outlives the launcher.
 Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
 """
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from engine.config import cache_dir
-from engine.repository import ServeOptions, build
-from engine.triton_env import Ports, TritonServer
-from engine.voice_store import default_dir as default_voice_dir
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
+from serving.voice_store import default_dir as default_voice_dir
 
 
 def default_checkpoint() -> Path:
@@ -27,7 +27,7 @@ def default_checkpoint() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m serving.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, help="official-layout folder (default: the tiny checkpoint)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--http-port", type=int, default=8000)

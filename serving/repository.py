@@ -1,4 +1,4 @@
-"""Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`engine.contract` and
+"""Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`serving.contract` and
 the serving options; ``model.py`` files are copied from ``model_repository/`` as they are.
 
 The committed ``model_repository/*/config.pbtxt`` are this module's output for the default options
@@ -11,10 +11,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import contract as C
+from serving import contract as C
 
 SOURCE = Path(__file__).resolve().parent.parent / "model_repository"
-MODELS = ("tts", "prompt_encoder", "generator", "vocoder", "voices")
+MODELS = ("tts", "tts_ensemble", "prompt_encoder", "generator", "vocoder", "voices")
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,14 @@ class ServeOptions:
     # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
     # the batch whole at no measurable cost (bench/step_overhead.py).
     generator_queue_delay_us: int = 500
-    vocoder_streams: int = 64  # vocoder sequences with live state
+    vocoder_batch: int = 64  # vocoder chunks handed to one execute (one instance, dynamic batching)
+    vocoder_queue_delay_us: int = 1000  # how long the vocoder's batcher gathers chunks of several streams
     vocoder_idle_seconds: int = 60  # abandoned vocoder state is reclaimed after this
-    voice_dir: str = ""  # empty: engine.voice_store.default_dir()
+    voice_dir: str = ""  # empty: serving.voice_store.default_dir()
     max_anonymous_voices: int = 256  # LRU bound of anonymous reference prompts kept on disk
     device: str = "cpu"
     bls_timeout_seconds: int = 120  # every BLS call from tts
-    cancel_dir: str = ""  # tts -> generator cancellation marks (default: engine.cancel.default_dir())
+    cancel_dir: str = ""  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 256:
@@ -54,7 +55,9 @@ def _params(opts: ServeOptions, **extra) -> str:
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    header = '# Rendered by engine.repository from engine/contract.py; edit those, not this file.\nbackend: "python"\n'
+    header = (
+        '# Rendered by serving.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
+    )
     tts = (
         f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
         + _io(C.TTS_INPUTS, C.TTS_OUTPUTS)
@@ -73,21 +76,13 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "sequence_batching {\n  iterative_sequence: true\n"
         + f"  oldest {{ max_candidate_sequences: {opts.slots}  max_queue_delay_microseconds: {opts.generator_queue_delay_us} }}\n"
         + "  max_sequence_idle_microseconds: 600000000\n}\n"
-        + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("TOKENS", "PROMPT_LATENTS"))
+        + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, slots=opts.slots, max_len=opts.max_len, cancel_dir=opts.cancel_dir)
     )
-    controls = "\n".join(
-        f'    {{ name: "{n}" control [ {{ kind: CONTROL_SEQUENCE_{n} int32_false_true: [ 0, 1 ] }} ] }},'
-        for n in C.VOCODER_CONTROLS
-    )
     voc = (
-        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_streams}\n'
-        + "sequence_batching {\n"
-        + f"  oldest {{ max_candidate_sequences: {opts.vocoder_streams}  max_queue_delay_microseconds: 1000 }}\n"
-        + f"  max_sequence_idle_microseconds: {opts.vocoder_idle_seconds * 1_000_000}\n"
-        + f"  control_input [\n{controls}\n"
-        + '    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }\n  ]\n}\n'
+        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
+        + f"dynamic_batching {{ max_queue_delay_microseconds: {opts.vocoder_queue_delay_us} }}\n"
         + _io(C.VOCODER_INPUTS, C.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, idle_seconds=opts.vocoder_idle_seconds)
@@ -98,7 +93,40 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
     )
-    return {"tts": tts, "prompt_encoder": prompt, "generator": gen, "vocoder": voc, "voices": voices}
+    return {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "generator": gen, "vocoder": voc,
+            "voices": voices}  # fmt: skip
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    maps = [f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+    maps += [f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+    return f'    {{ model_name: "{model}" model_version: -1\n      ' + "\n      ".join(maps) + " }"
+
+
+def ensemble() -> str:
+    """tts_ensemble: the client's inputs -> prompt_encoder -> generator -> vocoder, outputs of the vocoder.
+
+    The generator's responses carry every vocoder input, so each one becomes one vocoder request; request
+    parameters reach the generator as the client sent them.
+    """
+    given = {s.name for s in C.ENSEMBLE_INPUTS}
+    prompt_in = {s.name: s.name for s in C.PROMPT_INPUTS if s.name in given}
+    prompt_out = {s.name: f"_{s.name.lower()}" for s in C.PROMPT_OUTPUTS}
+    gen_in = {s.name: prompt_out.get(s.name, s.name) for s in C.GENERATOR_INPUTS}
+    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in C.GENERATOR_OUTPUTS}
+    steps = [
+        _step("prompt_encoder", prompt_in, prompt_out),
+        _step("generator", gen_in, gen_out),
+        _step("vocoder", {s.name: gen_out[s.name] for s in C.VOCODER_INPUTS}, {s.name: s.name for s in C.VOCODER_OUTPUTS}),
+    ]  # fmt: skip
+    return (
+        "# Rendered by serving.repository from serving/contract.py; edit those, not this file.\n"
+        'name: "tts_ensemble"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        + _io(C.ENSEMBLE_INPUTS, C.ENSEMBLE_OUTPUTS)
+        + "ensemble_scheduling {\n  step [\n"
+        + ",\n".join(steps)
+        + "\n  ]\n}\n"
+    )
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:
@@ -108,13 +136,15 @@ def build(dest: Path, opts: ServeOptions) -> Path:
     for name, text in render(opts).items():
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "config.pbtxt").write_text(text)
-        shutil.copy2(SOURCE / name / "1" / "model.py", dest / name / "1" / "model.py")
+        if (SOURCE / name / "1" / "model.py").is_file():  # an ensemble has none
+            shutil.copy2(SOURCE / name / "1" / "model.py", dest / name / "1" / "model.py")
     return dest
 
 
 def main() -> None:
-    """Rewrite the committed default configs: ``python -m engine.repository``."""
+    """Rewrite the committed default configs: ``python -m serving.repository``."""
     for name, text in render(ServeOptions()).items():
+        (SOURCE / name / "1").mkdir(parents=True, exist_ok=True)
         (SOURCE / name / "config.pbtxt").write_text(text)
 
 

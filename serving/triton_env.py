@@ -1,7 +1,7 @@
 """Find a ``tritonserver`` and run it: the NGC image's /opt/tritonserver, else the binary bundled in the
 ``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python.
 
-Used by the launcher (:mod:`engine.serve`) and by the integration tests.
+Used by the launcher (:mod:`serving.serve`) and by the integration tests.
 """
 
 from __future__ import annotations

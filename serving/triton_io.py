@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from engine import contract as C
+from serving import contract as C
 
 
 def setup_logging(name: str) -> logging.Logger:
@@ -51,9 +51,17 @@ def get(pb, request, name: str, required: bool = True):
     return t.as_numpy()
 
 
-def scalar(pb, request, name: str, default=None):
-    arr = get(pb, request, name, required=default is None)
-    return default if arr is None else arr.reshape(-1)[0].item()
+_REQUIRED = object()
+
+
+def scalar(pb, request, name: str, default=_REQUIRED):
+    """First element of an input as a Python number; ``default`` when the input is absent (else an error)."""
+    arr = get(pb, request, name, required=default is _REQUIRED)
+    if arr is None:
+        return default
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    return arr.reshape(-1)[0].item()
 
 
 def string(pb, request, name: str, default: str | None = None) -> str | None:
@@ -62,7 +70,10 @@ def string(pb, request, name: str, default: str | None = None) -> str | None:
         if default is None:
             raise ValueError(f"missing input {name}")
         return default
-    return C.text_of(arr)
+    try:
+        return C.text_of(arr)
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not valid UTF-8") from None
 
 
 def bytes_tensor(pb, name: str, text: str, batch: bool = True):
@@ -75,20 +86,33 @@ def error_response(pb, message: str, invalid: bool = True):
     return pb.InferenceResponse(error=pb.TritonError(message, code))
 
 
-def generator_inputs(pb, tokens, prompt_latents, speaker, params, schedule) -> list:
-    """The generator's input tensors (engine.contract.GENERATOR_INPUTS), each with a batch dim of 1."""
+def tensors(pb, specs, values: dict, batch: bool = True) -> list:
+    """``pb.Tensor`` of each spec named in ``values`` (with a leading batch dim of 1 if ``batch``)."""
+    arrays = {s.name: s.array(values[s.name]) for s in specs if s.name in values}
+    return [pb.Tensor(name, arr[None] if batch else arr) for name, arr in arrays.items()]
 
-    def one(name, value, dtype):
-        return pb.Tensor(name, np.array([[value]], dtype))
 
-    return [
-        pb.Tensor("TOKENS", np.asarray(tokens, np.int64)[None]),
-        pb.Tensor("PROMPT_LATENTS", prompt_latents),
-        pb.Tensor("SPEAKER", speaker),
-        one("SEED", params.seed, np.int64),
-        one("STEPS", params.steps, np.int32),
-        one("CFG", params.cfg, np.float32),
-        one("MAX_PATCHES", params.max_patches, np.int32),
-        one("CHUNK_FIRST", schedule[0], np.int32),
-        one("CHUNK_NEXT", schedule[-1], np.int32),
-    ]
+def chunk_tensors(pb, chunk, batch: bool = True) -> list:
+    """A :class:`~engine.orchestrator.Chunk` as the generator's outputs, which are the vocoder's inputs."""
+    values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
+              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason}  # fmt: skip
+    return tensors(pb, C.GENERATOR_OUTPUTS, values, batch)
+
+
+def read_chunk(tensor):
+    """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy."""
+    from engine.orchestrator import Chunk
+
+    def arr(name):
+        value = tensor(name)
+        if value is None:
+            raise ValueError(f"missing {name}")
+        return value
+
+    return Chunk(
+        stream_id=int(arr("STREAM_ID").reshape(-1)[0]),
+        latents=arr("LATENTS").reshape(-1, C.LATENT_DIM),
+        prompt_latents=arr("PROMPT_LATENTS").reshape(-1, C.LATENT_DIM),
+        last=bool(arr("LAST").reshape(-1)[0]),
+        finish_reason=C.text_of(arr("FINISH_REASON")),
+    )

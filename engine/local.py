@@ -1,0 +1,84 @@
+"""In-process implementations of the orchestrator's interfaces (offline synthesis, tests, benchmarks).
+
+They run the same :class:`~engine.streams.GeneratorService` and :class:`~engine.streams.VocoderService`
+as the ``generator`` and ``vocoder`` Triton models, so offline audio equals streamed audio by
+construction; the tests compare both against an independent whole-utterance decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from engine.orchestrator import Chunk, Orchestrator, Segment, failure_reason
+from engine.pipeline import FireRedTTS3
+from engine.prompt import VoicePrompt
+from engine.streams import GeneratorService, VocoderService
+
+
+class LocalPrompts:
+    """Voice -> prompt: a :class:`VoicePrompt` as is, ``(audio, sample_rate, text)`` encoded, None silent."""
+
+    def __init__(self, tts: FireRedTTS3):
+        self.tts = tts
+
+    async def encode(self, voice) -> VoicePrompt:
+        if voice is None or isinstance(voice, VoicePrompt):
+            return voice or self.tts.encode_prompt(None)
+        audio, sample_rate, text = voice
+        return self.tts.encode_prompt(audio, sample_rate, text)
+
+
+class LocalGenerator:
+    """Generator streams stepped one at a time in this process (a slot each, up to ``slots`` at once)."""
+
+    def __init__(self, tts: FireRedTTS3, slots: int = 1, max_len: int | None = None):
+        self.tts = tts
+        self.slots = slots
+        self.max_len = max_len
+        self.service: GeneratorService | None = None
+
+    def _service(self, need: int) -> GeneratorService:
+        """The service; without a fixed ``max_len`` it is (re)built, when idle, long enough for ``need``."""
+        svc = self.service
+        if svc is None or (not self.max_len and svc.active == 0 and svc.gen.cache.max_len < need):
+            self.service = svc = GeneratorService(self.tts, self.slots, self.max_len or need)
+        return svc
+
+    async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        prompt: VoicePrompt = segment.prompt
+        try:
+            tokens = self.tts.tokens(segment.text, segment.language, prompt)
+            need = 1 + len(tokens) + prompt.num_patches + segment.params.max_patches
+            service = self._service(need)
+            service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
+        except Exception as e:  # reported the way the generator model reports it
+            empty = np.zeros((0, 64), np.float32)
+            yield Chunk(segment.stream_id, empty, empty, True, failure_reason(e))
+            return
+        try:
+            while True:
+                chunk = service.step([segment.stream_id])[segment.stream_id]
+                if chunk is not None:
+                    yield chunk
+                    if chunk.last:
+                        return
+        finally:
+            service.drop(segment.stream_id)  # closed early: the slot is freed at once
+
+
+class LocalVocoder:
+    def __init__(self, tts: FireRedTTS3, primed_cache: int = 0):
+        self.service = VocoderService(tts, primed_cache=primed_cache)
+
+    async def decode(self, chunk: Chunk) -> np.ndarray:
+        return self.service.process(chunk)
+
+
+def local_orchestrator(tts: FireRedTTS3, slots: int = 1, max_len: int | None = None) -> Orchestrator:
+    """The whole pipeline in this process."""
+    return Orchestrator(
+        LocalPrompts(tts), LocalGenerator(tts, slots, max_len), LocalVocoder(tts),
+        lambda text: len(tts.models.tokenizer.encode(text)),
+    )  # fmt: skip

@@ -1,0 +1,188 @@
+"""One utterance from text to audio, written once against three small async interfaces.
+
+:class:`Orchestrator` encodes the voice prompt, splits the text into segments, runs each segment as one
+generator stream whose chunks go through the vocoder, cross-fades the segments, and reports why the
+utterance ended. It owns cancellation and cleanup: however the caller stops (closing the iterator,
+task cancellation, an error anywhere), every generator stream it opened is closed and every vocoder
+stream it started is ended.
+
+Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
+BLS calls to the Triton models (``serving.bls``, the ``tts`` model). The ``tts_ensemble`` entry point
+speaks the same generator -> vocoder protocol (:class:`Chunk`) without this class. No torch, no Triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, GenerationParams
+from engine.segments import Joiner, segment_schedule, split_text
+
+# Finish reasons: why a stream (and so an utterance) ended. Failures carry a message after the prefix.
+STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
+INVALID, ERROR = "invalid: ", "error: "  # bad input (INVALID_ARG) / the server failed (INTERNAL)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The finish reason that reports ``exc`` in a normal final response (ValueError: the input was bad)."""
+    return (INVALID if isinstance(exc, ValueError) else ERROR) + (str(exc) or type(exc).__name__)
+
+
+class StreamFailed(Exception):
+    """A generator stream ended with a failure reason; ``invalid`` when the input was at fault."""
+
+    def __init__(self, reason: str):
+        self.invalid = reason.startswith(INVALID)
+        super().__init__(reason.removeprefix(INVALID).removeprefix(ERROR))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One generator response, which is exactly one vocoder request (the protocol of both entry points).
+
+    Attributes:
+        stream_id: the generator stream (its correlation id); keys the vocoder's state.
+        latents: (L, 64) float32 generated latents of this chunk (L may be 0 on the last chunk).
+        prompt_latents: (4P, 64) float32 on a stream's first chunk (primes the vocoder), (0, 64) after.
+        last: the stream ends with this chunk; the vocoder flushes and frees its state.
+        finish_reason: with ``last``: stop | length | cancelled | "invalid: ..." | "error: ..."; else "".
+    """
+
+    stream_id: int
+    latents: np.ndarray
+    prompt_latents: np.ndarray
+    last: bool = False
+    finish_reason: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.last and self.finish_reason.startswith((INVALID, ERROR))
+
+
+def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:
+    """A last chunk with no latents: tells the vocoder to drop a stream's state without decoding."""
+    empty = np.zeros((0, 64), np.float32)
+    return Chunk(stream_id, empty, empty, True, reason)
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """What to say and how (the voice is passed separately, in whatever form the prompt encoder takes)."""
+
+    text: str
+    language: str = "English"
+    params: GenerationParams = GenerationParams()
+    schedule: tuple[int, ...] = DEFAULT_SCHEDULE  # patches per chunk: first, then every later one
+    split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One generator stream: a piece of the text with the utterance's prompt and settings."""
+
+    stream_id: int
+    text: str
+    language: str
+    prompt: Any  # what the PromptEncoder returned
+    params: GenerationParams
+    schedule: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Audio ready to send. The last piece of an utterance has ``final`` and the finish reason."""
+
+    audio: np.ndarray  # (n,) float32 at 24 kHz, n may be 0
+    final: bool = False
+    finish_reason: str = ""
+
+
+class PromptEncoder(Protocol):
+    async def encode(self, voice: Any) -> Any:
+        """A voice (reference clip, voice id, ...) -> a prompt the generator understands."""
+
+
+class GeneratorStreams(Protocol):
+    def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        """The segment's chunks, ending with one whose ``last`` is set. Closing the iterator before
+        that cancels the stream and frees its slot."""
+
+
+class Vocoder(Protocol):
+    async def decode(self, chunk: Chunk) -> np.ndarray:
+        """One chunk -> (n,) float32 samples finished by it (the rest of the stream with ``last``)."""
+
+
+def new_stream_id() -> int:
+    """Random 63-bit ids: unguessable, never 0, and far from Triton's own sequence ids."""
+    return secrets.randbits(63) | 1
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        prompts: PromptEncoder,
+        generator: GeneratorStreams,
+        vocoder: Vocoder,
+        count_tokens: Callable[[str], int],
+        stream_ids: Callable[[], int] = new_stream_id,
+    ):
+        self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
+        self.count_tokens = count_tokens
+        self.stream_ids = stream_ids
+
+    async def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
+        """Yield the utterance's audio as it is made; the last piece is ``final``.
+
+        Raises :class:`StreamFailed` when a generator stream fails, or whatever an interface raised;
+        in every case the streams opened so far are closed before the exception leaves.
+        """
+        prompt = await self.prompts.encode(voice)
+        texts = split_text(utterance.text, self.count_tokens, utterance.split_tokens)
+        joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
+        for i, text in enumerate(texts):
+            more = i < len(texts) - 1
+            segment = Segment(self.stream_ids(), text, utterance.language, prompt, utterance.params,
+                              segment_schedule(i, utterance.schedule))  # fmt: skip
+            joiner.start_segment()
+            async with contextlib.aclosing(self._segment(segment)) as pieces:
+                async for audio, reason in pieces:
+                    out = joiner.push(audio, more)
+                    if reason:
+                        reasons.append(reason)
+                    if more or not reason:
+                        if out.size:
+                            yield Piece(out)
+                    else:
+                        tail = out  # the last segment's tail goes out with the final piece
+        reason = LENGTH if LENGTH in reasons else STOP
+        yield Piece(np.concatenate([tail, joiner.finish()]), final=True, finish_reason=reason)
+
+    async def _segment(self, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str]]:
+        """(audio, "") per chunk of one stream, then (its last audio, finish reason)."""
+        vocoder_open = False
+        chunks = self.generator.stream(segment)
+        try:
+            async for chunk in chunks:
+                if chunk.last and chunk.finish_reason == CANCELLED:
+                    raise StreamFailed(ERROR + "the generator cancelled the stream")
+                audio = await self.vocoder.decode(chunk)
+                vocoder_open = not chunk.last
+                if chunk.failed:
+                    raise StreamFailed(chunk.finish_reason)
+                yield audio.reshape(-1), chunk.finish_reason if chunk.last else ""
+                if chunk.last:
+                    return
+            raise StreamFailed(ERROR + "the generator stream ended without a last chunk")
+        finally:
+            try:
+                await chunks.aclose()  # cancels the generator stream unless it ended
+            finally:
+                if vocoder_open:
+                    await self.vocoder.decode(end_chunk(segment.stream_id))

@@ -1,0 +1,258 @@
+"""The model's per-stream services, used in-process (offline synthesis) and behind Triton alike.
+
+- :class:`GeneratorService`: streams keyed by stream id, each in a slot of one batched generator;
+  :meth:`~GeneratorService.step` advances the given streams by one patch and returns the chunks due.
+- :class:`VocoderService`: per-stream primed RedAE decoder state, started by a stream's first chunk and
+  freed by its last one (or when it idles too long).
+
+Both speak :class:`~engine.orchestrator.Chunk`, the one generator -> vocoder protocol. No Triton here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.models.redae import decode_together, joinable
+from engine.generator import Stream
+from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, end_chunk
+from engine.params import DEFAULT_SCHEDULE, GenerationParams
+from engine.pipeline import FireRedTTS3, PrimedDecoder
+from engine.prompt import VoicePrompt
+from engine.segments import chunk_sizes
+
+
+@dataclass
+class GeneratorStream:
+    """One request's stream: its generation state (which names its KV-cache slot) and its chunking."""
+
+    stream_id: int
+    state: Stream
+    prompt_latents: np.ndarray  # (4P, 64): sent with the first chunk, to prime the vocoder
+    sizes: Iterator[int]  # patches in each chunk
+    want: int  # patches in the chunk being gathered
+    pending: list[torch.Tensor] = field(default_factory=list)
+    chunks_sent: int = 0
+
+
+class GeneratorService:
+    """Streams keyed by stream id, each owning one slot of a batched :class:`~engine.generator.Generator`.
+
+    A slot belongs to exactly one stream: it is taken in :meth:`admit` and given back only by
+    :meth:`drop` (which a finished stream calls on itself), so no other path can free or read it.
+    """
+
+    def __init__(self, tts: FireRedTTS3, slots: int, max_len: int):
+        if slots < 1:
+            raise ValueError("need at least one slot")
+        self.tts = tts
+        self.slots = slots
+        self.gen = tts.generator(slots, max_len)
+        self.free: deque[int] = deque(range(slots))  # FIFO: a just-freed row is the last to be reused
+        self.live: dict[int, GeneratorStream] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.live)
+
+    def admit(
+        self, stream_id: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams,
+        schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+    ) -> None:  # fmt: skip
+        """Give ``stream_id`` a slot and a stream. Raises ValueError for bad input (nothing is kept then)."""
+        sizes = chunk_sizes(schedule)
+        if stream_id in self.live:
+            raise ValueError(f"stream {stream_id} already exists")
+        if not self.free:
+            raise RuntimeError(f"all {self.slots} generator slots are in use")
+        state = self.gen.new_stream(self.free[0], tokens, prompt, params)
+        self.free.popleft()
+        latents = prompt.latents.float().numpy()
+        self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
+
+    def drop(self, stream_id: int) -> bool:
+        """Free the stream's slot (finished, cancelled or failed). Returns False if it had none."""
+        stream = self.live.pop(stream_id, None)
+        if stream is None:
+            return False
+        self.free.append(stream.state.slot)
+        return True
+
+    def cancel(self, stream_id: int) -> Chunk:
+        """End a stream now: its slot is freed and this is its last chunk."""
+        self.drop(stream_id)
+        return end_chunk(stream_id, CANCELLED)
+
+    def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
+        """One generator step for the given live streams -> per stream the chunk that is due, or None.
+
+        A chunk is due every ``want`` patches and when the stream ends; a stream's first chunk carries
+        its prompt latents. Finished streams are freed.
+        """
+        streams = [self.live[i] for i in stream_ids]
+        results = self.gen.step([s.state for s in streams])
+        out: dict[int, Chunk | None] = {}
+        for s, r in zip(streams, results, strict=True):
+            if r.latents is not None:
+                s.pending.append(r.latents)
+            out[s.stream_id] = None
+            if r.finished or len(s.pending) >= s.want:
+                out[s.stream_id] = self._chunk(s, r.finished, r.reason)
+            if r.finished:
+                self.drop(s.stream_id)
+        return out
+
+    def _chunk(self, s: GeneratorStream, last: bool, reason: str) -> Chunk:
+        latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else np.zeros((0, 64), np.float32)
+        prompt = s.prompt_latents if s.chunks_sent == 0 else np.zeros((0, 64), np.float32)
+        s.pending, s.want, s.chunks_sent = [], next(s.sizes), s.chunks_sent + 1
+        return Chunk(s.stream_id, latents, prompt, last, reason if last else "")
+
+
+@dataclass
+class VocoderStream:
+    decoder: PrimedDecoder
+    last_seen: float  # time.monotonic() of its latest chunk
+
+
+class VocoderService:
+    """Per-stream decoders keyed by stream id, driven by :class:`~engine.orchestrator.Chunk` messages.
+
+    A stream starts with the first chunk that carries prompt latents (priming the decoder so that its
+    audio equals offline decoding), and ends with its ``last`` chunk: a normal end flushes the iSTFT
+    tail, a cancelled or failed one only frees the state. Priming (decoding the whole prompt) is done
+    once per distinct prompt and kept in a small LRU: streams of a stored voice start from a copy.
+    """
+
+    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32):
+        self.tts = tts
+        self.idle_seconds = idle_seconds
+        self.streams: dict[int, VocoderStream] = {}
+        self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
+        self.primed_cache = primed_cache
+        self.primed_hits = 0
+        self.batched_rows = 0  # chunks decoded in a batched forward with other streams
+
+    def _primed(self, prompt_latents: np.ndarray) -> PrimedDecoder:
+        lat = np.ascontiguousarray(prompt_latents, np.float32)
+        key = hashlib.sha256(lat.tobytes() + str(lat.shape).encode()).digest()
+        if key in self.primed:
+            self.primed.move_to_end(key)
+            self.primed_hits += 1
+            return self.primed[key].clone()
+        decoder = self.tts.decoder_stream(torch.from_numpy(lat))
+        if self.primed_cache > 0:
+            self.primed[key] = decoder.clone()
+            while len(self.primed) > self.primed_cache:
+                self.primed.popitem(last=False)
+        return decoder
+
+    @property
+    def active(self) -> int:
+        return len(self.streams)
+
+    def process(self, chunk: Chunk) -> np.ndarray:
+        """One chunk -> float32 samples finished by it (all the rest with ``last``)."""
+        out = self.process_many([chunk])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    @torch.inference_mode()
+    def process_many(self, chunks: list[Chunk]) -> list[np.ndarray | Exception]:
+        """Chunks of several streams, in arrival order (a stream may appear more than once).
+
+        Returns, per chunk, float32 samples or the exception that failed that chunk alone (its stream's
+        state is dropped then). Chunks of distinct streams past their priming transient with equal
+        lengths are decoded in one batched forward.
+        """
+        results: list = [None] * len(chunks)
+        seen: dict[int, int] = {}
+        rounds: list[list[int]] = []  # round k holds the k-th chunk of each stream, so order is kept
+        for i, c in enumerate(chunks):
+            k = seen[c.stream_id] = seen.get(c.stream_id, -1) + 1
+            if k == len(rounds):
+                rounds.append([])
+            rounds[k].append(i)
+        for idx in rounds:
+            self._round(chunks, idx, results)
+        return results
+
+    def _round(self, chunks: list[Chunk], idx: list[int], results: list) -> None:
+        now = time.monotonic()
+        parts: dict[int, list[np.ndarray]] = {}
+        decode = []
+        for i in idx:
+            c = chunks[i]
+            try:
+                if c.last and c.finish_reason not in (STOP, LENGTH):  # cancelled or failed: free only
+                    self.streams.pop(c.stream_id, None)
+                    results[i] = np.zeros(0, np.float32)
+                    continue
+                if len(c.prompt_latents):
+                    if c.stream_id in self.streams:
+                        raise ValueError(f"vocoder stream {c.stream_id} was started twice")
+                    self.streams[c.stream_id] = VocoderStream(self._primed(c.prompt_latents), now)
+                stream = self.streams.get(c.stream_id)
+                if stream is None:
+                    raise ValueError(
+                        f"vocoder stream {c.stream_id} is unknown (its first chunk had no prompt latents, "
+                        "or it ended, or it was reclaimed after idling)"
+                    )
+                stream.last_seen = now
+                parts[i] = []
+                if len(c.latents):
+                    decode.append(i)
+            except Exception as e:
+                self.streams.pop(c.stream_id, None)
+                results[i] = e
+        groups: dict[int, list[int]] = {}
+        for i in decode:
+            groups.setdefault(len(chunks[i].latents), []).append(i)
+        for group in groups.values():
+            self._decode(chunks, group, parts, results)
+        for i in parts:
+            c = chunks[i]
+            if results[i] is not None:
+                self.streams.pop(c.stream_id, None)
+                continue
+            if c.last:
+                parts[i].append(self.streams.pop(c.stream_id).decoder.finish())
+            results[i] = np.concatenate(parts[i]) if parts[i] else np.zeros(0, np.float32)
+
+    def _decode(self, chunks: list[Chunk], group: list[int], parts: dict, results: list) -> None:
+        decoders = [self.streams[chunks[i].stream_id].decoder for i in group]
+        if joinable([d.stream for d in decoders]) and all(d.to_skip == 0 for d in decoders):
+            lat = np.stack([np.ascontiguousarray(chunks[i].latents, np.float32) for i in group])
+            try:
+                audio = decode_together(
+                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.tts.device, self.tts.dtype)
+                )
+            except Exception as e:  # nothing was changed: fail these chunks only
+                for i in group:
+                    results[i] = e
+                return
+            audio = audio.float().cpu().numpy()
+            for row, i in enumerate(group):
+                parts[i].append(audio[row])
+            self.batched_rows += len(group)
+            return
+        for i, d in zip(group, decoders, strict=True):
+            try:
+                parts[i].append(d.decode(torch.from_numpy(np.ascontiguousarray(chunks[i].latents, np.float32))))
+            except Exception as e:
+                results[i] = e
+
+    def reap(self) -> list[int]:
+        """Drop streams idle longer than ``idle_seconds``; returns their ids."""
+        cutoff = time.monotonic() - self.idle_seconds
+        dead = [i for i, v in self.streams.items() if v.last_seen < cutoff]
+        for i in dead:
+            del self.streams[i]
+        return dead

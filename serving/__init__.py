@@ -1,0 +1,1 @@
+"""Everything Triton-facing: contract, model repository, launcher, request parsing, BLS, voice store."""

@@ -1,0 +1,137 @@
+"""The orchestrator's interfaces as async BLS calls to the Triton models (used by the ``tts`` model).
+
+``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub. Every call
+has a timeout whose error names the model. A decoupled BLS stream is iterated on a thread (``next``
+blocks), never on the event loop's small default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from engine.orchestrator import ERROR, INVALID, Chunk, Segment, StreamFailed
+from serving import contract as C
+from serving.cancel import CancelBoard
+from serving.requests import Voice
+from serving.triton_io import chunk_tensors, read_chunk, tensors
+
+log = logging.getLogger("tts")
+
+
+class BLS:
+    """What the three clients share: ``pb``, the timeout and the thread pool for stream iteration."""
+
+    def __init__(self, pb, timeout: float, pool):
+        self.pb, self.timeout, self.pool = pb, timeout, pool
+
+    def raise_for(self, model: str, response) -> None:
+        if response.has_error():
+            err = response.error()
+            invalid = err.code() == self.pb.TritonError.INVALID_ARG
+            raise (ValueError if invalid else RuntimeError)(f"{model}: {err.message()}")
+
+    async def call(self, model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:
+        request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
+                                           timeout=int(self.timeout * 1e6))  # fmt: skip
+        try:
+            response = await asyncio.wait_for(request.async_exec(), self.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s") from None
+        self.raise_for(model, response)
+        return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
+
+    async def next_response(self, model: str, responses, pending: asyncio.Future | None):
+        """The next response of a decoupled stream (None at its end); ``pending`` is a ``next`` already
+        running on a thread, which must be awaited rather than started again."""
+        fut = pending or asyncio.get_running_loop().run_in_executor(self.pool, next, responses, None)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{model} sent nothing for {self.timeout:.0f} s") from None
+
+
+class BLSPrompts:
+    def __init__(self, bls: BLS):
+        self.bls = bls
+
+    async def encode(self, voice: Voice) -> dict:
+        values = {"REF_TEXT": voice.ref_text, "VOICE_ID": voice.voice_id}
+        if voice.ref_audio is not None:
+            values |= {"REF_AUDIO": voice.ref_audio, "REF_SAMPLE_RATE": voice.ref_sample_rate}
+        inputs = tensors(self.bls.pb, C.PROMPT_INPUTS, values)
+        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in C.PROMPT_OUTPUTS])
+        out["PROMPT_TEXT"] = C.text_of(out["PROMPT_TEXT"])
+        return out
+
+
+class BLSGenerator:
+    """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
+
+    def __init__(self, bls: BLS, cancels: CancelBoard):
+        self.bls, self.cancels = bls, cancels
+
+    async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        pb, p = self.bls.pb, segment.params
+        values = {**segment.prompt, "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
+        parameters = {"steps": p.steps, "cfg": repr(p.cfg), "max_patches": p.max_patches,
+                      "chunk_first": segment.schedule[0], "chunk_next": segment.schedule[-1]}  # fmt: skip
+        request = pb.InferenceRequest(
+            model_name="generator", inputs=tensors(pb, C.GENERATOR_INPUTS, values), parameters=parameters,
+            requested_output_names=[s.name for s in C.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
+            flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        )  # fmt: skip
+        responses = await request.async_exec(decoupled=True)
+        ended, pending = False, None
+        try:
+            while not ended:
+                pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, responses, None)
+                response = await self.bls.next_response("generator", responses, pending)
+                pending = None
+                if response is None:
+                    return  # the orchestrator reports a stream that ended without a last chunk
+                self.bls.raise_for("generator", response)
+                if not response.output_tensors():
+                    continue
+                chunk = read_chunk(lambda n: _output(pb, response, n))
+                ended = chunk.last
+                yield chunk
+        finally:
+            if not ended:
+                await self._cancel(segment.stream_id, responses, pending)
+
+    async def _cancel(self, stream_id: int, responses, pending) -> None:
+        """Ask the generator to end the stream (it does so at its next step) and wait for that."""
+        self.cancels.mark(stream_id)
+        try:
+            while True:
+                response = await self.bls.next_response("generator", responses, pending)
+                pending = None
+                if response is None or response.has_error():
+                    break
+                if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:
+                    break
+        except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
+            log.warning("stream %x: %s after it was cancelled", stream_id, e)
+            return
+        self.cancels.clear(stream_id)  # the stream is over; a mark it did not consume is obsolete
+
+
+class BLSVocoder:
+    def __init__(self, bls: BLS):
+        self.bls = bls
+
+    async def decode(self, chunk: Chunk) -> np.ndarray:
+        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk), [s.name for s in C.VOCODER_OUTPUTS])
+        reason = C.text_of(out["FINISH_REASON"])
+        if reason.startswith((INVALID, ERROR)) and reason != chunk.finish_reason:
+            raise StreamFailed(reason)
+        return out["AUDIO"].reshape(-1)
+
+
+def _output(pb, response, name: str):
+    t = pb.get_output_tensor_by_name(response, name)
+    return None if t is None else t.as_numpy()

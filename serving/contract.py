@@ -1,0 +1,201 @@
+"""Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once.
+
+``config.pbtxt`` files are rendered from these specs (:mod:`serving.repository`), the model files,
+the BLS calls and the client read and write through them, and a test checks the README's tables
+against them (``python -m serving.contract`` prints those tables). Shapes exclude the batch dimension of
+models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`engine.params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.orchestrator import CANCELLED, ERROR, INVALID, LENGTH, STOP
+from engine.params import DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
+
+LATENT_DIM = 64
+SAMPLE_RATE = 24_000
+
+# Triton config type -> (datatype on the wire, numpy dtype)
+_TYPES = {
+    "TYPE_FP32": ("FP32", np.float32),
+    "TYPE_INT32": ("INT32", np.int32),
+    "TYPE_INT64": ("INT64", np.int64),
+    "TYPE_UINT64": ("UINT64", np.uint64),
+    "TYPE_BOOL": ("BOOL", np.bool_),
+    "TYPE_STRING": ("BYTES", np.object_),
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    dtype: str  # Triton config type, e.g. "TYPE_FP32"
+    dims: tuple[int, ...]
+    optional: bool = False
+    doc: str = ""
+
+    @property
+    def datatype(self) -> str:
+        """The wire datatype (``FP32``, ``BYTES``, ...) that clients put in an input."""
+        return _TYPES[self.dtype][0]
+
+    @property
+    def numpy_dtype(self):
+        return _TYPES[self.dtype][1]
+
+    def array(self, value) -> np.ndarray:
+        """``value`` as this tensor (strings UTF-8 encoded; a -1 dim takes the value's length)."""
+        if self.dtype == "TYPE_STRING":
+            arr = np.array([str(value).encode("utf-8")], np.object_)
+        else:
+            arr = np.asarray(value, self.numpy_dtype).reshape(-1)
+        return arr.reshape(self.dims)
+
+    def pbtxt(self, ragged: bool = False) -> str:
+        parts = [f'name: "{self.name}"', f"data_type: {self.dtype}", f"dims: [ {', '.join(map(str, self.dims))} ]"]
+        if self.optional:
+            parts.append("optional: true")
+        if ragged:
+            parts.append("allow_ragged_batch: true")
+        return "{ " + "  ".join(parts) + " }"
+
+
+def text_of(arr) -> str:
+    """First element of a BYTES tensor as str (ValueError if it is not UTF-8)."""
+    v = np.asarray(arr).reshape(-1)[0]
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+FINISH_REASONS = f'{STOP} | {LENGTH} | {CANCELLED} | "{INVALID}<message>" | "{ERROR}<message>"'
+
+# ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
+TTS_INPUTS = (
+    Spec("TEXT", "TYPE_STRING", (1,), doc="text to speak (UTF-8), required"),
+    Spec("LANGUAGE", "TYPE_STRING", (1,), True, "default `English`; one of the 24 languages or 21 `ZH_*` dialects"),
+    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "reference voice, mono samples in [-1, 1]"),
+    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True, "sample rate of `REF_AUDIO` in Hz (required with it)"),
+    Spec("REF_TEXT", "TYPE_STRING", (1,), True, "transcript of `REF_AUDIO`"),
+    Spec("VOICE_ID", "TYPE_STRING", (1,), True, "a registered voice (instead of `REF_AUDIO`)"),
+    Spec("SEED", "TYPE_INT64", (1,), True, f"sampling seed, default {DEFAULT_SEED}"),
+)
+TTS_OUTPUTS = (
+    Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,),
+         doc=f"final response only: `{STOP}` (the model ended the utterance) or `{LENGTH}` (cut at `max_patches`)"),
+)  # fmt: skip
+TTS_PARAMETERS: tuple[Parameter, ...] = UTTERANCE_PARAMETERS
+
+# ---- tts_ensemble: prompt_encoder -> generator -> vocoder as a Triton ensemble (max_batch_size 0) ----
+# Its steps are batched models, so each tensor has the leading batch dimension of 1 written out.
+ENSEMBLE_INPUTS = tuple(Spec(s.name, s.dtype, (1, *s.dims), s.optional, s.doc) for s in TTS_INPUTS)
+ENSEMBLE_OUTPUTS = (
+    Spec("AUDIO", "TYPE_FP32", (-1, -1), doc="(1, n) mono 24 kHz samples; one chunk per response, in order"),
+    Spec("FINISH_REASON", "TYPE_STRING", (-1, 1), doc=f'"" until the last response, then {FINISH_REASONS}'),
+)
+ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS  # one segment: no split_tokens
+
+# ---- prompt_encoder (dynamic batching) ----
+PROMPT_INPUTS = (
+    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True),
+    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
+    Spec("REF_TEXT", "TYPE_STRING", (1,), True),
+    Spec("VOICE_ID", "TYPE_STRING", (1,), True),
+    Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
+    # Unused by the encoder: tts_ensemble maps its required TEXT here so that a request for the silent
+    # prompt is never empty (Triton 2.51 fails an ensemble step that would get no inputs).
+    Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak (ignored)"),
+)
+PROMPT_OUTPUTS = (
+    Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="RedAE latents of the padded reference (4 per patch)"),
+    Spec("SPEAKER", "TYPE_FP32", (-1,), doc="CAM++ speaker embedding"),
+    Spec("PROMPT_TEXT", "TYPE_STRING", (1,), doc="transcript that goes before the text"),
+)
+
+# ---- generator (decoupled, iterative sequence batcher; one request = one stream) ----
+# Generation settings arrive as request parameters (GENERATION_PARAMETERS); an ensemble passes the
+# client's on, and tts sets them on its BLS request.
+GENERATOR_INPUTS = (
+    Spec("TEXT", "TYPE_STRING", (1,), doc="one text segment"),
+    Spec("LANGUAGE", "TYPE_STRING", (1,), True),
+    Spec("SEED", "TYPE_INT64", (1,), True),
+    Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM)),
+    Spec("SPEAKER", "TYPE_FP32", (-1,)),
+    Spec("PROMPT_TEXT", "TYPE_STRING", (1,)),
+)
+# Every response carries all the vocoder's inputs (engine.orchestrator.Chunk), so that an ensemble can
+# feed it straight on; a failed stream ends with a normal last response whose reason says why.
+GENERATOR_OUTPUTS = (
+    Spec("STREAM_ID", "TYPE_UINT64", (1,), doc="the stream (its correlation id); keys the vocoder state"),
+    Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents (may be empty when LAST)"),
+    Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
+    Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc=f'"" until LAST, then {FINISH_REASONS}'),
+)
+
+# ---- vocoder (dynamic batching, one instance, state per STREAM_ID) ----
+VOCODER_INPUTS = GENERATOR_OUTPUTS
+VOCODER_OUTPUTS = (
+    Spec("AUDIO", "TYPE_FP32", (-1,), doc="samples finished by this chunk"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc="the chunk's FINISH_REASON, passed on"),
+)
+
+# ---- voices (named voice management; max_batch_size 0) ----
+VOICES_INPUTS = (
+    Spec("ACTION", "TYPE_STRING", (1,), doc="add | list | remove"),
+    Spec("NAME", "TYPE_STRING", (1,), True, "voice name, [A-Za-z0-9_-]{1,64}"),
+    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "with add: the reference clip"),
+    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
+    Spec("REF_TEXT", "TYPE_STRING", (1,), True),
+)
+VOICES_OUTPUTS = (Spec("RESULT", "TYPE_STRING", (1,), doc="JSON: the voice (add, remove) or the list of voices"),)
+
+# What clients call, by model name: the inputs they send and the parameters those take.
+ENTRY_POINTS: dict[str, tuple[tuple[Spec, ...], tuple[Parameter, ...]]] = {
+    "tts": (TTS_INPUTS, TTS_PARAMETERS),
+    "tts_ensemble": (ENSEMBLE_INPUTS, ENSEMBLE_PARAMETERS),
+    "voices": (VOICES_INPUTS, ()),
+}
+
+
+def input_spec(model: str, name: str) -> Spec:
+    """The spec of input ``name`` of a client-facing model (KeyError names what exists)."""
+    specs = {s.name: s for s in ENTRY_POINTS[model][0]}
+    if name not in specs:
+        raise KeyError(f"model {model} has no input {name}; it has {sorted(specs)}")
+    return specs[name]
+
+
+def _shape(spec: Spec) -> str:
+    return "[" + ", ".join(map(str, spec.dims)) + "]"
+
+
+def tensor_table(specs: tuple[Spec, ...], heading: str) -> str:
+    """A markdown table of tensors, as the README shows them."""
+    rows = [f"| {heading} | type | shape | |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.datatype} | {_shape(s)} | {s.doc} |" for s in specs]
+    return "\n".join(rows)
+
+
+def parameter_table(params: tuple[Parameter, ...]) -> str:
+    rows = ["| parameter | type | default | range | |", "|---|---|---|---|---|"]
+    rows += [f"| `{p.name}` | {p.type.__name__} | {p.default} | {p.low}..{p.high} | {p.doc} |" for p in params]
+    return "\n".join(rows)
+
+
+def readme_tables() -> dict[str, str]:
+    """The README's contract tables, keyed by the heading of the section that holds them."""
+    return {
+        "tts inputs": tensor_table(TTS_INPUTS, "input"),
+        "tts outputs": tensor_table(TTS_OUTPUTS, "output"),
+        "request parameters": parameter_table(TTS_PARAMETERS),
+        "tts_ensemble inputs": tensor_table(ENSEMBLE_INPUTS, "input"),
+        "tts_ensemble outputs": tensor_table(ENSEMBLE_OUTPUTS, "output"),
+    }
+
+
+if __name__ == "__main__":
+    for title, table in readme_tables().items():
+        print(f"{title}:\n\n{table}\n")

@@ -1,0 +1,114 @@
+"""tts_ensemble, the plain Triton composition prompt_encoder -> generator -> vocoder, against a real
+tritonserver: the same audio as the tts front door, no cross-talk, and nothing left behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from client import TTSClient, TTSError
+from engine.params import GenerationParams
+from engine.pipeline import FireRedTTS3
+from tests.integration.conftest import metrics, wait_gauges_zero
+from tests.reference import reference_audio, snr_db
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def offline(nostop_ckpt):
+    import torch
+
+    torch.set_num_threads(1)
+    return FireRedTTS3.from_checkpoint(nostop_ckpt)
+
+
+def client(server, model="tts_ensemble", protocol="grpc"):
+    port = server.ports.grpc if protocol == "grpc" else server.ports.http
+    return TTSClient(f"127.0.0.1:{port}", protocol, timeout=60, model=model)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_ensemble_equals_tts(server, protocol):
+    rng = np.random.default_rng(8)
+    ref = (0.1 * rng.standard_normal(20000)).astype(np.float32)
+    kw = dict(seed=21, parameters={"max_patches": 9, "chunk_first": 2, "chunk_next": 3},
+              ref_audio=ref, ref_sample_rate=16000, ref_text="a voice")  # fmt: skip
+    via_tts = client(server, "tts", protocol).synthesize("One segment only", **kw)
+    via_ensemble = client(server, "tts_ensemble", protocol).synthesize("One segment only", **kw)
+    assert via_ensemble.shape == via_tts.shape == (9 * 3840,)
+    assert snr_db(via_tts, via_ensemble) >= 60  # HTTP carries float32 as decimals; gRPC is bit-exact
+    if protocol == "grpc":
+        assert np.array_equal(via_tts, via_ensemble)
+
+
+def test_ensemble_streams_in_order_chunks(server):
+    chunks = list(
+        client(server).stream("Chunked", seed=2, parameters={"max_patches": 10, "chunk_first": 1, "chunk_next": 2})
+    )
+    assert len(chunks) >= 5
+    assert chunks[0].audio.size == 3840 - 720  # one patch minus the iSTFT's open tail
+    assert all(a.arrival <= b.arrival for a, b in zip(chunks, chunks[1:]))
+
+
+def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):
+    texts = [f"Ensemble stream {i}" for i in range(8)]
+    lengths = [6, 9, 7, 12, 6, 10, 8, 11]
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = client(server).synthesize(texts[i], seed=200 + i, parameters={"max_patches": lengths[i]})
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for i in range(8):
+        ref = reference_audio(offline, texts[i], GenerationParams(seed=200 + i, max_patches=lengths[i]))
+        assert results[i].shape == ref.shape, i
+        assert snr_db(ref, results[i]) >= 60, i
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_cancelled_ensemble_stream_frees_everything_once_it_ends(server):
+    """Cancellation does not reach an ensemble's steps: the stream runs to max_patches, then all is freed."""
+    it = client(server).stream("Cancelled in an ensemble", seed=5,
+                               parameters={"max_patches": 30, "chunk_first": 1, "chunk_next": 1})  # fmt: skip
+    assert next(it).audio.size > 0
+    it.close()
+    deadline = time.monotonic() + 60
+    m = metrics(server)
+    while time.monotonic() < deadline and (m["tts_generator_active_slots"] or m["tts_vocoder_active_streams"]):
+        time.sleep(0.2)
+        m = metrics(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+    assert client(server).synthesize("Still serving", seed=1, parameters={"max_patches": 6}).shape == (6 * 3840,)
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(language="Klingon"), "Klingon"),
+        (dict(parameters={"split_tokens": 40}), "split_tokens"),
+        (dict(parameters={"steps": 2.5}), "steps"),
+        (dict(voice_id="nobody"), "nobody"),
+        (dict(ref_audio=np.zeros(100, np.float32), ref_sample_rate=5), "REF_SAMPLE_RATE"),
+    ],
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_ensemble_errors_reach_the_client_without_hanging(server, kw, needle, protocol):
+    t0 = time.monotonic()
+    with pytest.raises(TTSError, match=needle):
+        client(server, protocol=protocol).synthesize("Hello", **kw)
+    assert time.monotonic() - t0 < 30
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0

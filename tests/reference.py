@@ -1,0 +1,55 @@
+"""An independent whole-utterance reference, the way the FireRedTTS3 reference synthesizes offline:
+generate every patch with the bare :class:`~engine.generator.Generator` (no services, no chunking, no
+orchestrator), then decode ``[prompt latents + generated latents]`` in one non-streaming forward of the
+RedAE decoder and cut the prompt's samples. Streamed and offline audio are both checked against it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import SAMPLES_PER_LATENT
+from engine.params import GenerationParams
+
+
+def reference_latents(tts, text: str, params: GenerationParams, prompt=None, language: str = "English"):
+    """(4N, 64) latents of one segment, generated patch by patch in a batch of one."""
+    prompt = prompt or tts.encode_prompt(None)
+    tokens = tts.tokens(text, language, prompt)
+    gen = tts.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
+    stream = gen.new_stream(0, tokens, prompt, params)
+    out = []
+    while not stream.finished:
+        r = gen.step([stream])[0]
+        if r.latents is not None:
+            out.append(r.latents)
+    return torch.cat(out)
+
+
+@torch.inference_mode()
+def reference_audio(tts, text: str, params: GenerationParams, prompt=None, language: str = "English") -> np.ndarray:
+    """(n,) float32 audio of one segment: whole-utterance decode, prompt samples cut."""
+    prompt = prompt or tts.encode_prompt(None)
+    latents = reference_latents(tts, text, params, prompt, language)
+    whole = torch.cat([prompt.latents, latents])[None].to(tts.device, tts.dtype)
+    audio = tts.models.redae.decoder(whole)[0].float().cpu().numpy()
+    return audio[prompt.latents.shape[0] * SAMPLES_PER_LATENT :]
+
+
+def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    err = np.sum((ref.astype(np.float64) - got) ** 2)
+    return float("inf") if err == 0 else 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err)
+
+
+def reference_long(tts, text: str, params: GenerationParams, split_tokens: int, prompt=None) -> np.ndarray:
+    """A long text: each segment's :func:`reference_audio`, joined by a 50 ms linear cross-fade."""
+    from engine.segments import split_text
+
+    segments = split_text(text, lambda t: len(tts.models.tokenizer.encode(t)), split_tokens)
+    out = reference_audio(tts, segments[0], params, prompt)
+    ramp = np.arange(1200, dtype=np.float64) / 1199
+    for segment in segments[1:]:
+        nxt = reference_audio(tts, segment, params, prompt)
+        mixed = out[-1200:] * (1 - ramp) + nxt[:1200] * ramp
+        out = np.concatenate([out[:-1200], mixed.astype(np.float32), nxt[1200:]])
+    return out

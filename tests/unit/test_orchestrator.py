@@ -1,0 +1,148 @@
+"""The orchestrator's cancel, error and cleanup paths, in-process (no server): whatever ends an
+utterance, every generator slot and every vocoder stream it opened is freed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from engine.local import LocalGenerator, LocalPrompts, LocalVocoder
+from engine.orchestrator import Orchestrator, StreamFailed, Utterance
+from engine.params import GenerationParams
+from tests.reference import reference_audio
+
+
+class FailingVocoder(LocalVocoder):
+    """Fails the n-th chunk it is given (the one after is served again)."""
+
+    def __init__(self, tts, fail_at: int):
+        super().__init__(tts)
+        self.calls, self.fail_at = 0, fail_at
+
+    async def decode(self, chunk):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("vocoder broke")
+        return await super().decode(chunk)
+
+
+class Pipeline:
+    def __init__(self, tts, vocoder=None):
+        self.generator = LocalGenerator(tts, slots=2, max_len=1024)
+        self.vocoder = vocoder or LocalVocoder(tts)
+        self.orchestrator = Orchestrator(LocalPrompts(tts), self.generator, self.vocoder,
+                                         lambda t: len(tts.models.tokenizer.encode(t)))  # fmt: skip
+
+    @property
+    def live(self) -> tuple[int, int]:
+        """(generator slots in use, vocoder streams with state)"""
+        return self.generator.service.active if self.generator.service else 0, self.vocoder.service.active
+
+
+def collect(pieces, stop_after=None):
+    async def go():
+        got = []
+        async with __import__("contextlib").aclosing(pieces) as it:
+            async for piece in it:
+                got.append(piece)
+                if stop_after is not None and len(got) >= stop_after:
+                    break
+        return got
+
+    return asyncio.run(go())
+
+
+NOSTOP = dict(min_patches=40, max_patches=40)
+
+
+def test_a_whole_run_equals_the_reference_and_frees_everything(tts):
+    p = Pipeline(tts)
+    params = GenerationParams(seed=2, min_patches=9, max_patches=9)
+    pieces = collect(p.orchestrator.run(Utterance("Orchestrated", params=params, schedule=(2, 3))))
+    assert pieces[-1].final and pieces[-1].finish_reason == "length"
+    assert not any(piece.final for piece in pieces[:-1])
+    got = np.concatenate([piece.audio for piece in pieces])
+    np.testing.assert_allclose(got, reference_audio(tts, "Orchestrated", params), atol=1e-5)
+    assert p.live == (0, 0)
+
+
+def test_closing_early_frees_the_slot_and_the_vocoder_stream(tts):
+    p = Pipeline(tts)
+    run = p.orchestrator.run(Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=(1, 1)))
+    got = collect(run, stop_after=2)
+    assert len(got) == 2 and not got[-1].final
+    assert p.live == (0, 0)
+
+
+def test_task_cancellation_frees_everything(tts):
+    p = Pipeline(tts)
+
+    async def go():
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in p.orchestrator.run(
+                Utterance("Cancel me", params=GenerationParams(**NOSTOP), schedule=(1, 1))
+            ):
+                started.set()
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        assert p.live == (1, 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert p.live == (0, 0)
+
+
+def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(tts):
+    p = Pipeline(tts)
+    with pytest.raises(StreamFailed, match="cache positions") as e:
+        collect(p.orchestrator.run(Utterance("word " * 400, params=GenerationParams(max_patches=400), split_tokens=0)))
+    assert e.value.invalid
+    with pytest.raises(StreamFailed, match="Klingon"):
+        collect(p.orchestrator.run(Utterance("Hello", language="Klingon")))
+    assert p.live == (0, 0)
+
+
+def test_a_vocoder_failure_closes_the_generator_stream(tts):
+    p = Pipeline(tts, FailingVocoder(tts, fail_at=3))
+    with pytest.raises(RuntimeError, match="vocoder broke"):
+        collect(p.orchestrator.run(Utterance("Breaks", params=GenerationParams(**NOSTOP), schedule=(1, 1))))
+    assert p.live == (0, 0)
+
+
+def test_a_failure_in_a_later_segment_frees_that_segment(tts):
+    """Segments run one after another; the vocoder breaks in the second and nothing stays behind."""
+    p = Pipeline(tts, FailingVocoder(tts, fail_at=5))
+    text = "The first sentence is long enough here. And a second sentence comes after it."
+    params = GenerationParams(seed=3, min_patches=3, max_patches=3)
+    with pytest.raises(RuntimeError, match="vocoder broke"):
+        collect(p.orchestrator.run(Utterance(text, params=params, schedule=(1, 1), split_tokens=8)))
+    assert p.live == (0, 0)
+
+
+def test_concurrent_utterances_do_not_mix(tts):
+    """Two utterances interleaved on one event loop and one 2-slot generator equal their solo references."""
+    p = Pipeline(tts)
+    texts, seeds = ["First voice", "Second voice here"], [4, 5]
+
+    async def one(text, seed):
+        params = GenerationParams(seed=seed, min_patches=7, max_patches=7)
+        out = []
+        async for piece in p.orchestrator.run(Utterance(text, params=params, schedule=(1, 2))):
+            out.append(piece.audio)
+            await asyncio.sleep(0)
+        return np.concatenate(out), params
+
+    async def both():
+        return await asyncio.gather(*(one(t, s) for t, s in zip(texts, seeds, strict=True)))
+
+    for (got, params), text in zip(asyncio.run(both()), texts, strict=True):
+        np.testing.assert_allclose(got, reference_audio(tts, text, params), atol=1e-5)
+    assert p.live == (0, 0)
