@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
 from client.request import SAMPLE_RATE, TTSError
+from client.tts_client import TTSClient
 from engine.params import DEFAULT_SEED
 from serving.contract import TTS_PARAMETERS
-from client.tts_client import TTSClient
 
 
 @dataclass(frozen=True)

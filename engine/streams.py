@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.models.redae import decode_together, joinable
 from engine.generator import Stream
+from engine.models.redae import decode_together, joinable
 from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.pipeline import FireRedTTS3, PrimedDecoder

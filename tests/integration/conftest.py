@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -54,3 +55,23 @@ def wait_gauges_zero(server, timeout: float = 10.0) -> dict[str, float]:
         if time.monotonic() > deadline:
             return m
         time.sleep(0.2)
+
+
+def in_parallel(fn, n: int, timeout: float = 120.0) -> dict:
+    """``fn(i)`` for i in 0..n-1, each on its own thread -> {i: result}; the first error is raised."""
+    results, errors = {}, []
+
+    def run(i):
+        try:
+            results[i] = fn(i)
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return results

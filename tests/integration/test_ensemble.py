@@ -3,7 +3,6 @@ tritonserver: the same audio as the tts front door, no cross-talk, and nothing l
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from tests.integration.conftest import metrics, wait_gauges_zero
+from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
 from tests.reference import reference_audio, snr_db
 
 pytestmark = pytest.mark.integration
@@ -57,20 +56,9 @@ def test_ensemble_streams_in_order_chunks(server):
 def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):
     texts = [f"Ensemble stream {i}" for i in range(8)]
     lengths = [6, 9, 7, 12, 6, 10, 8, 11]
-    results, errors = {}, []
-
-    def run(i):
-        try:
-            results[i] = client(server).synthesize(texts[i], seed=200 + i, parameters={"max_patches": lengths[i]})
-        except Exception as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    results = in_parallel(
+        lambda i: client(server).synthesize(texts[i], seed=200 + i, parameters={"max_patches": lengths[i]}), 8
+    )
     for i in range(8):
         ref = reference_audio(offline, texts[i], GenerationParams(seed=200 + i, max_patches=lengths[i]))
         assert results[i].shape == ref.shape, i

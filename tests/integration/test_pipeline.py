@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from tests.integration.conftest import metrics, wait_gauges_zero
+from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
 from tests.reference import reference_audio, reference_long, snr_db
 
 pytestmark = pytest.mark.integration
@@ -67,21 +66,9 @@ def test_concurrent_streams_equal_solo_runs(server, offline):
     texts = [f"Stream number {i} says something" for i in range(8)]
     seeds = [100 + i for i in range(8)]
     lengths = [6, 9, 7, 12, 6, 10, 8, 11]
-    results: dict[int, np.ndarray] = {}
-    errors = []
-
-    def run(i):
-        try:
-            results[i] = grpc(server).synthesize(texts[i], seed=seeds[i], parameters={"max_patches": lengths[i]})
-        except Exception as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    results = in_parallel(
+        lambda i: grpc(server).synthesize(texts[i], seed=seeds[i], parameters={"max_patches": lengths[i]}), 8
+    )
     for i in range(8):
         ref = reference_audio(offline, texts[i], GenerationParams(seed=seeds[i], max_patches=lengths[i]))
         assert results[i].shape == ref.shape, i
