@@ -13,6 +13,7 @@ speaks the same generator -> vocoder protocol (:class:`Chunk`) without this clas
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -181,8 +182,12 @@ class Orchestrator:
                     return
             raise StreamFailed(ERROR + "the generator stream ended without a last chunk")
         finally:
-            try:
-                await chunks.aclose()  # cancels the generator stream unless it ended
-            finally:
-                if vocoder_open:
-                    await self.vocoder.decode(end_chunk(segment.stream_id))
+            # shielded: a caller cancelled again (or twice) must not cut the cleanup short
+            await asyncio.shield(self._close(chunks, segment.stream_id, vocoder_open))
+
+    async def _close(self, chunks: AsyncIterator[Chunk], stream_id: int, vocoder_open: bool) -> None:
+        try:
+            await chunks.aclose()  # cancels the generator stream unless it ended
+        finally:
+            if vocoder_open:
+                await self.vocoder.decode(end_chunk(stream_id))

@@ -55,7 +55,7 @@ class TritonPythonModel:
         while not task.done():
             await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
             if not task.done() and request.is_cancelled():
-                task.cancel()
+                task.cancel()  # again each poll: Python 3.11's wait_for can swallow one cancellation
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
