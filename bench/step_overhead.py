@@ -75,19 +75,15 @@ ET_MODEL_PY = """
 import collections, queue, threading, time
 import numpy as np
 import triton_python_backend_utils as pb
-from engine.prompt import VoicePrompt
-from serving.requests import generation_request
-from serving.triton_io import chunk_tensors, get, load_tts, model_parameters, scalar, string
+from serving.triton_io import chunk_tensors, load_tts, model_parameters, stream_request
 
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        import torch
         from engine.streams import GeneratorService
         params = model_parameters(args)
-        self.torch = torch
         self.tts = load_tts(params, parts=("core",))
         self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.fam = pb.MetricFamily("%(metric)s", "engine-thread generator step", pb.MetricFamily.HISTOGRAM)
@@ -99,12 +95,7 @@ class TritonPythonModel:
         self.thread.start()
 
     def _parse(self, r):
-        latents = get(pb, r, "PROMPT_LATENTS").reshape(-1, 64).copy()
-        speaker = get(pb, r, "SPEAKER").reshape(-1).copy()
-        prompt = VoicePrompt(self.torch.from_numpy(latents), self.torch.from_numpy(speaker), string(pb, r, "PROMPT_TEXT", ""))
-        tokens = self.tts.tokens(string(pb, r, "TEXT"), string(pb, r, "LANGUAGE", "English"), prompt)
-        gp, schedule = generation_request(scalar(pb, r, "SEED", None), r.parameters())
-        return tokens, prompt, gp, schedule
+        return stream_request(pb, r, self.tts)
 
     def execute(self, requests):
         for r in requests:

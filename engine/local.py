@@ -24,8 +24,10 @@ class LocalPrompts:
         self.tts = tts
 
     async def encode(self, voice) -> VoicePrompt:
-        if voice is None or isinstance(voice, VoicePrompt):
-            return voice or self.tts.encode_prompt(None)
+        if voice is None:
+            return self.tts.encode_prompt(None)
+        if isinstance(voice, VoicePrompt):
+            return voice
         audio, sample_rate, text = voice
         return self.tts.encode_prompt(audio, sample_rate, text)
 

@@ -132,11 +132,9 @@ class Orchestrator:
         generator: GeneratorStreams,
         vocoder: Vocoder,
         count_tokens: Callable[[str], int],
-        stream_ids: Callable[[], int] = new_stream_id,
     ):
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
         self.count_tokens = count_tokens
-        self.stream_ids = stream_ids
 
     async def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
         """Yield the utterance's audio as it is made; the last piece is ``final``.
@@ -149,7 +147,7 @@ class Orchestrator:
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         for i, text in enumerate(texts):
             more = i < len(texts) - 1
-            segment = Segment(self.stream_ids(), text, utterance.language, prompt, utterance.params,
+            segment = Segment(new_stream_id(), text, utterance.language, prompt, utterance.params,
                               segment_schedule(i, utterance.schedule))  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:

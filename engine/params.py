@@ -7,43 +7,11 @@ these; nothing else states a default.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 DEFAULT_SEED = 1234
 DEFAULT_SCHEDULE = (3, 12)  # patches (160 ms each) in the first audio chunk, then in every later one
 DEFAULT_SPLIT_TOKENS = 80  # texts longer than this many tokens are spoken segment by segment
-MAX_CHUNK_PATCHES = 400
-MAX_SPLIT_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """Per-request sampling settings (defaults are the reference's)."""
-
-    seed: int = DEFAULT_SEED
-    steps: int = 10  # Euler steps of the flow head
-    cfg: float = 2.0  # classifier-free guidance weight w
-    stop_threshold: float = 0.5
-    min_patches: int = 6  # the stop head is ignored before this many patches
-    max_patches: int = 400  # ~64 s
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.steps <= 100:
-            raise ValueError(f"steps must be in 1..100, got {self.steps}")
-        if not 0.0 <= self.cfg <= 20.0:
-            raise ValueError(f"cfg must be in 0..20, got {self.cfg}")
-        if not 0.0 < self.stop_threshold <= 1.0:
-            raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold}")
-        if not 1 <= self.max_patches <= 4000 or not 0 <= self.min_patches <= self.max_patches:
-            raise ValueError(
-                f"need 0 <= min_patches <= max_patches <= 4000, got {self.min_patches}, {self.max_patches}"
-            )
-        if not -(2**63) <= self.seed < 2**63:
-            raise ValueError("seed must fit in int64")
-
-
-def _default(name: str):
-    return next(f.default for f in fields(GenerationParams) if f.name == name)
 
 
 @dataclass(frozen=True)
@@ -56,6 +24,10 @@ class Parameter:
     low: int | float
     high: int | float
     doc: str
+
+    def check(self, value) -> None:
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{self.name} must be in {self.low}..{self.high}, got {value!r}")
 
     def parse(self, value) -> int | float:
         """A client's value -> the typed value; ValueError naming the parameter otherwise.
@@ -74,22 +46,52 @@ class Parameter:
                 ok = False
             if not ok:
                 raise ValueError(f"parameter {self.name} must be a number, got {value!r}")
-        if not self.low <= value <= self.high:
-            raise ValueError(f"parameter {self.name} must be in {self.low}..{self.high}, got {value!r}")
+        try:
+            self.check(value)
+        except ValueError as e:
+            raise ValueError(f"parameter {e}") from None
         return value
 
 
+STEPS = Parameter("steps", int, 10, 1, 100, "Euler steps of the flow head")
+CFG = Parameter("cfg", float, 2.0, 0.0, 20.0, "classifier-free guidance weight")
+MAX_PATCHES = Parameter("max_patches", int, 400, 1, 4000, "length limit per text segment, in patches (400 = 64 s)")
 # The generation parameters a stream takes (the generator model reads exactly these) ...
 GENERATION_PARAMETERS = (
-    Parameter("steps", int, _default("steps"), 1, 100, "Euler steps of the flow head"),
-    Parameter("cfg", float, _default("cfg"), 0.0, 20.0, "classifier-free guidance weight"),
-    Parameter("chunk_first", int, DEFAULT_SCHEDULE[0], 1, MAX_CHUNK_PATCHES, "patches (160 ms each) in the first audio chunk"),
-    Parameter("chunk_next", int, DEFAULT_SCHEDULE[1], 1, MAX_CHUNK_PATCHES, "patches in every later chunk"),
-    Parameter("max_patches", int, _default("max_patches"), 1, 4000, "length limit per text segment, in patches (400 = 64 s)"),
-)  # fmt: skip
+    STEPS,
+    CFG,
+    Parameter("chunk_first", int, DEFAULT_SCHEDULE[0], 1, 400, "patches (160 ms each) in the first audio chunk"),
+    Parameter("chunk_next", int, DEFAULT_SCHEDULE[1], 1, 400, "patches in every later chunk"),
+    MAX_PATCHES,
+)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Per-request sampling settings (defaults are the reference's; ranges are the parameters' above)."""
+
+    seed: int = DEFAULT_SEED
+    steps: int = STEPS.default  # Euler steps of the flow head
+    cfg: float = CFG.default  # classifier-free guidance weight w
+    stop_threshold: float = 0.5
+    min_patches: int = 6  # the stop head is ignored before this many patches
+    max_patches: int = MAX_PATCHES.default  # ~64 s
+
+    def __post_init__(self) -> None:
+        STEPS.check(self.steps)
+        CFG.check(self.cfg)
+        MAX_PATCHES.check(self.max_patches)
+        if not 0.0 < self.stop_threshold <= 1.0:
+            raise ValueError(f"stop_threshold must be in (0, 1], got {self.stop_threshold}")
+        if not 0 <= self.min_patches <= self.max_patches:
+            raise ValueError(f"need 0 <= min_patches <= max_patches, got {self.min_patches}, {self.max_patches}")
+        if not -(2**63) <= self.seed < 2**63:
+            raise ValueError("seed must fit in int64")
+
+
 # ... and the front door adds text segmentation.
 SPLIT_TOKENS = Parameter(
-    "split_tokens", int, DEFAULT_SPLIT_TOKENS, 0, MAX_SPLIT_TOKENS,
+    "split_tokens", int, DEFAULT_SPLIT_TOKENS, 0, 4096,
     "texts longer than this many tokens are split at sentence ends into segments, joined with a 50 ms cross-fade (0: never)",
 )  # fmt: skip
 UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS)

@@ -44,14 +44,25 @@ class BLS:
         self.raise_for(model, response)
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
 
-    async def next_response(self, model: str, responses, pending: asyncio.Future | None):
-        """The next response of a decoupled stream (None at its end); ``pending`` is a ``next`` already
-        running on a thread, which must be awaited rather than started again."""
-        fut = pending or asyncio.get_running_loop().run_in_executor(self.pool, next, responses, None)
+
+class ResponseStream:
+    """A decoupled BLS response iterator, read on a thread. At most one ``next`` runs at a time: a read
+    cut short (timeout, cancellation) is resumed by the following one, never started twice."""
+
+    def __init__(self, bls: BLS, model: str, responses):
+        self.bls, self.model, self.responses = bls, model, responses
+        self.pending: asyncio.Future | None = None
+
+    async def next(self):
+        """The next response, None at the end of the stream."""
+        if self.pending is None:
+            self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, self.responses, None)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+            response = await asyncio.wait_for(asyncio.shield(self.pending), self.bls.timeout)
         except TimeoutError:
-            raise TimeoutError(f"{model} sent nothing for {self.timeout:.0f} s") from None
+            raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
+        self.pending = None
+        return response
 
 
 class BLSPrompts:
@@ -84,13 +95,11 @@ class BLSGenerator:
             requested_output_names=[s.name for s in C.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
-        responses = await request.async_exec(decoupled=True)
-        ended, pending = False, None
+        responses = ResponseStream(self.bls, "generator", await request.async_exec(decoupled=True))
+        ended = False
         try:
             while not ended:
-                pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, responses, None)
-                response = await self.bls.next_response("generator", responses, pending)
-                pending = None
+                response = await responses.next()
                 if response is None:
                     return  # the orchestrator reports a stream that ended without a last chunk
                 self.bls.raise_for("generator", response)
@@ -101,15 +110,14 @@ class BLSGenerator:
                 yield chunk
         finally:
             if not ended:
-                await self._cancel(segment.stream_id, responses, pending)
+                await self._cancel(segment.stream_id, responses)
 
-    async def _cancel(self, stream_id: int, responses, pending) -> None:
+    async def _cancel(self, stream_id: int, responses: ResponseStream) -> None:
         """Ask the generator to end the stream (it does so at its next step) and wait for that."""
         self.cancels.mark(stream_id)
         try:
             while True:
-                response = await self.bls.next_response("generator", responses, pending)
-                pending = None
+                response = await responses.next()
                 if response is None or response.has_error():
                     break
                 if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:

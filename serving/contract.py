@@ -69,7 +69,7 @@ def text_of(arr) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-FINISH_REASONS = f'{STOP} | {LENGTH} | {CANCELLED} | "{INVALID}<message>" | "{ERROR}<message>"'
+FINISH_REASONS = f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>` or `{ERROR}<message>`"
 
 # ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
 TTS_INPUTS = (

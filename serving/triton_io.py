@@ -12,7 +12,9 @@ import sys
 
 import numpy as np
 
+from engine.orchestrator import Chunk
 from serving import contract as C
+from serving.requests import check_language, check_text, generation_request
 
 
 def setup_logging(name: str) -> logging.Logger:
@@ -101,7 +103,6 @@ def chunk_tensors(pb, chunk, batch: bool = True) -> list:
 
 def read_chunk(tensor):
     """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy."""
-    from engine.orchestrator import Chunk
 
     def arr(name):
         value = tensor(name)
@@ -116,3 +117,19 @@ def read_chunk(tensor):
         last=bool(arr("LAST").reshape(-1)[0]),
         finish_reason=C.text_of(arr("FINISH_REASON")),
     )
+
+
+def stream_request(pb, request, tts):
+    """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
+    the input for bad input. Used by the generator model (and the benchmark's engine-thread variant)."""
+    import torch
+
+    from engine.prompt import VoicePrompt
+
+    text = check_text(string(pb, request, "TEXT"))
+    language = check_language(string(pb, request, "LANGUAGE", ""))
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), request.parameters())
+    latents = get(pb, request, "PROMPT_LATENTS").reshape(-1, C.LATENT_DIM).astype(np.float32)
+    speaker = get(pb, request, "SPEAKER").reshape(-1).astype(np.float32)
+    prompt = VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker), string(pb, request, "PROMPT_TEXT", ""))
+    return tts.tokens(text, language, prompt), prompt, params, schedule

@@ -8,12 +8,10 @@ whose FINISH_REASON says why (an ensemble would hang on an error response).
 
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.orchestrator import Chunk, end_chunk, failure_reason
-from serving.requests import check_language, check_text, generation_request
-from serving.triton_io import chunk_tensors, get, load_tts, model_parameters, scalar, setup_logging, string
+from serving.triton_io import chunk_tensors, load_tts, model_parameters, setup_logging, stream_request
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -25,14 +23,10 @@ def send(sender, chunk: Chunk) -> None:
 
 class TritonPythonModel:
     def initialize(self, args):
-        import torch
-
-        from engine.prompt import VoicePrompt
         from engine.streams import GeneratorService
         from serving.cancel import CancelBoard
 
         params = model_parameters(args)
-        self.torch, self.VoicePrompt = torch, VoicePrompt
         self.tts = load_tts(params, parts=("core",))
         self.service = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
         self.cancels = CancelBoard(params.get("cancel_dir") or None)
@@ -52,17 +46,7 @@ class TritonPythonModel:
             raise ValueError("a generator stream needs a correlation id")
         if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
             raise ValueError(f"stream {stream_id} is not live (a new stream must start a sequence)")
-        text = check_text(string(pb, request, "TEXT"))
-        language = check_language(string(pb, request, "LANGUAGE", ""))
-        params, schedule = generation_request(scalar(pb, request, "SEED", None), request.parameters())
-        latents = get(pb, request, "PROMPT_LATENTS").reshape(-1, 64).astype(np.float32)
-        speaker = get(pb, request, "SPEAKER").reshape(-1).astype(np.float32)
-        torch = self.torch
-        prompt = self.VoicePrompt(
-            torch.from_numpy(latents), torch.from_numpy(speaker), string(pb, request, "PROMPT_TEXT", "")
-        )
-        tokens = self.tts.tokens(text, language, prompt)
-        self.service.admit(stream_id, tokens, prompt, params, schedule)
+        self.service.admit(stream_id, *stream_request(pb, request, self.tts))
 
     def execute(self, requests):
         live = []
