@@ -61,6 +61,7 @@ from engine.config import nostop
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.streams import GeneratorService
+from serving.auth import Keys
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
 
@@ -228,6 +229,7 @@ class GeneratorClient:
         self.latents = prompt.latents.float().numpy()[None]
         self.speaker = prompt.speaker.float().numpy()[None]
         self.seq = itertools.count(int(time.time()) << 20)
+        self.internal = Keys(srv.internal_key).parameters()  # the generator as tts calls it
 
     def _cb(self, result, error):
         now = time.perf_counter()
@@ -256,7 +258,8 @@ class GeneratorClient:
         t0 = time.perf_counter()
         for rid, inputs in reqs:
             kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == "generator" else {}
-            self.client.async_stream_infer(model, inputs, request_id=rid, parameters=params,
+            given = {**params, **self.internal} if model == "generator" else params
+            self.client.async_stream_infer(model, inputs, request_id=rid, parameters=given,
                                            enable_empty_final_response=True, **kw)  # fmt: skip
         pending, last = {rid for rid, _ in reqs}, t0
         deadline = time.monotonic() + timeout

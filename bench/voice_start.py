@@ -72,7 +72,7 @@ def main() -> None:
     with TritonServer(repo, work, Ports.free()) as srv:
         url = f"127.0.0.1:{srv.ports.grpc}"
         client = TTSClient(url, timeout=120)
-        VoiceClient(url).add("stored", ref, 16000, "text")
+        VoiceClient(url, admin_key=srv.admin_key).add("stored", ref, 16000, "text")
         first_chunk(client)  # warm-up
         fresh = [first_chunk(client, ref_audio=clip(100 + i, args.ref_seconds), ref_sample_rate=16000, ref_text="text")
                  for i in range(args.repeats)]  # fmt: skip

@@ -5,12 +5,13 @@
 
 from client.aio import AsyncTTSClient
 from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
-from client.tts_client import SAMPLE_RATE, Chunk, TTSClient, TTSError
+from client.tts_client import SAMPLE_RATE, Chunk, ServerBusy, TTSClient, TTSError
 
 __all__ = [
     "SAMPLE_RATE",
     "AsyncTTSClient",
     "Chunk",
+    "ServerBusy",
     "TTSClient",
     "TTSError",
     "WavWriter",

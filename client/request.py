@@ -7,6 +7,7 @@ protocols send exactly the same fields.
 from __future__ import annotations
 
 import json
+import secrets
 
 import numpy as np
 
@@ -18,6 +19,14 @@ PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as
 
 class TTSError(RuntimeError):
     """The server rejected or failed the request; ``str(e)`` is the server's message."""
+
+
+class ServerBusy(TTSError):
+    """The server's queue is full (it refused the request at once): retry after a short wait."""
+
+
+def server_error(message: str) -> TTSError:
+    return (ServerBusy if message.startswith("server busy") else TTSError)(message)
 
 
 def request_fields(
@@ -38,6 +47,15 @@ def request_fields(
         fields["REF_AUDIO"] = np.asarray(ref_audio, np.float32).reshape(-1)
         fields["REF_SAMPLE_RATE"] = ref_sample_rate
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def sequence(model: str) -> dict:
+    """Keyword arguments of ``async_stream_infer`` for ``model``. ``tts_ensemble`` runs the generator, a
+    sequence model: it gets a random 63-bit sequence id, never Triton's own sequential ones, since a
+    START on a live id takes the sequence over (the server refuses ensemble requests without one)."""
+    if model != "tts_ensemble":
+        return {}
+    return {"sequence_id": secrets.randbits(63) | (1 << 62), "sequence_start": True}
 
 
 def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
@@ -66,9 +84,9 @@ def http_body(fields: dict, parameters: dict) -> str:
 
 
 def http_error_text(raw: bytes) -> str:
-    """The ``error`` of a Triton JSON error body, else the body as text."""
+    """The ``error`` of a Triton JSON error body (or of its one SSE event), else the body as text."""
     try:
-        return json.loads(raw)["error"]
+        return json.loads(raw.strip().removeprefix(b"data:"))["error"]
     except (ValueError, KeyError, TypeError):
         return raw.decode("utf-8", "replace")
 
@@ -88,7 +106,7 @@ def grpc_error(error) -> Exception:
         return ConnectionError(f"server unavailable: {msg}")
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return TimeoutError(f"stream deadline exceeded: {msg}")
-    return TTSError(msg)
+    return server_error(msg)
 
 
 def raise_if_failed(finish_reason) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from client.request import (
     SAMPLE_RATE,
+    ServerBusy,
     TTSError,
     grpc_error,
     grpc_inputs,
@@ -30,9 +31,11 @@ from client.request import (
     is_final,
     raise_if_failed,
     request_fields,
+    sequence,
+    server_error,
 )
 
-__all__ = ["SAMPLE_RATE", "Chunk", "TTSClient", "TTSError"]
+__all__ = ["SAMPLE_RATE", "Chunk", "ServerBusy", "TTSClient", "TTSError"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ class TTSClient:
         done = False
         try:
             try:
-                client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True)
+                client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True,
+                                          **sequence(self.model))  # fmt: skip
             except InferenceServerException:
                 # the stream broke before the request went out; its callback has the cause (e.g. UNAVAILABLE)
                 pass
@@ -130,11 +134,12 @@ class TTSClient:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         t0 = time.perf_counter()
         try:
-            conn.request("POST", f"/v2/models/{self.model}/generate_stream", http_body(fields, parameters),
+            body = http_body(fields, {**parameters, **sequence(self.model)})
+            conn.request("POST", f"/v2/models/{self.model}/generate_stream", body,
                          {"Content-Type": "application/json"})  # fmt: skip
             resp = conn.getresponse()
             if resp.status != 200:
-                raise TTSError(http_error_text(resp.read()))
+                raise server_error(http_error_text(resp.read()))
             for line in resp:
                 if time.perf_counter() - t0 > self.stream_timeout:
                     raise TimeoutError(f"stream still running after {self.stream_timeout:g} s")
@@ -142,7 +147,7 @@ class TTSClient:
                     continue
                 event = json.loads(line[5:])
                 if "error" in event:
-                    raise TTSError(event["error"])
+                    raise server_error(event["error"])
                 raise_if_failed(event.get("FINISH_REASON"))
                 audio = np.asarray(event.get("AUDIO", []), np.float32).reshape(-1)
                 if audio.size:

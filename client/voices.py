@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
 from client.request import grpc_inputs
 from client.tts_client import TTSError, _host_port
 
+ADMIN_KEY_ENV = "TTS_ADMIN_KEY"
+
 
 class VoiceClient:
-    def __init__(self, url: str, protocol: str = "grpc", timeout: float = 120.0):
+    """``admin_key`` (default: $TTS_ADMIN_KEY) is needed to add and remove voices, not to list them."""
+
+    def __init__(self, url: str, protocol: str = "grpc", timeout: float = 120.0, admin_key: str | None = None):
         if protocol not in ("grpc", "http"):
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
         self.protocol, self.timeout = protocol, timeout
+        self.admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV, "")
         self.host, self.port = _host_port(url, 8001 if protocol == "grpc" else 8000)
 
     def add(self, name: str, audio: np.ndarray, sample_rate: int, text: str = "") -> dict:
@@ -39,6 +45,8 @@ class VoiceClient:
             fields |= {"REF_AUDIO": audio, "REF_SAMPLE_RATE": sample_rate, "REF_TEXT": text or ""}
         inputs = grpc_inputs({k: v for k, v in fields.items() if v is not None}, tc, "voices")
         kw = {"client_timeout": self.timeout} if self.protocol == "grpc" else {}
+        if self.admin_key and action != "list":
+            kw["parameters"] = {"admin_key": self.admin_key}
         client = (tc.InferenceServerClient(f"{self.host}:{self.port}") if self.protocol == "grpc"
                   else tc.InferenceServerClient(f"{self.host}:{self.port}", network_timeout=self.timeout))  # fmt: skip
         try:
@@ -64,6 +72,9 @@ def add_arguments(p) -> None:
     sub.add_parser("list", help="list registered voices")
     rm = sub.add_parser("remove", help="delete a voice")
     rm.add_argument("name")
+    for q in (add, rm):
+        q.add_argument("--admin-key", default=None,
+                       help=f"the server's admin key (default: ${ADMIN_KEY_ENV}; the launcher prints where it is)")
 
 
 def run(args) -> int:
@@ -71,7 +82,8 @@ def run(args) -> int:
 
     from client.audio_io import read_audio
 
-    client = VoiceClient(args.url or "127.0.0.1", args.protocol, timeout=max(args.timeout, 120.0))
+    client = VoiceClient(args.url or "127.0.0.1", args.protocol, timeout=max(args.timeout, 120.0),
+                         admin_key=getattr(args, "admin_key", None))
     try:
         if args.action == "add":
             try:

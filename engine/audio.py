@@ -25,6 +25,16 @@ SAMPLE_RATE = 24000
 SPK_SAMPLE_RATE = 16000
 """Rate the CAM++ speaker encoder was trained at; its fbank is computed at 16 kHz."""
 
+MAX_REFERENCE_SECONDS = 60.0
+"""Longest reference clip accepted for a voice prompt."""
+
+REFERENCE_RATES = (8000, 192000)
+"""Sample rates (Hz) accepted for a reference clip."""
+
+MAX_REFERENCE_PEAK = 4.0
+"""Largest reference sample magnitude accepted (+12 dBFS): room for inter-sample overs and float
+masters without headroom, far below integer PCM sent as float (peaks in the hundreds to 32767)."""
+
 FBANK_BINS = 80
 FBANK_WINDOW = 400  # 25 ms at 16 kHz: a signal shorter than this has no frame
 FBANK_HOP = 160  # 10 ms at 16 kHz
@@ -34,6 +44,43 @@ def _as_mono_float32(audio: np.ndarray, what: str = "audio") -> np.ndarray:
     audio = np.asarray(audio)
     if audio.ndim != 1:
         raise ValueError(f"{what} must be a 1-D array of samples, got shape {audio.shape}")
+    return audio.astype(np.float32, copy=False)
+
+
+def check_reference(audio, sample_rate, name: str = "reference audio", rate_name: str = "sample rate") -> np.ndarray:
+    """A reference clip -> float32 samples (N,); ValueError naming ``name`` or ``rate_name`` otherwise.
+
+    Refused, never repaired: a non-float dtype, an empty or multi-dimensional array, a rate outside
+    REFERENCE_RATES, more than MAX_REFERENCE_SECONDS, NaN or infinite samples, and a peak above
+    MAX_REFERENCE_PEAK. Such a peak is almost always integer PCM sent as float; normalising it would
+    hide that bug (and turn a clipped or corrupt clip into a plausible-looking voice).
+    """
+    try:
+        audio = np.asarray(audio)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be an array of float samples ({e})") from None
+    if not np.issubdtype(audio.dtype, np.floating):
+        raise ValueError(f"{name} must be float samples in [-1, 1], got dtype {audio.dtype}")
+    if audio.ndim != 1 or audio.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array of samples, got shape {audio.shape}")
+    if not sample_rate:
+        raise ValueError(f"{rate_name} is required with {name}")
+    lo, hi = REFERENCE_RATES
+    integer = isinstance(sample_rate, int | np.integer) and not isinstance(sample_rate, bool)
+    if not (integer and lo <= sample_rate <= hi):
+        raise ValueError(f"{rate_name} must be an integer in {lo}..{hi} Hz, got {sample_rate!r}")
+    if audio.size > MAX_REFERENCE_SECONDS * sample_rate:
+        seconds = audio.size / sample_rate
+        raise ValueError(f"{name} is {seconds:.1f} s at {sample_rate} Hz; the limit is {MAX_REFERENCE_SECONDS:g} s")
+    finite = np.isfinite(audio)
+    if not finite.all():
+        raise ValueError(f"{name} has {audio.size - int(finite.sum())} NaN or infinite samples")
+    peak = float(np.abs(audio).max())
+    if peak > MAX_REFERENCE_PEAK:
+        raise ValueError(
+            f"{name} peaks at {peak:.4g}, above the limit of {MAX_REFERENCE_PEAK:g}: samples must be in [-1, 1] "
+            "(integer PCM sent as float? scale it to [-1, 1], e.g. int16 / 32768)"
+        )
     return audio.astype(np.float32, copy=False)
 
 
@@ -110,7 +157,7 @@ SINC_ROLLOFF = 0.99
 """Cutoff of the sinc resampler as a fraction of the lower rate's Nyquist frequency."""
 
 
-def _sinc_kernel(orig: int, new: int, dtype) -> tuple["torch.Tensor", int]:
+def _sinc_kernel(orig: int, new: int, dtype) -> tuple[torch.Tensor, int]:
     """Polyphase filter bank of the Hann-windowed sinc resampler, for rates already divided by their gcd.
 
     Returns (kernel, half_width): kernel has shape (new, 1, 2 * half_width + orig); row j holds the

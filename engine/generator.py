@@ -69,6 +69,12 @@ class Generator:
     def new_stream(self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams) -> Stream:
         if prompt.num_patches < 1:
             raise ValueError("the voice prompt has no audio patches")
+        if prompt.speaker.numel() != self.core.cfg.spk_in_dim:
+            raise ValueError(
+                f"the speaker embedding has {prompt.speaker.numel()} values; expected {self.core.cfg.spk_in_dim}"
+            )
+        if not (torch.isfinite(prompt.latents).all() and torch.isfinite(prompt.speaker).all()):
+            raise ValueError("the voice prompt has non-finite values")
         vocab = self.core.cfg.backbone.vocab_size
         if not tokens or max(tokens) >= vocab or min(tokens) < 0:
             raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -120,6 +121,22 @@ class Vocoder(Protocol):
         """One chunk -> (n,) float32 samples finished by it (the rest of the stream with ``last``)."""
 
 
+# Work that outlives a cancelled caller (a stream's cleanup, a request on its way): a caller that must
+# know when all of it is over (tts may release its request only then, since BLS requests it made still
+# read that request's memory) sets a set here, and every such task of its context is added to it.
+LINGERING: contextvars.ContextVar[set | None] = contextvars.ContextVar("lingering", default=None)
+
+
+def linger(coro) -> asyncio.Task:
+    """Run ``coro`` to its end even if whoever awaits it is cancelled; tracked in :data:`LINGERING`."""
+    task = asyncio.ensure_future(coro)
+    tasks = LINGERING.get()
+    if tasks is not None:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    return task
+
+
 def new_stream_id() -> int:
     """Random 63-bit ids: unguessable, never 0, and far from Triton's own sequence ids."""
     return secrets.randbits(63) | 1
@@ -132,9 +149,10 @@ class Orchestrator:
         generator: GeneratorStreams,
         vocoder: Vocoder,
         count_tokens: Callable[[str], int],
+        stream_ids: Callable[[], int] = new_stream_id,
     ):
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
-        self.count_tokens = count_tokens
+        self.count_tokens, self.stream_ids = count_tokens, stream_ids
 
     async def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
         """Yield the utterance's audio as it is made; the last piece is ``final``.
@@ -147,7 +165,7 @@ class Orchestrator:
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         for i, text in enumerate(texts):
             more = i < len(texts) - 1
-            segment = Segment(new_stream_id(), text, utterance.language, prompt, utterance.params,
+            segment = Segment(self.stream_ids(), text, utterance.language, prompt, utterance.params,
                               segment_schedule(i, utterance.schedule))  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:
@@ -181,7 +199,7 @@ class Orchestrator:
             raise StreamFailed(ERROR + "the generator stream ended without a last chunk")
         finally:
             # shielded: a caller cancelled again (or twice) must not cut the cleanup short
-            await asyncio.shield(self._close(chunks, segment.stream_id, vocoder_open))
+            await asyncio.shield(linger(self._close(chunks, segment.stream_id, vocoder_open)))
 
     async def _close(self, chunks: AsyncIterator[Chunk], stream_id: int, vocoder_open: bool) -> None:
         try:

@@ -14,6 +14,15 @@ DEFAULT_SCHEDULE = (3, 12)  # patches (160 ms each) in the first audio chunk, th
 DEFAULT_SPLIT_TOKENS = 80  # texts longer than this many tokens are spoken segment by segment
 
 
+def shown(value) -> str:
+    """A client's value for an error message: its repr, cut short."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit
+        return "a huge integer"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One request parameter as a client spells it (Triton request parameters; HTTP ``parameters``)."""
@@ -27,7 +36,7 @@ class Parameter:
 
     def check(self, value) -> None:
         if not self.low <= value <= self.high:
-            raise ValueError(f"{self.name} must be in {self.low}..{self.high}, got {value!r}")
+            raise ValueError(f"{self.name} must be in {self.low}..{self.high}, got {shown(value)}")
 
     def parse(self, value) -> int | float:
         """A client's value -> the typed value; ValueError naming the parameter otherwise.
@@ -38,14 +47,14 @@ class Parameter:
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
             if not ok:
-                raise ValueError(f"parameter {self.name} must be an integer, got {value!r}")
+                raise ValueError(f"parameter {self.name} must be an integer, got {shown(value)}")
         else:
             try:
                 ok = not isinstance(value, bool) and math.isfinite(value := float(value))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 ok = False
             if not ok:
-                raise ValueError(f"parameter {self.name} must be a number, got {value!r}")
+                raise ValueError(f"parameter {self.name} must be a number, got {shown(value)}")
         try:
             self.check(value)
         except ValueError as e:
@@ -113,5 +122,6 @@ def generation_params(seed: int | None, values: dict) -> tuple[GenerationParams,
         steps=values["steps"],
         cfg=values["cfg"],
         max_patches=values["max_patches"],
+        min_patches=min(GenerationParams.min_patches, values["max_patches"]),  # max_patches < 6 is allowed
     )
     return gp, (values["chunk_first"], values["chunk_next"])

@@ -19,7 +19,6 @@ from engine.models.redae import DecoderStream
 from engine.prompt import VoicePrompt
 
 SILENT_PROMPT_SAMPLES = PATCH_SAMPLES  # the prompt used without reference audio: one patch of silence
-MAX_REFERENCE_SECONDS = 60.0
 
 
 class FireRedTTS3:
@@ -59,16 +58,7 @@ class FireRedTTS3:
             if self._silent is None:
                 self._silent = self._encode(np.zeros(SILENT_PROMPT_SAMPLES, np.float32), "")
             return self._silent
-        audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim != 1 or audio.size == 0:
-            raise ValueError(f"reference audio must be a non-empty 1-D array, got shape {audio.shape}")
-        if not np.isfinite(audio).all():
-            raise ValueError("reference audio contains NaN or infinite samples")
-        if audio.size / sample_rate > MAX_REFERENCE_SECONDS:
-            raise ValueError(
-                f"reference audio is {audio.size / sample_rate:.1f} s; the limit is {MAX_REFERENCE_SECONDS:.0f} s"
-            )
-        audio = A.resample(audio, sample_rate, SAMPLE_RATE)
+        audio = A.resample(A.check_reference(audio, sample_rate), sample_rate, SAMPLE_RATE)
         return self._encode(A.left_pad_to_multiple(audio, PATCH_SAMPLES), text)
 
     def _encode(self, padded: np.ndarray, text: str) -> VoicePrompt:

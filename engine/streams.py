@@ -68,7 +68,7 @@ class GeneratorService:
         """Give ``stream_id`` a slot and a stream. Raises ValueError for bad input (nothing is kept then)."""
         sizes = chunk_sizes(schedule)
         if stream_id in self.live:
-            raise ValueError(f"stream {stream_id} already exists")
+            raise ValueError("this stream id is already live")
         if not self.free:
             raise RuntimeError(f"all {self.slots} generator slots are in use")
         state = self.gen.new_stream(self.free[0], tokens, prompt, params)
@@ -130,9 +130,9 @@ class VocoderService:
     once per distinct prompt and kept in a small LRU: streams of a stored voice start from a copy.
     """
 
-    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32):
+    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32, max_streams: int = 1024):
         self.tts = tts
-        self.idle_seconds = idle_seconds
+        self.idle_seconds, self.max_streams = idle_seconds, max_streams
         self.streams: dict[int, VocoderStream] = {}
         self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
         self.primed_cache = primed_cache
@@ -197,12 +197,14 @@ class VocoderService:
                     continue
                 if len(c.prompt_latents):
                     if c.stream_id in self.streams:
-                        raise ValueError(f"vocoder stream {c.stream_id} was started twice")
+                        raise ValueError("the vocoder stream was started twice")
+                    if len(self.streams) >= self.max_streams:
+                        raise RuntimeError(f"the vocoder holds its maximum of {self.max_streams} streams")
                     self.streams[c.stream_id] = VocoderStream(self._primed(c.prompt_latents), now)
                 stream = self.streams.get(c.stream_id)
                 if stream is None:
                     raise ValueError(
-                        f"vocoder stream {c.stream_id} is unknown (its first chunk had no prompt latents, "
+                        "the vocoder stream is unknown (its first chunk had no prompt latents, "
                         "or it ended, or it was reclaimed after idling)"
                     )
                 stream.last_seen = now

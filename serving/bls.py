@@ -9,36 +9,58 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from engine.orchestrator import ERROR, INVALID, Chunk, Segment, StreamFailed
+from engine.orchestrator import ERROR, INVALID, Chunk, Segment, StreamFailed, linger
 from serving import contract as C
 from serving.cancel import CancelBoard
 from serving.requests import Voice
-from serving.triton_io import chunk_tensors, read_chunk, tensors
+from serving.triton_io import bls_error, chunk_tensors, read_chunk, tensors
 
 log = logging.getLogger("tts")
+LOST_POLL_SECONDS = 0.25
+LOST = ("the generator lost this stream: Triton stopped scheduling it after another client cancelled its "
+        "request (a Triton 2.51 fault); retry")  # fmt: skip
 
 
 class BLS:
-    """What the three clients share: ``pb``, the timeout and the thread pool for stream iteration."""
+    """What the three clients share: ``pb``, the timeout, the thread pool for stream iteration and the
+    request parameters that mark a request as ours (:class:`serving.auth.Keys`)."""
 
-    def __init__(self, pb, timeout: float, pool):
-        self.pb, self.timeout, self.pool = pb, timeout, pool
+    def __init__(self, pb, timeout: float, pool, parameters: dict[str, str] | None = None):
+        self.pb, self.timeout, self.pool, self.parameters = pb, timeout, pool, dict(parameters or {})
+        self.tasks: set[asyncio.Task] = set()  # work that must finish although its caller was cancelled
+
+    def submit(self, request, **kw) -> asyncio.Task:
+        """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
+        awaits it shielded). Cut short, the stub freed the request while its thread still sent it: the
+        generator read TEXT of 3209585762 bytes; and a dropped decoupled response iterator makes Triton
+        drop the request, so the generator kept the stream's slot (both seen with clients leaving early)."""
+
+        async def run():
+            return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
+
+        return self.background(run())
+
+    def background(self, coro) -> asyncio.Task:
+        task = linger(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     def raise_for(self, model: str, response) -> None:
-        if response.has_error():
-            err = response.error()
-            invalid = err.code() == self.pb.TritonError.INVALID_ARG
-            raise (ValueError if invalid else RuntimeError)(f"{model}: {err.message()}")
+        error = bls_error(self.pb, model, response)
+        if error is not None:
+            raise error
 
     async def call(self, model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
-                                           timeout=int(self.timeout * 1e6))  # fmt: skip
+                                           parameters=self.parameters, timeout=int(self.timeout * 1e6))  # fmt: skip
         try:
-            response = await asyncio.wait_for(request.async_exec(), self.timeout)
+            response = await asyncio.wait_for(asyncio.shield(self.submit(request)), self.timeout)
         except TimeoutError:
             raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s") from None
         self.raise_for(model, response)
@@ -53,14 +75,21 @@ class ResponseStream:
         self.bls, self.model, self.responses = bls, model, responses
         self.pending: asyncio.Future | None = None
 
-    async def next(self):
-        """The next response, None at the end of the stream."""
+    async def next(self, lost: Callable[[], bool] = lambda: False):
+        """The next response, None at the end of the stream. StreamFailed as soon as ``lost()`` says the
+        model has given the stream up (checked every LOST_POLL_SECONDS while waiting)."""
         if self.pending is None:
             self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, self.responses, None)
-        try:
-            response = await asyncio.wait_for(asyncio.shield(self.pending), self.bls.timeout)
-        except TimeoutError:
-            raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
+        deadline = time.monotonic() + self.bls.timeout
+        while True:
+            try:
+                response = await asyncio.wait_for(asyncio.shield(self.pending), LOST_POLL_SECONDS)
+                break
+            except TimeoutError:
+                if lost():
+                    raise StreamFailed(ERROR + LOST) from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
         self.pending = None
         return response
 
@@ -89,17 +118,23 @@ class BLSGenerator:
         pb, p = self.bls.pb, segment.params
         values = {**segment.prompt, "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
         parameters = {"steps": p.steps, "cfg": repr(p.cfg), "max_patches": p.max_patches,
-                      "chunk_first": segment.schedule[0], "chunk_next": segment.schedule[-1]}  # fmt: skip
+                      "chunk_first": segment.schedule[0], "chunk_next": segment.schedule[-1],
+                      **self.bls.parameters}  # fmt: skip
         request = pb.InferenceRequest(
             model_name="generator", inputs=tensors(pb, C.GENERATOR_INPUTS, values), parameters=parameters,
             requested_output_names=[s.name for s in C.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
-        responses = ResponseStream(self.bls, "generator", await request.async_exec(decoupled=True))
+        started = self.bls.submit(request, decoupled=True)
+        try:
+            responses = ResponseStream(self.bls, "generator", await asyncio.shield(started))
+        except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
+            self.bls.background(self._cancel_once_started(segment.stream_id, started, request))
+            raise
         ended = False
         try:
             while not ended:
-                response = await responses.next()
+                response = await responses.next(lambda: self.cancels.consume_lost(segment.stream_id))
                 if response is None:
                     return  # the orchestrator reports a stream that ended without a last chunk
                 self.bls.raise_for("generator", response)
@@ -109,19 +144,32 @@ class BLSGenerator:
                 ended = chunk.last
                 yield chunk
         finally:
-            if not ended:
-                await self._cancel(segment.stream_id, responses)
+            if not ended:  # shielded: cut short, it would drop the request before its stream ended
+                await asyncio.shield(self.bls.background(self._cancel(segment.stream_id, responses, request)))
 
-    async def _cancel(self, stream_id: int, responses: ResponseStream) -> None:
-        """Ask the generator to end the stream (it does so at its next step) and wait for that."""
+    async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:
+        try:
+            await self._cancel(stream_id, ResponseStream(self.bls, "generator", await started), request)
+        except Exception as e:
+            log.warning("stream %x: could not cancel it: %s", stream_id, e)
+
+    async def _cancel(self, stream_id: int, responses: ResponseStream, request) -> None:
+        """Ask the generator to end the stream (it does so at its next step) and wait for that.
+
+        ``request`` is held until then: Triton reads its input tensors, which live in this stub's shared
+        memory, at every step of the stream. Let go earlier (a cleanup cut short by a second cancel),
+        they were freed under a live stream: Triton silently dropped it and the streams batched with it,
+        and new requests' tensors came out garbled (TEXT of 3209585762 bytes)."""
         self.cancels.mark(stream_id)
         try:
             while True:
-                response = await responses.next()
+                response = await responses.next(lambda: self.cancels.consume_lost(stream_id))
                 if response is None or response.has_error():
                     break
                 if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:
                     break
+        except StreamFailed:  # the generator gave the stream up itself
+            pass
         except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
             log.warning("stream %x: %s after it was cancelled", stream_id, e)
             return

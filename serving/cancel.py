@@ -4,13 +4,15 @@ Triton 2.51's Python backend cannot cancel a BLS request it started, so a cancel
 would keep its generator slot until the utterance ends. Instead, ``tts`` marks the stream's id in a
 private per-server directory (tmpfs where available) and the generator checks the marks of its live
 streams at every step (one ``stat`` per stream), ending a marked stream within one step. The generator
-removes a mark it acts on; ``tts`` removes one the stream ended without seeing.
+removes a mark it acts on; ``tts`` removes one the stream ended without seeing; marks left behind
+(a ``tts`` that timed out waiting, or died) are swept once they are a minute old.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -28,8 +30,7 @@ class CancelBoard:
         return os.path.join(self.dir, str(int(stream_id)))  # ints only: an id can never name another path
 
     def mark(self, stream_id: int) -> None:
-        fd = os.open(self._path(stream_id), os.O_CREAT | os.O_WRONLY, 0o600)
-        os.close(fd)
+        os.close(os.open(self._path(stream_id), os.O_CREAT | os.O_WRONLY, 0o600))
 
     def is_marked(self, stream_id: int) -> bool:
         return os.path.exists(self._path(stream_id))
@@ -40,9 +41,36 @@ class CancelBoard:
         except FileNotFoundError:
             pass
 
+    # The other direction: the generator gave a stream up (Triton stopped scheduling its request), and
+    # tts, waiting for that stream's next chunk, ends it with an error instead of waiting for a timeout.
+    def _lost_path(self, stream_id: int) -> str:
+        return os.path.join(self.dir, f"lost-{int(stream_id)}")
+
+    def mark_lost(self, stream_id: int) -> None:
+        os.close(os.open(self._lost_path(stream_id), os.O_CREAT | os.O_WRONLY, 0o600))
+
+    def consume_lost(self, stream_id: int) -> bool:
+        try:
+            os.unlink(self._lost_path(stream_id))
+            return True
+        except FileNotFoundError:
+            return False
+
     def consume(self, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
         if not self.is_marked(stream_id):
             return False
         self.clear(stream_id)
         return True
+
+    def sweep(self, max_age: float = 60.0) -> int:
+        """Remove marks older than ``max_age`` seconds (a live stream acts on its mark within one step)."""
+        cutoff, removed = time.time() - max_age, 0
+        for entry in os.scandir(self.dir):
+            try:
+                if entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                pass
+        return removed

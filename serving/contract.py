@@ -128,7 +128,7 @@ GENERATOR_INPUTS = (
 # Every response carries all the vocoder's inputs (engine.orchestrator.Chunk), so that an ensemble can
 # feed it straight on; a failed stream ends with a normal last response whose reason says why.
 GENERATOR_OUTPUTS = (
-    Spec("STREAM_ID", "TYPE_UINT64", (1,), doc="the stream (its correlation id); keys the vocoder state"),
+    Spec("STREAM_ID", "TYPE_UINT64", (1,), doc="the stream's id, issued with a MAC (serving.auth); keys the vocoder state"),
     Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents (may be empty when LAST)"),
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),

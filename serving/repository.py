@@ -31,15 +31,29 @@ class ServeOptions:
     vocoder_idle_seconds: int = 60  # abandoned vocoder state is reclaimed after this
     voice_dir: str = ""  # empty: serving.voice_store.default_dir()
     max_anonymous_voices: int = 256  # LRU bound of anonymous reference prompts kept on disk
+    voice_store_max_gb: float = 2.0  # bound on the voice store's files (1 GB = 1e9 bytes); named voices are kept
     device: str = "cpu"
     bls_timeout_seconds: int = 120  # every BLS call from tts
     cancel_dir: str = ""  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
+    run_dir: str = ""  # the launcher's run folder: heartbeats and flags (serving.supervise); empty: none
+    max_queue: int = -1  # tts requests that may wait for a slot beyond the running ones (-1: 4 x slots)
+    # Serve tts_ensemble. Its steps cannot carry the internal key, so the internal models then also take
+    # key-less requests for what the ensemble does (see serving.auth); without it they refuse them.
+    ensemble: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 256:
             raise ValueError(f"slots must be in 1..256, got {self.slots}")
         if self.max_len < 64:
             raise ValueError("max_len must be >= 64")
+        if not self.voice_store_max_gb > 0:
+            raise ValueError(f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}")
+        if self.max_queue < -1:
+            raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
+
+    @property
+    def queue(self) -> int:
+        return 4 * self.slots if self.max_queue == -1 else self.max_queue
 
 
 def _io(inputs, outputs, ragged=()) -> str:
@@ -49,12 +63,14 @@ def _io(inputs, outputs, ragged=()) -> str:
 
 
 def _params(opts: ServeOptions, **extra) -> str:
-    kv = {"checkpoint": opts.checkpoint, "device": opts.device, **{k: str(v) for k, v in extra.items()}}
+    kv = {"checkpoint": opts.checkpoint, "device": opts.device, "run_dir": opts.run_dir,
+          **{k: str(v) for k, v in extra.items()}}  # fmt: skip
     return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in kv.items())
 
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
+    public = int(opts.ensemble)
     header = (
         '# Rendered by serving.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
     )
@@ -62,14 +78,16 @@ def render(opts: ServeOptions) -> dict[str, str]:
         f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
         + _io(C.TTS_INPUTS, C.TTS_OUTPUTS)
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, bls_timeout_seconds=opts.bls_timeout_seconds, cancel_dir=opts.cancel_dir)
+        + _params(opts, bls_timeout_seconds=opts.bls_timeout_seconds, cancel_dir=opts.cancel_dir, slots=opts.slots,
+                  max_queue=opts.queue)
     )
     prompt = (
         f'name: "prompt_encoder"\n{header}max_batch_size: 8\n'
         + "dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
         + _io(C.PROMPT_INPUTS, C.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices)
+        + _params(opts, voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices,
+                  voice_store_max_gb=opts.voice_store_max_gb, public_steps=public)
     )
     gen = (
         f'name: "generator"\n{header}max_batch_size: {opts.slots}\nmodel_transaction_policy {{ decoupled: true }}\n'
@@ -78,14 +96,15 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "  max_sequence_idle_microseconds: 600000000\n}\n"
         + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, slots=opts.slots, max_len=opts.max_len, cancel_dir=opts.cancel_dir)
+        + _params(opts, slots=opts.slots, max_len=opts.max_len, cancel_dir=opts.cancel_dir, public_steps=public)
     )
     voc = (
         f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
         + f"dynamic_batching {{ max_queue_delay_microseconds: {opts.vocoder_queue_delay_us} }}\n"
         + _io(C.VOCODER_INPUTS, C.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, idle_seconds=opts.vocoder_idle_seconds)
+        + _params(opts, idle_seconds=opts.vocoder_idle_seconds, max_streams=4 * opts.slots + 64,
+                  public_steps=public)
     )
     voices = (
         f'name: "voices"\n{header}max_batch_size: 0\n'
@@ -93,8 +112,11 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
     )
-    return {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "generator": gen, "vocoder": voc,
-            "voices": voices}  # fmt: skip
+    models = {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "generator": gen, "vocoder": voc,
+              "voices": voices}  # fmt: skip
+    if not opts.ensemble:
+        del models["tts_ensemble"]
+    return models
 
 
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:

@@ -6,16 +6,19 @@ Every error is a ValueError that names the input or parameter as the client spel
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.audio import check_reference
 from engine.orchestrator import Utterance
 from engine.params import GENERATION_PARAMETERS, Parameter, generation_params, parse_parameters
 from engine.text import language_tag
 from serving.contract import TTS_PARAMETERS
 
 MAX_TEXT_CHARS = 4000
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -31,14 +34,18 @@ class Voice:
 def request_parameters(raw: str | dict | None, known: tuple[Parameter, ...] = TTS_PARAMETERS) -> dict:
     """Triton's request parameters (JSON text in the Python backend) -> typed values with defaults."""
     try:
-        given = json.loads(raw) if isinstance(raw, str) and raw else dict(raw or {})
-    except ValueError:
+        given = json.loads(raw) if isinstance(raw, str) and raw else raw or {}
+    except (ValueError, RecursionError):
         raise ValueError("request parameters are not valid JSON") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"request parameters must be a JSON object, got {type(given).__name__}")
     return parse_parameters(given, known)
 
 
 def check_language(language: str | None, field: str = "LANGUAGE") -> str:
     language = language or "English"
+    if not isinstance(language, str):
+        raise ValueError(f"{field} must be a string, got {type(language).__name__}")
     try:
         language_tag(language)
     except ValueError as e:
@@ -46,12 +53,35 @@ def check_language(language: str | None, field: str = "LANGUAGE") -> str:
     return language
 
 
-def check_text(text: str | None, field: str = "TEXT") -> str:
-    if text is None or not text.strip():
+def check_text(text: str | None, field: str = "TEXT", required: bool = True) -> str:
+    if not isinstance(text, str) or (required and not text.strip()):
         raise ValueError(f"{field} must be a non-empty string")
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"{field} is {len(text)} characters; the limit is {MAX_TEXT_CHARS} (split long texts)")
     return text
+
+
+def check_seed(seed, field: str = "SEED") -> int | None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
+        raise ValueError(f"{field} must be an int64, got {seed!r}")
+    return seed
+
+
+def check_name(name: str, field: str = "NAME") -> str:
+    """A voice name: [A-Za-z0-9_-]{1,64}, safe as a file name."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise ValueError(f"{field}: voice name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+    return name
+
+
+def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
+    """REF_AUDIO ([n], or [1, n] with a batch dimension) and REF_SAMPLE_RATE -> (float32 (n,), rate).
+
+    Non-finite samples and peaks above engine.audio.MAX_REFERENCE_PEAK are refused, not normalised
+    (see :func:`engine.audio.check_reference`); the tts front door, prompt_encoder and voices share this.
+    """
+    audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
+    return audio, int(sample_rate)
 
 
 def build_request(
@@ -67,22 +97,23 @@ def build_request(
     """Validate one ``tts`` request -> what to say and in which voice."""
     text = check_text(text)
     language = check_language(language)
+    ref_text = check_text(ref_text or "", "REF_TEXT", required=False)
     if ref_audio is not None:
-        ref_audio = np.asarray(ref_audio, dtype=np.float32).reshape(-1)
-        if ref_audio.size == 0:
-            raise ValueError("REF_AUDIO is empty")
-        if not ref_sample_rate:
-            raise ValueError("REF_SAMPLE_RATE is required with REF_AUDIO")
         if voice_id:
             raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
     elif ref_text:
         raise ValueError("REF_TEXT was given without REF_AUDIO")
+    elif ref_sample_rate:
+        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
+    if voice_id:
+        check_name(voice_id, "VOICE_ID")
     values = request_parameters(parameters)
-    params, schedule = generation_params(seed, values)
+    params, schedule = generation_params(check_seed(seed), values)
     utterance = Utterance(text, language, params, schedule, values["split_tokens"])
-    return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text or "", voice_id or "")
+    return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 
 def generation_request(seed: int | None, parameters: str | dict | None):
     """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule)."""
-    return generation_params(seed, request_parameters(parameters, GENERATION_PARAMETERS))
+    return generation_params(check_seed(seed), request_parameters(parameters, GENERATION_PARAMETERS))

@@ -1,20 +1,29 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
-Renders the model repository for the options, finds ``tritonserver`` (see :mod:`serving.triton_env`),
-runs it in explicit model-control mode and forwards SIGINT/SIGTERM, so no server outlives the launcher.
+Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
+:mod:`serving.triton_env`) and runs it in explicit model-control mode under a :class:`Supervisor`, which
+restarts it when a backend dies or hangs. SIGINT/SIGTERM drain running tts streams for ``--drain-seconds``
+(a second signal cuts the drain short) and stop everything; a killed launcher takes tritonserver with it.
 Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
+import os
+import secrets
+import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
 
 from engine.config import cache_dir
 from serving.repository import ServeOptions, build
+from serving.supervise import Supervisor, start_watchdog
 from serving.triton_env import Ports, TritonServer
 from serving.voice_store import default_dir as default_voice_dir
 
@@ -24,6 +33,43 @@ def default_checkpoint() -> Path:
     from engine.checkpoint import cached_checkpoint
 
     return cached_checkpoint("tiny", cache_dir() / "checkpoints" / "tiny-seed0")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def busy_port(host: str, ports: Ports) -> str | None:
+    """Which port cannot be bound on ``host`` (held open together, so a port given twice is busy too)."""
+    with contextlib.ExitStack() as stack:
+        for name, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+            family, kind, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            s = stack.enter_context(socket.socket(family, kind))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no obstacle
+            try:
+                s.bind(addr)
+            except OSError as e:
+                return f"{name} port {port} on {host} is busy ({e.strerror})"
+    return None
+
+
+def run_folder(parent: Path | None) -> Path:
+    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
+    path.mkdir(parents=True)
+    return path
+
+
+def write_key(path: Path) -> str:
+    key = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,50 +85,74 @@ def main(argv: list[str] | None = None) -> int:
         "--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)"
     )
     ap.add_argument("--max-anonymous-voices", type=int, default=256, help="LRU bound of stored reference prompts")
+    ap.add_argument("--voice-store-max-gb", type=float, default=2.0,
+                    help="bound on the voice store's files; anonymous prompts are evicted to stay under it")  # fmt: skip
+    ap.add_argument("--max-queue", type=int, default=-1,
+                    help="tts requests that may wait for a slot; more get UNAVAILABLE / HTTP 503 (default: 4 x slots)")
+    ap.add_argument("--no-ensemble", action="store_true",
+                    help="do not serve tts_ensemble; the internal models then refuse every request but tts's")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--work-dir", type=Path, default=None, help="where the rendered repository and logs go")
+    ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
+    key_source = ap.add_mutually_exclusive_group()
+    key_source.add_argument("--admin-key", help="key of Triton's admin APIs (default: a new one per run)")
+    key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
+    ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
+    ap.add_argument("--drain-seconds", type=float, default=10.0, help="on SIGTERM, how long running streams may finish")
     args = ap.parse_args(argv)
 
+    admin_key = args.admin_key
+    if args.admin_key_file:
+        try:
+            admin_key = args.admin_key_file.read_text().partition("\n")[0].strip()
+        except OSError as e:
+            ap.error(f"cannot read --admin-key-file: {e}")
+    if admin_key == "":
+        ap.error("the admin key is empty")
+    if not is_loopback(args.host) and admin_key is None and not args.insecure:
+        ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
+                 "(or --insecure to use a generated key anyway)")  # fmt: skip
+    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
+    busy = busy_port(args.host, ports)
+    if busy:  # before anything is written: a running server's files stay as they are
+        print(f"cannot start: {busy}", file=sys.stderr)
+        return 2
     ckpt = (args.checkpoint or default_checkpoint()).resolve()
     if not ckpt.is_dir():
         ap.error(f"checkpoint folder not found: {ckpt}")
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
-    work = (args.work_dir or cache_dir() / "run" / f"{args.grpc_port}").resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    work = run_folder(args.work_dir)
+    print(f"run folder: {work}", file=sys.stderr, flush=True)
+    if admin_key is None:
+        admin_key = write_key(work / "admin_key")
+        print(f"admin key: {work / 'admin_key'}", file=sys.stderr, flush=True)
     opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir), device=args.device,
-                        max_anonymous_voices=args.max_anonymous_voices,
-                        cancel_dir=str(work / "cancel"))  # fmt: skip
+                        max_anonymous_voices=args.max_anonymous_voices, voice_store_max_gb=args.voice_store_max_gb,
+                        max_queue=args.max_queue,
+                        ensemble=not args.no_ensemble,
+                        cancel_dir=str(work / "cancel"), run_dir=str(work))  # fmt: skip
     repo = build(work / "model_repository", opts)
-    server = TritonServer(repo, work, Ports(args.http_port, args.grpc_port, args.metrics_port), host=args.host,
-                          log_path=work / "tritonserver.log")  # fmt: skip
-    stop = {"sig": None}
-
-    def on_signal(signum, _frame):
-        stop["sig"] = signum
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key)
+    start_watchdog(repo, server.shm_prefix)
+    signals = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
-    server.start()
+    supervisor, code = Supervisor(server, work), 0
     try:
-        t0 = time.monotonic()
-        while stop["sig"] is None and not server.is_ready():
-            time.sleep(0.25)
-        if stop["sig"] is None:
-            print(
-                f"ready in {time.monotonic() - t0:.1f} s: gRPC {args.host}:{args.grpc_port}, "
-                f"HTTP http://{args.host}:{args.http_port}, metrics http://{args.host}:{args.metrics_port}/metrics",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-        while stop["sig"] is None and server.proc.poll() is None:
-            time.sleep(0.5)
-        if server.proc.poll() is not None and stop["sig"] is None:
-            print(f"tritonserver exited with {server.proc.returncode}; log tail:\n{server.log_tail()}", file=sys.stderr)
-            return 1
-        return 0
+        supervisor.run(stopping=lambda: bool(signals))
+    except RuntimeError as e:  # tritonserver exited before it was ready
+        print(e, file=sys.stderr)
+        code = 1
     finally:
-        server.stop()
-        print("tritonserver stopped", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        supervisor.shutdown(args.drain_seconds if code == 0 else 0, hurry=lambda: len(signals) > 1)
+        for entry in work.iterdir():  # keep the log; the key dies with the server
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry.name != "tritonserver.log":
+                entry.unlink()
+        print(f"tritonserver stopped in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

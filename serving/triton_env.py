@@ -6,7 +6,9 @@ Used by the launcher (:mod:`serving.serve`) and by the integration tests.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -18,8 +20,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, Keys
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
+# Triton APIs that can load code, touch shared memory, or change logging and tracing: refused to any
+# request without the admin key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
+# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+ADMIN_HEADER = "admin-key"
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,17 @@ class Ports:
         return cls(free_port(), free_port(), free_port())
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies, so a
+    killed launcher (or test run) leaves no server behind; its stubs then exit on their own
+    (:func:`serving.supervise.start_heartbeat`). Runs between fork and exec: no imports here."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(
@@ -91,7 +112,14 @@ class TritonServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
+
+    @property
+    def shm_prefix(self) -> str:
+        """Names of the Python backend's /dev/shm segments of this server (cleaned up by the launcher)."""
+        return f"tts{os.getpid()}_{self.ports.grpc}_"
 
     def command(self, install: TritonInstall) -> list[str]:
         return [
@@ -108,8 +136,10 @@ class TritonServer:
             f"--metrics-port={self.ports.metrics}",
             "--backend-config=python,shm-default-byte-size=67108864",
             "--backend-config=python,shm-growth-byte-size=16777216",
-            f"--backend-config=python,shm-region-prefix-name=tts{os.getpid()}_{self.ports.grpc}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--log-verbose=0",
+            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
 
@@ -117,9 +147,11 @@ class TritonServer:
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
         log = open(self.log_path, "ab")
+        env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key),
+                                   **self.extra_env})  # fmt: skip
         self.proc = subprocess.Popen(
-            self.command(install), env=server_env(install, self.extra_env), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
         log.close()
         return self
@@ -143,9 +175,9 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
 
-    def metrics(self, prefixes: tuple[str, ...] = ("tts_",)) -> dict[str, float]:
+    def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
         """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.ports.metrics}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(f"http://{self.host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
             text = r.read().decode()
         out = {}
         for line in text.splitlines():
@@ -160,17 +192,19 @@ class TritonServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
+        """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers; remove the
+        shared memory a killed server leaves behind."""
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout)
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
         except ProcessLookupError:
             pass
+        for segment in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            segment.unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from engine.orchestrator import Chunk
+from engine.orchestrator import ERROR, INVALID, Chunk
 from serving import contract as C
 from serving.requests import check_language, check_text, generation_request
 
@@ -83,9 +83,25 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
     return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
 
 
-def error_response(pb, message: str, invalid: bool = True):
+def error_response(pb, message: str, invalid: bool = True, tagged: bool = False):
+    """An error response. ``tagged``: the message starts with ``invalid: `` or ``error: `` too, for
+    models called through BLS, where Triton 2.51 reports every error code as INTERNAL (the Python
+    backend passes codes through only since python_backend #398): :func:`bls_error` reads the tag."""
     code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
+    if tagged:
+        message = (INVALID if invalid else ERROR) + message
     return pb.InferenceResponse(error=pb.TritonError(message, code))
+
+
+def bls_error(pb, model: str, response) -> Exception | None:
+    """A BLS response's error as ValueError (the request was invalid) or RuntimeError, naming the model."""
+    if not response.has_error():
+        return None
+    err = response.error()
+    message = err.message()
+    invalid = err.code() == pb.TritonError.INVALID_ARG or message.startswith(INVALID)
+    message = message.removeprefix(INVALID).removeprefix(ERROR)
+    return ValueError(message) if invalid else RuntimeError(f"{model}: {message}")
 
 
 def tensors(pb, specs, values: dict, batch: bool = True) -> list:
@@ -119,17 +135,26 @@ def read_chunk(tensor):
     )
 
 
-def stream_request(pb, request, tts):
+def stream_request(pb, request, tts, parameters: str | dict | None = None):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
-    the input for bad input. Used by the generator model (and the benchmark's engine-thread variant)."""
+    the input for bad input. ``parameters``: the request's, if already read (default: all of them).
+    Used by the generator model (and the benchmark's engine-thread variant)."""
     import torch
 
     from engine.prompt import VoicePrompt
 
     text = check_text(string(pb, request, "TEXT"))
     language = check_language(string(pb, request, "LANGUAGE", ""))
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), request.parameters())
-    latents = get(pb, request, "PROMPT_LATENTS").reshape(-1, C.LATENT_DIM).astype(np.float32)
+    given = request.parameters() if parameters is None else parameters
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    latents = get(pb, request, "PROMPT_LATENTS").astype(np.float32)
+    if latents.size % C.LATENT_DIM:
+        raise ValueError(f"PROMPT_LATENTS must have {C.LATENT_DIM} values per row, got shape {latents.shape}")
     speaker = get(pb, request, "SPEAKER").reshape(-1).astype(np.float32)
-    prompt = VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker), string(pb, request, "PROMPT_TEXT", ""))
+    text_of_prompt = string(pb, request, "PROMPT_TEXT", "")
+    try:
+        latents_t = torch.from_numpy(latents.reshape(-1, C.LATENT_DIM))
+        prompt = VoicePrompt(latents_t, torch.from_numpy(speaker), text_of_prompt)
+    except ValueError as e:
+        raise ValueError(f"PROMPT_LATENTS: {e}") from None
     return tts.tokens(text, language, prompt), prompt, params, schedule

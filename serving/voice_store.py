@@ -3,16 +3,18 @@
 Layout under the store's root (format version 1)::
 
     v1/named/<name>.prompt.safetensors    encoded prompt: latents, speaker (+ JSON metadata)
-    v1/named/<name>.source.safetensors    the reference audio and transcript it was encoded from
-    v1/anon/<key>.prompt.safetensors      the same for anonymous references, keyed by content hash
-    v1/anon/<key>.source.safetensors
+    v1/named/<name>.source.safetensors    the reference it was encoded from, resampled to 24 kHz, and transcript
+    v1/anon/<key>.prompt.safetensors      the prompt of an anonymous reference, keyed by content hash
     v1/.lock                              writers hold an exclusive flock
 
 Only safetensors (tensors + a str->str header) and JSON are ever read: nothing is unpickled. Writes go
 to a unique temporary file and are renamed into place, so readers see a whole old or a whole new file.
-A prompt whose checkpoint identity, format version or preprocessing differs, or which cannot be read,
-is re-encoded from its source file (and logged). Anonymous entries are bounded by an LRU on file
-modification times.
+Every file carries a sha256 of what it holds. A named prompt that is damaged, unreadable, or made with
+another checkpoint, format version or preprocessing is re-encoded from its source (and logged); an
+anonymous one from the request's audio (the key hashes that audio, so no source is kept for it).
+Anonymous entries are evicted least recently used first (file modification times) to stay within
+``max_anonymous`` entries and, with named voices, ``max_bytes``; named voices are never evicted.
+A read-only store still serves what it holds.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +34,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine import audio as A
 from engine.config import cache_dir
 from engine.prompt import VoicePrompt
+from serving.requests import NAME_RE, check_name
+
+__all__ = ["NAME_RE", "VoiceInfo", "VoiceNotFound", "VoiceStore", "check_name", "content_key", "default_dir"]
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "1"
 # Everything between the reference clip and the prompt besides the checkpoint: part of every key.
 PREPROCESSING = "resample=sinc-hann-w6-r0.99;pad=left-3840;fbank=kaldi-80-16k-meansub"
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MAX_SOURCE_SECONDS = 60
 
 
 class VoiceNotFound(KeyError):
@@ -50,15 +53,13 @@ class VoiceNotFound(KeyError):
         return str(self.args[0])
 
 
+class StoreNotWritable(RuntimeError):
+    """A registration or removal that needs to write to a store that cannot be written."""
+
+
 def default_dir() -> Path:
     """Voices live in the user's cache unless the server is given --voice-dir."""
     return cache_dir() / "voices"
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ValueError(f"voice name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
-    return name
 
 
 def content_key(audio: np.ndarray, sample_rate: int, text: str, identity: str) -> str:
@@ -67,6 +68,15 @@ def content_key(audio: np.ndarray, sample_rate: int, text: str, identity: str) -
         h.update(part.encode("utf-8") + b"\0")
     h.update(np.ascontiguousarray(audio, dtype="<f4").tobytes())
     return h.hexdigest()[:32]
+
+
+def checksum(tensors: dict[str, torch.Tensor], text: str) -> str:
+    """sha256 of a file's tensors (in name order) and transcript: what a damaged file no longer matches."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + b"\0" + tensors[name].contiguous().numpy().tobytes())
+    h.update(text.encode("utf-8"))
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -89,25 +99,38 @@ def _write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, 
             tmp.unlink()
 
 
-def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and header of a safetensors file; any problem raises ValueError."""
+def _read(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and header of a safetensors file whose checksum matches (or, with ``unchecked_ok``, that
+    has none: written before checksums); any problem raises ValueError."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+            tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+        actual = checksum(tensors, meta.get("text", ""))
     except FileNotFoundError:
         raise
     except Exception as e:  # safetensors raises several types for damaged files
         raise ValueError(f"{path.name}: unreadable ({type(e).__name__}: {e})") from None
+    digest = meta.get("sha256")
+    if (digest or not unchecked_ok) and digest != actual:
+        raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
+    return tensors, meta
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class VoiceStore:
     """Named and anonymous voice prompts on disk, shared safely by several processes.
 
     Args:
-        root: store directory (created).
+        root: store directory (created if it can be).
         identity: checkpoint identity; prompts encoded with another checkpoint are re-encoded.
-        encode: reference (audio, sample_rate, text) -> :class:`VoicePrompt`.
+        encode: reference (audio, sample_rate, text) -> :class:`VoicePrompt`; resamples with
+            :func:`engine.audio.resample` as the store does, so a 24 kHz source gives the same prompt.
         max_anonymous: LRU bound for anonymous entries.
+        max_bytes: bound on all files (None: none); anonymous entries are evicted to stay under it, and
+            registering a named voice that would put named voices alone over it is refused.
     """
 
     def __init__(
@@ -116,18 +139,31 @@ class VoiceStore:
         identity: str,
         encode: Callable[..., VoicePrompt] | None,
         max_anonymous: int = 256,
+        max_bytes: int | None = None,
     ):
         self.root = Path(root or default_dir()) / f"v{FORMAT_VERSION}"
         self.identity = identity
         self._encode = encode
         self.max_anonymous = max_anonymous
+        self.max_bytes = max_bytes
         self.encodes = 0  # prompts encoded by this process
         self.hits = 0  # prompts served from disk
-        for sub in ("named", "anon"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._warned_read_only = False
+        try:
+            for sub in ("named", "anon"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self._read_only(e)
+
+    def _read_only(self, error: OSError) -> None:
+        """Log, once, that the store cannot be written: it keeps serving what it holds."""
+        if not self._warned_read_only:
+            self._warned_read_only = True
+            log.warning("voice store %s is not writable (%s): serving stored voices, storing nothing new",
+                        self.root, error)  # fmt: skip
 
     @contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[None]:
         with open(self.root / ".lock", "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
@@ -135,23 +171,25 @@ class VoiceStore:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Hold the lock for a write that must happen: an OSError becomes StoreNotWritable naming ``what``."""
+        try:
+            with self._locked():
+                yield
+        except OSError as e:
+            raise StoreNotWritable(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
+
     def _paths(self, kind: str, key: str) -> tuple[Path, Path]:
         base = self.root / kind / key
         return base.with_name(key + ".prompt.safetensors"), base.with_name(key + ".source.safetensors")
 
-    # -- encode and (re)write --------------------------------------------------------------------
-    def _encode_and_write(self, kind: str, key: str, audio: np.ndarray, sr: int, text: str, write_source: bool):
-        prompt = self._encode(audio, sr, text)
-        self.encodes += 1
-        p_path, s_path = self._paths(kind, key)
+    # -- files -----------------------------------------------------------------------------------
+    def _prompt_file(self, prompt: VoicePrompt) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        tensors = {"latents": prompt.latents.float(), "speaker": prompt.speaker.float()}
         meta = {"format_version": FORMAT_VERSION, "checkpoint": self.identity, "preprocessing": PREPROCESSING,
-                "text": text, "created": repr(time.time())}  # fmt: skip
-        with self._locked():
-            if write_source:
-                _write_atomic(s_path, {"audio": torch.from_numpy(np.ascontiguousarray(audio, np.float32))},
-                              {"format_version": FORMAT_VERSION, "sample_rate": str(int(sr)), "text": text})  # fmt: skip
-            _write_atomic(p_path, {"latents": prompt.latents.float(), "speaker": prompt.speaker.float()}, meta)
-        return prompt
+                "text": prompt.text, "created": repr(time.time()), "sha256": checksum(tensors, prompt.text)}  # fmt: skip
+        return tensors, meta
 
     def _load_prompt(self, p_path: Path) -> VoicePrompt:
         tensors, meta = _read(p_path)
@@ -165,68 +203,133 @@ class VoiceStore:
             raise ValueError(f"{p_path.name}: malformed entry ({e})") from None
 
     def _load_source(self, s_path: Path) -> tuple[np.ndarray, int, str]:
-        tensors, meta = _read(s_path)
+        tensors, meta = _read(s_path, unchecked_ok=True)  # a source from before checksums is still the best there is
         try:
-            audio = tensors["audio"].numpy().astype(np.float32)
-            return audio, int(meta["sample_rate"]), meta["text"]
+            return tensors["audio"].numpy().astype(np.float32), int(meta["sample_rate"]), meta["text"]
         except (KeyError, ValueError) as e:
             raise ValueError(f"{s_path.name}: malformed source ({e})") from None
 
-    def _get_or_reencode(self, kind: str, key: str, what: str) -> VoicePrompt:
-        p_path, s_path = self._paths(kind, key)
+    def _touch(self, path: Path) -> None:
+        """Mark an entry most recently used (the LRU order); a read-only store serves without it."""
         try:
-            prompt = self._load_prompt(p_path)
-            self.hits += 1
-            os.utime(p_path)  # LRU: most recently used
-            return prompt
+            os.utime(path)
         except FileNotFoundError:
-            if not s_path.exists():
-                raise
-            reason = "prompt file missing"
-        except ValueError as e:
-            reason = str(e)
-        log.warning("voice store: re-encoding %s from its stored source: %s", what, reason)
-        audio, sr, text = self._load_source(s_path)
-        return self._encode_and_write(kind, key, audio, sr, text, write_source=False)
+            pass  # evicted by another process meanwhile
+        except OSError as e:
+            self._read_only(e)
+
+    def _entries(self, kind: str) -> dict[str, list]:
+        """key -> [modification time of its prompt (0 if none), bytes of its files]."""
+        out: dict[str, list] = {}
+        for p in (self.root / kind).glob("*.safetensors"):
+            key, _, part = p.name.removesuffix(".safetensors").rpartition(".")
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # removed by another process meanwhile
+                continue
+            entry = out.setdefault(key, [0.0, 0])
+            entry[1] += st.st_size
+            if part == "prompt":
+                entry[0] = st.st_mtime
+        return out
+
+    def _evict(self) -> None:
+        """Drop the least recently used anonymous entries beyond max_anonymous or max_bytes (lock held)."""
+        anon = sorted(self._entries("anon").items(), key=lambda kv: kv[1][0])
+        total = sum(b for _, b in self._entries("named").values()) + sum(e[1] for _, e in anon)
+        excess = len(anon) - self.max_anonymous
+        for key, (_, size) in anon:
+            if excess <= 0 and (self.max_bytes is None or total <= self.max_bytes):
+                break
+            for q in self._paths("anon", key):
+                q.unlink(missing_ok=True)
+            excess, total = excess - 1, total - size
 
     # -- public API --------------------------------------------------------------------------------
     def prompt_for_audio(self, audio: np.ndarray, sample_rate: int, text: str) -> tuple[VoicePrompt, bool]:
         """The prompt of an anonymous reference; (prompt, True) when it came from disk."""
         audio = np.ascontiguousarray(audio, np.float32).reshape(-1)
         key = content_key(audio, sample_rate, text, self.identity)
+        p_path = self._paths("anon", key)[0]
         try:
-            before = self.encodes
-            prompt = self._get_or_reencode("anon", key, f"anonymous entry {key}")
-            return prompt, self.encodes == before
+            prompt = self._load_prompt(p_path)
         except FileNotFoundError:
             pass
-        prompt = self._encode_and_write("anon", key, audio, sample_rate, text, write_source=True)
-        self._evict()
+        except ValueError as e:
+            log.warning("voice store: re-encoding anonymous entry %s from the request: %s", key, e)
+        else:
+            self.hits += 1
+            self._touch(p_path)
+            return prompt, True
+        prompt = self._encode(audio, sample_rate, text)
+        self.encodes += 1
+        try:
+            with self._locked():
+                _write_atomic(p_path, *self._prompt_file(prompt))
+                self._evict()
+        except OSError as e:
+            self._read_only(e)
         return prompt, False
 
     def register(self, name: str, audio: np.ndarray, sample_rate: int, text: str) -> VoicePrompt:
-        """Encode and store a named voice (replacing one of the same name)."""
+        """Encode and store a named voice (replacing one of the same name); its source is kept at 24 kHz."""
         check_name(name)
-        audio = np.ascontiguousarray(audio, np.float32).reshape(-1)
-        if audio.size == 0 or audio.size > MAX_SOURCE_SECONDS * sample_rate:
-            raise ValueError(
-                f"voice audio must be 0..{MAX_SOURCE_SECONDS} s, got {audio.size / max(sample_rate, 1):.1f} s"
-            )
-        return self._encode_and_write("named", name, audio, sample_rate, text, write_source=True)
+        audio = A.resample(A.check_reference(audio, sample_rate), sample_rate, A.SAMPLE_RATE)
+        prompt = self._encode(audio, A.SAMPLE_RATE, text)
+        self.encodes += 1
+        source = {"audio": torch.from_numpy(audio)}
+        s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(A.SAMPLE_RATE), "text": text,
+                  "sha256": checksum(source, text)}  # fmt: skip
+        p_file = self._prompt_file(prompt)
+        p_path, s_path = self._paths("named", name)
+        with self._writing(f"register voice {name!r}"):
+            if self.max_bytes is not None:
+                others = sum(b for key, (_, b) in self._entries("named").items() if key != name)
+                need = others + _nbytes(source) + _nbytes(p_file[0])
+                if need > self.max_bytes:
+                    raise ValueError(
+                        f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, over the "
+                        f"voice store's cap of {self.max_bytes / 1e9:g} GB (--voice-store-max-gb); remove voices "
+                        "or raise the cap"
+                    )
+            _write_atomic(s_path, source, s_meta)
+            _write_atomic(p_path, *p_file)
+            self._evict()
+        return prompt
 
     def get(self, name: str) -> VoicePrompt:
         check_name(name)
+        p_path, s_path = self._paths("named", name)
         try:
-            return self._get_or_reencode("named", name, f"voice {name!r}")
+            prompt = self._load_prompt(p_path)
         except FileNotFoundError:
-            raise VoiceNotFound(f"voice {name!r} is not registered") from None
+            if not s_path.exists():
+                raise VoiceNotFound(f"voice {name!r} is not registered") from None
+            reason = "prompt file missing"
         except ValueError as e:
+            reason = str(e)
+        else:
+            self.hits += 1
+            self._touch(p_path)
+            return prompt
+        log.warning("voice store: re-encoding voice %r from its stored source: %s", name, reason)
+        try:
+            audio, sr, text = self._load_source(s_path)
+        except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"voice {name!r} is damaged beyond repair ({e}); register it again") from None
+        prompt = self._encode(audio, sr, text)
+        self.encodes += 1
+        try:
+            with self._locked():
+                _write_atomic(p_path, *self._prompt_file(prompt))
+        except OSError as e:
+            self._read_only(e)
+        return prompt
 
     def remove(self, name: str) -> bool:
         check_name(name)
         removed = False
-        with self._locked():
+        with self._writing(f"remove voice {name!r}"):
             for p in self._paths("named", name):
                 if p.exists():
                     p.unlink()
@@ -248,17 +351,3 @@ class VoiceStore:
             except Exception as e:
                 log.warning("voice store: skipping unreadable %s (%s)", s_path.name, e)
         return out
-
-    def _evict(self) -> None:
-        def mtime(p: Path) -> float:
-            try:
-                return p.stat().st_mtime
-            except FileNotFoundError:  # removed by another process meanwhile
-                return float("inf")
-
-        with self._locked():
-            entries = sorted((self.root / "anon").glob("*.prompt.safetensors"), key=mtime)
-            for p in entries[: max(0, len(entries) - self.max_anonymous)]:
-                key = p.name[: -len(".prompt.safetensors")]
-                for q in self._paths("anon", key):
-                    q.unlink(missing_ok=True)

@@ -34,6 +34,7 @@ def server(nostop_ckpt, tmp_path_factory):
             vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
             cancel_dir=str(work / "cancel"),
             voice_dir=str(work / "voices"),
+            run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
         ),
     )
     srv = TritonServer(repo, work, Ports.free())

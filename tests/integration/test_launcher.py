@@ -1,57 +1,87 @@
-"""`python -m serving.serve`: comes up, serves, and leaves no tritonserver behind on SIGTERM."""
+"""`python -m serving.serve`: serves from a run folder of its own with an admin key, refuses busy ports and
+an exposed host without a key before writing anything, and takes tritonserver and its stubs with it when
+killed. (SIGTERM and restarts: test_supervision.py.) The last test kills the module's launcher."""
 
 from __future__ import annotations
 
-import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from client import TTSClient
-from serving.triton_env import REPO_ROOT, Ports
+from serving.triton_env import ADMIN_HEADER, REPO_ROOT, Ports
+from tests.integration.launcher import Launcher, gone
 
 pytestmark = pytest.mark.integration
 
 
-def _children_of(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
+@pytest.fixture(scope="module")
+def launcher(tiny_ckpt, tmp_path_factory):
+    with Launcher.start(tiny_ckpt, tmp_path_factory.mktemp("launcher"), "--slots", "2") as ln:
+        ln.wait_ready()
+        yield ln
 
 
-def test_serve_starts_serves_and_stops_cleanly(tiny_ckpt, tmp_path):
+def serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "serving.serve", *args]
+    return subprocess.run(cmd, check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_serves_from_a_run_folder_of_its_own_with_a_private_admin_key(launcher):
+    audio = launcher.client().synthesize("Launcher", seed=1, parameters={"max_patches": 6})
+    assert audio.size > 0
+    run, text = launcher.run_dir, launcher.text()
+    assert re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{launcher.proc.pid}", run.name) and "ready in" in text
+    key_file = run / "admin_key"
+    assert f"admin key: {key_file}" in text and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text().strip()
+    assert key and key not in text
+    assert {p.name.split(".")[0] for p in (run / "heartbeat").iterdir()} == set(launcher.stubs())
+    index = f"http://127.0.0.1:{launcher.ports.http}/v2/repository/index"
+    with urllib.request.urlopen(urllib.request.Request(index, b"{}", {ADMIN_HEADER: key})) as r:
+        assert r.status == 200
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(urllib.request.Request(index, b"{}"))
+
+
+def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, tmp_path):
+    log = launcher.run_dir / "tritonserver.log"
+    before = (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns)
+    p = launcher.ports
+    t0 = time.monotonic()
+    r = serve("--checkpoint", str(tiny_ckpt), "--work-dir", str(launcher.run_dir.parent), "--http-port", str(Ports.free().http),
+              "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics))  # fmt: skip
+    assert r.returncode == 2 and f"gRPC port {p.grpc} on 127.0.0.1 is busy" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 30
+    assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
+    assert launcher.ready_status() == 200
+
+
+def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):
     ports = Ports.free()
-    cmd = [
-        sys.executable, "-m", "serving.serve", "--checkpoint", str(tiny_ckpt), "--slots", "2",
-        "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-        "--voice-dir", str(tmp_path / "voices"), "--work-dir", str(tmp_path / "work"),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            pytest.fail("server not ready in 120 s")
-        servers = _children_of(proc.pid)
-        assert servers, "the launcher has no tritonserver child"
-        audio = TTSClient(f"127.0.0.1:{ports.grpc}").synthesize("Launcher", seed=1, parameters={"max_patches": 6})
-        assert audio.size > 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = proc.stdout.read()
-    assert "ready in" in log and "tritonserver stopped" in log
-    for pid in servers:  # the server (and with it its stubs) is gone
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    r = serve("--checkpoint", str(tiny_ckpt), "--host", "0.0.0.0", "--work-dir", str(tmp_path / "runs"),
+              "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics))  # fmt: skip
+    assert r.returncode == 2 and "--host 0.0.0.0" in r.stderr and "--admin-key" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_killed_launcher_takes_tritonserver_and_its_stubs_with_it(launcher):
+    servers, stubs = launcher.servers(), list(launcher.stubs().values())
+    assert len(servers) == 1 and len(stubs) == 5
+    launcher.proc.send_signal(signal.SIGKILL)
+    launcher.proc.wait(10)
+    t0 = time.monotonic()
+    assert gone(servers, 5), "tritonserver outlived its launcher"
+    assert gone(stubs, 5), "stubs outlived their tritonserver"
+    deadline = time.monotonic() + 5  # the launcher's watchdog removes its shared memory
+    while list(Path("/dev/shm").glob(f"{launcher.shm_prefix}*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(Path("/dev/shm").glob(f"{launcher.shm_prefix}*"))
+    print(f"launcher SIGKILL: tritonserver and stubs gone after {time.monotonic() - t0:.1f} s")

@@ -20,7 +20,7 @@ def ref_clip(seed=7, n=30000):
 
 def test_named_voice_lifecycle(server):
     url = f"127.0.0.1:{server.ports.grpc}"
-    voices = VoiceClient(url)
+    voices = VoiceClient(url, admin_key=server.admin_key)
     added = voices.add("narrator-1", ref_clip(1), 16000, "a narrator")
     assert added["name"] == "narrator-1"
     assert any(v["name"] == "narrator-1" for v in voices.list())
@@ -39,7 +39,23 @@ def test_named_voice_lifecycle(server):
 @pytest.mark.parametrize("name", ["../etc", "a/b", "x" * 65, "with space"])
 def test_bad_voice_names_rejected(server, name):
     with pytest.raises(TTSError, match="voice name"):
-        VoiceClient(f"127.0.0.1:{server.ports.grpc}").add(name, ref_clip(), 16000, "t")
+        VoiceClient(f"127.0.0.1:{server.ports.grpc}", admin_key=server.admin_key).add(name, ref_clip(), 16000, "t")
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("key", [None, "", "wrong"])
+def test_adding_and_removing_voices_needs_the_admin_key(server, protocol, key):
+    port = server.ports.grpc if protocol == "grpc" else server.ports.http
+    admin = VoiceClient(f"127.0.0.1:{port}", protocol, admin_key=server.admin_key)
+    admin.add("guarded", ref_clip(3), 16000, "guarded")
+    other = VoiceClient(f"127.0.0.1:{port}", protocol, admin_key=key or "")
+    with pytest.raises(TTSError, match="admin key"):
+        other.add("intruder", ref_clip(4), 16000, "x")
+    with pytest.raises(TTSError, match="admin key"):
+        other.remove("guarded")
+    names = [v["name"] for v in other.list()]  # listing is open
+    assert "guarded" in names and "intruder" not in names
+    assert admin.remove("guarded")["removed"]
 
 
 def test_anonymous_reference_is_encoded_once(server):
@@ -68,7 +84,7 @@ def test_voices_survive_restart(nostop_ckpt, tmp_path):
 
     with serve("first") as srv:
         url = f"127.0.0.1:{srv.ports.grpc}"
-        VoiceClient(url).add("keeper", clip, 24000, "kept voice")
+        VoiceClient(url, admin_key=srv.admin_key).add("keeper", clip, 24000, "kept voice")
         named1 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
         anon1 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)
         assert metrics(srv)["tts_prompt_encodes_total"] == 2
@@ -84,6 +100,7 @@ def test_voices_survive_restart(nostop_ckpt, tmp_path):
 
 
 def test_cli_voices_add_list_use_remove(server, tmp_path):
+    import os
     import subprocess
     import sys
 
@@ -95,7 +112,8 @@ def test_cli_voices_add_list_use_remove(server, tmp_path):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "client", *url, *args], capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "client", *url, *args], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "TTS_ADMIN_KEY": server.admin_key},
         )
 
     r = cli("voices", "add", "cli_voice", "--audio", str(wav), "--text", "from the cli")

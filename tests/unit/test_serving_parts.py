@@ -37,6 +37,45 @@ def test_rendered_repository_has_every_tensor(tmp_path):
     assert "dynamic_batching" in voc and "sequence_batching" not in voc
 
 
+def test_voice_store_cap_reaches_the_prompt_encoder():
+    text = render(ServeOptions(voice_store_max_gb=0.5))["prompt_encoder"]
+    assert 'key: "voice_store_max_gb" value { string_value: "0.5" }' in text
+    with pytest.raises(ValueError, match="voice_store_max_gb"):
+        ServeOptions(voice_store_max_gb=0)
+
+
+def _param(text: str, key: str) -> str | None:
+    import re
+
+    m = re.search(rf'key: "{key}" value {{ string_value: "([^"]*)" }}', text)
+    return m.group(1) if m else None
+
+
+def test_queue_bound_and_sealing_reach_the_models():
+    models = render(ServeOptions(slots=3))
+    assert _param(models["tts"], "slots") == "3" and _param(models["tts"], "max_queue") == "12"  # 4 x slots
+    assert _param(render(ServeOptions(max_queue=0))["tts"], "max_queue") == "0"
+    for name in ("prompt_encoder", "generator", "vocoder"):
+        assert _param(models[name], "public_steps") == "1"  # the ensemble is served: key-less steps allowed
+    sealed = render(ServeOptions(ensemble=False))
+    assert "tts_ensemble" not in sealed
+    for name in ("prompt_encoder", "generator", "vocoder"):
+        assert _param(sealed[name], "public_steps") == "0"
+    assert _param(models["vocoder"], "max_streams") == str(4 * 3 + 64)
+    with pytest.raises(ValueError, match="max_queue"):
+        ServeOptions(max_queue=-2)
+
+
+def test_vocoder_refuses_new_streams_beyond_its_bound(tts):
+    voc = VocoderService(tts, max_streams=2)
+    prompt = tts.encode_prompt(None).latents.numpy()
+    voc.process(Chunk(3, EMPTY, prompt))
+    voc.process(Chunk(5, EMPTY, prompt))
+    with pytest.raises(RuntimeError, match="maximum of 2 streams"):
+        voc.process(Chunk(7, EMPTY, prompt))
+    assert voc.active == 2 and 7 not in voc.streams
+
+
 def test_ensemble_wires_every_vocoder_input_from_the_generator():
     text = render(ServeOptions())["tts_ensemble"]
     for spec in C.VOCODER_INPUTS:
@@ -80,7 +119,7 @@ def test_build_request_validation():
         (("", None, None, None, None, None, None, None), "TEXT"),
         (("Hi", "Klingon", None, None, None, None, None, None), "LANGUAGE"),
         (("Hi", None, np.zeros(10, np.float32), None, None, None, None, None), "REF_SAMPLE_RATE"),
-        (("Hi", None, np.zeros(0, np.float32), 16000, None, None, None, None), "REF_AUDIO is empty"),
+        (("Hi", None, np.zeros(0, np.float32), 16000, None, None, None, None), "REF_AUDIO must be a non-empty"),
         (("Hi", None, None, None, "words", None, None, None), "REF_TEXT"),
         (("Hi", None, None, None, None, None, None, {"steps": 500}), "steps"),
     ]
@@ -120,7 +159,7 @@ def test_generator_service_rejects_bad_input_without_leaking(tts):
         svc.admit(1, tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
     assert svc.active == 0
     svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(ValueError, match="already live"):
         svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
     with pytest.raises(RuntimeError, match="slots are in use"):
         svc.admit(3, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
@@ -178,6 +217,18 @@ def test_vocoder_reaps_idle_streams(tts):
     voc.process(Chunk(3, EMPTY, tts.encode_prompt(None).latents.numpy()))
     assert voc.active == 1
     assert voc.reap() == [3] and voc.active == 0
+
+
+def test_cancel_board_sweeps_old_marks(tmp_path):
+    import os
+
+    board = CancelBoard(tmp_path / "marks")
+    board.mark(1)
+    board.mark(2)
+    old = os.path.join(board.dir, "1")
+    os.utime(old, (0, 0))
+    assert board.sweep(60) == 1
+    assert not board.is_marked(1) and board.is_marked(2)
 
 
 def test_cancel_board(tmp_path):

@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 from serving.voice_store import VoiceNotFound, VoiceStore, check_name
 
@@ -145,3 +146,170 @@ def test_lru_bounds_anonymous_entries(tts, tmp_path):
     assert len(list((tmp_path / "v1" / "anon").glob("*.prompt.safetensors"))) == 2
     _, hit = s.prompt_for_audio(clip(10, 4000), 16000, "")  # the oldest was evicted
     assert not hit
+
+
+def corrupt_tensor_bytes(path, offset=16):
+    """Flip bytes of a safetensors file's tensor data; its header stays intact, so it still parses."""
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little") + offset
+    raw[start : start + 8] = bytes(b ^ 0x5A for b in raw[start : start + 8])
+    path.write_bytes(bytes(raw))
+
+
+def test_corrupted_prompt_bytes_are_reencoded_to_the_same_prompt(tts, tmp_path, caplog):
+    enc = Counting(tts)
+    s = VoiceStore(tmp_path, tts.identity, enc)
+    p = s.register("frank", clip(6), 16000, "text")
+    corrupt_tensor_bytes(tmp_path / "v1" / "named" / "frank.prompt.safetensors")
+    with caplog.at_level(logging.WARNING):
+        q = s.get("frank")
+    assert "checksum mismatch" in caplog.text and enc.calls == 2
+    assert np.array_equal(p.latents, q.latents) and np.array_equal(p.speaker, q.speaker)
+    assert s.get("frank") is not None and enc.calls == 2  # repaired on disk
+    corrupt_tensor_bytes(tmp_path / "v1" / "named" / "frank.prompt.safetensors")
+    corrupt_tensor_bytes(tmp_path / "v1" / "named" / "frank.source.safetensors", offset=4000)
+    with pytest.raises(ValueError, match="voice 'frank' is damaged beyond repair.*register it again"):
+        s.get("frank")
+
+
+def test_corrupted_anonymous_prompt_is_reencoded_from_the_request(tts, tmp_path):
+    enc = Counting(tts)
+    s = VoiceStore(tmp_path, tts.identity, enc)
+    p, _ = s.prompt_for_audio(clip(7), 22050, "anon")
+    [f] = (tmp_path / "v1" / "anon").glob("*.prompt.safetensors")
+    corrupt_tensor_bytes(f)
+    q, hit = s.prompt_for_audio(clip(7), 22050, "anon")
+    assert not hit and enc.calls == 2 and np.array_equal(p.latents, q.latents)
+    assert s.prompt_for_audio(clip(7), 22050, "anon")[1]  # repaired on disk
+    assert list((tmp_path / "v1" / "anon").glob("*.source.safetensors")) == []  # the request has the audio
+
+
+def test_prompt_without_checksum_is_reencoded_once(tts, tmp_path):
+    """A prompt written before checksums is re-encoded; a source from then is still trusted."""
+    from safetensors.torch import load_file, save_file
+
+    enc = Counting(tts)
+    s = VoiceStore(tmp_path, tts.identity, enc)
+    p = s.register("gina", clip(8), 16000, "t")
+    for part in ("prompt", "source"):
+        f = tmp_path / "v1" / "named" / f"gina.{part}.safetensors"
+        with safe_open(str(f), "pt") as h:
+            meta = {k: v for k, v in h.metadata().items() if k != "sha256"}
+        save_file(load_file(str(f)), str(f), metadata=meta)
+    assert np.array_equal(s.get("gina").latents, p.latents) and enc.calls == 2
+    s.get("gina")
+    assert enc.calls == 2
+
+
+def test_192khz_reference_is_stored_at_24khz_and_reencodes_to_the_same_prompt(tts, tmp_path):
+    audio = clip(9, 60 * 192_000)  # the longest reference accepted, at the highest rate
+    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+    p = s.register("hifi", audio, 192_000, "sixty seconds")
+    direct = tts.encode_prompt(audio, 192_000, "sixty seconds")
+    assert np.array_equal(p.latents, direct.latents) and np.array_equal(p.speaker, direct.speaker)
+    source = tmp_path / "v1" / "named" / "hifi.source.safetensors"
+    with safe_open(str(source), "pt") as h:
+        assert h.metadata()["sample_rate"] == "24000"
+        assert h.get_slice("audio").get_shape() == [60 * 24_000]
+    assert source.stat().st_size < 60 * 24_000 * 4 + 4096  # 5.8 MB, not 46 MB
+    assert abs(s.list()[0].seconds - 60.0) < 1e-9
+    (tmp_path / "v1" / "named" / "hifi.prompt.safetensors").unlink()
+    again = s.get("hifi")  # re-encoded from the 24 kHz copy
+    assert np.array_equal(again.latents, direct.latents) and np.array_equal(again.speaker, direct.speaker)
+
+
+def test_reference_checks_name_the_problem(tts, tmp_path):
+    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+    for audio, sr, needle in [
+        (clip(1, 100) * 1e4, 16000, "peaks at"),
+        (np.full(100, np.nan, np.float32), 16000, "NaN or infinite"),
+        (clip(1, 61 * 8000), 8000, "limit is 60 s"),
+        (clip(1, 100), 4000, "sample rate must be an integer in 8000..192000"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            s.register("x", audio, sr, "")
+    assert s.list() == []
+
+
+def _serves_read_only(store, tts, enc, caplog):
+    """What a store that cannot be written still does (shared by the chmod and the simulated test)."""
+    before = enc.calls
+    with caplog.at_level(logging.WARNING):
+        assert np.array_equal(store.get("ro").latents, tts.encode_prompt(clip(12), 16000, "ro").latents)
+        assert store.prompt_for_audio(clip(13, 8000), 16000, "")[1]  # stored anonymous: a hit
+        for _ in range(2):
+            prompt, hit = store.prompt_for_audio(clip(14, 8000), 16000, "")  # new: encoded, served, not stored
+            assert not hit and prompt.latents.shape[1] == 64
+    assert enc.calls == before + 2
+    assert caplog.text.count("is not writable") == 1  # one warning, however many touches and writes fail
+    with pytest.raises(RuntimeError, match="cannot register voice 'new'.*not writable"):
+        store.register("new", clip(15), 16000, "")
+    assert [v.name for v in store.list()] == ["ro"]
+
+
+def _fill(root, tts, enc):
+    s = VoiceStore(root, tts.identity, enc)
+    s.register("ro", clip(12), 16000, "ro")
+    s.prompt_for_audio(clip(13, 8000), 16000, "")
+
+
+def test_read_only_store_serves_its_voices_simulated(tts, tmp_path, caplog, monkeypatch):
+    """utime, the lock and every write raise PermissionError, as on a read-only mount (runs as root too)."""
+    enc = Counting(tts)
+    _fill(tmp_path, tts, enc)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("serving.voice_store.os.utime", refuse)
+    monkeypatch.setattr(VoiceStore, "_locked", refuse)
+    _serves_read_only(VoiceStore(tmp_path, tts.identity, enc), tts, enc, caplog)
+
+
+def test_read_only_store_serves_its_voices_chmod(tts, tmp_path, caplog):
+    import os
+    import stat
+
+    if os.geteuid() == 0:
+        pytest.skip("root ignores file modes; test_read_only_store_serves_its_voices_simulated covers this")
+    enc = Counting(tts)
+    _fill(tmp_path, tts, enc)
+    paths = [p for p in tmp_path.rglob("*")] + [tmp_path]
+    for p in paths:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        _serves_read_only(VoiceStore(tmp_path, tts.identity, enc), tts, enc, caplog)
+    finally:
+        for p in paths:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+def test_byte_cap_evicts_anonymous_entries_never_named_ones(tts, tmp_path):
+    import os
+    import time
+
+    enc = Counting(tts)
+    s = VoiceStore(tmp_path, tts.identity, enc)
+    s.register("keep", clip(20, 48000), 24000, "")
+    named = sum(f.stat().st_size for f in (tmp_path / "v1" / "named").iterdir())
+    s.prompt_for_audio(clip(21, 24000), 24000, "")
+    [anon_file] = (tmp_path / "v1" / "anon").iterdir()
+    entry = anon_file.stat().st_size
+    s.max_bytes = named + 2 * entry + entry // 2  # room for two anonymous entries
+    past = time.time() - 1000  # distinct use times, all before the next write
+    os.utime(anon_file, (past, past))
+    for i in range(1, 4):
+        s.prompt_for_audio(clip(21 + i, 24000), 24000, "")
+        newest = max((tmp_path / "v1" / "anon").iterdir(), key=os.path.getmtime)
+        os.utime(newest, (past + i, past + i))
+    assert len(list((tmp_path / "v1" / "anon").iterdir())) == 2
+    assert not s.prompt_for_audio(clip(22, 24000), 24000, "")[1]  # the least recently used went first
+    assert s.prompt_for_audio(clip(24, 24000), 24000, "")[1]
+    assert [v.name for v in s.list()] == ["keep"]
+    with pytest.raises(ValueError, match=r"cannot register voice 'big'.*cap of .* GB \(--voice-store-max-gb\)"):
+        s.register("big", clip(25, 48000), 24000, "")
+    s.register("keep", clip(26, 48000), 24000, "")  # replacing a voice counts its new size only
+    assert len(list((tmp_path / "v1" / "anon").iterdir())) == 2
+    s.max_bytes = named + entry // 2  # named voices leave no room: anonymous prompts are served, not kept
+    assert not s.prompt_for_audio(clip(27, 24000), 24000, "")[1]
+    assert list((tmp_path / "v1" / "anon").iterdir()) == [] and s.get("keep") is not None

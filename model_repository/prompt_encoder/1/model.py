@@ -7,6 +7,9 @@ after a restart, and named voices are registered here (REGISTER_NAME) and looked
 import numpy as np
 import triton_python_backend_utils as pb
 
+from serving.auth import Keys, Refused
+from serving.requests import check_name, check_ref_audio, check_text
+from serving.supervise import start_heartbeat
 from serving.triton_io import (
     bytes_tensor,
     error_response,
@@ -25,9 +28,12 @@ log = setup_logging("prompt_encoder")
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        start_heartbeat(params, "prompt_encoder")
         self.tts = load_tts(params, parts=("encoder", "campp"))
         self.store = VoiceStore(params.get("voice_dir") or None, self.tts.identity, self.tts.encode_prompt,
-                                int(params.get("max_anonymous_voices", 256)))  # fmt: skip
+                                int(params.get("max_anonymous_voices", 256)),
+                                int(float(params.get("voice_store_max_gb", 2.0)) * 1e9))  # fmt: skip
+        self.keys = Keys.from_env(params, "prompt_encoder")
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
             pb.MetricFamily(
@@ -38,25 +44,29 @@ class TritonPythonModel:
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.tts.identity)
 
     def _prompt(self, r):
-        voice_id = string(pb, r, "VOICE_ID", "")
+        trusted = self.keys.split(r.parameters())[1]
+        self.keys.admit(trusted, "prompt_encoder")
         register = string(pb, r, "REGISTER_NAME", "")
+        if register and not trusted:
+            raise Refused("voices are registered through the voices model")
+        voice_id = string(pb, r, "VOICE_ID", "")
         audio = get(pb, r, "REF_AUDIO", required=False)
-        text = string(pb, r, "REF_TEXT", "")
+        text = check_text(string(pb, r, "REF_TEXT", ""), "REF_TEXT", required=False)
         if voice_id:
             if audio is not None:
                 raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
-            return self.store.get(voice_id)
+            try:
+                return self.store.get(check_name(voice_id, "VOICE_ID"))
+            except VoiceNotFound as e:
+                raise ValueError(f"VOICE_ID: {e}") from None
         if audio is None:
             if text or register:
                 raise ValueError("REF_TEXT and REGISTER_NAME need REF_AUDIO")
             return self.tts.encode_prompt(None)
-        sr = scalar(pb, r, "REF_SAMPLE_RATE", 0)
-        if not sr or sr < 8000 or sr > 192000:
-            raise ValueError(f"REF_SAMPLE_RATE must be given with REF_AUDIO, in 8000..192000 Hz (got {sr})")
-        audio = audio.reshape(-1).astype(np.float32)
+        audio, sr = check_ref_audio(audio, scalar(pb, r, "REF_SAMPLE_RATE", 0))
         if register:
-            return self.store.register(register, audio, int(sr), text)
-        return self.store.prompt_for_audio(audio, int(sr), text)[0]
+            return self.store.register(check_name(register, "REGISTER_NAME"), audio, sr, text)
+        return self.store.prompt_for_audio(audio, sr, text)[0]
 
     def execute(self, requests):
         out = []
@@ -70,10 +80,10 @@ class TritonPythonModel:
                     bytes_tensor(pb, "PROMPT_TEXT", prompt.text),
                 ]))  # fmt: skip
             except (ValueError, VoiceNotFound) as e:
-                out.append(error_response(pb, str(e)))
+                out.append(error_response(pb, str(e), tagged=True))
             except Exception as e:
                 log.exception("prompt encoding failed")
-                out.append(error_response(pb, f"prompt encoding failed: {e}", invalid=False))
+                out.append(error_response(pb, f"prompt encoding failed: {e}", invalid=False, tagged=True))
             self.encodes.increment(self.store.encodes - enc0)
             self.hits.increment(self.store.hits - hit0)
         return out

@@ -9,12 +9,14 @@ import time
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import LENGTH, Orchestrator, StreamFailed
+from engine.orchestrator import LENGTH, LINGERING, Orchestrator, StreamFailed
 from engine.text import TextTokenizer
+from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder
 from serving.cancel import CancelBoard
 from serving.contract import SAMPLE_RATE, TTS_OUTPUTS
 from serving.requests import build_request
+from serving.supervise import RunFlags, start_heartbeat
 from serving.triton_io import checkpoint_path, get, model_parameters, scalar, setup_logging, string, tensors
 
 log = setup_logging("tts")
@@ -25,15 +27,32 @@ CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its cli
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        start_heartbeat(params, "tts")
+        self.flags = RunFlags(params.get("run_dir", ""))  # set by the launcher: a backend failed, or draining
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(params)}/text_tokenizer")
-        # iterating a decoupled BLS stream blocks, so it happens on threads, one per live stream
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=512, thread_name_prefix="tts-bls")
-        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.pool)
+        keys = Keys.from_env(params, "tts")
+        # Every blocking BLS wait runs on this pool: iterating a decoupled stream, and async_exec itself,
+        # which uses the loop's default executor. With the default one (min(32, cores + 4) threads) six
+        # requests waiting for a generator slot held every thread, and running streams' vocoder calls
+        # queued behind them (chunk gaps went from 0.5 s to 3.4 s).
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="tts-bls")
+        self.loop = None
+        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.pool, keys.parameters())
         cancels = CancelBoard(params.get("cancel_dir") or None)
         self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels), BLSVocoder(bls),
-                                         lambda text: len(tokenizer.encode(text)))  # fmt: skip
+                                         lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
+        # Admission: ``slots`` requests generate, ``max_queue`` more wait; beyond that a request is
+        # refused at once (UNAVAILABLE, HTTP 503) instead of waiting without bound.
+        self.slots = int(params.get("slots", 8))
+        self.capacity = self.slots + int(params.get("max_queue", 4 * self.slots))
+        self.in_flight = self.waiting = 0
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
-        self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled")}
+        self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.gauges = [
+            pb.MetricFamily("tts_requests_in_flight", "tts requests being served or waiting", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
+        ]
+        self.in_flight_gauge, self.waiting_gauge = (g.Metric() for g in self.gauges)
         self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
         self.audio_seconds = self.audio_family.Metric()
         self.first_family = pb.MetricFamily(
@@ -44,11 +63,39 @@ class TritonPythonModel:
         )
 
     async def execute(self, requests):
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            loop.set_default_executor(self.pool)
+            self.loop = loop
         await asyncio.gather(*(self._serve(r) for r in requests))
-        return None
 
     async def _serve(self, request):
         sender = request.get_response_sender()
+        refusal = self.flags.broken() or (self.flags.draining() and "server is shutting down")
+        if refusal:
+            sender.send(pb.InferenceResponse(error=pb.TritonError(refusal, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+            return
+        if self.in_flight >= self.capacity:
+            self.outcome["busy"].increment(1)
+            message = (f"server busy: {self.in_flight} requests are running or waiting (limit {self.capacity}); "
+                       "retry shortly")  # fmt: skip
+            sender.send(pb.InferenceResponse(error=pb.TritonError(message, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+            return
+        self._count(1, 1)
+        lingering: set = set()
+        LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+        try:
+            await self._serve_admitted(request, sender, lingering)
+        finally:
+            self._count(-1, 0)
+
+    def _count(self, in_flight: int, waiting: int) -> None:
+        self.in_flight += in_flight
+        self.waiting += waiting
+        self.in_flight_gauge.set(self.in_flight)
+        self.waiting_gauge.set(self.waiting)
+
+    async def _serve_admitted(self, request, sender, lingering: set):
         task = asyncio.ensure_future(self._stream(request, sender))
         # A cancelled client cancels the task and the orchestrator cleans up. The final response is sent
         # here, after the task: asking is_cancelled() once it has gone out crashes tritonserver 2.51.
@@ -56,6 +103,16 @@ class TritonPythonModel:
             await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
             if not task.done() and request.is_cancelled():
                 task.cancel()  # again each poll: Python 3.11's wait_for can swallow one cancellation
+            if not task.done() and (broken := self.flags.broken()):  # the server is about to be replaced
+                task.cancel()
+                self.outcome["error"].increment(1)
+                sender.send(pb.InferenceResponse(error=pb.TritonError(broken, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+                return
+        # The stream's cleanup (generator cancel, vocoder end) may still run: it ends before the final
+        # response. Sent earlier, the BLS requests still running for this request went astray: the
+        # generator read garbage (TEXT of 3209585762 bytes) and Triton dropped other clients' streams.
+        while lingering:
+            await asyncio.wait(set(lingering))
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
@@ -76,25 +133,31 @@ class TritonPythonModel:
 
     async def _stream(self, request, sender):
         """Run one request, sending all but the final piece; returns that piece and the samples in all."""
-        t0 = time.perf_counter()
-        utterance, voice = build_request(
-            string(pb, request, "TEXT", ""), string(pb, request, "LANGUAGE", ""),
-            get(pb, request, "REF_AUDIO", required=False), scalar(pb, request, "REF_SAMPLE_RATE", 0),
-            string(pb, request, "REF_TEXT", ""), string(pb, request, "VOICE_ID", ""),
-            scalar(pb, request, "SEED", None), request.parameters(),
-        )  # fmt: skip
-        sent = 0
-        async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
-            async for piece in pieces:
-                if sent == 0 and piece.audio.size:
-                    self.first_chunk.observe(time.perf_counter() - t0)
-                sent += piece.audio.size
-                if piece.final:
-                    if piece.finish_reason == LENGTH:
-                        log.warning("a segment reached max_patches (%d); its text may be cut",
-                                    utterance.params.max_patches)  # fmt: skip
-                    return piece, sent
-                sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)))
+        t0, waiting = time.perf_counter(), True
+        try:
+            utterance, voice = build_request(
+                string(pb, request, "TEXT", ""), string(pb, request, "LANGUAGE", ""),
+                get(pb, request, "REF_AUDIO", required=False), scalar(pb, request, "REF_SAMPLE_RATE", 0),
+                string(pb, request, "REF_TEXT", ""), string(pb, request, "VOICE_ID", ""),
+                scalar(pb, request, "SEED", None), request.parameters(),
+            )  # fmt: skip
+            sent = 0
+            async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
+                async for piece in pieces:
+                    if waiting and piece.audio.size:
+                        self.first_chunk.observe(time.perf_counter() - t0)
+                        waiting = False
+                        self._count(0, -1)
+                    sent += piece.audio.size
+                    if piece.final:
+                        if piece.finish_reason == LENGTH:
+                            log.warning("a segment reached max_patches (%d); its text may be cut",
+                                        utterance.params.max_patches)  # fmt: skip
+                        return piece, sent
+                    sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)))
+        finally:
+            if waiting:
+                self._count(0, -1)
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):

@@ -10,8 +10,10 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import failure_reason
+from engine.orchestrator import LENGTH, STOP, Chunk, failure_reason
+from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
+from serving.supervise import start_heartbeat
 from serving.triton_io import load_tts, model_parameters, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")
@@ -23,7 +25,10 @@ class TritonPythonModel:
         from engine.streams import VocoderService
 
         params = model_parameters(args)
-        self.service = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)))
+        start_heartbeat(params, "vocoder")
+        self.service = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)),
+                                      max_streams=int(params.get("max_streams", 1024)))  # fmt: skip
+        self.keys = Keys.from_env(params, "vocoder")
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )
@@ -52,10 +57,12 @@ class TritonPythonModel:
             return self._execute(requests)
 
     def _execute(self, requests):
-        parsed = []  # a Chunk per request, or the error that makes it unreadable
+        parsed = []  # a Chunk per request, or the error that makes it unreadable or refused
         for r in requests:
             try:
-                parsed.append(read_chunk(lambda n, r=r: _input(r, n)))
+                parsed.append(self._read(r))
+            except Refused as e:
+                parsed.append(e)
             except Exception as e:
                 parsed.append(ValueError(f"vocoder: {e}"))
         outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, Exception)]))
@@ -70,6 +77,16 @@ class TritonPythonModel:
             responses.append(pb.InferenceResponse(tensors(pb, VOCODER_OUTPUTS, values)))
         self.gauge.set(self.service.active)
         return responses
+
+    def _read(self, request) -> Chunk:
+        """The request's chunk, if it may act: only ids the generator issued can start or feed a stream
+        (a chunk that only frees a stream is harmless with any id: no live stream has an unissued one)."""
+        self.keys.admit(self.keys.split(request.parameters())[1], "vocoder")
+        chunk = read_chunk(lambda n: _input(request, n))
+        frees_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
+        if not frees_only and not self.keys.valid_stream_id(chunk.stream_id):
+            raise ValueError("unknown stream (stream ids are issued by the generator)")
+        return chunk
 
 
 def _input(request, name):

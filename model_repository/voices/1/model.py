@@ -6,7 +6,19 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb
 
-from serving.triton_io import bytes_tensor, error_response, get, model_parameters, scalar, setup_logging, string
+from serving.auth import ADMIN_PARAMETER, Keys
+from serving.requests import check_ref_audio, check_text
+from serving.supervise import start_heartbeat
+from serving.triton_io import (
+    bls_error,
+    bytes_tensor,
+    error_response,
+    get,
+    model_parameters,
+    scalar,
+    setup_logging,
+    string,
+)
 from serving.voice_store import VoiceStore, check_name
 
 log = setup_logging("voices")
@@ -15,24 +27,28 @@ log = setup_logging("voices")
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
+        start_heartbeat(params, "voices")
         self.store = VoiceStore(params.get("voice_dir") or None, identity="", encode=None)
         self.timeout_us = int(float(params.get("bls_timeout_seconds", 120)) * 1e6)
+        self.keys = Keys.from_env(params, "voices")
 
     def _add(self, r, name):
         audio = get(pb, r, "REF_AUDIO", required=False)
-        sr = scalar(pb, r, "REF_SAMPLE_RATE", 0)
-        if audio is None or not sr:
+        if audio is None:
             raise ValueError("add needs REF_AUDIO and REF_SAMPLE_RATE")
-        text = string(pb, r, "REF_TEXT", "")
+        audio, sr = check_ref_audio(audio, scalar(pb, r, "REF_SAMPLE_RATE", 0))
+        text = check_text(string(pb, r, "REF_TEXT", ""), "REF_TEXT", required=False)
         req = pb.InferenceRequest(
             model_name="prompt_encoder", requested_output_names=["PROMPT_TEXT"], timeout=self.timeout_us,
+            parameters=self.keys.parameters(),
             inputs=[pb.Tensor("REF_AUDIO", audio.reshape(1, -1).astype(np.float32)),
                     pb.Tensor("REF_SAMPLE_RATE", np.array([[sr]], np.int32)),
                     bytes_tensor(pb, "REF_TEXT", text), bytes_tensor(pb, "REGISTER_NAME", name)],
         )  # fmt: skip
         resp = req.exec()
-        if resp.has_error():
-            raise ValueError(resp.error().message())
+        error = bls_error(pb, "prompt_encoder", resp)
+        if error is not None:
+            raise error
         return {"name": name, "text": text, "seconds": round(audio.size / sr, 3)}
 
     def execute(self, requests):
@@ -43,6 +59,8 @@ class TritonPythonModel:
                 if action == "list":
                     result = [v.__dict__ for v in self.store.list()]
                 elif action in ("add", "remove"):
+                    if not self.keys.is_admin(r.parameters()):
+                        raise ValueError(f"{action} needs the admin key (request parameter {ADMIN_PARAMETER!r})")
                     name = check_name(string(pb, r, "NAME", ""))
                     if action == "add":
                         result = self._add(r, name)

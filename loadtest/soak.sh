@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Soak test (not run in CI): the launcher under MINUTES of locust load (gRPC and HTTP streams) plus
+# clients that leave their streams early at random; prints the failures, what the server still holds
+# once the load is over (leaked generator slots, vocoder streams, tts requests), and the RSS of
+# tritonserver and its stubs at the start and the end. Exits 1 on a failure or a leak.
+#
+#   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
+#                    [-- more launcher options, e.g. --slots 16]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+preset=small checkpoint="" minutes=10 users=16 cancellers=2
+while [ $# -gt 0 ]; do
+    case $1 in
+        --preset) preset=$2; shift 2 ;;
+        --checkpoint) checkpoint=$2; shift 2 ;;
+        --minutes) minutes=$2; shift 2 ;;
+        --users) users=$2; shift 2 ;;
+        --cancellers) cancellers=$2; shift 2 ;;
+        --) shift; break ;;
+        *) sed -n '2,8p' "$0"; exit 2 ;;
+    esac
+done
+out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
+if [ -z "$checkpoint" ]; then
+    checkpoint=$($PY -c "import sys; from engine.checkpoint import cached_checkpoint; from engine.config import cache_dir
+print(cached_checkpoint(sys.argv[1], cache_dir() / 'checkpoints' / f'{sys.argv[1]}-seed0'))" "$preset")
+fi
+read -r http grpc metrics < <($PY -c "from serving.triton_env import Ports; p = Ports.free(); print(p.http, p.grpc, p.metrics)")
+
+$PY -m serving.serve --checkpoint "$checkpoint" --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" \
+    --work-dir "$out/runs" "$@" >"$out/launcher.log" 2>&1 &
+launcher=$!
+trap 'kill -TERM $launcher 2>/dev/null || true; wait $launcher || true' EXIT
+echo "soak: $checkpoint, $minutes min, $users users + $cancellers cancelling clients; files in $out"
+for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$http/v2/health/ready" && break
+    kill -0 $launcher 2>/dev/null || { cat "$out/launcher.log"; exit 1; }
+    sleep 0.5
+done
+
+rss() {  # MB of tritonserver and its stubs
+    local server
+    server=$(pgrep -P $launcher -x tritonserver)
+    ps -o rss= -p "$(echo "$server" $(pgrep -P "$server") | tr ' ' ',')" | awk '{kb += $1} END {printf "%.0f MB", kb / 1024}'
+}
+gauges() {
+    curl -s "http://127.0.0.1:$metrics/metrics" |
+        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight) ' || true
+}
+echo "RSS at start: $(rss)"
+
+# clients that leave each stream after 1..6 chunks (the server must free its slot and vocoder state)
+$PY - "$grpc" "$minutes" "$cancellers" >"$out/cancellers.log" 2>&1 <<'EOF' &
+import random, sys, threading, time
+from client import TTSClient
+
+grpc, seconds, n = sys.argv[1], float(sys.argv[2]) * 60, int(sys.argv[3])
+end, counts, lock = time.monotonic() + seconds, {"left": 0, "errors": 0}, threading.Lock()
+
+def leave_early(seed):
+    rng, tts = random.Random(seed), TTSClient(f"127.0.0.1:{grpc}", timeout=60)
+    while time.monotonic() < end:
+        try:
+            for i, _ in enumerate(tts.stream("A stream its client leaves early.", seed=rng.randrange(1000),
+                                             parameters={"max_patches": 48, "chunk_first": 1, "chunk_next": 2})):
+                if i >= rng.randint(0, 5):
+                    break
+            outcome = "left"
+        except Exception as e:
+            print(f"error: {type(e).__name__}: {e}", flush=True)
+            outcome = "errors"
+            time.sleep(1)
+        with lock:
+            counts[outcome] += 1
+
+threads = [threading.Thread(target=leave_early, args=(i,)) for i in range(n)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(f"cancelling clients: {counts['left']} streams left early, {counts['errors']} errors")
+EOF
+cancellers_pid=$!
+
+# every failure with its message (locust's CSV misses those of the final drain)
+cat >"$out/failures.py" <<'EOF'
+import os
+from locust import events
+
+@events.request.add_listener
+def record(request_type, name, exception=None, **_):
+    if exception is not None:
+        with open(os.environ["SOAK_FAILURES"], "a") as f:
+            f.write(f"{request_type} {name}: {type(exception).__name__}: {exception}\n")
+EOF
+SOAK_FAILURES=$out/failures.txt TTS_GRPC_HOST=127.0.0.1:$grpc TTS_HTTP_HOST=http://127.0.0.1:$http \
+    $PY -m locust -f "loadtest/locustfile.py,$out/failures.py" --headless -u "$users" -r "$users" -t "${minutes}m" \
+    --stop-timeout 60 --json --skip-log GrpcStreamUser HttpStreamUser >"$out/locust.json" 2>"$out/locust.log" || true
+wait $cancellers_pid || true
+sleep 3  # cancelled streams are freed within a generator step; give the vocoder a moment too
+
+$PY -c "import json, sys
+for s in json.load(open(sys.argv[1])):
+    print(f\"{s['method']:4} {s['name']:11} {s['num_requests']:6} requests, {s['num_failures']} failures\")" "$out/locust.json"
+if [ -s "$out/failures.txt" ]; then sort "$out/failures.txt" | uniq -c | sort -rn | head -20; fi
+tail -1 "$out/cancellers.log"
+grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || true
+echo "RSS at end: $(rss)"
+echo "after the load:"
+gauges | sed 's/^/  /'
+grep -h '\[supervisor\]' "$out/launcher.log" | grep -v 'ready in' || true  # incidents, if any
+failures=$($PY -c "import json, sys; print(sum(s['num_failures'] for s in json.load(open(sys.argv[1]))))" "$out/locust.json")
+leaks=$(gauges | awk '$2 != 0' | wc -l)
+cancel_errors=$(grep -c '^error: ' "$out/cancellers.log" || true)
+[ "$failures" = 0 ] && [ "$leaks" = 0 ] && [ "$cancel_errors" = 0 ]

@@ -1,0 +1,282 @@
+"""Supervision of the tritonserver the launcher runs (:mod:`serving.serve`).
+
+Triton 2.51 handles a Python-backend stub that dies or hangs badly: a dead generator left its clients
+waiting 120 s for an empty error and refused new requests until a manual reload; a dead tts stub left
+its clients waiting forever; readiness stayed 200 throughout. So every stub beats a heartbeat file and
+exits when its tritonserver is gone (stub side: :func:`start_heartbeat`), and the launcher watches the
+heartbeats and the stub processes (:class:`Supervisor`). On an incident it fails the tts requests in
+flight with a message naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`),
+then restarts the whole tritonserver: restarting only the failed stub would keep the generator's slots,
+the vocoder's stream state and tts's BLS streams of the old one, out of step with each other.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the stubs import this module: keep their imports light
+    from serving.triton_env import TritonServer
+
+HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
+STALE_SECONDS = 3.0  # a heartbeat older than this is a wedged stub (stopped, or a thread holding the GIL)
+POLL_SECONDS = 0.5  # the launcher checks stubs and heartbeats this often
+GRACE_SECONDS = 1.0  # after raising ``broken``, tts has this long to fail its requests before the restart
+STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
+STUB = "triton_python_backend_stub"
+HEARTBEATS = "heartbeat"
+
+
+def start_heartbeat(params: dict[str, str], model: str) -> None:
+    """From a model's ``initialize``: touch ``<run_dir>/heartbeat/<model>.<pid>`` every second on a daemon
+    thread, and exit the stub once its tritonserver is gone (stubs outlive it otherwise: an orphan was
+    still there an hour later). Does nothing without ``run_dir`` (a plain tritonserver on model_repository/)."""
+    if not params.get("run_dir"):
+        return
+    path = Path(params["run_dir"], HEARTBEATS, f"{model}.{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    parent = os.getppid()
+
+    def beat():
+        while os.getppid() == parent:  # reparented: tritonserver died
+            try:
+                path.touch()
+            except OSError:  # the run folder is being cleaned up: keep watching the parent
+                pass
+            time.sleep(HEARTBEAT_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
+class RunFlags:
+    """The launcher's word to tts, as files in the run folder (one syscall per check: tts checks every
+    50 ms per request): ``broken`` holds the message for clients while a failed server is replaced,
+    ``draining`` says the launcher is shutting down."""
+
+    def __init__(self, run_dir: str | Path):
+        self.dir = str(run_dir) if run_dir else ""
+        self._broken, self._draining = os.path.join(self.dir, "broken"), os.path.join(self.dir, "draining")
+
+    def broken(self) -> str | None:
+        if not self.dir:
+            return None
+        try:
+            with open(self._broken) as f:
+                return f.read() or "the server is restarting; retry shortly"
+        except FileNotFoundError:
+            return None
+
+    def draining(self) -> bool:
+        return bool(self.dir) and os.path.exists(self._draining)
+
+    def set_broken(self, message: str) -> None:
+        tmp = f"{self._broken}.tmp"  # written whole, then renamed: a reader never sees half a message
+        Path(tmp).write_text(message)
+        os.replace(tmp, self._broken)
+
+    def set_draining(self) -> None:
+        Path(self._draining).touch()
+
+    def clear(self) -> None:
+        for path in (self._broken, self._draining):
+            Path(path).unlink(missing_ok=True)
+
+
+def find_stubs(repo: Path) -> dict[int, str]:
+    """pid -> model of the stubs serving ``repo``'s models, tritonserver's children or orphans (a stub's
+    command line is ``triton_python_backend_stub <repo>/<model>/1/model.py ...``)."""
+    found, prefix = {}, f"{repo}{os.sep}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
+            found[int(entry.name)] = Path(os.fsdecode(argv[1])).parent.parent.name
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    """Running or stopped; not exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def say(message: str) -> None:
+    print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Incident:
+    model: str  # or "tritonserver"
+    how: str  # how it was detected, for the log
+    dead: bool  # False: wedged
+
+    @property
+    def message(self) -> str:
+        """What tts's clients read."""
+        state = "died" if self.dead else "stopped responding"
+        return f"{self.model} backend {state}; the server is restarting, retry shortly"
+
+
+@dataclass
+class Supervisor:
+    """Runs tritonserver for one launcher run: starts it, restarts it after a stub dies or wedges, and
+    drains and stops it. Runs on the launcher's main thread (it spawns tritonserver, whose parent-death
+    signal is tied to the spawning thread)."""
+
+    server: TritonServer
+    run_dir: Path
+    stubs: dict[int, str] = field(default_factory=dict)  # pid -> model, noted when the server got ready
+
+    def __post_init__(self) -> None:
+        self.flags = RunFlags(self.run_dir)
+        self.models = {p.parent.parent.name for p in self.server.model_repository.glob("*/1/model.py")}
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Serve until ``stopping()``; RuntimeError when tritonserver exits before it is ready."""
+        t0 = time.monotonic()
+        if not self._start(stopping):
+            return
+        s = self.server
+        say(f"ready in {time.monotonic() - t0:.1f} s: gRPC {s.host}:{s.ports.grpc}, HTTP http://{s.host}:{s.ports.http}, "
+            f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
+        while not stopping():
+            incident = self.check()
+            if incident:
+                self.recover(incident, stopping)
+            else:
+                time.sleep(POLL_SECONDS)
+
+    def _start(self, stopping: Callable[[], bool]) -> bool:
+        """Start tritonserver and wait until it is ready (False: asked to stop first); note its stubs."""
+        if stopping():
+            return False
+        self.server.start()
+        while not self.server.is_ready():  # raises once the server has exited
+            if stopping():
+                return False
+            time.sleep(0.25)
+        self.stubs = find_stubs(self.server.model_repository)
+        return True
+
+    def check(self) -> Incident | None:
+        if self.server.proc.poll() is not None:
+            return Incident("tritonserver", f"tritonserver exited with status {self.server.proc.returncode}", True)
+        missing = sorted(self.models - set(self.stubs.values()))
+        if missing:
+            return Incident(missing[0], "it has no stub process", True)
+        now = time.time()
+        for pid, model in self.stubs.items():
+            if not is_alive(pid):
+                return Incident(model, f"its stub (pid {pid}) exited", True)
+            try:
+                age = now - os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime
+            except FileNotFoundError:
+                age = math.inf
+            if age > STALE_SECONDS:
+                return Incident(model, f"its stub (pid {pid}) has not beaten for {age:.1f} s (wedged)", False)
+        return None
+
+    def recover(self, incident: Incident, stopping: Callable[[], bool]) -> None:
+        """Fail tts's requests with the incident's message, then replace the whole tritonserver."""
+        t0 = time.monotonic()
+        say(f"{incident.model}: {incident.how}; restarting tritonserver")
+        self.flags.set_broken(incident.message)
+        if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
+            time.sleep(GRACE_SECONDS)
+        self.stop(grace=0)  # its state is being thrown away: no graceful unload
+        self.flags.clear()
+        with open(self.server.log_path, "a") as log:
+            log.write(f"\n[supervisor] restart: {incident.model}: {incident.how}\n\n")
+        if self._start(stopping):
+            say(f"{incident.model}: recovered, serving again {time.monotonic() - t0:.1f} s after detection")
+
+    def stop(self, grace: float) -> None:
+        """Stop tritonserver's process group (SIGKILL after ``grace`` s; its shared memory goes too) and any
+        stub of this run that outlived it; clear the heartbeats and cancellation marks."""
+        self.server.stop(timeout=grace)
+        deadline = time.monotonic() + 2
+        while (left := find_stubs(self.server.model_repository)) and time.monotonic() < deadline:
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for name in (HEARTBEATS, "cancel"):
+            shutil.rmtree(self.run_dir / name, ignore_errors=True)
+        self.stubs = {}
+
+    def shutdown(self, drain_seconds: float, hurry: Callable[[], bool]) -> None:
+        """Refuse new tts requests, let running ones finish for up to ``drain_seconds``, fail the rest with a
+        message, then stop; skips the waits once ``hurry()``. Returns within drain_seconds + about 4 s."""
+        self.flags.set_draining()
+        self._wait_idle(drain_seconds, hurry)
+        self.flags.set_broken("server is shutting down")  # the streams still running fail with this
+        self._wait_idle(GRACE_SECONDS, hurry)
+        self.stop(grace=STOP_SECONDS)  # with nothing in flight tritonserver exits at once, freeing its shm
+        self.flags.clear()
+
+    def _wait_idle(self, seconds: float, hurry: Callable[[], bool]) -> None:
+        """Until tts has no request running or waiting (or the server cannot say), at most ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not hurry():
+            if self.server.proc is None or self.server.proc.poll() is not None:
+                return
+            try:
+                if not self.server.metrics(("tts_requests_in_flight",), timeout=1).get("tts_requests_in_flight"):
+                    return
+            except OSError:
+                return
+            time.sleep(0.1)
+
+
+def start_watchdog(repo: Path, shm_prefix: str) -> None:
+    """A process in its own session that outlives the launcher: once the launcher is gone (even by
+    ``kill -9``) it kills the stubs serving ``repo`` and removes the shared memory named ``shm_prefix``.
+    tritonserver itself dies with the launcher (its parent-death signal); its stubs would not: their
+    own parent check runs on a Python thread, which a stub shutting itself down sometimes never runs
+    again (seen here: one in three launcher kills left the generator or vocoder stub behind)."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-m", "serving.supervise", str(os.getpid()), str(repo), shm_prefix],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def watch(launcher: int, repo: Path, shm_prefix: str) -> None:
+    while is_alive(launcher):
+        time.sleep(POLL_SECONDS)
+    deadline = time.monotonic() + 5
+    while (left := find_stubs(repo)) and time.monotonic() < deadline:
+        for pid in left:
+            for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped stub too
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.1)
+    for segment in Path("/dev/shm").glob(f"{shm_prefix}*"):
+        segment.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":  # the watchdog: python -m serving.supervise LAUNCHER_PID REPO SHM_PREFIX
+    watch(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,57 @@
+"""serving.auth without a server: the internal key, the admin key and issued stream ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.auth import Keys, Refused
+
+
+def test_the_internal_key_is_recognized_and_stripped():
+    keys = Keys("k" * 64)
+    given, trusted = keys.split(json.dumps({"internal_key": "k" * 64, "steps": 4}))
+    assert trusted and given == {"steps": 4}
+    for raw in ({"internal_key": "wrong", "steps": 4}, {"steps": 4}, {"internal_key": 5}, None, ""):
+        given, trusted = keys.split(raw)
+        assert not trusted and "internal_key" not in given
+
+
+@pytest.mark.parametrize("raw", ["{", "[1, 2]", '"text"'])
+def test_malformed_parameters_are_a_value_error(raw):
+    with pytest.raises(ValueError, match="request parameters"):
+        Keys("k").split(raw)
+
+
+def test_key_less_requests_are_refused_unless_the_ensemble_is_served():
+    Keys("k", public=True).admit(False, "generator")
+    Keys("k", public=False).admit(True, "generator")
+    with pytest.raises(Refused, match="generator is internal"):
+        Keys("k", public=False).admit(False, "generator")
+
+
+def test_admin_key():
+    keys = Keys("k", Keys.digest("open sesame"))
+    assert keys.is_admin({"admin_key": "open sesame"})
+    assert not keys.is_admin({"admin_key": "open sesame "})
+    assert not keys.is_admin({})
+    assert not keys.is_admin({"admin_key": 1})
+
+
+def test_issued_stream_ids_verify_and_forged_ones_do_not():
+    keys = Keys("secret")
+    ids = {keys.new_stream_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(0 < i < 2**63 for i in ids)
+    assert all(keys.valid_stream_id(i) for i in ids)
+    other = Keys("another run")
+    assert not any(other.valid_stream_id(i) for i in ids)
+    assert not any(keys.valid_stream_id(i ^ (1 << b)) for i in list(ids)[:50] for b in range(63))
+    assert not any(keys.valid_stream_id(i) for i in (0, 1, 2**32 - 1, 2**63 - 1, 12345))
+
+
+def test_without_a_key_everyone_is_trusted():
+    keys = Keys()
+    assert keys.split({"steps": 4}) == ({"steps": 4}, True)
+    assert keys.is_admin({})
+    assert keys.valid_stream_id(keys.new_stream_id())

@@ -1,0 +1,175 @@
+"""Property tests of request parsing: whatever a client sends, parsing gives values within the declared
+ranges or a ValueError naming the offending input or parameter as the client spelled it, never another
+exception."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from engine.audio import MAX_REFERENCE_PEAK, MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from engine.text import DIALECTS, LANGUAGES
+from serving.contract import TTS_PARAMETERS
+from serving.requests import build_request, check_language, check_ref_audio, check_text, request_parameters
+from serving.triton_io import string
+
+SPECS = {p.name: p for p in TTS_PARAMETERS}
+INPUTS = ("TEXT", "LANGUAGE", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TEXT", "VOICE_ID", "SEED")
+FAST = settings(deadline=None, max_examples=300)
+
+scalars = (
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**400), max_value=10**400)
+    | st.floats() | st.text(max_size=12) | st.sampled_from(["3", "2.5", " 7 ", "1e400", "nan", "-inf", "0x10", "１２"])
+)  # fmt: skip
+json_values = st.recursive(scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=4), v, max_size=3),
+                           max_leaves=6)  # fmt: skip
+keys = st.sampled_from(sorted(SPECS)) | st.text(max_size=10)
+
+
+def names(key: str, message: str) -> bool:
+    return key in message or repr(key) in message
+
+
+def valid(key: str, value) -> bool:
+    """An oracle written apart from engine.params: is this a value the parameter accepts?"""
+    p = SPECS.get(key)
+    if p is None:
+        return False
+    if isinstance(value, bool):
+        return False
+    if p.type is int:
+        return isinstance(value, int) and p.low <= value <= p.high
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return math.isfinite(number) and p.low <= number <= p.high
+
+
+@FAST
+@given(st.dictionaries(keys, json_values, max_size=5), st.booleans())
+def test_parameters_parse_within_range_or_name_the_key(given_params, as_json):
+    raw = json.dumps(given_params) if as_json else given_params
+    bad = [k for k, v in given_params.items() if not valid(k, v)]
+    try:
+        out = request_parameters(raw)
+    except ValueError as e:
+        assert bad, f"refused valid parameters {given_params!r}: {e}"
+        assert any(names(k, str(e)) for k in bad), f"{e} names none of {bad}"
+        return
+    assert not bad, f"accepted {bad} of {given_params!r}"
+    for name, p in SPECS.items():
+        value = out[name]
+        assert type(value) is p.type and p.low <= value <= p.high
+        if name in given_params:
+            assert value == (float(given_params[name]) if p.type is float else given_params[name])
+
+
+@given(st.text(max_size=20) | st.sampled_from(["[1, 2]", "5", "null", '"x"', "true", "[" * 100_000, "{" * 3]))
+def test_parameters_that_are_not_a_json_object_are_refused(raw):
+    try:
+        request_parameters(raw)
+    except ValueError as e:
+        assert "request parameters" in str(e) or str(e).startswith("parameter "), e
+
+
+@FAST
+@given(st.none() | st.text(max_size=50), st.none() | st.text(max_size=20) | st.sampled_from(LANGUAGES + DIALECTS))
+def test_text_and_language(text, language):
+    try:
+        assert check_text(text) == text and text.strip()
+    except ValueError as e:
+        assert str(e).startswith("TEXT ")
+    try:
+        assert check_language(language) == (language or "English")
+    except ValueError as e:
+        assert str(e).startswith("LANGUAGE")
+    assert check_text(text or "", "REF_TEXT", required=False) == (text or "")
+
+
+class FakeTensor:
+    def __init__(self, arr):
+        self.arr = arr
+
+    def as_numpy(self):
+        return self.arr
+
+
+class FakePB:
+    """Just enough of triton_python_backend_utils for serving.triton_io.string."""
+
+    @staticmethod
+    def get_input_tensor_by_name(request, name):
+        return FakeTensor(request[name]) if name in request else None
+
+
+@given(st.binary(max_size=30), st.sampled_from(["TEXT", "LANGUAGE", "REF_TEXT", "VOICE_ID"]))
+def test_any_bytes_decode_or_name_the_input(raw, name):
+    try:
+        assert string(FakePB, {name: np.array([raw], np.object_)}, name).encode("utf-8") == raw
+    except ValueError as e:
+        assert str(e) == f"{name} is not valid UTF-8"
+
+
+edges = [np.nan, np.inf, -np.inf, 1e30, -1e30, 4.0, 4.0001, 32767.0]
+audio_arrays = (
+    hnp.arrays(np.float32, st.integers(0, 64), elements=st.floats(-1, 1, width=32))
+    | hnp.arrays(np.float32, st.integers(0, 64), elements=st.floats(width=32) | st.sampled_from(edges).map(np.float32))
+    | hnp.arrays(np.float64, st.integers(0, 64), elements=st.floats() | st.sampled_from(edges))
+)
+rates = st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.sampled_from([8000, 16000, 192000, 192001])
+
+
+@FAST
+@given(audio_arrays, rates)
+def test_ref_audio_is_valid_or_names_the_input(audio, rate):
+    try:
+        out, sr = check_ref_audio(audio, rate)
+    except ValueError as e:
+        assert str(e).startswith(("REF_AUDIO ", "REF_SAMPLE_RATE ")), e
+        return
+    assert out.dtype == np.float32 and out.ndim == 1 and 0 < out.size <= MAX_REFERENCE_SECONDS * sr
+    assert np.isfinite(out).all() and np.abs(out).max() <= MAX_REFERENCE_PEAK
+    assert type(sr) is int and REFERENCE_RATES[0] <= sr <= REFERENCE_RATES[1]
+
+
+def test_long_reference_names_the_input():
+    try:
+        check_ref_audio(np.zeros(60 * 8000 + 1, np.float32), 8000)
+    except ValueError as e:
+        assert str(e).startswith("REF_AUDIO is 60.0 s")
+    else:
+        raise AssertionError("a reference over 60 s was accepted")
+
+
+@FAST
+@given(
+    text=st.none() | st.text(max_size=10),
+    language=st.none() | st.sampled_from(["", "English", "klingon", "zh_sichuan"]),
+    audio=st.none() | audio_arrays,
+    rate=rates,
+    ref_text=st.none() | st.text(max_size=5),
+    voice_id=st.none() | st.sampled_from(["", "narrator", "../x", "a" * 65]),
+    seed=st.none() | st.integers(-(2**70), 2**70),
+    params=st.none() | st.dictionaries(keys, json_values, max_size=3),
+)
+def test_build_request_accepts_or_names_a_field(text, language, audio, rate, ref_text, voice_id, seed, params):
+    try:
+        utterance, voice = build_request(text, language, audio, rate, ref_text, voice_id, seed, params)
+    except ValueError as e:
+        assert any(n in str(e) for n in INPUTS) or any(names(k, str(e)) for k in params or {}), e
+        return
+    assert utterance.text == text and (voice.ref_audio is None or voice.ref_audio.dtype == np.float32)
+    assert -(2**63) <= utterance.params.seed < 2**63
+
+
+def test_every_max_patches_in_range_is_usable():
+    """The stop head's minimum (6 patches) yields to a shorter max_patches instead of refusing it."""
+    for n in (1, 5, 6, 4000):
+        utterance, _ = build_request("Hi", None, None, None, None, None, None, {"max_patches": n})
+        assert utterance.params.max_patches == n and utterance.params.min_patches == min(6, n)
