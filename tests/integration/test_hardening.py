@@ -434,3 +434,27 @@ def test_clients_leaving_early_do_not_disturb_other_streams(server):
     with open(server.log_path, errors="replace") as f:
         f.seek(log_start)
         assert "no longer schedules" not in f.read()  # the safety net was not needed
+
+
+def test_a_new_stream_waits_while_slots_triton_dropped_are_freed(server):
+    """Every slot held by a stream Triton took away (a START on each live id): a new request waits until
+    the generator notices and frees them, then runs; it is not failed with 'all slots are in use'."""
+    import threading
+
+    ids = [(1 << 59) + 1000 + i for i in range(4)]  # the server has 4 slots
+    params = {"max_patches": 300, "chunk_first": 1, "chunk_next": 1}
+    victims = [threading.Thread(target=_generator_stream, args=(server, SILENT, i, params, True, 5)) for i in ids]
+    for t in victims:
+        t.start()
+    deadline = time.monotonic() + 30
+    while metrics(server)["tts_generator_active_slots"] < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for i in ids:  # refused, but Triton has handed each sequence to the newcomer and dropped the victim
+        _generator_stream(server, SILENT, i, {"max_patches": 3}, timeout=20)
+    t0 = time.monotonic()
+    audio = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=60).synthesize("Next", parameters={"max_patches": 4})
+    print(f"the new request waited {time.monotonic() - t0:.1f} s")
+    assert audio.size == 4 * 3840
+    for t in victims:
+        t.join(60)
+    assert wait_gauges_zero(server, 30)["tts_generator_active_slots"] == 0

@@ -20,9 +20,9 @@ from serving.triton_io import chunk_tensors, error_response, load_tts, model_par
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# Triton sometimes stops handing us a live stream's request: when its tts client went away (the
-# rescheduled request is dropped unanswered before it reaches execute; seen under random client
-# cancels) or when another START takes its correlation id. Every live stream is rescheduled into the
+# Triton may stop handing us a live stream's request: when another START takes its correlation id, or
+# when the request's memory is freed under it (a tts cleanup cut short did that, dropping the streams
+# batched with it too; tts now holds the request to the end). Every live stream is rescheduled into the
 # very next batch, so one missing from a few batches in a row is gone: its slot is freed.
 MISSED_EXECUTES, MISSED_SECONDS = 3, 0.5
 ORPHAN_SECONDS = 10.0  # also without executes in between (checked by a thread)
@@ -74,6 +74,7 @@ class TritonPythonModel:
         # key (tts_ensemble's, whose correlation ids the client or Triton chose); see serving.auth
         self.issued: dict[int, int] = {}
         self.attendance = Attendance()
+        self.deferred: dict[int, float] = {}  # new streams told to wait (see _execute) -> since when
         # orphans are also looked for between requests (none may come): one lock with execute
         self.lock, self.stopping = threading.Lock(), threading.Event()
         threading.Thread(target=self._reap_forever, name="generator-reaper", daemon=True).start()
@@ -87,13 +88,13 @@ class TritonPythonModel:
         self.step_hist = self.families[1].Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
         log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
 
-    def _admit(self, request, stream_id: int) -> None:
+    def _admit(self, request, stream_id: int, start: bool) -> None:
         """Start a stream; Refused or ValueError (nothing kept) for a request we must not run."""
         given, trusted = self.keys.split(request.parameters())
         self.keys.admit(trusted, "generator")
         if not stream_id:
             raise ValueError("a generator stream needs a correlation id")
-        if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        if not start:
             raise ValueError("this stream is not live (a new stream must start a sequence)")
         if not trusted and stream_id < MIN_KEYLESS_CORRELATION_ID:
             raise ValueError("send a random 63-bit sequence id with sequence_start (ids below 2^32 are refused: "
@@ -119,6 +120,9 @@ class TritonPythonModel:
                 self.gauge.set(self.service.active)
             if tick % 30 == 0:
                 self.cancels.sweep()
+                with self.lock:  # a deferred stream whose client left never comes back
+                    cutoff = time.monotonic() - 60
+                    self.deferred = {i: t for i, t in self.deferred.items() if t > cutoff}
 
     def _execute(self, requests):
         live = []
@@ -133,13 +137,18 @@ class TritonPythonModel:
                     self._send(sender, self.service.cancel(stream_id))
                     continue
             elif not self.service.free:
-                # Triton thinks a slot is free: one of ours is gone and will be freed within
-                # MISSED_SECONDS; until then the new stream waits (rescheduled, nothing sent)
+                # Triton thinks a slot is free: one of ours is gone and is freed within MISSED_SECONDS.
+                # Until then the new stream waits: rescheduled, nothing sent (it comes back without its
+                # START flag, hence the note).
+                if r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                    self.deferred[stream_id] = time.monotonic()
                 r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
                 continue
             else:
+                start = bool(r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START) or stream_id in self.deferred
+                self.deferred.pop(stream_id, None)
                 try:
-                    self._admit(r, stream_id)
+                    self._admit(r, stream_id, start)
                 except Refused as e:  # not our pipeline's request: nothing was read or kept
                     sender.send(error_response(pb, str(e)), flags=FINAL)
                     continue
@@ -170,7 +179,7 @@ class TritonPythonModel:
 
     def _reap_orphans(self, present: list[int] | None) -> None:
         for stream_id in self.attendance.orphans(list(self.service.live), present, time.monotonic()):
-            log.warning("freed the slot of a stream Triton no longer schedules (its client left, or its id was taken)")
+            log.warning("freed the slot of a stream Triton no longer schedules (its request was dropped)")
             self.service.drop(stream_id)
             self.issued.pop(stream_id, None)
             self.cancels.mark_lost(stream_id)  # its tts ends it with an error at once (serving.bls)
