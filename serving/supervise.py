@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the stubs import this module: keep their imports light
 HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
 STALE_SECONDS = 3.0  # a heartbeat older than this is a wedged stub (stopped, or a thread holding the GIL)
 POLL_SECONDS = 0.5  # the launcher checks stubs and heartbeats this often
-GRACE_SECONDS = 1.0  # after raising ``broken``, tts has this long to fail its requests before the restart
+GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
 STUB = "triton_python_backend_stub"
 HEARTBEATS = "heartbeat"

@@ -4,6 +4,8 @@ Prompts are kept in the persistent voice store: a reference clip seen before is 
 after a restart, and named voices are registered here (REGISTER_NAME) and looked up by VOICE_ID.
 """
 
+import os
+
 import numpy as np
 import triton_python_backend_utils as pb
 
@@ -23,12 +25,17 @@ from serving.triton_io import (
 from serving.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")
+ENCODER_NICENESS = 10
 
 
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
         start_heartbeat(params, "prompt_encoder")
+        # Encoding is admission work: the streams already running (generator, vocoder, tts) get the CPU
+        # first. 8 running + 16 arriving on 2 cores: longest chunk gap 1.17-1.68x of nothing arriving,
+        # 0.95-1.47x with this.
+        os.nice(ENCODER_NICENESS)
         self.tts = load_tts(params, parts=("encoder", "campp"))
         self.store = VoiceStore(params.get("voice_dir") or None, self.tts.identity, self.tts.encode_prompt,
                                 int(params.get("max_anonymous_voices", 256)),
