@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import secrets
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voice-store-max-gb", type=float, default=2.0,
                     help="bound on the voice store's files; anonymous prompts are evicted to stay under it")  # fmt: skip
     ap.add_argument("--max-queue", type=int, default=-1,
-                    help="tts requests that may wait for a slot; more get UNAVAILABLE / HTTP 503 (default: 4 x slots)")
+                    help="tts requests that may wait for a slot; more are refused at once, 'server busy' "
+                         "(default: 4 x slots)")
     ap.add_argument("--no-ensemble", action="store_true",
                     help="do not serve tts_ensemble; the internal models then refuse every request but tts's")
     ap.add_argument("--device", default="cpu")
@@ -120,16 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     if not ckpt.is_dir():
         ap.error(f"checkpoint folder not found: {ckpt}")
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
+    try:  # checked before the run folder is made
+        opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir),
+                            device=args.device, max_anonymous_voices=args.max_anonymous_voices,
+                            voice_store_max_gb=args.voice_store_max_gb, max_queue=args.max_queue,
+                            ensemble=not args.no_ensemble)  # fmt: skip
+    except ValueError as e:
+        ap.error(str(e))
     work = run_folder(args.work_dir)
     print(f"run folder: {work}", file=sys.stderr, flush=True)
     if admin_key is None:
         admin_key = write_key(work / "admin_key")
         print(f"admin key: {work / 'admin_key'}", file=sys.stderr, flush=True)
-    opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir), device=args.device,
-                        max_anonymous_voices=args.max_anonymous_voices, voice_store_max_gb=args.voice_store_max_gb,
-                        max_queue=args.max_queue,
-                        ensemble=not args.no_ensemble,
-                        cancel_dir=str(work / "cancel"), run_dir=str(work))  # fmt: skip
+    opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
     server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key)
     start_watchdog(repo, server.shm_prefix)

@@ -294,3 +294,17 @@ def test_vocoder_batches_streams_past_priming(tts):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, atol=1e-5)
     assert together.active == 0
+
+
+@pytest.mark.parametrize("bad", [["--slots", "0"], ["--max-queue", "-5"], ["--voice-store-max-gb", "0"]])
+def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, capsys):
+    from serving import serve
+    from serving.triton_env import Ports
+
+    p = Ports.free()
+    argv = ["--checkpoint", str(tmp_path), "--work-dir", str(tmp_path / "runs"), "--http-port", str(p.http),
+            "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), *bad]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        serve.main(argv)
+    assert e.value.code == 2 and bad[0].lstrip("-").replace("-", "_") in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
