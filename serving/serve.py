@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 from engine.config import cache_dir
 from serving.repository import ServeOptions, build
 from serving.supervise import Supervisor, start_watchdog
-from serving.triton_env import Ports, TritonServer
+from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
 from serving.voice_store import default_dir as default_voice_dir
 
 
@@ -43,10 +44,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def busy_port(host: str, ports: Ports) -> str | None:
+def busy_port(host: str, ports: Ports, openai: int | None = None) -> str | None:
     """Which port cannot be bound on ``host`` (held open together, so a port given twice is busy too)."""
+    named = [("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)]
     with contextlib.ExitStack() as stack:
-        for name, port in (("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)):
+        for name, port in named + ([("OpenAI", openai)] if openai else []):
             family, kind, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
             s = stack.enter_context(socket.socket(family, kind))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no obstacle
@@ -73,6 +75,15 @@ def write_key(path: Path) -> str:
     return key
 
 
+def start_gateway(host: str, grpc_port: int, port: int) -> subprocess.Popen:
+    """``python -m gateway`` on ``host:port`` for this server; it dies with the launcher."""
+    triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)],
+                            cwd=REPO_ROOT, preexec_fn=die_with_parent)  # fmt: skip
+    print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
+    return proc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serving.serve", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, help="official-layout folder (default: the tiny checkpoint)")
@@ -93,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(default: 4 x slots)")
     ap.add_argument("--no-ensemble", action="store_true",
                     help="do not serve tts_ensemble; the internal models then refuse every request but tts's")
+    ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
+    ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
@@ -114,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    busy = busy_port(args.host, ports)
+    busy = busy_port(args.host, ports, None if args.no_openai else args.openai_port)
     if busy:  # before anything is written: a running server's files stay as they are
         print(f"cannot start: {busy}", file=sys.stderr)
         return 2
@@ -143,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work), 0
+    gateway = None if args.no_openai else start_gateway(args.host, ports.grpc, args.openai_port)
     try:
         supervisor.run(stopping=lambda: bool(signals))
     except RuntimeError as e:  # tritonserver exited before it was ready
@@ -151,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         t0 = time.monotonic()
         supervisor.shutdown(args.drain_seconds if code == 0 else 0, hurry=lambda: len(signals) > 1)
+        if gateway is not None:  # after the drain: it was carrying the streams that finished
+            gateway.terminate()
+            try:
+                gateway.wait(5)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
         for entry in work.iterdir():  # keep the log; the key dies with the server
             if entry.is_dir():
                 shutil.rmtree(entry)

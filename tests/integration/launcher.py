@@ -16,7 +16,7 @@ from pathlib import Path
 
 from client import TTSClient
 from serving.supervise import find_stubs, is_alive
-from serving.triton_env import REPO_ROOT, Ports
+from serving.triton_env import REPO_ROOT, Ports, free_port
 
 
 def children(pid: int, name: str) -> list[int]:
@@ -32,19 +32,20 @@ class Launcher:
     proc: subprocess.Popen
     ports: Ports
     output: Path
+    openai: int  # the gateway's port
 
     @classmethod
     def start(cls, ckpt: Path, tmp: Path, *args: str, ports: Ports | None = None) -> Launcher:
-        ports = ports or Ports.free()
+        ports, openai = ports or Ports.free(), free_port()
         cmd = [
             sys.executable, "-m", "serving.serve", "--checkpoint", str(ckpt), "--voice-dir", str(tmp / "voices"),
             "--work-dir", str(tmp / "runs"), "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
-            "--metrics-port", str(ports.metrics), *args,
+            "--metrics-port", str(ports.metrics), "--openai-port", str(openai), *args,
         ]  # fmt: skip
         output = tmp / f"launcher-{time.monotonic_ns()}.txt"
         with open(output, "wb") as out:
             proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-        return cls(proc, ports, output)
+        return cls(proc, ports, output, openai)
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")

@@ -37,6 +37,11 @@ def serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def test_serves_from_a_run_folder_of_its_own_with_a_private_admin_key(launcher):
     audio = launcher.client().synthesize("Launcher", seed=1, parameters={"max_patches": 6})
     assert audio.size > 0
+    import httpx  # the OpenAI-compatible gateway comes up with the server
+
+    speech = httpx.post(f"http://127.0.0.1:{launcher.openai}/v1/audio/speech", timeout=60,
+                        json={"input": "Launcher", "seed": 1, "max_patches": 6, "response_format": "pcm"})  # fmt: skip
+    assert speech.status_code == 200 and len(speech.content) == 2 * audio.size
     run, text = launcher.run_dir, launcher.text()
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{launcher.proc.pid}", run.name) and "ready in" in text
     key_file = run / "admin_key"

@@ -303,7 +303,7 @@ def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, cap
 
     p = Ports.free()
     argv = ["--checkpoint", str(tmp_path), "--work-dir", str(tmp_path / "runs"), "--http-port", str(p.http),
-            "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), *bad]  # fmt: skip
+            "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), "--no-openai", *bad]  # fmt: skip
     with pytest.raises(SystemExit) as e:
         serve.main(argv)
     assert e.value.code == 2 and bad[0].lstrip("-").replace("-", "_") in capsys.readouterr().err

@@ -1,0 +1,24 @@
+"""``python -m gateway --triton 127.0.0.1:8001 [--host 127.0.0.1] [--port 8080]``: the OpenAI-compatible
+speech API in front of a Triton server (this one's or a remote one), on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--triton", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds without a chunk before a stream fails")
+    args = ap.parse_args(argv)
+    import uvicorn
+
+    from gateway.app import create_app
+
+    uvicorn.run(create_app(args.triton, args.timeout), host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

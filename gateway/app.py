@@ -1,0 +1,177 @@
+"""The OpenAI-compatible speech API in front of Triton: ``POST /v1/audio/speech`` streams encoded audio
+as the ``tts`` model makes it (gRPC streaming underneath); ``GET /v1/models``, ``GET /v1/audio/voices``
+and ``GET /health``. Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from client.aio import AsyncTTSClient
+from client.request import ServerBusy, TTSError
+from client.voices import VoiceClient
+from engine.params import GENERATION_PARAMETERS, SPLIT_TOKENS
+from gateway.encode import FORMATS, Encoder
+
+MODEL_ID = "fireredtts3"
+MAX_BODY_BYTES = 64 * 1024
+MAX_INPUT_CHARS = 4000
+# OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
+STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
+EXTRAS = {p.name: p for p in (*GENERATION_PARAMETERS, SPLIT_TOKENS)}  # our parameters, as request fields
+VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def from_tts_error(e: Exception) -> APIError:
+    if isinstance(e, ServerBusy):
+        return APIError(503, str(e), kind="server_busy")
+    if isinstance(e, ConnectionError):
+        return APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable")
+    if isinstance(e, TimeoutError):
+        return APIError(504, str(e), kind="timeout")
+    return APIError(400, str(e))  # the server's verdict on the request: it names the field
+
+
+def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
+    """``triton``: host:port of Triton's gRPC endpoint."""
+    app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
+    tts = AsyncTTSClient(triton, timeout=timeout)
+    voices_cache: dict = {"at": -1e9, "names": set(), "list": []}
+
+    async def voices() -> list[dict]:
+        if time.monotonic() - voices_cache["at"] > VOICE_LIST_SECONDS:
+
+            listed = await asyncio.to_thread(VoiceClient(triton, timeout=timeout).list)
+            voices_cache.update(at=time.monotonic(), list=listed, names={v["name"] for v in listed})
+        return voices_cache["list"]
+
+    @app.exception_handler(APIError)
+    async def api_error(_request, e: APIError):
+        return e.response()
+
+    @app.get("/health")
+    async def health():
+        try:
+            ready = await tts._channel().is_server_ready()
+        except Exception as e:  # the server cannot be reached: that is the answer
+            raise APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable") from None
+        if not ready:
+            raise APIError(503, "the TTS server is not ready", kind="server_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "fireredtts3"}]}
+
+    @app.get("/v1/audio/voices")
+    async def list_voices():
+        try:
+            return {"voices": await voices()}
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise APIError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        kw = await speech_request(body, voices)
+        fmt = body.get("response_format", "mp3")
+        stream = tts.stream(**kw)
+        try:  # the first chunk before the headers: a refused request is an error status, not a broken stream
+            first = await anext(stream, None)
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
+        encoder = Encoder(fmt)
+        if body.get("stream_format", "audio") == "sse":
+            return StreamingResponse(sse(stream, first, encoder), media_type="text/event-stream")
+        return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
+
+    return app
+
+
+async def speech_request(body: dict, voices) -> dict:
+    """OpenAI's body (plus our extras) -> keyword arguments of ``AsyncTTSClient.stream``."""
+    known = {"model", "input", "voice", "response_format", "speed", "stream_format", "language", "seed",
+             "instructions", *EXTRAS}  # fmt: skip
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise APIError(400, f"unknown fields: {unknown}", unknown[0])
+    text = body.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise APIError(400, "input must be a non-empty string", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    fmt = body.get("response_format", "mp3")
+    if fmt not in FORMATS:
+        raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {fmt!r}", "response_format")
+    if body.get("stream_format", "audio") not in ("audio", "sse"):
+        raise APIError(400, "stream_format must be audio or sse", "stream_format")
+    speed = body.get("speed", 1.0)
+    if speed != 1.0:
+        raise APIError(400, "speed other than 1.0 is not supported", "speed")
+    if body.get("instructions"):
+        raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
+    kw = {"text": text, "parameters": {k: body[k] for k in EXTRAS if k in body}}
+    if "language" in body:
+        kw["language"] = body["language"]
+    if "seed" in body:
+        if not isinstance(body["seed"], int) or isinstance(body["seed"], bool):
+            raise APIError(400, "seed must be an integer", "seed")
+        kw["seed"] = body["seed"]
+    voice = body.get("voice", "default")
+    if not isinstance(voice, str):
+        raise APIError(400, "voice must be a string", "voice")
+    if voice != "default":
+        try:
+            names = {v["name"] for v in await voices()}
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
+        if voice in names:
+            kw["voice_id"] = voice
+        elif voice not in STOCK_VOICES:
+            raise APIError(400, f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)", "voice")
+    return kw
+
+
+async def audio_bytes(stream, first, encoder: Encoder):
+    """Encoded bytes as the chunks arrive; leaving early (client gone) closes the Triton stream."""
+    try:
+        if first is not None:
+            yield encoder.push(first.audio)
+        async for chunk in stream:
+            if data := encoder.push(chunk.audio):
+                yield data
+        yield encoder.finish()
+    finally:
+        await stream.aclose()
+
+
+async def sse(stream, first, encoder: Encoder):
+    """OpenAI's speech SSE events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``."""
+    async for data in audio_bytes(stream, first, encoder):
+        if data:
+            yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
+    yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"

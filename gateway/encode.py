@@ -1,0 +1,108 @@
+"""Streaming audio encoders for the speech endpoint: float32 24 kHz mono chunks in, container bytes out
+as soon as the codec emits them.
+
+``wav`` and ``pcm`` are 16-bit little-endian PCM written here (a WAV header whose sizes say "unknown
+length", as streaming WAV does); ``flac``, ``mp3``, ``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and
+muxed by FFmpeg through PyAV.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+SAMPLE_RATE = 24000
+# response_format -> (MIME type, PyAV container format, codec); None: written here
+FORMATS = {
+    "mp3": ("audio/mpeg", "mp3", "libmp3lame"),
+    "opus": ("audio/ogg", "ogg", "libopus"),
+    "aac": ("audio/aac", "adts", "aac"),
+    "flac": ("audio/flac", "flac", "flac"),
+    "wav": ("audio/wav", None, None),
+    "pcm": ("audio/pcm", None, None),
+}
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    """float samples in [-1, 1] -> 16-bit little-endian PCM (clipped)."""
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit mono WAV header for a stream of unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", unknown) + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", unknown)
+
+
+class _Sink:
+    """A write-only file object that keeps what the muxer wrote until it is taken."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+    def flush(self) -> None:
+        pass
+
+
+class Encoder:
+    """``push(chunk) -> bytes`` for each chunk, then ``finish() -> bytes``."""
+
+    def __init__(self, response_format: str):
+        if response_format not in FORMATS:
+            raise ValueError(f"response_format must be one of {sorted(FORMATS)}, got {response_format!r}")
+        self.format = response_format
+        self.media_type, container, codec = FORMATS[response_format]
+        self.started = False
+        if container is None:
+            return
+        import av
+
+        self.sink = _Sink()
+        self.out = av.open(self.sink, mode="w", format=container)
+        self.stream = self.out.add_stream(codec, rate=SAMPLE_RATE, layout="mono")
+        fmt = self.stream.codec_context.codec.audio_formats[0].name  # the codec's preferred sample format
+        self.resampler = av.AudioResampler(format=fmt, layout="mono", rate=SAMPLE_RATE)
+        self.pts = 0
+
+    def push(self, audio: np.ndarray) -> bytes:
+        audio = np.asarray(audio, np.float32).reshape(-1)
+        if self.format in ("wav", "pcm"):
+            head = wav_header() if self.format == "wav" and not self.started else b""
+            self.started = True
+            return head + pcm16(audio)
+        if audio.size:
+            self._encode(audio)
+        return self.sink.take()
+
+    def _encode(self, audio: np.ndarray | None) -> None:
+        import av
+
+        if audio is None:
+            packets = self.stream.encode(None)
+        else:
+            # quantized here, as for wav: every format carries the same 16-bit samples (FFmpeg's own
+            # float -> s16 scales by 32768, ours by 32767)
+            samples = np.frombuffer(pcm16(audio), "<i2")[None]
+            frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+            frame.sample_rate, frame.pts = SAMPLE_RATE, self.pts
+            self.pts += audio.size
+            packets = [p for f in self.resampler.resample(frame) for p in self.stream.encode(f)]
+        for packet in packets:
+            self.out.mux(packet)
+
+    def finish(self) -> bytes:
+        if self.format in ("wav", "pcm"):
+            return b"" if self.started or self.format == "pcm" else wav_header()
+        self._encode(None)
+        self.out.close()
+        return self.sink.take()
