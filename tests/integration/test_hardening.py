@@ -340,10 +340,11 @@ def test_the_queue_is_bounded(sealed, protocol):
     threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 30
-    while metrics(sealed).get("tts_requests_in_flight", 0) < 4 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    deadline = time.monotonic() + 30  # two running (audio sent), two waiting for a slot
     m = metrics(sealed)
+    while (m.get("tts_requests_in_flight"), m.get("tts_requests_waiting")) != (4, 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        m = metrics(sealed)
     assert m["tts_requests_in_flight"] == 4 and m["tts_requests_waiting"] == 2
     port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
     t0 = time.monotonic()
