@@ -35,7 +35,8 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        return JSONResponse(body, status_code=self.status)
+        headers = {"Retry-After": "1"} if self.status == 503 else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def from_tts_error(e: Exception) -> APIError:

@@ -162,3 +162,16 @@ def test_a_client_that_leaves_frees_the_stream(gateway, server):
         next(r.iter_bytes())
     m = wait_gauges_zero(server, 20)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_an_unreachable_server_is_503_with_retry_after():
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from serving.triton_env import free_port
+
+    with TestClient(create_app(f"127.0.0.1:{free_port()}", timeout=5)) as client:  # nothing listens there
+        r = client.post("/v1/audio/speech", json={"input": "Anyone there?"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "server_unavailable"
+        assert client.get("/health").status_code == 503
