@@ -5,6 +5,7 @@ Output is 16-bit PCM (the format every player and ``aplay``/``ffplay`` take with
 
 from __future__ import annotations
 
+import io
 import os
 import wave
 from typing import BinaryIO
@@ -61,11 +62,12 @@ def write_pcm(out: BinaryIO, audio: np.ndarray) -> None:
     out.flush()
 
 
-def read_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
-    """Any file libsndfile reads -> ((n,) float32 mono, sample rate in Hz); channels are averaged."""
+def read_audio(path: str | os.PathLike | io.BytesIO) -> tuple[np.ndarray, int]:
+    """Any file libsndfile reads (a path, or its bytes in a BytesIO) -> ((n,) float32 mono, sample rate in
+    Hz); channels are averaged."""
     import soundfile as sf
 
-    audio, sr = sf.read(os.fspath(path), dtype="float32", always_2d=True)
+    audio, sr = sf.read(path if isinstance(path, io.BytesIO) else os.fspath(path), dtype="float32", always_2d=True)
     if audio.size == 0:
-        raise ValueError(f"{path}: no audio samples")
+        raise ValueError(f"{'the upload' if isinstance(path, io.BytesIO) else path}: no audio samples")
     return audio.mean(axis=1), int(sr)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import time
 
@@ -14,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from client.aio import AsyncTTSClient
+from client.audio_io import read_audio
 from client.request import ServerBusy, TTSError
 from client.voices import VoiceClient
 from engine.params import GENERATION_PARAMETERS, SPLIT_TOKENS
@@ -22,6 +24,7 @@ from gateway.encode import FORMATS, Encoder
 MODEL_ID = "fireredtts3"
 MAX_BODY_BYTES = 64 * 1024
 MAX_INPUT_CHARS = 4000
+MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
 # OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
 STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
 EXTRAS = {p.name: p for p in (*GENERATION_PARAMETERS, SPLIT_TOKENS)}  # our parameters, as request fields
@@ -86,6 +89,53 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
             return {"voices": await voices()}
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e) from None
+
+    def admin_key(request: Request) -> str:
+        """The caller's ``Authorization: Bearer <admin key>``, passed on to the voices model, which checks it."""
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            raise APIError(401, "adding and removing voices needs the admin key: Authorization: Bearer <key>",
+                           kind="authentication_error")  # fmt: skip
+        return key
+
+    async def voice_call(fn, *args):
+        try:
+            result = await asyncio.to_thread(fn, *args)
+        except TTSError as e:
+            if "admin key" in str(e):
+                raise APIError(403, str(e), kind="permission_error") from None
+            status = 404 if "not registered" in str(e) else 400
+            raise APIError(status, str(e), "name" if status == 404 else None) from None
+        except (ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
+        voices_cache["at"] = -1e9  # the list changed
+        return result
+
+    @app.post("/v1/audio/voices")
+    async def add_voice(request: Request):
+        if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
+            raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+        key = admin_key(request)
+        form = await request.form()
+        name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, "name is required", "name")
+        if upload is None or isinstance(upload, str):
+            raise APIError(400, "file (the reference recording) is required", "file")
+        data = await upload.read(MAX_UPLOAD_BYTES + 1)
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", "file")
+        try:
+            audio, sr = read_audio(io.BytesIO(data))
+        except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
+            raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
+        voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
+        return await voice_call(voices_client.add, name, audio, sr, text)
+
+    @app.delete("/v1/audio/voices/{name}")
+    async def remove_voice(name: str, request: Request):
+        voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
+        return await voice_call(voices_client.remove, name)
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):

@@ -175,3 +175,31 @@ def test_an_unreachable_server_is_503_with_retry_after():
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "server_unavailable"
         assert client.get("/health").status_code == 503
+
+
+def test_voice_upload_and_delete_need_the_admin_key(gateway, server):
+    import soundfile as sf
+
+    wav = io.BytesIO()
+    sf.write(wav, (0.1 * np.random.default_rng(9).standard_normal(24000)).astype(np.float32), 24000, format="WAV")
+    form = {"name": "uploaded", "text": "an uploaded voice"}
+
+    def upload(headers, data=wav.getvalue()):
+        return httpx.post(f"{gateway}/v1/audio/voices", data=form, files={"file": ("ref.wav", data)},
+                          headers=headers, timeout=60)  # fmt: skip
+
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    assert upload({}).status_code == 401
+    assert upload({"Authorization": "Bearer wrong"}).status_code == 403
+    assert upload(admin, bytes(21 * 2**20)).status_code == 413  # over the 20 MB cap
+    r = upload(admin, b"not audio at all")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+    r = upload(admin)
+    assert r.status_code == 200 and r.json()["name"] == "uploaded", r.text
+    assert "uploaded" in [v["name"] for v in httpx.get(f"{gateway}/v1/audio/voices", timeout=10).json()["voices"]]
+    assert speech(gateway, response_format="pcm", voice="uploaded").status_code == 200
+    assert httpx.delete(f"{gateway}/v1/audio/voices/uploaded", timeout=10).status_code == 401
+    assert httpx.delete(f"{gateway}/v1/audio/voices/uploaded", headers=admin, timeout=10).status_code == 200
+    r = httpx.delete(f"{gateway}/v1/audio/voices/uploaded", headers=admin, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "name"
+    assert speech(gateway, voice="uploaded").json()["error"]["param"] == "voice"
