@@ -10,9 +10,10 @@ import base64
 import io
 import json
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from client.aio import AsyncTTSClient
 from client.audio_io import read_audio
@@ -22,6 +23,7 @@ from engine.params import GENERATION_PARAMETERS, SPLIT_TOKENS
 from gateway.encode import FORMATS, Encoder
 
 MODEL_ID = "fireredtts3"
+PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
 MAX_BODY_BYTES = 64 * 1024
 MAX_INPUT_CHARS = 4000
 MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
@@ -137,6 +139,22 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
         return await voice_call(voices_client.remove, name)
 
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return PAGE.read_text()
+
+    @app.get("/v1/audio/speech")
+    async def speech_get(request: Request):
+        """The same as POST with the fields as query parameters (what an audio element can ask for)."""
+        body = dict(request.query_params)
+        for name, value in body.items():  # numbers arrive as text
+            if name in EXTRAS or name in ("seed", "speed"):
+                try:
+                    body[name] = json.loads(value)
+                except ValueError:
+                    raise APIError(400, f"{name} must be a number, got {value!r}", name) from None
+        return await speak(body)
+
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         raw = await request.body()
@@ -148,6 +166,9 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
             raise APIError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
+        return await speak(body)
+
+    async def speak(body: dict):
         kw = await speech_request(body, voices)
         fmt = body.get("response_format", "mp3")
         stream = tts.stream(**kw)

@@ -203,3 +203,15 @@ def test_voice_upload_and_delete_need_the_admin_key(gateway, server):
     r = httpx.delete(f"{gateway}/v1/audio/voices/uploaded", headers=admin, timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "name"
     assert speech(gateway, voice="uploaded").json()["error"]["param"] == "voice"
+
+
+def test_the_web_page_and_the_get_form_of_speech(gateway):
+    page = httpx.get(f"{gateway}/", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/v1/audio/speech" in page.text and "/v1/audio/voices" in page.text
+    posted = speech(gateway, response_format="wav").content
+    query = {"input": "Through the gateway", "response_format": "wav", **{k: str(v) for k, v in EXTRAS.items()}}
+    got = httpx.get(f"{gateway}/v1/audio/speech", params=query, timeout=60)
+    assert got.status_code == 200 and got.content == posted  # what the page's audio element plays
+    bad = httpx.get(f"{gateway}/v1/audio/speech", params={**query, "max_patches": "lots"}, timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_patches"
