@@ -127,13 +127,16 @@ class Vocoder(Protocol):
 LINGERING: contextvars.ContextVar[set | None] = contextvars.ContextVar("lingering", default=None)
 
 
+_ALIVE: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
+
+
 def linger(coro) -> asyncio.Task:
     """Run ``coro`` to its end even if whoever awaits it is cancelled; tracked in :data:`LINGERING`."""
     task = asyncio.ensure_future(coro)
-    tasks = LINGERING.get()
-    if tasks is not None:
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    for tasks in (_ALIVE, LINGERING.get()):
+        if tasks is not None:
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
     return task
 
 

@@ -36,6 +36,17 @@ ADMIN_PARAMETER = "admin_key"
 _NONCE_BITS = 31
 
 
+def parameter_dict(raw: str | dict | None) -> dict:
+    """Triton's request parameters (JSON text in the Python backend) -> a new dict; ValueError if malformed."""
+    try:
+        given = json.loads(raw) if isinstance(raw, str) and raw else raw or {}
+    except (ValueError, RecursionError):
+        raise ValueError("request parameters are not valid JSON") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"request parameters must be a JSON object, got {type(given).__name__}")
+    return dict(given)
+
+
 class Refused(ValueError):
     """A request from outside our pipeline to something only the pipeline may ask for."""
 
@@ -64,12 +75,7 @@ class Keys:
 
     def split(self, raw: str | dict | None) -> tuple[dict, bool]:
         """Triton request parameters -> (the client's parameters without our keys, whether it is ours)."""
-        try:
-            given = json.loads(raw) if isinstance(raw, str) and raw else dict(raw or {})
-        except ValueError:
-            raise ValueError("request parameters are not valid JSON") from None
-        if not isinstance(given, dict):
-            raise ValueError("request parameters must be a JSON object")
+        given = parameter_dict(raw)
         key = given.pop(INTERNAL_PARAMETER, None)
         trusted = not self.internal or (isinstance(key, str) and hmac.compare_digest(key.encode(), self.internal))
         return given, trusted

@@ -32,7 +32,6 @@ class BLS:
 
     def __init__(self, pb, timeout: float, pool, parameters: dict[str, str] | None = None):
         self.pb, self.timeout, self.pool, self.parameters = pb, timeout, pool, dict(parameters or {})
-        self.tasks: set[asyncio.Task] = set()  # work that must finish although its caller was cancelled
 
     def submit(self, request, **kw) -> asyncio.Task:
         """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
@@ -43,13 +42,7 @@ class BLS:
         async def run():
             return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
 
-        return self.background(run())
-
-    def background(self, coro) -> asyncio.Task:
-        task = linger(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+        return linger(run())
 
     def raise_for(self, model: str, response) -> None:
         error = bls_error(self.pb, model, response)
@@ -129,7 +122,7 @@ class BLSGenerator:
         try:
             responses = ResponseStream(self.bls, "generator", await asyncio.shield(started))
         except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
-            self.bls.background(self._cancel_once_started(segment.stream_id, started, request))
+            linger(self._cancel_once_started(segment.stream_id, started, request))
             raise
         ended = False
         try:
@@ -145,7 +138,7 @@ class BLSGenerator:
                 yield chunk
         finally:
             if not ended:  # shielded: cut short, it would drop the request before its stream ended
-                await asyncio.shield(self.bls.background(self._cancel(segment.stream_id, responses, request)))
+                await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
 
     async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:
         try:

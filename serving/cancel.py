@@ -30,16 +30,13 @@ class CancelBoard:
         return os.path.join(self.dir, str(int(stream_id)))  # ints only: an id can never name another path
 
     def mark(self, stream_id: int) -> None:
-        os.close(os.open(self._path(stream_id), os.O_CREAT | os.O_WRONLY, 0o600))
+        _touch(self._path(stream_id))
 
     def is_marked(self, stream_id: int) -> bool:
         return os.path.exists(self._path(stream_id))
 
     def clear(self, stream_id: int) -> None:
-        try:
-            os.unlink(self._path(stream_id))
-        except FileNotFoundError:
-            pass
+        _remove(self._path(stream_id))
 
     # The other direction: the generator gave a stream up (Triton stopped scheduling its request), and
     # tts, waiting for that stream's next chunk, ends it with an error instead of waiting for a timeout.
@@ -47,21 +44,14 @@ class CancelBoard:
         return os.path.join(self.dir, f"lost-{int(stream_id)}")
 
     def mark_lost(self, stream_id: int) -> None:
-        os.close(os.open(self._lost_path(stream_id), os.O_CREAT | os.O_WRONLY, 0o600))
+        _touch(self._lost_path(stream_id))
 
     def consume_lost(self, stream_id: int) -> bool:
-        try:
-            os.unlink(self._lost_path(stream_id))
-            return True
-        except FileNotFoundError:
-            return False
+        return _remove(self._lost_path(stream_id))
 
     def consume(self, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
-        if not self.is_marked(stream_id):
-            return False
-        self.clear(stream_id)
-        return True
+        return _remove(self._path(stream_id))
 
     def sweep(self, max_age: float = 60.0) -> int:
         """Remove marks older than ``max_age`` seconds (a live stream acts on its mark within one step)."""
@@ -74,3 +64,16 @@ class CancelBoard:
             except FileNotFoundError:
                 pass
         return removed
+
+
+def _touch(path: str) -> None:
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+def _remove(path: str) -> bool:
+    """Whether there was a file to remove."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False

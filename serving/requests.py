@@ -5,7 +5,6 @@ Every error is a ValueError that names the input or parameter as the client spel
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from engine.audio import check_reference
 from engine.orchestrator import Utterance
 from engine.params import GENERATION_PARAMETERS, Parameter, generation_params, parse_parameters
 from engine.text import language_tag
+from serving.auth import parameter_dict
 from serving.contract import TTS_PARAMETERS
 
 MAX_TEXT_CHARS = 4000
@@ -33,13 +33,7 @@ class Voice:
 
 def request_parameters(raw: str | dict | None, known: tuple[Parameter, ...] = TTS_PARAMETERS) -> dict:
     """Triton's request parameters (JSON text in the Python backend) -> typed values with defaults."""
-    try:
-        given = json.loads(raw) if isinstance(raw, str) and raw else raw or {}
-    except (ValueError, RecursionError):
-        raise ValueError("request parameters are not valid JSON") from None
-    if not isinstance(given, dict):
-        raise ValueError(f"request parameters must be a JSON object, got {type(given).__name__}")
-    return parse_parameters(given, known)
+    return parse_parameters(parameter_dict(raw), known)
 
 
 def check_language(language: str | None, field: str = "LANGUAGE") -> str:

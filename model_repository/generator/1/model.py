@@ -44,7 +44,7 @@ class Attendance:
 
     def orphans(self, live: list[int], present: list[int] | None, now: float) -> list[int]:
         """After an execute with ``present`` (None: a check between executes) -> the live streams gone."""
-        gone = []
+        gone, live_set = [], set(live)
         for i in live:
             if present is not None and i in present:
                 self.seen[i], self.missed[i] = now, 0
@@ -54,7 +54,7 @@ class Attendance:
             absent = now - self.seen[i]
             if (self.missed[i] >= MISSED_EXECUTES and absent >= MISSED_SECONDS) or absent >= ORPHAN_SECONDS:
                 gone.append(i)
-        for i in [i for i in self.seen if i not in live or i in gone]:
+        for i in [i for i in self.seen if i not in live_set or i in gone]:
             del self.seen[i], self.missed[i]
         return gone
 

@@ -24,6 +24,11 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
 
 
+def refuse(sender, message: str) -> None:
+    """End a request with UNAVAILABLE: the server cannot take it now (busy, restarting, shutting down)."""
+    sender.send(pb.InferenceResponse(error=pb.TritonError(message, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = model_parameters(args)
@@ -74,13 +79,13 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         refusal = self.flags.broken() or (self.flags.draining() and "server is shutting down")
         if refusal:
-            sender.send(pb.InferenceResponse(error=pb.TritonError(refusal, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+            refuse(sender, refusal)
             return
         if self.in_flight >= self.capacity:
             self.outcome["busy"].increment(1)
             message = (f"server busy: {self.in_flight} requests are running or waiting (limit {self.capacity}); "
                        "retry shortly")  # fmt: skip
-            sender.send(pb.InferenceResponse(error=pb.TritonError(message, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+            refuse(sender, message)
             return
         self._count(1, 1)
         lingering: set = set()
@@ -107,7 +112,7 @@ class TritonPythonModel:
             if not task.done() and (broken := self.flags.broken()):  # the server is about to be replaced
                 task.cancel()
                 self.outcome["error"].increment(1)
-                sender.send(pb.InferenceResponse(error=pb.TritonError(broken, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+                refuse(sender, broken)
                 return
         # The stream's cleanup (generator cancel, vocoder end) may still run: it ends before the final
         # response. Sent earlier, the BLS requests still running for this request went astray: the
