@@ -115,10 +115,9 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
-        if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
-            raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
         key = admin_key(request)
-        form = await request.form()
+        await read_capped(request, MAX_UPLOAD_BYTES, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+        form = await request.form()  # parses the body read above
         name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
         if not isinstance(name, str) or not name:
             raise APIError(400, "name is required", "name")
@@ -157,9 +156,7 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise APIError(413, f"the request body is {len(raw)} bytes; the limit is {MAX_BODY_BYTES}")
+        raw = await read_capped(request, MAX_BODY_BYTES, f"the request body is over {MAX_BODY_BYTES} bytes")
         try:
             body = json.loads(raw)
         except ValueError:
@@ -182,6 +179,21 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
     return app
+
+
+async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes, whatever Content-Length
+    says or whether it is there (a chunked body has none): nothing more is read or kept."""
+    if int(request.headers.get("content-length") or 0) > limit:
+        raise APIError(413, too_big)
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise APIError(413, too_big)
+        parts.append(part)
+    request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
+    return request._body
 
 
 async def speech_request(body: dict, voices) -> dict:

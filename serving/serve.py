@@ -75,13 +75,30 @@ def write_key(path: Path) -> str:
     return key
 
 
-def start_gateway(host: str, grpc_port: int, port: int) -> subprocess.Popen:
-    """``python -m gateway`` on ``host:port`` for this server; it dies with the launcher."""
-    triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)],
-                            cwd=REPO_ROOT, preexec_fn=die_with_parent)  # fmt: skip
-    print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
-    return proc
+class Gateway:
+    """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
+    starts it again (and says so) if it exits on its own."""
+
+    def __init__(self, host: str, grpc_port: int, port: int):
+        triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
+        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
+        self.proc = self._start()
+        print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
+
+    def keep_up(self) -> None:
+        if self.proc.poll() is not None:
+            print(f"[supervisor] gateway exited with {self.proc.returncode}; restarting it", file=sys.stderr, flush=True)
+            self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work), 0
-    gateway = None if args.no_openai else start_gateway(args.host, ports.grpc, args.openai_port)
+    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port)
     try:
-        supervisor.run(stopping=lambda: bool(signals))
+        supervisor.run(stopping=lambda: bool(signals), tick=gateway.keep_up if gateway else lambda: None)
     except RuntimeError as e:  # tritonserver exited before it was ready
         print(e, file=sys.stderr)
         code = 1
@@ -166,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         supervisor.shutdown(args.drain_seconds if code == 0 else 0, hurry=lambda: len(signals) > 1)
         if gateway is not None:  # after the drain: it was carrying the streams that finished
-            gateway.terminate()
-            try:
-                gateway.wait(5)
-            except subprocess.TimeoutExpired:
-                gateway.kill()
+            gateway.stop()
         for entry in work.iterdir():  # keep the log; the key dies with the server
             if entry.is_dir():
                 shutil.rmtree(entry)

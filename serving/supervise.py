@@ -151,8 +151,9 @@ class Supervisor:
         self.flags = RunFlags(self.run_dir)
         self.models = {p.parent.parent.name for p in self.server.model_repository.glob("*/1/model.py")}
 
-    def run(self, stopping: Callable[[], bool]) -> None:
-        """Serve until ``stopping()``; RuntimeError when tritonserver exits before it is ready."""
+    def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
+        """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
+        RuntimeError when tritonserver exits before it is ready."""
         t0 = time.monotonic()
         if not self._start(stopping):
             return
@@ -160,6 +161,7 @@ class Supervisor:
         say(f"ready in {time.monotonic() - t0:.1f} s: gRPC {s.host}:{s.ports.grpc}, HTTP http://{s.host}:{s.ports.http}, "
             f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
         while not stopping():
+            tick()
             incident = self.check()
             if incident:
                 self.recover(incident, stopping)

@@ -136,6 +136,13 @@ def test_bad_bodies(gateway):
     r = httpx.post(f"{gateway}/v1/audio/speech", content=b"x" * 100_000, timeout=10)
     assert r.status_code == 413
 
+    def chunked():  # no Content-Length: the cap holds while the body is read
+        for _ in range(100):
+            yield b"x" * 10_000
+
+    r = httpx.post(f"{gateway}/v1/audio/speech", content=chunked(), timeout=10)
+    assert r.status_code == 413 and "headers" not in r.json()["error"]["message"]
+
 
 def test_stock_and_registered_voices(gateway, server, reference):
     default = speech(gateway, response_format="pcm").content

@@ -4,6 +4,7 @@ killed. (SIGTERM and restarts: test_supervision.py.) The last test kills the mod
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import stat
@@ -67,6 +68,26 @@ def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, 
     assert time.monotonic() - t0 < 30
     assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
     assert launcher.ready_status() == 200
+
+
+def test_a_dead_gateway_is_started_again(launcher):
+    import httpx
+
+    def gateway_pids():
+        out = subprocess.run(["pgrep", "-P", str(launcher.proc.pid), "-f", "gateway --triton"], capture_output=True, text=True)
+        return [int(x) for x in out.stdout.split()]
+
+    (pid,) = gateway_pids()
+    os.kill(pid, signal.SIGKILL)
+    deadline, status = time.monotonic() + 30, 0
+    while time.monotonic() < deadline and status != 200:
+        time.sleep(0.5)
+        try:
+            status = httpx.get(f"http://127.0.0.1:{launcher.openai}/health", timeout=2).status_code
+        except httpx.HTTPError:
+            status = 0
+    assert status == 200 and gateway_pids() and pid not in gateway_pids()
+    assert "gateway exited with -9; restarting it" in launcher.text()
 
 
 def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):
