@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test unit integration bench clean
+.PHONY: install serve test test-browser browser-deps unit integration static bench clean
 
 install: $(STAMP)
 
@@ -20,14 +20,35 @@ $(STAMP): pyproject.toml Makefile
 serve: install
 	$(PY) -m serving.serve $(ARGS)
 
+# The browser tests of the web page need Debian's chromium and chromium-driver: `make test` installs
+# them where it can (root with apt-get) and otherwise runs everything else and says they were skipped.
 test: install
+	-@$(MAKE) -s browser-deps 2>/dev/null
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  echo "NOTE: no chromium/chromedriver here: the browser tests are skipped (make test-browser installs them)"
 	$(PY) -m pytest -q tests
+
+test-browser: install browser-deps
+	$(PY) -m pytest -q -m browser tests/integration/test_page.py
+
+browser-deps:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "install chromium and chromium-driver (Debian: sudo apt-get install chromium chromium-driver)"; exit 1; fi; \
+	  echo "installing chromium and chromium-driver with apt-get"; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	fi
 
 unit: install
 	$(PY) -m pytest -q tests/unit
 
 integration: install
 	$(PY) -m pytest -q tests/integration
+
+# hadolint on the Dockerfile, Kubernetes manifests against the schemas, the Grafana dashboard's structure
+static: install
+	$(PY) -m pytest -q tests/static
 
 # streaming latency and throughput against concurrency; e.g. make bench ARGS="--preset small --max-patches 24"
 bench: install

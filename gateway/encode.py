@@ -22,6 +22,8 @@ FORMATS = {
     "wav": ("audio/wav", None, None),
     "pcm": ("audio/pcm", None, None),
 }
+# bits per second for mono 24 kHz speech: FFmpeg's defaults would give MP3 32 kb/s, which smears it
+BIT_RATES = {"mp3": 64_000, "aac": 64_000, "opus": 32_000}
 
 
 def pcm16(audio: np.ndarray) -> bytes:
@@ -70,6 +72,8 @@ class Encoder:
         self.sink = _Sink()
         self.out = av.open(self.sink, mode="w", format=container)
         self.stream = self.out.add_stream(codec, rate=SAMPLE_RATE, layout="mono")
+        if response_format in BIT_RATES:
+            self.stream.codec_context.bit_rate = BIT_RATES[response_format]
         fmt = self.stream.codec_context.codec.audio_formats[0].name  # the codec's preferred sample format
         self.resampler = av.AudioResampler(format=fmt, layout="mono", rate=SAMPLE_RATE)
         self.pts = 0

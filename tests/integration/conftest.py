@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -76,3 +77,26 @@ def in_parallel(fn, n: int, timeout: float = 120.0) -> dict:
     if errors:
         raise errors[0]
     return results
+
+
+@contextlib.contextmanager
+def gateway_for(server):
+    """The OpenAI-compatible gateway in front of ``server``, on a free loopback port -> its base URL."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from serving.triton_env import free_port
+
+    port = free_port()
+    config = uvicorn.Config(create_app(f"127.0.0.1:{server.ports.grpc}"), host="127.0.0.1", port=port, log_level="warning")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(10)

@@ -6,18 +6,17 @@ from __future__ import annotations
 import base64
 import io
 import json
-import threading
 import time
 
 import av
 import httpx
 import numpy as np
 import pytest
+import soxr
 
 from client import TTSClient
 from client.voices import VoiceClient
-from serving.triton_env import free_port
-from tests.integration.conftest import wait_gauges_zero
+from tests.integration.conftest import gateway_for, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 EXTRAS = {"seed": 7, "max_patches": 8, "chunk_first": 1, "chunk_next": 2}
@@ -25,21 +24,8 @@ EXTRAS = {"seed": 7, "max_patches": 8, "chunk_first": 1, "chunk_next": 2}
 
 @pytest.fixture(scope="module")
 def gateway(server):
-    import uvicorn
-
-    from gateway.app import create_app
-
-    port = free_port()
-    config = uvicorn.Config(create_app(f"127.0.0.1:{server.ports.grpc}"), host="127.0.0.1", port=port, log_level="warning")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(10)
+    with gateway_for(server) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +208,80 @@ def test_the_web_page_and_the_get_form_of_speech(gateway):
     assert got.status_code == 200 and got.content == posted  # what the page's audio element plays
     bad = httpx.get(f"{gateway}/v1/audio/speech", params={**query, "max_patches": "lots"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_patches"
+
+
+# ---- the OpenAI Python SDK, as an application would use it ----
+@pytest.fixture(scope="module")
+def sdk(gateway):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{gateway}/v1", api_key="not-checked", max_retries=0, timeout=60)
+
+
+def _sdk_pcm(data: bytes, fmt: str) -> np.ndarray:
+    """The response decoded to float PCM at 24 kHz (Opus decodes at 48 kHz)."""
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32767.0
+    pcm, rate = decode(data)
+    return pcm if rate == 24000 else soxr.resample(pcm, rate, 24000).astype(np.float32)
+
+
+def _best_correlation(a: np.ndarray, b: np.ndarray, max_lag: int = 4096) -> float:
+    """Largest normalised cross-correlation of ``a`` against ``b`` over lags 0..max_lag (codec delay)."""
+    n = min(a.size, b.size) - max_lag
+    spectrum = np.fft.rfft(a[: n + max_lag], 2 * (n + max_lag)) * np.conj(np.fft.rfft(b[:n], 2 * (n + max_lag)))
+    xc = np.fft.irfft(spectrum)[: max_lag + 1]
+    energy = np.sqrt(np.convolve(a[: n + max_lag] ** 2, np.ones(n), "valid")[: max_lag + 1] * np.sum(b[:n] ** 2))
+    return float(np.max(xc / energy))
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_the_openai_sdk_speaks_every_format(sdk, reference, fmt):
+    """``audio.speech.create`` and its streaming form give the same audio; lossless formats carry the
+    gRPC audio exactly, lossy ones its length within the codec's priming and padding."""
+    kw = {"model": "fireredtts3", "voice": "alloy", "input": "Through the gateway", "response_format": fmt,
+          "extra_body": EXTRAS}  # fmt: skip
+    whole = sdk.audio.speech.create(**kw).content
+    with sdk.audio.speech.with_streaming_response.create(**kw) as response:
+        assert response.http_response.headers.get("transfer-encoding") == "chunked"
+        parts = list(response.iter_bytes())
+    pcm = _sdk_pcm(whole, fmt)
+    assert np.array_equal(_sdk_pcm(b"".join(parts), fmt), pcm)  # (Ogg's serial number is random)
+    if fmt in ("flac", "wav", "pcm"):
+        assert np.array_equal(np.round(pcm * 32767), np.round(reference * 32767))
+    else:
+        assert abs(pcm.size / 24000 - reference.size / 24000) < 0.1
+        assert _best_correlation(pcm, reference) > 0.5  # the codec kept the signal, after its delay
+
+
+def test_the_openai_sdk_streams_before_the_utterance_ends(sdk, server):
+    """The first bytes reach the SDK while the generator is still busy with the same utterance."""
+    with sdk.audio.speech.with_streaming_response.create(
+        model="fireredtts3", voice="default", input="A long one", response_format="pcm",
+        extra_body={"max_patches": 300, "chunk_first": 1, "chunk_next": 1},
+    ) as response:  # fmt: skip
+        first = next(response.iter_bytes(3840))
+        assert first
+        assert metrics(server)["tts_generator_active_slots"] >= 1  # still generating
+    m = wait_gauges_zero(server)  # leaving the with-block closes the connection: the stream is cancelled
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "status"),
+    [
+        ({"voice": "nobody-registered"}, "BadRequestError", 400),
+        ({"speed": 2.0}, "BadRequestError", 400),
+        ({"response_format": "ogg"}, "BadRequestError", 400),
+        ({"instructions": "whisper"}, "BadRequestError", 400),
+        ({"input": "y" * 4001}, "BadRequestError", 400),
+    ],
+)
+def test_the_openai_sdk_raises_its_own_errors(sdk, kw, error, status):
+    import openai
+
+    args = {"model": "fireredtts3", "voice": "default", "input": "Hello", **kw}
+    with pytest.raises(getattr(openai, error)) as e:
+        sdk.audio.speech.create(**args)
+    assert e.value.status_code == status
+    assert e.value.body["param"] == next(iter(kw)) and e.value.body["message"]

@@ -21,7 +21,7 @@ from serving import contract as C
 from serving.auth import Keys
 from serving.repository import ServeOptions, build
 from serving.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
-from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
+from tests.integration.conftest import gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -320,7 +320,7 @@ def _long(server, i: int, patches: int = 400):
     )
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("protocol", ["grpc", "http", "gateway"])
 def test_the_queue_is_bounded(sealed, protocol):
     """2 slots + max_queue 2: a fifth request is refused at once, the four keep going, all is freed."""
     import threading
@@ -346,10 +346,18 @@ def test_the_queue_is_bounded(sealed, protocol):
         time.sleep(0.1)
         m = metrics(sealed)
     assert m["tts_requests_in_flight"] == 4 and m["tts_requests_waiting"] == 2
-    port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
     t0 = time.monotonic()
-    with pytest.raises(ServerBusy, match="server busy"):
-        TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize("One too many", parameters={"max_patches": 4})
+    if protocol == "gateway":  # the OpenAI-compatible gateway answers 503 with Retry-After
+        import httpx
+
+        with gateway_for(sealed) as url:
+            r = httpx.post(f"{url}/v1/audio/speech", json={"input": "One too many", "max_patches": 4}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["type"] == "server_busy" and "server busy" in r.json()["error"]["message"]
+    else:
+        port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
+        with pytest.raises(ServerBusy, match="server busy"):
+            TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize("One too many", parameters={"max_patches": 4})
     assert time.monotonic() - t0 < 5
     before = sum(chunks)
     time.sleep(0.5)

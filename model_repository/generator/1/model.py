@@ -86,6 +86,10 @@ class TritonPythonModel:
         ]
         self.gauge = self.families[0].Metric()
         self.step_hist = self.families[1].Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
+        # capacity beside use, for dashboards and autoscalers (active / capacity = utilisation)
+        self.families.append(pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE))
+        self.capacity = self.families[-1].Metric()  # kept: a metric lives as long as its object
+        self.capacity.set(self.service.slots)
         log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
 
     def _admit(self, request, stream_id: int, start: bool) -> None:

@@ -1,0 +1,141 @@
+"""The web page in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``)
+driven by Selenium. ``make test-browser`` installs them; without them these tests are skipped with a
+reason and ``make test`` says so."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from tests.integration.conftest import gateway_for, metrics, wait_gauges_zero
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip("no chromium/chromedriver: run `make test-browser` to install them", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    with gateway_for(server) as url:
+        yield url
+
+
+@pytest.fixture()
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    # headless, and quiet on a closed network (no update, sync or background connections)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--mute-audio",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-quic", "--autoplay-policy=no-user-gesture-required",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,900"):  # fmt: skip
+        options.add_argument(flag)
+    # an explicit driver path: Selenium Manager would otherwise try to download one
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "the page"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def player(browser) -> dict:
+    return browser.execute_script(
+        "const p = document.getElementById('player');"
+        "return {t: p.currentTime, src: p.src, error: p.error && p.error.code, buffered: p.buffered.length,"
+        "        paused: p.paused};"
+    )
+
+
+def test_the_page_speaks_and_plays_while_streaming(browser, gateway, server):
+    from selenium.webdriver.common.by import By
+
+    browser.get(gateway + "/")
+    assert browser.title == "FireRedTTS3"
+    text = browser.find_element(By.ID, "input")
+    text.clear()
+    text.send_keys("Hello from a real browser.")
+    browser.find_element(By.ID, "format").send_keys("wav")
+    browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
+    # the audio element plays while the server is still generating the utterance (400 patches = 64 s)
+    state = wait_for(lambda: (s := player(browser))["t"] > 0.2 and s, what="playback to start")
+    assert state["error"] is None and not state["paused"] and "/v1/audio/speech?" in state["src"]
+    assert "response_format=wav" in state["src"]
+    assert metrics(server)["tts_generator_active_slots"] >= 1
+    download = browser.find_element(By.ID, "download")
+    assert download.is_displayed() and download.get_attribute("download") == "speech.wav"
+    assert browser.find_element(By.ID, "error").text == ""
+    browser.get("about:blank")  # leaving the page drops the stream: the server frees it
+    m = wait_gauges_zero(server, 30)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_an_unknown_voice_shows_a_readable_message(browser, gateway):
+    from selenium.webdriver.common.by import By
+
+    browser.get(gateway + "/")
+    # a voice the picker listed but that is gone by the time the user speaks
+    browser.execute_script("const s = document.getElementById('voice');"
+                           "s.add(new Option('deleted-meanwhile', 'deleted-meanwhile')); s.value = 'deleted-meanwhile';")
+    browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
+    message = wait_for(lambda: browser.find_element(By.ID, "error").text, what="the error message")
+    assert message == "voice 'deleted-meanwhile' is not registered (GET /v1/audio/voices lists them)"
+
+
+def test_a_voice_uploaded_on_the_page_is_picked_and_speaks(browser, gateway, server, tmp_path):
+    import httpx
+    import soundfile as sf
+    from selenium.webdriver.common.by import By
+
+    wav = tmp_path / "me.wav"
+    sf.write(wav, (0.1 * np.random.default_rng(3).standard_normal(24000)).astype(np.float32), 24000)
+    browser.get(gateway + "/")
+    browser.find_element(By.ID, "vname").send_keys("from-the-page")
+    browser.find_element(By.ID, "vfile").send_keys(str(wav))
+    browser.find_element(By.ID, "vtext").send_keys("my own voice")
+    browser.find_element(By.ID, "vkey").send_keys("wrong key")
+    browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
+    assert "admin key" in wait_for(lambda: browser.find_element(By.ID, "error").text, what="the refusal")
+    key = browser.find_element(By.ID, "vkey")
+    key.clear()
+    key.send_keys(server.admin_key)
+    browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
+    wait_for(lambda: browser.execute_script("return document.getElementById('voice').value") == "from-the-page",
+             what="the new voice to be picked")  # fmt: skip
+    assert browser.find_element(By.ID, "error").text == ""
+    browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
+    wait_for(lambda: player(browser)["t"] > 0.2, what="playback with the uploaded voice")
+    assert "voice=from-the-page" in player(browser)["src"]
+    browser.get("about:blank")
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    assert httpx.delete(f"{gateway}/v1/audio/voices/from-the-page", headers=admin, timeout=10).status_code == 200
+    wait_gauges_zero(server, 30)
+
+
+def test_a_screenshot_of_the_page(browser, gateway, tmp_path_factory):
+    """Not a check of pixels: the page renders to a non-blank image (kept under pytest's temp dir)."""
+    from PIL import Image
+
+    browser.get(gateway + "/")
+    png = browser.get_screenshot_as_png()
+    image = np.asarray(Image.open(io.BytesIO(png)).convert("L"))
+    assert image.shape[0] > 300 and image.std() > 5  # text and controls, not an empty page
+    (tmp_path_factory.getbasetemp() / "page.png").write_bytes(png)
