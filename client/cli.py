@@ -60,7 +60,7 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
 
     syn = ap.add_argument_group("synthesize (the default when no command is given)")
     syn.add_argument("--text", help="text to speak; '-' reads it from stdin")
-    syn.add_argument("--language", help="language name (server default: English)")
+    syn.add_argument("--language", help="language or dialect name (server default: detected from the text)")
     voice = syn.add_mutually_exclusive_group()
     voice.add_argument("--voice-id", help="a voice registered on the server")
     voice.add_argument("--ref-audio", help="reference voice recording (any format libsndfile reads)")
@@ -75,7 +75,11 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     syn.add_argument("--quiet", "-q", action="store_true", help="no progress or summary on stderr")
     par = ap.add_argument_group("request parameters (server defaults when omitted)")
     for p in TTS_PARAMETERS:
-        par.add_argument(f"--{p.name.replace('_', '-')}", type=p.type, help=f"{p.doc} (default {p.default})")
+        flag = f"--{p.name.replace('_', '-')}"
+        if p.type is bool:  # --normalize / --no-normalize; omitted: the server's default
+            par.add_argument(flag, action=argparse.BooleanOptionalAction, help=f"{p.doc} (default {p.default})")
+        else:
+            par.add_argument(flag, type=p.type, help=f"{p.doc} (default {p.default})")
 
     if commands:
         sub = ap.add_subparsers(dest="command", metavar="COMMAND")

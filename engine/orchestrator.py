@@ -1,6 +1,7 @@
 """One utterance from text to audio, written once against three small async interfaces.
 
-:class:`Orchestrator` encodes the voice prompt, splits the text into segments, runs each segment as one
+:class:`Orchestrator` runs the text front end (:func:`engine.frontend.prepare`: cleaning, language detection,
+sentence grouping, normalization), encodes the voice prompt, runs each text segment as one
 generator stream whose chunks go through the vocoder, cross-fades the segments, and reports why the
 utterance ended. It owns cancellation and cleanup: however the caller stops (closing the iterator,
 task cancellation, an error anywhere), every generator stream it opened is closed and every vocoder
@@ -23,8 +24,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.frontend import prepare
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, GenerationParams
-from engine.segments import Joiner, segment_schedule, split_text
+from engine.segments import Joiner, segment_schedule
 
 # Finish reasons: why a stream (and so an utterance) ended. Failures carry a message after the prefix.
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
@@ -78,10 +80,11 @@ class Utterance:
     """What to say and how (the voice is passed separately, in whatever form the prompt encoder takes)."""
 
     text: str
-    language: str = "English"
+    language: str | None = None  # None or "auto": detected from the text
     params: GenerationParams = GenerationParams()
     schedule: tuple[int, ...] = DEFAULT_SCHEDULE  # patches per chunk: first, then every later one
     split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
+    normalize: bool = True  # wetext text normalization (cleaning and splitting run regardless)
 
 
 @dataclass(frozen=True)
@@ -160,16 +163,23 @@ class Orchestrator:
     async def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
         """Yield the utterance's audio as it is made; the last piece is ``final``.
 
-        Raises :class:`StreamFailed` when a generator stream fails, or whatever an interface raised;
-        in every case the streams opened so far are closed before the exception leaves.
+        Raises ValueError when nothing is left to speak after the front end, :class:`StreamFailed` when
+        a generator stream fails, or whatever an interface raised; in every case the streams opened so
+        far are closed before the exception leaves.
         """
+        u = utterance
+        # Before the prompt, so that unspeakable text fails fast; on a thread: wetext takes a while on
+        # long texts, and the event loop serves every other request meanwhile.
+        prepared = await asyncio.to_thread(
+            prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
+        )
         prompt = await self.prompts.encode(voice)
-        texts = split_text(utterance.text, self.count_tokens, utterance.split_tokens)
+        texts = prepared.segments
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
-        for i, text in enumerate(texts):
+        for i, segment_text in enumerate(texts):
             more = i < len(texts) - 1
-            segment = Segment(self.stream_ids(), text, utterance.language, prompt, utterance.params,
-                              segment_schedule(i, utterance.schedule))  # fmt: skip
+            segment = Segment(self.stream_ids(), segment_text, prepared.language, prompt, u.params,
+                              segment_schedule(i, u.schedule))  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:
                 async for audio, reason in pieces:

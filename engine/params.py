@@ -28,10 +28,10 @@ class Parameter:
     """One request parameter as a client spells it (Triton request parameters; HTTP ``parameters``)."""
 
     name: str
-    type: type  # int or float
-    default: int | float
-    low: int | float
-    high: int | float
+    type: type  # int, float or bool
+    default: int | float | bool
+    low: int | float | bool
+    high: int | float | bool
     doc: str
 
     def check(self, value) -> None:
@@ -42,8 +42,13 @@ class Parameter:
         """A client's value -> the typed value; ValueError naming the parameter otherwise.
 
         Integers must be integers (``2.7``, ``true`` and ``"3"`` are refused, never truncated); floats
-        accept numbers and their decimal text (BLS requests cannot carry floats).
+        accept numbers and their decimal text (BLS requests cannot carry floats); booleans must be
+        ``true`` or ``false`` (not ``1`` or ``"no"``).
         """
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"parameter {self.name} must be true or false, got {shown(value)}")
+            return value
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
             if not ok:
@@ -98,12 +103,18 @@ class GenerationParams:
             raise ValueError("seed must fit in int64")
 
 
-# ... and the front door adds text segmentation.
+# ... and the front door adds the text front end (engine.frontend).
 SPLIT_TOKENS = Parameter(
     "split_tokens", int, DEFAULT_SPLIT_TOKENS, 0, 4096,
-    "texts longer than this many tokens are split at sentence ends into segments, joined with a 50 ms cross-fade (0: never)",
+    "long texts are spoken in segments of whole sentences grouped up to about this many tokens (characters "
+    "for Chinese), joined with a 50 ms cross-fade (0: one segment)",
 )  # fmt: skip
-UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS)
+NORMALIZE = Parameter(
+    "normalize", bool, True, False, True,
+    "read numbers, dates, times, currency and symbols out as words (wetext; Chinese, English, Cantonese and "
+    "dialects) before speaking",
+)  # fmt: skip
+UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE)
 
 
 def parse_parameters(given: dict | None, known: tuple[Parameter, ...] = UTTERANCE_PARAMETERS) -> dict:

@@ -1,5 +1,5 @@
-"""Long text: split it into segments that are synthesized one after another and joined with a short
-linear cross-fade, as the reference does (sentences merged up to ~80 tokens, 50 ms fade, same seed).
+"""Long text: its segments (made by :func:`engine.frontend.prepare`) are synthesized one after another,
+each with the same seed, and joined with a 50 ms linear cross-fade, as the reference does.
 
 Both the offline path and the ``tts`` model use these functions, so a long text streams exactly as it
 synthesizes offline. Nothing here imports torch.
@@ -8,67 +8,11 @@ synthesizes offline. Nothing here imports torch.
 from __future__ import annotations
 
 import itertools
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 FADE_SAMPLES = 1200  # 50 ms at 24 kHz
-SENTENCE_END = re.compile(r"(?<=[.!?;。！？；…])\s+|(?<=[。！？；…])")
-CLAUSE_END = re.compile(r"(?<=[,:，、：])\s*")
-
-
-def _join(a: str, b: str) -> str:
-    """Concatenate two pieces: with a space, except next to CJK text (which has none)."""
-    cjk = re.compile(r"[\u3000-\u9fff\uff00-\uffef]")
-    return a + b if cjk.match(a[-1:]) or cjk.match(b[:1]) else f"{a} {b}"
-
-
-def _pieces(text: str, pattern: re.Pattern) -> list[str]:
-    return [p for p in pattern.split(text) if p and p.strip()]
-
-
-def split_text(text: str, count: Callable[[str], int], max_tokens: int = 80, merge_tokens: int = 20) -> list[str]:
-    """Split ``text`` into segments of at most ``max_tokens`` tokens (by ``count``) where possible.
-
-    Sentences are kept whole and merged greedily; a sentence longer than the limit is cut at clauses,
-    then at spaces; a last segment shorter than ``merge_tokens`` joins the one before it. ``max_tokens``
-    <= 0 disables splitting. The segments joined (with spaces, none between CJK text) read as the text.
-    """
-    text = text.strip()
-    if max_tokens <= 0 or count(text) <= max_tokens:
-        return [text]
-    units: list[str] = []
-    for sentence in _pieces(text, SENTENCE_END):
-        if count(sentence) <= max_tokens:
-            units.append(sentence.strip())
-            continue
-        for clause in _pieces(sentence, CLAUSE_END):
-            if count(clause) <= max_tokens:
-                units.append(clause.strip())
-            else:
-                units.extend(_by_words(clause, count, max_tokens))
-    segments: list[str] = []
-    for u in units:
-        joined = _join(segments[-1], u) if segments else u
-        if segments and count(joined) <= max_tokens:
-            segments[-1] = joined
-        else:
-            segments.append(u)
-    if len(segments) > 1 and count(segments[-1]) < merge_tokens:
-        last = segments.pop()
-        segments[-1] = _join(segments[-1], last)
-    return segments
-
-
-def _by_words(text: str, count: Callable[[str], int], max_tokens: int) -> list[str]:
-    out: list[str] = []
-    for word in text.split():
-        if out and count(_join(out[-1], word)) <= max_tokens:
-            out[-1] = _join(out[-1], word)
-        else:
-            out.append(word)  # a single word longer than the limit stays whole
-    return out
 
 
 def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from engine import audio as A
 from engine.config import SAMPLE_RATE
+from engine.frontend import use_lid_model
 from engine.local import local_orchestrator
 from engine.orchestrator import StreamFailed, Utterance
 from engine.params import (
@@ -35,19 +36,21 @@ from engine.prompt import VoicePrompt
 def stream_audio(
     tts: FireRedTTS3,
     text: str,
-    language: str = "English",
+    language: str | None = None,
     prompt: VoicePrompt | None = None,
     params: GenerationParams = GenerationParams(),
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
+    normalize: bool = True,
 ) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1).
 
-    This is the server's orchestration run in-process: a text longer than ``split_tokens`` tokens is cut
-    into segments at sentence ends, each generated with the same seed and joined with a 50 ms cross-fade.
-    Raises ValueError for bad input.
+    This is the server's orchestration run in-process: the text goes through the front end
+    (:func:`engine.frontend.prepare`: cleaning, language detection when ``language`` is None, sentence
+    grouping by ``split_tokens``, normalization unless ``normalize`` is False), and each segment is
+    generated with the same seed and joined with a 50 ms cross-fade. Raises ValueError for bad input.
     """
-    utterance = Utterance(text, language, params, tuple(schedule), split_tokens)
+    utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize)
     pieces = local_orchestrator(tts).run(utterance, prompt)
     loop = asyncio.new_event_loop()
     try:
@@ -68,13 +71,14 @@ def stream_audio(
 def synthesize(
     tts: FireRedTTS3,
     text: str,
-    language: str = "English",
+    language: str | None = None,
     ref_audio: np.ndarray | None = None,
     ref_sample_rate: int = SAMPLE_RATE,
     ref_text: str = "",
     params: GenerationParams = GenerationParams(),
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
+    normalize: bool = True,
 ) -> np.ndarray:
     """Whole utterance as one float32 array at 24 kHz: patches * 3840 samples per text segment, minus
     the 1200-sample cross-fade between segments.
@@ -82,7 +86,8 @@ def synthesize(
     Without ``ref_audio`` the voice prompt is one patch of silence (the model then picks a voice).
     """
     prompt = tts.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
-    return np.concatenate(list(stream_audio(tts, text, language, prompt, params, schedule, split_tokens)))
+    chunks = stream_audio(tts, text, language, prompt, params, schedule, split_tokens, normalize)
+    return np.concatenate(list(chunks))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,14 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--checkpoint", required=True, type=Path, help="folder in the official FireRedTTS3 layout")
     ap.add_argument("--text", required=True, help="text to speak ('-' reads stdin)")
-    ap.add_argument("--language", default="English")
+    ap.add_argument("--language", help="language or dialect name (default: detected from the text)")
+    ap.add_argument("--lid-model", type=Path, help="fastText language-id model used for detection "
+                    "(needs the fasttext package; default: by script, as the reference without one)")  # fmt: skip
     ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; first channel is used)")
     ap.add_argument("--ref-text", default="", help="transcript of --ref-audio")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     for p in UTTERANCE_PARAMETERS:
-        ap.add_argument(
-            f"--{p.name.replace('_', '-')}", type=p.type, default=p.default, help=f"{p.doc} (default {p.default})"
-        )
+        flag = f"--{p.name.replace('_', '-')}"
+        if p.type is bool:  # --normalize / --no-normalize
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=p.default, help=p.doc)
+        else:
+            ap.add_argument(flag, type=p.type, default=p.default, help=f"{p.doc} (default {p.default})")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args(argv)
@@ -110,13 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         values = parse_parameters({p.name: getattr(args, p.name) for p in UTTERANCE_PARAMETERS})
         params, schedule = generation_params(args.seed, values)
+        if args.lid_model:
+            try:
+                use_lid_model(args.lid_model)
+            except RuntimeError as e:  # no fasttext package
+                raise ValueError(str(e)) from None
         t0 = time.perf_counter()
         tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
         ref = A.load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
-            tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"]
-        )
+            tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
+            values["normalize"],
+        )  # fmt: skip
         t2 = time.perf_counter()
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)

@@ -59,6 +59,24 @@ _TAG_NAMES: tuple[str, ...] = LANGUAGES + DIALECTS
 _TAG_BY_LOWER: dict[str, str] = {name.lower(): name for name in _TAG_NAMES}
 
 
+def canonical_language(language: str) -> str:
+    """The name as ``LANGUAGES`` or ``DIALECTS`` spells it (``"chinese"`` -> ``"Chinese"``).
+
+    The front end's rules compare names exactly (Chinese is split by characters, only some
+    languages are normalized), so every name is put in this form first.
+
+    Raises:
+        ValueError: The language is unknown; the message lists the valid names.
+    """
+    name = language if language in _TAG_NAMES else _TAG_BY_LOWER.get(str(language).strip().lower())
+    if name is None:
+        raise ValueError(
+            f"unknown language {language!r}; valid languages: {', '.join(LANGUAGES)}; "
+            f"valid dialects: {', '.join(DIALECTS)}; or auto to detect it"
+        )
+    return name
+
+
 def language_tag(language: str) -> str:
     """Return the tag ``<|Name|>`` for a language or Chinese dialect.
 
@@ -68,13 +86,7 @@ def language_tag(language: str) -> str:
     Raises:
         ValueError: The language is unknown; the message lists the valid names.
     """
-    name = language if language in _TAG_NAMES else _TAG_BY_LOWER.get(language.strip().lower())
-    if name is None:
-        raise ValueError(
-            f"unknown language {language!r}; valid languages: {', '.join(LANGUAGES)}; "
-            f"valid dialects: {', '.join(DIALECTS)}"
-        )
-    return f"<|{name}|>"
+    return f"<|{canonical_language(language)}|>"
 
 
 def format_prompt(text: str, language: str = "English", prompt_text: str = "") -> str:
@@ -259,3 +271,50 @@ def write_tiny_tokenizer(path: str | Path, n_merges: int = 144, model_max_length
     merges_txt = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
     (out / "merges.txt").write_text(merges_txt, encoding="utf-8")
     return tok.get_vocab_size(with_added_tokens=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.text TEXT``: the front end's language, segments and their token counts."""
+    import argparse
+    import sys
+    import tempfile
+
+    from engine import frontend  # imported here: it imports this module
+
+    ap = argparse.ArgumentParser(
+        prog="python -m engine.text",
+        description="Show what the model will be asked to say: the detected (or given) language, the "
+        "cleaned, normalized segments and their token counts.",
+    )
+    ap.add_argument("text", help="text to speak ('-' reads stdin)")
+    ap.add_argument("--language", help="language or dialect name (default: detect it)")
+    ap.add_argument("--checkpoint", type=Path, help="count tokens with this checkpoint's text_tokenizer "
+                    "(default: the built-in tiny tokenizer, whose counts are much higher)")  # fmt: skip
+    ap.add_argument("--split-tokens", type=int, default=80, help="segment length (0: one segment); default 80")
+    ap.add_argument("--max-patches", type=int, default=400, help="per-segment length limit; default 400")
+    ap.add_argument("--no-normalize", dest="normalize", action="store_false", help="skip text normalization")
+    ap.add_argument("--lid-model", help="fastText language-id model for detection (default: by script)")
+    args = ap.parse_args(argv)
+    text = sys.stdin.read() if args.text == "-" else args.text
+    try:
+        if args.checkpoint:
+            tok = TextTokenizer.from_dir(args.checkpoint / "text_tokenizer")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                write_tiny_tokenizer(tmp)
+                tok = TextTokenizer.from_dir(tmp)
+        if args.lid_model:
+            frontend.use_lid_model(args.lid_model)
+        def count(t: str) -> int:
+            return len(tok.encode(t))
+
+        prepared = frontend.prepare(text, args.language, count, args.split_tokens, args.normalize, args.max_patches)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(frontend.describe(prepared, count))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

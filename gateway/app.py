@@ -19,7 +19,7 @@ from client.aio import AsyncTTSClient
 from client.audio_io import read_audio
 from client.request import ServerBusy, TTSError
 from client.voices import VoiceClient
-from engine.params import GENERATION_PARAMETERS, SPLIT_TOKENS
+from engine.params import UTTERANCE_PARAMETERS
 from gateway.encode import FORMATS, Encoder
 
 MODEL_ID = "fireredtts3"
@@ -29,7 +29,7 @@ MAX_INPUT_CHARS = 4000
 MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
 # OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
 STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
-EXTRAS = {p.name: p for p in (*GENERATION_PARAMETERS, SPLIT_TOKENS)}  # our parameters, as request fields
+EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
 
 

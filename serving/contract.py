@@ -74,7 +74,8 @@ FINISH_REASONS = f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>` or 
 # ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
 TTS_INPUTS = (
     Spec("TEXT", "TYPE_STRING", (1,), doc="text to speak (UTF-8), required"),
-    Spec("LANGUAGE", "TYPE_STRING", (1,), True, "default `English`; one of the 24 languages or 21 `ZH_*` dialects"),
+    Spec("LANGUAGE", "TYPE_STRING", (1,), True,
+         "one of the 24 languages or 21 `ZH_*` dialects; detected from the text when absent or `auto`"),
     Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "reference voice, mono samples in [-1, 1]"),
     Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True, "sample rate of `REF_AUDIO` in Hz (required with it)"),
     Spec("REF_TEXT", "TYPE_STRING", (1,), True, "transcript of `REF_AUDIO`"),
@@ -95,7 +96,7 @@ ENSEMBLE_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1, -1), doc="(1, n) mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (-1, 1), doc=f'"" until the last response, then {FINISH_REASONS}'),
 )
-ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS  # one segment: no split_tokens
+ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS  # one segment, text as given: no front end
 
 # ---- prompt_encoder (dynamic batching) ----
 PROMPT_INPUTS = (
@@ -179,9 +180,17 @@ def tensor_table(specs: tuple[Spec, ...], heading: str) -> str:
     return "\n".join(rows)
 
 
+def _value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _range(p: Parameter) -> str:
+    return "true, false" if p.type is bool else f"{p.low}..{p.high}"
+
+
 def parameter_table(params: tuple[Parameter, ...]) -> str:
     rows = ["| parameter | type | default | range | |", "|---|---|---|---|---|"]
-    rows += [f"| `{p.name}` | {p.type.__name__} | {p.default} | {p.low}..{p.high} | {p.doc} |" for p in params]
+    rows += [f"| `{p.name}` | {p.type.__name__} | {_value(p.default)} | {_range(p)} | {p.doc} |" for p in params]
     return "\n".join(rows)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from engine.audio import check_reference
 from engine.orchestrator import Utterance
 from engine.params import GENERATION_PARAMETERS, Parameter, generation_params, parse_parameters
-from engine.text import language_tag
+from engine.text import canonical_language
 from serving.auth import parameter_dict
 from serving.contract import TTS_PARAMETERS
 
@@ -36,15 +36,18 @@ def request_parameters(raw: str | dict | None, known: tuple[Parameter, ...] = TT
     return parse_parameters(parameter_dict(raw), known)
 
 
-def check_language(language: str | None, field: str = "LANGUAGE") -> str:
-    language = language or "English"
+def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
+    """A language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
+    if language is None:
+        return None
     if not isinstance(language, str):
         raise ValueError(f"{field} must be a string, got {type(language).__name__}")
+    if language.strip().lower() in ("", "auto"):
+        return None
     try:
-        language_tag(language)
+        return canonical_language(language)
     except ValueError as e:
         raise ValueError(f"{field}: {e}") from None
-    return language
 
 
 def check_text(text: str | None, field: str = "TEXT", required: bool = True) -> str:
@@ -104,7 +107,7 @@ def build_request(
         check_name(voice_id, "VOICE_ID")
     values = request_parameters(parameters)
     params, schedule = generation_params(check_seed(seed), values)
-    utterance = Utterance(text, language, params, schedule, values["split_tokens"])
+    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"])
     return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 

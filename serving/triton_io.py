@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from engine.frontend import detect_language, prepare
 from engine.orchestrator import ERROR, INVALID, Chunk
 from serving import contract as C
 from serving.requests import check_language, check_text, generation_request
@@ -135,16 +136,23 @@ def read_chunk(tensor):
     )
 
 
-def stream_request(pb, request, tts, parameters: str | dict | None = None):
+def stream_request(pb, request, tts, parameters: str | dict | None = None, front_end: bool = False):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
     the input for bad input. ``parameters``: the request's, if already read (default: all of them).
-    Used by the generator model (and the benchmark's engine-thread variant)."""
+    ``front_end``: clean, detect and normalize TEXT as one segment (requests from ``tts_ensemble``; tts
+    sends segments its front end has prepared). Used by the generator model (and the benchmark's
+    engine-thread variant)."""
     import torch
 
     from engine.prompt import VoicePrompt
 
     text = check_text(string(pb, request, "TEXT"))
     language = check_language(string(pb, request, "LANGUAGE", ""))
+    if front_end:
+        prepared = prepare(text, language, len, split_tokens=0)
+        text, language = prepared.segments[0], prepared.language
+    else:
+        language = language or detect_language(text)
     given = request.parameters() if parameters is None else parameters
     params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
     latents = get(pb, request, "PROMPT_LATENTS").astype(np.float32)

@@ -41,15 +41,30 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float("inf") if err == 0 else 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err)
 
 
-def reference_long(tts, text: str, params: GenerationParams, split_tokens: int, prompt=None) -> np.ndarray:
-    """A long text: each segment's :func:`reference_audio`, joined by a 50 ms linear cross-fade."""
-    from engine.segments import split_text
+def spoken(tts, text: str, language: str | None = None) -> str:
+    """The one segment the front end makes of a short ``text`` (cleaned, normalized)."""
+    from engine.frontend import prepare
 
-    segments = split_text(text, lambda t: len(tts.models.tokenizer.encode(t)), split_tokens)
-    out = reference_audio(tts, segments[0], params, prompt)
+    (segment,) = prepare(text, language, lambda t: len(tts.models.tokenizer.encode(t))).segments
+    return segment
+
+
+def reference_long(
+    tts, text: str, params: GenerationParams, split_tokens: int, prompt=None, language: str | None = None
+) -> np.ndarray:
+    """A long text: the front end's segments (:func:`engine.frontend.prepare`), each one's
+    :func:`reference_audio`, joined by a 50 ms linear cross-fade."""
+    from engine.frontend import prepare
+
+    def count(t: str) -> int:
+        return len(tts.models.tokenizer.encode(t))
+
+    prepared = prepare(text, language, count, split_tokens, max_patches=params.max_patches)
+    segments, language = prepared.segments, prepared.language
+    out = reference_audio(tts, segments[0], params, prompt, language)
     ramp = np.arange(1200, dtype=np.float64) / 1199
     for segment in segments[1:]:
-        nxt = reference_audio(tts, segment, params, prompt)
+        nxt = reference_audio(tts, segment, params, prompt, language)
         mixed = out[-1200:] * (1 - ramp) + nxt[:1200] * ramp
         out = np.concatenate([out[:-1200], mixed.astype(np.float32), nxt[1200:]])
     return out

@@ -79,6 +79,8 @@ PARAMETER_CASES = [
     Case("cfg_nan_text", "cfg", parameters={"cfg": "nan"}),
     Case("cfg_bool", "cfg", parameters={"cfg": True}),
     Case("cfg_garbage", "cfg", parameters={"cfg": "lots"}),
+    Case("normalize_int", "normalize", parameters={"normalize": 1}),
+    Case("normalize_text", "normalize", parameters={"normalize": "false"}),
     Case("unknown_parameter", "stepz", parameters={"stepz": 3}),
     Case("unicode_parameter", "stéps", parameters={"stéps": 3}),
     Case("parameter_null", "steps", parameters={"steps": None}, grpc=False),  # gRPC parameters cannot be null
@@ -91,6 +93,8 @@ INPUT_CASES = [
     Case("text_empty", "TEXT", inputs={"TEXT": ""}),
     Case("text_blank", "TEXT", inputs={"TEXT": " \n\t "}),
     Case("text_too_long", "TEXT", inputs={"TEXT": "a" * 4001}),
+    Case("text_only_emoji", "TEXT", inputs={"TEXT": "\U0001f600\U0001f389"}),  # nothing left after cleaning
+    Case("text_only_zero_width", "TEXT", inputs={"TEXT": "\u200b\ufeff"}),
     Case("text_invalid_utf8", "TEXT", inputs={"TEXT": bad_utf8(b"Hi ")}),
     Case("text_no_elements", "TEXT", inputs={"TEXT": Raw("BYTES", np.zeros(0, np.object_), [])}),
     Case("text_two_elements", "TEXT", inputs={"TEXT": Raw("BYTES", np.array([b"a", b"b"], np.object_), ["a", "b"])}),

@@ -12,7 +12,7 @@ from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
 from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
-from tests.reference import reference_audio, snr_db
+from tests.reference import reference_audio, snr_db, spoken
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +41,28 @@ def test_ensemble_equals_tts(server):
     assert np.array_equal(via_tts, via_ensemble)
 
 
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [("**Note:** it costs $12.50, 20% off!", "English"), ("我有3个苹果，12.5元。", None), ("Dr. Smith at 10:30", None)],
+)
+def test_ensemble_speaks_through_the_same_front_end(server, text, language):
+    """Cleaning, normalization and language detection happen for tts_ensemble too (in the generator):
+    text that needs them gives tts's audio, and differs from the same text spoken raw."""
+    kw = dict(seed=5, language=language, parameters={"max_patches": 6, "chunk_first": 2, "chunk_next": 2})
+    via_tts = client(server, "tts").synthesize(text, **kw)
+    via_ensemble = client(server, "tts_ensemble").synthesize(text, **kw)
+    assert np.array_equal(via_tts, via_ensemble)
+    raw = client(server, "tts").synthesize(text, **{**kw, "parameters": {**kw["parameters"], "normalize": False}})
+    assert not np.array_equal(raw, via_tts)
+
+
+def test_ensemble_with_nothing_to_speak_is_refused(server):
+    with pytest.raises(TTSError, match="nothing to speak after cleaning"):
+        client(server).synthesize("😀 \u200b", parameters={"max_patches": 4})
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
 def test_ensemble_over_http_is_refused_with_the_reason(server):
     """Triton 2.51's generate endpoint cannot carry a sequence id, so the generator would get one of
     Triton's sequential ids, which any client could take over (tests/integration/test_hardening.py)."""
@@ -64,7 +86,7 @@ def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):
         lambda i: client(server).synthesize(texts[i], seed=200 + i, parameters={"max_patches": lengths[i]}), 8
     )
     for i in range(8):
-        ref = reference_audio(offline, texts[i], GenerationParams(seed=200 + i, max_patches=lengths[i]))
+        ref = reference_audio(offline, spoken(offline, texts[i]), GenerationParams(seed=200 + i, max_patches=lengths[i]))
         assert results[i].shape == ref.shape, i
         assert snr_db(ref, results[i]) >= 60, i
     m = wait_gauges_zero(server)

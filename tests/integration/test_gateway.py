@@ -285,3 +285,18 @@ def test_the_openai_sdk_raises_its_own_errors(sdk, kw, error, status):
         sdk.audio.speech.create(**args)
     assert e.value.status_code == status
     assert e.value.body["param"] == next(iter(kw)) and e.value.body["message"]
+
+
+def test_the_front_end_through_the_gateway(gateway, server):
+    """``normalize`` and language detection reach the server: a text with digits and no ``language``
+    gives the gRPC audio of the same request; ``normalize: false`` gives other audio."""
+    text = "会议定于2024年5月5日。"
+    grpc = TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize(
+        text, seed=7, parameters={k: v for k, v in EXTRAS.items() if k != "seed"}
+    )
+    got = speech(gateway, input=text, response_format="pcm").content
+    assert np.array_equal(np.frombuffer(got, "<i2"), np.round(np.clip(grpc, -1, 1) * 32767).astype("<i2"))
+    raw = speech(gateway, input=text, response_format="pcm", normalize=False).content
+    assert raw != got
+    r = speech(gateway, input="😀😀", response_format="pcm")
+    assert r.status_code == 400 and "nothing to speak after cleaning" in r.json()["error"]["message"]

@@ -378,7 +378,8 @@ def _gaps(chunks) -> float:
 
 def test_waiting_requests_do_not_stall_running_streams(server):
     """4 slots busy: the longest chunk gap of the running streams with 8 more requests waiting stays
-    within 1.5x of the same run with none waiting."""
+    within 3x of the same run with none waiting. Waiting requests once stalled the running ones 10x
+    (72 -> 757 ms); the bound is loose because this is wall time on a shared machine (1.0-1.6x seen)."""
     url = f"127.0.0.1:{server.ports.grpc}"
     params = {"max_patches": 30, "chunk_first": 1, "chunk_next": 1}
 
@@ -395,7 +396,7 @@ def test_waiting_requests_do_not_stall_running_streams(server):
     run(0)  # warm-up
     alone, crowded = run(0), run(8)
     print(f"longest chunk gap of running streams: {alone * 1e3:.0f} ms alone, {crowded * 1e3:.0f} ms with 8 waiting")
-    assert crowded <= 1.5 * alone
+    assert crowded <= 3 * alone
     assert wait_gauges_zero(server)["tts_generator_active_slots"] == 0
 
 

@@ -88,16 +88,27 @@ def test_the_page_speaks_and_plays_while_streaming(browser, gateway, server):
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
-def test_an_unknown_voice_shows_a_readable_message(browser, gateway):
+def test_an_unknown_voice_shows_a_readable_message(browser, gateway, server, tmp_path):
+    """A voice the picker listed but that was removed before the user pressed Speak."""
+    import httpx
+    import soundfile as sf
     from selenium.webdriver.common.by import By
 
+    wav = tmp_path / "gone.wav"
+    sf.write(wav, (0.1 * np.random.default_rng(4).standard_normal(24000)).astype(np.float32), 24000)
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    with wav.open("rb") as f:
+        r = httpx.post(f"{gateway}/v1/audio/voices", data={"name": "soon-gone", "text": "a voice"},
+                       files={"file": ("gone.wav", f)}, headers=admin, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
     browser.get(gateway + "/")
-    # a voice the picker listed but that is gone by the time the user speaks
-    browser.execute_script("const s = document.getElementById('voice');"
-                           "s.add(new Option('deleted-meanwhile', 'deleted-meanwhile')); s.value = 'deleted-meanwhile';")
+    picker = "return Array.from(document.getElementById('voice').options).map(o => o.value)"
+    wait_for(lambda: "soon-gone" in browser.execute_script(picker), what="the voice in the picker")
+    assert httpx.delete(f"{gateway}/v1/audio/voices/soon-gone", headers=admin, timeout=10).status_code == 200
+    browser.execute_script("document.getElementById('voice').value = 'soon-gone'")
     browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
     message = wait_for(lambda: browser.find_element(By.ID, "error").text, what="the error message")
-    assert message == "voice 'deleted-meanwhile' is not registered (GET /v1/audio/voices lists them)"
+    assert message == "voice 'soon-gone' is not registered (GET /v1/audio/voices lists them)"
 
 
 def test_a_voice_uploaded_on_the_page_is_picked_and_speaks(browser, gateway, server, tmp_path):

@@ -11,7 +11,7 @@ from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
 from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
-from tests.reference import reference_audio, reference_long, snr_db
+from tests.reference import reference_audio, reference_long, snr_db, spoken
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,8 @@ def test_concurrent_streams_equal_solo_runs(server, offline):
         lambda i: grpc(server).synthesize(texts[i], seed=seeds[i], parameters={"max_patches": lengths[i]}), 8
     )
     for i in range(8):
-        ref = reference_audio(offline, texts[i], GenerationParams(seed=seeds[i], max_patches=lengths[i]))
+        # the digit is read out: "Stream number zero says something"
+        ref = reference_audio(offline, spoken(offline, texts[i]), GenerationParams(seed=seeds[i], max_patches=lengths[i]))
         assert results[i].shape == ref.shape, i
         assert snr_db(ref, results[i]) >= 60, i
     m = wait_gauges_zero(server)
@@ -185,3 +186,36 @@ def test_long_text_streams_like_offline(server, offline):
     assert snr_db(ref, got) >= 60
     m = wait_gauges_zero(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+FRONT_END = [
+    # (text, LANGUAGE, what the reference's front end makes of it, its language)
+    ("I have 3 apples at 10:30.", "English", "I have three apples at ten thirty.", "English"),
+    ("今天是2024年5月5日。", None, "今天是二零二四年五月五日。", "Chinese"),
+]
+
+
+@pytest.mark.parametrize("text,language,spoken,spoken_language", FRONT_END)
+def test_front_end_runs_in_the_server_as_offline(server, offline, text, language, spoken, spoken_language):
+    """The server speaks the normalized text in the detected language, exactly as the offline path does."""
+    from engine.synthesize import synthesize
+
+    params = GenerationParams(seed=5, max_patches=6)
+    got = grpc(server).synthesize(text, language=language, seed=5, parameters={"max_patches": 6})
+    ref = reference_audio(offline, spoken, params, language=spoken_language)
+    assert got.shape == ref.shape == (6 * 3840,)
+    assert snr_db(ref, got) >= 60
+    assert snr_db(ref, synthesize(offline, text, language, params=params)) >= 60
+    raw = reference_audio(offline, text, params, language=spoken_language)
+    assert snr_db(raw, got) < 20  # the raw text's tokens would have given other audio
+
+
+def test_normalize_false_speaks_the_cleaned_text(server, offline):
+    params = GenerationParams(seed=5, max_patches=6)
+    got = grpc(server).synthesize("I have 3 apples.", seed=5, parameters={"max_patches": 6, "normalize": False})
+    assert snr_db(reference_audio(offline, "I have 3 apples.", params), got) >= 60
+
+
+def test_text_with_nothing_to_speak_is_invalid(server):
+    with pytest.raises(TTSError, match="TEXT: nothing to speak after cleaning"):
+        grpc(server).synthesize("\U0001f600 \u200b", seed=1)

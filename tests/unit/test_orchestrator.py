@@ -109,8 +109,10 @@ def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(tts):
     with pytest.raises(StreamFailed, match="cache positions") as e:
         collect(p.orchestrator.run(Utterance("word " * 400, params=GenerationParams(max_patches=400), split_tokens=0)))
     assert e.value.invalid
-    with pytest.raises(StreamFailed, match="Klingon"):
+    with pytest.raises(ValueError, match="Klingon"):  # the front end refuses it before any stream opens
         collect(p.orchestrator.run(Utterance("Hello", language="Klingon")))
+    with pytest.raises(ValueError, match="TEXT: nothing to speak after cleaning"):
+        collect(p.orchestrator.run(Utterance(" 😀 \u200b ")))
     assert p.live == (0, 0)
 
 

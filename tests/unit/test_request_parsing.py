@@ -40,6 +40,8 @@ def valid(key: str, value) -> bool:
     p = SPECS.get(key)
     if p is None:
         return False
+    if p.type is bool:
+        return value is True or value is False
     if isinstance(value, bool):
         return False
     if p.type is int:
@@ -86,9 +88,12 @@ def test_text_and_language(text, language):
     except ValueError as e:
         assert str(e).startswith("TEXT ")
     try:
-        assert check_language(language) == (language or "English")
+        got = check_language(language)
     except ValueError as e:
         assert str(e).startswith("LANGUAGE")
+    else:  # absent or auto: detected later; otherwise the canonical spelling of a known name
+        assert got is None if not (language or "").strip() or language.strip().lower() == "auto" else got in LANGUAGES + DIALECTS
+        assert got is None or got.lower() == language.strip().lower()
     assert check_text(text or "", "REF_TEXT", required=False) == (text or "")
 
 

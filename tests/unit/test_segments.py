@@ -1,36 +1,8 @@
+"""Segment scheduling and the cross-fade join; how text becomes segments is tests/unit/test_frontend.py."""
+
 import numpy as np
 
-from engine.segments import Joiner, segment_schedule, split_text
-
-
-def words(s: str) -> int:
-    return len(s.split())
-
-
-def test_short_text_is_one_segment():
-    assert split_text("Hello there. How are you?", words, max_tokens=80) == ["Hello there. How are you?"]
-    assert split_text("a " * 200, words, max_tokens=0) == [("a " * 200).strip()]
-
-
-def test_sentences_are_merged_up_to_the_limit():
-    text = "One two three. Four five six. Seven eight nine. Ten eleven twelve."
-    segs = split_text(text, words, max_tokens=6, merge_tokens=0)
-    assert segs == ["One two three. Four five six.", "Seven eight nine. Ten eleven twelve."]
-    assert all(words(s) <= 6 for s in segs)
-    assert " ".join(segs).split() == text.split()
-
-
-def test_long_sentence_is_cut_at_clauses_then_words_and_short_tail_merges():
-    text = "alpha beta gamma, delta epsilon zeta eta theta iota kappa lambda mu, nu. xi"
-    segs = split_text(text, words, max_tokens=4, merge_tokens=2)
-    assert " ".join(segs).split() == text.split()
-    assert all(words(s) <= 4 for s in segs[:-1])
-    assert segs[-1].endswith("nu. xi")  # the one-word tail joined the segment before it
-
-
-def test_chinese_sentences_split_without_spaces():
-    segs = split_text("你好。今天天气很好！我们去公园吧。", len, max_tokens=10, merge_tokens=0)
-    assert segs == ["你好。今天天气很好！", "我们去公园吧。"]
+from engine.segments import Joiner, segment_schedule
 
 
 def test_schedule_per_segment():

@@ -108,12 +108,22 @@ def test_parameter_ranges_come_from_one_place():
     assert p.parse(5) == 5
     with pytest.raises(ValueError, match="x must be in 1..5"):
         p.parse(6)
-    assert {p.name for p in C.ENSEMBLE_PARAMETERS} == {p.name for p in C.TTS_PARAMETERS} - {"split_tokens"}
+    front_end = {"split_tokens", "normalize"}  # tts only: the ensemble speaks one segment, text as given
+    assert {p.name for p in C.ENSEMBLE_PARAMETERS} == {p.name for p in C.TTS_PARAMETERS} - front_end
+    flag = Parameter("flag", bool, True, False, True, "")
+    assert flag.parse(False) is False
+    for bad in (1, 0, "false", None):
+        with pytest.raises(ValueError, match="flag must be true or false"):
+            flag.parse(bad)
 
 
 def test_build_request_validation():
     utterance, voice = build_request("Hi", None, None, None, None, None, None, None)
-    assert utterance.language == "English" and utterance.params.seed == 1234 and utterance.schedule == (3, 12)
+    assert utterance.language is None and utterance.params.seed == 1234 and utterance.schedule == (3, 12)
+    assert utterance.normalize is True
+    utterance, _ = build_request("Hi", "AUTO", None, None, None, None, None, {"normalize": False})
+    assert utterance.language is None and utterance.normalize is False
+    assert build_request("Hi", "zh_sichuan", None, None, None, None, None, None)[0].language == "ZH_Sichuan"
     assert voice.ref_audio is None and voice.voice_id == ""
     cases = [
         (("", None, None, None, None, None, None, None), "TEXT"),

@@ -118,6 +118,28 @@ def test_cli_writes_identical_wavs(tiny_ckpt, tmp_path):
     assert info.samplerate == 24000 and info.channels == 1
 
 
+def test_cli_normalizes_unless_told_not_to(tiny_ckpt, tmp_path):
+    def run(*flags):
+        out = tmp_path / f"n{len(flags)}.wav"
+        cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "I have 3 apples."]
+        r = subprocess.run(cmd + ["--max-patches", "6", "--out", str(out), *flags], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return out.read_bytes()
+
+    assert run() != run("--no-normalize")  # "three" and "3" are other tokens, so other audio
+
+
+def test_text_command_shows_the_front_end():
+    cmd = [sys.executable, "-m", "engine.text", "It costs $12.50. And 3 more?"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "language: English"
+    assert "'It costs twelve point five dollars. And three more?'" in lines[1] and "tokens)" in lines[1]
+    r = subprocess.run([sys.executable, "-m", "engine.text", "--no-normalize", "\U0001f600"], capture_output=True, text=True)
+    assert r.returncode == 2 and "TEXT: nothing to speak after cleaning" in r.stderr
+
+
 def test_cli_reports_bad_language(tiny_ckpt, tmp_path):
     cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "x"]
     r = subprocess.run(cmd + ["--language", "Elvish", "--out", str(tmp_path / "x.wav")], capture_output=True, text=True)
@@ -131,10 +153,10 @@ LONG = (
 
 
 def test_long_text_is_split_and_cross_faded(tts):
-    from engine.segments import split_text
+    from engine.frontend import prepare
 
     params = GenerationParams(seed=4, min_patches=6, max_patches=6)
-    segs = split_text(LONG, lambda t: len(tts.models.tokenizer.encode(t)), 40)
+    segs = prepare(LONG, None, lambda t: len(tts.models.tokenizer.encode(t)), 40, max_patches=6).segments
     assert len(segs) >= 3
     whole = synthesize(tts, LONG, params=params, split_tokens=40)
     assert len(whole) == len(segs) * 6 * 3840 - (len(segs) - 1) * 1200

@@ -9,6 +9,7 @@ import time
 
 import triton_python_backend_utils as pb
 
+from engine import frontend
 from engine.orchestrator import LENGTH, LINGERING, Orchestrator, StreamFailed
 from engine.text import TextTokenizer
 from serving.auth import Keys
@@ -35,6 +36,7 @@ class TritonPythonModel:
         start_heartbeat(params, "tts")
         self.flags = RunFlags(params.get("run_dir", ""))  # set by the launcher: a backend failed, or draining
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(params)}/text_tokenizer")
+        frontend.warm_up()
         keys = Keys.from_env(params, "tts")
         # Every blocking BLS wait runs on this pool: iterating a decoupled stream, and async_exec itself,
         # which uses the loop's default executor. With the default one (min(32, cores + 4) threads) six
