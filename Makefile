@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-browser browser-deps unit integration static bench clean
+.PHONY: install serve test test-browser browser-deps unit integration static bench bench-gpu clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ static: install
 # streaming latency and throughput against concurrency; e.g. make bench ARGS="--preset small --max-patches 24"
 bench: install
 	$(PY) -m bench $(ARGS)
+
+# on a CUDA machine: the full model with random weights, step times at 1..256 streams, one table
+bench-gpu: install
+	bench/gpu.sh $(ARGS)
 
 clean:
 	rm -rf cache build results .pytest_cache

@@ -119,8 +119,12 @@ def check_state(module: nn.Module, state: dict[str, torch.Tensor], where: str) -
 
 
 def assign(module: nn.Module, state: dict[str, torch.Tensor], device, dtype) -> None:
-    """Load a checked ``state`` into ``module`` (built on the meta device), floats cast to ``dtype``."""
-    cast = {k: (v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)) for k, v in state.items()}
+    """Load a checked ``state`` into ``module`` (built on the meta device), floats cast to ``dtype``
+    (a dtype, or a function of the tensor's name giving one)."""
+    pick = dtype if callable(dtype) else (lambda _name: dtype)
+    cast = {
+        k: (v.to(device=device, dtype=pick(k)) if v.is_floating_point() else v.to(device)) for k, v in state.items()
+    }
     module.load_state_dict(cast, strict=True, assign=True)
     module.eval().requires_grad_(False)
 
@@ -148,14 +152,43 @@ def _identity(root: Path) -> str:
 
 PARTS = ("core", "encoder", "decoder", "campp")
 
+# Which dtype each network runs in. On CUDA the reference runs the backbone and the RedAE encoder under
+# bfloat16 autocast, and the PatchEncoder, the DiT flow head, the small heads and projections, and the
+# RedAE decoder in float32 (fireredtts3/llm/fireredtts3_base.py: ``_backbone_one_step`` and
+# ``RedAE.encode`` are the autocast regions); CAM++ is always float32. On CPU everything is float32.
+PRECISION_MODULES = ("backbone", "core", "encoder", "decoder")  # "core" = the core without its backbone
+
+
+def precision_policy(
+    device: str | torch.device, dtype: torch.dtype | dict[str, torch.dtype] | None = None
+) -> dict[str, torch.dtype]:
+    """Per-network dtypes: the reference's on CUDA, float32 elsewhere. ``dtype``: one dtype for every
+    network, or a dict overriding some of them (keys from :data:`PRECISION_MODULES`). CAM++ stays float32."""
+    if isinstance(dtype, torch.dtype):
+        return dict.fromkeys(PRECISION_MODULES, dtype)
+    if torch.device(device).type == "cuda":
+        policy = {
+            "backbone": torch.bfloat16,
+            "core": torch.float32,
+            "encoder": torch.bfloat16,
+            "decoder": torch.float32,
+        }
+    else:
+        policy = dict.fromkeys(PRECISION_MODULES, torch.float32)
+    unknown = set(dtype or {}) - set(PRECISION_MODULES)
+    if unknown:
+        raise ValueError(f"unknown networks {sorted(unknown)} in dtype; choose from {PRECISION_MODULES}")
+    return {**policy, **(dtype or {})}
+
 
 def load_models(
     path: str | Path,
     device: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | dict[str, torch.dtype] | None = None,
     parts: tuple[str, ...] = PARTS,
 ) -> Models:
-    """Load a checkpoint folder. ``dtype`` defaults to float32 (bfloat16 on CUDA).
+    """Load a checkpoint folder. ``dtype`` None follows :func:`precision_policy` (float32 on CPU; on CUDA
+    bfloat16 for the backbone and the RedAE encoder, float32 for the rest); a dtype applies to all.
 
     ``parts`` picks the networks to materialise (each Triton model needs only its own: the generator
     the core, the prompt encoder the RedAE encoder and CAM++, the vocoder the RedAE decoder); the others
@@ -168,8 +201,7 @@ def load_models(
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {root}")
     device = torch.device(device)
-    if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    policy = precision_policy(device, dtype)
     for part in (CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR):
         if not (root / part).exists():
             raise FileNotFoundError(f"checkpoint {root} lacks {part} (expected the official FireRedTTS3 layout)")
@@ -177,13 +209,17 @@ def load_models(
     with torch.device("meta"):
         core, redae = FireRedTTS3Core(core_cfg), RedAE(redae_cfg)
     if "core" in parts:
-        load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, dtype)
+
+        def core_dtype(name: str) -> torch.dtype:
+            return policy["backbone"] if name.startswith("backbone_llm.") else policy["core"]
+
+        load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, core_dtype)
     if "encoder" in parts or "decoder" in parts:
         state = check_state(redae, read_safetensors(root / REDAE_DIR), str(root / REDAE_DIR))
         for sub in ("encoder", "decoder"):
             if sub in parts:
                 own = {k[len(sub) + 1 :]: v for k, v in state.items() if k.startswith(sub + ".")}
-                assign(getattr(redae, sub), own, device, dtype)
+                assign(getattr(redae, sub), own, device, policy[sub])
     campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32) if "campp" in parts else None
     tokenizer = TextTokenizer.from_dir(root / TOKENIZER_DIR)
     if tokenizer.vocab_size > core_cfg.backbone.vocab_size:

@@ -4,6 +4,9 @@ patch (prefill for new streams, one backbone token for the rest, the flow head f
 Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, an RNG), so
 a stream's latents depend only on its own inputs and seed, never on who shares the batch.
 Slot bookkeeping (which slot a request owns) is the caller's; this module only reads ``Stream.slot``.
+The backbone's keys live in a :class:`~engine.kv_cache.PagedCache` (or the per-slot
+:class:`~engine.kv_cache.SlotCache`): a stream reserves the pages it may need when it is created
+(:meth:`Generator.new_stream`) and gives them back with :meth:`Generator.release`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kv_cache import SlotCache
+from engine.kv_cache import NoPagesYet, PagedCache, SlotCache
+from engine.layers.attention import AttentionFallback
 from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
@@ -52,21 +56,44 @@ class StepResult:
 
 @dataclass
 class Generator:
-    """Runs steps for streams whose slots live in one :class:`SlotCache`."""
+    """Runs steps for streams whose slots live in one :class:`PagedCache` (or :class:`SlotCache`)."""
 
     core: FireRedTTS3Core
-    cache: SlotCache
+    cache: PagedCache | SlotCache
     _t_spans: dict = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
-        return self.cache.k.device
+        return self.cache.device
+
+    @property
+    def attention(self) -> str:
+        """The backbone's attention path now: "sdpa" or "flashinfer"."""
+        return self.cache.attention
+
+    @property
+    def attention_fallback_reason(self) -> str:
+        """Why FlashInfer is not used ("" when it is, or SDPA was asked for); a metric label value."""
+        return self.cache.attention_fallback_reason
 
     @property
     def dtype(self) -> torch.dtype:
+        """The heads' and flow's dtype (the backbone may run in another: its inputs and outputs are cast)."""
         return self.core.stop_head.weight.dtype
 
-    def new_stream(self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams) -> Stream:
+    @property
+    def backbone_dtype(self) -> torch.dtype:
+        return self.core.backbone_llm.norm.weight.dtype
+
+    def new_stream(
+        self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams, reserve: bool = True
+    ) -> Stream:
+        """A checked stream in ``slot``; with ``reserve`` its cache pages are reserved too.
+
+        Raises:
+            ValueError: bad input, or a stream that could never fit this cache.
+            NoPagesYet: (``reserve`` only) it fits, but not while the live streams hold their pages.
+        """
         if prompt.num_patches < 1:
             raise ValueError("the voice prompt has no audio patches")
         if prompt.speaker.numel() != self.core.cfg.spk_in_dim:
@@ -87,7 +114,31 @@ class Generator:
                 f"prompt of {s.prefix_length()} positions plus up to {params.max_patches} patches needs {need} "
                 f"cache positions; this server has {self.cache.max_len} (shorten the text or reference audio)"
             )
+        if isinstance(self.cache, PagedCache):
+            self.cache.check_fits(need)
+        if reserve and not self.reserve(s):
+            raise NoPagesYet(f"the KV cache has no room for {need} more positions until a stream ends")
         return s
+
+    def reserve(self, s: Stream) -> bool:
+        """Reserve the cache pages ``s`` may ever need; False when they are not free now."""
+        return self.cache.reserve(s.slot, s.prefix_length() + s.params.max_patches)
+
+    def release(self, s: Stream) -> None:
+        """Give back ``s``'s pages (finished, cancelled or failed). Its slot may then take a new stream."""
+        self.cache.release(s.slot)
+
+    def _backbone(self, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
+        """The backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""
+        x = x.to(self.backbone_dtype)
+        view = self.cache.batch(slots, starts, x.shape[1])
+        try:
+            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+        except AttentionFallback as e:  # FlashInfer could not run: the same forward on SDPA
+            self.cache.fall_back(e.reason, e.error)
+            view = self.cache.batch(slots, starts, x.shape[1])
+            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+        return h.to(self.dtype)
 
     def _t_span(self, steps: int) -> torch.Tensor:
         if steps not in self._t_spans:
@@ -106,8 +157,7 @@ class Generator:
             hidden[i] = self._prefill(streams[i])
         if old:
             x = torch.cat([streams[i].next_input for i in old], dim=0)
-            view = self.cache.batch([streams[i].slot for i in old], [streams[i].position for i in old], 1)
-            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+            h = self._backbone(x, [streams[i].slot for i in old], [streams[i].position for i in old])
             for j, i in enumerate(old):
                 streams[i].position += 1
                 hidden[i] = h[j : j + 1, -1]
@@ -144,8 +194,7 @@ class Generator:
         spk = s.prompt.speaker.to(self.device, dt)[None]
         lat = s.prompt.latents.to(self.device, dt)[None]
         x = core.prefix_embeddings(spk, s.tokens, lat)
-        view = self.cache.batch([s.slot], [0], x.shape[1])
-        h = core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+        h = self._backbone(x, [s.slot], [0])
         s.position = x.shape[1]
         pad = h.new_zeros(1, core.cfg.num_history_patches, h.shape[-1])
         s.cond = torch.cat([pad, h[:, -s.prompt.num_patches :]], dim=1)[:, -(core.cfg.num_history_patches + 1) :]

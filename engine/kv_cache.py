@@ -2,13 +2,18 @@
 
 - :class:`WindowCache`: one or more streams through a sliding-window stack (the RedAE decoder). Keeps
   only the last ``window - 1`` keys per layer, with their absolute positions (-1 = empty).
-- :class:`SlotCache`: the backbone's preallocated cache, one row per slot, written in place; a step
-  hands the stack a :class:`SlotBatch` view over the slots it runs.
+- :class:`PagedCache`: the backbone's cache as a pool of pages with a page table per stream (what the
+  server uses): memory follows the streams' real lengths; a step hands the stack a view over the pages
+  of the streams it runs (:class:`PagedBatch` for SDPA, a planned FlashInfer step on CUDA).
+- :class:`SlotCache`: the earlier preallocated cache, one ``max_len`` row per slot, written in place;
+  kept as the reference the paged cache is checked against.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from collections import deque
 
 import torch
 
@@ -85,6 +90,25 @@ class SlotCache:
         self.slots = slots
         self.max_len = max_len
 
+    # The generator's cache interface, shared with :class:`PagedCache` (a slot row holds max_len already).
+    attention = "sdpa"
+    attention_fallback_reason = ""
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        if positions > self.max_len:
+            raise ValueError(f"{positions} positions exceed the cache length {self.max_len}")
+        return True
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def fall_back(self, reason: str, error: BaseException | None = None) -> None:
+        raise RuntimeError("the per-slot cache has no other attention path to fall back to") from error
+
     def batch(self, slots: list[int], starts: list[int], length: int) -> SlotBatch:
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``."""
         for s, p in zip(slots, starts):
@@ -124,3 +148,244 @@ class SlotBatch:
             s = int(self.idx[0])
             return ck[s : s + 1, :, : self.kv_len], cv[s : s + 1, :, : self.kv_len]
         return ck[self.idx, :, : self.kv_len], cv[self.idx, :, : self.kv_len]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Paged backbone cache
+# ---------------------------------------------------------------------------------------------------
+
+PAGE_SIZE = 16  # positions per page
+
+
+class NoPagesYet(RuntimeError):
+    """The stream fits the pool, but not while the live streams hold their pages: it must wait."""
+
+
+def bytes_per_position(cfg: Qwen3Config, dtype: torch.dtype) -> int:
+    """Keys and values of one position over all layers."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def pages_for_memory(cfg: Qwen3Config, gigabytes: float, dtype: torch.dtype, page_size: int = PAGE_SIZE) -> int:
+    """How many pages ``gigabytes`` (GiB) of KV cache hold."""
+    return int(gigabytes * (1 << 30) // (bytes_per_position(cfg, dtype) * page_size))
+
+
+def pages_for(positions: int, page_size: int = PAGE_SIZE) -> int:
+    return -(-positions // page_size)
+
+
+# A typical stream, for sizing: ``TYPICAL_SPEECH_S`` of speech after a ``TYPICAL_REFERENCE_S`` reference
+# clip, whose transcript is part of the prompt. Backbone positions = 1 (speaker) + text tokens (both
+# transcripts, ~``TEXT_TOKENS_PER_S`` per second of speech) + one per 160 ms patch of reference and speech.
+TYPICAL_SPEECH_S, TYPICAL_REFERENCE_S, TEXT_TOKENS_PER_S = 15.0, 10.0, 4.0
+
+
+def typical_positions(speech_s: float = TYPICAL_SPEECH_S, reference_s: float = TYPICAL_REFERENCE_S) -> tuple[int, int]:
+    """(prefix, generated) backbone positions of a typical stream: ``prefix`` = speaker + text tokens +
+    reference patches (the prompt), ``generated`` = speech patches."""
+    from engine.config import PATCH_SAMPLES, SAMPLE_RATE
+
+    patches_per_s = SAMPLE_RATE / PATCH_SAMPLES  # 6.25
+    prefix = 1 + math.ceil(TEXT_TOKENS_PER_S * (speech_s + reference_s)) + math.ceil(patches_per_s * reference_s)
+    return prefix, math.ceil(patches_per_s * speech_s)
+
+
+def capacity_line(cache: PagedCache, max_patches: int) -> str:
+    """One log line: the pool's size and how many typical streams it holds (by reservation and by use)."""
+    prefix, speech = typical_positions()
+    gib = 2 * cache.k[:, 1:].numel() * cache.k.element_size() / (1 << 30)
+    real = cache.num_pages // pages_for(prefix + speech, cache.page_size)
+    held = cache.num_pages // pages_for(prefix + max_patches, cache.page_size)
+    return (
+        f"KV cache: {cache.num_pages} pages of {cache.page_size} positions ({gib:.2f} GiB, {cache.k.dtype}), "
+        f"{cache.slots} streams at most; typical streams ({TYPICAL_SPEECH_S:g} s of speech after a "
+        f"{TYPICAL_REFERENCE_S:g} s reference, {prefix} + {speech} positions): {min(held, cache.slots)} admitted "
+        f"at once when each reserves max_patches={max_patches} ({prefix + max_patches} positions), {real} by "
+        "the pages they really fill"
+    )
+
+
+class PagedCache:
+    """The backbone's cache as a pool of fixed-size pages with a page table per slot.
+
+    Layout (FlashInfer's "NHD"): ``k``/``v`` of shape (layers, pages + 1, page_size, Hkv, head_dim).
+    Page 0 is a zero page that is never handed out (it backs the padding a batch gathers).
+
+    A stream first *reserves* the pages it may ever need (prompt + ``max_patches``), so a live stream
+    can never run out mid-utterance; the pages themselves are taken from the free list only as the
+    stream grows (:meth:`batch`), and all of them go back in :meth:`release`. The memory used follows the
+    real lengths; admission follows the reservations (:meth:`reserve` returns False when the stream must
+    wait, and raises ValueError when it needs more pages than the whole pool has).
+
+    ``slots`` is the number of page-table rows (streams at once); ``max_len`` the longest stream. The
+    default pool (``num_pages`` None) holds ``slots`` streams of ``max_len``: the memory of a
+    :class:`SlotCache` of the same sizes.
+    """
+
+    def __init__(
+        self, cfg: Qwen3Config, slots: int, max_len: int, device, dtype, num_pages: int | None = None,
+        page_size: int = PAGE_SIZE, attention=None,
+    ):  # fmt: skip
+        if slots < 1 or max_len < 1 or page_size < 1:
+            raise ValueError("slots, max_len and page_size must be positive")
+        self.cfg = cfg
+        self.slots, self.max_len, self.page_size = slots, max_len, page_size
+        self.pages_per_stream = pages_for(max_len, page_size)
+        if num_pages is None:
+            num_pages = slots * self.pages_per_stream
+        if num_pages < 1:
+            raise ValueError(f"the KV cache pool needs at least one page, got {num_pages}")
+        self.num_pages = num_pages
+        shape = (cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.table = torch.zeros(slots, self.pages_per_stream, dtype=torch.long)  # host copy; 0 = zero page
+        self.pages: list[list[int]] = [[] for _ in range(slots)]
+        self.reserved = [0] * slots  # pages promised to each slot
+        self.committed = 0  # sum of reserved
+        self.free_pages: deque[int] = deque(range(1, num_pages + 1))
+        self.attention = "sdpa"
+        self.attention_fallback_reason = ""
+        self._flashinfer = None
+        if attention is not None:
+            self.use_attention(attention)
+
+    # -- attention path -------------------------------------------------------------------------------
+    def use_attention(self, choice) -> None:
+        """Install an :class:`~engine.layers.attention.AttentionChoice` (see ``select_attention``)."""
+        self.attention, self.attention_fallback_reason = choice.name, choice.reason
+        self._flashinfer = None
+        if choice.name == "flashinfer":
+            from engine.layers.flashinfer import FlashInferPaged
+
+            try:
+                self._flashinfer = FlashInferPaged(choice.module, self.k.device, self.cfg, self.page_size)
+            except Exception as e:  # wrapper construction is part of planning
+                self.fall_back("plan_failed", e)
+
+    def fall_back(self, reason: str, error: BaseException | None = None) -> None:
+        """Leave FlashInfer for SDPA for good (logged once per reason)."""
+        from engine.layers.attention import note_fallback
+
+        note_fallback(reason, error)
+        self.attention, self.attention_fallback_reason, self._flashinfer = "sdpa", reason, None
+
+    # -- pages ----------------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def pages_available(self) -> int:
+        """Pages not promised to any stream."""
+        return self.num_pages - self.committed
+
+    @property
+    def pages_in_use(self) -> int:
+        return self.num_pages - len(self.free_pages)
+
+    def check_fits(self, positions: int) -> None:
+        """ValueError when a stream of ``positions`` could never be served by this cache."""
+        if positions > self.max_len:
+            raise ValueError(f"{positions} positions exceed the cache length {self.max_len}")
+        need = pages_for(positions, self.page_size)
+        if need > self.num_pages:
+            raise ValueError(
+                f"a stream of {positions} positions needs {need} KV-cache pages of {self.page_size} positions; "
+                f"the whole pool has {self.num_pages} (give the server more KV-cache memory, or shorten the text, "
+                "the reference audio or max_patches)"
+            )
+
+    def reserve(self, slot: int, positions: int) -> bool:
+        """Promise ``slot`` the pages for ``positions``; False (nothing changed) when they are not free now."""
+        self._check_slot(slot)
+        self.check_fits(positions)
+        if self.reserved[slot]:
+            raise RuntimeError(f"slot {slot} already holds a reservation")
+        need = pages_for(positions, self.page_size)
+        if need > self.pages_available:
+            return False
+        self.reserved[slot] = need
+        self.committed += need
+        return True
+
+    def release(self, slot: int) -> None:
+        """Return the slot's pages and reservation (a stream ended, was cancelled or failed)."""
+        self._check_slot(slot)
+        self.free_pages.extend(self.pages[slot])  # FIFO: a just-freed page is the last to be reused
+        self.pages[slot] = []
+        self.table[slot].zero_()
+        self.committed -= self.reserved[slot]
+        self.reserved[slot] = 0
+
+    def _check_slot(self, s: int) -> None:
+        if not 0 <= s < self.slots:
+            raise IndexError(f"slot {s} out of range 0..{self.slots - 1}")
+
+    def _grow(self, s: int, positions: int) -> None:
+        need = pages_for(positions, self.page_size)
+        if need > self.reserved[s]:
+            raise RuntimeError(f"slot {s}: {positions} positions exceed its reservation of {self.reserved[s]} pages")
+        owned = self.pages[s]
+        while len(owned) < need:
+            page = self.free_pages.popleft()  # cannot be empty: reservations never exceed the pool
+            self.table[s, len(owned)] = page
+            owned.append(page)
+
+    def batch(self, slots: list[int], starts: list[int], length: int):
+        """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.
+
+        Takes the pages the new keys need, then builds the step's page metadata once for all layers.
+        """
+        for s, p in zip(slots, starts):
+            self._check_slot(s)
+            if p + length > self.max_len:
+                raise ValueError(f"slot {s}: {p + length} positions exceed the cache length {self.max_len}")
+        for s, p in zip(slots, starts):
+            self._grow(s, p + length)
+        if self._flashinfer is not None:
+            try:
+                return self._flashinfer.batch(self, slots, starts, length)
+            except Exception as e:
+                self.fall_back("plan_failed", e)
+        return PagedBatch(self, slots, starts, length)
+
+
+class PagedBatch:
+    """Rows of a :class:`PagedCache` for one forward, attended with SDPA.
+
+    Keys are gathered from each row's own pages into a (B, Hkv, kv_len, D) tensor, kv_len being the
+    longest row: exactly the keys (and masked padding) the per-slot cache gave SDPA, so results are
+    the same bits. Padding beyond a row's pages reads the zero page. One index tensor per forward
+    serves every layer.
+    """
+
+    def __init__(self, cache: PagedCache, slots: list[int], starts: list[int], length: int):
+        self.cache = cache
+        dev = cache.k.device
+        p = cache.page_size
+        self.n = len(slots)
+        self.starts = torch.tensor(starts, device=dev, dtype=torch.long)
+        self.length = length
+        self.positions = self.starts[:, None] + torch.arange(length, device=dev)  # (B, T)
+        self.kv_len = max(starts) + length
+        pos = torch.arange(self.kv_len)
+        rows = cache.table[slots][:, pos // p]  # (B, kv_len) page of each position, on the host
+        self.gather = (rows * p + pos % p).to(dev, non_blocking=True)  # flat index into a layer's pool
+        self.write = torch.gather(self.gather, 1, self.positions)  # (B, T) where the new keys go
+
+    def mask(self):
+        """Causal mask over each row's own keys; "causal" for a single row starting at 0."""
+        if self.n == 1 and int(self.starts[0]) == 0:
+            return "causal"
+        k_pos = torch.arange(self.kv_len, device=self.positions.device).expand(self.n, -1)
+        return window_mask(self.positions, k_pos, None)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        c = self.cache
+        ck = c.k[layer].view(-1, c.cfg.num_kv_heads, c.cfg.head_dim)  # (pages * page_size, Hkv, D)
+        cv = c.v[layer].view(-1, c.cfg.num_kv_heads, c.cfg.head_dim)
+        ck[self.write] = k.transpose(1, 2).to(ck.dtype)  # (B, T, Hkv, D)
+        cv[self.write] = v.transpose(1, 2).to(cv.dtype)
+        return ck[self.gather].transpose(1, 2), cv[self.gather].transpose(1, 2)

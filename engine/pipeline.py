@@ -4,40 +4,52 @@ decoder streams. Shared by the offline path (:mod:`engine.synthesize`) and the T
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine import audio as A
-from engine.checkpoint import PARTS, Models, load_models
+from engine.checkpoint import PARTS, Models, load_models, precision_policy
 from engine.config import PATCH_SAMPLES, SAMPLE_RATE, SAMPLES_PER_LATENT
 from engine.generator import Generator
-from engine.kv_cache import SlotCache
+from engine.kv_cache import PAGE_SIZE, PagedCache, capacity_line, pages_for_memory
+from engine.layers.attention import select_attention
 from engine.models.campp import speaker_embedding
 from engine.models.redae import DecoderStream
+from engine.params import MAX_PATCHES
 from engine.prompt import VoicePrompt
 
+log = logging.getLogger(__name__)
 SILENT_PROMPT_SAMPLES = PATCH_SAMPLES  # the prompt used without reference audio: one patch of silence
 
 
 class FireRedTTS3:
-    """A checkpoint loaded on one device, with the operations a request needs."""
+    """A checkpoint loaded on one device, with the operations a request needs.
 
-    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype):
+    ``dtypes``: the dtype of each network (:func:`engine.checkpoint.precision_policy`); ``dtype`` is the
+    backbone's.
+    """
+
+    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype, dtypes: dict | None = None):
         self.models = models
         self.device = device
         self.dtype = dtype
+        self.dtypes = dtypes or precision_policy(device, dtype)
         self._silent: VoicePrompt | None = None
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None, parts: tuple[str, ...] = PARTS
-    ) -> FireRedTTS3:
+        cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | dict | None = None,
+        parts: tuple[str, ...] = PARTS,
+    ) -> FireRedTTS3:  # fmt: skip
+        """Load ``path`` on ``device``; ``dtype`` None = per-network dtypes (bfloat16 backbone and RedAE
+        encoder on CUDA, float32 elsewhere), a dtype = every network in it, a dict = some networks
+        overridden (see :func:`engine.checkpoint.precision_policy`)."""
         models = load_models(path, device, dtype, parts)
-        if dtype is None:
-            dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        return cls(models, torch.device(device), dtype)
+        policy = precision_policy(device, dtype)
+        return cls(models, torch.device(device), policy["backbone"], policy)
 
     @property
     def core(self):
@@ -62,7 +74,7 @@ class FireRedTTS3:
         return self._encode(A.left_pad_to_multiple(audio, PATCH_SAMPLES), text)
 
     def _encode(self, padded: np.ndarray, text: str) -> VoicePrompt:
-        x = torch.from_numpy(padded).to(self.device, self.dtype)[None]
+        x = torch.from_numpy(padded).to(self.device, self.dtypes["encoder"])[None]
         latents = self.models.redae.encoder(x)[0].float().cpu()
         spk = speaker_embedding(self.models.campp, padded)[0].float().cpu()
         return VoicePrompt(latents=latents, speaker=spk, text=text)
@@ -70,14 +82,34 @@ class FireRedTTS3:
     def tokens(self, text: str, language: str, prompt: VoicePrompt) -> list[int]:
         return self.models.tokenizer.encode_prompt(text, language=language, prompt_text=prompt.text)
 
-    def generator(self, slots: int, max_len: int) -> Generator:
-        cache = SlotCache(self.core.cfg.backbone, slots, max_len, self.device, self.dtype)
+    def generator(
+        self, slots: int, max_len: int, kv_pages: int | None = None, kv_memory_gb: float | None = None,
+        page_size: int = PAGE_SIZE, attention: str = "auto",
+    ) -> Generator:  # fmt: skip
+        """A batched generator whose backbone keys live in a paged cache.
+
+        Args:
+            slots: streams at once; max_len: backbone positions of the longest stream.
+            kv_pages / kv_memory_gb: the page pool (at most one); default ``slots`` x ``max_len`` positions,
+                the memory a per-slot cache of these sizes took.
+            attention: ``auto`` (FlashInfer when usable), ``sdpa`` or ``flashinfer``; see
+                :func:`engine.layers.attention.select_attention`.
+        """
+        bb = self.core.cfg.backbone
+        if kv_pages is not None and kv_memory_gb is not None:
+            raise ValueError("give kv_pages or kv_memory_gb, not both")
+        dtype = self.core.backbone_llm.norm.weight.dtype  # the cache keeps keys in the backbone's dtype
+        if kv_memory_gb is not None:
+            kv_pages = pages_for_memory(bb, kv_memory_gb, dtype, page_size)
+        choice = select_attention(attention, self.device, dtype, bb.head_dim)
+        cache = PagedCache(bb, slots, max_len, self.device, dtype, kv_pages, page_size, choice)
+        log.info(capacity_line(cache, MAX_PATCHES.default))
         return Generator(self.core, cache)
 
     @torch.inference_mode()
     def decoder_stream(self, prompt_latents: torch.Tensor) -> PrimedDecoder:
         """A decoder for one stream, primed with (4P, 64) prompt latents."""
-        return PrimedDecoder(self.models.redae.decoder.stream(1), prompt_latents, self.device, self.dtype)
+        return PrimedDecoder(self.models.redae.decoder.stream(1), prompt_latents, self.device, self.dtypes["decoder"])
 
 
 class PrimedDecoder:

@@ -45,17 +45,29 @@ class GeneratorService:
     """Streams keyed by stream id, each owning one slot of a batched :class:`~engine.generator.Generator`.
 
     A slot belongs to exactly one stream: it is taken in :meth:`admit` and given back only by
-    :meth:`drop` (which a finished stream calls on itself), so no other path can free or read it.
+    :meth:`drop` (which a finished stream calls on itself), so no other path can free or read it; its
+    KV-cache pages go back with it.
+
+    Admission has two gates. No free slot: :meth:`admit` raises RuntimeError (the caller keeps the
+    stream queued, as Triton's sequence batcher does). A free slot but not enough free KV-cache pages
+    for the stream's reservation: the stream is admitted *waiting*; :meth:`step` starts it (in arrival
+    order) as soon as ended streams give their pages back, and returns no chunk for it until then, so a
+    caller that reschedules streams without a chunk needs nothing else. A stream that could never fit
+    the pool is refused with ValueError.
     """
 
-    def __init__(self, tts: FireRedTTS3, slots: int, max_len: int):
+    def __init__(
+        self, tts: FireRedTTS3, slots: int, max_len: int, kv_pages: int | None = None,
+        kv_memory_gb: float | None = None, attention: str = "auto",
+    ):  # fmt: skip
         if slots < 1:
             raise ValueError("need at least one slot")
         self.tts = tts
         self.slots = slots
-        self.gen = tts.generator(slots, max_len)
+        self.gen = tts.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
         self.free: deque[int] = deque(range(slots))  # FIFO: a just-freed row is the last to be reused
         self.live: dict[int, GeneratorStream] = {}
+        self.waiting: deque[int] = deque()  # admitted streams without their KV-cache pages yet, oldest first
 
     @property
     def active(self) -> int:
@@ -65,22 +77,32 @@ class GeneratorService:
         self, stream_id: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams,
         schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
     ) -> None:  # fmt: skip
-        """Give ``stream_id`` a slot and a stream. Raises ValueError for bad input (nothing is kept then)."""
+        """Give ``stream_id`` a slot and a stream (waiting for cache pages if the pool is short now).
+        Raises ValueError for bad input or a stream the pool can never hold (nothing is kept then)."""
         sizes = chunk_sizes(schedule)
         if stream_id in self.live:
             raise ValueError("this stream id is already live")
         if not self.free:
             raise RuntimeError(f"all {self.slots} generator slots are in use")
-        state = self.gen.new_stream(self.free[0], tokens, prompt, params)
+        state = self.gen.new_stream(self.free[0], tokens, prompt, params, reserve=False)
         self.free.popleft()
         latents = prompt.latents.float().numpy()
         self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
+        if self.waiting or not self.gen.reserve(state):  # never ahead of one already waiting
+            self.waiting.append(stream_id)
+
+    def _start_waiting(self) -> None:
+        while self.waiting and self.gen.reserve(self.live[self.waiting[0]].state):
+            self.waiting.popleft()
 
     def drop(self, stream_id: int) -> bool:
-        """Free the stream's slot (finished, cancelled or failed). Returns False if it had none."""
+        """Free the stream's slot and pages (finished, cancelled or failed). Returns False if it had none."""
         stream = self.live.pop(stream_id, None)
         if stream is None:
             return False
+        if stream_id in self.waiting:
+            self.waiting.remove(stream_id)
+        self.gen.release(stream.state)
         self.free.append(stream.state.slot)
         return True
 
@@ -93,11 +115,14 @@ class GeneratorService:
         """One generator step for the given live streams -> per stream the chunk that is due, or None.
 
         A chunk is due every ``want`` patches and when the stream ends; a stream's first chunk carries
-        its prompt latents. Finished streams are freed.
+        its prompt latents. Finished streams are freed. A stream still waiting for cache pages is not
+        stepped (None).
         """
-        streams = [self.live[i] for i in stream_ids]
-        results = self.gen.step([s.state for s in streams])
-        out: dict[int, Chunk | None] = {}
+        self._start_waiting()
+        waiting = set(self.waiting)
+        out: dict[int, Chunk | None] = {i: None for i in stream_ids if i in waiting}
+        streams = [self.live[i] for i in stream_ids if i not in waiting]
+        results = self.gen.step([s.state for s in streams]) if streams else []
         for s, r in zip(streams, results, strict=True):
             if r.latents is not None:
                 s.pending.append(r.latents)
@@ -234,7 +259,7 @@ class VocoderService:
             lat = np.stack([np.ascontiguousarray(chunks[i].latents, np.float32) for i in group])
             try:
                 audio = decode_together(
-                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.tts.device, self.tts.dtype)
+                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.tts.device, self.tts.dtypes["decoder"])
                 )
             except Exception as e:  # nothing was changed: fail these chunks only
                 for i in group:

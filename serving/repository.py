@@ -22,6 +22,10 @@ class ServeOptions:
     checkpoint: str = ""  # empty: models read $FIRERED_CHECKPOINT
     slots: int = 8  # generator streams stepped together (KV cache rows)
     max_len: int = 2048  # backbone positions per slot (prompt + text + generated patches)
+    # The backbone's paged KV cache: its size in GiB (0: slots x max_len positions, the memory the
+    # per-slot cache took) and the attention path over it ("auto": FlashInfer when usable, else SDPA).
+    kv_memory_gb: float = 0.0
+    attention: str = "auto"
     # How long the sequence batcher waits for rescheduled streams before stepping: with 0 it often
     # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
     # the batch whole at no measurable cost (bench/step_overhead.py).
@@ -48,6 +52,10 @@ class ServeOptions:
             raise ValueError("max_len must be >= 64")
         if not self.voice_store_max_gb > 0:
             raise ValueError(f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}")
+        if not self.kv_memory_gb >= 0:
+            raise ValueError(f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}")
+        if self.attention not in ("auto", "sdpa", "flashinfer"):
+            raise ValueError(f"attention must be auto, sdpa or flashinfer, got {self.attention!r}")
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
 
@@ -96,7 +104,8 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "  max_sequence_idle_microseconds: 600000000\n}\n"
         + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, slots=opts.slots, max_len=opts.max_len, cancel_dir=opts.cancel_dir, public_steps=public)
+        + _params(opts, slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
+                  attention=opts.attention, cancel_dir=opts.cancel_dir, public_steps=public)
     )
     voc = (
         f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'

@@ -109,7 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--slots", type=int, default=8, help="generator streams batched together")
-    ap.add_argument("--max-len", type=int, default=2048, help="backbone positions per slot")
+    ap.add_argument("--max-len", type=int, default=2048, help="backbone positions a stream may reach")
+    ap.add_argument("--kv-memory-gb", type=float, default=0.0,
+                    help="size of the backbone's paged KV cache (default 0: slots x max-len positions)")
+    ap.add_argument("--attention", choices=("auto", "sdpa", "flashinfer"), default="auto",
+                    help="attention over the KV cache; auto = FlashInfer when usable, else SDPA (the log says why)")
     ap.add_argument(
         "--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)"
     )
@@ -154,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
     try:  # checked before the run folder is made
         opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir),
+                            kv_memory_gb=args.kv_memory_gb, attention=args.attention,
                             device=args.device, max_anonymous_voices=args.max_anonymous_voices,
                             voice_store_max_gb=args.voice_store_max_gb, max_queue=args.max_queue,
                             ensemble=not args.no_ensemble)  # fmt: skip

@@ -55,8 +55,8 @@ class FireRedTTS3Core(nn.Module):
         Returns:
             (1, 1 + T + P, hidden).
         """
-        parts = [self.spk_proj_llm(spk)[:, None], self.backbone_llm.embed_tokens(tokens)]
-        parts.append(self.patch_encoder(prompt_latents))
+        first = self.spk_proj_llm(spk)[:, None]  # the backbone may run in another dtype than the heads
+        parts = [first, self.backbone_llm.embed_tokens(tokens).to(first.dtype), self.patch_encoder(prompt_latents)]
         return torch.cat(parts, dim=1)
 
     def stop_probability(self, h: torch.Tensor) -> torch.Tensor:

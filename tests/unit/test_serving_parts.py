@@ -318,3 +318,13 @@ def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, cap
         serve.main(argv)
     assert e.value.code == 2 and bad[0].lstrip("-").replace("-", "_") in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_kv_cache_and_attention_options_reach_the_generator():
+    text = render(ServeOptions(kv_memory_gb=1.5, attention="sdpa"))["generator"]
+    assert 'key: "kv_memory_gb" value { string_value: "1.5" }' in text
+    assert 'key: "attention" value { string_value: "sdpa" }' in text
+    with pytest.raises(ValueError, match="attention must be auto, sdpa or flashinfer"):
+        ServeOptions(attention="triton")
+    with pytest.raises(ValueError, match="kv_memory_gb must be >= 0"):
+        ServeOptions(kv_memory_gb=-1)

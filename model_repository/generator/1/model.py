@@ -15,6 +15,7 @@ import triton_python_backend_utils as pb
 
 from engine.orchestrator import Chunk, end_chunk, failure_reason
 from serving.auth import Keys, Refused
+from serving.generator_metrics import GeneratorMetrics
 from serving.supervise import start_heartbeat
 from serving.triton_io import chunk_tensors, error_response, load_tts, model_parameters, setup_logging, stream_request
 
@@ -70,7 +71,10 @@ class TritonPythonModel:
         from engine import frontend
 
         frontend.warm_up()  # tts_ensemble's requests go through the text front end here
-        self.service = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
+        self.service = GeneratorService(
+            self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
+            kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
+        )  # fmt: skip
         self.cancels = CancelBoard(params.get("cancel_dir") or None)
         self.keys = Keys.from_env(params, "generator")
         # correlation id -> the STREAM_ID this stream shows the vocoder, for streams without the internal
@@ -81,18 +85,7 @@ class TritonPythonModel:
         # orphans are also looked for between requests (none may come): one lock with execute
         self.lock, self.stopping = threading.Lock(), threading.Event()
         threading.Thread(target=self._reap_forever, name="generator-reaper", daemon=True).start()
-        self.families = [
-            pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream", pb.MetricFamily.GAUGE),
-            pb.MetricFamily(
-                "tts_generator_step_seconds", "wall time of one batched generator step", pb.MetricFamily.HISTOGRAM
-            ),
-        ]
-        self.gauge = self.families[0].Metric()
-        self.step_hist = self.families[1].Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
-        # capacity beside use, for dashboards and autoscalers (active / capacity = utilisation)
-        self.families.append(pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE))
-        self.capacity = self.families[-1].Metric()  # kept: a metric lives as long as its object
-        self.capacity.set(self.service.slots)
+        self.metrics = GeneratorMetrics(pb, self.service)
         log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
 
     def _admit(self, request, stream_id: int, start: bool) -> None:
@@ -124,7 +117,7 @@ class TritonPythonModel:
                 return
             with self.lock:
                 self._reap_orphans(None)
-                self.gauge.set(self.service.active)
+                self.metrics.update()
             if tick % 30 == 0:
                 self.cancels.sweep()
                 with self.lock:  # a deferred stream whose client left never comes back
@@ -174,7 +167,7 @@ class TritonPythonModel:
                 out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for _, i, _ in live}
                 for _, i, _ in live:
                     self.service.drop(i)
-            self.step_hist.observe(time.perf_counter() - t0)
+            self.metrics.step.observe(time.perf_counter() - t0)
             for r, stream_id, sender in live:
                 chunk = out[stream_id]
                 if chunk is not None:
@@ -182,7 +175,7 @@ class TritonPythonModel:
                 if chunk is None or not chunk.last:
                     r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
         self._reap_orphans([i for _, i, _ in live])  # after the step: a slow step orphans nobody
-        self.gauge.set(self.service.active)
+        self.metrics.update()
 
     def _reap_orphans(self, present: list[int] | None) -> None:
         for stream_id in self.attendance.orphans(list(self.service.live), present, time.monotonic()):

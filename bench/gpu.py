@@ -1,0 +1,292 @@
+"""GPU serving check, in-process: ``bench/gpu.sh`` (or ``python -m bench.gpu``).
+
+For a CUDA machine with PyTorch, no internet and no tritonserver needed; fits in a few minutes:
+
+1. builds the ``full`` preset with random weights directly on the GPU (no checkpoint files), in the
+   per-network dtypes of :func:`engine.checkpoint.precision_policy`;
+2. checks the GPU against CPU float32 on the ``small`` preset: SNR of generated latents and of audio;
+3. times the batched generator step (backbone decode + stop head + flow head with CFG) at 1, 16, 64
+   and 256 streams mid-way through a typical utterance, with SDPA and, where it imports, FlashInfer:
+   ms per step, real-time factor, streams sustained in real time, peak GPU memory;
+4. prints one markdown table. A step that fails prints what failed and the run goes on.
+
+``--smoke`` runs the same on the ``tiny`` preset with 1 and 2 streams (on CPU when there is no GPU), in
+seconds. ``--triton`` also runs :mod:`bench.step_overhead` (in-process vs through tritonserver) when a
+``tritonserver`` is on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import Models, RedAE, _randomize, count_parameters, precision_policy
+from engine.config import PATCH_SAMPLES, PRESETS, SAMPLE_RATE
+from engine.kv_cache import capacity_line, typical_positions
+from engine.layers.attention import select_attention
+from engine.models.core import FireRedTTS3Core
+from engine.params import MAX_PATCHES, GenerationParams
+from engine.pipeline import FireRedTTS3
+from engine.prompt import VoicePrompt
+
+PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
+
+
+def random_tts(preset: str, device, dtype=None, seed: int = 0) -> FireRedTTS3:
+    """``preset``'s networks with random weights (the checkpoint writer's init), built on ``device`` in
+    the per-network dtypes; a stop head that never fires. No tokenizer, no CAM++, nothing written."""
+    p = PRESETS[preset]
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    with device:
+        core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
+    _randomize(core, p.init_std_scale)
+    _randomize(redae, p.init_std_scale)
+    with torch.no_grad():
+        core.stop_head.bias.fill_(-30.0)
+    return _wrap(core, redae, device, dtype, f"random {preset}")
+
+
+def _wrap(core, redae, device, dtype, name) -> FireRedTTS3:
+    policy = precision_policy(device, dtype)
+    core.to(device, policy["core"])
+    core.backbone_llm.to(policy["backbone"])
+    redae.encoder.to(device, policy["encoder"])
+    redae.decoder.to(device, policy["decoder"])
+    for m in (core, redae):
+        m.eval().requires_grad_(False)
+    return FireRedTTS3(Models(core, redae, None, None, name, Path(".")), device, policy["backbone"], policy)
+
+
+def moved(tts: FireRedTTS3, device, dtype=None) -> FireRedTTS3:
+    """The same weights on another device, in that device's per-network dtypes."""
+    core, redae = copy.deepcopy(tts.core), copy.deepcopy(tts.models.redae)
+    return _wrap(core, redae, torch.device(device), dtype, tts.identity)
+
+
+def typical_stream(tts: FireRedTTS3, seed: int) -> tuple[list[int], VoicePrompt]:
+    """Random text tokens and prompt of a typical stream's sizes, its context already mid-utterance
+    (the text stands in for half the speech patches)."""
+    prefix, speech = typical_positions()
+    ref_patches = math.ceil(SAMPLE_RATE / PATCH_SAMPLES * 10)
+    n_tokens = prefix - 1 - ref_patches + speech // 2
+    g = torch.Generator().manual_seed(seed)
+    vocab = tts.core.cfg.backbone.vocab_size
+    tokens = torch.randint(0, vocab, (n_tokens,), generator=g).tolist()
+    lat = torch.randn(4 * ref_patches, tts.core.cfg.redae_dim, generator=g)
+    spk = torch.randn(tts.core.cfg.spk_in_dim, generator=g)
+    return tokens, VoicePrompt(lat, spk, "")
+
+
+def snr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
+    ref, got = ref.double().cpu(), got.double().cpu()
+    err = (ref - got).pow(2).sum().item()
+    return float("inf") if err == 0 else 10 * math.log10(ref.pow(2).sum().item() / err)
+
+
+@torch.inference_mode()
+def generate(tts: FireRedTTS3, patches: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """One stream of ``patches`` patches -> (latents (4N, 64), audio of prompt + latents), on CPU."""
+    tokens, prompt = typical_stream(tts, seed)
+    gen = tts.generator(1, len(tokens) + 1 + prompt.num_patches + patches, attention="sdpa")
+    s = gen.new_stream(0, tokens, prompt, GenerationParams(seed=seed, min_patches=patches, max_patches=patches))
+    out = []
+    while not s.finished:
+        r = gen.step([s])[0]
+        if r.latents is not None:
+            out.append(r.latents)
+    lat = torch.cat(out).float().cpu()
+    return lat, decode(tts, torch.cat([prompt.latents, lat]))
+
+
+@torch.inference_mode()
+def decode(tts: FireRedTTS3, latents: torch.Tensor) -> torch.Tensor:
+    x = latents[None].to(tts.device, tts.dtypes["decoder"])
+    return tts.models.redae.decoder(x)[0].float().cpu()
+
+
+def agreement(preset: str, device, patches: int) -> list[str]:
+    """GPU (per-network dtypes) vs CPU float32, same weights and seeds."""
+    cpu = random_tts(preset, "cpu")
+    dev = moved(cpu, device)
+    lat_c, audio_c = generate(cpu, patches)
+    lat_g, audio_g = generate(dev, patches)
+    first = snr_db(lat_c[:4], lat_g[:4])
+    decoder_only = snr_db(audio_c, decode(dev, torch.cat([typical_stream(cpu, 7)[1].latents, lat_c])))
+    line = (
+        f"agreement, {preset} preset, {device} ({_dtypes(dev)}) vs CPU float32, {patches} patches: "
+        f"first patch latents SNR {first:.1f} dB, all latents {snr_db(lat_c, lat_g):.1f} dB, "
+        f"audio {snr_db(audio_c, audio_g):.1f} dB; the decoder alone on the CPU's latents {decoder_only:.1f} dB"
+    )
+    return [line]
+
+
+def _dtypes(tts: FireRedTTS3) -> str:
+    return ", ".join(f"{k} {str(v).removeprefix('torch.')}" for k, v in tts.dtypes.items())
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_steps(tts: FireRedTTS3, n: int, attention: str, steps: int, flow_steps: int) -> dict:
+    """n typical streams through one generator: prefill all, then ``steps`` timed batched steps."""
+    dev = tts.device
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    tokens, prompt = typical_stream(tts, 1)
+    total = steps + 4
+    max_len = 1 + len(tokens) + prompt.num_patches + total
+    gen = tts.generator(n, max_len, attention=attention)
+    params = GenerationParams(seed=0, steps=flow_steps, min_patches=total, max_patches=total)
+    streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
+    _sync(dev)
+    t0 = time.perf_counter()
+    gen.step(streams)  # every stream's prefill (one at a time), then its first patch
+    _sync(dev)
+    prefill = time.perf_counter() - t0
+    for _ in range(2):  # warm-up
+        gen.step(streams)
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        gen.step(streams)
+    _sync(dev)
+    step_ms = 1000 * (time.perf_counter() - t0) / steps
+    peak = torch.cuda.max_memory_allocated(dev) / (1 << 30) if dev.type == "cuda" else float("nan")
+    return {
+        "prefill_ms": 1000 * prefill / n, "step_ms": step_ms, "peak_gib": peak, "used": gen.attention,
+        "reason": gen.attention_fallback_reason, "context": streams[0].position,
+    }  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    """x real time: seconds of audio each stream gets per second (>= 1 keeps up); audio s/s: all streams'."""
+    head = "| attention | streams | context | prefill ms/stream | step ms | x real time | audio s/s | peak GPU GiB | note |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['attention']} | {r['streams']} | | | | | | | failed: {r['error']} |")
+            continue
+        rt = PATCH_MS / r["step_ms"]
+        note = f"ran {r['used']}" + (f" ({r['reason']})" if r["reason"] else "") + ("" if rt >= 1 else "; falls behind")
+        peak = "-" if math.isnan(r["peak_gib"]) else f"{r['peak_gib']:.2f}"
+        lines.append(
+            f"| {r['attention']} | {r['streams']} | {r['context']} | {r['prefill_ms']:.1f} | {r['step_ms']:.1f} "
+            f"| {rt:.2f} | {r['streams'] * rt:.1f} | {peak} | {note} |"
+        )
+    return "\n".join(lines)
+
+
+def attention_choices(device, dtype, head_dim) -> tuple[list[str], str]:
+    """The backends to time: SDPA always, FlashInfer where it would be used (else why not)."""
+    c = select_attention("auto", device, dtype, head_dim)
+    return (["sdpa", "flashinfer"] if c.name == "flashinfer" else ["sdpa"]), c.reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny preset, 1 and 2 streams, CPU if no GPU (seconds)")
+    ap.add_argument("--device", default=None, help="default: cuda if available (else cpu with --smoke)")
+    ap.add_argument("--preset", default=None, help="timed preset (default full; tiny with --smoke)")
+    ap.add_argument("--check-preset", default=None, help="GPU-vs-CPU agreement preset (default small; tiny)")
+    ap.add_argument("--streams", default=None, help="stream counts (default 1,16,64,256; 1,2 with --smoke)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per point (default 10; 2)")
+    ap.add_argument("--flow-steps", type=int, default=10, help="Euler steps of the flow head")
+    ap.add_argument("--budget-s", type=float, default=420, help="points not started by then are skipped")
+    ap.add_argument("--triton", action="store_true", help="also run bench.step_overhead through tritonserver")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("no CUDA device (use --smoke to run on CPU)")
+    if not device.startswith("cuda") and not args.smoke:
+        ap.error("this benchmark is for a CUDA machine; --smoke runs it on CPU")
+    preset = args.preset or ("tiny" if args.smoke else "full")
+    check = args.check_preset or ("tiny" if args.smoke else "small")
+    streams = [int(x) for x in (args.streams or ("1,2" if args.smoke else "1,16,64,256")).split(",")]
+    steps = args.steps or (2 if args.smoke else 10)
+    if not device.startswith("cuda"):
+        torch.set_num_threads(1)  # the CPU smoke run: small shapes, where threads only contend
+
+    info = [f"torch {torch.__version__}, python {platform.python_version()}, device {device}"]
+    if device.startswith("cuda"):
+        info[0] += (
+            f" ({torch.cuda.get_device_name(device)}, {torch.cuda.get_device_properties(device).total_memory / (1 << 30):.0f} GiB)"
+        )
+    try:
+        info += agreement(check, device, patches=4 if args.smoke else 12)
+    except Exception as e:
+        info.append(f"agreement check failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+
+    rows: list[dict] = []
+    try:
+        t0 = time.perf_counter()
+        tts = random_tts(preset, device)
+        _sync(device)
+        bb = tts.core.cfg.backbone
+        info.append(
+            f"{preset} preset built on {device} with random weights in {time.perf_counter() - t0:.1f} s: "
+            f"{count_parameters(tts.core) / 1e6:.0f} M core parameters ({_dtypes(tts)})"
+        )
+        kinds, reason = attention_choices(device, tts.dtype, bb.head_dim)
+        if reason:
+            info.append(f"FlashInfer not timed: {reason}")
+        else:
+            import flashinfer
+
+            info.append(f"flashinfer {getattr(flashinfer, '__version__', '?')}")
+        for attention in kinds:
+            for n in streams:
+                if time.perf_counter() - t_start > args.budget_s:
+                    rows.append({"attention": attention, "streams": n, "error": "skipped (time budget)"})
+                    continue
+                try:
+                    rows.append(
+                        {"attention": attention, "streams": n, **time_steps(tts, n, attention, steps, args.flow_steps)}
+                    )
+                except Exception as e:
+                    print(f"{attention}, {n} streams failed:", file=sys.stderr)
+                    traceback.print_exc()
+                    rows.append({"attention": attention, "streams": n, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+                print(f"{attention} x {n}: done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
+        gen = tts.generator(max(streams), 2048, attention="sdpa")
+        info.append(capacity_line(gen.cache, MAX_PATCHES.default))
+        del gen
+    except Exception as e:
+        info.append(f"building or timing the {preset} preset failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+
+    if args.triton:
+        if shutil.which("tritonserver") is None:
+            info.append("--triton: no tritonserver on PATH; skipped")
+        else:
+            r = subprocess.run([sys.executable, "-m", "bench.step_overhead", "--presets", "small"], check=False)
+            info.append(f"--triton: bench.step_overhead exited {r.returncode} (its table is above)")
+
+    print()
+    for line in info:
+        print(f"- {line}")
+    print(f"- {steps} timed steps per point after 2 warm-up steps, flow head {args.flow_steps} Euler steps with CFG; "
+          f"a step makes {PATCH_MS:.0f} ms of audio per stream; {time.perf_counter() - t_start:.0f} s in all")  # fmt: skip
+    print()
+    print(table(rows))
+    return 0 if rows and not any("error" in r and "budget" not in r["error"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

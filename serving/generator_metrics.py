@@ -1,0 +1,53 @@
+"""The generator model's Prometheus metrics, kept in step with its :class:`~engine.streams.GeneratorService`.
+
+Slots in use and served (use / capacity = utilisation), the step time, the paged KV cache (pages, pages
+holding positions, streams waiting for pages) and the attention path with the reason FlashInfer is not
+used. Triton keeps a metric only while its object lives, so every one is held here.
+"""
+
+from __future__ import annotations
+
+STEP_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+
+
+class GeneratorMetrics:
+    def __init__(self, pb, service):
+        self.service = service
+        self.families = {
+            "active": pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream",
+                                      pb.MetricFamily.GAUGE),
+            "slots": pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE),
+            "step": pb.MetricFamily("tts_generator_step_seconds", "wall time of one batched generator step",
+                                    pb.MetricFamily.HISTOGRAM),
+            "pages": pb.MetricFamily("tts_kv_pages", "pages of the backbone's KV cache", pb.MetricFamily.GAUGE),
+            "in_use": pb.MetricFamily("tts_kv_pages_in_use", "KV-cache pages holding positions of live streams",
+                                      pb.MetricFamily.GAUGE),
+            "waiting": pb.MetricFamily("tts_generator_waiting_for_kv", "streams holding a slot, waiting for KV pages",
+                                       pb.MetricFamily.GAUGE),
+            "attention": pb.MetricFamily("tts_generator_attention", "attention path in use (why not FlashInfer)",
+                                         pb.MetricFamily.GAUGE),
+        }  # fmt: skip
+        self.active, self.slots = self.families["active"].Metric(), self.families["slots"].Metric()
+        self.step = self.families["step"].Metric(buckets=STEP_BUCKETS)
+        self.pages, self.in_use = self.families["pages"].Metric(), self.families["in_use"].Metric()
+        self.waiting = self.families["waiting"].Metric()
+        self.slots.set(service.slots)
+        self.pages.set(getattr(service.gen.cache, "num_pages", 0))
+        self.attention_shown: tuple[str, str] | None = None
+        self.attention = None
+        self.update()
+
+    def update(self) -> None:
+        """After admissions, steps and drops: the gauges follow the service."""
+        s = self.service
+        self.active.set(s.active)
+        self.in_use.set(getattr(s.gen.cache, "pages_in_use", 0))
+        self.waiting.set(len(s.waiting))
+        now = (s.gen.attention, s.gen.attention_fallback_reason)
+        if now != self.attention_shown:  # a failed FlashInfer run switches the path mid-run
+            if self.attention is not None:
+                self.attention.set(0)
+            labels = {"backend": now[0], "fallback_reason": now[1] or "none"}
+            self.attention = self.families["attention"].Metric(labels=labels)
+            self.attention.set(1)
+            self.attention_shown = now

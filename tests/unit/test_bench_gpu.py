@@ -1,0 +1,67 @@
+"""bench/gpu.py's smoke mode: the whole script on the tiny preset, on CPU, in seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu
+
+
+def test_smoke_run_prints_one_table(capsys):
+    assert gpu.main(["--smoke", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| sdpa |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["1", "2"]
+    assert "failed" not in out
+    # same device and dtype as the reference: identical bits
+    assert "first patch latents SNR inf dB, all latents inf dB, audio inf dB" in out
+    assert "FlashInfer not timed: no_cuda" in out and "KV cache:" in out
+
+
+def test_a_failing_point_is_reported_and_the_run_goes_on(monkeypatch, capsys):
+    real = gpu.time_steps
+
+    def flaky(tts, n, *a, **k):
+        if n == 2:
+            raise RuntimeError("CUDA out of memory")
+        return real(tts, n, *a, **k)
+
+    monkeypatch.setattr(gpu, "time_steps", flaky)
+    assert gpu.main(["--smoke", "--device", "cpu", "--streams", "2,1"]) == 1
+    out = capsys.readouterr().out
+    assert "| sdpa | 2 | | | | | | | failed: RuntimeError: CUDA out of memory |" in out
+    assert any(line.startswith("| sdpa | 1 | ") and "ran sdpa" in line for line in out.splitlines())
+
+
+def test_random_models_follow_the_precision_policy():
+    tts = gpu.random_tts("tiny", "cpu", dtype={"backbone": torch.bfloat16})
+    assert tts.core.backbone_llm.norm.weight.dtype == torch.bfloat16
+    assert tts.core.dit_head.weight.dtype == torch.float32 and tts.dtype == torch.bfloat16
+    assert tts.core.stop_head.bias.item() == -30.0  # utterances run their full length
+
+
+def test_the_shell_wrapper_runs_the_smoke_mode():
+    r = subprocess.run(["bash", "bench/gpu.sh", "--smoke", "--device", "cpu", "--streams", "1"], check=False,
+                       capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+                       env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})  # fmt: skip
+    if r.returncode != 0 and "needs >= 2.11" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert "| sdpa | 1 |" in r.stdout
+
+
+def test_precision_benchmark_reports_each_variant(capsys):
+    from bench import precision
+
+    assert precision.main(["--preset", "tiny", "--patches", "2"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert set(precision.VARIANTS) <= set(rows)
+    # bfloat16 only where a variant puts it: the networks left in float32 reproduce float32 exactly
+    enc = [c.strip() for c in rows["encoder bf16"].split("|")[2:-1]]
+    assert enc[0] != "inf" and enc[1:] == ["inf"] * 4
+    assert rows["backbone bf16"].split("|")[2].strip() == "inf"

@@ -1,0 +1,222 @@
+"""The paged backbone cache: pages, reservations, admission, and generation equal to the per-slot cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generator import Generator
+from engine.kv_cache import NoPagesYet, PagedCache, SlotCache, bytes_per_position, pages_for_memory, typical_positions
+from engine.params import GenerationParams
+from engine.streams import GeneratorService
+from tests.unit.test_serving_parts import _run
+
+TEXTS = ["One", "Two words here", "Three little words and more", "Four", "five six seven eight", "x",
+         "a longer text with many tokens in it", "b"]  # fmt: skip
+
+
+def _cache(tts, slots=2, max_len=64, num_pages=None, page_size=4):
+    return PagedCache(tts.core.cfg.backbone, slots, max_len, "cpu", torch.float32, num_pages, page_size)
+
+
+def _owned(cache: PagedCache) -> list[set[int]]:
+    return [set(p) for p in cache.pages]
+
+
+def _check_disjoint(cache: PagedCache) -> None:
+    owned = [p for p in cache.pages if p]
+    flat = [page for p in owned for page in p]
+    assert len(flat) == len(set(flat)), "a page is held by two streams"
+    assert 0 not in flat, "the zero page was handed out"
+    assert len(flat) + len(cache.free_pages) == cache.num_pages, "a page was lost or duplicated"
+    assert len(set(cache.free_pages)) == len(cache.free_pages)
+
+
+def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
+    cfg = tts.core.cfg.backbone
+    cache = _cache(tts, slots=2, max_len=20, num_pages=6, page_size=4)
+    assert cache.reserve(1, 9)  # 3 pages promised, none taken yet
+    assert cache.pages_in_use == 0 and cache.pages_available == 3
+    k = torch.randn(1, cfg.num_kv_heads, 3, cfg.head_dim)
+    view = cache.batch([1], [0], 3)
+    view.update(0, k, k + 1)
+    assert len(cache.pages[1]) == 1
+    page = cache.pages[1][0]
+    assert torch.equal(cache.k[0, page, :3], k[0].transpose(0, 1))  # NHD: (page, offset, head, dim)
+    assert torch.equal(cache.v[0, page, :3], (k + 1)[0].transpose(0, 1))
+    for pos in range(3, 9):  # decode one key at a time: pages 2 and 3 come at positions 4 and 8
+        one = torch.full((1, cfg.num_kv_heads, 1, cfg.head_dim), float(pos))
+        view = cache.batch([1], [pos], 1)
+        got_k, _ = view.update(0, one, one)
+        assert len(cache.pages[1]) == pos // 4 + 1
+        assert got_k.shape == (1, cfg.num_kv_heads, pos + 1, cfg.head_dim)
+        assert torch.equal(got_k[0, :, :3], k[0]) and torch.equal(got_k[0, :, pos], one[0, :, 0])
+    assert cache.table[1, :3].tolist() == cache.pages[1] and len(set(cache.pages[1])) == 3
+    with pytest.raises(RuntimeError, match="reservation"):
+        cache.batch([1], [9], 4)  # 13 positions: past the 3 pages it reserved
+    _check_disjoint(cache)
+    cache.release(1)
+    assert cache.pages_in_use == 0 and cache.committed == 0 and not cache.table[1].any()
+
+
+def test_reservations_admit_by_free_pages_and_refuse_what_never_fits(tts):
+    cache = _cache(tts, slots=3, max_len=64, num_pages=5, page_size=4)
+    assert cache.reserve(0, 12)  # 3 pages
+    assert not cache.reserve(1, 12)  # 3 more: only 2 left -> wait (nothing changed)
+    assert cache.committed == 3 and cache.reserved[1] == 0
+    assert cache.reserve(1, 8)
+    with pytest.raises(RuntimeError, match="already holds"):
+        cache.reserve(1, 4)
+    with pytest.raises(ValueError, match="needs 6 KV-cache pages of 4 positions; the whole pool has 5"):
+        cache.reserve(2, 21)
+    cache.release(0)
+    assert cache.reserve(2, 12)
+
+
+def test_default_pool_matches_the_per_slot_cache(tts):
+    cfg = tts.core.cfg.backbone
+    cache = PagedCache(cfg, 4, 100, "cpu", torch.float32)
+    assert cache.num_pages == 4 * 7  # ceil(100 / 16) pages per slot
+    slot = SlotCache(cfg, 4, 100, "cpu", torch.float32)
+    assert cache.k.numel() - cache.k[:, 0].numel() >= slot.k.numel()  # the zero page aside
+    per_pos = bytes_per_position(cfg, torch.float32)
+    assert per_pos == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
+    assert pages_for_memory(cfg, 1.0, torch.float32, 16) == (1 << 30) // (per_pos * 16)
+    prefix, speech = typical_positions()
+    assert (prefix, speech) == (1 + 100 + 63, 94)  # 25 s of text at 4 tokens/s, 10 s + 15 s at 6.25 patches/s
+
+
+def _generate(gen: Generator, tts, n: int, slot_of=lambda i, n: n - 1 - i):
+    """n streams of different lengths, one joining per step, stepped together until all finish."""
+    prompt = tts.encode_prompt(None)
+    streams, outs = [], [[] for _ in range(n)]
+    for step in range(2000):
+        if step < n:
+            toks = tts.tokens(TEXTS[step], "English", prompt)
+            length = 5 + 7 * step
+            params = GenerationParams(seed=step, max_patches=length, min_patches=length)
+            streams.append(gen.new_stream(slot_of(step, n), toks, prompt, params))
+        live = [s for s in streams if not s.finished]
+        if not live and len(streams) == n:
+            break
+        for s, r in zip(live, gen.step(live)):
+            if r.latents is not None:
+                outs[streams.index(s)].append(r.latents)
+        if isinstance(gen.cache, PagedCache):
+            _check_disjoint(gen.cache)
+            for s in streams:
+                if s.finished and gen.cache.reserved[s.slot]:
+                    gen.release(s)
+    return [torch.stack(o) for o in outs]
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_paged_generation_is_bit_identical_to_the_per_slot_cache(tts, n):
+    cfg = tts.core.cfg.backbone
+    want = _generate(Generator(tts.core, SlotCache(cfg, n, 128, "cpu", torch.float32)), tts, n)
+    paged = Generator(tts.core, _cache(tts, slots=n, max_len=128, page_size=16))
+    got = _generate(paged, tts, n)
+    assert [len(g) for g in got] == [5 + 7 * i for i in range(n)]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert paged.cache.pages_in_use == 0 and paged.cache.committed == 0
+
+
+def test_generator_refuses_a_stream_the_pool_can_never_hold(tts):
+    gen = Generator(tts.core, _cache(tts, slots=2, max_len=512, num_pages=3, page_size=16))
+    prompt = tts.encode_prompt(None)
+    toks = tts.tokens("Hello", "English", prompt)
+    with pytest.raises(ValueError, match="KV-cache pages of 16 positions; the whole pool has 3"):
+        gen.new_stream(0, toks, prompt, GenerationParams(max_patches=100))
+    a = gen.new_stream(0, toks, prompt, GenerationParams(max_patches=20))
+    with pytest.raises(NoPagesYet):
+        gen.new_stream(1, toks, prompt, GenerationParams(max_patches=20))
+    gen.release(a)
+    gen.new_stream(1, toks, prompt, GenerationParams(max_patches=20))
+
+
+def _service(tts, slots, kv_pages):
+    svc = GeneratorService(tts, slots=slots, max_len=512, kv_pages=kv_pages, attention="sdpa")
+    assert svc.gen.cache.page_size == 16
+    return svc
+
+
+def test_service_frees_pages_on_end_cancel_and_error(tts):
+    prompt = tts.encode_prompt(None)
+    toks = tts.tokens("Pages", "English", prompt)
+    svc = _service(tts, 3, None)
+    cache = svc.gen.cache
+    params = GenerationParams(seed=1, min_patches=20, max_patches=20)
+    for i in (1, 2, 3):
+        svc.admit(i, toks, prompt, params)
+    for _ in range(3):
+        svc.step([1, 2, 3])
+    assert cache.pages_in_use > 0 and len(svc.waiting) == 0
+    _check_disjoint(cache)
+    slot2 = svc.live[2].state.slot
+    svc.cancel(2)  # cancelled
+    assert cache.pages[slot2] == [] and cache.reserved[slot2] == 0
+    assert cache.pages[svc.live[1].state.slot] and cache.pages[svc.live[3].state.slot]  # the others keep theirs
+    assert sum(len(p) for p in cache.pages) == cache.pages_in_use
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    svc.gen.core.flow, real = broken, svc.gen.core.flow  # an instance attribute shadows the method
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            svc.step([1, 3])
+    finally:
+        del svc.gen.core.flow
+    assert svc.gen.core.flow == real
+    svc.drop(3)  # what the generator model does with the streams of a failed step
+    assert [len(p) for p in cache.pages].count(0) == 2
+    _run(svc, 1)  # ends normally
+    assert svc.active == 0 and cache.pages_in_use == 0 and cache.committed == 0
+    _check_disjoint(cache)
+
+
+def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
+    prompt = tts.encode_prompt(None)
+    toks = tts.tokens("Wait for me", "English", prompt)
+    params = GenerationParams(seed=3, min_patches=9, max_patches=9)
+    need = -(-(1 + len(toks) + prompt.num_patches + 9) // 16)
+    solo = _service(tts, 1, None)
+    solo.admit(5, toks, prompt, params, (4, 4))
+    want = _run(solo, 5)
+
+    svc = _service(tts, 3, need + need // 2)  # room for one such stream at a time
+    svc.admit(1, toks, prompt, params, (4, 4))
+    svc.admit(2, toks, prompt, params, (4, 4))  # a slot is free, pages are not: it waits, not fails
+    assert list(svc.waiting) == [2] and svc.active == 2
+    first = []
+    while not first or not first[-1].last:
+        out = svc.step([1, 2])
+        assert out[2] is None and svc.live[2].state.patches == 0  # not stepped while waiting
+        if out[1] is not None:
+            first.append(out[1])
+    assert list(svc.waiting) == [2]  # still queued: stream 1 gave its pages back only at its end
+    second = _run(svc, 2)
+    assert not svc.waiting and svc.active == 0
+    for got in (first, second):
+        assert [c.latents.tolist() for c in got] == [c.latents.tolist() for c in want]
+    with pytest.raises(ValueError, match="the whole pool has"):  # never fits: refused, nothing kept
+        svc.admit(3, toks, prompt, GenerationParams(max_patches=400))
+    assert svc.active == 0 and len(svc.free) == 3
+
+
+def test_a_cancelled_waiting_stream_leaves_the_queue(tts):
+    prompt = tts.encode_prompt(None)
+    toks = tts.tokens("Queue", "English", prompt)
+    params = GenerationParams(seed=3, min_patches=30, max_patches=30)
+    need = -(-(1 + len(toks) + prompt.num_patches + 30) // 16)
+    svc = _service(tts, 3, need)
+    svc.admit(1, toks, prompt, params)
+    svc.admit(2, toks, prompt, params)
+    svc.admit(3, toks, prompt, params)
+    assert list(svc.waiting) == [2, 3]
+    svc.cancel(2)
+    assert list(svc.waiting) == [3]
+    svc.cancel(1)
+    svc.step([3])
+    assert not svc.waiting and svc.live[3].state.patches == 1
