@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the started server")
     ap.add_argument("--slots", type=int, default=8, help="generator slots of the started server (default 8)")
+    ap.add_argument("--device", default="cpu", help="device of the started server's models (cpu, cuda)")
     ap.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated stream counts")
     ap.add_argument("--requests", type=int, help="streams per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--max-patches", type=int, default=24, help="utterance length limit, 160 ms patches (default 24)")
@@ -73,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bench.server import local_server
 
-            server = stack.enter_context(local_server(args.preset, args.slots))
+            server = stack.enter_context(local_server(args.preset, args.slots, args.device))
             port = server.ports.grpc if args.protocol == "grpc" else server.ports.http
-            url, target = f"127.0.0.1:{port}", f"{args.preset} checkpoint (stop head off), {args.slots} slots"
+            url, target = f"127.0.0.1:{port}", f"{args.preset} checkpoint (stop head off), {args.slots} slots, {args.device}"
         client = TTSClient(url, args.protocol, timeout=args.timeout)
         warm = one_stream(client, texts[0], seed=0, request=request)  # first-use costs stay out of the table
         if warm.error:

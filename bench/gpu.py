@@ -11,8 +11,9 @@ For a CUDA machine with PyTorch, no internet and no tritonserver needed; fits in
 4. prints one markdown table. A step that fails prints what failed and the run goes on.
 
 ``--smoke`` runs the same on the ``tiny`` preset with 1 and 2 streams (on CPU when there is no GPU), in
-seconds. ``--triton`` also runs :mod:`bench.step_overhead` (in-process vs through tritonserver) when a
-``tritonserver`` is on PATH.
+seconds. ``--triton`` also streams through a real tritonserver on the same device where one exists
+(the NGC image's, or the ``nvidia-pytriton`` wheel's): ``python -m bench`` on the ``small`` preset at up
+to 64 concurrent streams (time to first chunk, real-time factor).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import argparse
 import copy
 import math
 import platform
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (default 10; 2)")
     ap.add_argument("--flow-steps", type=int, default=10, help="Euler steps of the flow head")
     ap.add_argument("--budget-s", type=float, default=420, help="points not started by then are skipped")
-    ap.add_argument("--triton", action="store_true", help="also run bench.step_overhead through tritonserver")
+    ap.add_argument("--triton", action="store_true",
+                    help="also stream through a real tritonserver on this device (python -m bench, small preset)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -271,12 +273,20 @@ def main(argv: list[str] | None = None) -> int:
         info.append(f"building or timing the {preset} preset failed: {type(e).__name__}: {e}")
         traceback.print_exc()
 
-    if args.triton:
-        if shutil.which("tritonserver") is None:
-            info.append("--triton: no tritonserver on PATH; skipped")
+    if args.triton:  # the NGC image's /opt/tritonserver, or the nvidia-pytriton wheel's
+        try:
+            from serving.triton_env import find_triton
+
+            find_triton(Path(tempfile.mkdtemp(prefix="triton-probe-")))
+        except Exception as e:
+            info.append(f"--triton: no tritonserver ({e}); skipped")
         else:
-            r = subprocess.run([sys.executable, "-m", "bench.step_overhead", "--presets", "small"], check=False)
-            info.append(f"--triton: bench.step_overhead exited {r.returncode} (its table is above)")
+            levels = ",".join(str(n) for n in streams if n <= 64)
+            cmd = [sys.executable, "-m", "bench", "--preset", "tiny" if args.smoke else "small", "--device", device,
+                   "--slots", str(max(int(x) for x in levels.split(","))), "--concurrency", levels,
+                   "--max-patches", "24", "--name", f"gpu-triton-{device.replace(':', '')}"]  # fmt: skip
+            r = subprocess.run(cmd, check=False)
+            info.append(f"--triton: `{' '.join(cmd[1:])}` exited {r.returncode} (its table is above)")
 
     print()
     for line in info:

@@ -27,19 +27,21 @@ def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
 
 
 @contextmanager
-def local_server(preset: str, slots: int) -> Iterator[TritonServer]:
-    """A ready server for ``preset`` with ``slots`` generator slots; its log stays in ``cache/bench/run/``."""
+def local_server(preset: str, slots: int, device: str = "cpu") -> Iterator[TritonServer]:
+    """A ready server for ``preset`` with ``slots`` generator slots on ``device``; its log stays in
+    ``cache/bench/run/``."""
     from serving.repository import ServeOptions, build
 
     ckpt = nostop_checkpoint(preset)
     (CACHE / "run").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{preset}-", dir=CACHE / "run"))
     opts = ServeOptions(
-        checkpoint=str(ckpt), slots=slots, voice_dir=str(work / "voices"), cancel_dir=str(work / "cancel")
+        checkpoint=str(ckpt), slots=slots, voice_dir=str(work / "voices"), cancel_dir=str(work / "cancel"),
+        device=device,
     )
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free())
     print(
-        f"starting tritonserver ({preset}, {slots} slots); log: {work / 'tritonserver.log'}",
+        f"starting tritonserver ({preset}, {slots} slots, {device}); log: {work / 'tritonserver.log'}",
         file=sys.stderr,
         flush=True,
     )
