@@ -36,8 +36,8 @@ browser-deps:
 	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	    echo "install chromium and chromium-driver (Debian: sudo apt-get install chromium chromium-driver)"; exit 1; fi; \
 	  echo "installing chromium and chromium-driver with apt-get"; \
-	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
-	    { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	fi
 
 unit: install
