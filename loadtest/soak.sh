@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Soak test (not run in CI): the launcher under MINUTES of locust load (gRPC and HTTP streams) plus
 # clients that leave their streams early at random; prints the failures, what the server still holds
-# once the load is over (leaked generator slots, vocoder streams, tts requests), and the RSS of
+# once the load is over (leaked generator slots and KV pages, vocoder streams, tts requests), and the RSS of
 # tritonserver and its stubs at the start and the end. Exits 1 on a failure or a leak.
 #
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
@@ -46,7 +46,7 @@ rss() {  # MB of tritonserver and its stubs
 }
 gauges() {
     curl -s "http://127.0.0.1:$metrics/metrics" |
-        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight) ' || true
+        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
 }
 echo "RSS at start: $(rss)"
 
