@@ -96,7 +96,7 @@ class BLSPrompts:
         if voice.ref_audio is not None:
             values |= {"REF_AUDIO": voice.ref_audio, "REF_SAMPLE_RATE": voice.ref_sample_rate}
         inputs = tensors(self.bls.pb, C.PROMPT_INPUTS, values)
-        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in C.PROMPT_OUTPUTS])
+        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in C.VOICE_PROMPT_OUTPUTS])
         out["PROMPT_TEXT"] = C.text_of(out["PROMPT_TEXT"])
         return out
 

@@ -96,7 +96,8 @@ ENSEMBLE_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1, -1), doc="(1, n) mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (-1, 1), doc=f'"" until the last response, then {FINISH_REASONS}'),
 )
-ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS  # one segment, text as given: no front end
+# one segment (no split_tokens); the front end always normalizes (in prompt_encoder)
+ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS
 
 # ---- prompt_encoder (dynamic batching) ----
 PROMPT_INPUTS = (
@@ -105,15 +106,23 @@ PROMPT_INPUTS = (
     Spec("REF_TEXT", "TYPE_STRING", (1,), True),
     Spec("VOICE_ID", "TYPE_STRING", (1,), True),
     Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
-    # Unused by the encoder: tts_ensemble maps its required TEXT here so that a request for the silent
-    # prompt is never empty (Triton 2.51 fails an ensemble step that would get no inputs).
-    Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak (ignored)"),
+    # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not
+    # in the generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its
+    # orchestrator runs the front end itself. TEXT also keeps a silent-prompt request from being empty
+    # (Triton 2.51 fails an ensemble step that would get no inputs).
+    Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak: cleaned and normalized into SPOKEN_TEXT"),
+    Spec("LANGUAGE", "TYPE_STRING", (1,), True, "with TEXT; detected when absent or auto"),
 )
-PROMPT_OUTPUTS = (
+VOICE_PROMPT_OUTPUTS = (
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="RedAE latents of the padded reference (4 per patch)"),
     Spec("SPEAKER", "TYPE_FP32", (-1,), doc="CAM++ speaker embedding"),
     Spec("PROMPT_TEXT", "TYPE_STRING", (1,), doc="transcript that goes before the text"),
 )
+SPOKEN_OUTPUTS = (  # what the generator is asked to say, for tts_ensemble ("" without TEXT)
+    Spec("SPOKEN_TEXT", "TYPE_STRING", (1,), doc="TEXT through the front end, as one segment"),
+    Spec("SPOKEN_LANGUAGE", "TYPE_STRING", (1,), doc="LANGUAGE, or the language detected in TEXT"),
+)
+PROMPT_OUTPUTS = VOICE_PROMPT_OUTPUTS + SPOKEN_OUTPUTS
 
 # ---- generator (decoupled, iterative sequence batcher; one request = one stream) ----
 # Generation settings arrive as request parameters (GENERATION_PARAMETERS); an ensemble passes the

@@ -143,7 +143,10 @@ def ensemble() -> str:
     given = {s.name for s in C.ENSEMBLE_INPUTS}
     prompt_in = {s.name: s.name for s in C.PROMPT_INPUTS if s.name in given}
     prompt_out = {s.name: f"_{s.name.lower()}" for s in C.PROMPT_OUTPUTS}
-    gen_in = {s.name: prompt_out.get(s.name, s.name) for s in C.GENERATOR_INPUTS}
+    # the generator says what the front end made of TEXT (prompt_encoder's SPOKEN_TEXT and SPOKEN_LANGUAGE)
+    prompt_out_for = {**{s.name: prompt_out[s.name] for s in C.VOICE_PROMPT_OUTPUTS},
+                      "TEXT": prompt_out["SPOKEN_TEXT"], "LANGUAGE": prompt_out["SPOKEN_LANGUAGE"]}  # fmt: skip
+    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in C.GENERATOR_INPUTS}
     gen_out = {s.name: f"_gen_{s.name.lower()}" for s in C.GENERATOR_OUTPUTS}
     steps = [
         _step("prompt_encoder", prompt_in, prompt_out),

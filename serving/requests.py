@@ -50,11 +50,11 @@ def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
         raise ValueError(f"{field}: {e}") from None
 
 
-def check_text(text: str | None, field: str = "TEXT", required: bool = True) -> str:
+def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
     if not isinstance(text, str) or (required and not text.strip()):
         raise ValueError(f"{field} must be a non-empty string")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ValueError(f"{field} is {len(text)} characters; the limit is {MAX_TEXT_CHARS} (split long texts)")
+    if len(text) > limit:
+        raise ValueError(f"{field} is {len(text)} characters; the limit is {limit} (split long texts)")
     return text
 
 

@@ -12,10 +12,12 @@ import sys
 
 import numpy as np
 
-from engine.frontend import detect_language, prepare
+from engine.frontend import detect_language
 from engine.orchestrator import ERROR, INVALID, Chunk
 from serving import contract as C
-from serving.requests import check_language, check_text, generation_request
+from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
+
+SPOKEN_TEXT_CHARS = 4 * MAX_TEXT_CHARS  # what the generator takes: a text after the front end
 
 
 def setup_logging(name: str) -> logging.Logger:
@@ -136,23 +138,19 @@ def read_chunk(tensor):
     )
 
 
-def stream_request(pb, request, tts, parameters: str | dict | None = None, front_end: bool = False):
+def stream_request(pb, request, tts, parameters: str | dict | None = None):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
     the input for bad input. ``parameters``: the request's, if already read (default: all of them).
-    ``front_end``: clean, detect and normalize TEXT as one segment (requests from ``tts_ensemble``; tts
-    sends segments its front end has prepared). Used by the generator model (and the benchmark's
-    engine-thread variant)."""
+    TEXT is spoken as given: tts and tts_ensemble's prompt_encoder have run the front end on it. Used by
+    the generator model (and the benchmark's engine-thread variant)."""
     import torch
 
     from engine.prompt import VoicePrompt
 
-    text = check_text(string(pb, request, "TEXT"))
-    language = check_language(string(pb, request, "LANGUAGE", ""))
-    if front_end:
-        prepared = prepare(text, language, len, split_tokens=0)
-        text, language = prepared.segments[0], prepared.language
-    else:
-        language = language or detect_language(text)
+    # normalized text: numbers read out make it several times what the client sent ("2024" -> "twenty
+    # twenty four"); the client's own text was held to MAX_TEXT_CHARS before the front end
+    text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
+    language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
     given = request.parameters() if parameters is None else parameters
     params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
     latents = get(pb, request, "PROMPT_LATENTS").astype(np.float32)

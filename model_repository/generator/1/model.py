@@ -68,9 +68,6 @@ class TritonPythonModel:
         params = model_parameters(args)
         start_heartbeat(params, "generator")
         self.tts = load_tts(params, parts=("core",))
-        from engine import frontend
-
-        frontend.warm_up()  # tts_ensemble's requests go through the text front end here
         self.service = GeneratorService(
             self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
             kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
@@ -99,7 +96,7 @@ class TritonPythonModel:
         if not trusted and stream_id < MIN_KEYLESS_CORRELATION_ID:
             raise ValueError("send a random 63-bit sequence id with sequence_start (ids below 2^32 are refused: "
                              "Triton numbers sequences 1, 2, 3, ..., which another client could take over)")  # fmt: skip
-        self.service.admit(stream_id, *stream_request(pb, request, self.tts, given, front_end=not trusted))
+        self.service.admit(stream_id, *stream_request(pb, request, self.tts, given))
         if not trusted:
             self.issued[stream_id] = self.keys.new_stream_id()
 

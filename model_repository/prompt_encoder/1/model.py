@@ -2,6 +2,7 @@
 
 Prompts are kept in the persistent voice store: a reference clip seen before is not re-encoded, also
 after a restart, and named voices are registered here (REGISTER_NAME) and looked up by VOICE_ID.
+For tts_ensemble it also runs the text front end on TEXT (SPOKEN_TEXT, SPOKEN_LANGUAGE).
 """
 
 import os
@@ -9,8 +10,9 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb
 
+from engine import frontend
 from serving.auth import Keys, Refused
-from serving.requests import check_name, check_ref_audio, check_text
+from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
     bytes_tensor,
@@ -41,6 +43,7 @@ class TritonPythonModel:
                                 int(params.get("max_anonymous_voices", 256)),
                                 int(float(params.get("voice_store_max_gb", 2.0)) * 1e9))  # fmt: skip
         self.keys = Keys.from_env(params, "prompt_encoder")
+        frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
             pb.MetricFamily(
@@ -75,16 +78,29 @@ class TritonPythonModel:
             return self.store.register(check_name(register, "REGISTER_NAME"), audio, sr, text)
         return self.store.prompt_for_audio(audio, sr, text)[0]
 
+    @staticmethod
+    def _spoken(r) -> tuple[str, str]:
+        """tts_ensemble's TEXT through the front end as one segment (tts sends no TEXT: ("", ""))."""
+        text = string(pb, r, "TEXT", "")
+        if not text:
+            return "", ""
+        language = check_language(string(pb, r, "LANGUAGE", ""))
+        prepared = frontend.prepare(check_text(text), language, len, split_tokens=0)
+        return prepared.segments[0], prepared.language
+
     def execute(self, requests):
         out = []
         for r in requests:
             enc0, hit0 = self.store.encodes, self.store.hits
             try:
+                spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
                 prompt = self._prompt(r)
                 out.append(pb.InferenceResponse([
                     pb.Tensor("PROMPT_LATENTS", prompt.latents.numpy()[None].astype(np.float32)),
                     pb.Tensor("SPEAKER", prompt.speaker.numpy()[None].astype(np.float32)),
                     bytes_tensor(pb, "PROMPT_TEXT", prompt.text),
+                    bytes_tensor(pb, "SPOKEN_TEXT", spoken),
+                    bytes_tensor(pb, "SPOKEN_LANGUAGE", language),
                 ]))  # fmt: skip
             except (ValueError, VoiceNotFound) as e:
                 out.append(error_response(pb, str(e), tagged=True))
