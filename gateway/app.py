@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import time
 from pathlib import Path
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
@@ -19,6 +21,7 @@ from client.aio import AsyncTTSClient
 from client.audio_io import read_audio
 from client.request import ServerBusy, TTSError
 from client.voices import VoiceClient
+from engine.audio import MAX_REFERENCE_SECONDS
 from engine.params import UTTERANCE_PARAMETERS
 from gateway.encode import FORMATS, Encoder
 
@@ -126,10 +129,9 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         data = await upload.read(MAX_UPLOAD_BYTES + 1)
         if len(data) > MAX_UPLOAD_BYTES:
             raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", "file")
-        try:
-            audio, sr = read_audio(io.BytesIO(data))
-        except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
-            raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
+        # off the event loop (the streams go on meanwhile), and only after the length is known: the key is
+        # checked by the voices model, so this runs for anyone who sends a Bearer header
+        audio, sr = await asyncio.to_thread(decode_upload, data)
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         return await voice_call(voices_client.add, name, audio, sr, text)
 
@@ -138,9 +140,11 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
         return await voice_call(voices_client.remove, name)
 
+    page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
+
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return PAGE.read_text()
+        return page_html
 
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
@@ -179,6 +183,25 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
     return app
+
+
+def decode_upload(data: bytes) -> tuple[np.ndarray, int]:
+    """An uploaded reference recording -> (mono float32, rate); APIError 400 naming ``file`` for what is
+    not audio or is longer than a reference may be. The length comes from the header first: 110 KB of
+    FLAC silence can decode to 230 MB of samples."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
+        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
+    if info.frames > MAX_REFERENCE_SECONDS * info.samplerate:
+        raise APIError(400, f"file is {info.frames / info.samplerate:.1f} s long; a reference may be at most "
+                       f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
+    try:
+        return read_audio(io.BytesIO(data))
+    except Exception as e:
+        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
 
 
 async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
@@ -255,7 +278,10 @@ async def audio_bytes(stream, first, encoder: Encoder):
 
 async def sse(stream, first, encoder: Encoder):
     """OpenAI's speech SSE events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``."""
-    async for data in audio_bytes(stream, first, encoder):
-        if data:
-            yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
+    # aclosing: a client that leaves closes the Triton stream now, not whenever the inner generator is collected
+    async with contextlib.aclosing(audio_bytes(stream, first, encoder)) as chunks:
+        async for data in chunks:
+            if data:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                yield f"data: {json.dumps(event)}\n\n"
     yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"

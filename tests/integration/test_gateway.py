@@ -300,3 +300,28 @@ def test_the_front_end_through_the_gateway(gateway, server):
     assert raw != got
     r = speech(gateway, input="😀😀", response_format="pcm")
     assert r.status_code == 400 and "nothing to speak after cleaning" in r.json()["error"]["message"]
+
+
+def test_an_upload_too_long_to_be_a_reference_is_refused_before_decoding(gateway):
+    """A tiny file that would decode to hundreds of MB (10 min of stereo FLAC silence) is refused from
+    its header, before the admin key is checked by the server and before any decoding."""
+    import soundfile as sf
+
+    flac = io.BytesIO()
+    sf.write(flac, np.zeros((600 * 48000, 2), np.float32), 48000, format="FLAC")
+    assert len(flac.getvalue()) < 2 * 2**20  # compresses to almost nothing; decodes to 230 MB
+    r = httpx.post(f"{gateway}/v1/audio/voices", data={"name": "bomb", "text": "x"},
+                   files={"file": ("bomb.flac", flac.getvalue())}, headers={"Authorization": "Bearer guess"},
+                   timeout=60)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
+    assert "600.0 s long; a reference may be at most 60 s" in r.json()["error"]["message"]
+
+
+def test_an_sse_client_that_leaves_frees_the_stream(gateway, server):
+    with httpx.stream("POST", f"{gateway}/v1/audio/speech", timeout=60,
+                      json={"input": "A long one", "response_format": "pcm", "stream_format": "sse",
+                            "max_patches": 300, "chunk_first": 1, "chunk_next": 1}) as r:  # fmt: skip
+        assert next(r.iter_lines()).startswith("data:")
+        assert metrics(server)["tts_generator_active_slots"] >= 1
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
