@@ -33,7 +33,7 @@ import torch
 
 from engine.checkpoint import Models, RedAE, _randomize, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS, SAMPLE_RATE
-from engine.kv_cache import capacity_line, typical_positions
+from engine.kv_cache import capacity_line, pages_for, typical_positions
 from engine.layers.attention import select_attention
 from engine.models.core import FireRedTTS3Core
 from engine.params import MAX_PATCHES, GenerationParams
@@ -266,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
                     rows.append({"attention": attention, "streams": n, "error": f"{type(e).__name__}: {str(e)[:120]}"})
                 print(f"{attention} x {n}: done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
-        gen = tts.generator(max(streams), 2048, attention="sdpa")
-        info.append(capacity_line(gen.cache, MAX_PATCHES.default))
-        del gen
+        # the pool of a server with max(streams) slots of 2,048 positions (arithmetic: 56 GiB at 256 streams)
+        pages = max(streams) * pages_for(2048)
+        dtype = tts.core.backbone_llm.norm.weight.dtype
+        info.append(capacity_line(bb, dtype, pages, max(streams), MAX_PATCHES.default))
     except Exception as e:
         info.append(f"building or timing the {preset} preset failed: {type(e).__name__}: {e}")
         traceback.print_exc()

@@ -234,14 +234,15 @@ def group_sentences(
     shorter than ``merge_length`` joins the one before. A segment can so exceed ``max_length`` by
     up to one sentence (see :func:`cap_segments`)."""
     segments: list[str] = []
-    current = ""
+    current, current_length = "", 0  # length(current), carried over: each candidate is measured once
     for sentence in sentences:
-        if length(current + sentence) > max_length and length(current) > min_length:
+        joined = length(current + sentence)
+        if joined > max_length and current_length > min_length:
             segments.append(current)
-            current = ""
-        current += sentence
+            current, joined = "", length(sentence)
+        current, current_length = current + sentence, joined
     if current:
-        if segments and length(current) < merge_length:
+        if segments and current_length < merge_length:
             segments[-1] += current
         else:
             segments.append(current)

@@ -127,13 +127,14 @@ class SlotBatch:
         dev = cache.k.device
         self.idx = torch.tensor(slots, device=dev, dtype=torch.long)
         self.starts = torch.tensor(starts, device=dev, dtype=torch.long)
+        self.from_zero = len(slots) == 1 and starts[0] == 0  # from the host list: no device sync in mask()
         self.length = length
         self.positions = self.starts[:, None] + torch.arange(length, device=dev)  # (B, T)
         self.kv_len = max(starts) + length
 
     def mask(self):
         """Causal mask over each row's own keys; None-like "causal" when one row starts at 0."""
-        if len(self.idx) == 1 and int(self.starts[0]) == 0:
+        if self.from_zero:
             return "causal"
         k_pos = torch.arange(self.kv_len, device=self.idx.device).expand(len(self.idx), -1)
         return window_mask(self.positions, k_pos, None)
@@ -191,16 +192,19 @@ def typical_positions(speech_s: float = TYPICAL_SPEECH_S, reference_s: float = T
     return prefix, math.ceil(patches_per_s * speech_s)
 
 
-def capacity_line(cache: PagedCache, max_patches: int) -> str:
-    """One log line: the pool's size and how many typical streams it holds (by reservation and by use)."""
+def capacity_line(
+    cfg: Qwen3Config, dtype: torch.dtype, num_pages: int, slots: int, max_patches: int, page_size: int = PAGE_SIZE
+) -> str:
+    """One log line: a pool's size and how many typical streams it holds (by reservation and by use).
+    Pure arithmetic: sizing a pool needs no pool."""
     prefix, speech = typical_positions()
-    gib = 2 * cache.k[:, 1:].numel() * cache.k.element_size() / (1 << 30)
-    real = cache.num_pages // pages_for(prefix + speech, cache.page_size)
-    held = cache.num_pages // pages_for(prefix + max_patches, cache.page_size)
+    gib = num_pages * page_size * bytes_per_position(cfg, dtype) / (1 << 30)
+    real = num_pages // pages_for(prefix + speech, page_size)
+    held = num_pages // pages_for(prefix + max_patches, page_size)
     return (
-        f"KV cache: {cache.num_pages} pages of {cache.page_size} positions ({gib:.2f} GiB, {cache.k.dtype}), "
-        f"{cache.slots} streams at most; typical streams ({TYPICAL_SPEECH_S:g} s of speech after a "
-        f"{TYPICAL_REFERENCE_S:g} s reference, {prefix} + {speech} positions): {min(held, cache.slots)} admitted "
+        f"KV cache: {num_pages} pages of {page_size} positions ({gib:.2f} GiB, {dtype}), "
+        f"{slots} streams at most; typical streams ({TYPICAL_SPEECH_S:g} s of speech after a "
+        f"{TYPICAL_REFERENCE_S:g} s reference, {prefix} + {speech} positions): {min(held, slots)} admitted "
         f"at once when each reserves max_patches={max_patches} ({prefix + max_patches} positions), {real} by "
         "the pages they really fill"
     )
@@ -243,7 +247,6 @@ class PagedCache:
         self.table = torch.zeros(slots, self.pages_per_stream, dtype=torch.long)  # host copy; 0 = zero page
         self.pages: list[list[int]] = [[] for _ in range(slots)]
         self.reserved = [0] * slots  # pages promised to each slot
-        self.committed = 0  # sum of reserved
         self.free_pages: deque[int] = deque(range(1, num_pages + 1))
         self.attention = "sdpa"
         self.attention_fallback_reason = ""
@@ -277,6 +280,11 @@ class PagedCache:
         return self.k.device
 
     @property
+    def committed(self) -> int:
+        """Pages promised to streams (reserved, whether taken yet or not)."""
+        return sum(self.reserved)
+
+    @property
     def pages_available(self) -> int:
         """Pages not promised to any stream."""
         return self.num_pages - self.committed
@@ -307,7 +315,6 @@ class PagedCache:
         if need > self.pages_available:
             return False
         self.reserved[slot] = need
-        self.committed += need
         return True
 
     def release(self, slot: int) -> None:
@@ -316,7 +323,6 @@ class PagedCache:
         self.free_pages.extend(self.pages[slot])  # FIFO: a just-freed page is the last to be reused
         self.pages[slot] = []
         self.table[slot].zero_()
-        self.committed -= self.reserved[slot]
         self.reserved[slot] = 0
 
     def _check_slot(self, s: int) -> None:
@@ -367,6 +373,7 @@ class PagedBatch:
         p = cache.page_size
         self.n = len(slots)
         self.starts = torch.tensor(starts, device=dev, dtype=torch.long)
+        self.from_zero = len(slots) == 1 and starts[0] == 0  # from the host list: no device sync in mask()
         self.length = length
         self.positions = self.starts[:, None] + torch.arange(length, device=dev)  # (B, T)
         self.kv_len = max(starts) + length
@@ -377,7 +384,7 @@ class PagedBatch:
 
     def mask(self):
         """Causal mask over each row's own keys; "causal" for a single row starting at 0."""
-        if self.n == 1 and int(self.starts[0]) == 0:
+        if self.from_zero:
             return "causal"
         k_pos = torch.arange(self.kv_len, device=self.positions.device).expand(self.n, -1)
         return window_mask(self.positions, k_pos, None)

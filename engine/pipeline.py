@@ -103,7 +103,7 @@ class FireRedTTS3:
             kv_pages = pages_for_memory(bb, kv_memory_gb, dtype, page_size)
         choice = select_attention(attention, self.device, dtype, bb.head_dim)
         cache = PagedCache(bb, slots, max_len, self.device, dtype, kv_pages, page_size, choice)
-        log.info(capacity_line(cache, MAX_PATCHES.default))
+        log.info(capacity_line(bb, dtype, cache.num_pages, slots, MAX_PATCHES.default, page_size))
         return Generator(self.core, cache)
 
     @torch.inference_mode()

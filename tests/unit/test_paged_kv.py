@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from engine.generator import Generator
-from engine.kv_cache import NoPagesYet, PagedCache, SlotCache, bytes_per_position, pages_for_memory, typical_positions
+from engine.kv_cache import (
+    NoPagesYet,
+    PagedCache,
+    SlotCache,
+    bytes_per_position,
+    pages_for,
+    pages_for_memory,
+    typical_positions,
+)
 from engine.params import GenerationParams
 from engine.streams import GeneratorService
 from tests.unit.test_serving_parts import _run
@@ -176,11 +184,17 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
     _check_disjoint(cache)
 
 
-def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
+def _stream_inputs(tts, text: str, patches: int):
+    """A silent prompt, ``text``'s tokens, params of exactly ``patches`` patches, and the 16-position
+    pages such a stream reserves."""
     prompt = tts.encode_prompt(None)
-    toks = tts.tokens("Wait for me", "English", prompt)
-    params = GenerationParams(seed=3, min_patches=9, max_patches=9)
-    need = -(-(1 + len(toks) + prompt.num_patches + 9) // 16)
+    toks = tts.tokens(text, "English", prompt)
+    params = GenerationParams(seed=3, min_patches=patches, max_patches=patches)
+    return prompt, toks, params, pages_for(1 + len(toks) + prompt.num_patches + patches, 16)
+
+
+def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
+    prompt, toks, params, need = _stream_inputs(tts, "Wait for me", 9)
     solo = _service(tts, 1, None)
     solo.admit(5, toks, prompt, params, (4, 4))
     want = _run(solo, 5)
@@ -206,10 +220,7 @@ def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
 
 
 def test_a_cancelled_waiting_stream_leaves_the_queue(tts):
-    prompt = tts.encode_prompt(None)
-    toks = tts.tokens("Queue", "English", prompt)
-    params = GenerationParams(seed=3, min_patches=30, max_patches=30)
-    need = -(-(1 + len(toks) + prompt.num_patches + 30) // 16)
+    prompt, toks, params, need = _stream_inputs(tts, "Queue", 30)
     svc = _service(tts, 3, need)
     svc.admit(1, toks, prompt, params)
     svc.admit(2, toks, prompt, params)
