@@ -25,25 +25,40 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.frontend import prepare
+from engine.protocol import (  # noqa: F401 (re-exported: the kinds are part of the chunk protocol)
+    ERROR,
+    FORBIDDEN,
+    INVALID,
+    KINDS,
+    NOT_FOUND,
+    UNAVAILABLE,
+    Unavailable,
+    error_kind,
+    tagged,
+)
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, GenerationParams
 from engine.segments import Joiner, segment_schedule
 
-# Finish reasons: why a stream (and so an utterance) ended. Failures carry a message after the prefix.
+# Finish reasons: why a stream (and so an utterance) ended. Failures carry a tagged message instead.
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
-INVALID, ERROR = "invalid: ", "error: "  # bad input (INVALID_ARG) / the server failed (INTERNAL)
 
 
 def failure_reason(exc: BaseException) -> str:
-    """The finish reason that reports ``exc`` in a normal final response (ValueError: the input was bad)."""
-    return (INVALID if isinstance(exc, ValueError) else ERROR) + (str(exc) or type(exc).__name__)
+    """The finish reason that reports ``exc`` in a normal final response (see :func:`tagged`)."""
+    return tagged(exc)
 
 
 class StreamFailed(Exception):
-    """A generator stream ended with a failure reason; ``invalid`` when the input was at fault."""
+    """A generator stream ended with a failure reason; ``kind`` says whose fault (``invalid``: the input)."""
 
     def __init__(self, reason: str):
-        self.invalid = reason.startswith(INVALID)
-        super().__init__(reason.removeprefix(INVALID).removeprefix(ERROR))
+        self.kind, message = error_kind(reason)
+        self.invalid = self.kind == "invalid"
+        super().__init__(message)
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}: {self}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +70,11 @@ class Chunk:
         latents: (L, 64) float32 generated latents of this chunk (L may be 0 on the last chunk).
         prompt_latents: (4P, 64) float32 on a stream's first chunk (primes the vocoder), (0, 64) after.
         last: the stream ends with this chunk; the vocoder flushes and frees its state.
-        finish_reason: with ``last``: stop | length | cancelled | "invalid: ..." | "error: ..."; else "".
+        finish_reason: with ``last``: stop | length | cancelled | a tagged failure ("invalid: ...",
+            "unavailable: ...", "error: ..."); else "".
+        seq: the chunk's index in its stream (0: the first, which carries the prompt latents).
+        seal: the generator's MAC over the whole chunk (``serving.auth``), so that a vocoder reachable
+            by anyone decodes only what the generator made, once and in order; 0 in-process.
     """
 
     stream_id: int
@@ -63,10 +82,12 @@ class Chunk:
     prompt_latents: np.ndarray
     last: bool = False
     finish_reason: str = ""
+    seq: int = 0
+    seal: int = 0
 
     @property
     def failed(self) -> bool:
-        return self.last and self.finish_reason.startswith((INVALID, ERROR))
+        return self.last and self.finish_reason.startswith(KINDS)
 
 
 def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:

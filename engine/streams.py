@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -108,8 +108,9 @@ class GeneratorService:
 
     def cancel(self, stream_id: int) -> Chunk:
         """End a stream now: its slot is freed and this is its last chunk."""
+        stream = self.live.get(stream_id)
         self.drop(stream_id)
-        return end_chunk(stream_id, CANCELLED)
+        return replace(end_chunk(stream_id, CANCELLED), seq=stream.chunks_sent if stream else 0)
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One generator step for the given live streams -> per stream the chunk that is due, or None.
@@ -136,8 +137,9 @@ class GeneratorService:
     def _chunk(self, s: GeneratorStream, last: bool, reason: str) -> Chunk:
         latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else np.zeros((0, 64), np.float32)
         prompt = s.prompt_latents if s.chunks_sent == 0 else np.zeros((0, 64), np.float32)
+        seq = s.chunks_sent
         s.pending, s.want, s.chunks_sent = [], next(s.sizes), s.chunks_sent + 1
-        return Chunk(s.stream_id, latents, prompt, last, reason if last else "")
+        return Chunk(s.stream_id, latents, prompt, last, reason if last else "", seq=seq)
 
 
 @dataclass

@@ -9,11 +9,14 @@ internal key. ``tts_ensemble`` cannot add one (an ensemble forwards what its cli
 ensemble is served (``public`` below) they also take key-less requests for exactly what the ensemble
 does, and nothing that touches another client's state is reachable that way:
 
-- stream ids are minted with a MAC under the internal key (31 random bits + 32 bits of HMAC); the
-  vocoder refuses a chunk whose id it cannot verify, so a caller can only address a stream the
-  generator issued to it; the ids are random, never sequential, and no error message carries one;
-- the generator issues a fresh id for every key-less stream rather than using the correlation id,
-  which a client (or Triton) chooses;
+- stream ids are minted with a MAC under the internal key (31 random bits + 32 bits of HMAC) by tts
+  and ensemble_generator, the only callers of the generator (which refuses every key-less request:
+  Triton's sequence batcher itself can be wedged by a client that addresses a live sequence); the ids
+  are random, never sequential, and no error message carries one;
+- every chunk the generator sends is sealed (:meth:`Keys.seal`: a MAC over the stream id, the chunk's
+  index, its latents, prompt latents, last flag and finish reason), and the vocoder decodes only
+  sealed chunks, each once and in order: a caller cannot make the vocoder decode anything the
+  generator did not make;
 - registering a voice needs the internal key (``voices`` checks the admin key first).
 
 Without the environment (models loaded by a tritonserver that ``serving.serve`` did not start) there
@@ -28,6 +31,16 @@ import json
 import logging
 import os
 import secrets
+import struct
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.protocol import FORBIDDEN
+
+if TYPE_CHECKING:  # the stubs import this module: keep it light
+    from engine.orchestrator import Chunk
 
 INTERNAL_KEY_ENV = "TTS_INTERNAL_KEY"
 ADMIN_DIGEST_ENV = "TTS_ADMIN_KEY_SHA256"
@@ -48,7 +61,10 @@ def parameter_dict(raw: str | dict | None) -> dict:
 
 
 class Refused(ValueError):
-    """A request from outside our pipeline to something only the pipeline may ask for."""
+    """A request from outside our pipeline to something only the pipeline may ask for (``forbidden: ``)."""
+
+    def __init__(self, message: str):
+        super().__init__(FORBIDDEN + message)
 
 
 class Keys:
@@ -112,3 +128,28 @@ class Keys:
         if not 0 < nonce < (1 << _NONCE_BITS):
             return False
         return not self.internal or hmac.compare_digest(mac.to_bytes(4, "big"), self._mac(nonce).to_bytes(4, "big"))
+
+    # ---- chunk seals ----
+    def seal(self, chunk: Chunk) -> Chunk:
+        """``chunk`` with its MAC (64 bits of keyed BLAKE2b over everything the vocoder acts on)."""
+        return replace(chunk, seal=self._chunk_mac(chunk)) if self.internal else chunk
+
+    def sealed(self, chunk: Chunk) -> bool:
+        """Whether ``chunk`` is exactly as the generator sealed it (always, without a key)."""
+        if not self.internal:
+            return True
+        return hmac.compare_digest(chunk.seal.to_bytes(8, "big"), self._chunk_mac(chunk).to_bytes(8, "big"))
+
+    def _chunk_mac(self, chunk: Chunk) -> int:
+        h = hashlib.blake2b(key=self.internal[:64], digest_size=8, person=b"tts-chunk")
+        reason = chunk.finish_reason.encode("utf-8", "surrogatepass")
+        latents, prompt = _contiguous(chunk.latents), _contiguous(chunk.prompt_latents)
+        h.update(struct.pack(">QQ?QQQ", chunk.stream_id, chunk.seq, chunk.last, len(reason), latents.nbytes,
+                             prompt.nbytes))  # fmt: skip
+        for part in (reason, latents, prompt):
+            h.update(part)
+        return int.from_bytes(h.digest(), "big")
+
+
+def _contiguous(array) -> np.ndarray:
+    return np.ascontiguousarray(array, np.float32)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from engine.orchestrator import ERROR, INVALID, Chunk, Segment, StreamFailed, linger
+from engine.orchestrator import KINDS, UNAVAILABLE, Chunk, Segment, StreamFailed, linger
 from serving import contract as C
 from serving.cancel import CancelBoard
 from serving.requests import Voice
@@ -22,8 +22,7 @@ from serving.triton_io import bls_error, chunk_tensors, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LOST_POLL_SECONDS = 0.25
-LOST = ("the generator lost this stream: Triton stopped scheduling it after another client cancelled its "
-        "request (a Triton 2.51 fault); retry")  # fmt: skip
+LOST = ("the generator lost this stream: Triton stopped scheduling it (a Triton 2.51 fault); retry")
 
 
 class BLS:
@@ -49,11 +48,18 @@ class BLS:
         if error is not None:
             raise error
 
-    async def call(self, model: str, inputs: list, outputs: list[str]) -> dict[str, np.ndarray]:
+    async def call(self, model: str, inputs: list, outputs: list[str], decoupled: bool = False) -> dict[str, np.ndarray]:
+        """One request, one response; ``decoupled``: the model answers with one final response."""
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
                                            parameters=self.parameters, timeout=int(self.timeout * 1e6))  # fmt: skip
+        loop = asyncio.get_running_loop()
+
+        async def exchange():  # this frame keeps the request alive until its response is in
+            response = await request.async_exec(decoupled=decoupled)
+            return await loop.run_in_executor(self.pool, _final, response) if decoupled else response
+
         try:
-            response = await asyncio.wait_for(asyncio.shield(self.submit(request)), self.timeout)
+            response = await asyncio.wait_for(asyncio.shield(linger(exchange())), self.timeout)
         except TimeoutError:
             raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s") from None
         self.raise_for(model, response)
@@ -80,7 +86,7 @@ class ResponseStream:
                 break
             except TimeoutError:
                 if lost():
-                    raise StreamFailed(ERROR + LOST) from None
+                    raise StreamFailed(UNAVAILABLE + LOST) from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
         self.pending = None
@@ -174,11 +180,20 @@ class BLSVocoder:
         self.bls = bls
 
     async def decode(self, chunk: Chunk) -> np.ndarray:
-        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk), [s.name for s in C.VOCODER_OUTPUTS])
+        outputs = [s.name for s in C.VOCODER_OUTPUTS]
+        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk), outputs, decoupled=True)
         reason = C.text_of(out["FINISH_REASON"])
-        if reason.startswith((INVALID, ERROR)) and reason != chunk.finish_reason:
+        if reason.startswith(KINDS) and reason != chunk.finish_reason:
             raise StreamFailed(reason)
         return out["AUDIO"].reshape(-1)
+
+
+def _final(responses):
+    """A decoupled model's one final response, read to the end of its stream (on a pool thread)."""
+    got = [r for r in responses if r.has_error() or r.output_tensors()]
+    if len(got) != 1:
+        raise RuntimeError(f"expected one response, got {len(got)}")
+    return got[0]
 
 
 def _output(pb, response, name: str):

@@ -12,11 +12,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.orchestrator import CANCELLED, ERROR, INVALID, LENGTH, STOP
+from engine.audio import MAX_REFERENCE_SECONDS
+from engine.config import PATCH_SAMPLES, PATCH_SIZE, CoreConfig
+from engine.orchestrator import CANCELLED, ERROR, INVALID, LENGTH, STOP, UNAVAILABLE
 from engine.params import DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
 
 LATENT_DIM = 64
 SAMPLE_RATE = 24_000
+# Bounds on the tensors the internal models take, from the contract (no internal model trusts its
+# caller's sizes): prompt latents of the longest reference, left-padded to whole patches ...
+MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
+# ... the longest chunk a generator stream sends (the largest chunk_first / chunk_next) ...
+MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name.startswith("chunk_"))
+SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's size
 
 # Triton config type -> (datatype on the wire, numpy dtype)
 _TYPES = {
@@ -69,7 +77,8 @@ def text_of(arr) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-FINISH_REASONS = f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>` or `{ERROR}<message>`"
+FINISH_REASONS = (f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>`, `{UNAVAILABLE}<message>` or "
+                  f"`{ERROR}<message>`")
 
 # ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
 TTS_INPUTS = (
@@ -124,9 +133,10 @@ SPOKEN_OUTPUTS = (  # what the generator is asked to say, for tts_ensemble ("" w
 )
 PROMPT_OUTPUTS = VOICE_PROMPT_OUTPUTS + SPOKEN_OUTPUTS
 
-# ---- generator (decoupled, iterative sequence batcher; one request = one stream) ----
-# Generation settings arrive as request parameters (GENERATION_PARAMETERS); an ensemble passes the
-# client's on, and tts sets them on its BLS request.
+# ---- generator (decoupled, iterative sequence batcher; one request = one stream; internal key only) ----
+# Generation settings arrive as request parameters (GENERATION_PARAMETERS): tts and ensemble_generator
+# set them on their BLS requests. ensemble_generator, tts_ensemble's generation step, takes the same
+# inputs and sends the same outputs (it passes the generator's chunks on).
 GENERATOR_INPUTS = (
     Spec("TEXT", "TYPE_STRING", (1,), doc="one text segment"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True),
@@ -143,6 +153,7 @@ GENERATOR_OUTPUTS = (
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,), doc=f'"" until LAST, then {FINISH_REASONS}'),
+    Spec("SEAL", "TYPE_UINT64", (2,), doc="the chunk's index in its stream and the generator's MAC over the chunk"),
 )
 
 # ---- vocoder (dynamic batching, one instance, state per STREAM_ID) ----

@@ -9,11 +9,12 @@ import json
 import logging
 import os
 import sys
+import time
 
 import numpy as np
 
 from engine.frontend import detect_language
-from engine.orchestrator import ERROR, INVALID, Chunk
+from engine.orchestrator import Chunk, Unavailable, error_kind, tagged
 from serving import contract as C
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
 
@@ -23,6 +24,23 @@ SPOKEN_TEXT_CHARS = 4 * MAX_TEXT_CHARS  # what the generator takes: a text after
 def setup_logging(name: str) -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"[{name}] %(levelname)s %(message)s")
     return logging.getLogger(name)
+
+
+class Throttled:
+    """A warning that anyone can trigger (a refused request from outside): logged at most once per
+    ``seconds``, with how many were left out, so that a flood of them cannot fill the disk."""
+
+    def __init__(self, log: logging.Logger, seconds: float = 10.0):
+        self.log, self.seconds, self.next, self.left_out = log, seconds, 0.0, 0
+
+    def warning(self, message: str, *args) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            self.left_out += 1
+            return
+        more = f" (and {self.left_out} more like it in the last {self.seconds:g} s)" if self.left_out else ""
+        self.log.warning(message + more, *args)
+        self.next, self.left_out = now + self.seconds, 0
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -86,25 +104,32 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
     return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
 
 
-def error_response(pb, message: str, invalid: bool = True, tagged: bool = False):
-    """An error response. ``tagged``: the message starts with ``invalid: `` or ``error: `` too, for
-    models called through BLS, where Triton 2.51 reports every error code as INTERNAL (the Python
-    backend passes codes through only since python_backend #398): :func:`bls_error` reads the tag."""
-    code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
-    if tagged:
-        message = (INVALID if invalid else ERROR) + message
+def error_response(pb, error: BaseException | str):
+    """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
+    see :func:`engine.orchestrator.tagged`): clients and the gateway read the kind from the message,
+    since Triton 2.51's HTTP generate answers every error with 400 and BLS reports every code as INTERNAL.
+    The status code follows the kind for the clients that see it (gRPC unary calls)."""
+    message = tagged(error) if isinstance(error, BaseException) else error
+    kind = error_kind(message)[0]
+    code = {"invalid": pb.TritonError.INVALID_ARG, "unavailable": pb.TritonError.UNAVAILABLE,
+            "not found": pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
     return pb.InferenceResponse(error=pb.TritonError(message, code))
 
 
 def bls_error(pb, model: str, response) -> Exception | None:
-    """A BLS response's error as ValueError (the request was invalid) or RuntimeError, naming the model."""
+    """A BLS response's error as the exception of its kind: ValueError (the request was invalid),
+    :class:`~engine.orchestrator.Unavailable` (retry later) or RuntimeError naming the model."""
     if not response.has_error():
         return None
-    err = response.error()
-    message = err.message()
-    invalid = err.code() == pb.TritonError.INVALID_ARG or message.startswith(INVALID)
-    message = message.removeprefix(INVALID).removeprefix(ERROR)
-    return ValueError(message) if invalid else RuntimeError(f"{model}: {message}")
+    error = response.error()
+    kind, message = error_kind(error.message())
+    if kind == "error" and not error.message().startswith("error: ") and error.code() == pb.TritonError.UNAVAILABLE:
+        kind = "unavailable"  # Triton's own refusal, untagged (a full queue: "Exceeds maximum queue size")
+    if kind == "invalid":
+        return ValueError(message)
+    if kind == "unavailable":
+        return Unavailable(message)
+    return RuntimeError(f"{model}: {message}")
 
 
 def tensors(pb, specs, values: dict, batch: bool = True) -> list:
@@ -116,25 +141,41 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
 def chunk_tensors(pb, chunk, batch: bool = True) -> list:
     """A :class:`~engine.orchestrator.Chunk` as the generator's outputs, which are the vocoder's inputs."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
-              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason}  # fmt: skip
+              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal)}  # fmt: skip
     return tensors(pb, C.GENERATOR_OUTPUTS, values, batch)
 
 
 def read_chunk(tensor):
-    """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy."""
+    """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy.
 
-    def arr(name):
+    ValueError naming the tensor for anything a generator never sends: a missing tensor, the wrong
+    number of values, more latents than the largest chunk (:data:`serving.contract.MAX_CHUNK_LATENTS`)
+    or prompt latents than the longest reference (:data:`serving.contract.MAX_PROMPT_LATENTS`); checked
+    before anything is copied or decoded."""
+
+    def arr(name, size: int | None = None, rows: int | None = None):
         value = tensor(name)
         if value is None:
             raise ValueError(f"missing {name}")
+        if size is not None and value.size != size:
+            raise ValueError(f"{name} must have {size} value(s), got {value.size}")
+        if rows is not None:
+            if value.size % C.LATENT_DIM:
+                raise ValueError(f"{name} must have {C.LATENT_DIM} values per row, got shape {value.shape}")
+            if value.size // C.LATENT_DIM > rows:
+                raise ValueError(f"{name} has {value.size // C.LATENT_DIM} rows; at most {rows}")
+            value = value.reshape(-1, C.LATENT_DIM)
         return value
 
+    seq, seal = (int(v) for v in arr("SEAL", 2).reshape(-1))
     return Chunk(
-        stream_id=int(arr("STREAM_ID").reshape(-1)[0]),
-        latents=arr("LATENTS").reshape(-1, C.LATENT_DIM),
-        prompt_latents=arr("PROMPT_LATENTS").reshape(-1, C.LATENT_DIM),
-        last=bool(arr("LAST").reshape(-1)[0]),
-        finish_reason=C.text_of(arr("FINISH_REASON")),
+        stream_id=int(arr("STREAM_ID", 1).reshape(-1)[0]),
+        latents=arr("LATENTS", rows=C.MAX_CHUNK_LATENTS),
+        prompt_latents=arr("PROMPT_LATENTS", rows=C.MAX_PROMPT_LATENTS),
+        last=bool(arr("LAST", 1).reshape(-1)[0]),
+        finish_reason=C.text_of(arr("FINISH_REASON", 1)),
+        seq=seq,
+        seal=seal,
     )
 
 
@@ -153,11 +194,18 @@ def stream_request(pb, request, tts, parameters: str | dict | None = None):
     language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
     given = request.parameters() if parameters is None else parameters
     params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
-    latents = get(pb, request, "PROMPT_LATENTS").astype(np.float32)
+    latents = get(pb, request, "PROMPT_LATENTS")
     if latents.size % C.LATENT_DIM:
         raise ValueError(f"PROMPT_LATENTS must have {C.LATENT_DIM} values per row, got shape {latents.shape}")
-    speaker = get(pb, request, "SPEAKER").reshape(-1).astype(np.float32)
-    text_of_prompt = string(pb, request, "PROMPT_TEXT", "")
+    if latents.size // C.LATENT_DIM > C.MAX_PROMPT_LATENTS:
+        raise ValueError(f"PROMPT_LATENTS has {latents.size // C.LATENT_DIM} rows; at most {C.MAX_PROMPT_LATENTS} "
+                         "(the longest reference)")  # fmt: skip
+    latents = latents.astype(np.float32)
+    speaker = get(pb, request, "SPEAKER").reshape(-1)
+    if speaker.size != tts.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
+        raise ValueError(f"SPEAKER has {speaker.size} values; expected {tts.core.cfg.spk_in_dim}")
+    speaker = speaker.astype(np.float32)
+    text_of_prompt = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
     try:
         latents_t = torch.from_numpy(latents.reshape(-1, C.LATENT_DIM))
         prompt = VoicePrompt(latents_t, torch.from_numpy(speaker), text_of_prompt)

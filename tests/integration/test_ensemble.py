@@ -63,11 +63,13 @@ def test_ensemble_with_nothing_to_speak_is_refused(server):
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
-def test_ensemble_over_http_is_refused_with_the_reason(server):
-    """Triton 2.51's generate endpoint cannot carry a sequence id, so the generator would get one of
-    Triton's sequential ids, which any client could take over (tests/integration/test_hardening.py)."""
-    with pytest.raises(TTSError, match="random 63-bit sequence id"):
-        client(server, protocol="http").synthesize("Over HTTP", parameters={"max_patches": 3})
+def test_ensemble_over_http_equals_grpc(server):
+    """No sequence id is needed (ensemble_generator gives each stream one of its own), so Triton's HTTP
+    generate_stream, which cannot carry one, serves the ensemble too."""
+    kw = dict(seed=4, parameters={"max_patches": 5, "chunk_first": 2, "chunk_next": 2})
+    over_http = client(server, protocol="http").synthesize("Over HTTP", **kw)
+    assert over_http.shape == (5 * 3840,)
+    assert np.array_equal(over_http, client(server).synthesize("Over HTTP", **kw))
 
 
 def test_ensemble_streams_in_order_chunks(server):
@@ -93,18 +95,23 @@ def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
-def test_cancelled_ensemble_stream_frees_everything_once_it_ends(server):
-    """Cancellation does not reach an ensemble's steps: the stream runs to max_patches, then all is freed."""
+def test_cancelled_ensemble_stream_is_ended_and_frees_everything(server):
+    """Triton does not pass the cancellation to a running step, but it hands the vocoder the stream's next
+    chunk already cancelled: the vocoder asks the generator to end the stream (it stops, cancelled,
+    instead of running to max_patches) and frees its own state."""
+    before = metrics(server).get('tts_ensemble_requests_total{outcome="cancelled"}', 0)
     it = client(server).stream("Cancelled in an ensemble", seed=5,
-                               parameters={"max_patches": 30, "chunk_first": 1, "chunk_next": 1})  # fmt: skip
+                               parameters={"max_patches": 1000, "chunk_first": 1, "chunk_next": 1})  # fmt: skip
     assert next(it).audio.size > 0
     it.close()
     deadline = time.monotonic() + 60
     m = metrics(server)
-    while time.monotonic() < deadline and (m["tts_generator_active_slots"] or m["tts_vocoder_active_streams"]):
+    while time.monotonic() < deadline and (m["tts_generator_active_slots"] or m["tts_vocoder_active_streams"]
+                                           or m['tts_ensemble_requests_total{outcome="cancelled"}'] == before):  # fmt: skip
         time.sleep(0.2)
         m = metrics(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+    assert m['tts_ensemble_requests_total{outcome="cancelled"}'] == before + 1  # ended, not run to max_patches
     assert client(server).synthesize("Still serving", seed=1, parameters={"max_patches": 6}).shape == (6 * 3840,)
 
 

@@ -118,7 +118,7 @@ def test_the_admin_key_opens_the_admin_apis(server):
 # ---- the internal models ----
 def _batched(model: str, values: dict, tc) -> list:
     specs = {s.name: s for s in {"prompt_encoder": C.PROMPT_INPUTS, "generator": C.GENERATOR_INPUTS,
-                                 "vocoder": C.VOCODER_INPUTS}[model]}  # fmt: skip
+                                 "ensemble_generator": C.GENERATOR_INPUTS, "vocoder": C.VOCODER_INPUTS}[model]}  # fmt: skip
     inputs = []
     for name, value in values.items():
         arr = specs[name].array(value)[None]
@@ -130,7 +130,8 @@ def _batched(model: str, values: dict, tc) -> list:
 
 def _chunk(stream_id: int) -> dict:
     return {"STREAM_ID": stream_id, "LATENTS": np.zeros((8, C.LATENT_DIM), np.float32),
-            "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32), "LAST": False, "FINISH_REASON": ""}  # fmt: skip
+            "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32), "LAST": False, "FINISH_REASON": "",
+            "SEAL": (0, 12345)}  # fmt: skip
 
 
 def _infer(server, protocol: str, model: str, values: dict, parameters: dict | None = None):
@@ -143,18 +144,37 @@ def _infer(server, protocol: str, model: str, values: dict, parameters: dict | N
         client.close()
 
 
+def _vocoder(server, protocol: str, values: dict, parameters: dict | None = None) -> str:
+    """One chunk to the (decoupled) vocoder over a gRPC stream or HTTP generate_stream -> FINISH_REASON."""
+    if protocol == "grpc":
+        results, errors = _generator_stream(server, values, 0, parameters, model="vocoder")
+        assert results, errors
+        assert results[-1].as_numpy("AUDIO").size == 0
+        return C.text_of(results[-1].as_numpy("FINISH_REASON"))
+    body = {k: np.asarray(v).reshape(-1).tolist() if not isinstance(v, str) else v for k, v in values.items()}
+    if parameters:
+        body["parameters"] = parameters
+    req = urllib.request.Request(f"http://127.0.0.1:{server.ports.http}/v2/models/vocoder/generate_stream",
+                                 data=json.dumps(body).encode())  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[5:]) for line in r.read().splitlines() if line.startswith(b"data:")]
+    assert events[-1]["AUDIO"] == []
+    return events[-1]["FINISH_REASON"]
+
+
 def _generator_stream(
-    server, values: dict, sequence_id: int, parameters: dict | None = None, start=True, timeout: float = 60
-):
-    """Direct generator requests over one gRPC stream -> (responses, errors)."""
+    server, values: dict, sequence_id: int, parameters: dict | None = None, start=True, timeout: float = 60,
+    model: str = "generator",
+):  # fmt: skip
+    """Direct generator (or ensemble_generator) requests over one gRPC stream -> (responses, errors)."""
     import queue
 
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
-        client.async_stream_infer("generator", _batched("generator", values, grpcclient), sequence_id=sequence_id,
-                                  sequence_start=start, parameters=parameters)  # fmt: skip
+        seq = {"sequence_id": sequence_id, "sequence_start": start} if sequence_id else {}
+        client.async_stream_infer(model, _batched(model, values, grpcclient), parameters=parameters, **seq)
         results, errors = [], []
         while True:
             try:
@@ -166,7 +186,8 @@ def _generator_stream(
                 errors.append(str(error))
                 break
             results.append(result)
-            if result.as_numpy("LAST").reshape(-1)[0]:
+            last = result.as_numpy("LAST")  # the vocoder answers once, with no LAST
+            if last is None or last.reshape(-1)[0]:
                 break
         return results, errors
     finally:
@@ -182,10 +203,8 @@ SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.flo
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("stream_id", [1, 12345, (7 << 32) | 99, (1 << 63) - 1])
 def test_vocoder_refuses_stream_ids_the_generator_did_not_issue(server, protocol, stream_id):
-    out = _infer(server, protocol, "vocoder", _chunk(stream_id))
-    reason = C.text_of(out.as_numpy("FINISH_REASON"))
+    reason = _vocoder(server, protocol, _chunk(stream_id))
     assert reason.startswith("invalid: ") and "unknown stream" in reason and str(stream_id) not in reason
-    assert out.as_numpy("AUDIO").size == 0
     assert metrics(server)["tts_vocoder_active_streams"] == 0
 
 
@@ -202,9 +221,10 @@ def test_prompt_encoder_does_not_register_voices_for_strangers(server, protocol)
     assert "sneaky" not in [v["name"] for v in VoiceClient(f"127.0.0.1:{server.ports.grpc}").list()]
 
 
-def test_key_less_generator_streams_get_an_issued_id_not_their_correlation_id(server):
-    """What tts_ensemble does (no key): the stream runs, under a stream id the vocoder will verify."""
-    results, errors = _generator_stream(server, SILENT, OWN_ID, {"max_patches": 3})
+def test_key_less_streams_get_an_issued_id_not_their_correlation_id(server):
+    """What tts_ensemble does (no key): its generation step runs the stream under an id of ours, which the
+    vocoder verifies; the client's sequence id is not used."""
+    results, errors = _generator_stream(server, SILENT, OWN_ID, {"max_patches": 3}, model="ensemble_generator")
     assert not errors and results
     ids = {int(r.as_numpy("STREAM_ID").reshape(-1)[0]) for r in results}
     assert len(ids) == 1 and OWN_ID not in ids
@@ -214,17 +234,16 @@ def test_key_less_generator_streams_get_an_issued_id_not_their_correlation_id(se
     assert wait_gauges_zero(server)["tts_generator_active_slots"] == 0
 
 
-@pytest.mark.parametrize("sequence_id", [1, 2, 99, (1 << 32) - 1])
-def test_key_less_streams_with_guessable_ids_are_refused(server, sequence_id):
+@pytest.mark.parametrize("sequence_id", [1, 2, 99, (1 << 32) - 1, OWN_ID])
+def test_key_less_generator_requests_are_refused(server, sequence_id):
     results, errors = _generator_stream(server, SILENT, sequence_id, {"max_patches": 3})
-    reason = C.text_of(results[-1].as_numpy("FINISH_REASON"))
-    assert reason.startswith("invalid: ") and "random 63-bit sequence id" in reason
+    assert not results and "forbidden: generator is internal" in errors[0]
     assert metrics(server)["tts_generator_active_slots"] == 0
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_ensemble_requests_without_a_sequence_id_are_refused(server, protocol):
-    """Triton would number them 1, 2, 3, ...: anyone could take such a stream over."""
+def test_ensemble_requests_need_no_sequence_id(server, protocol):
+    """Triton would number them 1, 2, 3, ...; they no longer reach the generator's sequence batcher."""
     tc = grpcclient if protocol == "grpc" else httpclient
     port = server.ports.grpc if protocol == "grpc" else server.ports.http
     text = np.array([b"x"], np.object_).reshape(1, 1)
@@ -237,35 +256,39 @@ def test_ensemble_requests_without_a_sequence_id_are_refused(server, protocol):
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         client.start_stream(callback=lambda result, error: got.put((result, error)))
         client.async_stream_infer("tts_ensemble", [t], parameters={"max_patches": 3})
-        result, error = got.get(timeout=60)
+        reasons = []
+        while not reasons or not reasons[-1]:
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            reasons.append(C.text_of(result.as_numpy("FINISH_REASON")))
         client.stop_stream(cancel_requests=True)
         client.close()
-        assert error is None
-        reason = C.text_of(result.as_numpy("FINISH_REASON"))
+        reason = reasons[-1]
     else:
         body = json.dumps({"TEXT": ["x"], "parameters": {"max_patches": 3}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/tts_ensemble/generate", data=body)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/tts_ensemble/generate_stream", data=body)
         with urllib.request.urlopen(req, timeout=60) as r:
-            reason = json.loads(r.read())["FINISH_REASON"]
+            events = [json.loads(line[5:]) for line in r.read().splitlines() if line.startswith(b"data:")]
+        reason = events[-1]["FINISH_REASON"]
     reason = reason[0] if isinstance(reason, list) else reason
-    assert reason.startswith("invalid: ") and "random 63-bit sequence id" in reason
+    assert reason == "length"
 
 
 def test_a_start_on_a_live_correlation_id_is_refused_and_leaks_no_slot(server):
     """Triton itself hands a live sequence to a new START on its correlation id and drops the running
-    request unanswered: why tts's ids are 63 random bits. The generator refuses the newcomer and frees
-    the orphaned slot; the server goes on serving."""
+    request unanswered: why the pipeline's ids are 63 random bits (no client reaches the generator).
+    Should two of ours ever collide, the generator refuses the newcomer and frees the orphaned slot."""
     import threading
 
-    victim = {}
-    params = {"max_patches": 150, "chunk_first": 1, "chunk_next": 1}
+    victim, ours = {}, {"internal_key": server.internal_key}
+    params = {"max_patches": 150, "chunk_first": 1, "chunk_next": 1, **ours}
     t = threading.Thread(target=lambda: victim.update(out=_generator_stream(server, SILENT, VICTIM_ID, params, timeout=5)))
     t.start()
     deadline = time.monotonic() + 30
     while not metrics(server)["tts_generator_active_slots"] and time.monotonic() < deadline:
         time.sleep(0.05)
     t0 = time.monotonic()
-    results, errors = _generator_stream(server, SILENT, VICTIM_ID, {"max_patches": 3}, timeout=20)
+    results, errors = _generator_stream(server, SILENT, VICTIM_ID, {"max_patches": 3, **ours}, timeout=20)
     print(f"newcomer answered in {time.monotonic() - t0:.1f} s")
     reason = C.text_of(results[-1].as_numpy("FINISH_REASON")) if results else errors[0]
     assert "in use" in reason and str(VICTIM_ID) not in reason
@@ -299,8 +322,8 @@ def test_sealed_internal_models_refuse_strangers(sealed, protocol):
     for params in (None, {"internal_key": "guessed"}):
         with pytest.raises(InferenceServerException, match="prompt_encoder is internal"):
             _infer(sealed, protocol, "prompt_encoder", {"TEXT": "x"}, params)
-        out = _infer(sealed, protocol, "vocoder", _chunk(Keys(sealed.internal_key).new_stream_id()), params)
-        assert "vocoder is internal" in C.text_of(out.as_numpy("FINISH_REASON"))
+        reason = _vocoder(sealed, protocol, _chunk(Keys(sealed.internal_key).new_stream_id()), params)
+        assert reason.startswith("forbidden: vocoder is internal")
     assert metrics(sealed)["tts_vocoder_active_streams"] == 0
     assert http(sealed, "GET", "/v2/models/tts_ensemble/ready")[0] != 200
 
@@ -452,7 +475,8 @@ def test_a_new_stream_waits_while_slots_triton_dropped_are_freed(server):
     import threading
 
     ids = [(1 << 59) + 1000 + i for i in range(4)]  # the server has 4 slots
-    params = {"max_patches": 300, "chunk_first": 1, "chunk_next": 1}
+    ours = {"internal_key": server.internal_key}  # only the pipeline reaches the generator
+    params = {"max_patches": 300, "chunk_first": 1, "chunk_next": 1, **ours}
     victims = [threading.Thread(target=_generator_stream, args=(server, SILENT, i, params, True, 5)) for i in ids]
     for t in victims:
         t.start()
@@ -460,7 +484,7 @@ def test_a_new_stream_waits_while_slots_triton_dropped_are_freed(server):
     while metrics(server)["tts_generator_active_slots"] < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     for i in ids:  # refused, but Triton has handed each sequence to the newcomer and dropped the victim
-        _generator_stream(server, SILENT, i, {"max_patches": 3}, timeout=20)
+        _generator_stream(server, SILENT, i, {"max_patches": 3, **ours}, timeout=20)
     t0 = time.monotonic()
     audio = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=60).synthesize("Next", parameters={"max_patches": 4})
     print(f"the new request waited {time.monotonic() - t0:.1f} s")

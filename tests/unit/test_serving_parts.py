@@ -33,8 +33,14 @@ def test_rendered_repository_has_every_tensor(tmp_path):
     assert (repo / "tts" / "1" / "model.py").is_file()
     ens = (repo / "tts_ensemble" / "config.pbtxt").read_text()
     assert 'platform: "ensemble"' in ens and (repo / "tts_ensemble" / "1").is_dir()
+    assert 'model_name: "ensemble_generator"' in ens and 'model_name: "generator"' not in ens
+    egen = (repo / "ensemble_generator" / "config.pbtxt").read_text()
+    assert all(f'name: "{s.name}"' in egen for s in C.GENERATOR_INPUTS + C.GENERATOR_OUTPUTS)
+    assert "decoupled: true" in egen and (repo / "ensemble_generator" / "1" / "model.py").is_file()
+    # no Triton batcher in front of the vocoder: it drops chunks of a cancelled ensemble (its own engine batches)
     voc = (repo / "vocoder" / "config.pbtxt").read_text()
-    assert "dynamic_batching" in voc and "sequence_batching" not in voc
+    assert "decoupled: true" in voc and "dynamic_batching" not in voc and "sequence_batching" not in voc
+    assert "max_sequence_idle_microseconds: 30000000" in gen
 
 
 def test_voice_store_cap_reaches_the_prompt_encoder():
@@ -55,15 +61,21 @@ def test_queue_bound_and_sealing_reach_the_models():
     models = render(ServeOptions(slots=3))
     assert _param(models["tts"], "slots") == "3" and _param(models["tts"], "max_queue") == "12"  # 4 x slots
     assert _param(render(ServeOptions(max_queue=0))["tts"], "max_queue") == "0"
-    for name in ("prompt_encoder", "generator", "vocoder"):
+    for name in ("tts", "ensemble_generator", "prompt_encoder"):  # one admission gate for every entry point
+        assert (_param(models[name], "slots"), _param(models[name], "max_queue")) == ("3", "12"), name
+    assert "max_queue_size: 30" in models["prompt_encoder"]  # 2 x (slots + queue): key-less work is bounded
+    for name in ("prompt_encoder", "vocoder"):
         assert _param(models[name], "public_steps") == "1"  # the ensemble is served: key-less steps allowed
+    assert _param(models["generator"], "public_steps") is None  # never: its callers are tts and ensemble_generator
     sealed = render(ServeOptions(ensemble=False))
-    assert "tts_ensemble" not in sealed
-    for name in ("prompt_encoder", "generator", "vocoder"):
+    assert "tts_ensemble" not in sealed and "ensemble_generator" not in sealed
+    for name in ("prompt_encoder", "vocoder"):
         assert _param(sealed[name], "public_steps") == "0"
-    assert _param(models["vocoder"], "max_streams") == str(4 * 3 + 64)
+    assert _param(models["vocoder"], "max_streams") == str(3 + 64)
     with pytest.raises(ValueError, match="max_queue"):
         ServeOptions(max_queue=-2)
+    with pytest.raises(ValueError, match="sequence_idle_seconds"):
+        ServeOptions(sequence_idle_seconds=1)
 
 
 def test_vocoder_refuses_new_streams_beyond_its_bound(tts):
@@ -235,10 +247,25 @@ def test_cancel_board_sweeps_old_marks(tmp_path):
     board = CancelBoard(tmp_path / "marks")
     board.mark(1)
     board.mark(2)
-    old = os.path.join(board.dir, "1")
+    old = os.path.join(board.dir, "cancel-1")
     os.utime(old, (0, 0))
+    (board.dir / "admission").write_bytes(bytes(16))  # other files of the folder are not marks
+    os.utime(board.dir / "admission", (0, 0))
     assert board.sweep(60) == 1
-    assert not board.is_marked(1) and board.is_marked(2)
+    assert not board.is_marked(1) and board.is_marked(2) and (board.dir / "admission").exists()
+
+
+def test_cancel_board_lists_marks_once_per_change(tmp_path):
+    board = CancelBoard(tmp_path / "marks")
+    assert board.marked() == set()
+    board.mark(7)
+    board.mark(9)
+    assert board.marked() == {7, 9}
+    assert board.consume(7) and board.marked() == {9}
+    other = CancelBoard(tmp_path / "marks")  # another process's view: its listing follows the folder
+    assert other.marked() == {9}
+    board.mark(11)
+    assert other.marked() == {9, 11}
 
 
 def test_cancel_board(tmp_path):

@@ -2,11 +2,15 @@
 
 Triton's iterative sequence batcher owns admission: at most ``slots`` streams are live, the rest wait
 in its queue. A stream that is not finished is released with RESCHEDULE and comes back next step.
-Every response carries all the vocoder's inputs; a stream that fails ends with a normal last response
-whose FINISH_REASON says why (an ensemble would hang on an error response).
+Every response carries all the vocoder's inputs, sealed (serving.auth); a stream that fails ends with
+a normal last response whose FINISH_REASON says why.
+
+Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
+correlation ids): a client that can address the sequence batcher can wedge it (a request without
+START on a live sequence's id takes that candidate slot for good in Triton 2.51), so every key-less
+request is refused.
 """
 
-import dataclasses
 import itertools
 import threading
 import time
@@ -21,19 +25,14 @@ from serving.triton_io import chunk_tensors, error_response, load_tts, model_par
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 # Triton may stop handing us a live stream's request: when another START takes its correlation id, or
 # when the request's memory is freed under it (a tts cleanup cut short did that, dropping the streams
 # batched with it too; tts now holds the request to the end). Every live stream is rescheduled into the
 # very next batch, so one missing from a few batches in a row is gone: its slot is freed.
 MISSED_EXECUTES, MISSED_SECONDS = 3, 0.5
 ORPHAN_SECONDS = 10.0  # also without executes in between (checked by a thread)
-# Without the internal key (tts_ensemble) the correlation id is the client's: it must be one nobody can
-# guess. Triton numbers sequences without one 1, 2, 3, ...; anyone could START on such an id.
-MIN_KEYLESS_CORRELATION_ID = 1 << 32
-
-
-def send(sender, chunk: Chunk) -> None:
-    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
 
 
 class Attendance:
@@ -64,6 +63,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from engine.streams import GeneratorService
         from serving.cancel import CancelBoard
+        from serving.live_streams import LiveStreams
 
         params = model_parameters(args)
         start_heartbeat(params, "generator")
@@ -73,10 +73,9 @@ class TritonPythonModel:
             kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
         )  # fmt: skip
         self.cancels = CancelBoard(params.get("cancel_dir") or None)
-        self.keys = Keys.from_env(params, "generator")
-        # correlation id -> the STREAM_ID this stream shows the vocoder, for streams without the internal
-        # key (tts_ensemble's, whose correlation ids the client or Triton chose); see serving.auth
-        self.issued: dict[int, int] = {}
+        self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
+        self.live_streams.clear()
+        self.keys = Keys.from_env({**params, "public_steps": "0"}, "generator")  # never key-less
         self.attendance = Attendance()
         self.deferred: dict[int, float] = {}  # new streams told to wait (see _execute) -> since when
         # orphans are also looked for between requests (none may come): one lock with execute
@@ -85,24 +84,11 @@ class TritonPythonModel:
         self.metrics = GeneratorMetrics(pb, self.service)
         log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
 
-    def _admit(self, request, stream_id: int, start: bool) -> None:
-        """Start a stream; Refused or ValueError (nothing kept) for a request we must not run."""
-        given, trusted = self.keys.split(request.parameters())
-        self.keys.admit(trusted, "generator")
+    def _admit(self, request, stream_id: int, given: dict) -> None:
+        """Start a stream; ValueError (nothing kept) for a request we must not run."""
         if not stream_id:
             raise ValueError("a generator stream needs a correlation id")
-        if not start:
-            raise ValueError("this stream is not live (a new stream must start a sequence)")
-        if not trusted and stream_id < MIN_KEYLESS_CORRELATION_ID:
-            raise ValueError("send a random 63-bit sequence id with sequence_start (ids below 2^32 are refused: "
-                             "Triton numbers sequences 1, 2, 3, ..., which another client could take over)")  # fmt: skip
         self.service.admit(stream_id, *stream_request(pb, request, self.tts, given))
-        if not trusted:
-            self.issued[stream_id] = self.keys.new_stream_id()
-
-    def _send(self, sender, chunk: Chunk) -> None:
-        shown = self.issued.pop(chunk.stream_id, None) if chunk.last else self.issued.get(chunk.stream_id)
-        send(sender, dataclasses.replace(chunk, stream_id=shown) if shown else chunk)
 
     def execute(self, requests):
         with self.lock:
@@ -122,39 +108,45 @@ class TritonPythonModel:
                     self.deferred = {i: t for i, t in self.deferred.items() if t > cutoff}
 
     def _execute(self, requests):
-        live = []
+        live, marked = [], self.cancels.marked()
         for r in requests:
-            stream_id, sender = r.correlation_id(), r.get_response_sender()
-            if stream_id in self.service.live and r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
-                # an id that is already streaming: refuse the newcomer, leave the running stream alone
+            stream_id, sender, start = r.correlation_id(), r.get_response_sender(), bool(r.flags() & START)
+            if stream_id in self.service.live and not start:
+                if stream_id in marked and self.cancels.consume(stream_id):
+                    send(sender, self.keys.seal(self.service.cancel(stream_id)))
+                    continue
+                live.append((r, stream_id, sender))
+                continue
+            try:
+                given, trusted = self.keys.split(r.parameters())
+                self.keys.admit(trusted, "generator")
+            except (Refused, ValueError) as e:
+                refuse(r, sender, e)
+                continue
+            if stream_id in self.service.live:  # a START on a live id: refuse it, leave the stream alone
                 send(sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
                 continue
-            if stream_id in self.service.live:
-                if r.is_cancelled() or self.cancels.consume(stream_id):
-                    self._send(sender, self.service.cancel(stream_id))
-                    continue
-            elif not self.service.free:
+            if not self.service.free:
                 # Triton thinks a slot is free: one of ours is gone and is freed within MISSED_SECONDS.
                 # Until then the new stream waits: rescheduled, nothing sent (it comes back without its
                 # START flag, hence the note).
-                if r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                if start:
                     self.deferred[stream_id] = time.monotonic()
-                r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                r.set_release_flags(RESCHEDULE)
                 continue
-            else:
-                start = bool(r.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START) or stream_id in self.deferred
-                self.deferred.pop(stream_id, None)
-                try:
-                    self._admit(r, stream_id, start)
-                except Refused as e:  # not our pipeline's request: nothing was read or kept
-                    sender.send(error_response(pb, str(e)), flags=FINAL)
-                    continue
-                except Exception as e:  # bad input fails this request only; it never held a slot
-                    if not isinstance(e, ValueError):
-                        log.exception("could not start a stream")
-                    send(sender, end_chunk(0, failure_reason(e)))
-                    continue
+            if not (start or self.deferred.pop(stream_id, None)):
+                send(sender, end_chunk(0, failure_reason(ValueError("this stream is not live (a new stream must "
+                                                                    "start a sequence)"))))  # fmt: skip
+                continue
+            try:
+                self._admit(r, stream_id, given)
+            except Exception as e:  # bad input fails this request only; it never held a slot
+                if not isinstance(e, ValueError):
+                    log.exception("could not start a stream")
+                send(sender, end_chunk(0, failure_reason(e)))
+                continue
             live.append((r, stream_id, sender))
+        self.live_streams.sync(self.service.live)  # before any chunk goes out: the vocoder checks it
         if live:
             t0 = time.perf_counter()
             try:
@@ -168,20 +160,37 @@ class TritonPythonModel:
             for r, stream_id, sender in live:
                 chunk = out[stream_id]
                 if chunk is not None:
-                    self._send(sender, chunk)
+                    send(sender, self.keys.seal(chunk))
                 if chunk is None or not chunk.last:
-                    r.set_release_flags(pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                    r.set_release_flags(RESCHEDULE)
         self._reap_orphans([i for _, i, _ in live])  # after the step: a slow step orphans nobody
+        self.live_streams.sync(self.service.live)
         self.metrics.update()
 
     def _reap_orphans(self, present: list[int] | None) -> None:
         for stream_id in self.attendance.orphans(list(self.service.live), present, time.monotonic()):
             log.warning("freed the slot of a stream Triton no longer schedules (its request was dropped)")
             self.service.drop(stream_id)
-            self.issued.pop(stream_id, None)
             self.cancels.mark_lost(stream_id)  # its tts ends it with an error at once (serving.bls)
+        if present is None:
+            self.live_streams.sync(self.service.live)  # ended streams' grace runs out between executes too
 
     def finalize(self):
         self.stopping.set()
         for stream_id in list(self.service.live):
             self.service.drop(stream_id)
+        self.live_streams.clear()
+
+
+def send(sender, chunk: Chunk) -> None:
+    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
+
+
+def refuse(request, sender, error: Exception) -> None:
+    """End a request from outside the pipeline. A cancelled one is rescheduled instead of answered: Triton
+    2.51 then frees its candidate slot at once (and answers CANCELLED), where a released cancelled START
+    keeps the slot until max_sequence_idle."""
+    if request.is_cancelled():
+        request.set_release_flags(RESCHEDULE)
+        return
+    sender.send(error_response(pb, error), flags=FINAL)

@@ -11,7 +11,10 @@ import numpy as np
 import triton_python_backend_utils as pb
 
 from engine import frontend
+from engine.orchestrator import Unavailable
+from serving.admission import Admission
 from serving.auth import Keys, Refused
+from serving.cancel import CancelBoard
 from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
@@ -43,6 +46,12 @@ class TritonPythonModel:
                                 int(params.get("max_anonymous_voices", 256)),
                                 int(float(params.get("voice_store_max_gb", 2.0)) * 1e9))  # fmt: skip
         self.keys = Keys.from_env(params, "prompt_encoder")
+        # tts_ensemble's first step: a busy server refuses it here, before any encoding (the place itself
+        # is taken by ensemble_generator, the step that generates)
+        slots = int(params.get("slots", 8))
+        cancels_dir = params.get("cancel_dir") or None
+        self.admission = Admission(CancelBoard(cancels_dir).dir, "ensemble_generator",
+                                   slots + int(params.get("max_queue", 4 * slots)))  # fmt: skip
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
@@ -53,9 +62,7 @@ class TritonPythonModel:
         self.encodes, self.hits = (f.Metric() for f in self.families)
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.tts.identity)
 
-    def _prompt(self, r):
-        trusted = self.keys.split(r.parameters())[1]
-        self.keys.admit(trusted, "prompt_encoder")
+    def _prompt(self, r, trusted: bool):
         register = string(pb, r, "REGISTER_NAME", "")
         if register and not trusted:
             raise Refused("voices are registered through the voices model")
@@ -93,8 +100,12 @@ class TritonPythonModel:
         for r in requests:
             enc0, hit0 = self.store.encodes, self.store.hits
             try:
+                trusted = self.keys.split(r.parameters())[1]
+                self.keys.admit(trusted, "prompt_encoder")
+                if not trusted and self.admission.total() >= self.admission.capacity:
+                    raise Unavailable(self.admission.busy_message())
                 spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
-                prompt = self._prompt(r)
+                prompt = self._prompt(r, trusted)
                 out.append(pb.InferenceResponse([
                     pb.Tensor("PROMPT_LATENTS", prompt.latents.numpy()[None].astype(np.float32)),
                     pb.Tensor("SPEAKER", prompt.speaker.numpy()[None].astype(np.float32)),
@@ -102,11 +113,13 @@ class TritonPythonModel:
                     bytes_tensor(pb, "SPOKEN_TEXT", spoken),
                     bytes_tensor(pb, "SPOKEN_LANGUAGE", language),
                 ]))  # fmt: skip
-            except (ValueError, VoiceNotFound) as e:
-                out.append(error_response(pb, str(e), tagged=True))
+            except (ValueError, Unavailable) as e:
+                out.append(error_response(pb, e))
+            except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault
+                out.append(error_response(pb, ValueError(str(e))))
             except Exception as e:
                 log.exception("prompt encoding failed")
-                out.append(error_response(pb, f"prompt encoding failed: {e}", invalid=False, tagged=True))
+                out.append(error_response(pb, RuntimeError(f"prompt encoding failed: {e}")))
             self.encodes.increment(self.store.encodes - enc0)
             self.hits.increment(self.store.hits - hit0)
         return out

@@ -10,7 +10,8 @@ import time
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.orchestrator import LENGTH, LINGERING, Orchestrator, StreamFailed
+from engine.orchestrator import INVALID, LENGTH, LINGERING, Orchestrator, StreamFailed, Unavailable, tagged
+from serving.admission import Admission
 from engine.text import TextTokenizer
 from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder
@@ -18,7 +19,16 @@ from serving.cancel import CancelBoard
 from serving.contract import SAMPLE_RATE, TTS_OUTPUTS
 from serving.requests import build_request
 from serving.supervise import RunFlags, start_heartbeat
-from serving.triton_io import checkpoint_path, get, model_parameters, scalar, setup_logging, string, tensors
+from serving.triton_io import (
+    checkpoint_path,
+    error_response,
+    get,
+    model_parameters,
+    scalar,
+    setup_logging,
+    string,
+    tensors,
+)
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -26,8 +36,8 @@ CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its cli
 
 
 def refuse(sender, message: str) -> None:
-    """End a request with UNAVAILABLE: the server cannot take it now (busy, restarting, shutting down)."""
-    sender.send(pb.InferenceResponse(error=pb.TritonError(message, pb.TritonError.UNAVAILABLE)), flags=FINAL)
+    """End a request as ``unavailable``: the server cannot take it now (busy, restarting, shutting down)."""
+    sender.send(error_response(pb, Unavailable(message)), flags=FINAL)
 
 
 class TritonPythonModel:
@@ -48,11 +58,10 @@ class TritonPythonModel:
         cancels = CancelBoard(params.get("cancel_dir") or None)
         self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels), BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
-        # Admission: ``slots`` requests generate, ``max_queue`` more wait; beyond that a request is
-        # refused at once (UNAVAILABLE; Triton 2.51's HTTP generate answers it with 400) instead of
-        # waiting without bound.
-        self.slots = int(params.get("slots", 8))
-        self.capacity = self.slots + int(params.get("max_queue", 4 * self.slots))
+        # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
+        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
+        slots = int(params.get("slots", 8))
+        self.admission = Admission(cancels.dir, "tts", slots + int(params.get("max_queue", 4 * slots)))
         self.in_flight = self.waiting = 0
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
@@ -83,11 +92,9 @@ class TritonPythonModel:
         if refusal:
             refuse(sender, refusal)
             return
-        if self.in_flight >= self.capacity:
+        if not self.admission.enter():
             self.outcome["busy"].increment(1)
-            message = (f"server busy: {self.in_flight} requests are running or waiting (limit {self.capacity}); "
-                       "retry shortly")  # fmt: skip
-            refuse(sender, message)
+            refuse(sender, self.admission.busy_message())
             return
         self._count(1, 1)
         lingering: set = set()
@@ -95,6 +102,7 @@ class TritonPythonModel:
         try:
             await self._serve_admitted(request, sender, lingering)
         finally:
+            self.admission.leave()
             self._count(-1, 0)
 
     def _count(self, in_flight: int, waiting: int) -> None:
@@ -128,11 +136,11 @@ class TritonPythonModel:
             sender.send(flags=FINAL)
         except Exception as e:
             self.outcome["error"].increment(1)
-            invalid = isinstance(e, ValueError) or getattr(e, "invalid", False)
-            if not invalid:
-                log.error("request failed: %s", e, exc_info=not isinstance(e, StreamFailed | TimeoutError))
-            code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
-            sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), code)), flags=FINAL)
+            message = e.reason if isinstance(e, StreamFailed) else tagged(e)
+            if not message.startswith(INVALID):
+                log.error("request failed: %s", message,
+                          exc_info=not isinstance(e, StreamFailed | TimeoutError | Unavailable))  # fmt: skip
+            sender.send(error_response(pb, message), flags=FINAL)
         else:
             values = {"AUDIO": final.audio, "FINISH_REASON": final.finish_reason}
             sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, values, batch=False)), flags=FINAL)

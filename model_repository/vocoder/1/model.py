@@ -1,92 +1,131 @@
 """vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
 
-Dynamic batching, one instance: the same protocol serves the tts front door (BLS) and tts_ensemble.
-A stream's first chunk (with prompt latents) primes its decoder, its LAST chunk flushes the iSTFT tail
-and frees the state; streams idle longer than the configured time are reclaimed by a reaper thread.
+One instance; decoupled, with an engine thread (the vllm_backend pattern): ``execute`` queues each
+request and returns, and the engine thread takes whatever has queued (up to ``batch`` chunks, waiting
+``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
+each request with one final response. Triton's dynamic batcher is not used: it drops a chunk whose
+ensemble client has gone, which leaves that tts_ensemble request in flight forever in Triton 2.51 and
+hides from us that the client left; here such a chunk is answered, and its stream ended
+(serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
 """
 
+import queue
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import LENGTH, STOP, Chunk, failure_reason
+from engine.orchestrator import failure_reason
 from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
 from serving.supervise import start_heartbeat
-from serving.triton_io import load_tts, model_parameters, read_chunk, setup_logging, tensors
+from serving.triton_io import Throttled, load_tts, model_parameters, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 REAP_EVERY_SECONDS = 1.0
 
 
 class TritonPythonModel:
     def initialize(self, args):
         from engine.streams import VocoderService
+        from serving.cancel import CancelBoard
+        from serving.live_streams import LiveStreams
+        from serving.vocoder_guard import VocoderGuard
 
         params = model_parameters(args)
         start_heartbeat(params, "vocoder")
+        max_streams = int(params.get("max_streams", 1024))
         self.service = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)),
-                                      max_streams=int(params.get("max_streams", 1024)))  # fmt: skip
+                                      max_streams=max_streams)  # fmt: skip
         self.keys = Keys.from_env(params, "vocoder")
+        cancels = CancelBoard(params.get("cancel_dir") or None)
+        self.guard = VocoderGuard(self.keys, LiveStreams(cancels.dir), cancels, max_streams)
+        self.batch, self.delay = int(params.get("batch", 64)), int(params.get("queue_delay_us", 1000)) / 1e6
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )
         self.gauge = self.family.Metric()
-        # One lock between execute and the reaper thread. The reaper frees streams nobody ends: a client
-        # cancelled a tts_ensemble stream (the ensemble then drops the generator's last chunk) or a
-        # caller died; it runs on its own clock because no request may come to trigger it.
-        self.lock, self.stopping = threading.Lock(), threading.Event()
-        self.reaper = threading.Thread(target=self._reap_forever, name="vocoder-reaper", daemon=True)
-        self.reaper.start()
+        self.refusals = Throttled(log)  # anyone can send chunks that are refused
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.engine = threading.Thread(target=self._run, name="vocoder-engine", daemon=True)
+        self.engine.start()
 
-    def _reap_forever(self):
-        while not self.stopping.wait(REAP_EVERY_SECONDS):
-            with self.lock:
-                for stream_id in self.service.reap():
-                    log.warning("reclaimed vocoder stream %x after %.0f s without a chunk", stream_id,
-                                self.service.idle_seconds)  # fmt: skip
+    def execute(self, requests):
+        for r in requests:
+            self.queue.put(r)
+        return None
+
+    def _run(self):
+        """The engine thread: batches of queued chunks, and the reaper between them (one thread: no lock)."""
+        next_reap = time.monotonic() + REAP_EVERY_SECONDS
+        while not self.stopping.is_set():
+            batch = take(self.queue, self.batch, self.delay, timeout=max(0.0, next_reap - time.monotonic()))
+            if batch:
+                self._process(batch)
+            if time.monotonic() >= next_reap:
+                for stream_id in self.guard.reap(self.service.streams, self.service.idle_seconds):
+                    log.warning("reclaimed vocoder stream %x: its generator stream is over or it idled", stream_id)
                 self.gauge.set(self.service.active)
+                next_reap = time.monotonic() + REAP_EVERY_SECONDS
+
+    def _process(self, requests) -> None:
+        parsed = []  # per request: a Chunk to decode, or (finish reason, error) to answer with
+        for r in requests:
+            try:
+                item = self._read(r, opening=sum(1 for c in parsed if not isinstance(c, tuple) and len(c.prompt_latents)))
+            except Exception as e:  # unreadable or refused: answered alone
+                item = ("", e if isinstance(e, Refused) else ValueError(f"vocoder: {e}"))
+            parsed.append(item)
+        try:
+            outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, tuple)]))
+        except Exception as e:  # never leave a request unanswered
+            log.exception("vocoder batch failed")
+            outs = iter([RuntimeError(f"vocoder failed: {e}")] * len(parsed))
+        for r, item in zip(requests, parsed, strict=True):
+            if isinstance(item, tuple):
+                reason, error = item
+                audio = None
+            else:
+                out, reason, error = next(outs), item.finish_reason, None
+                audio, error = (None, out) if isinstance(out, Exception) else (out, None)
+            if error is not None:
+                self.refusals.warning("vocoder chunk refused or failed: %s", error)
+                reason = failure_reason(error)
+            values = {"AUDIO": np.zeros(0, np.float32) if audio is None else audio, "FINISH_REASON": reason}
+            r.get_response_sender().send(pb.InferenceResponse(tensors(pb, VOCODER_OUTPUTS, values)), flags=FINAL)
+        self.gauge.set(self.service.active)
+
+    def _read(self, request, opening: int):
+        """The request's chunk if the vocoder may decode it, else (finish reason, error) to answer with."""
+        trusted = self.keys.split(request.parameters())[1]
+        self.keys.admit(trusted, "vocoder")
+        chunk = read_chunk(lambda n: _input(request, n))
+        # only key-less chunks can come from an ensemble whose client left (ours are BLS requests)
+        cancelled = not trusted and request.is_cancelled()
+        decision = self.guard.decide(chunk, self.service.streams, cancelled, opening)
+        return chunk if decision.decode else (decision.reason, decision.error)
 
     def finalize(self):
         self.stopping.set()
-        self.reaper.join(5)
+        self.engine.join(5)
 
-    def execute(self, requests):
-        with self.lock:
-            return self._execute(requests)
 
-    def _execute(self, requests):
-        parsed = []  # a Chunk per request, or the error that makes it unreadable or refused
-        for r in requests:
-            try:
-                parsed.append(self._read(r))
-            except Refused as e:
-                parsed.append(e)
-            except Exception as e:
-                parsed.append(ValueError(f"vocoder: {e}"))
-        outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, Exception)]))
-        responses = []
-        for chunk in parsed:
-            out = chunk if isinstance(chunk, Exception) else next(outs)
-            if isinstance(out, Exception):  # a normal response that says why: an ensemble hangs on errors
-                log.warning("vocoder chunk failed: %s", out)
-                values = {"AUDIO": np.zeros(0, np.float32), "FINISH_REASON": failure_reason(out)}
-            else:
-                values = {"AUDIO": out, "FINISH_REASON": chunk.finish_reason}
-            responses.append(pb.InferenceResponse(tensors(pb, VOCODER_OUTPUTS, values)))
-        self.gauge.set(self.service.active)
-        return responses
-
-    def _read(self, request) -> Chunk:
-        """The request's chunk, if it may act: only ids the generator issued can start or feed a stream
-        (a chunk that only frees a stream is harmless with any id: no live stream has an unissued one)."""
-        self.keys.admit(self.keys.split(request.parameters())[1], "vocoder")
-        chunk = read_chunk(lambda n: _input(request, n))
-        frees_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
-        if not frees_only and not self.keys.valid_stream_id(chunk.stream_id):
-            raise ValueError("unknown stream (stream ids are issued by the generator)")
-        return chunk
+def take(q: queue.SimpleQueue, most: int, delay: float, timeout: float) -> list:
+    """Up to ``most`` items: the first within ``timeout`` seconds, then what else comes within ``delay``."""
+    try:
+        batch = [q.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    deadline = time.monotonic() + delay
+    while len(batch) < most and (wait := deadline - time.monotonic()) > 0:
+        try:
+            batch.append(q.get(timeout=wait))
+        except queue.Empty:
+            break
+    return batch
 
 
 def _input(request, name):

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb
 
-from serving.auth import ADMIN_PARAMETER, Keys
+from engine.protocol import NOT_FOUND, Unavailable
+from serving.auth import ADMIN_PARAMETER, Keys, Refused
 from serving.requests import check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
@@ -60,20 +61,20 @@ class TritonPythonModel:
                     result = [v.__dict__ for v in self.store.list()]
                 elif action in ("add", "remove"):
                     if not self.keys.is_admin(r.parameters()):
-                        raise ValueError(f"{action} needs the admin key (request parameter {ADMIN_PARAMETER!r})")
+                        raise Refused(f"{action} needs the admin key (request parameter {ADMIN_PARAMETER!r})")
                     name = check_name(string(pb, r, "NAME", ""))
                     if action == "add":
                         result = self._add(r, name)
                     elif self.store.remove(name):
                         result = {"name": name, "removed": True}
                     else:
-                        raise ValueError(f"voice {name!r} is not registered")
+                        raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
                 else:
                     raise ValueError(f"ACTION must be add, list or remove, got {action!r}")
                 out.append(pb.InferenceResponse([bytes_tensor(pb, "RESULT", json.dumps(result), batch=False)]))
-            except ValueError as e:
-                out.append(error_response(pb, str(e)))
+            except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
+                out.append(error_response(pb, e))
             except Exception as e:
                 log.exception("voices request failed")
-                out.append(error_response(pb, f"voices: {e}", invalid=False))
+                out.append(error_response(pb, RuntimeError(f"voices: {e}")))
         return out

@@ -1,0 +1,233 @@
+"""The open-door attacks, replayable against a running server (no key; loopback only):
+
+    python -m loadtest.attacks --url 127.0.0.1:8001 [--minutes 10] [--every 5] [--only vocoder_bomb,...]
+
+Each attack is one function that sends what an unauthenticated client could, at the smallest size that
+showed the effect before it was fixed, and returns what the server answered (the tests in
+tests/integration/test_open_door.py assert on these; the loop here prints them, for a soak run beside
+real load). Before the fix: a 4,000-row vocoder chunk stalled every stream 3.4 s; 80 streams of an
+80-stream vocoder table locked everyone out; START requests cancelled while they waited, or a request
+without START on a live sequence id, took Triton's generator slots until they silently stopped serving;
+abandoned tts_ensemble streams held every slot for up to max_patches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from serving import contract as C
+
+SILENT = {"TEXT": "An attack", "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32),
+          "SPEAKER": np.zeros(C.SPEAKER_DIM, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
+SPECS = {"prompt_encoder": C.PROMPT_INPUTS, "ensemble_generator": C.GENERATOR_INPUTS, "generator": C.GENERATOR_INPUTS,
+         "vocoder": C.VOCODER_INPUTS}  # fmt: skip
+
+
+def inputs(model: str, values: dict) -> list:
+    """``values`` as the batched tensors ``model`` takes (a leading batch dimension of 1)."""
+    specs = {s.name: s for s in SPECS[model]}
+    out = []
+    for name, value in values.items():
+        arr = specs[name].array(value)[None]
+        t = grpcclient.InferInput(name, list(arr.shape), specs[name].datatype)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def random_id() -> int:
+    return secrets.randbits(62) | (1 << 62)
+
+
+def stream(url: str, model: str, values: dict, parameters: dict | None = None, sequence_id: int = 0,
+           start: bool = True, stop_after: int = 0, cancel_after: float = 0.0, timeout: float = 30.0):  # fmt: skip
+    """One gRPC stream request -> (responses, errors). ``stop_after`` responses, or ``cancel_after``
+    seconds, then the stream is cancelled (a client that leaves); ``sequence_id`` 0 sends none."""
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    results, errors = [], []
+    try:
+        seq = {"sequence_id": sequence_id, "sequence_start": start} if sequence_id else {}
+        client.async_stream_infer(model, inputs(model, values), parameters=parameters or {},
+                                  enable_empty_final_response=True, **seq)  # fmt: skip
+        if cancel_after:
+            time.sleep(cancel_after)
+            return results, errors
+        while True:
+            try:
+                result, error = got.get(timeout=timeout)
+            except queue.Empty:
+                errors.append(f"no response for {timeout:g} s")
+                break
+            if error is not None:
+                errors.append(str(error))
+                break
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if result.get_response().outputs:
+                results.append(result)
+            if final or (stop_after and len(results) >= stop_after):
+                break
+        return results, errors
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def reason(result) -> str:
+    return C.text_of(result.as_numpy("FINISH_REASON"))
+
+
+def vocoder(url: str, chunk: dict, timeout: float = 60.0) -> str:
+    """One chunk to the vocoder -> its FINISH_REASON (or the error)."""
+    results, errors = stream(url, "vocoder", chunk, timeout=timeout)
+    return reason(results[-1]) if results else f"error: {errors}"
+
+
+def chunk(stream_id: int, rows: int, prompt_rows: int, seq: int = 0, seal: int = 0, last: bool = False) -> dict:
+    rng = np.random.default_rng()  # fresh latents: the vocoder caches primed prompts
+    return {"STREAM_ID": stream_id, "LATENTS": rng.standard_normal((rows, C.LATENT_DIM)).astype(np.float32),
+            "PROMPT_LATENTS": rng.standard_normal((prompt_rows, C.LATENT_DIM)).astype(np.float32),
+            "LAST": last, "FINISH_REASON": "", "SEAL": (seq, seal)}  # fmt: skip
+
+
+def sealed_chunks(url: str, patches: int = 3, stop_after: int = 0) -> list[dict]:
+    """Genuine chunks of a stream of our own: ensemble_generator is public, as tts_ensemble's step."""
+    results, _ = stream(url, "ensemble_generator", SILENT, {"max_patches": patches, "chunk_first": 1, "chunk_next": 1},
+                        stop_after=stop_after)  # fmt: skip
+    names = [s.name for s in C.VOCODER_INPUTS]
+    chunks = [{n: r.as_numpy(n)[0] for n in names} for r in results if r.as_numpy("STREAM_ID") is not None]
+    for c in chunks:
+        c["FINISH_REASON"] = C.text_of(c["FINISH_REASON"])
+    return chunks
+
+
+# ---- the attacks ----
+def vocoder_bomb(url: str, rows: int = 4000) -> str:
+    """An oversized first chunk (prompt latents) for a stream id the generator issued."""
+    first = sealed_chunks(url)[0]
+    return vocoder(url, chunk(int(first["STREAM_ID"][0]), 8, rows, seal=int(first["SEAL"][1])))
+
+
+def vocoder_table(url: str, streams: int) -> list[str]:
+    """``streams`` forged ids, then as many replays of one genuine (sealed) first chunk."""
+    out = [vocoder(url, chunk(random_id(), 4, 4, seal=secrets.randbits(63))) for _ in range(streams)]
+    first = sealed_chunks(url, patches=200, stop_after=1)[0]  # its stream ends soon after: the client left
+    return out + [vocoder(url, first) for _ in range(streams)]
+
+
+def generator_direct(url: str, rounds: int = 200, cancel_after: float = 0.002) -> list[str]:
+    """Direct generator STARTs: guessable and random ids answered, and random ids cancelled while they wait
+    (what took Triton's slots), and a request without START on a random id."""
+    out = []
+    for _ in range(rounds):
+        for sequence_id in (7, random_id()):
+            results, errors = stream(url, "generator", SILENT, {"max_patches": 1}, sequence_id=sequence_id)
+            out.append(errors[0] if errors else reason(results[-1]))
+        stream(url, "generator", SILENT, {"max_patches": 1}, sequence_id=random_id(), cancel_after=cancel_after)
+    results, errors = stream(url, "generator", SILENT, {"max_patches": 1}, sequence_id=random_id(), start=False)
+    return out + [errors[0] if errors else reason(results[-1])]
+
+
+def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int = 1,
+                   text: str = "An ensemble flood.") -> list[str]:  # fmt: skip
+    """``streams`` tts_ensemble requests at once, each left after ``abandon_after`` chunks (0: read to the end)
+    -> per stream the FINISH_REASON of its last response read ("" if it was left first)."""
+    out: list[str] = [""] * streams
+    values = {"TEXT": text}
+    specs = {s.name: s for s in C.ENSEMBLE_INPUTS}
+
+    def one(i):
+        got: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(url)
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        try:
+            arr = specs["TEXT"].array(values["TEXT"])
+            t = grpcclient.InferInput("TEXT", list(arr.shape), "BYTES")
+            t.set_data_from_numpy(arr)
+            client.async_stream_infer("tts_ensemble", [t], parameters={"max_patches": max_patches, "chunk_first": 1,
+                                                                       "chunk_next": 1})  # fmt: skip
+            seen = 0
+            while True:
+                result, error = got.get(timeout=120)
+                if error is not None:
+                    out[i] = f"error: {error}"
+                    return
+                out[i] = C.text_of(result.as_numpy("FINISH_REASON"))
+                seen += 1
+                if out[i] or (abandon_after and seen >= abandon_after):
+                    return
+        except queue.Empty:
+            out[i] = "no answer"
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    return out
+
+
+def prompt_bomb(url: str, seconds: float = 61.0) -> str:
+    """A reference longer than any may be, to prompt_encoder directly."""
+    rate = 16000
+    values = {"REF_AUDIO": np.zeros(int(seconds * rate), np.float32), "REF_SAMPLE_RATE": rate, "TEXT": "x"}
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.infer("prompt_encoder", inputs("prompt_encoder", values))
+        return "accepted"
+    except Exception as e:  # the refusal is the answer
+        return str(e)
+    finally:
+        client.close()
+
+
+ATTACKS: dict[str, Callable[[str], object]] = {
+    "vocoder_bomb": vocoder_bomb,
+    "vocoder_table": lambda url: vocoder_table(url, 8),
+    "generator_direct": lambda url: generator_direct(url, rounds=10),
+    "ensemble_flood": lambda url: ensemble_flood(url, 8, 300),
+    "prompt_bomb": prompt_bomb,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.attacks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default="127.0.0.1:8001", help="Triton's gRPC address")
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--every", type=float, default=5.0, help="seconds between attacks")
+    ap.add_argument("--only", default=",".join(ATTACKS), help="comma-separated attacks: " + ", ".join(ATTACKS))
+    args = ap.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - set(ATTACKS))
+    if unknown:
+        ap.error(f"unknown attacks {unknown}; known: {sorted(ATTACKS)}")
+    end, k = time.monotonic() + 60 * args.minutes, 0
+    while time.monotonic() < end:
+        name = names[k % len(names)]
+        t0 = time.monotonic()
+        try:
+            answer = ATTACKS[name](args.url)
+        except Exception as e:  # the server's state is the soak's business: report and go on
+            answer = f"{type(e).__name__}: {e}"
+        shown = answer if isinstance(answer, str) else sorted({str(a)[:90] for a in answer})
+        print(f"[attacks] {name} ({time.monotonic() - t0:.1f} s): {shown}", flush=True)
+        k += 1
+        time.sleep(args.every)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

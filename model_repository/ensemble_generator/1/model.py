@@ -1,0 +1,155 @@
+"""ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
+
+It takes the generator's inputs, passes the admission gate that tts also answers to (serving.admission),
+runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
+the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
+client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
+or restarting server answers every entry point alike, and a stream whose client goes is ended: a
+direct caller's cancellation is seen here, an ensemble client's by the vocoder (serving.vocoder_guard).
+Every request ends with one final response, a normal one even on failure (an error response from a
+decoupled step leaves an ensemble request hanging), whose FINISH_REASON carries the tagged reason.
+"""
+
+import asyncio
+import concurrent.futures
+import contextlib
+
+import triton_python_backend_utils as pb
+
+from engine.orchestrator import LINGERING, Chunk, Segment, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
+from serving import contract as C
+from serving.admission import Admission
+from serving.auth import Keys, parameter_dict
+from serving.bls import BLS, BLSGenerator
+from serving.cancel import CancelBoard
+from serving.requests import check_language, check_text, generation_request
+from serving.supervise import RunFlags, start_heartbeat
+from serving.triton_io import SPOKEN_TEXT_CHARS, chunk_tensors, get, model_parameters, scalar, setup_logging, string
+
+log = setup_logging("ensemble_generator")
+FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
+# An ensemble has no sequence to continue: its generator stream gets an id of ours, so a client's
+# sequence id (older clients sent one) is ignored.
+TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        start_heartbeat(params, "ensemble_generator")
+        self.flags = RunFlags(params.get("run_dir", ""))
+        self.keys = Keys.from_env(params, "ensemble_generator")
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="ensemble-bls")
+        self.loop = None
+        cancels = CancelBoard(params.get("cancel_dir") or None)
+        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.pool, self.keys.parameters())
+        self.generator = BLSGenerator(bls, cancels)
+        slots = int(params.get("slots", 8))
+        self.admission = Admission(cancels.dir, "ensemble_generator", slots + int(params.get("max_queue", 4 * slots)))
+        family = pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome",
+                                 pb.MetricFamily.COUNTER)  # fmt: skip
+        self.families = [family, pb.MetricFamily("tts_ensemble_requests_in_flight",
+                                                 "tts_ensemble streams generating or waiting", pb.MetricFamily.GAUGE)]  # fmt: skip
+        self.outcome = {k: family.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.in_flight_gauge, self.in_flight = self.families[1].Metric(), 0
+
+    async def execute(self, requests):
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            loop.set_default_executor(self.pool)
+            self.loop = loop
+        await asyncio.gather(*(self._serve(r) for r in requests))
+
+    async def _serve(self, request):
+        sender = request.get_response_sender()
+        refusal = self.flags.broken() or (self.flags.draining() and "server is shutting down")
+        if refusal:
+            finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
+            return
+        if not self.admission.enter():
+            self.outcome["busy"].increment(1)
+            finish(sender, end_chunk(0, tagged(Unavailable(self.admission.busy_message()))))
+            return
+        self._count(1)
+        lingering: set = set()
+        LINGERING.set(lingering)  # the stream's cleanup runs to its end before the final response
+        try:
+            last = await self._watch(request, sender, lingering)
+        finally:
+            self.admission.leave()
+            self._count(-1)
+        outcome = "cancelled" if last is None or last.finish_reason == "cancelled" else "error" if last.failed else "ok"
+        self.outcome[outcome].increment(1)
+
+    def _count(self, delta: int) -> None:
+        self.in_flight += delta
+        self.in_flight_gauge.set(self.in_flight)
+
+    async def _watch(self, request, sender, lingering: set) -> Chunk | None:
+        """Run the stream, watching for a cancelled caller or a failed server; send its final response
+        (after the last is_cancelled(): asking once the final response is out crashes Triton 2.51)."""
+        stream_id = self.keys.new_stream_id()
+        task = asyncio.ensure_future(self._relay(request, sender, stream_id))
+        while not task.done():
+            await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
+            if not task.done() and request.is_cancelled():  # a direct caller left (an ensemble's never shows)
+                task.cancel()
+            if not task.done() and (broken := self.flags.broken()):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                last = end_chunk(stream_id, tagged(Unavailable(broken)))
+                finish(sender, last)
+                return last
+        while lingering:
+            await asyncio.wait(set(lingering))
+        try:
+            last = task.result()
+        except asyncio.CancelledError:
+            sender.send(flags=FINAL)
+            return None
+        except Exception as e:
+            if not isinstance(e, ValueError | StreamFailed | TimeoutError):
+                log.exception("ensemble stream failed")
+            last = end_chunk(stream_id, e.reason if isinstance(e, StreamFailed) else failure_reason(e))
+        finish(sender, last)
+        return last
+
+    async def _relay(self, request, sender, stream_id: int) -> Chunk:
+        """Send the generator's chunks on as they come, all but the last, which is returned."""
+        segment = read_segment(request, stream_id)
+        async with contextlib.aclosing(self.generator.stream(segment)) as chunks:
+            async for chunk in chunks:
+                if chunk.last:
+                    return chunk
+                sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)))
+        raise StreamFailed("error: the generator stream ended without a last chunk")
+
+    def finalize(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def finish(sender, chunk: Chunk) -> None:
+    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL)
+
+
+def read_segment(request, stream_id: int) -> Segment:
+    """The request as one generator stream; ValueError naming the input, each size bounded by the
+    contract before anything is copied (this model takes requests from anyone)."""
+    latents = get(pb, request, "PROMPT_LATENTS")
+    if latents.size % C.LATENT_DIM or latents.size // C.LATENT_DIM > C.MAX_PROMPT_LATENTS:
+        raise ValueError(f"PROMPT_LATENTS must be rows of {C.LATENT_DIM} values, at most {C.MAX_PROMPT_LATENTS} rows "
+                         f"(the longest reference); got shape {latents.shape}")  # fmt: skip
+    speaker = get(pb, request, "SPEAKER")
+    if speaker.size != C.SPEAKER_DIM:
+        raise ValueError(f"SPEAKER has {speaker.size} values; expected {C.SPEAKER_DIM}")
+    text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
+    language = check_language(string(pb, request, "LANGUAGE", "")) or ""
+    prompt = {"PROMPT_LATENTS": latents.reshape(-1, C.LATENT_DIM), "SPEAKER": speaker.reshape(-1),
+              "PROMPT_TEXT": check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)}  # fmt: skip
+    given = parameter_dict(request.parameters())
+    for name in TRITON_SEQUENCE_PARAMETERS:  # Triton's own (HTTP clients send a sequence id as one): not ours
+        given.pop(name, None)
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    return Segment(stream_id, text, language, prompt, params, schedule)

@@ -1,0 +1,69 @@
+"""One admission gate for every entry point that starts generation (``tts`` and ``ensemble_generator``).
+
+``slots`` streams generate and ``max_queue`` more may wait for a slot; a request beyond that is refused
+at once as busy, whichever model it came to. The two models run in separate processes, so the count
+lives in a small shared file (in the run's private cancellation folder): one 8-byte counter per
+admitting model, read and written under an exclusive ``flock``. A request holds its place from
+admission to its end; a restart of the server clears the file with the run folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from pathlib import Path
+
+ADMITTERS = ("tts", "ensemble_generator")  # one counter each, in this order
+_FILE = "admission"
+_SIZE = 8 * len(ADMITTERS)
+
+
+class Admission:
+    """Places for ``model`` out of ``capacity`` shared with the other admitters."""
+
+    def __init__(self, board: str | Path, model: str, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.index, self.capacity = ADMITTERS.index(model), capacity
+        self.fd = os.open(Path(board) / _FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(self.fd).st_size < _SIZE:
+                os.ftruncate(self.fd, _SIZE)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.map = mmap.mmap(self.fd, _SIZE)
+
+    def counts(self) -> tuple[int, ...]:
+        """Requests admitted by each of :data:`ADMITTERS`."""
+        return struct.unpack_from(f"<{len(ADMITTERS)}q", self.map)
+
+    def total(self) -> int:
+        return sum(self.counts())
+
+    def enter(self) -> bool:
+        """Take a place; False (nothing taken) when all ``capacity`` are held."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            counts = self.counts()
+            if sum(counts) >= self.capacity:
+                return False
+            struct.pack_into("<q", self.map, 8 * self.index, counts[self.index] + 1)
+            return True
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def leave(self) -> None:
+        """Give back a place taken by :meth:`enter`."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            own = self.counts()[self.index]
+            struct.pack_into("<q", self.map, 8 * self.index, max(0, own - 1))
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def busy_message(self) -> str:
+        held = self.total()
+        return f"server busy: {held} requests are running or waiting (limit {self.capacity}); retry shortly"

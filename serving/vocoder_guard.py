@@ -1,0 +1,106 @@
+"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch).
+
+The vocoder is a step of ``tts_ensemble``, so any client can send it chunks. It acts only on what the
+generator made, once, in order, for streams the generator holds:
+
+- a chunk that decodes must carry the generator's seal (:meth:`serving.auth.Keys.sealed`) and be the
+  next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt
+  latents), only while the generator holds the stream (:mod:`serving.live_streams`), and only once
+  (an id is remembered as opened until the generator has forgotten it);
+- a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
+  nobody can guess, and decodes nothing;
+- a chunk whose ensemble client has gone (Triton hands the vocoder such chunks already cancelled) ends
+  the vocoder stream and asks the generator to end the stream too (:mod:`serving.cancel`), so an
+  abandoned ensemble stream stops generating within a step of its next chunk;
+- the table holds at most ``max_streams`` streams; a new stream that finds it full takes the place of
+  one the generator no longer holds (gone first, then ended, least recently fed first) and is refused
+  as busy only if every stream in the table is still generating, which ``max_streams`` > the
+  generator's slots rules out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, Unavailable
+from serving.live_streams import GONE
+
+UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
+
+
+@dataclass
+class Decision:
+    """What to do with one chunk."""
+
+    decode: bool  # hand it to VocoderService (which opens, decodes, flushes or frees)
+    reason: str = ""  # the FINISH_REASON to answer without decoding (decode False), or ""
+    error: Exception | None = None  # answer with this failure instead (decode False)
+
+
+class VocoderGuard:
+    def __init__(self, keys, live_streams, cancels, max_streams: int):
+        self.keys, self.live_streams, self.cancels, self.max_streams = keys, live_streams, cancels, max_streams
+        self.next_seq: dict[int, int] = {}  # open stream -> the seq its next chunk must have
+        self.opened: set[int] = set()  # ids whose stream was opened (single use), until the generator forgets them
+
+    def decide(self, chunk: Chunk, streams: dict, cancelled: bool = False, opening: int = 0) -> Decision:
+        """``streams``: the service's table (id -> stream with ``last_seen``), where evictions happen;
+        ``opening``: streams that chunks decided earlier in the same batch will open."""
+        sid = chunk.stream_id
+        ends_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
+        if cancelled:  # the ensemble's client left: nothing to decode for anybody
+            if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
+                self.cancels.mark(sid)  # the generator ends the stream at its next step
+            self.forget(sid, streams)
+            return Decision(False, CANCELLED)
+        if ends_only:
+            self.next_seq.pop(sid, None)
+            return Decision(True)  # frees the state, decodes nothing
+        if not self.keys.sealed(chunk):
+            return Decision(False, error=ValueError(UNKNOWN))
+        if chunk.seq == 0:
+            if sid in self.opened or not len(chunk.prompt_latents):
+                return Decision(False, error=ValueError(UNKNOWN))
+            if self.live_streams.state(sid) == GONE:
+                return Decision(False, error=ValueError(UNKNOWN))
+            if len(streams) + opening >= self.max_streams and not self._make_room(streams):
+                return Decision(False, error=Unavailable(f"the vocoder holds its maximum of {self.max_streams} "
+                                                         "generating streams; retry shortly"))  # fmt: skip
+            self.opened.add(sid)
+        elif self.next_seq.get(sid) != chunk.seq or len(chunk.prompt_latents):
+            return Decision(False, error=ValueError(UNKNOWN))
+        if chunk.last:
+            self.next_seq.pop(sid, None)
+        else:
+            self.next_seq[sid] = chunk.seq + 1
+        return Decision(True)
+
+    def forget(self, sid: int, streams: dict) -> None:
+        """Drop a stream's state (its id stays used until the generator forgets it)."""
+        streams.pop(sid, None)
+        self.next_seq.pop(sid, None)
+
+    def _make_room(self, streams: dict) -> bool:
+        """Evict one stream the generator no longer holds; False if all are generating."""
+        live, ended = self.live_streams.snapshot()
+        gone = [i for i in streams if i not in live and i not in ended]
+        done = [i for i in streams if i in ended]
+        for candidates in (gone, done):
+            if candidates:
+                self.forget(min(candidates, key=lambda i: streams[i].last_seen), streams)
+                return True
+        return False
+
+    def reap(self, streams: dict, idle_seconds: float, now: float | None = None) -> list[int]:
+        """Drop streams the generator has forgotten (their last chunk is never coming) and streams idle for
+        ``idle_seconds``; forget used ids the generator has forgotten. Returns the streams dropped."""
+        now = time.monotonic() if now is None else now
+        live, ended = self.live_streams.snapshot()
+        held = live | ended
+        dead = [i for i, s in streams.items() if i not in held or now - s.last_seen > idle_seconds]
+        for i in dead:
+            self.forget(i, streams)
+        self.opened &= held
+        self.next_seq = {i: n for i, n in self.next_seq.items() if i in streams}
+        return dead

@@ -1,0 +1,186 @@
+"""What the vocoder accepts from anyone (serving.vocoder_guard), the seals that decide it (serving.auth),
+the live-stream folder it reads (serving.live_streams) and the shared admission gate (serving.admission).
+No Triton, no model."""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from engine.orchestrator import Chunk, end_chunk
+from engine.protocol import error_kind, tagged
+from serving.admission import Admission
+from serving.auth import Keys
+from serving.cancel import CancelBoard
+from serving.live_streams import GRACE_SECONDS, LiveStreams
+from serving.vocoder_guard import UNKNOWN, VocoderGuard
+
+KEYS = Keys("k" * 64)
+PROMPT = np.ones((4, 64), np.float32)
+LAT = np.full((8, 64), 0.5, np.float32)
+EMPTY = np.zeros((0, 64), np.float32)
+
+
+@dataclass
+class Held:  # what the guard needs of a vocoder stream
+    last_seen: float
+
+
+def chunks(sid: int, n: int = 3) -> list[Chunk]:
+    """A sealed stream as the generator sends it: chunk 0 with the prompt, ..., the last one."""
+    out = [Chunk(sid, LAT, PROMPT if k == 0 else EMPTY, k == n - 1, "length" if k == n - 1 else "", seq=k)
+           for k in range(n)]  # fmt: skip
+    return [KEYS.seal(c) for c in out]
+
+
+@pytest.fixture
+def world(tmp_path):
+    board = CancelBoard(tmp_path / "board")
+    live = LiveStreams(board.dir)
+    return board, live, VocoderGuard(KEYS, live, board, max_streams=3)
+
+
+def feed(guard, streams, chunk, **kw):
+    d = guard.decide(chunk, streams, **kw)
+    if d.decode and len(chunk.prompt_latents):
+        streams[chunk.stream_id] = Held(0.0)
+    if d.decode and chunk.last:
+        streams.pop(chunk.stream_id, None)
+    return d
+
+
+def test_seals_cover_every_field():
+    c = chunks(KEYS.new_stream_id())[0]
+    assert KEYS.sealed(c)
+    for changed in (replace(c, stream_id=c.stream_id + 1), replace(c, seq=1), replace(c, last=True),
+                    replace(c, finish_reason="stop"), replace(c, latents=LAT * 2), replace(c, latents=LAT[:4]),
+                    replace(c, prompt_latents=EMPTY), replace(c, seal=c.seal ^ 1)):  # fmt: skip
+        assert not KEYS.sealed(changed)
+    assert not Keys("j" * 64).sealed(c)  # another run's key
+
+
+def test_a_sealed_stream_decodes_in_order_once(world):
+    board, live, guard = world
+    streams, sid = {}, KEYS.new_stream_id()
+    live.sync({sid})
+    c0, c1, c2 = chunks(sid)
+    assert feed(guard, streams, c0).decode
+    assert not guard.decide(c0, streams).decode  # replayed: the stream opens once
+    assert not guard.decide(c2, streams).decode  # out of order
+    assert feed(guard, streams, c1).decode and feed(guard, streams, c2).decode
+    assert sid not in streams
+    assert str(guard.decide(c0, streams).error) == UNKNOWN  # still known as used while the generator holds it
+
+
+def test_only_the_generators_chunks_of_live_streams_decode(world):
+    board, live, guard = world
+    sid = KEYS.new_stream_id()
+    forged = Chunk(sid, LAT, PROMPT)
+    assert isinstance(guard.decide(forged, {}).error, ValueError)  # no seal
+    assert isinstance(guard.decide(chunks(sid)[0], {}).error, ValueError)  # sealed, but not a live stream
+    live.sync({sid})
+    assert guard.decide(chunks(sid)[0], {}).decode
+
+
+def test_ending_chunks_need_no_seal_and_decode_nothing(world):
+    board, live, guard = world
+    d = guard.decide(end_chunk(123, "cancelled"), {})
+    assert d.decode  # VocoderService frees the state of that id, if any, and decodes nothing
+    assert guard.decide(end_chunk(123, "error: boom"), {}).decode
+
+
+def test_a_chunk_whose_client_left_ends_both_streams(world):
+    board, live, guard = world
+    sid = KEYS.new_stream_id()
+    live.sync({sid})
+    streams: dict = {}
+    c0, c1, _ = chunks(sid)
+    feed(guard, streams, c0)
+    d = guard.decide(c1, streams, cancelled=True)
+    assert not d.decode and d.reason == "cancelled"
+    assert sid not in streams and board.is_marked(sid)  # the generator ends it at its next step
+
+
+def test_the_table_makes_room_only_from_streams_the_generator_left(world):
+    board, live, guard = world
+    ids = [KEYS.new_stream_id() for _ in range(5)]
+    live.sync(set(ids[:3]), now=0.0)
+    streams: dict = {}
+    for sid in ids[:3]:
+        assert feed(guard, streams, chunks(sid)[0]).decode
+    live.sync(set(ids[:3]) | {ids[3]}, now=1.0)
+    d = guard.decide(chunks(ids[3])[0], streams)  # full, and every stream is generating: busy, not evicted
+    assert not d.decode and "maximum of 3" in str(d.error) and error_kind(tagged(d.error))[0] == "unavailable"
+    live.sync({ids[1], ids[2], ids[3]}, now=2.0)  # ids[0] ended: its place can be taken
+    assert feed(guard, streams, chunks(ids[3])[0]).decode
+    assert set(streams) == {ids[1], ids[2], ids[3]}
+    assert guard.decide(chunks(ids[4])[0], streams).error is not None  # ids[4] is not generating
+
+
+def test_the_table_counts_streams_opening_in_the_same_batch(world):
+    board, live, guard = world
+    ids = [KEYS.new_stream_id() for _ in range(4)]
+    live.sync(set(ids))
+    d = [guard.decide(chunks(sid)[0], {}, opening=k) for k, sid in enumerate(ids)]
+    assert [x.decode for x in d] == [True, True, True, False]
+
+
+def test_reap_drops_streams_the_generator_forgot(world):
+    board, live, guard = world
+    a, b = KEYS.new_stream_id(), KEYS.new_stream_id()
+    live.sync({a, b}, now=0.0)
+    streams: dict = {}
+    for sid in (a, b):
+        feed(guard, streams, chunks(sid)[0])
+        streams[sid] = Held(100.0)
+    live.sync({b}, now=0.0)  # a ended: within its grace its last chunk may still come
+    assert guard.reap(streams, idle_seconds=60, now=101.0) == []
+    live.sync({b}, now=GRACE_SECONDS)
+    assert guard.reap(streams, idle_seconds=60, now=101.0) == [a]
+    assert guard.reap(streams, idle_seconds=60, now=200.0) == [b]  # idle
+    assert a not in guard.opened
+
+
+def test_live_streams_follow_the_generator(tmp_path):
+    writer, reader = LiveStreams(tmp_path), LiveStreams(tmp_path)
+    writer.sync({1, 2}, now=0.0)
+    assert (reader.state(1), reader.state(3)) == ("live", "gone")
+    writer.sync({2}, now=1.0)
+    assert reader.state(1) == "ended" and reader.snapshot() == ({2}, {1})
+    writer.sync({2}, now=1.0 + GRACE_SECONDS)
+    assert reader.state(1) == "gone"
+    writer.clear()
+    assert reader.snapshot() == (set(), set())
+
+
+def _take(board, n, out):
+    gate = Admission(board, "ensemble_generator", 10)
+    out.put(sum(gate.enter() for _ in range(n)))
+
+
+def test_admission_is_one_gate_across_processes(tmp_path):
+    tts = Admission(tmp_path, "tts", 10)
+    assert all(tts.enter() for _ in range(4))
+    got = multiprocessing.get_context("fork").Queue()
+    p = multiprocessing.get_context("fork").Process(target=_take, args=(tmp_path, 8, got))
+    p.start()
+    p.join(10)
+    assert got.get(timeout=5) == 6  # 4 + 6 = 10: the other model's requests count
+    assert not tts.enter() and tts.total() == 10 and "limit 10" in tts.busy_message()
+    tts.leave()
+    assert tts.enter()
+    assert Admission(tmp_path, "tts", 10).counts() == (4, 6)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [(ValueError("TEXT is empty"), "invalid"), (RuntimeError("boom"), "error"), (TimeoutError("late"), "error")],
+)
+def test_errors_are_tagged_once(exc, kind):
+    message = tagged(exc)
+    assert error_kind(message) == (kind, str(exc))
+    assert tagged(ValueError(message)) == message  # a tagged message keeps its tag
+    assert error_kind("Stub process is not healthy") == ("error", "Stub process is not healthy")
