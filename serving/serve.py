@@ -1,8 +1,8 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
 Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
-:mod:`serving.triton_env`) and runs it in explicit model-control mode under a :class:`Supervisor`, which
-restarts it when a backend dies or hangs. SIGINT/SIGTERM drain running tts streams for ``--drain-seconds``
+:mod:`serving.triton_env`) and runs it (model-control mode none: no model loads later) under a
+:class:`Supervisor`, which restarts it when a backend dies or hangs. SIGINT/SIGTERM drain running tts streams for ``--drain-seconds``
 (a second signal cuts the drain short) and stop everything; a killed launcher takes tritonserver with it.
 Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
 """

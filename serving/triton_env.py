@@ -24,9 +24,11 @@ from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, Keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
-# Triton APIs that can load code, touch shared memory, or change logging and tracing: refused to any
-# request without the admin key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
-# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open.
+# Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
+# any request without the admin key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
+# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
+# loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
+# unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
@@ -126,8 +128,7 @@ class TritonServer:
             str(install.binary),
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
-            "--model-control-mode=explicit",
-            "--load-model=*",
+            "--model-control-mode=none",  # every model of the repository loads at start; none later
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",
             f"--metrics-address={self.host}",
