@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
-    key_source.add_argument("--admin-key", help="key of Triton's admin APIs (default: a new one per run)")
+    key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: a new one per run, "
+                            "in the run folder); visible in the process list: prefer --admin-key-file")
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
     ap.add_argument("--drain-seconds", type=float, default=10.0, help="on SIGTERM, how long running streams may finish")
@@ -164,14 +165,24 @@ def main(argv: list[str] | None = None) -> int:
                             ensemble=not args.no_ensemble)  # fmt: skip
     except ValueError as e:
         ap.error(str(e))
+    if os.geteuid() == 0:
+        print("warning: running as root, and so are tritonserver and its Python stubs, which run this repository's "
+              "code for every request: run as an unprivileged user, or in the image (uid 1000)",
+              file=sys.stderr, flush=True)  # fmt: skip
     work = run_folder(args.work_dir)
     print(f"run folder: {work}", file=sys.stderr, flush=True)
     if admin_key is None:
         admin_key = write_key(work / "admin_key")
         print(f"admin key: {work / 'admin_key'}", file=sys.stderr, flush=True)
+    # Triton's restricted APIs get a key of their own: Triton takes it on its command line, which any local
+    # user can read (/proc/<pid>/cmdline); the operator's key reaches the models only as its digest.
+    triton_key = write_key(work / "triton_admin_key")
+    print(f"Triton admin key (repository index, shared memory, logging, trace): {work / 'triton_admin_key'}",
+          file=sys.stderr, flush=True)  # fmt: skip
     opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
-    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key)
+    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
+                          triton_key=triton_key)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
     signals = []
     signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))

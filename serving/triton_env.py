@@ -25,7 +25,7 @@ from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, Keys
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
 # Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
-# any request without the admin key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
+# any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
 # Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
 # loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
 # unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
@@ -114,7 +114,12 @@ class TritonServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    # The operator's key for adding and removing voices: only its SHA-256 reaches the models, through the
+    # environment (/proc/<pid>/environ is readable by the same user only; the command line by anyone).
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # Triton's key for RESTRICTED_APIS, which Triton takes on its command line only: one of its own per run,
+    # never the operator's.
+    triton_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
 
@@ -139,8 +144,8 @@ class TritonServer:
             "--backend-config=python,shm-growth-byte-size=16777216",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--log-verbose=0",
-            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
-            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
+            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
+            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
             *self.extra_args,
         ]
 

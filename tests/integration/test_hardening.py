@@ -65,17 +65,17 @@ HTTP_ADMIN_CALLS = {
 def _after_admin_attempts(server) -> None:
     """Nothing an admin call would have done is visible: tts serves, no model or file appeared."""
     assert http(server, "GET", "/v2/models/tts/ready")[0] == 200
-    status, index = http(server, "POST", "/v2/repository/index", {}, {"admin-key": server.admin_key})
+    status, index = http(server, "POST", "/v2/repository/index", {}, {"admin-key": server.triton_key})
     assert status == 200 and "evil" not in index
     assert not (server.model_repository / "evil").exists()
-    status, text = http(server, "GET", "/v2/logging", headers={"admin-key": server.admin_key})
+    status, text = http(server, "GET", "/v2/logging", headers={"admin-key": server.triton_key})
     assert status == 200 and json.loads(text)["log_verbose_level"] == 0
 
 
 @pytest.mark.parametrize("call", sorted(HTTP_ADMIN_CALLS))
 def test_http_admin_api_refused_without_the_key(server, call):
     method, path, body = HTTP_ADMIN_CALLS[call]
-    for headers in ({}, {"admin-key": "wrong"}):
+    for headers in ({}, {"admin-key": "wrong"}, {"admin-key": server.admin_key}):  # the voices key is not Triton's
         status, text = http(server, method, path, body, headers)
         assert status == 403 and "restricted" in text, (call, status, text)
     _after_admin_attempts(server)
@@ -115,7 +115,7 @@ def test_no_key_loads_code_or_unloads_a_model(server, protocol):
     """--model-control-mode=none: with the admin key too, Triton refuses to load a model with uploaded code
     and to unload tts (HTTP 503 / gRPC UNAVAILABLE), and neither a log file nor a trace file can be set."""
     PWNED.unlink(missing_ok=True)
-    key = server.admin_key
+    key = server.triton_key
     if protocol == "http":
         for call in ("load a model with uploaded code", "unload tts"):
             status, text = http(server, *HTTP_ADMIN_CALLS[call], {"admin-key": key})
@@ -139,10 +139,12 @@ def test_no_key_loads_code_or_unloads_a_model(server, protocol):
     assert TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize("Still here", parameters={"max_patches": 4}).size
 
 
-def test_the_admin_key_opens_the_admin_apis(server):
+def test_the_triton_key_opens_the_admin_apis_and_the_voices_key_does_not(server):
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
     try:
-        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.admin_key}, as_json=True)
+        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.triton_key}, as_json=True)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.admin_key})
     finally:
         client.close()
     assert {m["name"] for m in index["models"]} >= {"tts", "generator", "vocoder"}
