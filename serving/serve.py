@@ -2,8 +2,9 @@
 
 Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
 :mod:`serving.triton_env`) and runs it (model-control mode none: no model loads later) under a
-:class:`Supervisor`, which restarts it when a backend dies or hangs. SIGINT/SIGTERM drain running tts streams for ``--drain-seconds``
-(a second signal cuts the drain short) and stop everything; a killed launcher takes tritonserver with it.
+:class:`Supervisor`, which restarts it when a backend dies, hangs or stalls. SIGINT/SIGTERM drain running
+tts streams for ``--drain-seconds`` (a second signal cuts the drain short) and stop everything; a killed
+launcher takes tritonserver with it.
 Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
 """
 
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from engine.config import cache_dir
 from serving.repository import ServeOptions, build
-from serving.supervise import Supervisor, start_watchdog
+from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
+from serving.vitals import STALL_SECONDS
 from serving.voice_store import default_dir as default_voice_dir
 
 
@@ -131,11 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
     key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: a new one per run, "
-                            "in the run folder); visible in the process list: prefer --admin-key-file")
+                            "in the run folder); visible in the process list: prefer --admin-key-file")  # fmt: skip
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
-    ap.add_argument("--drain-seconds", type=float, default=10.0, help="on SIGTERM, how long running streams may finish")
+    ap.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                    help="on SIGTERM, or before a restart that can wait (a dead prompt_encoder or voices), how long "
+                         "running streams may finish")  # fmt: skip
+    ap.add_argument("--stall-seconds", type=float, default=STALL_SECONDS,
+                    help="restart tritonserver when a model has had requests waiting this long without executing "
+                         "any, or its metrics port has not answered (0: never); keep it above the longest execute "
+                         f"(default {STALL_SECONDS:g}: a batch of 8 references of 60 s took up to 12.8 s on 2 busy "
+                         "CPU cores)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.stall_seconds < 0 or args.drain_seconds < 0:
+        ap.error("--stall-seconds and --drain-seconds must be >= 0")
 
     admin_key = args.admin_key
     if args.admin_key_file:
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
-    supervisor, code = Supervisor(server, work), 0
+    supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port)
     try:
         supervisor.run(stopping=lambda: bool(signals), tick=gateway.keep_up if gateway else lambda: None)

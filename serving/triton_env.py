@@ -128,6 +128,12 @@ class TritonServer:
         """Names of the Python backend's /dev/shm segments of this server (cleaned up by the launcher)."""
         return f"tts{os.getpid()}_{self.ports.grpc}_"
 
+    @property
+    def local_host(self) -> str:
+        """``host`` as this machine reaches it in a URL (a wildcard address is no destination)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"[{host}]" if ":" in host else host
+
     def command(self, install: TritonInstall) -> list[str]:
         return [
             str(install.binary),
@@ -167,7 +173,7 @@ class TritonServer:
         if self.proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -181,12 +187,15 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
 
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """The metrics port's page (Prometheus text)."""
+        with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
+            return r.read().decode()
+
     def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
         """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
-            text = r.read().decode()
         out = {}
-        for line in text.splitlines():
+        for line in self.metrics_text(timeout).splitlines():
             name, _, value = line.rpartition(" ")
             if name.startswith(prefixes):
                 out[name] = float(value)
