@@ -1,9 +1,10 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
 Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
-:mod:`serving.triton_env`) and runs it in explicit model-control mode under a :class:`Supervisor`, which
-restarts it when a backend dies or hangs. SIGINT/SIGTERM drain running tts streams for ``--drain-seconds``
-(a second signal cuts the drain short) and stop everything; a killed launcher takes tritonserver with it.
+:mod:`serving.triton_env`) and runs it (model-control mode none: no model loads later) under a
+:class:`Supervisor`, which restarts it when a backend dies, hangs or stalls. SIGINT/SIGTERM drain running
+tts streams for ``--drain-seconds`` (a second signal cuts the drain short) and stop everything; a killed
+launcher takes tritonserver with it.
 Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
 """
 
@@ -25,8 +26,9 @@ from pathlib import Path
 
 from engine.config import cache_dir
 from serving.repository import ServeOptions, build
-from serving.supervise import Supervisor, start_watchdog
+from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
+from serving.vitals import STALL_SECONDS
 from serving.voice_store import default_dir as default_voice_dir
 
 
@@ -130,11 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
-    key_source.add_argument("--admin-key", help="key of Triton's admin APIs (default: a new one per run)")
+    key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: a new one per run, "
+                            "in the run folder); visible in the process list: prefer --admin-key-file")  # fmt: skip
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
-    ap.add_argument("--drain-seconds", type=float, default=10.0, help="on SIGTERM, how long running streams may finish")
+    ap.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                    help="on SIGTERM, or before a restart that can wait (a dead prompt_encoder or voices), how long "
+                         "running streams may finish")  # fmt: skip
+    ap.add_argument("--stall-seconds", type=float, default=STALL_SECONDS,
+                    help="restart tritonserver when a model has had requests waiting this long without executing "
+                         "any, or its metrics port has not answered (0: never); keep it above the longest execute "
+                         f"(default {STALL_SECONDS:g}: a batch of 8 references of 60 s took up to 12.8 s on 2 busy "
+                         "CPU cores)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.stall_seconds < 0 or args.drain_seconds < 0:
+        ap.error("--stall-seconds and --drain-seconds must be >= 0")
 
     admin_key = args.admin_key
     if args.admin_key_file:
@@ -164,20 +176,30 @@ def main(argv: list[str] | None = None) -> int:
                             ensemble=not args.no_ensemble)  # fmt: skip
     except ValueError as e:
         ap.error(str(e))
+    if os.geteuid() == 0:
+        print("warning: running as root, and so are tritonserver and its Python stubs, which run this repository's "
+              "code for every request: run as an unprivileged user, or in the image (uid 1000)",
+              file=sys.stderr, flush=True)  # fmt: skip
     work = run_folder(args.work_dir)
     print(f"run folder: {work}", file=sys.stderr, flush=True)
     if admin_key is None:
         admin_key = write_key(work / "admin_key")
         print(f"admin key: {work / 'admin_key'}", file=sys.stderr, flush=True)
+    # Triton's restricted APIs get a key of their own: Triton takes it on its command line, which any local
+    # user can read (/proc/<pid>/cmdline); the operator's key reaches the models only as its digest.
+    triton_key = write_key(work / "triton_admin_key")
+    print(f"Triton admin key (repository index, shared memory, logging, trace): {work / 'triton_admin_key'}",
+          file=sys.stderr, flush=True)  # fmt: skip
     opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
-    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key)
+    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
+                          triton_key=triton_key)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
     signals = []
     signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
-    supervisor, code = Supervisor(server, work), 0
+    supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port)
     try:
         supervisor.run(stopping=lambda: bool(signals), tick=gateway.keep_up if gateway else lambda: None)

@@ -4,15 +4,18 @@ Triton 2.51 handles a Python-backend stub that dies or hangs badly: a dead gener
 waiting 120 s for an empty error and refused new requests until a manual reload; a dead tts stub left
 its clients waiting forever; readiness stayed 200 throughout. So every stub beats a heartbeat file and
 exits when its tritonserver is gone (stub side: :func:`start_heartbeat`), and the launcher watches the
-heartbeats and the stub processes (:class:`Supervisor`). On an incident it fails the tts requests in
-flight with a message naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`),
-then restarts the whole tritonserver: restarting only the failed stub would keep the generator's slots,
-the vocoder's stream state and tts's BLS streams of the old one, out of step with each other.
+stub processes, the heartbeats and the models' progress on Triton's metrics port (:class:`Supervisor`;
+the rules: :mod:`serving.vitals`). On an incident it fails the tts requests in flight with a message
+naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`), then restarts the whole
+tritonserver: restarting only the failed stub would keep the generator's slots, the vocoder's stream
+state and tts's BLS streams of the old one, out of step with each other (and with model-control mode
+none, Triton cannot reload one model). A dead stub that no running stream uses (DEFERRABLE) lets the
+running streams finish first, for up to ``drain_seconds``, while new requests are refused.
 """
 
 from __future__ import annotations
 
-import math
+import http.client
 import os
 import shutil
 import signal
@@ -24,12 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STALL_SECONDS, Incident, Observation, Vitals, samples
+
 if TYPE_CHECKING:  # the stubs import this module: keep their imports light
     from serving.triton_env import TritonServer
 
 HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
-STALE_SECONDS = 3.0  # a heartbeat older than this is a wedged stub (stopped, or a thread holding the GIL)
-POLL_SECONDS = 0.5  # the launcher checks stubs and heartbeats this often
+POLL_SECONDS = 0.5  # the launcher checks stubs, heartbeats and progress this often
+METRICS_TIMEOUT = 0.5  # one read of the metrics port at a poll (no answer: no progress news this poll)
+DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restart or shutdown
+# Models no running stream uses: prompt_encoder serves a request's first step, voices no stream at all.
+# When one dies, the running streams finish before the restart (new requests are refused meanwhile).
+# Any other dead model (tts, generator, vocoder, ensemble_generator) breaks running streams: restart at once.
+DEFERRABLE = frozenset({"prompt_encoder", "voices"})
+SHUTTING_DOWN = "unavailable: server is shutting down"
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
 STUB = "triton_python_backend_stub"
@@ -61,8 +72,9 @@ def start_heartbeat(params: dict[str, str], model: str) -> None:
 
 class RunFlags:
     """The launcher's word to tts, as files in the run folder (one syscall per check: tts checks every
-    50 ms per request): ``broken`` holds the message for clients while a failed server is replaced,
-    ``draining`` says the launcher is shutting down."""
+    50 ms per request): ``broken`` holds the message for clients while a failed server is replaced (tts
+    fails its running requests with it), ``draining`` the message for new requests while the running ones
+    may finish (shutdown, or a restart that waits for them)."""
 
     def __init__(self, run_dir: str | Path):
         self.dir = str(run_dir) if run_dir else ""
@@ -73,20 +85,34 @@ class RunFlags:
             return None
         try:
             with open(self._broken) as f:
-                return f.read() or "the server is restarting; retry shortly"
+                return f.read() or "unavailable: the server is restarting; retry shortly"
         except FileNotFoundError:
             return None
 
-    def draining(self) -> bool:
-        return bool(self.dir) and os.path.exists(self._draining)
+    def draining(self) -> str | None:
+        if not self.dir:
+            return None
+        try:
+            with open(self._draining) as f:
+                return f.read() or SHUTTING_DOWN
+        except FileNotFoundError:
+            return None
+
+    def refusal(self) -> str | None:
+        """Why a new request is refused now, if it is."""
+        return self.broken() or self.draining()
 
     def set_broken(self, message: str) -> None:
-        tmp = f"{self._broken}.tmp"  # written whole, then renamed: a reader never sees half a message
-        Path(tmp).write_text(message)
-        os.replace(tmp, self._broken)
+        self._write(self._broken, message)
 
-    def set_draining(self) -> None:
-        Path(self._draining).touch()
+    def set_draining(self, message: str = SHUTTING_DOWN) -> None:
+        self._write(self._draining, message)
+
+    @staticmethod
+    def _write(path: str, message: str) -> None:
+        tmp = f"{path}.tmp"  # written whole, then renamed: a reader never sees half a message
+        Path(tmp).write_text(message)
+        os.replace(tmp, path)
 
     def clear(self) -> None:
         for path in (self._broken, self._draining):
@@ -124,32 +150,22 @@ def say(message: str) -> None:
     print(f"[supervisor] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class Incident:
-    model: str  # or "tritonserver"
-    how: str  # how it was detected, for the log
-    dead: bool  # False: wedged
-
-    @property
-    def message(self) -> str:
-        """What tts's clients read."""
-        state = "died" if self.dead else "stopped responding"
-        return f"{self.model} backend {state}; the server is restarting, retry shortly"
-
-
 @dataclass
 class Supervisor:
-    """Runs tritonserver for one launcher run: starts it, restarts it after a stub dies or wedges, and
-    drains and stops it. Runs on the launcher's main thread (it spawns tritonserver, whose parent-death
+    """Runs tritonserver for one launcher run: starts it, restarts it after a stub dies, wedges or stalls,
+    and drains and stops it. Runs on the launcher's main thread (it spawns tritonserver, whose parent-death
     signal is tied to the spawning thread)."""
 
     server: TritonServer
     run_dir: Path
+    stall_seconds: float = STALL_SECONDS  # see serving.vitals; 0: no progress rule
+    drain_seconds: float = DRAIN_SECONDS  # how long running streams may finish before a deferred restart
     stubs: dict[int, str] = field(default_factory=dict)  # pid -> model, noted when the server got ready
 
     def __post_init__(self) -> None:
         self.flags = RunFlags(self.run_dir)
         self.models = {p.parent.parent.name for p in self.server.model_repository.glob("*/1/model.py")}
+        self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
 
     def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
         """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
@@ -178,30 +194,72 @@ class Supervisor:
                 return False
             time.sleep(0.25)
         self.stubs = find_stubs(self.server.model_repository)
+        self.vitals.reset()
         return True
 
     def check(self) -> Incident | None:
-        if self.server.proc.poll() is not None:
-            return Incident("tritonserver", f"tritonserver exited with status {self.server.proc.returncode}", True)
+        incident = self._exited()
+        if incident:
+            return incident
         missing = sorted(self.models - set(self.stubs.values()))
         if missing:
             return Incident(missing[0], "it has no stub process", True)
-        now = time.time()
+        incident = self.vitals.observe(self._observe())
+        if self.vitals.pause:
+            say(f"no check for {self.vitals.pause:.1f} s (this process or the machine was paused): "
+                "heartbeat and progress timers start over")  # fmt: skip
+        return incident
+
+    def _exited(self, but: str = "") -> Incident | None:
+        """tritonserver or a stub (of another model than ``but``) that has exited."""
+        if self.server.proc.poll() is not None:
+            return Incident("tritonserver", f"tritonserver exited with status {self.server.proc.returncode}", True)
         for pid, model in self.stubs.items():
-            if not is_alive(pid):
+            if model != but and not is_alive(pid):
                 return Incident(model, f"its stub (pid {pid}) exited", True)
-            try:
-                age = now - os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime
-            except FileNotFoundError:
-                age = math.inf
-            if age > STALE_SECONDS:
-                return Incident(model, f"its stub (pid {pid}) has not beaten for {age:.1f} s (wedged)", False)
         return None
 
+    def _observe(self) -> Observation:
+        beats = {}
+        for pid, model in self.stubs.items():
+            try:
+                beats[pid] = os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime_ns
+            except FileNotFoundError:
+                beats[pid] = None
+        metrics = None
+        if self.stall_seconds:
+            try:
+                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED))
+            except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
+                pass
+        return Observation(time.monotonic(), dict(self.stubs), beats, metrics)
+
     def recover(self, incident: Incident, stopping: Callable[[], bool]) -> None:
-        """Fail tts's requests with the incident's message, then replace the whole tritonserver."""
+        """Fail tts's requests with the incident's message, then replace the whole tritonserver; for a dead
+        stub that no running stream uses, refuse new requests and let the running ones finish first."""
         t0 = time.monotonic()
-        say(f"{incident.model}: {incident.how}; restarting tritonserver")
+        if incident.dead and incident.model in DEFERRABLE:
+            say(f"{incident.model}: {incident.how}; restarting tritonserver once the running streams end "
+                f"(within {self.drain_seconds:g} s)")  # fmt: skip
+            self.flags.set_draining(f"unavailable: {incident.model} backend died; the server restarts once the "
+                                    "running streams end, retry shortly")  # fmt: skip
+            worse = []  # a death that breaks the running streams ends the wait
+
+            def hurry() -> bool:
+                if not worse and (found := self._exited(but=incident.model)):
+                    worse.append(found)
+                return stopping() or bool(worse)
+
+            self._wait_idle(self.drain_seconds, hurry)
+            if stopping():  # the launcher's shutdown drains what is left
+                return
+            if worse:
+                incident = worse[0]
+                say(f"{incident.model}: {incident.how}; restarting tritonserver")
+            else:
+                say(f"{incident.model}: drained in {time.monotonic() - t0:.1f} s; restarting tritonserver")
+        else:
+            say(f"{incident.model}: {incident.how}; restarting tritonserver")
         self.flags.set_broken(incident.message)
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
@@ -233,22 +291,25 @@ class Supervisor:
         message, then stop; skips the waits once ``hurry()``. Returns within drain_seconds + about 4 s."""
         self.flags.set_draining()
         self._wait_idle(drain_seconds, hurry)
-        self.flags.set_broken("server is shutting down")  # the streams still running fail with this
+        self.flags.set_broken(SHUTTING_DOWN)  # the streams still running fail with this
         self._wait_idle(GRACE_SECONDS, hurry)
         self.stop(grace=STOP_SECONDS)  # with nothing in flight tritonserver exits at once, freeing its shm
         self.flags.clear()
 
     def _wait_idle(self, seconds: float, hurry: Callable[[], bool]) -> None:
-        """Until tts has no request running or waiting (or the server cannot say), at most ``seconds``."""
+        """Until no tts or tts_ensemble request is running or waiting (IN_FLIGHT sum to 0), at most
+        ``seconds``; at once when nothing listens on the metrics port (no request can be in flight)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not hurry():
             if self.server.proc is None or self.server.proc.poll() is not None:
                 return
             try:
-                if not self.server.metrics(("tts_requests_in_flight",), timeout=1).get("tts_requests_in_flight"):
+                in_flight = samples(self.server.metrics_text(timeout=1), IN_FLIGHT)
+                if not sum(v for by_model in in_flight.values() for v in by_model.values()):
                     return
-            except OSError:
-                return
+            except (OSError, http.client.HTTPException) as e:
+                if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
+                    return
             time.sleep(0.1)
 
 

@@ -24,9 +24,11 @@ from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, Keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
-# Triton APIs that can load code, touch shared memory, or change logging and tracing: refused to any
-# request without the admin key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
-# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open.
+# Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
+# any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
+# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
+# loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
+# unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
@@ -112,7 +114,12 @@ class TritonServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    # The operator's key for adding and removing voices: only its SHA-256 reaches the models, through the
+    # environment (/proc/<pid>/environ is readable by the same user only; the command line by anyone).
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # Triton's key for RESTRICTED_APIS, which Triton takes on its command line only: one of its own per run,
+    # never the operator's.
+    triton_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
 
@@ -121,13 +128,18 @@ class TritonServer:
         """Names of the Python backend's /dev/shm segments of this server (cleaned up by the launcher)."""
         return f"tts{os.getpid()}_{self.ports.grpc}_"
 
+    @property
+    def local_host(self) -> str:
+        """``host`` as this machine reaches it in a URL (a wildcard address is no destination)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"[{host}]" if ":" in host else host
+
     def command(self, install: TritonInstall) -> list[str]:
         return [
             str(install.binary),
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
-            "--model-control-mode=explicit",
-            "--load-model=*",
+            "--model-control-mode=none",  # every model of the repository loads at start; none later
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",
             f"--metrics-address={self.host}",
@@ -138,8 +150,8 @@ class TritonServer:
             "--backend-config=python,shm-growth-byte-size=16777216",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--log-verbose=0",
-            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
-            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.admin_key}",
+            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
+            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
             *self.extra_args,
         ]
 
@@ -161,7 +173,7 @@ class TritonServer:
         if self.proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -175,12 +187,15 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
 
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """The metrics port's page (Prometheus text)."""
+        with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
+            return r.read().decode()
+
     def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
         """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
-            text = r.read().decode()
         out = {}
-        for line in text.splitlines():
+        for line in self.metrics_text(timeout).splitlines():
             name, _, value = line.rpartition(" ")
             if name.startswith(prefixes):
                 out[name] = float(value)

@@ -9,6 +9,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,26 +65,26 @@ HTTP_ADMIN_CALLS = {
 def _after_admin_attempts(server) -> None:
     """Nothing an admin call would have done is visible: tts serves, no model or file appeared."""
     assert http(server, "GET", "/v2/models/tts/ready")[0] == 200
-    status, index = http(server, "POST", "/v2/repository/index", {}, {"admin-key": server.admin_key})
+    status, index = http(server, "POST", "/v2/repository/index", {}, {"admin-key": server.triton_key})
     assert status == 200 and "evil" not in index
     assert not (server.model_repository / "evil").exists()
-    status, text = http(server, "GET", "/v2/logging", headers={"admin-key": server.admin_key})
+    status, text = http(server, "GET", "/v2/logging", headers={"admin-key": server.triton_key})
     assert status == 200 and json.loads(text)["log_verbose_level"] == 0
 
 
 @pytest.mark.parametrize("call", sorted(HTTP_ADMIN_CALLS))
 def test_http_admin_api_refused_without_the_key(server, call):
     method, path, body = HTTP_ADMIN_CALLS[call]
-    for headers in ({}, {"admin-key": "wrong"}):
+    for headers in ({}, {"admin-key": "wrong"}, {"admin-key": server.admin_key}):  # the voices key is not Triton's
         status, text = http(server, method, path, body, headers)
         assert status == 403 and "restricted" in text, (call, status, text)
     _after_admin_attempts(server)
 
 
 GRPC_ADMIN_CALLS = {
-    "load a model with uploaded code": lambda c: c.load_model("evil", config=EVIL_CONFIG,
-                                                              files={"file:1/model.py": EVIL_CODE}),
-    "unload tts": lambda c: c.unload_model("tts"),
+    "load a model with uploaded code": lambda c, **kw: c.load_model("evil", config=EVIL_CONFIG,
+                                                                    files={"file:1/model.py": EVIL_CODE}, **kw),
+    "unload tts": lambda c, **kw: c.unload_model("tts", **kw),
     "repository index": lambda c: c.get_model_repository_index(),
     "system shared memory register": lambda c: c.register_system_shared_memory("r", "/tts-test-region", 64),
     "system shared memory status": lambda c: c.get_system_shared_memory_status(),
@@ -106,10 +107,44 @@ def test_grpc_admin_api_refused_without_the_key(server, call):
     _after_admin_attempts(server)
 
 
-def test_the_admin_key_opens_the_admin_apis(server):
+PWNED = Path("/tmp/pwned-by-tts-test")  # what EVIL_CODE would write
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_no_key_loads_code_or_unloads_a_model(server, protocol):
+    """--model-control-mode=none: with the admin key too, Triton refuses to load a model with uploaded code
+    and to unload tts (HTTP 503 / gRPC UNAVAILABLE), and neither a log file nor a trace file can be set."""
+    PWNED.unlink(missing_ok=True)
+    key = server.triton_key
+    if protocol == "http":
+        for call in ("load a model with uploaded code", "unload tts"):
+            status, text = http(server, *HTTP_ADMIN_CALLS[call], {"admin-key": key})
+            assert status == 503 and "not allowed" in text, (call, status, text)
+        for path, body in (("/v2/logging", {"log_file": "/tmp/tts-test-log"}),
+                           ("/v2/trace/setting", {"trace_file": "/tmp/tts-test-trace"})):  # fmt: skip
+            status, text = http(server, "POST", path, body, {"admin-key": key})
+            assert status == 501, (path, status, text)
+    else:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        try:
+            for call in ("load a model with uploaded code", "unload tts"):
+                with pytest.raises(InferenceServerException, match="not allowed") as refused:
+                    GRPC_ADMIN_CALLS[call](client, headers={GRPC_ADMIN_HEADER: key})
+                assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
+        finally:
+            client.close()
+    time.sleep(1)  # a load would have run the code by now
+    assert not PWNED.exists() and not Path("/tmp/tts-test-log").exists() and not Path("/tmp/tts-test-trace").exists()
+    _after_admin_attempts(server)
+    assert TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize("Still here", parameters={"max_patches": 4}).size
+
+
+def test_the_triton_key_opens_the_admin_apis_and_the_voices_key_does_not(server):
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
     try:
-        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.admin_key}, as_json=True)
+        index = client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.triton_key}, as_json=True)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.admin_key})
     finally:
         client.close()
     assert {m["name"] for m in index["models"]} >= {"tts", "generator", "vocoder"}

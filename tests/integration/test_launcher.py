@@ -1,6 +1,7 @@
-"""`python -m serving.serve`: serves from a run folder of its own with an admin key, refuses busy ports and
-an exposed host without a key before writing anything, and takes tritonserver and its stubs with it when
-killed. (SIGTERM and restarts: test_supervision.py.) The last test kills the module's launcher."""
+"""`python -m serving.serve`: serves from a run folder of its own with a per-run Triton key (the operator's
+admin key on no command line), warns when run as root, refuses busy ports and an exposed host without a key
+before writing anything, and takes tritonserver and its stubs with it when killed. (SIGTERM and restarts:
+test_supervision.py.) The last test kills the module's launcher."""
 
 from __future__ import annotations
 
@@ -23,9 +24,14 @@ from tests.integration.launcher import Launcher, gone
 pytestmark = pytest.mark.integration
 
 
+OPERATOR_KEY = f"operator-{os.urandom(12).hex()}"
+
+
 @pytest.fixture(scope="module")
 def launcher(tiny_ckpt, tmp_path_factory):
-    with Launcher.start(tiny_ckpt, tmp_path_factory.mktemp("launcher"), "--slots", "2") as ln:
+    tmp = tmp_path_factory.mktemp("launcher")
+    (tmp / "key").write_text(OPERATOR_KEY + "\n")
+    with Launcher.start(tiny_ckpt, tmp, "--slots", "2", "--admin-key-file", str(tmp / "key")) as ln:
         ln.wait_ready()
         yield ln
 
@@ -35,7 +41,7 @@ def serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_serves_from_a_run_folder_of_its_own_with_a_private_admin_key(launcher):
+def test_serves_from_a_run_folder_of_its_own_with_a_private_triton_key(launcher):
     audio = launcher.client().synthesize("Launcher", seed=1, parameters={"max_patches": 6})
     assert audio.size > 0
     import httpx  # the OpenAI-compatible gateway comes up with the server
@@ -45,16 +51,49 @@ def test_serves_from_a_run_folder_of_its_own_with_a_private_admin_key(launcher):
     assert speech.status_code == 200 and len(speech.content) == 2 * audio.size
     run, text = launcher.run_dir, launcher.text()
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{launcher.proc.pid}", run.name) and "ready in" in text
-    key_file = run / "admin_key"
-    assert f"admin key: {key_file}" in text and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert not (run / "admin_key").exists()  # the operator gave one
+    key_file = run / "triton_admin_key"
+    assert f"Triton admin key (repository index, shared memory, logging, trace): {key_file}" in text
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     key = key_file.read_text().strip()
-    assert key and key not in text
+    assert key and key not in text and key != OPERATOR_KEY
     assert {p.name.split(".")[0] for p in (run / "heartbeat").iterdir()} == set(launcher.stubs())
     index = f"http://127.0.0.1:{launcher.ports.http}/v2/repository/index"
     with urllib.request.urlopen(urllib.request.Request(index, b"{}", {ADMIN_HEADER: key})) as r:
         assert r.status == 200
-    with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(urllib.request.Request(index, b"{}"))
+    for headers in ({}, {ADMIN_HEADER: OPERATOR_KEY}):  # the operator's key is the voices', not Triton's
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(index, b"{}", headers))
+        assert refused.value.code == 403
+
+
+def test_the_operators_admin_key_is_on_no_command_line(launcher):
+    """Triton's restricted APIs take their key on its command line, which any local user can read; the
+    operator's key reaches the voices model as a digest in the environment, and still works there."""
+    from client import TTSError
+    from client.voices import VoiceClient
+
+    url = f"127.0.0.1:{launcher.ports.grpc}"
+    with pytest.raises(TTSError, match="is not registered"):  # past the admin check
+        VoiceClient(url, admin_key=OPERATOR_KEY).remove("nobody")
+    with pytest.raises(TTSError, match="needs the admin key"):
+        VoiceClient(url, admin_key="wrong").remove("nobody")
+    seen, triton_key = 0, (launcher.run_dir / "triton_admin_key").read_text().strip()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes()
+        except OSError:  # exited meanwhile
+            continue
+        assert OPERATOR_KEY.encode() not in argv, f"{cmdline}: {argv[:200]!r}"
+        seen += triton_key.encode() in argv
+    assert seen == 1  # tritonserver's: the scan did read the run's command lines
+
+
+def test_running_as_root_is_warned_about(launcher):
+    lines = [line for line in launcher.text().splitlines() if line.startswith("warning: running as root")]
+    assert len(lines) == (1 if os.geteuid() == 0 else 0), lines
+    if lines:
+        assert "stubs" in lines[0] and "uid 1000" in lines[0]
 
 
 def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, tmp_path):

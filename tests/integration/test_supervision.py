@@ -1,6 +1,8 @@
-"""Supervision by the launcher: a backend that dies (kill -9) or wedges (SIGSTOP) fails the streams in
-flight with a message naming it, readiness drops, the server is back by itself with no slot or vocoder
-state left; SIGTERM drains, then stops within its grace period leaving no shared memory.
+"""Supervision by the launcher: a backend that dies (kill -9), wedges (SIGSTOP) or stops making progress
+fails the streams in flight with a message naming it, readiness drops, the server is back by itself with
+no slot or vocoder state left; a dead stub no running stream uses lets the streams finish first; a pause
+of everything (as a VM pause looks to the processes) is no incident; SIGTERM drains, then stops within
+its grace period leaving no shared memory.
 
 One launcher serves the whole module (each incident restarts its tritonserver); the SIGTERM test ends it.
 """
@@ -8,7 +10,9 @@ One launcher serves the whole module (each incident restarts its tritonserver); 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -16,22 +20,37 @@ import numpy as np
 import pytest
 
 from client import TTSError
-from serving.supervise import find_stubs
+from serving.supervise import POLL_SECONDS, find_stubs
+from serving.vitals import STALE_SECONDS
 from tests.integration.launcher import Launcher, ReadyWatch, Stream, gone, with_pid
 
 pytestmark = pytest.mark.integration
 
 LONG = {"max_patches": 400, "chunk_first": 1, "chunk_next": 1}  # about 8 s: still running when hit
-FAIL_WITHIN, BACK_WITHIN, DRAIN = 10.0, 60.0, 3
+FAIL_WITHIN, BACK_WITHIN, DRAIN = 10.0, 60.0, 12
+# Below the default: the module's executes are short, and the pause test's 10 s pause outlasts it.
+STALL, PAUSE = 8, 10.0
 
 
 @pytest.fixture(scope="module")
 def launcher(nostop_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("supervised")
-    with Launcher.start(nostop_ckpt, tmp, "--slots", "4", "--drain-seconds", str(DRAIN)) as ln:
+    args = ("--slots", "4", "--drain-seconds", str(DRAIN), "--stall-seconds", str(STALL))
+    with Launcher.start(nostop_ckpt, tmp, *args) as ln:
         ln.wait_ready()
         yield ln
     print(ln.text())
+
+
+def test_a_generated_admin_key_is_private(launcher):
+    from client.voices import VoiceClient
+
+    key_file = launcher.run_dir / "admin_key"
+    assert f"admin key: {key_file}" in launcher.text() and stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text().strip()
+    assert key not in launcher.text()
+    with pytest.raises(TTSError, match="is not registered"):  # the voices model took the key
+        VoiceClient(f"127.0.0.1:{launcher.ports.grpc}", admin_key=key).remove("nobody")
 
 
 def serving_again(launcher: Launcher, since: float) -> float:
@@ -107,10 +126,163 @@ def test_a_dead_prompt_encoder_fails_the_next_request_naming_it(launcher):
         watch.stop()
 
 
+def fill_the_slots(launcher: Launcher, tag: str) -> tuple[list[Stream], Stream]:
+    """4 long streams running (the launcher has 4 slots) and a fifth request waiting for a slot."""
+    running = [Stream(launcher.client(timeout=60), f"{tag} {i}", LONG) for i in range(4)]
+    assert all(s.started.wait(30) for s in running) and not any(s.error for s in running)
+    waiting = Stream(launcher.client(timeout=60), f"{tag}: waiting", {"max_patches": 4})
+    deadline = time.monotonic() + 20
+    while launcher.metrics().get("tts_requests_waiting", 0) < 1:
+        assert time.monotonic() < deadline, "the fifth request never waited"
+        time.sleep(0.1)
+    return running, waiting
+
+
+def first_drop(watch: ReadyWatch, since: float) -> float:
+    """Seconds from ``since`` until readiness first answered other than 200."""
+    return min(t for t, code in watch.stop() if code != 200 and t >= since) - since
+
+
+def test_a_stopped_generator_fails_the_waiting_requests_too(launcher):
+    running, waiting = fill_the_slots(launcher, "Stopped")
+    pid = launcher.stubs()["generator"]
+    watch = ReadyWatch(launcher)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert waiting.done.wait(FAIL_WITHIN + STALL) and "generator" in str(waiting.error), waiting.error
+        assert all(s.done.wait(5) and "generator" in str(s.error) for s in running)
+        back = check_recovered(launcher, "generator", t0, watch)
+        dropped = first_drop(watch, t0)
+        assert dropped <= STALL + POLL_SECONDS + 1  # the heartbeat rule is faster: STALE_SECONDS + 1 + a poll
+        print(f"generator SIGSTOP with a request waiting: readiness dropped after {dropped:.1f} s, the waiting "
+              f"request failed after {waiting.ended - t0:.1f} s ({waiting.error}); back after {back:.1f} s")  # fmt: skip
+    finally:
+        watch.stop()
+        if pid in find_stubs(launcher.run_dir / "model_repository"):
+            with_pid(os.kill, pid, signal.SIGKILL)
+
+
+def wedge_generator(launcher: Launcher, slots: int) -> list:
+    """Wedge every generator slot of Triton 2.51's iterative sequence batcher, the stub running on: a
+    request with the correlation id of a live sequence and no START holds that sequence's slot for good.
+    Needs key-less generator requests (what tts_ensemble sends); when the generator refuses those, this is
+    to be done another way. Returns the gRPC clients, to close afterwards."""
+    import tritonclient.grpc as grpcclient
+
+    from tests.integration.test_hardening import SILENT, _batched
+
+    clients, ids = [], [secrets.randbits(62) | (1 << 62) for _ in range(slots)]  # random 63-bit ids
+
+    def send(sequence_id: int, start: bool, parameters: dict) -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
+        client.start_stream(callback=lambda result, error: None)
+        client.async_stream_infer("generator", _batched("generator", SILENT, grpcclient), sequence_id=sequence_id,
+                                  sequence_start=start, parameters=parameters)  # fmt: skip
+        clients.append(client)
+
+    for i in ids:
+        send(i, True, LONG)
+    deadline = time.monotonic() + 30
+    while launcher.metrics().get("tts_generator_active_slots", 0) < slots:
+        assert time.monotonic() < deadline, "the generator streams did not start"
+        time.sleep(0.05)
+    for i in ids:
+        send(i, False, {"max_patches": 3})
+    return clients
+
+
+def test_a_generator_that_executes_nothing_is_found_by_its_progress(launcher):
+    """Requests wait for a generator whose stub beats on but which Triton never asks to execute: the
+    progress rule (pending requests, no execution for --stall-seconds) replaces the server."""
+    log_start = len(launcher.text())
+    watch = ReadyWatch(launcher)
+    clients = wedge_generator(launcher, 4)
+    t0 = time.monotonic()
+    try:
+        waiting = Stream(launcher.client(timeout=120), "Waits for a wedged slot", {"max_patches": 4})
+        assert waiting.done.wait(60 + STALL), "the waiting request had no answer"
+        assert "generator" in str(waiting.error), waiting.error
+        incident = [line for line in launcher.text()[log_start:].splitlines() if "[supervisor] generator: " in line]
+        assert incident and "(stalled)" in incident[0], launcher.text()[log_start:]
+        back = check_recovered(launcher, "generator", t0, watch)
+        print(f"wedged generator: {incident[0]}; readiness dropped after {first_drop(watch, t0):.1f} s, the "
+              f"waiting request failed after {waiting.ended - t0:.1f} s; serving again after {back:.1f} s")  # fmt: skip
+    finally:
+        watch.stop()
+        for client in clients:
+            client.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first seen, then theirs)."""
+    parents = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(entry.parent.name)] = int(entry.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, queue = [], [pid]
+    while queue:
+        below = queue.pop(0)
+        children = [child for child, parent in parents.items() if parent == below]
+        found += children
+        queue += children
+    return found
+
+
+def test_a_pause_of_everything_is_no_incident(launcher):
+    """The launcher, tritonserver, its stubs and the gateway stopped for PAUSE seconds, as a VM pause looks
+    to them, with streams running and one waiting: both rules would fire on the gap; none does."""
+    running, waiting = fill_the_slots(launcher, "Paused")
+    servers, log_start = launcher.servers(), len(launcher.text())
+    pids = [launcher.proc.pid, *descendants(launcher.proc.pid)]
+    assert set(launcher.stubs().values()) <= set(pids)
+    for pid in pids:
+        with_pid(os.kill, pid, signal.SIGSTOP)
+    time.sleep(PAUSE)
+    for pid in reversed(pids):
+        with_pid(os.kill, pid, signal.SIGCONT)
+    t0 = time.monotonic()
+    for stream in (*running, waiting):
+        assert stream.done.wait(60), "a stream had no answer after the pause"
+    assert launcher.client(timeout=30).synthesize("After the pause", parameters={"max_patches": 4}).size
+    time.sleep(STALE_SECONDS + 2 * POLL_SECONDS)  # an incident would have been noticed by now
+    after = launcher.text()[log_start:]
+    assert "no check for" in after and "heartbeat and progress timers start over" in after, after
+    assert "restarting tritonserver" not in after, after
+    assert launcher.servers() == servers
+    outcomes = [str(s.error) if s.error else "finished" for s in (*running, waiting)]
+    print(f"pause of {PAUSE:.0f} s: no restart; streams after it: {outcomes}, {time.monotonic() - t0:.1f} s to finish")
+    assert not any("restarting" in outcome for outcome in outcomes), outcomes
+
+
+def test_a_dead_voices_stub_lets_the_running_stream_finish_then_the_server_restarts(launcher):
+    stream = Stream(launcher.client(timeout=60), "Outlives the voices stub.", {**LONG, "max_patches": 250})
+    assert stream.started.wait(30) and stream.error is None, stream.error
+    servers = launcher.servers()
+    watch = ReadyWatch(launcher)
+    t0 = time.monotonic()
+    os.kill(launcher.stubs()["voices"], signal.SIGKILL)
+    try:
+        time.sleep(2 * POLL_SECONDS + 0.2)  # noticed by now
+        with pytest.raises(TTSError, match="unavailable: voices backend died") as refused:
+            launcher.client(timeout=10).synthesize("Too late", parameters={"max_patches": 4})
+        assert not stream.done.is_set(), "the stream ended before the refusal could be seen: make it longer"
+        assert stream.done.wait(DRAIN) and stream.error is None, stream.error  # it finished normally
+        assert stream.chunks >= 250
+        back = check_recovered(launcher, "voices", t0, watch)
+        assert launcher.servers() != servers and "[supervisor] voices: drained in " in launcher.text()
+        print(f"voices SIGKILL: the running stream finished {stream.ended - t0:.1f} s after, new requests were "
+              f"refused ({refused.value}); serving again after {back:.1f} s")  # fmt: skip
+    finally:
+        watch.stop()
+
+
 def test_sigterm_drains_streams_then_stops_leaving_nothing(launcher):
     client = launcher.client(timeout=30)
     short = Stream(client, "Short enough to finish.", {**LONG, "max_patches": 60})
-    long = Stream(client, "Too long to finish.", LONG)
+    long = Stream(client, "Too long to finish.", {**LONG, "steps": 100})  # 10x the flow steps: far past DRAIN
     assert short.started.wait(30) and long.started.wait(30)
     server, stubs = launcher.servers(), list(launcher.stubs().values())
     t0 = time.monotonic()
