@@ -31,6 +31,21 @@ from engine.segments import Joiner, segment_schedule
 # Finish reasons: why a stream (and so an utterance) ended. Failures carry a message after the prefix.
 STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
 INVALID, ERROR = "invalid: ", "error: "  # bad input (INVALID_ARG) / the server failed (INTERNAL)
+# Error kinds: every error message a client can get starts with exactly one of these tags (INVALID and
+# ERROR above are two of them), and each edge (client, gateway) maps the tag, never the wording.
+UNAVAILABLE = "unavailable: "  # busy, restarting, shutting down, a full table: retry later
+FORBIDDEN = "forbidden: "  # the admin key is missing or wrong
+NOT_FOUND = "not found: "  # e.g. removing a voice that is not registered
+KINDS = (INVALID, UNAVAILABLE, ERROR, FORBIDDEN, NOT_FOUND)
+
+
+def error_kind(message: str) -> tuple[str, str]:
+    """A server's error message -> (its tag, one of :data:`KINDS`; the message without it). A message
+    without a tag (Triton's own, e.g. ``Request for unknown model``) is an :data:`ERROR`."""
+    for tag in KINDS:
+        if message.startswith(tag):
+            return tag, message[len(tag) :]
+    return ERROR, message
 
 
 def failure_reason(exc: BaseException) -> str:

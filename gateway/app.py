@@ -15,15 +15,16 @@ from pathlib import Path
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
 from client.aio import AsyncTTSClient
 from client.audio_io import read_audio
-from client.request import ServerBusy, TTSError
+from client.request import TTSError
 from client.voices import VoiceClient
 from engine.audio import MAX_REFERENCE_SECONDS
 from engine.params import UTTERANCE_PARAMETERS
 from gateway.encode import FORMATS, Encoder
+from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
@@ -34,27 +35,6 @@ MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16
 STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
 EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        headers = {"Retry-After": "1"} if self.status == 503 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def from_tts_error(e: Exception) -> APIError:
-    if isinstance(e, ServerBusy):
-        return APIError(503, str(e), kind="server_busy")
-    if isinstance(e, ConnectionError):
-        return APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable")
-    if isinstance(e, TimeoutError):
-        return APIError(504, str(e), kind="timeout")
-    return APIError(400, str(e))  # the server's verdict on the request: it names the field
 
 
 def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
@@ -79,9 +59,9 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         try:
             ready = await tts._channel().is_server_ready()
         except Exception as e:  # the server cannot be reached: that is the answer
-            raise APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable") from None
+            raise APIError(503, f"the TTS server is unavailable: {e}", kind=UNAVAILABLE_TYPE) from None
         if not ready:
-            raise APIError(503, "the TTS server is not ready", kind="server_unavailable")
+            raise APIError(503, "the TTS server is not ready", kind=UNAVAILABLE_TYPE)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -103,16 +83,11 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
                            kind="authentication_error")  # fmt: skip
         return key
 
-    async def voice_call(fn, *args):
+    async def voice_call(fn, *args, param: str | None = None):
         try:
             result = await asyncio.to_thread(fn, *args)
-        except TTSError as e:
-            if "admin key" in str(e):
-                raise APIError(403, str(e), kind="permission_error") from None
-            status = 404 if "not registered" in str(e) else 400
-            raise APIError(status, str(e), "name" if status == 404 else None) from None
-        except (ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e, param) from None
         voices_cache["at"] = -1e9  # the list changed
         return result
 
@@ -138,7 +113,7 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     @app.delete("/v1/audio/voices/{name}")
     async def remove_voice(name: str, request: Request):
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
-        return await voice_call(voices_client.remove, name)
+        return await voice_call(voices_client.remove, name, param="name")
 
     page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
 

@@ -166,7 +166,7 @@ def test_an_unreachable_server_is_503_with_retry_after():
     with TestClient(create_app(f"127.0.0.1:{free_port()}", timeout=5)) as client:  # nothing listens there
         r = client.post("/v1/audio/speech", json={"input": "Anyone there?"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert r.json()["error"]["type"] == "server_unavailable"
+        assert r.json()["error"]["type"] == "service_unavailable"
         assert client.get("/health").status_code == 503
 
 
