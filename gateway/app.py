@@ -22,18 +22,14 @@ from client.audio_io import read_audio
 from client.request import TTSError
 from client.voices import VoiceClient
 from engine.audio import MAX_REFERENCE_SECONDS
-from engine.params import UTTERANCE_PARAMETERS
-from gateway.encode import FORMATS, Encoder
+from gateway.encode import Encoder
 from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
+from gateway.fields import from_query, parse_json, speech_request
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
 MAX_BODY_BYTES = 64 * 1024
-MAX_INPUT_CHARS = 4000
 MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
-# OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
-STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
-EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
 
 
@@ -45,7 +41,6 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
 
     async def voices() -> list[dict]:
         if time.monotonic() - voices_cache["at"] > VOICE_LIST_SECONDS:
-
             listed = await asyncio.to_thread(VoiceClient(triton, timeout=timeout).list)
             voices_cache.update(at=time.monotonic(), list=listed, names={v["name"] for v in listed})
         return voices_cache["list"]
@@ -124,36 +119,22 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
         """The same as POST with the fields as query parameters (what an audio element can ask for)."""
-        body = dict(request.query_params)
-        for name, value in body.items():  # numbers arrive as text
-            if name in EXTRAS or name in ("seed", "speed"):
-                try:
-                    body[name] = json.loads(value)
-                except ValueError:
-                    raise APIError(400, f"{name} must be a number, got {value!r}", name) from None
-        return await speak(body)
+        return await speak(from_query(request.query_params))
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        raw = await read_capped(request, MAX_BODY_BYTES, f"the request body is over {MAX_BODY_BYTES} bytes")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        return await speak(body)
+        too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
+        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big)))
 
     async def speak(body: dict):
         kw = await speech_request(body, voices)
-        fmt = body.get("response_format", "mp3")
         stream = tts.stream(**kw)
         try:  # the first chunk before the headers: a refused request is an error status, not a broken stream
             first = await anext(stream, None)
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e) from None
-        encoder = Encoder(fmt)
-        if body.get("stream_format", "audio") == "sse":
+        encoder = Encoder(body.get("response_format") or "mp3")
+        if body.get("stream_format") == "sse":
             return StreamingResponse(sse(stream, first, encoder), media_type="text/event-stream")
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
@@ -192,50 +173,6 @@ async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
         parts.append(part)
     request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
     return request._body
-
-
-async def speech_request(body: dict, voices) -> dict:
-    """OpenAI's body (plus our extras) -> keyword arguments of ``AsyncTTSClient.stream``."""
-    known = {"model", "input", "voice", "response_format", "speed", "stream_format", "language", "seed",
-             "instructions", *EXTRAS}  # fmt: skip
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise APIError(400, f"unknown fields: {unknown}", unknown[0])
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "input must be a non-empty string", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
-    fmt = body.get("response_format", "mp3")
-    if fmt not in FORMATS:
-        raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {fmt!r}", "response_format")
-    if body.get("stream_format", "audio") not in ("audio", "sse"):
-        raise APIError(400, "stream_format must be audio or sse", "stream_format")
-    speed = body.get("speed", 1.0)
-    if speed != 1.0:
-        raise APIError(400, "speed other than 1.0 is not supported", "speed")
-    if body.get("instructions"):
-        raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
-    kw = {"text": text, "parameters": {k: body[k] for k in EXTRAS if k in body}}
-    if "language" in body:
-        kw["language"] = body["language"]
-    if "seed" in body:
-        if not isinstance(body["seed"], int) or isinstance(body["seed"], bool):
-            raise APIError(400, "seed must be an integer", "seed")
-        kw["seed"] = body["seed"]
-    voice = body.get("voice", "default")
-    if not isinstance(voice, str):
-        raise APIError(400, "voice must be a string", "voice")
-    if voice != "default":
-        try:
-            names = {v["name"] for v in await voices()}
-        except (TTSError, ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
-        if voice in names:
-            kw["voice_id"] = voice
-        elif voice not in STOCK_VOICES:
-            raise APIError(400, f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)", "voice")
-    return kw
 
 
 async def audio_bytes(stream, first, encoder: Encoder):

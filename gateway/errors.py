@@ -3,7 +3,9 @@ place where the server's error kinds (its in-band tags, read by the client) beco
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
+import json
+
+from fastapi.responses import Response
 
 from client.request import TTSError
 from engine.orchestrator import ERROR, FORBIDDEN, INVALID, NOT_FOUND, UNAVAILABLE
@@ -27,10 +29,12 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
-    def response(self) -> JSONResponse:
+    def response(self) -> Response:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
         headers = {"Retry-After": "1"} if self.status == 503 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        # ASCII JSON: a field name or value sent with a lone surrogate ("\ud800") cannot be encoded as UTF-8
+        content = json.dumps(body).encode()
+        return Response(content, status_code=self.status, headers=headers, media_type="application/json")
 
 
 def from_tts_error(e: Exception, param: str | None = None) -> APIError:
