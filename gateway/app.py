@@ -8,36 +8,34 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from client.aio import AsyncTTSClient
-from client.audio_io import read_audio
 from client.request import TTSError
 from client.voices import VoiceClient
-from engine.audio import MAX_REFERENCE_SECONDS
+from gateway.body import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
 from gateway.encode import Encoder
 from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
-MAX_BODY_BYTES = 64 * 1024
-MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
 VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
+DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60 s x 192 kHz of float32
 
 
 def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
-    """``triton``: host:port of Triton's gRPC endpoint."""
+    """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
+    stream fails."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voices_cache: dict = {"at": -1e9, "names": set(), "list": []}
+    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
 
     async def voices() -> list[dict]:
         if time.monotonic() - voices_cache["at"] > VOICE_LIST_SECONDS:
@@ -89,19 +87,23 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
         key = admin_key(request)
-        await read_capped(request, MAX_UPLOAD_BYTES, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+        too_big = f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB"
+        await read_capped(request, MAX_UPLOAD_BYTES, too_big)
         form = await request.form()  # parses the body read above
         name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
         if not isinstance(name, str) or not name:
             raise APIError(400, "name is required", "name")
+        if not isinstance(text, str):
+            raise APIError(400, "text (the transcript) must be a form field, not a file", "text")
         if upload is None or isinstance(upload, str):
             raise APIError(400, "file (the reference recording) is required", "file")
         data = await upload.read(MAX_UPLOAD_BYTES + 1)
         if len(data) > MAX_UPLOAD_BYTES:
-            raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", "file")
-        # off the event loop (the streams go on meanwhile), and only after the length is known: the key is
-        # checked by the voices model, so this runs for anyone who sends a Bearer header
-        audio, sr = await asyncio.to_thread(decode_upload, data)
+            raise APIError(413, too_big, "file")
+        # off the event loop (the streams go on meanwhile), a few at a time, and bounded from the header
+        # before any decoding: the key is checked by the voices model, so this runs for any Bearer header
+        async with decoding:
+            audio, sr = await asyncio.to_thread(decode_upload, data)
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         return await voice_call(voices_client.add, name, audio, sr, text)
 
@@ -139,40 +141,6 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
     return app
-
-
-def decode_upload(data: bytes) -> tuple[np.ndarray, int]:
-    """An uploaded reference recording -> (mono float32, rate); APIError 400 naming ``file`` for what is
-    not audio or is longer than a reference may be. The length comes from the header first: 110 KB of
-    FLAC silence can decode to 230 MB of samples."""
-    import soundfile as sf
-
-    try:
-        info = sf.info(io.BytesIO(data))
-    except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
-        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
-    if info.frames > MAX_REFERENCE_SECONDS * info.samplerate:
-        raise APIError(400, f"file is {info.frames / info.samplerate:.1f} s long; a reference may be at most "
-                       f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
-    try:
-        return read_audio(io.BytesIO(data))
-    except Exception as e:
-        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
-
-
-async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes, whatever Content-Length
-    says or whether it is there (a chunked body has none): nothing more is read or kept."""
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise APIError(413, too_big)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise APIError(413, too_big)
-        parts.append(part)
-    request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
-    return request._body
 
 
 async def audio_bytes(stream, first, encoder: Encoder):
