@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
-from gateway.body import MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
+from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
 from gateway.encode import Encoder
 from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
@@ -29,9 +29,9 @@ VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
 DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60 s x 192 kHz of float32
 
 
-def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
+def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
-    stream fails."""
+    stream fails; ``body_timeout``: seconds for a request body to arrive."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voices_cache: dict = {"at": -1e9, "names": set(), "list": []}
@@ -88,7 +88,7 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     async def add_voice(request: Request):
         key = admin_key(request)
         too_big = f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB"
-        await read_capped(request, MAX_UPLOAD_BYTES, too_big)
+        await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
         form = await request.form()  # parses the body read above
         name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
         if not isinstance(name, str) or not name:
@@ -126,7 +126,7 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
-        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big)))
+        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
 
     async def speak(body: dict):
         kw = await speech_request(body, voices)

@@ -1,10 +1,11 @@
-"""What a client sends, bounded before it costs anything: a request body in bytes, an uploaded
+"""What a client sends, bounded before it costs anything: a request body in bytes and seconds, an uploaded
 reference recording in rate, channels and length from its header before decoding, and in length again
 while it decodes. These run for anyone who reaches the port (the voices model checks the admin key later).
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import numpy as np
@@ -15,23 +16,33 @@ from gateway.errors import APIError
 
 MAX_BODY_BYTES = 64 * 1024  # a speech request's JSON
 MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
+BODY_TIMEOUT = 30.0  # seconds for a body to arrive once its headers have (20 MB at 0.7 MB/s)
 MAX_UPLOAD_CHANNELS = 2
 DECODE_BLOCK_FRAMES = 2**16  # frames decoded at a time: 512 KB of float32 stereo
 UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count for a file that does not say (SF_COUNT_MAX)
 
 
-async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
+async def read_capped(request: Request, limit: int, too_big: str, seconds: float = BODY_TIMEOUT) -> bytes:
     """The request body, refused (413) as soon as it passes ``limit`` bytes, whatever Content-Length
-    says or whether it is there (a chunked body has none): nothing more is read or kept."""
+    says or whether it is there (a chunked body has none), and (408) if it has not all arrived within
+    ``seconds``; nothing more is read or kept, and the connection is closed after either answer."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:  # (uvicorn refuses a malformed one)
-        raise APIError(413, too_big)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise APIError(413, too_big)
-        parts.append(part)
+        raise APIError(413, too_big, close=True)
+    parts = []
+
+    async def read() -> None:
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise APIError(413, too_big, close=True)
+            parts.append(part)
+
+    try:
+        await asyncio.wait_for(read(), seconds)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {seconds:g} s", close=True) from None
     request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
     return request._body
 

@@ -25,13 +25,19 @@ UNAVAILABLE_TYPE = STATUSES[UNAVAILABLE][1]  # also what an unreachable server i
 class APIError(Exception):
     """An error answer. ``param``: the request field at fault (OpenAI's ``param``), if one is."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+        close: bool = False,
+    ):  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.close = close  # end the connection after answering (the rest of the request body is unwanted)
 
     def response(self) -> Response:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        headers = {"Retry-After": "1"} if self.status == 503 else None
+        headers = {"Retry-After": "1"} if self.status == 503 else {}
+        if self.close:
+            headers["Connection"] = "close"
         # ASCII JSON: a field name or value sent with a lone surrogate ("\ud800") cannot be encoded as UTF-8
         content = json.dumps(body).encode()
         return Response(content, status_code=self.status, headers=headers, media_type="application/json")
