@@ -5,13 +5,27 @@
 
 from client.aio import AsyncTTSClient
 from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
-from client.tts_client import SAMPLE_RATE, Chunk, ServerBusy, TTSClient, TTSError
+from client.tts_client import (
+    SAMPLE_RATE,
+    Chunk,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    ServerBusy,
+    ServerUnavailable,
+    TTSClient,
+    TTSError,
+)
 
 __all__ = [
     "SAMPLE_RATE",
     "AsyncTTSClient",
     "Chunk",
+    "Forbidden",
+    "InvalidRequest",
+    "NotFound",
     "ServerBusy",
+    "ServerUnavailable",
     "TTSClient",
     "TTSError",
     "WavWriter",

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from client.request import grpc_error, grpc_inputs, is_final, raise_if_failed, request_fields, sequence
+from client.request import grpc_error, grpc_inputs, is_final, raise_if_failed, request_fields
 from client.tts_client import Chunk, _host_port
 
 
@@ -69,7 +69,6 @@ class AsyncTTSClient:
             "model_name": self.model,
             "inputs": grpc_inputs(fields, model=self.model),
             "parameters": parameters or {},
-            **sequence(self.model),
         }
 
         async def one_request():

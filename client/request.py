@@ -7,26 +7,56 @@ protocols send exactly the same fields.
 from __future__ import annotations
 
 import json
-import secrets
 
 import numpy as np
 
-from engine.orchestrator import ERROR, INVALID
+from engine.orchestrator import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
 from serving.contract import SAMPLE_RATE, TTS_PARAMETERS, input_spec  # noqa: F401 (SAMPLE_RATE: re-exported)
 
 PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as the CLI offers them
 
 
 class TTSError(RuntimeError):
-    """The server rejected or failed the request; ``str(e)`` is the server's message."""
+    """The server refused or failed the request; ``str(e)`` is its message without the kind tag, ``kind``
+    the tag (``engine.orchestrator.KINDS``). A plain ``TTSError`` is ``error``: the server failed."""
+
+    kind = ERROR
+
+
+class InvalidRequest(TTSError):
+    """The request was bad; the message names the input or parameter. Retrying it will not help."""
+
+    kind = INVALID
 
 
 class ServerBusy(TTSError):
-    """The server's queue is full (it refused the request at once): retry after a short wait."""
+    """The server cannot take the request now (queue full, restarting, shutting down): retry shortly."""
+
+    kind = UNAVAILABLE
+
+
+ServerUnavailable = ServerBusy
+
+
+class Forbidden(TTSError):
+    """The admin key is missing or wrong."""
+
+    kind = FORBIDDEN
+
+
+class NotFound(TTSError):
+    """What the request names does not exist (e.g. removing a voice that is not registered)."""
+
+    kind = NOT_FOUND
+
+
+ERRORS = {cls.kind: cls for cls in (InvalidRequest, ServerBusy, TTSError, Forbidden, NotFound)}  # one per kind
 
 
 def server_error(message: str) -> TTSError:
-    return (ServerBusy if message.startswith("server busy") else TTSError)(message)
+    """A server's error message -> the exception of its kind, with the message after the tag."""
+    kind, text = error_kind(message)
+    return ERRORS[kind](text)
 
 
 def request_fields(
@@ -47,15 +77,6 @@ def request_fields(
         fields["REF_AUDIO"] = np.asarray(ref_audio, np.float32).reshape(-1)
         fields["REF_SAMPLE_RATE"] = ref_sample_rate
     return {k: v for k, v in fields.items() if v is not None}
-
-
-def sequence(model: str) -> dict:
-    """Keyword arguments of ``async_stream_infer`` for ``model``. ``tts_ensemble`` runs the generator, a
-    sequence model: it gets a random 63-bit sequence id, never Triton's own sequential ones, since a
-    START on a live id takes the sequence over (the server refuses ensemble requests without one)."""
-    if model != "tts_ensemble":
-        return {}
-    return {"sequence_id": secrets.randbits(63) | (1 << 62), "sequence_start": True}
 
 
 def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
@@ -94,24 +115,27 @@ def http_error_text(raw: bytes) -> str:
 def grpc_error(error) -> Exception:
     """A ``tritonclient`` ``InferenceServerException`` or a ``grpc.RpcError`` -> the exception the client raises.
 
-    Transport failures keep their meaning (``ConnectionError``, ``TimeoutError``); everything else is the
-    server's verdict on the request (:class:`TTSError` with its message).
+    Transport failures keep their meaning: ``TimeoutError`` for a deadline, ``ConnectionError`` for an
+    UNAVAILABLE status whose message has no kind tag (no server there, the connection broke); everything
+    else is the server's verdict, mapped by its tag (:func:`server_error`).
     """
     if hasattr(error, "code") and hasattr(error, "details"):  # grpc.RpcError (the aio call raises these)
         msg, status = error.details() or str(error.code()), str(error.code())
     else:
         msg = error.message() if hasattr(error, "message") else str(error)
         status = error.status() if hasattr(error, "status") else None
-    if status == "StatusCode.UNAVAILABLE":
-        return ConnectionError(f"server unavailable: {msg}")
+    msg = msg or ""
     if status == "StatusCode.DEADLINE_EXCEEDED":
         return TimeoutError(f"stream deadline exceeded: {msg}")
+    if status == "StatusCode.UNAVAILABLE" and not msg.startswith(KINDS):
+        return ConnectionError(f"server unavailable: {msg}")
     return server_error(msg)
 
 
 def raise_if_failed(finish_reason) -> None:
-    """``tts_ensemble`` reports a failed stream in FINISH_REASON ("invalid: ..." or "error: ...") of a
-    normal last response, since an ensemble cannot end a stream with an error: raise it as one."""
+    """``tts_ensemble`` reports a failed stream in FINISH_REASON (a kind tag and a message, e.g.
+    "invalid: ...") of a normal last response, since an ensemble cannot end a stream with an error:
+    raise it as one (:func:`server_error`)."""
     if finish_reason is None:
         return
     if isinstance(finish_reason, np.ndarray):
@@ -120,9 +144,8 @@ def raise_if_failed(finish_reason) -> None:
         finish_reason = finish_reason.reshape(-1)[0]
     if isinstance(finish_reason, bytes):
         finish_reason = finish_reason.decode("utf-8", "replace")
-    for prefix in (INVALID, ERROR):
-        if finish_reason.startswith(prefix):
-            raise TTSError(finish_reason.removeprefix(prefix))
+    if finish_reason.startswith(KINDS):
+        raise server_error(finish_reason)
 
 
 def is_final(result) -> bool:

@@ -4,7 +4,10 @@ Each yielded :class:`Chunk` holds mono 24 kHz float32 samples and its arrival ti
 iterator early cancels the request on the server. Every wait has a timeout: ``timeout`` bounds the wait
 for each response (and the HTTP connect), ``stream_timeout`` the whole stream.
 
-Errors: :class:`TTSError` (the server rejected or failed the request, with its message),
+Errors: :class:`TTSError` (the server refused or failed the request, with its message), by the kind the
+server tagged it with: :class:`InvalidRequest` (bad input; do not retry), :class:`ServerBusy` (alias
+``ServerUnavailable``: busy, restarting or shutting down; retry shortly), :class:`Forbidden`,
+:class:`NotFound`, or a plain :class:`TTSError` (the server failed); ``e.kind`` is the tag.
 ``ConnectionError`` (no server there), ``TimeoutError`` (a timeout above expired).
 """
 
@@ -22,7 +25,11 @@ import numpy as np
 
 from client.request import (
     SAMPLE_RATE,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
     ServerBusy,
+    ServerUnavailable,
     TTSError,
     grpc_error,
     grpc_inputs,
@@ -31,11 +38,13 @@ from client.request import (
     is_final,
     raise_if_failed,
     request_fields,
-    sequence,
     server_error,
 )
 
-__all__ = ["SAMPLE_RATE", "Chunk", "ServerBusy", "TTSClient", "TTSError"]
+__all__ = [
+    "SAMPLE_RATE", "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
+    "TTSError",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,7 @@ class TTSClient:
         done = False
         try:
             try:
-                client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True,
-                                          **sequence(self.model))  # fmt: skip
+                client.async_stream_infer(self.model, inputs, parameters=parameters, enable_empty_final_response=True)
             except InferenceServerException:
                 # the stream broke before the request went out; its callback has the cause (e.g. UNAVAILABLE)
                 pass
@@ -134,7 +142,7 @@ class TTSClient:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         t0 = time.perf_counter()
         try:
-            body = http_body(fields, {**parameters, **sequence(self.model)})
+            body = http_body(fields, parameters)
             conn.request("POST", f"/v2/models/{self.model}/generate_stream", body,
                          {"Content-Type": "application/json"})  # fmt: skip
             resp = conn.getresponse()

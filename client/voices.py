@@ -7,14 +7,18 @@ import os
 
 import numpy as np
 
-from client.request import grpc_inputs
-from client.tts_client import TTSError, _host_port
+from client.request import TTSError, grpc_error, grpc_inputs
+from client.tts_client import _host_port
 
 ADMIN_KEY_ENV = "TTS_ADMIN_KEY"
 
 
 class VoiceClient:
-    """``admin_key`` (default: $TTS_ADMIN_KEY) is needed to add and remove voices, not to list them."""
+    """``admin_key`` (default: $TTS_ADMIN_KEY) is needed to add and remove voices, not to list them.
+
+    Errors are those of :class:`client.TTSClient`: :class:`client.Forbidden` for a missing or wrong key,
+    :class:`client.NotFound` for removing a voice that is not registered, :class:`client.InvalidRequest`
+    for a bad name or recording."""
 
     def __init__(self, url: str, protocol: str = "grpc", timeout: float = 120.0, admin_key: str | None = None):
         if protocol not in ("grpc", "http"):
@@ -51,8 +55,8 @@ class VoiceClient:
                   else tc.InferenceServerClient(f"{self.host}:{self.port}", network_timeout=self.timeout))  # fmt: skip
         try:
             result = client.infer("voices", inputs, **kw)
-        except InferenceServerException as e:
-            raise TTSError(e.message()) from None
+        except InferenceServerException as e:  # the server's verdict by its kind tag, or a transport failure
+            raise grpc_error(e) from None
         finally:
             client.close()
         raw = result.as_numpy("RESULT").reshape(-1)[0]

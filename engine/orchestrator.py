@@ -52,13 +52,13 @@ class StreamFailed(Exception):
     """A generator stream ended with a failure reason; ``kind`` says whose fault (``invalid``: the input)."""
 
     def __init__(self, reason: str):
-        self.kind, message = error_kind(reason)
-        self.invalid = self.kind == "invalid"
+        self.kind, message = error_kind(reason)  # a tag of KINDS
+        self.invalid = self.kind == INVALID
         super().__init__(message)
 
     @property
     def reason(self) -> str:
-        return f"{self.kind}: {self}"
+        return f"{self.kind}{self}"
 
 
 @dataclass(frozen=True)

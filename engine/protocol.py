@@ -21,11 +21,12 @@ class Unavailable(Exception):
 
 
 def error_kind(message: str) -> tuple[str, str]:
-    """A tagged message -> (kind without ": ", the message without its tag); untagged messages are errors."""
+    """A server's error message -> (its tag, one of :data:`KINDS`; the message without it). A message
+    without a tag (Triton's own, e.g. ``Request for unknown model``) is an :data:`ERROR`."""
     for tag in KINDS:
         if message.startswith(tag):
-            return tag[:-2], message[len(tag) :]
-    return ERROR[:-2], message
+            return tag, message[len(tag) :]
+    return ERROR, message
 
 
 def tagged(exc: BaseException) -> str:

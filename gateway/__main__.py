@@ -4,6 +4,7 @@ speech API in front of a Triton server (this one's or a remote one), on uvicorn.
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -12,12 +13,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds without a chunk before a stream fails")
+    from gateway import server
+
+    server.add_arguments(ap)
     args = ap.parse_args(argv)
+    try:
+        options = server.options(args)
+    except ValueError as e:
+        ap.error(str(e))
+    import sys
+
     import uvicorn
 
-    from gateway.app import create_app
-
-    uvicorn.run(create_app(args.triton, args.timeout), host=args.host, port=args.port, log_level="info")
+    uv = uvicorn.Server(server.uvicorn_config(args.triton, args.host, args.port, options, args.timeout))
+    with contextlib.suppress(KeyboardInterrupt):
+        uv.run()
+    if not uv.started:  # e.g. the port is taken (uvicorn has logged why)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -8,64 +8,37 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
 from client.aio import AsyncTTSClient
-from client.audio_io import read_audio
-from client.request import ServerBusy, TTSError
+from client.request import TTSError
 from client.voices import VoiceClient
-from engine.audio import MAX_REFERENCE_SECONDS
-from engine.params import UTTERANCE_PARAMETERS
-from gateway.encode import FORMATS, Encoder
+from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
+from gateway.encode import Encoder
+from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
+from gateway.fields import from_query, parse_json, speech_request
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
-MAX_BODY_BYTES = 64 * 1024
-MAX_INPUT_CHARS = 4000
-MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
-# OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
-STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
-EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
+DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60 s x 192 kHz of float32
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        headers = {"Retry-After": "1"} if self.status == 503 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def from_tts_error(e: Exception) -> APIError:
-    if isinstance(e, ServerBusy):
-        return APIError(503, str(e), kind="server_busy")
-    if isinstance(e, ConnectionError):
-        return APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable")
-    if isinstance(e, TimeoutError):
-        return APIError(504, str(e), kind="timeout")
-    return APIError(400, str(e))  # the server's verdict on the request: it names the field
-
-
-def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
-    """``triton``: host:port of Triton's gRPC endpoint."""
+def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+    """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
+    stream fails; ``body_timeout``: seconds for a request body to arrive."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voices_cache: dict = {"at": -1e9, "names": set(), "list": []}
+    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
 
     async def voices() -> list[dict]:
         if time.monotonic() - voices_cache["at"] > VOICE_LIST_SECONDS:
-
             listed = await asyncio.to_thread(VoiceClient(triton, timeout=timeout).list)
             voices_cache.update(at=time.monotonic(), list=listed, names={v["name"] for v in listed})
         return voices_cache["list"]
@@ -79,9 +52,9 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
         try:
             ready = await tts._channel().is_server_ready()
         except Exception as e:  # the server cannot be reached: that is the answer
-            raise APIError(503, f"the TTS server is unavailable: {e}", kind="server_unavailable") from None
+            raise APIError(503, f"the TTS server is unavailable: {e}", kind=UNAVAILABLE_TYPE) from None
         if not ready:
-            raise APIError(503, "the TTS server is not ready", kind="server_unavailable")
+            raise APIError(503, "the TTS server is not ready", kind=UNAVAILABLE_TYPE)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -103,42 +76,41 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
                            kind="authentication_error")  # fmt: skip
         return key
 
-    async def voice_call(fn, *args):
+    async def voice_call(fn, *args, param: str | None = None):
         try:
             result = await asyncio.to_thread(fn, *args)
-        except TTSError as e:
-            if "admin key" in str(e):
-                raise APIError(403, str(e), kind="permission_error") from None
-            status = 404 if "not registered" in str(e) else 400
-            raise APIError(status, str(e), "name" if status == 404 else None) from None
-        except (ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e, param) from None
         voices_cache["at"] = -1e9  # the list changed
         return result
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
         key = admin_key(request)
-        await read_capped(request, MAX_UPLOAD_BYTES, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB")
+        too_big = f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB"
+        await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
         form = await request.form()  # parses the body read above
         name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
         if not isinstance(name, str) or not name:
             raise APIError(400, "name is required", "name")
+        if not isinstance(text, str):
+            raise APIError(400, "text (the transcript) must be a form field, not a file", "text")
         if upload is None or isinstance(upload, str):
             raise APIError(400, "file (the reference recording) is required", "file")
         data = await upload.read(MAX_UPLOAD_BYTES + 1)
         if len(data) > MAX_UPLOAD_BYTES:
-            raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", "file")
-        # off the event loop (the streams go on meanwhile), and only after the length is known: the key is
-        # checked by the voices model, so this runs for anyone who sends a Bearer header
-        audio, sr = await asyncio.to_thread(decode_upload, data)
+            raise APIError(413, too_big, "file")
+        # off the event loop (the streams go on meanwhile), a few at a time, and bounded from the header
+        # before any decoding: the key is checked by the voices model, so this runs for any Bearer header
+        async with decoding:
+            audio, sr = await asyncio.to_thread(decode_upload, data)
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         return await voice_call(voices_client.add, name, audio, sr, text)
 
     @app.delete("/v1/audio/voices/{name}")
     async def remove_voice(name: str, request: Request):
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
-        return await voice_call(voices_client.remove, name)
+        return await voice_call(voices_client.remove, name, param="name")
 
     page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
 
@@ -149,118 +121,26 @@ def create_app(triton: str, timeout: float = 60.0) -> FastAPI:
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
         """The same as POST with the fields as query parameters (what an audio element can ask for)."""
-        body = dict(request.query_params)
-        for name, value in body.items():  # numbers arrive as text
-            if name in EXTRAS or name in ("seed", "speed"):
-                try:
-                    body[name] = json.loads(value)
-                except ValueError:
-                    raise APIError(400, f"{name} must be a number, got {value!r}", name) from None
-        return await speak(body)
+        return await speak(from_query(request.query_params))
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        raw = await read_capped(request, MAX_BODY_BYTES, f"the request body is over {MAX_BODY_BYTES} bytes")
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise APIError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        return await speak(body)
+        too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
+        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
 
     async def speak(body: dict):
         kw = await speech_request(body, voices)
-        fmt = body.get("response_format", "mp3")
         stream = tts.stream(**kw)
         try:  # the first chunk before the headers: a refused request is an error status, not a broken stream
             first = await anext(stream, None)
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e) from None
-        encoder = Encoder(fmt)
-        if body.get("stream_format", "audio") == "sse":
+        encoder = Encoder(body.get("response_format") or "mp3")
+        if body.get("stream_format") == "sse":
             return StreamingResponse(sse(stream, first, encoder), media_type="text/event-stream")
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
     return app
-
-
-def decode_upload(data: bytes) -> tuple[np.ndarray, int]:
-    """An uploaded reference recording -> (mono float32, rate); APIError 400 naming ``file`` for what is
-    not audio or is longer than a reference may be. The length comes from the header first: 110 KB of
-    FLAC silence can decode to 230 MB of samples."""
-    import soundfile as sf
-
-    try:
-        info = sf.info(io.BytesIO(data))
-    except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
-        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
-    if info.frames > MAX_REFERENCE_SECONDS * info.samplerate:
-        raise APIError(400, f"file is {info.frames / info.samplerate:.1f} s long; a reference may be at most "
-                       f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
-    try:
-        return read_audio(io.BytesIO(data))
-    except Exception as e:
-        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
-
-
-async def read_capped(request: Request, limit: int, too_big: str) -> bytes:
-    """The request body, refused (413) as soon as it passes ``limit`` bytes, whatever Content-Length
-    says or whether it is there (a chunked body has none): nothing more is read or kept."""
-    if int(request.headers.get("content-length") or 0) > limit:
-        raise APIError(413, too_big)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise APIError(413, too_big)
-        parts.append(part)
-    request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
-    return request._body
-
-
-async def speech_request(body: dict, voices) -> dict:
-    """OpenAI's body (plus our extras) -> keyword arguments of ``AsyncTTSClient.stream``."""
-    known = {"model", "input", "voice", "response_format", "speed", "stream_format", "language", "seed",
-             "instructions", *EXTRAS}  # fmt: skip
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise APIError(400, f"unknown fields: {unknown}", unknown[0])
-    text = body.get("input")
-    if not isinstance(text, str) or not text.strip():
-        raise APIError(400, "input must be a non-empty string", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
-    fmt = body.get("response_format", "mp3")
-    if fmt not in FORMATS:
-        raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {fmt!r}", "response_format")
-    if body.get("stream_format", "audio") not in ("audio", "sse"):
-        raise APIError(400, "stream_format must be audio or sse", "stream_format")
-    speed = body.get("speed", 1.0)
-    if speed != 1.0:
-        raise APIError(400, "speed other than 1.0 is not supported", "speed")
-    if body.get("instructions"):
-        raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
-    kw = {"text": text, "parameters": {k: body[k] for k in EXTRAS if k in body}}
-    if "language" in body:
-        kw["language"] = body["language"]
-    if "seed" in body:
-        if not isinstance(body["seed"], int) or isinstance(body["seed"], bool):
-            raise APIError(400, "seed must be an integer", "seed")
-        kw["seed"] = body["seed"]
-    voice = body.get("voice", "default")
-    if not isinstance(voice, str):
-        raise APIError(400, "voice must be a string", "voice")
-    if voice != "default":
-        try:
-            names = {v["name"] for v in await voices()}
-        except (TTSError, ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
-        if voice in names:
-            kw["voice_id"] = voice
-        elif voice not in STOCK_VOICES:
-            raise APIError(400, f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)", "voice")
-    return kw
 
 
 async def audio_bytes(stream, first, encoder: Encoder):

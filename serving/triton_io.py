@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from engine.frontend import detect_language
-from engine.orchestrator import Chunk, Unavailable, error_kind, tagged
+from engine.orchestrator import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract as C
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
 
@@ -111,8 +111,8 @@ def error_response(pb, error: BaseException | str):
     The status code follows the kind for the clients that see it (gRPC unary calls)."""
     message = tagged(error) if isinstance(error, BaseException) else error
     kind = error_kind(message)[0]
-    code = {"invalid": pb.TritonError.INVALID_ARG, "unavailable": pb.TritonError.UNAVAILABLE,
-            "not found": pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
+    code = {INVALID: pb.TritonError.INVALID_ARG, UNAVAILABLE: pb.TritonError.UNAVAILABLE,
+            NOT_FOUND: pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
     return pb.InferenceResponse(error=pb.TritonError(message, code))
 
 
@@ -123,11 +123,11 @@ def bls_error(pb, model: str, response) -> Exception | None:
         return None
     error = response.error()
     kind, message = error_kind(error.message())
-    if kind == "error" and not error.message().startswith("error: ") and error.code() == pb.TritonError.UNAVAILABLE:
-        kind = "unavailable"  # Triton's own refusal, untagged (a full queue: "Exceeds maximum queue size")
-    if kind == "invalid":
+    if not error.message().startswith(KINDS) and error.code() == pb.TritonError.UNAVAILABLE:
+        kind = UNAVAILABLE  # Triton's own refusal, untagged (a full queue: "Exceeds maximum queue size")
+    if kind == INVALID:
         return ValueError(message)
-    if kind == "unavailable":
+    if kind == UNAVAILABLE:
         return Unavailable(message)
     return RuntimeError(f"{model}: {message}")
 

@@ -84,12 +84,11 @@ def gateway_for(server):
     """The OpenAI-compatible gateway in front of ``server``, on a free loopback port -> its base URL."""
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.server import uvicorn_config
     from serving.triton_env import free_port
 
-    port = free_port()
-    config = uvicorn.Config(create_app(f"127.0.0.1:{server.ports.grpc}"), host="127.0.0.1", port=port, log_level="warning")
-    uv = uvicorn.Server(config)
+    port = free_port()  # the options of `python -m gateway` (the launcher's), at their defaults
+    uv = uvicorn.Server(uvicorn_config(f"127.0.0.1:{server.ports.grpc}", "127.0.0.1", port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -103,8 +103,8 @@ def test_audio_streams_before_the_utterance_ends(gateway):
         ({"colour": "blue"}, 400, "colour"),
         ({"seed": "seven"}, 400, "seed"),
         ({"stream_format": "ws"}, 400, "stream_format"),
-        ({"steps": 0}, 400, None),  # refused by the server: its message names steps
-        ({"max_patches": 2.5}, 400, None),
+        ({"steps": 0}, 400, "steps"),  # checked as the server would: its message names steps
+        ({"max_patches": 2.5}, 400, "max_patches"),
     ],
 )
 def test_errors_in_openai_shape(gateway, body, status, param):
@@ -112,8 +112,7 @@ def test_errors_in_openai_shape(gateway, body, status, param):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["type"] and error["message"] and error["param"] == param
-    if param is None:
-        assert next(iter(body)) in error["message"]
+    assert param in error["message"]
 
 
 def test_bad_bodies(gateway):
@@ -166,7 +165,7 @@ def test_an_unreachable_server_is_503_with_retry_after():
     with TestClient(create_app(f"127.0.0.1:{free_port()}", timeout=5)) as client:  # nothing listens there
         r = client.post("/v1/audio/speech", json={"input": "Anyone there?"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
-        assert r.json()["error"]["type"] == "server_unavailable"
+        assert r.json()["error"]["type"] == "service_unavailable"
         assert client.get("/health").status_code == 503
 
 

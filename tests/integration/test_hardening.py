@@ -411,7 +411,7 @@ def test_the_queue_is_bounded(sealed, protocol):
         with gateway_for(sealed) as url:
             r = httpx.post(f"{url}/v1/audio/speech", json={"input": "One too many", "max_patches": 4}, timeout=30)
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
-        assert r.json()["error"]["type"] == "server_busy" and "server busy" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "service_unavailable" and "server busy" in r.json()["error"]["message"]
     else:
         port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
         with pytest.raises(ServerBusy, match="server busy"):

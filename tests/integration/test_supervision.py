@@ -166,12 +166,16 @@ def test_a_stopped_generator_fails_the_waiting_requests_too(launcher):
 def wedge_generator(launcher: Launcher, slots: int) -> list:
     """Wedge every generator slot of Triton 2.51's iterative sequence batcher, the stub running on: a
     request with the correlation id of a live sequence and no START holds that sequence's slot for good.
-    Needs key-less generator requests (what tts_ensemble sends); when the generator refuses those, this is
-    to be done another way. Returns the gRPC clients, to close afterwards."""
+    No client can do this (the generator answers only the pipeline, whose ids nobody sees): the test acts
+    as the pipeline, with the internal key read from tritonserver's environment (same user). Returns the
+    gRPC clients, to close afterwards."""
     import tritonclient.grpc as grpcclient
 
+    from serving.auth import INTERNAL_KEY_ENV
     from tests.integration.test_hardening import SILENT, _batched
 
+    environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
+    key = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(INTERNAL_KEY_ENV.encode() + b"="))
     clients, ids = [], [secrets.randbits(62) | (1 << 62) for _ in range(slots)]  # random 63-bit ids
 
     def send(sequence_id: int, start: bool, parameters: dict) -> None:
@@ -182,13 +186,13 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
         clients.append(client)
 
     for i in ids:
-        send(i, True, LONG)
+        send(i, True, {**LONG, "internal_key": key})
     deadline = time.monotonic() + 30
     while launcher.metrics().get("tts_generator_active_slots", 0) < slots:
         assert time.monotonic() < deadline, "the generator streams did not start"
         time.sleep(0.05)
     for i in ids:
-        send(i, False, {"max_patches": 3})
+        send(i, False, {"max_patches": 3, "internal_key": key})
     return clients
 
 

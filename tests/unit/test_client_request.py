@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from client import AsyncTTSClient, TTSClient, TTSError
-from client.request import grpc_error, grpc_inputs, http_body, request_fields
+import client
+from client import AsyncTTSClient, Forbidden, InvalidRequest, NotFound, ServerBusy, TTSClient, TTSError
+from client.request import grpc_error, grpc_inputs, http_body, raise_if_failed, request_fields, server_error
+from client.voices import VoiceClient
 from serving.triton_env import free_port
 
 
@@ -38,12 +40,60 @@ def test_http_body_is_json_with_parameters():
 
 @pytest.mark.parametrize(
     "status,kind",
-    [(None, TTSError), ("StatusCode.INVALID_ARGUMENT", TTSError), ("StatusCode.UNAVAILABLE", ConnectionError),
-     ("StatusCode.DEADLINE_EXCEEDED", TimeoutError)],
+    [(None, InvalidRequest), ("StatusCode.INVALID_ARGUMENT", InvalidRequest), ("StatusCode.INTERNAL", InvalidRequest),
+     ("StatusCode.UNAVAILABLE", InvalidRequest), ("StatusCode.DEADLINE_EXCEEDED", TimeoutError)],
 )  # fmt: skip
 def test_grpc_errors_keep_their_meaning(status, kind):
-    e = grpc_error(InferenceServerException("LANGUAGE: unknown language 'Klingon'", status=status))
+    e = grpc_error(InferenceServerException("invalid: LANGUAGE: unknown language 'Klingon'", status=status))
     assert type(e) is kind and "Klingon" in str(e)
+
+
+@pytest.mark.parametrize("status", [None, "StatusCode.INTERNAL", "StatusCode.UNAVAILABLE"])
+def test_an_untagged_message_is_the_server_failing_or_the_transport(status):
+    e = grpc_error(InferenceServerException("Socket closed", status=status))
+    assert type(e) is (ConnectionError if status == "StatusCode.UNAVAILABLE" else TTSError)
+
+
+@pytest.mark.parametrize(
+    ("message", "cls", "text"),
+    [
+        ("invalid: SEED: must be an integer", InvalidRequest, "SEED: must be an integer"),
+        ("unavailable: server busy: 4 requests are running or waiting (limit 4); retry shortly", ServerBusy,
+         "server busy: 4 requests are running or waiting (limit 4); retry shortly"),
+        ("unavailable: server is shutting down", ServerBusy, "server is shutting down"),
+        ("error: vocoder: CUDA out of memory", TTSError, "vocoder: CUDA out of memory"),
+        ("forbidden: the admin key is wrong", Forbidden, "the admin key is wrong"),
+        ("not found: voice 'x' is not registered", NotFound, "voice 'x' is not registered"),
+        ("Request for unknown model: 'tts' is not found", TTSError, "Request for unknown model: 'tts' is not found"),
+        ("server busy: no tag", TTSError, "server busy: no tag"),  # the wording alone is no kind
+        ("invalid:no space", TTSError, "invalid:no space"),
+    ],
+)  # fmt: skip
+def test_the_kind_tag_picks_the_exception_and_is_not_in_the_message(message, cls, text):
+    for e in (server_error(message), grpc_error(InferenceServerException(message))):
+        assert type(e) is cls and str(e) == text and isinstance(e, TTSError)
+        assert message.startswith(e.kind) or e.kind == "error: "
+    if text != message:  # tts_ensemble: a tagged FINISH_REASON (bytes, as sent) is a failure, raised the same way
+        with pytest.raises(cls) as failed:
+            raise_if_failed(np.array([message.encode()], dtype=np.object_))
+        assert type(failed.value) is cls and str(failed.value) == text
+
+
+def test_finish_reasons_that_are_no_failure():
+    for reason in ("stop", "length", "cancelled", "", None, np.array([], dtype=np.object_), "server busy: no tag"):
+        raise_if_failed(reason)
+
+
+def test_the_public_names():
+    assert client.ServerUnavailable is ServerBusy
+    assert {c.kind for c in (InvalidRequest, ServerBusy, TTSError, Forbidden, NotFound)} == {
+        "invalid: ", "unavailable: ", "error: ", "forbidden: ", "not found: "}  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_voices_without_a_server_is_a_connection_error(protocol):
+    with pytest.raises(ConnectionError):
+        VoiceClient(f"127.0.0.1:{free_port()}", protocol, timeout=5).list()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

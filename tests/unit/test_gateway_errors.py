@@ -1,13 +1,18 @@
-"""How the gateway turns the server's answers into OpenAI error statuses (no server needed)."""
+"""How the gateway turns the server's answers into OpenAI error statuses (no server needed): by the kind
+tag the message starts with, never by its wording."""
 
 from __future__ import annotations
 
 import grpc
+import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from tritonclient.utils import InferenceServerException
 
-from client.request import grpc_error
-from gateway.app import from_tts_error
+from client.request import grpc_error, http_error_text, raise_if_failed, server_error
+from gateway.app import create_app
+from gateway.errors import from_tts_error
+from serving.triton_env import free_port
 
 
 class _RpcError(grpc.RpcError):
@@ -21,19 +26,100 @@ class _RpcError(grpc.RpcError):
         return self._details
 
 
+BUSY = "server busy: 16 requests are running or waiting (limit 16); retry shortly"
+
+
 @pytest.mark.parametrize(
-    ("error", "status", "kind"),
+    ("error", "status", "kind", "message"),
     [
         # a model's error inside a gRPC stream carries only its message (Triton's stream protocol has no code)
-        (InferenceServerException("TEXT: nothing to speak after cleaning"), 400, "invalid_request_error"),
-        (InferenceServerException("server busy: 16 requests are running or waiting"), 503, "server_busy"),
-        (_RpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect"), 503, "server_unavailable"),
-        (_RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "no chunk in 60 s"), 504, "timeout"),
+        (InferenceServerException("invalid: TEXT: nothing to speak after cleaning"), 400, "invalid_request_error",
+         "TEXT: nothing to speak after cleaning"),
+        (InferenceServerException(f"unavailable: {BUSY}"), 503, "service_unavailable", BUSY),
+        (InferenceServerException("unavailable: generator backend died; the server is restarting, retry shortly"),
+         503, "service_unavailable", "generator backend died; the server is restarting, retry shortly"),
+        (InferenceServerException("unavailable: server is shutting down"), 503, "service_unavailable",
+         "server is shutting down"),
+        (InferenceServerException("error: generator: step failed"), 500, "server_error", "generator: step failed"),
+        (InferenceServerException("forbidden: adding and removing voices needs the admin key"), 403,
+         "permission_error", "adding and removing voices needs the admin key"),
+        (InferenceServerException("not found: voice 'x' is not registered"), 404, "not_found_error",
+         "voice 'x' is not registered"),
+        # untagged: Triton's own messages are the server failing, whatever words they use
+        (InferenceServerException("Request for unknown model: 'tts' is not found"), 500, "server_error",
+         "Request for unknown model: 'tts' is not found"),
+        (InferenceServerException("Stub process 'tts_0_0' is not healthy."), 500, "server_error",
+         "Stub process 'tts_0_0' is not healthy."),
+        (InferenceServerException(BUSY), 500, "server_error", BUSY),  # the wording is not the kind
+        (InferenceServerException("TEXT: invalid: nothing"), 500, "server_error", "TEXT: invalid: nothing"),
+        # a non-streaming call (the voices model) carries a status too: the tag still decides
+        (InferenceServerException("unavailable: the voice table is full", status="StatusCode.UNAVAILABLE"), 503,
+         "service_unavailable", "the voice table is full"),
+        (InferenceServerException("invalid: NAME: bad voice name", status="StatusCode.INVALID_ARGUMENT"), 400,
+         "invalid_request_error", "NAME: bad voice name"),
+        (_RpcError(grpc.StatusCode.INTERNAL, f"unavailable: {BUSY}"), 503, "service_unavailable", BUSY),
     ],
 )  # fmt: skip
-def test_server_answers_map_to_openai_statuses(error, status, kind):
+def test_server_answers_map_to_openai_statuses_by_their_tag(error, status, kind, message):
     api = from_tts_error(grpc_error(error))
-    assert (api.status, api.kind) == (status, kind)
+    assert (api.status, api.kind, api.message) == (status, kind, message)
     response = api.response()
     assert response.status_code == status
     assert (response.headers.get("retry-after") == "1") == (status == 503)
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        (_RpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), 503, "service_unavailable"),
+        (InferenceServerException("Socket closed", status="StatusCode.UNAVAILABLE"), 503, "service_unavailable"),
+        (_RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "no chunk in 60 s"), 504, "timeout"),
+    ],
+)  # fmt: skip
+def test_transport_failures_map_to_503_and_504(error, status, kind):
+    e = grpc_error(error)
+    assert isinstance(e, ConnectionError | TimeoutError)
+    api = from_tts_error(e)
+    assert (api.status, api.kind) == (status, kind)
+    assert (api.response().headers.get("retry-after") == "1") == (status == 503)
+
+
+def test_the_ensembles_finish_reason_and_http_errors_map_the_same():
+    with pytest.raises(Exception) as failed:
+        raise_if_failed(np.array([f"unavailable: {BUSY}".encode()], dtype=np.object_))
+    assert (from_tts_error(failed.value).status, str(failed.value)) == (503, BUSY)
+    # Triton's HTTP generate endpoints answer every model error with 400: only the tag tells
+    e = server_error(http_error_text(b'{"error":"forbidden: adding and removing voices needs the admin key"}'))
+    assert from_tts_error(e).status == 403
+
+
+def test_the_subject_of_a_request_is_its_param():
+    missing = from_tts_error(server_error("not found: voice 'gone' is not registered"), "name")
+    assert (missing.status, missing.param) == (404, "name")
+    assert from_tts_error(server_error(f"unavailable: {BUSY}"), "name").param is None  # not the field's fault
+
+
+@pytest.fixture(scope="module")
+def unreachable():
+    """The gateway in front of a port nothing listens on."""
+    with TestClient(create_app(f"127.0.0.1:{free_port()}", timeout=5)) as client:
+        yield client
+
+
+def test_voice_changes_without_a_bearer_key_are_401(unreachable):
+    for r in (
+        unreachable.post("/v1/audio/voices", data={"name": "v"}, files={"file": ("a.wav", b"x")}),
+        unreachable.delete("/v1/audio/voices/v", headers={"Authorization": "Basic abc"}),
+    ):
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_an_unreachable_server_is_503_with_retry_after(unreachable):
+    for r in (
+        unreachable.post("/v1/audio/speech", json={"input": "Anyone there?"}),
+        unreachable.get("/v1/audio/voices"),
+        unreachable.delete("/v1/audio/voices/v", headers={"Authorization": "Bearer k"}),
+        unreachable.get("/health"),
+    ):
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["type"] == "service_unavailable"

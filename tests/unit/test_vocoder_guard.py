@@ -113,7 +113,7 @@ def test_the_table_makes_room_only_from_streams_the_generator_left(world):
         assert feed(guard, streams, chunks(sid)[0]).decode
     live.sync(set(ids[:3]) | {ids[3]}, now=1.0)
     d = guard.decide(chunks(ids[3])[0], streams)  # full, and every stream is generating: busy, not evicted
-    assert not d.decode and "maximum of 3" in str(d.error) and error_kind(tagged(d.error))[0] == "unavailable"
+    assert not d.decode and "maximum of 3" in str(d.error) and error_kind(tagged(d.error))[0] == "unavailable: "
     live.sync({ids[1], ids[2], ids[3]}, now=2.0)  # ids[0] ended: its place can be taken
     assert feed(guard, streams, chunks(ids[3])[0]).decode
     assert set(streams) == {ids[1], ids[2], ids[3]}
@@ -177,10 +177,24 @@ def test_admission_is_one_gate_across_processes(tmp_path):
 
 @pytest.mark.parametrize(
     ("exc", "kind"),
-    [(ValueError("TEXT is empty"), "invalid"), (RuntimeError("boom"), "error"), (TimeoutError("late"), "error")],
+    [(ValueError("TEXT is empty"), "invalid: "), (RuntimeError("boom"), "error: "), (TimeoutError("late"), "error: ")],
 )
 def test_errors_are_tagged_once(exc, kind):
     message = tagged(exc)
     assert error_kind(message) == (kind, str(exc))
     assert tagged(ValueError(message)) == message  # a tagged message keeps its tag
-    assert error_kind("Stub process is not healthy") == ("error", "Stub process is not healthy")
+    assert error_kind("Stub process is not healthy") == ("error: ", "Stub process is not healthy")
+
+
+def test_attendance_finds_streams_triton_stopped_handing_over():
+    from serving.attendance import MISSED_EXECUTES, MISSED_SECONDS, ORPHAN_SECONDS, Attendance
+
+    a = Attendance()
+    assert a.orphans([1, 2], [1, 2], now=0.0) == []
+    for k in range(MISSED_EXECUTES - 1):  # 2 missing: a few executes, but not yet long enough
+        assert a.orphans([1, 2], [1], now=0.1 * k) == []
+    assert a.orphans([1, 2], [1], now=MISSED_SECONDS) == [2]
+    assert a.orphans([1], None, now=MISSED_SECONDS + ORPHAN_SECONDS - 0.1) == []  # no executes in between
+    a.restart(now=100.0)  # the machine paused 90 s: nobody was away
+    assert a.orphans([1], None, now=100.0 + ORPHAN_SECONDS - 0.1) == []
+    assert a.orphans([1], None, now=100.0 + ORPHAN_SECONDS) == [1]

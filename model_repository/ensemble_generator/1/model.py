@@ -63,7 +63,7 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         sender = request.get_response_sender()
-        refusal = self.flags.broken() or (self.flags.draining() and "server is shutting down")
+        refusal = self.flags.refusal()  # the launcher restarts or stops the server
         if refusal:
             finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
             return

@@ -18,6 +18,7 @@ import time
 import triton_python_backend_utils as pb
 
 from engine.orchestrator import Chunk, end_chunk, failure_reason
+from serving.attendance import PAUSE_SECONDS, Attendance
 from serving.auth import Keys, Refused
 from serving.generator_metrics import GeneratorMetrics
 from serving.supervise import start_heartbeat
@@ -27,38 +28,6 @@ log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-# Triton may stop handing us a live stream's request: when another START takes its correlation id, or
-# when the request's memory is freed under it (a tts cleanup cut short did that, dropping the streams
-# batched with it too; tts now holds the request to the end). Every live stream is rescheduled into the
-# very next batch, so one missing from a few batches in a row is gone: its slot is freed.
-MISSED_EXECUTES, MISSED_SECONDS = 3, 0.5
-ORPHAN_SECONDS = 10.0  # also without executes in between (checked by a thread)
-
-
-class Attendance:
-    """Which live streams the executes still have (see MISSED_EXECUTES)."""
-
-    def __init__(self):
-        self.seen: dict[int, float] = {}  # when an execute last had the stream's request
-        self.missed: dict[int, int] = {}  # executes in a row without it
-
-    def orphans(self, live: list[int], present: list[int] | None, now: float) -> list[int]:
-        """After an execute with ``present`` (None: a check between executes) -> the live streams gone."""
-        gone, live_set = [], set(live)
-        for i in live:
-            if present is not None and i in present:
-                self.seen[i], self.missed[i] = now, 0
-                continue
-            self.seen.setdefault(i, now)
-            self.missed[i] = self.missed.get(i, 0) + (present is not None)
-            absent = now - self.seen[i]
-            if (self.missed[i] >= MISSED_EXECUTES and absent >= MISSED_SECONDS) or absent >= ORPHAN_SECONDS:
-                gone.append(i)
-        for i in [i for i in self.seen if i not in live_set or i in gone]:
-            del self.seen[i], self.missed[i]
-        return gone
-
-
 class TritonPythonModel:
     def initialize(self, args):
         from engine.streams import GeneratorService
@@ -95,12 +64,16 @@ class TritonPythonModel:
             self._execute(requests)
 
     def _reap_forever(self):
+        last = time.monotonic()
         for tick in itertools.count(1):
             if self.stopping.wait(1.0):
                 return
             with self.lock:
+                if time.monotonic() - last > PAUSE_SECONDS:  # the machine was paused: nobody was away
+                    self.attendance.restart(time.monotonic())
                 self._reap_orphans(None)
                 self.metrics.update()
+            last = time.monotonic()
             if tick % 30 == 0:
                 self.cancels.sweep()
                 with self.lock:  # a deferred stream whose client left never comes back

@@ -1,0 +1,99 @@
+"""What a client sends, bounded before it costs anything: a request body in bytes and seconds, an uploaded
+reference recording in rate, channels and length from its header before decoding, and in length again
+while it decodes. These run for anyone who reaches the port (the voices model checks the admin key later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import numpy as np
+from fastapi import Request
+
+from engine.audio import MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from gateway.errors import APIError
+
+MAX_BODY_BYTES = 64 * 1024  # a speech request's JSON
+MAX_UPLOAD_BYTES = 20 * 2**20  # a reference recording (60 s of 48 kHz stereo 16-bit WAV is 11 MB)
+BODY_TIMEOUT = 30.0  # seconds for a body to arrive once its headers have (20 MB at 0.7 MB/s)
+MAX_UPLOAD_CHANNELS = 2
+DECODE_BLOCK_FRAMES = 2**16  # frames decoded at a time: 512 KB of float32 stereo
+UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count for a file that does not say (SF_COUNT_MAX)
+
+
+async def read_capped(request: Request, limit: int, too_big: str, seconds: float = BODY_TIMEOUT) -> bytes:
+    """The request body, refused (413) as soon as it passes ``limit`` bytes, whatever Content-Length
+    says or whether it is there (a chunked body has none), and (408) if it has not all arrived within
+    ``seconds``; nothing more is read or kept, and the connection is closed after either answer."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:  # (uvicorn refuses a malformed one)
+        raise APIError(413, too_big, close=True)
+    parts = []
+
+    async def read() -> None:
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise APIError(413, too_big, close=True)
+            parts.append(part)
+
+    try:
+        await asyncio.wait_for(read(), seconds)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {seconds:g} s", close=True) from None
+    request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here
+    return request._body
+
+
+def decode_upload(data: bytes, block: int = DECODE_BLOCK_FRAMES) -> tuple[np.ndarray, int]:
+    """An uploaded reference recording -> ((n,) float32 mono, rate in Hz); APIError 400 naming ``file``
+    for what is not audio, or what a reference may not be.
+
+    The header decides first, before any decoding: the rate must be one the server takes
+    (``engine.audio.REFERENCE_RATES``), at most 2 channels, at most ``MAX_REFERENCE_SECONDS`` (338 KB of
+    FLAC, 8 channels at 655,350 Hz for 59 s of silence, decoded to 1.24 GB of float32). Then it decodes
+    ``block`` frames at a time, averaged to mono as they come, and stops as soon as more frames than
+    the limit arrive: a header can leave its length out.
+    """
+    import soundfile as sf
+
+    try:
+        f = sf.SoundFile(io.BytesIO(data))
+    except Exception as e:  # whatever libsndfile makes of it, it is not audio we can read
+        raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
+    with f:
+        rate, channels, frames = f.samplerate, f.channels, f.frames
+        lo, hi = REFERENCE_RATES
+        if not lo <= rate <= hi:
+            raise APIError(400, f"file's sample rate is {rate} Hz; a reference must be {lo}..{hi} Hz", "file")
+        if channels > MAX_UPLOAD_CHANNELS:
+            raise APIError(400, f"file has {channels} channels; a reference may have at most {MAX_UPLOAD_CHANNELS}",
+                           "file")  # fmt: skip
+        limit = int(MAX_REFERENCE_SECONDS * rate)
+        too_long = f"a reference may be at most {MAX_REFERENCE_SECONDS:g} s"
+        if limit < frames < UNKNOWN_FRAMES:
+            raise APIError(400, f"file is {frames / rate:.1f} s long; {too_long}", "file")
+        try:
+            return decode_blocks(f, limit, block), rate
+        except APIError:
+            raise
+        except Exception as e:
+            raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
+
+
+def decode_blocks(f, limit: int, block: int = DECODE_BLOCK_FRAMES) -> np.ndarray:
+    """An open ``soundfile.SoundFile`` -> (n,) float32 mono, n <= ``limit`` frames; 400 as soon as more
+    arrive (having decoded at most one block past the limit)."""
+    out = np.empty(limit, np.float32)  # pages are touched, so counted, only as samples land in them
+    n = 0
+    while len(samples := f.read(block, dtype="float32", always_2d=True)):
+        if n + len(samples) > limit:
+            raise APIError(400, f"file decodes to more than {limit / f.samplerate:g} s; a reference may be at most "
+                           f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
+        out[n : n + len(samples)] = samples.mean(axis=1)
+        n += len(samples)
+    if n == 0:
+        raise APIError(400, "file has no audio samples", "file")
+    return out[:n]

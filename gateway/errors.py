@@ -1,0 +1,56 @@
+"""The gateway's errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, and the one
+place where the server's error kinds (its in-band tags, read by the client) become HTTP statuses."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.responses import Response
+
+from client.request import TTSError
+from engine.orchestrator import ERROR, FORBIDDEN, INVALID, NOT_FOUND, UNAVAILABLE
+
+# kind -> (status, OpenAI error type). OpenAI's SDKs retry 503 and never 400: whatever makes the server
+# busy or restarting must be a 503.
+STATUSES = {
+    INVALID: (400, "invalid_request_error"),
+    UNAVAILABLE: (503, "service_unavailable"),
+    ERROR: (500, "server_error"),
+    FORBIDDEN: (403, "permission_error"),
+    NOT_FOUND: (404, "not_found_error"),
+}
+UNAVAILABLE_TYPE = STATUSES[UNAVAILABLE][1]  # also what an unreachable server is
+
+
+class APIError(Exception):
+    """An error answer. ``param``: the request field at fault (OpenAI's ``param``), if one is."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
+        close: bool = False,
+    ):  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.close = close  # end the connection after answering (the rest of the request body is unwanted)
+
+    def response(self) -> Response:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        headers = {"Retry-After": "1"} if self.status == 503 else {}
+        if self.close:
+            headers["Connection"] = "close"
+        # ASCII JSON: a field name or value sent with a lone surrogate ("\ud800") cannot be encoded as UTF-8
+        content = json.dumps(body).encode()
+        return Response(content, status_code=self.status, headers=headers, media_type="application/json")
+
+
+def from_tts_error(e: Exception, param: str | None = None) -> APIError:
+    """What the client raised (a :class:`TTSError` of the server's kind, ``ConnectionError``,
+    ``TimeoutError``) -> the answer; ``param``: the field the request's subject came in."""
+    if isinstance(e, TTSError):
+        status, kind = STATUSES[e.kind]
+        return APIError(status, str(e), param if status in (400, 404) else None, kind)
+    if isinstance(e, ConnectionError):
+        return APIError(503, f"the TTS server is unavailable: {e}", kind=UNAVAILABLE_TYPE)
+    if isinstance(e, TimeoutError):
+        return APIError(504, str(e), kind="timeout")
+    raise TypeError(f"not an error of the TTS client: {e!r}")

@@ -1,0 +1,136 @@
+"""The fields of a speech request (OpenAI's, plus our parameters), from a JSON body or a query string, to
+keyword arguments of ``AsyncTTSClient.stream``. Every malformed value is an :class:`APIError` 400 whose
+``param`` names the field, before anything is sent to the server."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping
+
+from client.request import TTSError
+from engine.params import UTTERANCE_PARAMETERS, shown
+from gateway.encode import FORMATS
+from gateway.errors import APIError, from_tts_error
+
+MAX_INPUT_CHARS = 4000
+# OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
+STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
+STREAM_FORMATS = ("audio", "sse")
+EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
+STRINGS = ("model", "input", "voice", "response_format", "stream_format", "language", "instructions")
+NUMBERS = ("seed", "speed")  # OpenAI's and ours that are numbers but not one of EXTRAS
+KNOWN = {*STRINGS, *NUMBERS, *EXTRAS}
+INT64 = (-(2**63), 2**63 - 1)
+JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+class Described:
+    """Stands for a client's list or object in an error message: the repr of a deeply nested one can
+    exceed the recursion limit, as its parsing nearly did."""
+
+    def __init__(self, value):
+        self.text = "a list" if isinstance(value, list) else "an object"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def described(value):
+    return Described(value) if isinstance(value, list | dict) else value
+
+
+def parse_json(raw: bytes) -> dict:
+    """A request body -> its JSON object; 400 for what is not one (nested 1,000 deep included)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply to be a speech request") from None
+    except ValueError as e:  # also bytes that are not UTF-8, and integers of over 4,300 digits
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def from_query(query: Mapping[str, str]) -> dict:
+    """``GET /v1/audio/speech``'s query parameters -> the body they stand for: our parameters and the
+    numbers are JSON numbers (``true``/``false`` for booleans), every other field a string."""
+    body = dict(query)
+    for name, text in body.items():
+        p = EXTRAS.get(name)
+        if p is not None and p.type is bool:
+            if text not in ("true", "false"):
+                raise APIError(400, f"parameter {name} must be true or false, got {shown(text)}", name)
+            body[name] = text == "true"
+        elif p is not None or name in NUMBERS:
+            if not JSON_NUMBER.fullmatch(text):
+                raise APIError(400, f"{name} must be a number, got {shown(text)}", name)
+            try:
+                body[name] = json.loads(text)
+            except ValueError:  # over 4,300 digits
+                raise APIError(400, f"{name} must be a number, got {shown(text)}", name) from None
+    return body
+
+
+def check_string(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise APIError(400, f"{name} must be a string, got {shown(described(value))}", name)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON): no UTF-8 for it
+        raise APIError(400, f"{name} is not valid Unicode: a lone surrogate at character {e.start}", name) from None
+    return value
+
+
+async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]) -> dict:
+    """OpenAI's body (plus our parameters) -> keyword arguments of ``AsyncTTSClient.stream``. ``null``
+    means absent. ``voices``: the registered voices (fetched only for a voice other than ``default``)."""
+    body = {k: v for k, v in body.items() if v is not None}
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise APIError(400, f"unknown fields: {shown(unknown)}", unknown[0])
+    for name in STRINGS:
+        if name in body:
+            check_string(name, body[name])
+    text = body.get("input")
+    if text is None or not text.strip():
+        raise APIError(400, "input must be a non-empty string", "input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    fmt = body.get("response_format", "mp3")
+    if fmt not in FORMATS:
+        raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {shown(fmt)}", "response_format")
+    if body.get("stream_format", "audio") not in STREAM_FORMATS:
+        raise APIError(400, f"stream_format must be one of {list(STREAM_FORMATS)}", "stream_format")
+    speed = body.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, int | float) or speed != 1.0:
+        raise APIError(400, "speed other than 1.0 is not supported", "speed")
+    if body.get("instructions"):
+        raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
+    parameters = {}
+    for name, p in EXTRAS.items():
+        if name in body:
+            try:  # the server's own check, so its messages; the value goes on as the client sent it
+                p.parse(described(body[name]))
+            except ValueError as e:
+                raise APIError(400, str(e), name) from None
+            parameters[name] = body[name]
+    kw = {"text": text, "parameters": parameters, "language": body.get("language")}
+    if "seed" in body:
+        seed = body["seed"]
+        lo, hi = INT64
+        if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
+            raise APIError(400, f"seed must be an integer in {lo}..{hi}, got {shown(described(seed))}", "seed")
+        kw["seed"] = seed
+    voice = body.get("voice", "default")
+    if voice != "default":
+        try:
+            names = {v["name"] for v in await voices()}
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
+        if voice in names:
+            kw["voice_id"] = voice
+        elif voice not in STOCK_VOICES:
+            raise APIError(400, f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)", "voice")
+    return kw

@@ -1,0 +1,112 @@
+"""The gateway's HTTP server: uvicorn (h11), with every connection bounded in time and their number bounded.
+
+A connection must send a request's complete headers within ``header_timeout`` seconds of opening, and
+of each response (uvicorn has no such timeout: 60 connections trickling a byte now and then stayed open
+for as long as they liked); it may sit idle between requests for ``keep_alive_timeout`` seconds
+(uvicorn's own); a request body must arrive within ``body_timeout`` seconds (:func:`gateway.body.read_capped`,
+408). With ``limit_concurrency`` connections open, or as many requests running, uvicorn answers a
+new request with a plain-text 503 (``Connection: close``) instead of running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.body import BODY_TIMEOUT
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    header_timeout: float = 10.0  # seconds to a request's complete headers, from connecting or the last response
+    keep_alive_timeout: float = 5.0  # seconds a connection may sit idle between requests
+    body_timeout: float = BODY_TIMEOUT  # seconds for a request's body, once its headers are in
+    limit_concurrency: int = 256  # connections open (or requests running) before new requests get 503
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "keep_alive_timeout", "body_timeout", "limit_concurrency"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus a timer from the connection's start, and from each response, to the
+    next request's complete headers: a client that trickles them (each byte resets the keep-alive timer)
+    is disconnected when it runs out. Subclass with ``header_timeout`` set (:func:`header_timeout_protocol`)."""
+
+    header_timeout: float = ServerOptions.header_timeout
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        # A request whose headers are in is owed a response (h11: our side must send one); a body still
+        # coming is read_capped's to bound.
+        if self.conn.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY):
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing():
+            self._arm_header_timer()  # first: the base class goes on to a pipelined request, if one is in
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._header_timed_out)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
+
+
+def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = ServerOptions(),
+                   timeout: float = 60.0, log_level: str = "info") -> uvicorn.Config:  # fmt: skip
+    """The gateway for Triton's gRPC endpoint ``triton``, served on ``host:port``."""
+    from gateway.app import create_app
+
+    return uvicorn.Config(
+        create_app(triton, timeout, options.body_timeout), host=host, port=port, log_level=log_level,
+        http=header_timeout_protocol(options.header_timeout), ws="none",  # no websocket routes
+        timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.limit_concurrency,
+    )  # fmt: skip
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    d = ServerOptions()
+    ap.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                    help="seconds a connection has to send a request's headers (from connecting, and from each "
+                         "response); then it is closed")  # fmt: skip
+    ap.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_timeout,
+                    help="seconds a connection may sit idle between requests")  # fmt: skip
+    ap.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                    help="seconds a request body (JSON or upload) has to arrive in; then 408")  # fmt: skip
+    ap.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
+                    help="connections open or requests running at once; beyond, new requests get 503")  # fmt: skip
+
+
+def options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(args.header_timeout, args.keep_alive_timeout, args.body_timeout, args.limit_concurrency)
