@@ -5,11 +5,12 @@
 # tritonserver and its stubs at the start and the end. Exits 1 on a failure or a leak.
 #
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
-#                    [-- more launcher options, e.g. --slots 16]
+#                    [--attacks SECONDS] [-- more launcher options, e.g. --slots 16]
+# --attacks: a second process replays the open-door attacks (loadtest/attacks.py) every SECONDS meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-preset=small checkpoint="" minutes=10 users=16 cancellers=2
+preset=small checkpoint="" minutes=10 users=16 cancellers=2 attacks=0
 while [ $# -gt 0 ]; do
     case $1 in
         --preset) preset=$2; shift 2 ;;
@@ -17,8 +18,9 @@ while [ $# -gt 0 ]; do
         --minutes) minutes=$2; shift 2 ;;
         --users) users=$2; shift 2 ;;
         --cancellers) cancellers=$2; shift 2 ;;
+        --attacks) attacks=$2; shift 2 ;;
         --) shift; break ;;
-        *) sed -n '2,8p' "$0"; exit 2 ;;
+        *) sed -n '2,9p' "$0"; exit 2 ;;
     esac
 done
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
@@ -46,7 +48,7 @@ rss() {  # MB of tritonserver and its stubs
 }
 gauges() {
     curl -s "http://127.0.0.1:$metrics/metrics" |
-        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
+        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
 }
 echo "RSS at start: $(rss)"
 
@@ -82,6 +84,11 @@ for t in threads:
 print(f"cancelling clients: {counts['left']} streams left early, {counts['errors']} errors")
 EOF
 cancellers_pid=$!
+attacks_pid=""
+if [ "$attacks" != 0 ]; then
+    $PY -m loadtest.attacks --url "127.0.0.1:$grpc" --minutes "$minutes" --every "$attacks" >"$out/attacks.log" 2>&1 &
+    attacks_pid=$!
+fi
 
 # every failure with its message (locust's CSV misses those of the final drain)
 cat >"$out/failures.py" <<'EOF'
@@ -98,6 +105,7 @@ SOAK_FAILURES=$out/failures.txt TTS_GRPC_HOST=127.0.0.1:$grpc TTS_HTTP_HOST=http
     $PY -m locust -f "loadtest/locustfile.py,$out/failures.py" --headless -u "$users" -r "$users" -t "${minutes}m" \
     --stop-timeout 60 --json --skip-log GrpcStreamUser HttpStreamUser >"$out/locust.json" 2>"$out/locust.log" || true
 wait $cancellers_pid || true
+[ -z "$attacks_pid" ] || wait $attacks_pid || true
 sleep 3  # cancelled streams are freed within a generator step; give the vocoder a moment too
 
 $PY -c "import json, sys
@@ -105,6 +113,10 @@ for s in json.load(open(sys.argv[1])):
     print(f\"{s['method']:4} {s['name']:11} {s['num_requests']:6} requests, {s['num_failures']} failures\")" "$out/locust.json"
 if [ -s "$out/failures.txt" ]; then sort "$out/failures.txt" | uniq -c | sort -rn | head -20; fi
 tail -1 "$out/cancellers.log"
+if [ -n "$attacks_pid" ]; then  # what the attacks were answered, by attack
+    echo "attacks: $(grep -c '^\[attacks\]' "$out/attacks.log") replayed"
+    sed -n 's/^\[attacks\] \([a-z_]*\) ([0-9.]* s): /\1: /p' "$out/attacks.log" | sort | uniq -c | sort -rn | head -12
+fi
 grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || true
 echo "RSS at end: $(rss)"
 echo "after the load:"

@@ -129,7 +129,8 @@ def render(opts: ServeOptions) -> dict[str, str]:
     )
     # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
     voc = (
-        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\nmodel_transaction_policy {{ decoupled: true }}\n'
+        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
+        + "model_transaction_policy { decoupled: true }\n"
         + _io(C.VOCODER_INPUTS, C.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(opts, idle_seconds=opts.vocoder_idle_seconds, max_streams=opts.vocoder_streams,

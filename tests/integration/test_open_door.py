@@ -41,7 +41,8 @@ def server(nostop_ckpt, tmp_path_factory):
         yield srv
     import re
 
-    left = re.findall(r"Model '\w+' \(version \d+\) has [1-9]\d* in-flight inferences", srv.log_path.read_text("utf-8", "replace"))
+    log = srv.log_path.read_text("utf-8", "replace")
+    left = re.findall(r"Model '\w+' \(version \d+\) has [1-9]\d* in-flight inferences", log)
     assert not left, f"left in flight at shutdown: {sorted(set(left))}"
 
 
@@ -66,8 +67,8 @@ def settled(server, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = gauges(server)
-        busy = [m.get(k, 0) for k in ("tts_generator_active_slots", "tts_vocoder_active_streams",
-                                      "tts_requests_in_flight", "tts_ensemble_requests_in_flight", "pending")]  # fmt: skip
+        busy = [m.get(k, 0) for k in ("tts_generator_active_slots", "tts_vocoder_active_streams", "pending",
+                                      "tts_requests_in_flight", "tts_ensemble_requests_in_flight")]
         if not any(busy) or time.monotonic() > deadline:
             return m
         time.sleep(0.2)
@@ -222,7 +223,8 @@ def test_ensemble_streams_need_no_sequence_id_and_cannot_take_each_other_over(se
 
         client.start_stream(callback=callback)
         text = C.ENSEMBLE_INPUTS[0].array(f"Stream {i}")
-        t, seed = grpcclient.InferInput("TEXT", list(text.shape), "BYTES"), grpcclient.InferInput("SEED", [1, 1], "INT64")
+        t = grpcclient.InferInput("TEXT", list(text.shape), "BYTES")
+        seed = grpcclient.InferInput("SEED", [1, 1], "INT64")
         t.set_data_from_numpy(text)
         seed.set_data_from_numpy(np.array([[i]], np.int64))
         client.async_stream_infer("tts_ensemble", [t, seed], parameters={"max_patches": 30}, sequence_id=4242,

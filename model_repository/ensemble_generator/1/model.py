@@ -11,7 +11,6 @@ decoupled step leaves an ensemble request hanging), whose FINISH_REASON carries 
 """
 
 import asyncio
-import concurrent.futures
 import contextlib
 
 import triton_python_backend_utils as pb
@@ -20,7 +19,7 @@ from engine.orchestrator import LINGERING, Chunk, Segment, StreamFailed, Unavail
 from serving import contract as C
 from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
-from serving.bls import BLS, BLSGenerator
+from serving.bls import BLS, BLSGenerator, Waits
 from serving.cancel import CancelBoard
 from serving.requests import check_language, check_text, generation_request
 from serving.supervise import RunFlags, start_heartbeat
@@ -40,26 +39,22 @@ class TritonPythonModel:
         start_heartbeat(params, "ensemble_generator")
         self.flags = RunFlags(params.get("run_dir", ""))
         self.keys = Keys.from_env(params, "ensemble_generator")
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="ensemble-bls")
-        self.loop = None
+        self.waits = Waits("ensemble")
         cancels = CancelBoard(params.get("cancel_dir") or None)
-        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.pool, self.keys.parameters())
+        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, self.keys.parameters())
         self.generator = BLSGenerator(bls, cancels)
         slots = int(params.get("slots", 8))
         self.admission = Admission(cancels.dir, "ensemble_generator", slots + int(params.get("max_queue", 4 * slots)))
-        family = pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome",
-                                 pb.MetricFamily.COUNTER)  # fmt: skip
-        self.families = [family, pb.MetricFamily("tts_ensemble_requests_in_flight",
-                                                 "tts_ensemble streams generating or waiting", pb.MetricFamily.GAUGE)]  # fmt: skip
-        self.outcome = {k: family.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.families = [
+            pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
+            pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
+                            pb.MetricFamily.GAUGE),
+        ]  # fmt: skip
+        self.outcome = {k: self.families[0].Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.in_flight_gauge, self.in_flight = self.families[1].Metric(), 0
 
     async def execute(self, requests):
-        loop = asyncio.get_running_loop()
-        if loop is not self.loop:
-            loop.set_default_executor(self.pool)
-            self.loop = loop
-        await asyncio.gather(*(self._serve(r) for r in requests))
+        await self.waits.serve(requests, self._serve)
 
     async def _serve(self, request):
         sender = request.get_response_sender()
@@ -127,7 +122,7 @@ class TritonPythonModel:
         raise StreamFailed("error: the generator stream ended without a last chunk")
 
     def finalize(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.waits.shutdown()
 
 
 def finish(sender, chunk: Chunk) -> None:
@@ -146,8 +141,9 @@ def read_segment(request, stream_id: int) -> Segment:
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {C.SPEAKER_DIM}")
     text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
     language = check_language(string(pb, request, "LANGUAGE", "")) or ""
+    prompt_text = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
     prompt = {"PROMPT_LATENTS": latents.reshape(-1, C.LATENT_DIM), "SPEAKER": speaker.reshape(-1),
-              "PROMPT_TEXT": check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)}  # fmt: skip
+              "PROMPT_TEXT": prompt_text}
     given = parameter_dict(request.parameters())
     for name in TRITON_SEQUENCE_PARAMETERS:  # Triton's own (HTTP clients send a sequence id as one): not ours
         given.pop(name, None)

@@ -3,7 +3,6 @@ calls to prompt_encoder, generator and vocoder (serving.bls), and streams AUDIO 
 every request ends with exactly one final response."""
 
 import asyncio
-import concurrent.futures
 import contextlib
 import time
 
@@ -14,7 +13,7 @@ from engine.orchestrator import INVALID, LENGTH, LINGERING, Orchestrator, Stream
 from serving.admission import Admission
 from engine.text import TextTokenizer
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder
+from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits
 from serving.cancel import CancelBoard
 from serving.contract import SAMPLE_RATE, TTS_OUTPUTS
 from serving.requests import build_request
@@ -48,13 +47,8 @@ class TritonPythonModel:
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(params)}/text_tokenizer")
         frontend.warm_up()
         keys = Keys.from_env(params, "tts")
-        # Every blocking BLS wait runs on this pool: iterating a decoupled stream, and async_exec itself,
-        # which uses the loop's default executor. With the default one (min(32, cores + 4) threads) six
-        # requests waiting for a generator slot held every thread, and running streams' vocoder calls
-        # queued behind them (longest chunk gap 72 ms alone, 757 ms with 8 waiting; 71 ms with this pool).
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="tts-bls")
-        self.loop = None
-        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.pool, keys.parameters())
+        self.waits = Waits("tts")
+        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, keys.parameters())
         cancels = CancelBoard(params.get("cancel_dir") or None)
         self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels), BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
@@ -80,11 +74,7 @@ class TritonPythonModel:
         )
 
     async def execute(self, requests):
-        loop = asyncio.get_running_loop()
-        if loop is not self.loop:
-            loop.set_default_executor(self.pool)
-            self.loop = loop
-        await asyncio.gather(*(self._serve(r) for r in requests))
+        await self.waits.serve(requests, self._serve)
 
     async def _serve(self, request):
         sender = request.get_response_sender()
@@ -177,4 +167,4 @@ class TritonPythonModel:
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.waits.shutdown()

@@ -74,8 +74,9 @@ class TritonPythonModel:
     def _process(self, requests) -> None:
         parsed = []  # per request: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
+            opening = sum(1 for c in parsed if not isinstance(c, tuple) and len(c.prompt_latents))
             try:
-                item = self._read(r, opening=sum(1 for c in parsed if not isinstance(c, tuple) and len(c.prompt_latents)))
+                item = self._read(r, opening)
             except Exception as e:  # unreadable or refused: answered alone
                 item = ("", e if isinstance(e, Refused) else ValueError(f"vocoder: {e}"))
             parsed.append(item)
