@@ -210,7 +210,9 @@ class InProcess:
 
 def batch_counts(srv: TritonServer, model: str) -> dict[int, int]:
     """batch size -> executions so far, from Triton's statistics extension."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports.http}/v2/models/{model}/stats", timeout=10) as r:
+    url = f"http://127.0.0.1:{srv.ports.http}/v2/models/{model}/stats"
+    request = urllib.request.Request(url, headers={"admin-key": srv.triton_key})  # statistics are restricted
+    with urllib.request.urlopen(request, timeout=10) as r:
         stats = json.loads(r.read())["model_stats"][0]
     return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
 
@@ -230,6 +232,7 @@ class GeneratorClient:
         self.speaker = prompt.speaker.float().numpy()[None]
         self.seq = itertools.count(int(time.time()) << 20)
         self.internal = Keys(srv.internal_key).parameters()  # the generator as tts calls it
+        self.generator = srv.generator_model  # its name in Triton, a secret of the run
 
     def _cb(self, result, error):
         now = time.perf_counter()
@@ -257,8 +260,8 @@ class GeneratorClient:
         params = {"max_patches": P, "chunk_first": P, "chunk_next": P, "steps": steps}
         t0 = time.perf_counter()
         for rid, inputs in reqs:
-            kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == "generator" else {}
-            given = {**params, **self.internal} if model == "generator" else params
+            kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == self.generator else {}
+            given = {**params, **self.internal} if model == self.generator else params
             self.client.async_stream_infer(model, inputs, request_id=rid, parameters=given,
                                            enable_empty_final_response=True, **kw)  # fmt: skip
         pending, last = {rid for rid, _ in reqs}, t0
@@ -343,7 +346,7 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
             for n in args.streams:
                 row = rows[(preset, n)]
                 local.run(n, WARM)
-                gc.run("generator", n, WARM, steps)
+                gc.run(srv.generator_model, n, WARM, steps)
                 if args.engine_thread:
                     gc.run(ET_MODEL, n, WARM, steps)
                 if args.e2e:
@@ -351,7 +354,7 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
                 res: dict[str, list] = {"local": [], "gen": [], "et": [], "e2e": []}
                 for _ in range(args.reps):
                     res["local"].append(local.run(n, P))
-                    res["gen"].append(served(gc, "generator", "tts_generator_step_seconds", n, P))
+                    res["gen"].append(served(gc, srv.generator_model, "tts_generator_step_seconds", n, P))
                     if args.engine_thread:
                         res["et"].append(served(gc, ET_MODEL, ET_METRIC, n, P))
                     if args.e2e:

@@ -34,7 +34,7 @@ SPECS = {"prompt_encoder": C.PROMPT_INPUTS, "ensemble_generator": C.GENERATOR_IN
 
 def inputs(model: str, values: dict) -> list:
     """``values`` as the batched tensors ``model`` takes (a leading batch dimension of 1)."""
-    specs = {s.name: s for s in SPECS[model]}
+    specs = {s.name: s for s in SPECS["generator" if model.startswith("generator") else model]}
     out = []
     for name, value in values.items():
         arr = specs[name].array(value)[None]

@@ -42,6 +42,7 @@ from engine.protocol import FORBIDDEN
 if TYPE_CHECKING:  # the stubs import this module: keep it light
     from engine.orchestrator import Chunk
 
+GENERATOR = "generator"  # the generator model's name in the repository and to operators (metrics, logs)
 INTERNAL_KEY_ENV = "TTS_INTERNAL_KEY"
 ADMIN_DIGEST_ENV = "TTS_ADMIN_KEY_SHA256"
 INTERNAL_PARAMETER = "internal_key"
@@ -113,6 +114,17 @@ class Keys:
         if not isinstance(given, str):
             return False
         return hmac.compare_digest(self.digest(given), self.admin_digest)
+
+    # ---- the generator's name ----
+    @property
+    def generator_model(self) -> str:
+        """The name under which Triton serves the generator: a secret of the run, derived from the internal
+        key, so that no client can address it (a client that reaches Triton's sequence batcher can hold
+        its slots: a START it cancels while waiting keeps one, Triton 2.51 never ends that sequence).
+        Plain ``generator`` without a key (a tritonserver that serving.serve did not start)."""
+        if not self.internal:
+            return GENERATOR
+        return f"{GENERATOR}-{hashlib.sha256(b'generator model name:' + self.internal).hexdigest()[:32]}"
 
     # ---- stream ids ----
     def _mac(self, nonce: int) -> int:

@@ -134,8 +134,9 @@ class BLSPrompts:
 class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, cancels: CancelBoard):
-        self.bls, self.cancels = bls, cancels
+    def __init__(self, bls: BLS, cancels: CancelBoard, model: str = "generator"):
+        """``model``: the generator's name in Triton (a secret of the run: serving.auth.Keys.generator_model)."""
+        self.bls, self.cancels, self.model = bls, cancels, model
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         pb, p = self.bls.pb, segment.params
@@ -144,7 +145,7 @@ class BLSGenerator:
                       "chunk_first": segment.schedule[0], "chunk_next": segment.schedule[-1],
                       **self.bls.parameters}  # fmt: skip
         request = pb.InferenceRequest(
-            model_name="generator", inputs=tensors(pb, C.GENERATOR_INPUTS, values), parameters=parameters,
+            model_name=self.model, inputs=tensors(pb, C.GENERATOR_INPUTS, values), parameters=parameters,
             requested_output_names=[s.name for s in C.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip

@@ -132,8 +132,14 @@ def find_stubs(repo: Path) -> dict[int, str]:
         except OSError:
             continue
         if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
-            found[int(entry.name)] = Path(os.fsdecode(argv[1])).parent.parent.name
+            found[int(entry.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
     return found
+
+
+def model_of(folder: Path) -> str:
+    """The model a repository folder serves, as the logs and metrics name it: ``generator`` for the
+    generator's folder, whose name carries the run's secret (serving.auth.Keys.generator_model)."""
+    return folder.name.partition("-")[0]
 
 
 def is_alive(pid: int) -> bool:
@@ -164,7 +170,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.flags = RunFlags(self.run_dir)
-        self.models = {p.parent.parent.name for p in self.server.model_repository.glob("*/1/model.py")}
+        self.models = {model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py")}
         self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
 
     def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:

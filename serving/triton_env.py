@@ -20,7 +20,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, Keys
+from serving.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
+from serving.metrics_relay import MetricsRelay
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
@@ -29,7 +30,7 @@ NGC_ROOT = Path("/opt/tritonserver")
 # Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
 # loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
 # unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
-RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics")  # statistics name models
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 
@@ -122,6 +123,14 @@ class TritonServer:
     triton_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
+    # Triton's own metrics page, on loopback: the metrics port is a relay that does not name the generator
+    triton_metrics_port: int = field(default_factory=lambda: free_port())
+    relay: MetricsRelay | None = None
+
+    @property
+    def generator_model(self) -> str:
+        """The generator's name in Triton: a secret of the run (serving.auth.Keys.generator_model)."""
+        return Keys(self.internal_key).generator_model
 
     @property
     def shm_prefix(self) -> str:
@@ -145,10 +154,10 @@ class TritonServer:
             "--exit-timeout-secs=5",
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",
-            f"--metrics-address={self.host}",
+            "--metrics-address=127.0.0.1",
             f"--http-port={self.ports.http}",
             f"--grpc-port={self.ports.grpc}",
-            f"--metrics-port={self.ports.metrics}",
+            f"--metrics-port={self.triton_metrics_port}",
             "--backend-config=python,shm-default-byte-size=67108864",
             "--backend-config=python,shm-growth-byte-size=16777216",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
@@ -158,7 +167,19 @@ class TritonServer:
             *self.extra_args,
         ]
 
+    def _hide_generator(self) -> None:
+        """Serve the generator under its secret name: its folder and config renamed (once)."""
+        plain, hidden = self.model_repository / GENERATOR, self.model_repository / self.generator_model
+        if plain.is_dir() and plain != hidden:
+            config = plain / "config.pbtxt"
+            config.write_text(config.read_text().replace(f'name: "{GENERATOR}"', f'name: "{hidden.name}"', 1))
+            plain.rename(hidden)
+
     def start(self) -> TritonServer:
+        self._hide_generator()
+        if self.relay is None:
+            source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
+            self.relay = MetricsRelay(self.host, self.ports.metrics, source, self.generator_model)
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
         log = open(self.log_path, "ab")
@@ -224,14 +245,21 @@ class TritonServer:
         for segment in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
 
+    def close(self) -> None:
+        """Stop the server and its metrics relay."""
+        self.stop()
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+
     def __enter__(self) -> TritonServer:
         self.start()
         try:
             self.wait_ready()
         except BaseException:
-            self.stop()
+            self.close()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.close()

@@ -147,11 +147,13 @@ def test_the_triton_key_opens_the_admin_apis_and_the_voices_key_does_not(server)
             client.get_model_repository_index(headers={GRPC_ADMIN_HEADER: server.admin_key})
     finally:
         client.close()
-    assert {m["name"] for m in index["models"]} >= {"tts", "generator", "vocoder"}
+    names = {m["name"] for m in index["models"]}
+    assert names >= {"tts", "vocoder", server.generator_model} and "generator" not in names
 
 
 # ---- the internal models ----
 def _batched(model: str, values: dict, tc) -> list:
+    model = "generator" if model.startswith("generator") else model  # its name in Triton is the run's secret
     specs = {s.name: s for s in {"prompt_encoder": C.PROMPT_INPUTS, "generator": C.GENERATOR_INPUTS,
                                  "ensemble_generator": C.GENERATOR_INPUTS, "vocoder": C.VOCODER_INPUTS}[model]}  # fmt: skip
     inputs = []
@@ -199,9 +201,11 @@ def _vocoder(server, protocol: str, values: dict, parameters: dict | None = None
 
 def _generator_stream(
     server, values: dict, sequence_id: int, parameters: dict | None = None, start=True, timeout: float = 60,
-    model: str = "generator",
+    model: str | None = None,
 ):  # fmt: skip
-    """Direct generator (or ensemble_generator) requests over one gRPC stream -> (responses, errors)."""
+    """Direct generator requests (under its secret name, unless ``model`` names another) over one gRPC stream
+    -> (responses, errors)."""
+    model = model or server.generator_model
     import queue
 
     got = queue.Queue()
@@ -270,10 +274,15 @@ def test_key_less_streams_get_an_issued_id_not_their_correlation_id(server):
 
 
 @pytest.mark.parametrize("sequence_id", [1, 2, 99, (1 << 32) - 1, OWN_ID])
-def test_key_less_generator_requests_are_refused(server, sequence_id):
+def test_no_client_can_address_the_generator(server, sequence_id):
+    """Its name is a secret of the run; and who knows it still needs the internal key."""
+    results, errors = _generator_stream(server, SILENT, sequence_id, {"max_patches": 3}, model="generator")
+    assert not results and "unknown model" in errors[0].lower(), errors
     results, errors = _generator_stream(server, SILENT, sequence_id, {"max_patches": 3})
     assert not results and "forbidden: generator is internal" in errors[0]
     assert metrics(server)["tts_generator_active_slots"] == 0
+    assert server.generator_model not in server.metrics_text()  # the metrics port calls it "generator"
+    assert 'model="generator"' in server.metrics_text()
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

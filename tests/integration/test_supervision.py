@@ -171,7 +171,7 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     gRPC clients, to close afterwards."""
     import tritonclient.grpc as grpcclient
 
-    from serving.auth import INTERNAL_KEY_ENV
+    from serving.auth import INTERNAL_KEY_ENV, Keys
     from tests.integration.test_hardening import SILENT, _batched
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
@@ -181,8 +181,9 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     def send(sequence_id: int, start: bool, parameters: dict) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
         client.start_stream(callback=lambda result, error: None)
-        client.async_stream_infer("generator", _batched("generator", SILENT, grpcclient), sequence_id=sequence_id,
-                                  sequence_start=start, parameters=parameters)  # fmt: skip
+        inputs = _batched("generator", SILENT, grpcclient)
+        client.async_stream_infer(Keys(key).generator_model, inputs, sequence_id=sequence_id, sequence_start=start,
+                                  parameters=parameters)  # fmt: skip
         clients.append(client)
 
     for i in ids:
@@ -207,8 +208,9 @@ def test_a_generator_that_executes_nothing_is_found_by_its_progress(launcher):
         waiting = Stream(launcher.client(timeout=120), "Waits for a wedged slot", {"max_patches": 4})
         assert waiting.done.wait(60 + STALL), "the waiting request had no answer"
         assert "generator" in str(waiting.error), waiting.error
-        incident = [line for line in launcher.text()[log_start:].splitlines() if "[supervisor] generator: " in line]
-        assert incident and "(stalled)" in incident[0], launcher.text()[log_start:]
+        incident = [line for line in launcher.text()[log_start:].splitlines()
+                    if "[supervisor] generator: " in line and "(stalled)" in line]  # fmt: skip
+        assert incident, launcher.text()[log_start:]
         back = check_recovered(launcher, "generator", t0, watch)
         print(f"wedged generator: {incident[0]}; readiness dropped after {first_drop(watch, t0):.1f} s, the "
               f"waiting request failed after {waiting.ended - t0:.1f} s; serving again after {back:.1f} s")  # fmt: skip
@@ -243,6 +245,7 @@ def test_a_pause_of_everything_is_no_incident(launcher):
     them all in the same instant), Triton 2.51's Python backend itself failed in 7 of 8 runs here
     (SIGSEGV in its execute or boost::interprocess::lock_exception, a stub stopped mid-exchange with its
     tritonserver), which the supervisor handles as a crash, not as this rule."""
+    serving_again(launcher, time.monotonic())  # not while an earlier test's restart is under way
     servers, log_start = launcher.servers(), len(launcher.text())
     pids = [launcher.proc.pid, *descendants(launcher.proc.pid)]
     assert set(launcher.stubs().values()) <= set(pids)

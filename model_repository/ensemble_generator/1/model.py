@@ -42,7 +42,7 @@ class TritonPythonModel:
         self.waits = Waits("ensemble")
         cancels = CancelBoard(params.get("cancel_dir") or None)
         bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, self.keys.parameters())
-        self.generator = BLSGenerator(bls, cancels)
+        self.generator = BLSGenerator(bls, cancels, self.keys.generator_model)
         slots = int(params.get("slots", 8))
         self.admission = Admission(cancels.dir, "ensemble_generator", slots + int(params.get("max_queue", 4 * slots)))
         self.families = [

@@ -50,7 +50,7 @@ class TritonPythonModel:
         self.waits = Waits("tts")
         bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, keys.parameters())
         cancels = CancelBoard(params.get("cancel_dir") or None)
-        self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels), BLSVocoder(bls),
+        self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels, keys.generator_model), BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
