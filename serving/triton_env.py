@@ -242,6 +242,11 @@ class TritonServer:
             self.proc.wait(10)
         except ProcessLookupError:
             pass
+        if self.proc is not None:  # a stub tritonserver gave up on (--exit-timeout-secs) is still in its group
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for segment in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
             segment.unlink(missing_ok=True)
 
