@@ -14,7 +14,7 @@ import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -108,9 +108,8 @@ class GeneratorService:
 
     def cancel(self, stream_id: int) -> Chunk:
         """End a stream now: its slot is freed and this is its last chunk."""
-        stream = self.live.get(stream_id)
         self.drop(stream_id)
-        return replace(end_chunk(stream_id, CANCELLED), seq=stream.chunks_sent if stream else 0)
+        return end_chunk(stream_id, CANCELLED)
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One generator step for the given live streams -> per stream the chunk that is due, or None.

@@ -32,13 +32,15 @@ SPECS = {"prompt_encoder": C.PROMPT_INPUTS, "ensemble_generator": C.GENERATOR_IN
          "vocoder": C.VOCODER_INPUTS}  # fmt: skip
 
 
-def inputs(model: str, values: dict) -> list:
-    """``values`` as the batched tensors ``model`` takes (a leading batch dimension of 1)."""
+def inputs(model: str, values: dict, tc=grpcclient) -> list:
+    """``values`` as the batched tensors ``model`` takes (a leading batch dimension of 1), as ``tc``'s
+    ``InferInput`` (``tritonclient.grpc`` or ``tritonclient.http``). The generator's name may carry the
+    run's secret."""
     specs = {s.name: s for s in SPECS["generator" if model.startswith("generator") else model]}
     out = []
     for name, value in values.items():
         arr = specs[name].array(value)[None]
-        t = grpcclient.InferInput(name, list(arr.shape), specs[name].datatype)
+        t = tc.InferInput(name, list(arr.shape), specs[name].datatype)
         t.set_data_from_numpy(arr)
         out.append(t)
     return out

@@ -21,12 +21,13 @@ _SIZE = 8 * len(ADMITTERS)
 
 
 class Admission:
-    """Places for ``model`` out of ``capacity`` shared with the other admitters."""
+    """Places for ``model`` out of ``capacity`` shared with the other admitters (``model`` None: a reader
+    that only asks whether the gate is full)."""
 
-    def __init__(self, board: str | Path, model: str, capacity: int):
+    def __init__(self, board: str | Path, model: str | None, capacity: int):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.index, self.capacity = ADMITTERS.index(model), capacity
+        self.index, self.capacity = (None if model is None else ADMITTERS.index(model)), capacity
         self.fd = os.open(Path(board) / _FILE, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
@@ -43,8 +44,13 @@ class Admission:
     def total(self) -> int:
         return sum(self.counts())
 
+    def full(self) -> bool:
+        return self.total() >= self.capacity
+
     def enter(self) -> bool:
         """Take a place; False (nothing taken) when all ``capacity`` are held."""
+        if self.index is None:
+            raise ValueError("a reader of the gate takes no place")
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             counts = self.counts()

@@ -49,6 +49,30 @@ class Waits:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
+
+
+async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | None:
+    """Wait for ``task``, which serves ``request``, and for the cleanup it leaves (``lingering``).
+
+    A client that leaves cancels the task (again each poll: Python 3.11's ``wait_for`` can swallow one
+    cancellation). Returns None once all is over, so that the caller sends the final response; or, at
+    once, the launcher's message when the server is about to be replaced (the task cancelled). The final
+    response must come after the last ``is_cancelled()`` (asked once it has gone out, tritonserver 2.51
+    crashes), and after the cleanup: sent earlier, the BLS requests still running for this request went
+    astray (the generator read TEXT of 3209585762 bytes and Triton dropped other clients' streams)."""
+    while not task.done():
+        await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
+        if not task.done() and request.is_cancelled():
+            task.cancel()
+        if not task.done() and (broken := flags.broken()):
+            task.cancel()
+            return broken
+    while lingering:
+        await asyncio.wait(set(lingering))
+    return None
+
+
 class BLS:
     """What the three clients share: ``pb``, the timeout, the thread pool for stream iteration and the
     request parameters that mark a request as ours (:class:`serving.auth.Keys`)."""

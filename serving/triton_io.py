@@ -145,6 +145,16 @@ def chunk_tensors(pb, chunk, batch: bool = True) -> list:
     return tensors(pb, C.GENERATOR_OUTPUTS, values, batch)
 
 
+def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
+    """``value`` as (rows, 64) latents, a view; ValueError naming ``name`` for values that are not whole
+    rows or more than ``most`` rows (checked before anything is copied: no caller's size is trusted)."""
+    if value.size % C.LATENT_DIM:
+        raise ValueError(f"{name} must have {C.LATENT_DIM} values per row, got shape {value.shape}")
+    if value.size // C.LATENT_DIM > most:
+        raise ValueError(f"{name} has {value.size // C.LATENT_DIM} rows; at most {most}")
+    return value.reshape(-1, C.LATENT_DIM)
+
+
 def read_chunk(tensor):
     """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy.
 
@@ -159,13 +169,7 @@ def read_chunk(tensor):
             raise ValueError(f"missing {name}")
         if size is not None and value.size != size:
             raise ValueError(f"{name} must have {size} value(s), got {value.size}")
-        if rows is not None:
-            if value.size % C.LATENT_DIM:
-                raise ValueError(f"{name} must have {C.LATENT_DIM} values per row, got shape {value.shape}")
-            if value.size // C.LATENT_DIM > rows:
-                raise ValueError(f"{name} has {value.size // C.LATENT_DIM} rows; at most {rows}")
-            value = value.reshape(-1, C.LATENT_DIM)
-        return value
+        return value if rows is None else latent_rows(value, name, rows)
 
     seq, seal = (int(v) for v in arr("SEAL", 2).reshape(-1))
     return Chunk(
@@ -194,20 +198,14 @@ def stream_request(pb, request, tts, parameters: str | dict | None = None):
     language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
     given = request.parameters() if parameters is None else parameters
     params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
-    latents = get(pb, request, "PROMPT_LATENTS")
-    if latents.size % C.LATENT_DIM:
-        raise ValueError(f"PROMPT_LATENTS must have {C.LATENT_DIM} values per row, got shape {latents.shape}")
-    if latents.size // C.LATENT_DIM > C.MAX_PROMPT_LATENTS:
-        raise ValueError(f"PROMPT_LATENTS has {latents.size // C.LATENT_DIM} rows; at most {C.MAX_PROMPT_LATENTS} "
-                         "(the longest reference)")  # fmt: skip
-    latents = latents.astype(np.float32)
+    latents = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", C.MAX_PROMPT_LATENTS).astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != tts.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {tts.core.cfg.spk_in_dim}")
     speaker = speaker.astype(np.float32)
     text_of_prompt = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
     try:
-        latents_t = torch.from_numpy(latents.reshape(-1, C.LATENT_DIM))
+        latents_t = torch.from_numpy(latents)
         prompt = VoicePrompt(latents_t, torch.from_numpy(speaker), text_of_prompt)
     except ValueError as e:
         raise ValueError(f"PROMPT_LATENTS: {e}") from None

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import ServerBusy, TTSClient, TTSError
+from loadtest import attacks
 from serving import contract as C
 from serving.auth import Keys
 from serving.repository import ServeOptions, build
@@ -153,16 +154,7 @@ def test_the_triton_key_opens_the_admin_apis_and_the_voices_key_does_not(server)
 
 # ---- the internal models ----
 def _batched(model: str, values: dict, tc) -> list:
-    model = "generator" if model.startswith("generator") else model  # its name in Triton is the run's secret
-    specs = {s.name: s for s in {"prompt_encoder": C.PROMPT_INPUTS, "generator": C.GENERATOR_INPUTS,
-                                 "ensemble_generator": C.GENERATOR_INPUTS, "vocoder": C.VOCODER_INPUTS}[model]}  # fmt: skip
-    inputs = []
-    for name, value in values.items():
-        arr = specs[name].array(value)[None]
-        t = tc.InferInput(name, list(arr.shape), specs[name].datatype)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    return inputs
+    return attacks.inputs(model, values, tc)
 
 
 def _chunk(stream_id: int) -> dict:

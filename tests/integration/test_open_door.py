@@ -116,7 +116,7 @@ def test_the_vocoder_refuses_oversized_chunks(server, url, legit_audio, values, 
 @pytest.mark.parametrize(
     ("field", "value", "needle"),
     [
-        ("PROMPT_LATENTS", np.zeros((8000, C.LATENT_DIM), np.float32), "at most 1500 rows"),
+        ("PROMPT_LATENTS", np.zeros((8000, C.LATENT_DIM), np.float32), "PROMPT_LATENTS has 8000 rows; at most 1500"),
         ("SPEAKER", np.zeros(100_000, np.float32), "SPEAKER has 100000 values"),
         ("TEXT", "word " * 5000, "TEXT is 25000 characters"),
     ],

@@ -108,6 +108,22 @@ def test_a_failed_backend_fails_its_streams_and_the_server_comes_back(launcher, 
             with_pid(os.kill, pid, signal.SIGKILL)
 
 
+def test_a_dead_ensemble_generator_ends_ensemble_streams_and_the_server_comes_back(launcher):
+    """tts_ensemble's generation step: its running streams die with it, so the server is replaced at once;
+    an ensemble client's stream breaks with the server (an ensemble carries no message naming the model)."""
+    stream = Stream(launcher.client(timeout=30, model="tts_ensemble"), "An ensemble stream to break.", LONG)
+    assert stream.started.wait(30) and stream.error is None, stream.error
+    watch = ReadyWatch(launcher)
+    t0 = time.monotonic()
+    os.kill(launcher.stubs()["ensemble_generator"], signal.SIGKILL)
+    try:
+        assert stream.done.wait(FAIL_WITHIN) and stream.error is not None, stream.error
+        back = check_recovered(launcher, "ensemble_generator", t0, watch)
+        print(f"ensemble_generator SIGKILL: the ensemble stream ended ({stream.error}); serving again after {back:.1f} s")
+    finally:
+        watch.stop()
+
+
 def test_a_dead_prompt_encoder_fails_the_next_request_naming_it(launcher):
     ref = np.random.default_rng(0).uniform(-0.3, 0.3, 24000).astype(np.float32)
     pid = launcher.stubs()["prompt_encoder"]

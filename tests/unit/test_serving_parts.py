@@ -355,3 +355,47 @@ def test_kv_cache_and_attention_options_reach_the_generator():
         ServeOptions(attention="triton")
     with pytest.raises(ValueError, match="kv_memory_gb must be >= 0"):
         ServeOptions(kv_memory_gb=-1)
+
+
+def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
+    import asyncio
+
+    from serving.bls import watch
+
+    class Request:
+        cancelled = False
+
+        def is_cancelled(self):
+            return self.cancelled
+
+    class Flags:
+        message = None
+
+        def broken(self):
+            return self.message
+
+    async def run(leave: bool, broken: str | None):
+        request, flags, lingering = Request(), Flags(), set()
+        cleanup = asyncio.Event()
+
+        async def stream():
+            try:
+                await asyncio.sleep(10)
+            finally:  # a cleanup that outlives the cancelled task, as the orchestrator's does
+                done = asyncio.ensure_future(asyncio.wait_for(cleanup.wait(), 1))
+                lingering.add(done)  # as engine.orchestrator.linger tracks it: gone from the set once over
+                done.add_done_callback(lingering.discard)
+
+        task = asyncio.ensure_future(stream())
+        asyncio.get_running_loop().call_later(0.1, lambda: (setattr(request, "cancelled", leave),
+                                                            setattr(flags, "message", broken)))  # fmt: skip
+        asyncio.get_running_loop().call_later(0.3, cleanup.set)
+        answer = await watch(task, request, flags, lingering)
+        asked_to_stop = task.cancelled() or task.cancelling() > 0  # a broken server: returned without waiting
+        cleanup.set()
+        await asyncio.gather(task, *lingering, return_exceptions=True)
+        return answer, asked_to_stop, not lingering
+
+    assert asyncio.run(run(True, None)) == (None, True, True)  # cancelled, and its cleanup awaited
+    answer, cancelled, _ = asyncio.run(run(False, "unavailable: restarting"))
+    assert answer == "unavailable: restarting" and cancelled

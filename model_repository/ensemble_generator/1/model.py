@@ -19,15 +19,23 @@ from engine.orchestrator import LINGERING, Chunk, Segment, StreamFailed, Unavail
 from serving import contract as C
 from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
-from serving.bls import BLS, BLSGenerator, Waits
+from serving.bls import BLS, BLSGenerator, Waits, watch
 from serving.cancel import CancelBoard
 from serving.requests import check_language, check_text, generation_request
 from serving.supervise import RunFlags, start_heartbeat
-from serving.triton_io import SPOKEN_TEXT_CHARS, chunk_tensors, get, model_parameters, scalar, setup_logging, string
+from serving.triton_io import (
+    SPOKEN_TEXT_CHARS,
+    chunk_tensors,
+    get,
+    latent_rows,
+    model_parameters,
+    scalar,
+    setup_logging,
+    string,
+)
 
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
 # An ensemble has no sequence to continue: its generator stream gets an id of ours, so a client's
 # sequence id (older clients sent one) is ignored.
 TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
@@ -86,19 +94,14 @@ class TritonPythonModel:
         (after the last is_cancelled(): asking once the final response is out crashes Triton 2.51)."""
         stream_id = self.keys.new_stream_id()
         task = asyncio.ensure_future(self._relay(request, sender, stream_id))
-        while not task.done():
-            await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
-            if not task.done() and request.is_cancelled():  # a direct caller left (an ensemble's never shows)
-                task.cancel()
-            if not task.done() and (broken := self.flags.broken()):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                last = end_chunk(stream_id, tagged(Unavailable(broken)))
-                finish(sender, last)
-                return last
-        while lingering:
-            await asyncio.wait(set(lingering))
+        # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
+        broken = await watch(task, request, self.flags, lingering)
+        if broken:
+            with contextlib.suppress(BaseException):
+                await task
+            last = end_chunk(stream_id, tagged(Unavailable(broken)))
+            finish(sender, last)
+            return last
         try:
             last = task.result()
         except asyncio.CancelledError:
@@ -132,18 +135,14 @@ def finish(sender, chunk: Chunk) -> None:
 def read_segment(request, stream_id: int) -> Segment:
     """The request as one generator stream; ValueError naming the input, each size bounded by the
     contract before anything is copied (this model takes requests from anyone)."""
-    latents = get(pb, request, "PROMPT_LATENTS")
-    if latents.size % C.LATENT_DIM or latents.size // C.LATENT_DIM > C.MAX_PROMPT_LATENTS:
-        raise ValueError(f"PROMPT_LATENTS must be rows of {C.LATENT_DIM} values, at most {C.MAX_PROMPT_LATENTS} rows "
-                         f"(the longest reference); got shape {latents.shape}")  # fmt: skip
+    latents = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", C.MAX_PROMPT_LATENTS)
     speaker = get(pb, request, "SPEAKER")
     if speaker.size != C.SPEAKER_DIM:
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {C.SPEAKER_DIM}")
     text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
     language = check_language(string(pb, request, "LANGUAGE", "")) or ""
     prompt_text = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
-    prompt = {"PROMPT_LATENTS": latents.reshape(-1, C.LATENT_DIM), "SPEAKER": speaker.reshape(-1),
-              "PROMPT_TEXT": prompt_text}
+    prompt = {"PROMPT_LATENTS": latents, "SPEAKER": speaker.reshape(-1), "PROMPT_TEXT": prompt_text}
     given = parameter_dict(request.parameters())
     for name in TRITON_SEQUENCE_PARAMETERS:  # Triton's own (HTTP clients send a sequence id as one): not ours
         given.pop(name, None)

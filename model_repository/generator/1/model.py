@@ -81,7 +81,7 @@ class TritonPythonModel:
                     self.deferred = {i: t for i, t in self.deferred.items() if t > cutoff}
 
     def _execute(self, requests):
-        live, marked = [], self.cancels.marked()
+        live, marked, admitted = [], self.cancels.marked(), False
         for r in requests:
             stream_id, sender, start = r.correlation_id(), r.get_response_sender(), bool(r.flags() & START)
             if stream_id in self.service.live and not start:
@@ -118,8 +118,10 @@ class TritonPythonModel:
                     log.exception("could not start a stream")
                 send(sender, end_chunk(0, failure_reason(e)))
                 continue
+            admitted = True
             live.append((r, stream_id, sender))
-        self.live_streams.sync(self.service.live)  # before any chunk goes out: the vocoder checks it
+        if admitted:  # listed before their first chunk goes out: the vocoder opens only listed streams
+            self.live_streams.sync(self.service.live)
         if live:
             t0 = time.perf_counter()
             try:

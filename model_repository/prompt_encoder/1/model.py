@@ -50,8 +50,7 @@ class TritonPythonModel:
         # is taken by ensemble_generator, the step that generates)
         slots = int(params.get("slots", 8))
         cancels_dir = params.get("cancel_dir") or None
-        self.admission = Admission(CancelBoard(cancels_dir).dir, "ensemble_generator",
-                                   slots + int(params.get("max_queue", 4 * slots)))  # fmt: skip
+        self.admission = Admission(CancelBoard(cancels_dir).dir, None, slots + int(params.get("max_queue", 4 * slots)))
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
@@ -102,7 +101,7 @@ class TritonPythonModel:
             try:
                 trusted = self.keys.split(r.parameters())[1]
                 self.keys.admit(trusted, "prompt_encoder")
-                if not trusted and self.admission.total() >= self.admission.capacity:
+                if not trusted and self.admission.full():
                     raise Unavailable(self.admission.busy_message())
                 spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
                 prompt = self._prompt(r, trusted)

@@ -13,7 +13,7 @@ from engine.orchestrator import INVALID, LENGTH, LINGERING, Orchestrator, Stream
 from serving.admission import Admission
 from engine.text import TextTokenizer
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits
+from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import SAMPLE_RATE, TTS_OUTPUTS
 from serving.requests import build_request
@@ -31,7 +31,6 @@ from serving.triton_io import (
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
 
 
 def refuse(sender, message: str) -> None:
@@ -103,22 +102,11 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, sender, lingering: set):
         task = asyncio.ensure_future(self._stream(request, sender))
-        # A cancelled client cancels the task and the orchestrator cleans up. The final response is sent
-        # here, after the task: asking is_cancelled() once it has gone out crashes tritonserver 2.51.
-        while not task.done():
-            await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
-            if not task.done() and request.is_cancelled():
-                task.cancel()  # again each poll: Python 3.11's wait_for can swallow one cancellation
-            if not task.done() and (broken := self.flags.broken()):  # the server is about to be replaced
-                task.cancel()
-                self.outcome["error"].increment(1)
-                refuse(sender, broken)
-                return
-        # The stream's cleanup (generator cancel, vocoder end) may still run: it ends before the final
-        # response. Sent earlier, the BLS requests still running for this request went astray: the
-        # generator read garbage (TEXT of 3209585762 bytes) and Triton dropped other clients' streams.
-        while lingering:
-            await asyncio.wait(set(lingering))
+        broken = await watch(task, request, self.flags, lingering)  # the orchestrator cleans up a cancelled one
+        if broken:  # the server is about to be replaced
+            self.outcome["error"].increment(1)
+            refuse(sender, broken)
+            return
         try:
             final, samples = task.result()
         except asyncio.CancelledError:

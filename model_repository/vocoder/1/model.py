@@ -72,13 +72,13 @@ class TritonPythonModel:
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
 
     def _process(self, requests) -> None:
-        parsed = []  # per request: a Chunk to decode, or (finish reason, error) to answer with
+        parsed, opening = [], 0  # per request: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
-            opening = sum(1 for c in parsed if not isinstance(c, tuple) and len(c.prompt_latents))
             try:
                 item = self._read(r, opening)
             except Exception as e:  # unreadable or refused: answered alone
                 item = ("", e if isinstance(e, Refused) else ValueError(f"vocoder: {e}"))
+            opening += not isinstance(item, tuple) and bool(len(item.prompt_latents))  # streams this batch opens
             parsed.append(item)
         try:
             outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, tuple)]))
