@@ -4,9 +4,9 @@ patch (prefill for new streams, one backbone token for the rest, the flow head f
 Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, an RNG), so
 a stream's latents depend only on its own inputs and seed, never on who shares the batch.
 Slot bookkeeping (which slot a request owns) is the caller's; this module only reads ``Stream.slot``.
-The backbone's keys live in a :class:`~engine.kv_cache.PagedCache` (or the per-slot
-:class:`~engine.kv_cache.SlotCache`): a stream reserves the pages it may need when it is created
-(:meth:`Generator.new_stream`) and gives them back with :meth:`Generator.release`.
+The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`: a stream reserves the pages it may
+need (:meth:`Generator.reserve`, or the scheduler through the cache's ``blocks``) and gives them back
+when it ends. Any cache with the same interface works (the tests' per-slot reference cache does).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kv_cache import NoPagesYet, PagedCache, SlotCache
+from engine.block_manager import NoPagesYet
+from engine.kv_cache import PagedCache
 from engine.layers.attention import AttentionFallback
 from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.params import GenerationParams
@@ -56,10 +57,10 @@ class StepResult:
 
 @dataclass
 class Generator:
-    """Runs steps for streams whose slots live in one :class:`PagedCache` (or :class:`SlotCache`)."""
+    """Runs steps for streams whose slots live in one :class:`PagedCache` (or a cache like it)."""
 
     core: FireRedTTS3Core
-    cache: PagedCache | SlotCache
+    cache: PagedCache
     _t_spans: dict = field(default_factory=dict)
 
     @property
@@ -114,8 +115,7 @@ class Generator:
                 f"prompt of {s.prefix_length()} positions plus up to {params.max_patches} patches needs {need} "
                 f"cache positions; this server has {self.cache.max_len} (shorten the text or reference audio)"
             )
-        if isinstance(self.cache, PagedCache):
-            self.cache.check_fits(need)
+        self.cache.check_fits(need)
         if reserve and not self.reserve(s):
             raise NoPagesYet(f"the KV cache has no room for {need} more positions until a stream ends")
         return s

@@ -5,18 +5,17 @@
 - :class:`PagedCache`: the backbone's cache as a pool of pages with a page table per stream (what the
   server uses): memory follows the streams' real lengths; a step hands the stack a view over the pages
   of the streams it runs (:class:`PagedBatch` for SDPA, a planned FlashInfer step on CUDA).
-- :class:`SlotCache`: the earlier preallocated cache, one ``max_len`` row per slot, written in place;
-  kept as the reference the paged cache is checked against.
+- Page bookkeeping (reservations, which pages a slot holds) is :mod:`engine.block_manager`, without torch.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections import deque
 
 import torch
 
+from engine.block_manager import PAGE_SIZE, BlockManager, pages_for
 from engine.config import Qwen3Config
 from engine.layers.attention import window_mask
 
@@ -80,86 +79,9 @@ class WindowCache:
         self._new_pos = None
 
 
-class SlotCache:
-    """Preallocated backbone cache: k/v of shape (layers, slots, Hkv, max_len, head_dim)."""
-
-    def __init__(self, cfg: Qwen3Config, slots: int, max_len: int, device, dtype):
-        shape = (cfg.num_layers, slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.slots = slots
-        self.max_len = max_len
-
-    # The generator's cache interface, shared with :class:`PagedCache` (a slot row holds max_len already).
-    attention = "sdpa"
-    attention_fallback_reason = ""
-
-    @property
-    def device(self) -> torch.device:
-        return self.k.device
-
-    def reserve(self, slot: int, positions: int) -> bool:
-        if positions > self.max_len:
-            raise ValueError(f"{positions} positions exceed the cache length {self.max_len}")
-        return True
-
-    def release(self, slot: int) -> None:
-        pass
-
-    def fall_back(self, reason: str, error: BaseException | None = None) -> None:
-        raise RuntimeError("the per-slot cache has no other attention path to fall back to") from error
-
-    def batch(self, slots: list[int], starts: list[int], length: int) -> SlotBatch:
-        """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``."""
-        for s, p in zip(slots, starts):
-            if not 0 <= s < self.slots:
-                raise IndexError(f"slot {s} out of range 0..{self.slots - 1}")
-            if p + length > self.max_len:
-                raise ValueError(f"slot {s}: {p + length} positions exceed the cache length {self.max_len}")
-        return SlotBatch(self, slots, starts, length)
-
-
-class SlotBatch:
-    """Rows of a :class:`SlotCache` for one forward (prefill of one slot, or one decode token per slot)."""
-
-    def __init__(self, cache: SlotCache, slots: list[int], starts: list[int], length: int):
-        self.cache = cache
-        dev = cache.k.device
-        self.idx = torch.tensor(slots, device=dev, dtype=torch.long)
-        self.starts = torch.tensor(starts, device=dev, dtype=torch.long)
-        self.from_zero = len(slots) == 1 and starts[0] == 0  # from the host list: no device sync in mask()
-        self.length = length
-        self.positions = self.starts[:, None] + torch.arange(length, device=dev)  # (B, T)
-        self.kv_len = max(starts) + length
-
-    def mask(self):
-        """Causal mask over each row's own keys; None-like "causal" when one row starts at 0."""
-        if self.from_zero:
-            return "causal"
-        k_pos = torch.arange(self.kv_len, device=self.idx.device).expand(len(self.idx), -1)
-        return window_mask(self.positions, k_pos, None)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        ck, cv = self.cache.k[layer], self.cache.v[layer]
-        rows = self.idx[:, None].expand_as(self.positions)
-        # (B, H, T, D) -> index (slot, :, pos) needs (B, T, H, D)
-        ck[rows, :, self.positions] = k.transpose(1, 2).to(ck.dtype)
-        cv[rows, :, self.positions] = v.transpose(1, 2).to(cv.dtype)
-        if len(self.idx) == 1:
-            s = int(self.idx[0])
-            return ck[s : s + 1, :, : self.kv_len], cv[s : s + 1, :, : self.kv_len]
-        return ck[self.idx, :, : self.kv_len], cv[self.idx, :, : self.kv_len]
-
-
 # ---------------------------------------------------------------------------------------------------
 # Paged backbone cache
 # ---------------------------------------------------------------------------------------------------
-
-PAGE_SIZE = 16  # positions per page
-
-
-class NoPagesYet(RuntimeError):
-    """The stream fits the pool, but not while the live streams hold their pages: it must wait."""
 
 
 def bytes_per_position(cfg: Qwen3Config, dtype: torch.dtype) -> int:
@@ -170,10 +92,6 @@ def bytes_per_position(cfg: Qwen3Config, dtype: torch.dtype) -> int:
 def pages_for_memory(cfg: Qwen3Config, gigabytes: float, dtype: torch.dtype, page_size: int = PAGE_SIZE) -> int:
     """How many pages ``gigabytes`` (GiB) of KV cache hold."""
     return int(gigabytes * (1 << 30) // (bytes_per_position(cfg, dtype) * page_size))
-
-
-def pages_for(positions: int, page_size: int = PAGE_SIZE) -> int:
-    return -(-positions // page_size)
 
 
 # A typical stream, for sizing: ``TYPICAL_SPEECH_S`` of speech after a ``TYPICAL_REFERENCE_S`` reference
@@ -216,38 +134,29 @@ class PagedCache:
     Layout (FlashInfer's "NHD"): ``k``/``v`` of shape (layers, pages + 1, page_size, Hkv, head_dim).
     Page 0 is a zero page that is never handed out (it backs the padding a batch gathers).
 
-    A stream first *reserves* the pages it may ever need (prompt + ``max_patches``), so a live stream
-    can never run out mid-utterance; the pages themselves are taken from the free list only as the
-    stream grows (:meth:`batch`), and all of them go back in :meth:`release`. The memory used follows the
-    real lengths; admission follows the reservations (:meth:`reserve` returns False when the stream must
-    wait, and raises ValueError when it needs more pages than the whole pool has).
+    Which slot holds which pages, and which pages each slot was promised, is :attr:`blocks`
+    (:class:`~engine.block_manager.BlockManager`, plain ints): a stream first *reserves* the pages it may
+    ever need (prompt + ``max_patches``), so a live stream can never run out mid-utterance; pages are
+    taken only as the stream grows (:meth:`batch`, which writes them into the page table) and all go
+    back when it ends. The memory used follows the real lengths; admission follows the reservations.
 
     ``slots`` is the number of page-table rows (streams at once); ``max_len`` the longest stream. The
-    default pool (``num_pages`` None) holds ``slots`` streams of ``max_len``: the memory of a
-    :class:`SlotCache` of the same sizes.
+    default pool (``num_pages`` None) holds ``slots`` streams of ``max_len`` positions.
     """
 
     def __init__(
         self, cfg: Qwen3Config, slots: int, max_len: int, device, dtype, num_pages: int | None = None,
         page_size: int = PAGE_SIZE, attention=None,
     ):  # fmt: skip
-        if slots < 1 or max_len < 1 or page_size < 1:
-            raise ValueError("slots, max_len and page_size must be positive")
         self.cfg = cfg
+        self.blocks = BlockManager(slots, max_len, num_pages, page_size)
         self.slots, self.max_len, self.page_size = slots, max_len, page_size
-        self.pages_per_stream = pages_for(max_len, page_size)
-        if num_pages is None:
-            num_pages = slots * self.pages_per_stream
-        if num_pages < 1:
-            raise ValueError(f"the KV cache pool needs at least one page, got {num_pages}")
-        self.num_pages = num_pages
-        shape = (cfg.num_layers, num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim)
+        self.num_pages = self.blocks.num_pages
+        shape = (cfg.num_layers, self.num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.table = torch.zeros(slots, self.pages_per_stream, dtype=torch.long)  # host copy; 0 = zero page
-        self.pages: list[list[int]] = [[] for _ in range(slots)]
-        self.reserved = [0] * slots  # pages promised to each slot
-        self.free_pages: deque[int] = deque(range(1, num_pages + 1))
+        # host copy of blocks.pages, 0 (the zero page) past each slot's pages
+        self.table = torch.zeros(slots, self.blocks.pages_per_stream, dtype=torch.long)
         self.attention = "sdpa"
         self.attention_fallback_reason = ""
         self._flashinfer = None
@@ -274,70 +183,26 @@ class PagedCache:
         note_fallback(reason, error)
         self.attention, self.attention_fallback_reason, self._flashinfer = "sdpa", reason, None
 
-    # -- pages ----------------------------------------------------------------------------------------
+    # -- pages (bookkeeping in self.blocks) -------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.k.device
 
     @property
-    def committed(self) -> int:
-        """Pages promised to streams (reserved, whether taken yet or not)."""
-        return sum(self.reserved)
-
-    @property
-    def pages_available(self) -> int:
-        """Pages not promised to any stream."""
-        return self.num_pages - self.committed
-
-    @property
     def pages_in_use(self) -> int:
-        return self.num_pages - len(self.free_pages)
+        return self.blocks.pages_in_use
 
     def check_fits(self, positions: int) -> None:
         """ValueError when a stream of ``positions`` could never be served by this cache."""
-        if positions > self.max_len:
-            raise ValueError(f"{positions} positions exceed the cache length {self.max_len}")
-        need = pages_for(positions, self.page_size)
-        if need > self.num_pages:
-            raise ValueError(
-                f"a stream of {positions} positions needs {need} KV-cache pages of {self.page_size} positions; "
-                f"the whole pool has {self.num_pages} (give the server more KV-cache memory, or shorten the text, "
-                "the reference audio or max_patches)"
-            )
+        self.blocks.check_fits(positions)
 
     def reserve(self, slot: int, positions: int) -> bool:
         """Promise ``slot`` the pages for ``positions``; False (nothing changed) when they are not free now."""
-        self._check_slot(slot)
-        self.check_fits(positions)
-        if self.reserved[slot]:
-            raise RuntimeError(f"slot {slot} already holds a reservation")
-        need = pages_for(positions, self.page_size)
-        if need > self.pages_available:
-            return False
-        self.reserved[slot] = need
-        return True
+        return self.blocks.reserve(slot, positions)
 
     def release(self, slot: int) -> None:
         """Return the slot's pages and reservation (a stream ended, was cancelled or failed)."""
-        self._check_slot(slot)
-        self.free_pages.extend(self.pages[slot])  # FIFO: a just-freed page is the last to be reused
-        self.pages[slot] = []
-        self.table[slot].zero_()
-        self.reserved[slot] = 0
-
-    def _check_slot(self, s: int) -> None:
-        if not 0 <= s < self.slots:
-            raise IndexError(f"slot {s} out of range 0..{self.slots - 1}")
-
-    def _grow(self, s: int, positions: int) -> None:
-        need = pages_for(positions, self.page_size)
-        if need > self.reserved[s]:
-            raise RuntimeError(f"slot {s}: {positions} positions exceed its reservation of {self.reserved[s]} pages")
-        owned = self.pages[s]
-        while len(owned) < need:
-            page = self.free_pages.popleft()  # cannot be empty: reservations never exceed the pool
-            self.table[s, len(owned)] = page
-            owned.append(page)
+        self.blocks.release(slot)
 
     def batch(self, slots: list[int], starts: list[int], length: int):
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.
@@ -345,11 +210,15 @@ class PagedCache:
         Takes the pages the new keys need, then builds the step's page metadata once for all layers.
         """
         for s, p in zip(slots, starts):
-            self._check_slot(s)
+            if not 0 <= s < self.slots:
+                raise IndexError(f"slot {s} out of range 0..{self.slots - 1}")
             if p + length > self.max_len:
                 raise ValueError(f"slot {s}: {p + length} positions exceed the cache length {self.max_len}")
         for s, p in zip(slots, starts):
-            self._grow(s, p + length)
+            for index, page in self.blocks.grow(s, p + length):
+                if index == 0:  # a new stream in this row: nothing of the last one's table is left
+                    self.table[s].zero_()
+                self.table[s, index] = page
         if self._flashinfer is not None:
             try:
                 return self._flashinfer.batch(self, slots, starts, length)
@@ -362,7 +231,7 @@ class PagedBatch:
     """Rows of a :class:`PagedCache` for one forward, attended with SDPA.
 
     Keys are gathered from each row's own pages into a (B, Hkv, kv_len, D) tensor, kv_len being the
-    longest row: exactly the keys (and masked padding) the per-slot cache gave SDPA, so results are
+    longest row: exactly the keys (and masked padding) a per-slot cache of ``max_len`` rows gives SDPA, so results are
     the same bits. Padding beyond a row's pages reads the zero page. One index tensor per forward
     serves every layer.
     """

@@ -25,6 +25,7 @@ from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
+from engine.scheduler import Scheduler
 from engine.segments import chunk_sizes
 
 
@@ -42,18 +43,16 @@ class GeneratorStream:
 
 
 class GeneratorService:
-    """Streams keyed by stream id, each owning one slot of a batched :class:`~engine.generator.Generator`.
+    """Streams keyed by stream id, stepped together by one batched :class:`~engine.generator.Generator`.
 
-    A slot belongs to exactly one stream: it is taken in :meth:`admit` and given back only by
-    :meth:`drop` (which a finished stream calls on itself), so no other path can free or read it; its
-    KV-cache pages go back with it.
+    Who holds a slot, who waits for KV-cache pages and who steps is :attr:`scheduler`
+    (:class:`~engine.scheduler.Scheduler`, plain ints); this class holds the tensors: each stream's
+    generation state and the latents of the chunk it is gathering.
 
-    Admission has two gates. No free slot: :meth:`admit` raises RuntimeError (the caller keeps the
-    stream queued, as Triton's sequence batcher does). A free slot but not enough free KV-cache pages
-    for the stream's reservation: the stream is admitted *waiting*; :meth:`step` starts it (in arrival
-    order) as soon as ended streams give their pages back, and returns no chunk for it until then, so a
-    caller that reschedules streams without a chunk needs nothing else. A stream that could never fit
-    the pool is refused with ValueError.
+    No free slot: :meth:`admit` raises RuntimeError (the caller keeps the stream queued, as Triton's
+    sequence batcher does). A free slot but not enough free KV-cache pages: the stream is admitted
+    *waiting*; :meth:`step` starts it (in arrival order) as soon as ended streams give their pages back,
+    and returns no chunk for it until then. A stream that could never fit is refused with ValueError.
     """
 
     def __init__(
@@ -65,13 +64,22 @@ class GeneratorService:
         self.tts = tts
         self.slots = slots
         self.gen = tts.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
-        self.free: deque[int] = deque(range(slots))  # FIFO: a just-freed row is the last to be reused
+        self.scheduler = Scheduler(slots, getattr(self.gen.cache, "blocks", None))
         self.live: dict[int, GeneratorStream] = {}
-        self.waiting: deque[int] = deque()  # admitted streams without their KV-cache pages yet, oldest first
 
     @property
     def active(self) -> int:
         return len(self.live)
+
+    @property
+    def free(self) -> deque[int]:
+        """Free slots, the next one first."""
+        return self.scheduler.free
+
+    @property
+    def waiting(self) -> deque[int]:
+        """Live streams waiting for KV-cache pages, oldest first."""
+        return self.scheduler.queue
 
     def admit(
         self, stream_id: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams,
@@ -80,31 +88,16 @@ class GeneratorService:
         """Give ``stream_id`` a slot and a stream (waiting for cache pages if the pool is short now).
         Raises ValueError for bad input or a stream the pool can never hold (nothing is kept then)."""
         sizes = chunk_sizes(schedule)
-        if stream_id in self.live:
-            raise ValueError("this stream id is already live")
-        if not self.free:
-            raise RuntimeError(f"all {self.slots} generator slots are in use")
-        state = self.gen.new_stream(self.free[0], tokens, prompt, params, reserve=False)
-        self.free.popleft()
+        slot = self.scheduler.next_slot(stream_id)
+        state = self.gen.new_stream(slot, tokens, prompt, params, reserve=False)
+        self.scheduler.admit(stream_id, state.prefix_length() + params.max_patches)
         latents = prompt.latents.float().numpy()
         self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
-        if self.waiting or not self.gen.reserve(state):  # never ahead of one already waiting
-            self.waiting.append(stream_id)
-
-    def _start_waiting(self) -> None:
-        while self.waiting and self.gen.reserve(self.live[self.waiting[0]].state):
-            self.waiting.popleft()
 
     def drop(self, stream_id: int) -> bool:
         """Free the stream's slot and pages (finished, cancelled or failed). Returns False if it had none."""
-        stream = self.live.pop(stream_id, None)
-        if stream is None:
-            return False
-        if stream_id in self.waiting:
-            self.waiting.remove(stream_id)
-        self.gen.release(stream.state)
-        self.free.append(stream.state.slot)
-        return True
+        self.live.pop(stream_id, None)
+        return self.scheduler.finish(stream_id)
 
     def cancel(self, stream_id: int) -> Chunk:
         """End a stream now: its slot is freed and this is its last chunk."""
@@ -118,10 +111,9 @@ class GeneratorService:
         its prompt latents. Finished streams are freed. A stream still waiting for cache pages is not
         stepped (None).
         """
-        self._start_waiting()
-        waiting = set(self.waiting)
-        out: dict[int, Chunk | None] = {i: None for i in stream_ids if i in waiting}
-        streams = [self.live[i] for i in stream_ids if i not in waiting]
+        plan = self.scheduler.schedule(stream_ids)
+        out: dict[int, Chunk | None] = dict.fromkeys(plan.waiting)
+        streams = [self.live[i] for i in plan.run]
         results = self.gen.step([s.state for s in streams]) if streams else []
         for s, r in zip(streams, results, strict=True):
             if r.latents is not None:
@@ -134,8 +126,9 @@ class GeneratorService:
         return out
 
     def _chunk(self, s: GeneratorStream, last: bool, reason: str) -> Chunk:
-        latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else np.zeros((0, 64), np.float32)
-        prompt = s.prompt_latents if s.chunks_sent == 0 else np.zeros((0, 64), np.float32)
+        empty = np.zeros((0, 64), np.float32)
+        latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else empty
+        prompt = s.prompt_latents if s.chunks_sent == 0 else empty
         seq = s.chunks_sent
         s.pending, s.want, s.chunks_sent = [], next(s.sizes), s.chunks_sent + 1
         return Chunk(s.stream_id, latents, prompt, last, reason if last else "", seq=seq)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from engine.config import PRESETS, Qwen3Config
-from engine.kv_cache import SlotCache
 from engine.layers.qwen3 import Qwen3Stack
 from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.models.dit import DiT
 from engine.models.patch_encoder import PatchEncoder
 from engine.models.redae import RedAEDecoder, RedAEEncoder
+from tests.slot_cache import SlotCache
 
 TINY = PRESETS["tiny"]
 

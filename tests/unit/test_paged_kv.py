@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.block_manager import NoPagesYet, pages_for
 from engine.generator import Generator
-from engine.kv_cache import (
-    NoPagesYet,
-    PagedCache,
-    SlotCache,
-    bytes_per_position,
-    pages_for,
-    pages_for_memory,
-    typical_positions,
-)
+from engine.kv_cache import PagedCache, bytes_per_position, pages_for_memory, typical_positions
 from engine.params import GenerationParams
 from engine.streams import GeneratorService
+from tests.slot_cache import SlotCache
 from tests.unit.test_serving_parts import _run
 
 TEXTS = ["One", "Two words here", "Three little words and more", "Four", "five six seven eight", "x",
@@ -28,68 +22,61 @@ def _cache(tts, slots=2, max_len=64, num_pages=None, page_size=4):
 
 
 def _owned(cache: PagedCache) -> list[set[int]]:
-    return [set(p) for p in cache.pages]
+    return [set(p) for p in cache.blocks.pages]
 
 
 def _check_disjoint(cache: PagedCache) -> None:
-    owned = [p for p in cache.pages if p]
+    owned = [p for p in cache.blocks.pages if p]
     flat = [page for p in owned for page in p]
     assert len(flat) == len(set(flat)), "a page is held by two streams"
     assert 0 not in flat, "the zero page was handed out"
-    assert len(flat) + len(cache.free_pages) == cache.num_pages, "a page was lost or duplicated"
-    assert len(set(cache.free_pages)) == len(cache.free_pages)
+    assert len(flat) + len(cache.blocks.free_pages) == cache.num_pages, "a page was lost or duplicated"
+    assert len(set(cache.blocks.free_pages)) == len(cache.blocks.free_pages)
 
 
 def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
     cfg = tts.core.cfg.backbone
     cache = _cache(tts, slots=2, max_len=20, num_pages=6, page_size=4)
     assert cache.reserve(1, 9)  # 3 pages promised, none taken yet
-    assert cache.pages_in_use == 0 and cache.pages_available == 3
+    assert cache.pages_in_use == 0 and cache.blocks.pages_available == 3
     k = torch.randn(1, cfg.num_kv_heads, 3, cfg.head_dim)
     view = cache.batch([1], [0], 3)
     view.update(0, k, k + 1)
-    assert len(cache.pages[1]) == 1
-    page = cache.pages[1][0]
+    assert len(cache.blocks.pages[1]) == 1
+    page = cache.blocks.pages[1][0]
     assert torch.equal(cache.k[0, page, :3], k[0].transpose(0, 1))  # NHD: (page, offset, head, dim)
     assert torch.equal(cache.v[0, page, :3], (k + 1)[0].transpose(0, 1))
     for pos in range(3, 9):  # decode one key at a time: pages 2 and 3 come at positions 4 and 8
         one = torch.full((1, cfg.num_kv_heads, 1, cfg.head_dim), float(pos))
         view = cache.batch([1], [pos], 1)
         got_k, _ = view.update(0, one, one)
-        assert len(cache.pages[1]) == pos // 4 + 1
+        assert len(cache.blocks.pages[1]) == pos // 4 + 1
         assert got_k.shape == (1, cfg.num_kv_heads, pos + 1, cfg.head_dim)
         assert torch.equal(got_k[0, :, :3], k[0]) and torch.equal(got_k[0, :, pos], one[0, :, 0])
-    assert cache.table[1, :3].tolist() == cache.pages[1] and len(set(cache.pages[1])) == 3
+    assert cache.table[1, :3].tolist() == cache.blocks.pages[1] and len(set(cache.blocks.pages[1])) == 3
     with pytest.raises(RuntimeError, match="reservation"):
         cache.batch([1], [9], 4)  # 13 positions: past the 3 pages it reserved
     _check_disjoint(cache)
     cache.release(1)
-    assert cache.pages_in_use == 0 and cache.committed == 0 and not cache.table[1].any()
+    assert cache.pages_in_use == 0 and cache.blocks.committed == 0
+    assert cache.reserve(1, 2)  # the next stream in row 1: its table is its own page, then zero pages
+    cache.batch([1], [0], 2)
+    assert cache.table[1].tolist() == [cache.blocks.pages[1][0], 0, 0, 0, 0]
 
 
-def test_reservations_admit_by_free_pages_and_refuse_what_never_fits(tts):
-    cache = _cache(tts, slots=3, max_len=64, num_pages=5, page_size=4)
-    assert cache.reserve(0, 12)  # 3 pages
-    assert not cache.reserve(1, 12)  # 3 more: only 2 left -> wait (nothing changed)
-    assert cache.committed == 3 and cache.reserved[1] == 0
-    assert cache.reserve(1, 8)
-    with pytest.raises(RuntimeError, match="already holds"):
-        cache.reserve(1, 4)
-    with pytest.raises(ValueError, match="needs 6 KV-cache pages of 4 positions; the whole pool has 5"):
-        cache.reserve(2, 21)
-    cache.release(0)
-    assert cache.reserve(2, 12)
-
-
-def test_default_pool_matches_the_per_slot_cache(tts):
+def test_default_pool_matches_the_per_slot_cache_and_sizes_follow_the_tensors(tts):
     cfg = tts.core.cfg.backbone
     cache = PagedCache(cfg, 4, 100, "cpu", torch.float32)
     assert cache.num_pages == 4 * 7  # ceil(100 / 16) pages per slot
     slot = SlotCache(cfg, 4, 100, "cpu", torch.float32)
     assert cache.k.numel() - cache.k[:, 0].numel() >= slot.k.numel()  # the zero page aside
-    per_pos = bytes_per_position(cfg, torch.float32)
-    assert per_pos == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
-    assert pages_for_memory(cfg, 1.0, torch.float32, 16) == (1 << 30) // (per_pos * 16)
+    # what the allocated tensors really take per position (the zero page included in both counts)
+    held = (cache.k.numel() + cache.v.numel()) * cache.k.element_size()
+    assert bytes_per_position(cfg, torch.float32) * (cache.num_pages + 1) * 16 == held
+    pages = pages_for_memory(cfg, 0.001, torch.float32, 16)  # ~1 MiB: the most pages that fit, no more
+    sized = PagedCache(cfg, 1, 16, "cpu", torch.float32, num_pages=pages)
+    page_bytes = (sized.k[:, 0].numel() + sized.v[:, 0].numel()) * 4
+    assert pages * page_bytes <= 0.001 * (1 << 30) < (pages + 1) * page_bytes
     prefix, speech = typical_positions()
     assert (prefix, speech) == (1 + 100 + 63, 94)  # 25 s of text at 4 tokens/s, 10 s + 15 s at 6.25 patches/s
 
@@ -113,7 +100,7 @@ def _generate(gen: Generator, tts, n: int, slot_of=lambda i, n: n - 1 - i):
         if isinstance(gen.cache, PagedCache):
             _check_disjoint(gen.cache)
             for s in streams:
-                if s.finished and gen.cache.reserved[s.slot]:
+                if s.finished and gen.cache.blocks.reserved[s.slot]:
                     gen.release(s)
     return [torch.stack(o) for o in outs]
 
@@ -127,7 +114,7 @@ def test_paged_generation_is_bit_identical_to_the_per_slot_cache(tts, n):
     assert [len(g) for g in got] == [5 + 7 * i for i in range(n)]
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
-    assert paged.cache.pages_in_use == 0 and paged.cache.committed == 0
+    assert paged.cache.pages_in_use == 0 and paged.cache.blocks.committed == 0
 
 
 def test_generator_refuses_a_stream_the_pool_can_never_hold(tts):
@@ -163,9 +150,10 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
     _check_disjoint(cache)
     slot2 = svc.live[2].state.slot
     svc.cancel(2)  # cancelled
-    assert cache.pages[slot2] == [] and cache.reserved[slot2] == 0
-    assert cache.pages[svc.live[1].state.slot] and cache.pages[svc.live[3].state.slot]  # the others keep theirs
-    assert sum(len(p) for p in cache.pages) == cache.pages_in_use
+    assert cache.blocks.pages[slot2] == [] and cache.blocks.reserved[slot2] == 0
+    pages = cache.blocks.pages
+    assert pages[svc.live[1].state.slot] and pages[svc.live[3].state.slot]  # the others keep theirs
+    assert sum(len(p) for p in cache.blocks.pages) == cache.pages_in_use
 
     def broken(*a, **k):
         raise RuntimeError("boom")
@@ -178,9 +166,9 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
         del svc.gen.core.flow
     assert svc.gen.core.flow == real
     svc.drop(3)  # what the generator model does with the streams of a failed step
-    assert [len(p) for p in cache.pages].count(0) == 2
+    assert [len(p) for p in cache.blocks.pages].count(0) == 2
     _run(svc, 1)  # ends normally
-    assert svc.active == 0 and cache.pages_in_use == 0 and cache.committed == 0
+    assert svc.active == 0 and cache.pages_in_use == 0 and cache.blocks.committed == 0
     _check_disjoint(cache)
 
 

@@ -184,17 +184,3 @@ def test_errors_are_tagged_once(exc, kind):
     assert error_kind(message) == (kind, str(exc))
     assert tagged(ValueError(message)) == message  # a tagged message keeps its tag
     assert error_kind("Stub process is not healthy") == ("error: ", "Stub process is not healthy")
-
-
-def test_attendance_finds_streams_triton_stopped_handing_over():
-    from serving.attendance import MISSED_EXECUTES, MISSED_SECONDS, ORPHAN_SECONDS, Attendance
-
-    a = Attendance()
-    assert a.orphans([1, 2], [1, 2], now=0.0) == []
-    for k in range(MISSED_EXECUTES - 1):  # 2 missing: a few executes, but not yet long enough
-        assert a.orphans([1, 2], [1], now=0.1 * k) == []
-    assert a.orphans([1, 2], [1], now=MISSED_SECONDS) == [2]
-    assert a.orphans([1], None, now=MISSED_SECONDS + ORPHAN_SECONDS - 0.1) == []  # no executes in between
-    a.restart(now=100.0)  # the machine paused 90 s: nobody was away
-    assert a.orphans([1], None, now=100.0 + ORPHAN_SECONDS - 0.1) == []
-    assert a.orphans([1], None, now=100.0 + ORPHAN_SECONDS) == [1]

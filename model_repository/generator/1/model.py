@@ -1,160 +1,80 @@
 """generator: one batched autoregressive step per execute for every stream Triton hands us.
 
-Triton's iterative sequence batcher owns admission: at most ``slots`` streams are live, the rest wait
-in its queue. A stream that is not finished is released with RESCHEDULE and comes back next step.
-Every response carries all the vocoder's inputs, sealed (serving.auth); a stream that fails ends with
-a normal last response whose FINISH_REASON says why.
+Triton's iterative sequence batcher queues the streams (at most ``slots`` live). An execute is parse ->
+decide (engine.scheduler: step, cancel, admit, wait or refuse) -> step -> send; a stream that is not
+finished is released with RESCHEDULE and comes back next step. Responses carry the vocoder's inputs,
+sealed; a failed stream ends with a normal last response whose FINISH_REASON says why. The state
+between executes is serving.generator_host.
 
 Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
-correlation ids): a client that can address the sequence batcher can wedge it (a request without
-START on a live sequence's id takes that candidate slot for good in Triton 2.51), so every key-less
-request is refused.
+ids): a client that could address the sequence batcher could wedge it (a request without START on a
+live id takes that candidate slot for good in Triton 2.51), so every key-less request is refused.
 """
 
-import itertools
-import threading
 import time
 
 import triton_python_backend_utils as pb
 
 from engine.orchestrator import Chunk, end_chunk, failure_reason
-from serving.attendance import PAUSE_SECONDS, Attendance
-from serving.auth import Keys, Refused
-from serving.generator_metrics import GeneratorMetrics
-from serving.supervise import start_heartbeat
-from serving.triton_io import chunk_tensors, error_response, load_tts, model_parameters, setup_logging, stream_request
+from engine.scheduler import Action
+from serving.auth import Refused
+from serving.generator_host import GeneratorHost
+from serving.triton_io import chunk_tensors, error_response, model_parameters, setup_logging, stream_request
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+
+
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.streams import GeneratorService
-        from serving.cancel import CancelBoard
-        from serving.live_streams import LiveStreams
-
-        params = model_parameters(args)
-        start_heartbeat(params, "generator")
-        self.tts = load_tts(params, parts=("core",))
-        self.service = GeneratorService(
-            self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
-            kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
-        )  # fmt: skip
-        self.cancels = CancelBoard(params.get("cancel_dir") or None)
-        self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
-        self.live_streams.clear()
-        self.keys = Keys.from_env({**params, "public_steps": "0"}, "generator")  # never key-less
-        self.attendance = Attendance()
-        self.deferred: dict[int, float] = {}  # new streams told to wait (see _execute) -> since when
-        # orphans are also looked for between requests (none may come): one lock with execute
-        self.lock, self.stopping = threading.Lock(), threading.Event()
-        threading.Thread(target=self._reap_forever, name="generator-reaper", daemon=True).start()
-        self.metrics = GeneratorMetrics(pb, self.service)
-        log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
-
-    def _admit(self, request, stream_id: int, given: dict) -> None:
-        """Start a stream; ValueError (nothing kept) for a request we must not run."""
-        if not stream_id:
-            raise ValueError("a generator stream needs a correlation id")
-        self.service.admit(stream_id, *stream_request(pb, request, self.tts, given))
+        self.host = GeneratorHost(pb, model_parameters(args))
 
     def execute(self, requests):
-        with self.lock:
-            self._execute(requests)
-
-    def _reap_forever(self):
-        last = time.monotonic()
-        for tick in itertools.count(1):
-            if self.stopping.wait(1.0):
-                return
-            with self.lock:
-                if time.monotonic() - last > PAUSE_SECONDS:  # the machine was paused: nobody was away
-                    self.attendance.restart(time.monotonic())
-                self._reap_orphans(None)
-                self.metrics.update()
-            last = time.monotonic()
-            if tick % 30 == 0:
-                self.cancels.sweep()
-                with self.lock:  # a deferred stream whose client left never comes back
-                    cutoff = time.monotonic() - 60
-                    self.deferred = {i: t for i, t in self.deferred.items() if t > cutoff}
-
-    def _execute(self, requests):
-        live, marked, admitted = [], self.cancels.marked(), False
-        for r in requests:
-            stream_id, sender, start = r.correlation_id(), r.get_response_sender(), bool(r.flags() & START)
-            if stream_id in self.service.live and not start:
-                if stream_id in marked and self.cancels.consume(stream_id):
-                    send(sender, self.keys.seal(self.service.cancel(stream_id)))
-                    continue
-                live.append((r, stream_id, sender))
-                continue
-            try:
-                given, trusted = self.keys.split(r.parameters())
-                self.keys.admit(trusted, "generator")
-            except (Refused, ValueError) as e:
-                refuse(r, sender, e)
-                continue
-            if stream_id in self.service.live:  # a START on a live id: refuse it, leave the stream alone
-                send(sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
-                continue
-            if not self.service.free:
-                # Triton thinks a slot is free: one of ours is gone and is freed within MISSED_SECONDS.
-                # Until then the new stream waits: rescheduled, nothing sent (it comes back without its
-                # START flag, hence the note).
-                if start:
-                    self.deferred[stream_id] = time.monotonic()
-                r.set_release_flags(RESCHEDULE)
-                continue
-            if not (start or self.deferred.pop(stream_id, None)):
-                send(sender, end_chunk(0, failure_reason(ValueError("this stream is not live (a new stream must "
-                                                                    "start a sequence)"))))  # fmt: skip
-                continue
-            try:
-                self._admit(r, stream_id, given)
-            except Exception as e:  # bad input fails this request only; it never held a slot
-                if not isinstance(e, ValueError):
-                    log.exception("could not start a stream")
-                send(sender, end_chunk(0, failure_reason(e)))
-                continue
-            admitted = True
-            live.append((r, stream_id, sender))
-        if admitted:  # listed before their first chunk goes out: the vocoder opens only listed streams
-            self.live_streams.sync(self.service.live)
-        if live:
-            t0 = time.perf_counter()
-            try:
-                out = self.service.step([i for _, i, _ in live])
-            except Exception as e:
-                log.exception("generator step failed")
-                out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for _, i, _ in live}
-                for _, i, _ in live:
-                    self.service.drop(i)
-            self.metrics.step.observe(time.perf_counter() - t0)
-            for r, stream_id, sender in live:
-                chunk = out[stream_id]
-                if chunk is not None:
-                    send(sender, self.keys.seal(chunk))
-                if chunk is None or not chunk.last:
+        host = self.host
+        with host.lock:
+            steps, marked = [], host.cancels.marked()
+            for r in requests:
+                stream_id, sender, start = r.correlation_id(), r.get_response_sender(), bool(r.flags() & START)
+                action = host.scheduler.decide(stream_id, start, stream_id in marked).action
+                if action is Action.CANCEL:
+                    send(sender, host.cancel(stream_id))
+                elif action is Action.STEP or self._start(r, stream_id, start, sender):
+                    steps.append((r, stream_id, sender))
+            out = host.step([i for _, i, _ in steps]) if steps else {}
+            for r, stream_id, sender in steps:
+                if out[stream_id] is not None:
+                    send(sender, out[stream_id])
+                if out[stream_id] is None or not out[stream_id].last:
                     r.set_release_flags(RESCHEDULE)
-        self._reap_orphans([i for _, i, _ in live])  # after the step: a slow step orphans nobody
-        self.live_streams.sync(self.service.live)
-        self.metrics.update()
+            host.after([i for _, i, _ in steps])  # after the step: a slow step orphans nobody
 
-    def _reap_orphans(self, present: list[int] | None) -> None:
-        for stream_id in self.attendance.orphans(list(self.service.live), present, time.monotonic()):
-            log.warning("freed the slot of a stream Triton no longer schedules (its request was dropped)")
-            self.service.drop(stream_id)
-            self.cancels.mark_lost(stream_id)  # its tts ends it with an error at once (serving.bls)
-        if present is None:
-            self.live_streams.sync(self.service.live)  # ended streams' grace runs out between executes too
+    def _start(self, request, stream_id: int, start: bool, sender) -> bool:
+        """A request that is not a live stream's next step: authenticated, then admitted if it may be."""
+        try:
+            given, trusted = self.host.keys.split(request.parameters())
+            self.host.keys.admit(trusted, "generator")
+        except (Refused, ValueError) as e:
+            refuse(request, sender, e)
+            return False
+        decision = self.host.scheduler.admission(stream_id, start, time.monotonic())
+        if decision.action is Action.WAIT:  # rescheduled, nothing sent: it comes back without START
+            request.set_release_flags(RESCHEDULE)
+            return False
+        try:
+            if decision.action is Action.REFUSE:
+                raise ValueError(decision.why)
+            self.host.admit(stream_id, stream_request(pb, request, self.host.tts, given))
+        except Exception as e:  # bad input fails this request only; it never held a slot
+            if not isinstance(e, ValueError):
+                log.exception("could not start a stream")
+            send(sender, end_chunk(0, failure_reason(e)))
+            return False
+        return True
 
     def finalize(self):
-        self.stopping.set()
-        for stream_id in list(self.service.live):
-            self.service.drop(stream_id)
-        self.live_streams.clear()
+        self.host.close()
 
 
 def send(sender, chunk: Chunk) -> None:

@@ -1,0 +1,103 @@
+"""What the generator model keeps between executes, Triton's request objects aside.
+
+:class:`GeneratorHost` holds the model's :class:`~engine.streams.GeneratorService` (and so its
+:class:`~engine.scheduler.Scheduler`), the side channels (cancellation marks, the vocoder's list of live
+streams), the keys that seal every chunk, the metrics, and a timer thread that frees orphaned streams
+between executes. ``model_repository/generator/1/model.py`` only turns requests into its calls and
+its chunks into responses. One lock: executes and the timer never interleave.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+from engine.orchestrator import Chunk, end_chunk, failure_reason
+from engine.scheduler import PAUSE_SECONDS
+from serving.auth import Keys
+from serving.cancel import CancelBoard
+from serving.generator_metrics import GeneratorMetrics
+from serving.live_streams import LiveStreams
+from serving.supervise import start_heartbeat
+from serving.triton_io import load_tts
+
+log = logging.getLogger("generator")
+
+
+class GeneratorHost:
+    def __init__(self, pb, params: dict):
+        from engine.streams import GeneratorService
+
+        start_heartbeat(params, "generator")
+        self.tts = load_tts(params, parts=("core",))
+        self.service = GeneratorService(
+            self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
+            kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
+        )  # fmt: skip
+        self.scheduler = self.service.scheduler
+        self.cancels = CancelBoard(params.get("cancel_dir") or None)
+        self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
+        self.live_streams.clear()
+        self.keys = Keys.from_env({**params, "public_steps": "0"}, "generator")  # never key-less
+        self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.metrics = GeneratorMetrics(pb, self.service)
+        threading.Thread(target=self._check_forever, name="generator-attendance", daemon=True).start()
+        log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
+
+    def cancel(self, stream_id: int) -> Chunk:
+        """End a live stream whose client left -> its sealed last chunk."""
+        self.cancels.consume(stream_id)
+        return self.keys.seal(self.service.cancel(stream_id))
+
+    def admit(self, stream_id: int, inputs: tuple) -> None:
+        """Start a stream from its parsed inputs (``serving.triton_io.stream_request``), listed for the
+        vocoder before its first chunk goes out (the vocoder opens listed streams only)."""
+        self.service.admit(stream_id, *inputs)
+        self.live_streams.sync(self.service.live)
+
+    def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
+        """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
+        t0 = time.perf_counter()
+        try:
+            out = self.service.step(stream_ids)
+        except Exception as e:
+            log.exception("generator step failed")
+            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
+            for i in stream_ids:
+                self.service.drop(i)
+        self.metrics.step.observe(time.perf_counter() - t0)
+        return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
+
+    def after(self, present: list[int] | None) -> None:
+        """After an execute that held ``present`` (None: between executes): free the streams whose requests
+        stopped coming (their tts is told at once, serving.bls), update the vocoder's list and the gauges."""
+        for stream_id in self.scheduler.orphans(present, time.monotonic()):
+            log.warning("freed the slot of a stream Triton no longer schedules (its request was dropped)")
+            self.service.drop(stream_id)
+            self.cancels.mark_lost(stream_id)
+        self.live_streams.sync(self.service.live)  # ended streams' grace runs out between executes too
+        self.metrics.update()
+
+    def _check_forever(self) -> None:
+        last = time.monotonic()
+        for tick in itertools.count(1):
+            if self.stopping.wait(1.0):
+                return
+            with self.lock:
+                if time.monotonic() - last > PAUSE_SECONDS:  # the machine was paused: nobody was away
+                    self.scheduler.resume(time.monotonic())
+                self.after(None)
+                if tick % 30 == 0:
+                    self.scheduler.forget_deferred(time.monotonic())
+            last = time.monotonic()
+            if tick % 30 == 0:
+                self.cancels.sweep()
+
+    def close(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            for stream_id in list(self.service.live):
+                self.service.drop(stream_id)
+            self.live_streams.clear()

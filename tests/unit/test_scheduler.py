@@ -1,0 +1,216 @@
+"""The scheduler and the page bookkeeping, without torch: every admission path the generator model takes.
+
+Expectations are written out by hand (which slot, which pages, which stream runs), never recomputed with
+the code under test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.scheduler import (
+    DEFERRED_SECONDS,
+    MISSED_EXECUTES,
+    MISSED_SECONDS,
+    ORPHAN_SECONDS,
+    Action,
+    Phase,
+    Scheduler,
+)
+
+
+def test_scheduling_imports_no_torch():
+    code = "import sys, engine.scheduler, engine.block_manager; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- pages ---------------------------------------------------------------------------------------------
+
+
+def test_pages_are_reserved_then_taken_as_a_stream_grows():
+    blocks = BlockManager(slots=2, max_len=20, num_pages=6, page_size=4)
+    assert blocks.reserve(1, 9)  # ceil(9 / 4) = 3 pages promised, none taken
+    assert (blocks.committed, blocks.pages_available, blocks.pages_in_use) == (3, 3, 0)
+    assert blocks.grow(1, 3) == [(0, 1)]  # pages come from the front of the free list, 1 first
+    assert blocks.grow(1, 4) == []  # 4 positions still fit page 1
+    assert blocks.grow(1, 9) == [(1, 2), (2, 3)]
+    assert blocks.pages == [[], [1, 2, 3]] and blocks.pages_in_use == 3
+    with pytest.raises(RuntimeError, match="exceed its reservation of 3 pages"):
+        blocks.grow(1, 13)
+    blocks.release(1)
+    assert blocks.pages == [[], []] and blocks.committed == 0 and blocks.pages_in_use == 0
+    assert blocks.reserve(0, 4) and blocks.grow(0, 1) == [(0, 4)]  # a freed page is reused last
+
+
+def test_reservations_wait_for_free_pages_and_refuse_what_never_fits():
+    blocks = BlockManager(slots=3, max_len=64, num_pages=5, page_size=4)
+    assert blocks.reserve(0, 12)
+    assert not blocks.reserve(1, 12)  # 3 more pages, 2 left: wait, nothing changed
+    assert blocks.committed == 3 and blocks.reserved == [3, 0, 0]
+    assert blocks.reserve(1, 8)
+    with pytest.raises(RuntimeError, match="already holds"):
+        blocks.reserve(1, 4)
+    with pytest.raises(ValueError, match="needs 6 KV-cache pages of 4 positions; the whole pool has 5"):
+        blocks.reserve(2, 21)
+    with pytest.raises(ValueError, match="65 positions exceed the cache length 64"):
+        blocks.reserve(2, 65)
+    with pytest.raises(IndexError):
+        blocks.reserve(3, 4)
+    blocks.release(0)
+    assert blocks.reserve(2, 12)
+
+
+def test_the_default_pool_holds_every_slot_at_full_length():
+    blocks = BlockManager(slots=4, max_len=100)  # 16-position pages: 7 per stream
+    assert blocks.num_pages == 28
+    for slot in range(4):
+        assert blocks.reserve(slot, 100)
+    assert blocks.pages_available == 0
+
+
+# -- slots and the waiting queue -----------------------------------------------------------------------
+
+
+def test_slots_go_in_order_and_a_freed_slot_is_reused_last():
+    s = Scheduler(3)
+    assert [s.admit(i, 10).slot for i in (7, 8, 9)] == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="all 3 generator slots are in use"):
+        s.admit(10, 10)
+    with pytest.raises(ValueError, match="already live"):
+        s.admit(8, 10)
+    assert s.finish(8) and not s.finish(8)
+    s.finish(7)
+    assert list(s.free) == [1, 0]
+    assert s.admit(11, 10).slot == 1
+    assert s.streams[11].phase is Phase.AUDIO
+
+
+def test_a_stream_that_fits_later_waits_in_order_and_is_never_passed():
+    blocks = BlockManager(slots=4, max_len=64, num_pages=6, page_size=4)
+    s = Scheduler(4, blocks)
+    s.admit(1, 16)  # 4 pages
+    s.admit(2, 12)  # 3 pages: only 2 free -> waits
+    s.admit(3, 4)  # 1 page would fit, but never ahead of stream 2
+    assert list(s.queue) == [2, 3]
+    plan = s.schedule([1, 2, 3])
+    assert (plan.run, plan.waiting, plan.started) == ([1], [2, 3], [])
+    s.finish(1)
+    plan = s.schedule([2, 3])
+    assert (plan.run, plan.waiting, plan.started) == ([2, 3], [], [2, 3])
+    assert blocks.reserved[1] == 3 and blocks.reserved[2] == 1  # slots 1 and 2 hold streams 2 and 3
+    assert s.schedule([3]).started == []
+
+
+def test_a_stream_that_can_never_fit_is_refused_and_nothing_is_kept():
+    s = Scheduler(2, BlockManager(slots=2, max_len=64, num_pages=3, page_size=4))
+    with pytest.raises(ValueError, match="the whole pool has 3"):
+        s.admit(1, 13)
+    assert s.active == 0 and list(s.free) == [0, 1] and not s.queue
+
+
+def test_a_stream_cancelled_while_waiting_leaves_the_queue_and_its_slot_is_free():
+    blocks = BlockManager(slots=3, max_len=64, num_pages=4, page_size=4)
+    s = Scheduler(3, blocks)
+    for i in (1, 2, 3):
+        s.admit(i, 16)
+    assert list(s.queue) == [2, 3]
+    s.finish(2)
+    assert list(s.queue) == [3] and list(s.free) == [1] and blocks.reserved == [4, 0, 0]
+    s.finish(1)
+    assert s.schedule([3]).run == [3] and blocks.reserved == [0, 0, 4]
+
+
+def test_an_unknown_stream_cannot_be_scheduled():
+    with pytest.raises(KeyError):
+        Scheduler(1).schedule([5])
+
+
+# -- what a request means ------------------------------------------------------------------------------
+
+
+def test_live_streams_step_or_cancel_and_everything_else_is_new():
+    s = Scheduler(2)
+    s.admit(5, 10)
+    assert s.decide(5, start=False).action is Action.STEP
+    assert s.decide(5, start=False, cancelled=True).action is Action.CANCEL
+    assert s.decide(5, start=True).action is Action.NEW  # a START on a live id: authenticated first
+    assert s.decide(6, start=True).action is Action.NEW
+    assert s.decide(6, start=False).action is Action.NEW
+
+
+def test_a_start_on_a_live_id_is_refused_and_the_live_stream_is_left_alone():
+    s = Scheduler(2)
+    s.admit(5, 10)
+    d = s.admission(5, start=True, now=0.0)
+    assert d.action is Action.REFUSE and d.why == "this correlation id is in use"
+    assert s.decide(5, start=False).action is Action.STEP and s.active == 1
+
+
+def test_a_new_stream_without_start_or_id_is_refused():
+    s = Scheduler(2)
+    d = s.admission(9, start=False, now=0.0)
+    assert d.action is Action.REFUSE and "must start a sequence" in d.why
+    assert s.admission(0, start=True, now=0.0).why == "a generator stream needs a correlation id"
+    assert s.admission(9, start=True, now=0.0).action is Action.ADMIT
+
+
+def test_a_start_rescheduled_while_our_slots_are_full_is_admitted_when_it_returns_without_start():
+    s = Scheduler(1)
+    s.admit(1, 10)  # Triton freed this slot already (its request was dropped): we have not yet
+    assert s.admission(2, start=True, now=0.0).action is Action.WAIT
+    assert s.admission(2, start=False, now=0.1).action is Action.WAIT  # still full: still waits
+    s.finish(1)
+    assert s.admission(2, start=False, now=0.2).action is Action.ADMIT  # no START flag this time
+    s.admit(2, 10)
+    s.finish(2)
+    assert s.admission(2, start=False, now=0.3).action is Action.REFUSE  # admitted once only
+
+
+def test_deferred_starts_are_forgotten_after_their_client_is_long_gone():
+    s = Scheduler(1)
+    s.admit(1, 10)
+    s.admission(2, start=True, now=0.0)
+    s.admission(3, start=True, now=50.0)
+    s.forget_deferred(now=DEFERRED_SECONDS + 1)
+    assert list(s.deferred) == [3]
+    s.finish(1)
+    assert s.admission(2, start=False, now=61.0).action is Action.REFUSE
+    assert s.admission(3, start=False, now=61.0).action is Action.ADMIT
+
+
+# -- attendance ----------------------------------------------------------------------------------------
+
+
+def test_a_stream_triton_stopped_handing_us_is_found_by_batches_or_by_time():
+    s = Scheduler(3)
+    for i in (1, 2):
+        s.admit(i, 10)
+    assert s.orphans([1, 2], now=0.0) == []
+    for k in range(MISSED_EXECUTES - 1):  # a few batches without stream 2, but not long enough
+        assert s.orphans([1], now=0.1 * k) == []
+    assert s.orphans([1], now=0.2) == []  # 3 batches, but only 0.2 s
+    assert s.orphans([1], now=MISSED_SECONDS) == [2]
+    s.finish(2)
+    assert s.orphans(None, now=MISSED_SECONDS + ORPHAN_SECONDS - 0.1) == []  # no batches in between
+    assert s.orphans(None, now=MISSED_SECONDS + ORPHAN_SECONDS) == [1]
+
+
+def test_a_pause_of_the_whole_machine_orphans_nobody():
+    s = Scheduler(1)
+    s.admit(1, 10)
+    assert s.orphans([1], now=0.0) == []
+    s.resume(now=100.0)  # the machine stopped 100 s: nobody was away
+    assert s.orphans(None, now=100.0 + ORPHAN_SECONDS - 0.1) == []
+    assert s.orphans(None, now=100.0 + ORPHAN_SECONDS) == [1]
+
+
+def test_a_new_stream_is_counted_from_its_first_check():
+    s = Scheduler(2)
+    s.admit(1, 10)
+    assert s.orphans(None, now=50.0) == []  # admitted between checks: absence counts from now
+    assert s.orphans(None, now=50.0 + ORPHAN_SECONDS) == [1]
