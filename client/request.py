@@ -10,15 +10,15 @@ import json
 
 import numpy as np
 
-from engine.orchestrator import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
-from serving.contract import SAMPLE_RATE, TTS_PARAMETERS, input_spec  # noqa: F401 (SAMPLE_RATE: re-exported)
+from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
+from serving.contract import TTS_PARAMETERS, input_spec
 
 PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as the CLI offers them
 
 
 class TTSError(RuntimeError):
     """The server refused or failed the request; ``str(e)`` is its message without the kind tag, ``kind``
-    the tag (``engine.orchestrator.KINDS``). A plain ``TTSError`` is ``error``: the server failed."""
+    the tag (``engine.protocol.KINDS``). A plain ``TTSError`` is ``error``: the server failed."""
 
     kind = ERROR
 

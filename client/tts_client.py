@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from client.request import (
-    SAMPLE_RATE,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -42,7 +41,7 @@ from client.request import (
 )
 
 __all__ = [
-    "SAMPLE_RATE", "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
+    "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
     "TTSError",
 ]  # fmt: skip
 

@@ -21,10 +21,10 @@ import torch
 
 from engine.generator import Stream
 from engine.models.redae import decode_together, joinable
-from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
+from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.segments import chunk_sizes
 
 

@@ -12,7 +12,8 @@ import struct
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from engine.protocol import SAMPLE_RATE
+
 # response_format -> (MIME type, PyAV container format, codec); None: written here
 FORMATS = {
     "mp3": ("audio/mpeg", "mp3", "libmp3lame"),

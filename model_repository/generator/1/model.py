@@ -17,7 +17,7 @@ import time
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import Chunk, end_chunk, failure_reason
+from engine.protocol import Chunk, end_chunk, failure_reason
 from serving.attendance import PAUSE_SECONDS, Attendance
 from serving.auth import Keys, Refused
 from serving.generator_metrics import GeneratorMetrics
