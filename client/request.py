@@ -11,9 +11,7 @@ import json
 import numpy as np
 
 from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
-from serving.contract import TTS_PARAMETERS, input_spec
-
-PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as the CLI offers them
+from serving.contract import input_spec
 
 
 class TTSError(RuntimeError):

@@ -5,7 +5,7 @@
 - :class:`VocoderService`: per-stream primed RedAE decoder state, started by a stream's first chunk and
   freed by its last one (or when it idles too long).
 
-Both speak :class:`~engine.orchestrator.Chunk`, the one generator -> vocoder protocol. No Triton here.
+Both speak :class:`~engine.protocol.Chunk`, the one generator -> vocoder protocol. No Triton here.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class VocoderStream:
 
 
 class VocoderService:
-    """Per-stream decoders keyed by stream id, driven by :class:`~engine.orchestrator.Chunk` messages.
+    """Per-stream decoders keyed by stream id, driven by :class:`~engine.protocol.Chunk` messages.
 
     A stream starts with the first chunk that carries prompt latents (priming the decoder so that its
     audio equals offline decoding), and ends with its ``last`` chunk: a normal end flushes the iSTFT
