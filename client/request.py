@@ -52,7 +52,11 @@ ERRORS = {cls.kind: cls for cls in (InvalidRequest, ServerBusy, TTSError, Forbid
 
 
 def server_error(message: str) -> TTSError:
-    """A server's error message -> the exception of its kind, with the message after the tag."""
+    """A server's error message -> the exception of its kind, with the message after the tag.
+
+    Triton's own messages carry no tag (an unknown or unloaded model, a request it rejects before a model
+    sees it): they are a plain :class:`TTSError`, the server failing. Their wording is never read: it is
+    Triton's, changes between releases, and says nothing the tag would not."""
     kind, text = error_kind(message)
     return ERRORS[kind](text)
 

@@ -145,7 +145,7 @@ class TTSClient:
             conn.request("POST", f"/v2/models/{self.model}/generate_stream", body,
                          {"Content-Type": "application/json"})  # fmt: skip
             resp = conn.getresponse()
-            if resp.status != 200:
+            if resp.status != 200:  # Triton's generate answers every model error with 400: the tag says whose
                 raise server_error(http_error_text(resp.read()))
             for line in resp:
                 if time.perf_counter() - t0 > self.stream_timeout:
