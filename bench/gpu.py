@@ -32,13 +32,14 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import Models, RedAE, _randomize, count_parameters, precision_policy
-from engine.config import PATCH_SAMPLES, PRESETS, SAMPLE_RATE
+from engine.config import PATCH_SAMPLES, PRESETS
 from engine.kv_cache import capacity_line, pages_for, typical_positions
 from engine.layers.attention import select_attention
 from engine.models.core import FireRedTTS3Core
 from engine.params import MAX_PATCHES, GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
+from engine.protocol import SAMPLE_RATE
 
 PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bench.gpu import decode, generate, moved, random_tts, snr_db
-from engine.config import SAMPLE_RATE
+from engine.protocol import SAMPLE_RATE
 
 BF16 = torch.bfloat16
 VARIANTS = {

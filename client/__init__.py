@@ -6,7 +6,6 @@
 from client.aio import AsyncTTSClient
 from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
 from client.tts_client import (
-    SAMPLE_RATE,
     Chunk,
     Forbidden,
     InvalidRequest,
@@ -16,6 +15,7 @@ from client.tts_client import (
     TTSClient,
     TTSError,
 )
+from engine.protocol import SAMPLE_RATE
 
 __all__ = [
     "SAMPLE_RATE",

@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from client.request import SAMPLE_RATE
+from engine.protocol import SAMPLE_RATE
 
 
 def pcm16(audio: np.ndarray) -> bytes:

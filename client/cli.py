@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
-from client.request import SAMPLE_RATE, TTSError
+from client.request import TTSError
 from client.tts_client import TTSClient
 from engine.params import DEFAULT_SEED
+from engine.protocol import SAMPLE_RATE
 from serving.contract import TTS_PARAMETERS
 
 

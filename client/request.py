@@ -10,15 +10,13 @@ import json
 
 import numpy as np
 
-from engine.orchestrator import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
-from serving.contract import SAMPLE_RATE, TTS_PARAMETERS, input_spec  # noqa: F401 (SAMPLE_RATE: re-exported)
-
-PARAMETERS = tuple(p.name for p in TTS_PARAMETERS)  # tts request parameters, as the CLI offers them
+from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
+from serving.contract import input_spec
 
 
 class TTSError(RuntimeError):
     """The server refused or failed the request; ``str(e)`` is its message without the kind tag, ``kind``
-    the tag (``engine.orchestrator.KINDS``). A plain ``TTSError`` is ``error``: the server failed."""
+    the tag (``engine.protocol.KINDS``). A plain ``TTSError`` is ``error``: the server failed."""
 
     kind = ERROR
 
@@ -54,7 +52,11 @@ ERRORS = {cls.kind: cls for cls in (InvalidRequest, ServerBusy, TTSError, Forbid
 
 
 def server_error(message: str) -> TTSError:
-    """A server's error message -> the exception of its kind, with the message after the tag."""
+    """A server's error message -> the exception of its kind, with the message after the tag.
+
+    Triton's own messages carry no tag (an unknown or unloaded model, a request it rejects before a model
+    sees it): they are a plain :class:`TTSError`, the server failing. Their wording is never read: it is
+    Triton's, changes between releases, and says nothing the tag would not."""
     kind, text = error_kind(message)
     return ERRORS[kind](text)
 

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from client.request import (
-    SAMPLE_RATE,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -42,7 +41,7 @@ from client.request import (
 )
 
 __all__ = [
-    "SAMPLE_RATE", "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
+    "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
     "TTSError",
 ]  # fmt: skip
 
@@ -146,7 +145,7 @@ class TTSClient:
             conn.request("POST", f"/v2/models/{self.model}/generate_stream", body,
                          {"Content-Type": "application/json"})  # fmt: skip
             resp = conn.getresponse()
-            if resp.status != 200:
+            if resp.status != 200:  # Triton's generate answers every model error with 400: the tag says whose
                 raise server_error(http_error_text(resp.read()))
             for line in resp:
                 if time.perf_counter() - t0 > self.stream_timeout:

@@ -16,6 +16,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from engine.protocol import MAX_REFERENCE_SECONDS
+
 if TYPE_CHECKING:
     import torch
 
@@ -24,9 +26,6 @@ SAMPLE_RATE = 24000
 
 SPK_SAMPLE_RATE = 16000
 """Rate the CAM++ speaker encoder was trained at; its fbank is computed at 16 kHz."""
-
-MAX_REFERENCE_SECONDS = 60.0
-"""Longest reference clip accepted for a voice prompt."""
 
 REFERENCE_RATES = (8000, 192000)
 """Sample rates (Hz) accepted for a reference clip."""

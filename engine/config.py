@@ -18,8 +18,9 @@ import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-# Fixed signal facts of FireRedTTS3 (not configurable in the reference either).
-SAMPLE_RATE = 24_000  # output and RedAE sample rate, Hz
+from engine.protocol import SAMPLE_RATE
+
+# Fixed signal facts of FireRedTTS3 (not configurable in the reference either; SAMPLE_RATE is the protocol's).
 FRAME_SAMPLES = 480  # one RedAE decoder frame (50 Hz)
 SAMPLES_PER_LATENT = 960  # one 25 Hz latent
 PATCH_SIZE = 4  # latents per patch (one autoregressive step)

@@ -103,7 +103,8 @@ TYPICAL_SPEECH_S, TYPICAL_REFERENCE_S, TEXT_TOKENS_PER_S = 15.0, 10.0, 4.0
 def typical_positions(speech_s: float = TYPICAL_SPEECH_S, reference_s: float = TYPICAL_REFERENCE_S) -> tuple[int, int]:
     """(prefix, generated) backbone positions of a typical stream: ``prefix`` = speaker + text tokens +
     reference patches (the prompt), ``generated`` = speech patches."""
-    from engine.config import PATCH_SAMPLES, SAMPLE_RATE
+    from engine.config import PATCH_SAMPLES
+    from engine.protocol import SAMPLE_RATE
 
     patches_per_s = SAMPLE_RATE / PATCH_SAMPLES  # 6.25
     prefix = 1 + math.ceil(TEXT_TOKENS_PER_S * (speech_s + reference_s)) + math.ceil(patches_per_s * reference_s)

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.orchestrator import Chunk, Orchestrator, Segment, failure_reason
+from engine.orchestrator import Orchestrator, Segment
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
+from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.streams import GeneratorService, VocoderService
 
 
@@ -56,8 +57,7 @@ class LocalGenerator:
             service = self._service(need)
             service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
         except Exception as e:  # reported the way the generator model reports it
-            empty = np.zeros((0, 64), np.float32)
-            yield Chunk(segment.stream_id, empty, empty, True, failure_reason(e))
+            yield end_chunk(segment.stream_id, failure_reason(e))
             return
         try:
             while True:

@@ -9,7 +9,7 @@ stream it started is ended.
 
 Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
 BLS calls to the Triton models (``serving.bls``, the ``tts`` model). The ``tts_ensemble`` entry point
-speaks the same generator -> vocoder protocol (:class:`Chunk`) without this class. No torch, no Triton.
+speaks the same generator -> vocoder protocol (:class:`engine.protocol.Chunk`) without this class. No torch, no Triton.
 """
 
 from __future__ import annotations
@@ -25,75 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.frontend import prepare
-from engine.protocol import (  # noqa: F401 (re-exported: the kinds are part of the chunk protocol)
-    ERROR,
-    FORBIDDEN,
-    INVALID,
-    KINDS,
-    NOT_FOUND,
-    UNAVAILABLE,
-    Unavailable,
-    error_kind,
-    tagged,
-)
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, GenerationParams
+from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
-
-# Finish reasons: why a stream (and so an utterance) ended. Failures carry a tagged message instead.
-STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
-
-
-def failure_reason(exc: BaseException) -> str:
-    """The finish reason that reports ``exc`` in a normal final response (see :func:`tagged`)."""
-    return tagged(exc)
-
-
-class StreamFailed(Exception):
-    """A generator stream ended with a failure reason; ``kind`` says whose fault (``invalid``: the input)."""
-
-    def __init__(self, reason: str):
-        self.kind, message = error_kind(reason)  # a tag of KINDS
-        self.invalid = self.kind == INVALID
-        super().__init__(message)
-
-    @property
-    def reason(self) -> str:
-        return f"{self.kind}{self}"
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One generator response, which is exactly one vocoder request (the protocol of both entry points).
-
-    Attributes:
-        stream_id: the generator stream (its correlation id); keys the vocoder's state.
-        latents: (L, 64) float32 generated latents of this chunk (L may be 0 on the last chunk).
-        prompt_latents: (4P, 64) float32 on a stream's first chunk (primes the vocoder), (0, 64) after.
-        last: the stream ends with this chunk; the vocoder flushes and frees its state.
-        finish_reason: with ``last``: stop | length | cancelled | a tagged failure ("invalid: ...",
-            "unavailable: ...", "error: ..."); else "".
-        seq: the chunk's index in its stream (0: the first, which carries the prompt latents).
-        seal: the generator's MAC over the whole chunk (``serving.auth``), so that a vocoder reachable
-            by anyone decodes only what the generator made, once and in order; 0 in-process.
-    """
-
-    stream_id: int
-    latents: np.ndarray
-    prompt_latents: np.ndarray
-    last: bool = False
-    finish_reason: str = ""
-    seq: int = 0
-    seal: int = 0
-
-    @property
-    def failed(self) -> bool:
-        return self.last and self.finish_reason.startswith(KINDS)
-
-
-def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:
-    """A last chunk with no latents: tells the vocoder to drop a stream's state without decoding."""
-    empty = np.zeros((0, 64), np.float32)
-    return Chunk(stream_id, empty, empty, True, reason)
 
 
 @dataclass(frozen=True)

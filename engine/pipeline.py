@@ -12,7 +12,7 @@ import torch
 
 from engine import audio as A
 from engine.checkpoint import PARTS, Models, load_models, precision_policy
-from engine.config import PATCH_SAMPLES, SAMPLE_RATE, SAMPLES_PER_LATENT
+from engine.config import PATCH_SAMPLES, SAMPLES_PER_LATENT
 from engine.generator import Generator
 from engine.kv_cache import PAGE_SIZE, PagedCache, capacity_line, pages_for_memory
 from engine.layers.attention import select_attention
@@ -20,6 +20,7 @@ from engine.models.campp import speaker_embedding
 from engine.models.redae import DecoderStream
 from engine.params import MAX_PATCHES
 from engine.prompt import VoicePrompt
+from engine.protocol import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 SILENT_PROMPT_SAMPLES = PATCH_SAMPLES  # the prompt used without reference audio: one patch of silence

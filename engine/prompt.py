@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.config import PATCH_SIZE, SAMPLES_PER_LATENT
+from engine.config import PATCH_SIZE
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,3 @@ class VoicePrompt:
     @property
     def num_patches(self) -> int:
         return self.latents.shape[0] // PATCH_SIZE
-
-    @property
-    def num_samples(self) -> int:
-        """Samples of the padded reference at 24 kHz (960 per latent)."""
-        return self.latents.shape[0] * SAMPLES_PER_LATENT

@@ -1,13 +1,27 @@
-"""Error kinds, carried in-band: the first words of every error message and failure reason.
+"""The protocol every process speaks: signal facts, error kinds, finish reasons, and the generator -> vocoder chunk.
 
+Error kinds are carried in-band, as the first words of every error message and failure reason.
 Triton 2.51's HTTP ``generate`` answers every model error with 400, BLS reports every code as INTERNAL,
 and a gRPC stream error has a message but no code, so a status code cannot say whose fault an error
 is. Every error is therefore tagged once where it arises (:func:`tagged`) and read once at each edge
-(:func:`error_kind`: the client library, the OpenAI gateway). No imports: every process loads this.
+(:func:`error_kind`: the client library, the OpenAI gateway).
+
+Imports numpy only (nothing of torch, the text front end, serving or Triton): the client, the gateway
+and every model process load this.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
+# ---- signal facts of FireRedTTS3 (not configurable in the reference either) ----
+SAMPLE_RATE = 24_000  # output and RedAE sample rate, Hz
+LATENT_DIM = 64  # values per RedAE latent (one latent is 960 samples, 25 Hz)
+MAX_REFERENCE_SECONDS = 60.0  # longest reference clip accepted for a voice prompt
+
+# ---- error kinds ----
 INVALID = "invalid: "  # bad input: the message names the field (INVALID_ARG, HTTP 400)
 UNAVAILABLE = "unavailable: "  # busy, restarting, shutting down, a full table: retry shortly (HTTP 503)
 ERROR = "error: "  # the server failed (INTERNAL, HTTP 500)
@@ -37,3 +51,62 @@ def tagged(exc: BaseException) -> str:
         return message
     kind = INVALID if isinstance(exc, ValueError) else UNAVAILABLE if isinstance(exc, Unavailable) else ERROR
     return kind + message
+
+
+# ---- finish reasons: why a stream (and so an utterance) ended; failures carry a tagged message instead ----
+STOP, LENGTH, CANCELLED = "stop", "length", "cancelled"
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The finish reason that reports ``exc`` in a normal final response (see :func:`tagged`)."""
+    return tagged(exc)
+
+
+class StreamFailed(Exception):
+    """A generator stream ended with a failure reason; ``kind`` says whose fault (``invalid``: the input)."""
+
+    def __init__(self, reason: str):
+        self.kind, message = error_kind(reason)  # a tag of KINDS
+        self.invalid = self.kind == INVALID
+        super().__init__(message)
+
+    @property
+    def reason(self) -> str:
+        return f"{self.kind}{self}"
+
+
+# ---- the generator -> vocoder chunk ----
+@dataclass(frozen=True)
+class Chunk:
+    """One generator response, which is exactly one vocoder request (the protocol of both entry points).
+
+    Attributes:
+        stream_id: the generator stream (its correlation id); keys the vocoder's state.
+        latents: (L, LATENT_DIM) float32 generated latents of this chunk (L may be 0 on the last chunk).
+        prompt_latents: (4P, LATENT_DIM) float32 on a stream's first chunk (primes the vocoder),
+            (0, LATENT_DIM) after.
+        last: the stream ends with this chunk; the vocoder flushes and frees its state.
+        finish_reason: with ``last``: stop | length | cancelled | a tagged failure ("invalid: ...",
+            "unavailable: ...", "error: ..."); else "".
+        seq: the chunk's index in its stream (0: the first, which carries the prompt latents).
+        seal: the generator's MAC over the whole chunk (``serving.auth``), so that a vocoder reachable
+            by anyone decodes only what the generator made, once and in order; 0 in-process.
+    """
+
+    stream_id: int
+    latents: np.ndarray
+    prompt_latents: np.ndarray
+    last: bool = False
+    finish_reason: str = ""
+    seq: int = 0
+    seal: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.last and self.finish_reason.startswith(KINDS)
+
+
+def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:
+    """A last chunk with no latents: tells the vocoder to drop a stream's state without decoding."""
+    empty = np.zeros((0, LATENT_DIM), np.float32)
+    return Chunk(stream_id, empty, empty, True, reason)

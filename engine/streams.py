@@ -5,7 +5,7 @@
 - :class:`VocoderService`: per-stream primed RedAE decoder state, started by a stream's first chunk and
   freed by its last one (or when it idles too long).
 
-Both speak :class:`~engine.orchestrator.Chunk`, the one generator -> vocoder protocol. No Triton here.
+Both speak :class:`~engine.protocol.Chunk`, the one generator -> vocoder protocol. No Triton here.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import torch
 
 from engine.generator import Stream
 from engine.models.redae import decode_together, joinable
-from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
+from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.scheduler import Scheduler
 from engine.segments import chunk_sizes
 
@@ -141,7 +141,7 @@ class VocoderStream:
 
 
 class VocoderService:
-    """Per-stream decoders keyed by stream id, driven by :class:`~engine.orchestrator.Chunk` messages.
+    """Per-stream decoders keyed by stream id, driven by :class:`~engine.protocol.Chunk` messages.
 
     A stream starts with the first chunk that carries prompt latents (priming the decoder so that its
     audio equals offline decoding), and ends with its ``last`` chunk: a normal end flushes the iSTFT

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from engine import audio as A
-from engine.config import SAMPLE_RATE
 from engine.frontend import use_lid_model
 from engine.local import local_orchestrator
-from engine.orchestrator import StreamFailed, Utterance
+from engine.orchestrator import Utterance
 from engine.params import (
     DEFAULT_SCHEDULE,
     DEFAULT_SEED,
@@ -31,6 +30,7 @@ from engine.params import (
 )
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
+from engine.protocol import SAMPLE_RATE, StreamFailed
 
 
 def stream_audio(

@@ -34,18 +34,43 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
     stream fails; ``body_timeout``: seconds for a request body to arrive."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
-    voices_cache: dict = {"at": -1e9, "names": set(), "list": []}
-    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
-
-    async def voices() -> list[dict]:
-        if time.monotonic() - voices_cache["at"] > VOICE_LIST_SECONDS:
-            listed = await asyncio.to_thread(VoiceClient(triton, timeout=timeout).list)
-            voices_cache.update(at=time.monotonic(), list=listed, names={v["name"] for v in listed})
-        return voices_cache["list"]
+    voice_list = VoiceList(triton, timeout)
 
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
         return e.response()
+
+    add_page_routes(app, tts)
+    add_voice_routes(app, voice_list, body_timeout)
+    add_speech_routes(app, tts, voice_list, body_timeout)
+    return app
+
+
+class VoiceList:
+    """The server's registered voices, fetched at most once per :data:`VOICE_LIST_SECONDS` (the speech
+    route checks a ``voice`` against it) and again after a voice was added or removed here."""
+
+    def __init__(self, triton: str, timeout: float):
+        self.triton, self.timeout = triton, timeout
+        self.fetched_at, self.voices = -1e9, []
+
+    async def get(self) -> list[dict]:
+        if time.monotonic() - self.fetched_at > VOICE_LIST_SECONDS:
+            listed = await asyncio.to_thread(VoiceClient(self.triton, timeout=self.timeout).list)
+            self.fetched_at, self.voices = time.monotonic(), listed
+        return self.voices
+
+    def changed(self) -> None:
+        self.fetched_at = -1e9
+
+
+def add_page_routes(app: FastAPI, tts: AsyncTTSClient) -> None:
+    """``GET /`` (the web page), ``GET /health`` and ``GET /v1/models``."""
+    page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page():
+        return page_html
 
     @app.get("/health")
     async def health():
@@ -59,30 +84,38 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "fireredtts3"}]}
+        model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "fireredtts3"}
+        return {"object": "list", "data": [model]}
 
-    @app.get("/v1/audio/voices")
-    async def list_voices():
-        try:
-            return {"voices": await voices()}
-        except (TTSError, ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
 
-    def admin_key(request: Request) -> str:
-        """The caller's ``Authorization: Bearer <admin key>``, passed on to the voices model, which checks it."""
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key:
-            raise APIError(401, "adding and removing voices needs the admin key: Authorization: Bearer <key>",
-                           kind="authentication_error")  # fmt: skip
-        return key
+def admin_key(request: Request) -> str:
+    """The caller's ``Authorization: Bearer <admin key>``, passed on to the voices model, which checks it."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise APIError(401, "adding and removing voices needs the admin key: Authorization: Bearer <key>",
+                       kind="authentication_error")  # fmt: skip
+    return key
+
+
+def add_voice_routes(app: FastAPI, voice_list: VoiceList, body_timeout: float) -> None:
+    """``GET /v1/audio/voices``, ``POST /v1/audio/voices`` (an upload) and ``DELETE /v1/audio/voices/{name}``."""
+    triton, timeout = voice_list.triton, voice_list.timeout
+    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
 
     async def voice_call(fn, *args, param: str | None = None):
         try:
             result = await asyncio.to_thread(fn, *args)
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e, param) from None
-        voices_cache["at"] = -1e9  # the list changed
+        voice_list.changed()
         return result
+
+    @app.get("/v1/audio/voices")
+    async def list_voices():
+        try:
+            return {"voices": await voice_list.get()}
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            raise from_tts_error(e) from None
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
@@ -112,24 +145,12 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
         return await voice_call(voices_client.remove, name, param="name")
 
-    page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return page_html
-
-    @app.get("/v1/audio/speech")
-    async def speech_get(request: Request):
-        """The same as POST with the fields as query parameters (what an audio element can ask for)."""
-        return await speak(from_query(request.query_params))
-
-    @app.post("/v1/audio/speech")
-    async def speech(request: Request):
-        too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
-        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
+def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, body_timeout: float) -> None:
+    """``POST /v1/audio/speech`` (a JSON body) and ``GET /v1/audio/speech`` (the same fields as a query)."""
 
     async def speak(body: dict):
-        kw = await speech_request(body, voices)
+        kw = await speech_request(body, voice_list.get)
         stream = tts.stream(**kw)
         try:  # the first chunk before the headers: a refused request is an error status, not a broken stream
             first = await anext(stream, None)
@@ -140,7 +161,15 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
             return StreamingResponse(sse(stream, first, encoder), media_type="text/event-stream")
         return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
 
-    return app
+    @app.get("/v1/audio/speech")
+    async def speech_get(request: Request):
+        """The same as POST with the fields as query parameters (what an audio element can ask for)."""
+        return await speak(from_query(request.query_params))
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):
+        too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
+        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
 
 
 async def audio_bytes(stream, first, encoder: Encoder):

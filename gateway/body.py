@@ -11,7 +11,8 @@ import io
 import numpy as np
 from fastapi import Request
 
-from engine.audio import MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from engine.audio import REFERENCE_RATES
+from engine.protocol import MAX_REFERENCE_SECONDS
 from gateway.errors import APIError
 
 MAX_BODY_BYTES = 64 * 1024  # a speech request's JSON

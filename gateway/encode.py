@@ -12,7 +12,8 @@ import struct
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from engine.protocol import SAMPLE_RATE
+
 # response_format -> (MIME type, PyAV container format, codec); None: written here
 FORMATS = {
     "mp3": ("audio/mpeg", "mp3", "libmp3lame"),
@@ -35,7 +36,8 @@ def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
     """A 16-bit mono WAV header for a stream of unknown length (RIFF and data sizes 0xFFFFFFFF)."""
     unknown = 0xFFFFFFFF
     fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", unknown) + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", unknown)
+    sizes = struct.pack("<I", unknown)
+    return b"RIFF" + sizes + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + sizes
 
 
 class _Sink:

@@ -8,7 +8,7 @@ import json
 from fastapi.responses import Response
 
 from client.request import TTSError
-from engine.orchestrator import ERROR, FORBIDDEN, INVALID, NOT_FOUND, UNAVAILABLE
+from engine.protocol import ERROR, FORBIDDEN, INVALID, NOT_FOUND, UNAVAILABLE
 
 # kind -> (status, OpenAI error type). OpenAI's SDKs retry 503 and never 400: whatever makes the server
 # busy or restarting must be a 503.

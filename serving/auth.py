@@ -40,7 +40,7 @@ import numpy as np
 from engine.protocol import FORBIDDEN
 
 if TYPE_CHECKING:  # the stubs import this module: keep it light
-    from engine.orchestrator import Chunk
+    from engine.protocol import Chunk
 
 GENERATOR = "generator"  # the generator model's name in the repository and to operators (metrics, logs)
 INTERNAL_KEY_ENV = "TTS_INTERNAL_KEY"

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from engine.orchestrator import KINDS, UNAVAILABLE, Chunk, Segment, StreamFailed, linger
+from engine.orchestrator import Segment, linger
+from engine.protocol import KINDS, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract as C
 from serving.cancel import CancelBoard
 from serving.requests import Voice

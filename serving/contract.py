@@ -12,13 +12,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.audio import MAX_REFERENCE_SECONDS
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, CoreConfig
-from engine.orchestrator import CANCELLED, ERROR, INVALID, LENGTH, STOP, UNAVAILABLE
 from engine.params import DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
+from engine.protocol import (
+    CANCELLED,
+    ERROR,
+    INVALID,
+    LATENT_DIM,
+    LENGTH,
+    MAX_REFERENCE_SECONDS,
+    SAMPLE_RATE,
+    STOP,
+    UNAVAILABLE,
+)
 
-LATENT_DIM = 64
-SAMPLE_RATE = 24_000
 # Bounds on the tensors the internal models take, from the contract (no internal model trusts its
 # caller's sizes): prompt latents of the longest reference, left-padded to whole patches ...
 MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
@@ -145,7 +152,7 @@ GENERATOR_INPUTS = (
     Spec("SPEAKER", "TYPE_FP32", (-1,)),
     Spec("PROMPT_TEXT", "TYPE_STRING", (1,)),
 )
-# Every response carries all the vocoder's inputs (engine.orchestrator.Chunk), so that an ensemble can
+# Every response carries all the vocoder's inputs (engine.protocol.Chunk), so that an ensemble can
 # feed it straight on; a failed stream ends with a normal last response whose reason says why.
 GENERATOR_OUTPUTS = (
     Spec("STREAM_ID", "TYPE_UINT64", (1,), doc="the stream's id, issued with a MAC (serving.auth); keys the vocoder state"),

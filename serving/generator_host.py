@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from engine.orchestrator import Chunk, end_chunk, failure_reason
+from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.scheduler import PAUSE_SECONDS
 from serving.auth import Keys
 from serving.cancel import CancelBoard

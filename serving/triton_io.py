@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from engine.frontend import detect_language
-from engine.orchestrator import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
+from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract as C
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
 
@@ -106,7 +106,7 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
 
 def error_response(pb, error: BaseException | str):
     """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
-    see :func:`engine.orchestrator.tagged`): clients and the gateway read the kind from the message,
+    see :func:`engine.protocol.tagged`): clients and the gateway read the kind from the message,
     since Triton 2.51's HTTP generate answers every error with 400 and BLS reports every code as INTERNAL.
     The status code follows the kind for the clients that see it (gRPC unary calls)."""
     message = tagged(error) if isinstance(error, BaseException) else error
@@ -118,7 +118,7 @@ def error_response(pb, error: BaseException | str):
 
 def bls_error(pb, model: str, response) -> Exception | None:
     """A BLS response's error as the exception of its kind: ValueError (the request was invalid),
-    :class:`~engine.orchestrator.Unavailable` (retry later) or RuntimeError naming the model."""
+    :class:`~engine.protocol.Unavailable` (retry later) or RuntimeError naming the model."""
     if not response.has_error():
         return None
     error = response.error()
@@ -139,7 +139,7 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
 
 
 def chunk_tensors(pb, chunk, batch: bool = True) -> list:
-    """A :class:`~engine.orchestrator.Chunk` as the generator's outputs, which are the vocoder's inputs."""
+    """A :class:`~engine.protocol.Chunk` as the generator's outputs, which are the vocoder's inputs."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
               "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal)}  # fmt: skip
     return tensors(pb, C.GENERATOR_OUTPUTS, values, batch)

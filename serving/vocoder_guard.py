@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.orchestrator import CANCELLED, LENGTH, STOP, Chunk, Unavailable
+from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
 from serving.live_streams import GONE
 
 UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"

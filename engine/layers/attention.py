@@ -60,18 +60,13 @@ class SDPABackend(AttentionBackend):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
-_BACKEND: AttentionBackend = SDPABackend()
+_SDPA = SDPABackend()
 
 
 def get_backend() -> AttentionBackend:
-    return _BACKEND
-
-
-def set_backend(backend: AttentionBackend) -> None:
-    """Install an attention backend for the whole process (logged by name)."""
-    global _BACKEND
-    log.info("attention backend: %s", backend.name)
-    _BACKEND = backend
+    """The backend every attention call goes through: SDPA, which hands a :class:`PlannedAttention`
+    (a FlashInfer step the paged cache planned) to that plan."""
+    return _SDPA
 
 
 def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from engine.local import LocalGenerator, LocalPrompts, LocalVocoder
-from engine.orchestrator import Orchestrator, StreamFailed, Utterance
+from engine.orchestrator import Orchestrator, Utterance
 from engine.params import GenerationParams
+from engine.protocol import StreamFailed
 from tests.reference import reference_audio
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.orchestrator import CANCELLED, Chunk, end_chunk
 from engine.params import GenerationParams, Parameter, parse_parameters
+from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService, VocoderService
 from serving import contract as C
 from serving.cancel import CancelBoard

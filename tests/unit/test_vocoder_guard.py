@@ -10,8 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from engine.orchestrator import Chunk, end_chunk
-from engine.protocol import error_kind, tagged
+from engine.protocol import Chunk, end_chunk, error_kind, tagged
 from serving.admission import Admission
 from serving.auth import Keys
 from serving.cancel import CancelBoard

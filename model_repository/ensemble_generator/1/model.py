@@ -15,7 +15,8 @@ import contextlib
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import LINGERING, Chunk, Segment, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
+from engine.orchestrator import LINGERING, Segment
+from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract as C
 from serving.admission import Admission
 from serving.auth import Keys, parameter_dict

@@ -15,7 +15,7 @@ import time
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import Chunk, end_chunk, failure_reason
+from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.scheduler import Action
 from serving.auth import Refused
 from serving.generator_host import GeneratorHost

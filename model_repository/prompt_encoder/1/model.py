@@ -11,7 +11,7 @@ import numpy as np
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.orchestrator import Unavailable
+from engine.protocol import Unavailable
 from serving.admission import Admission
 from serving.auth import Keys, Refused
 from serving.cancel import CancelBoard

@@ -9,13 +9,14 @@ import time
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.orchestrator import INVALID, LENGTH, LINGERING, Orchestrator, StreamFailed, Unavailable, tagged
-from serving.admission import Admission
+from engine.orchestrator import LINGERING, Orchestrator
+from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
+from serving.admission import Admission
 from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits, watch
 from serving.cancel import CancelBoard
-from serving.contract import SAMPLE_RATE, TTS_OUTPUTS
+from serving.contract import TTS_OUTPUTS
 from serving.requests import build_request
 from serving.supervise import RunFlags, start_heartbeat
 from serving.triton_io import (

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import failure_reason
+from engine.protocol import failure_reason
 from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
 from serving.supervise import start_heartbeat
