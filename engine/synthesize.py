@@ -17,7 +17,7 @@ import numpy as np
 
 from engine import audio as A
 from engine.config import SAMPLE_RATE
-from engine.frontend import use_lid_model
+from engine.frontend.language import use_lid_model
 from engine.local import local_orchestrator
 from engine.orchestrator import StreamFailed, Utterance
 from engine.params import (
