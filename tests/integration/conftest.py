@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.checkpoint import make_checkpoint
+from engine.random_checkpoint import make_checkpoint
 from engine.config import nostop
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
