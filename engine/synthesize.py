@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import audio as A
+from engine.audio import load_audio, write_wav
 from engine.config import SAMPLE_RATE
 from engine.frontend.language import use_lid_model
 from engine.local import local_orchestrator
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
-        ref = A.load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
+        ref = load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
             tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
             values["normalize"],
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    A.write_wav(args.out, wav, SAMPLE_RATE)
+    write_wav(args.out, wav, SAMPLE_RATE)
     dur = len(wav) / SAMPLE_RATE
     print(
         f"wrote {args.out}: {dur:.2f} s of audio ({len(wav)} samples); load {t1 - t0:.2f} s, "

@@ -34,9 +34,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from engine import audio as A
-from engine.config import cache_dir
+from engine.audio import check_reference
+from engine.config import SAMPLE_RATE, cache_dir
 from engine.prompt import VoicePrompt
+from engine.resample import resample
 from serving.requests import NAME_RE, check_name
 
 __all__ = ["NAME_RE", "VoiceInfo", "VoiceNotFound", "VoiceStore", "check_name", "content_key", "default_dir"]
@@ -127,7 +128,7 @@ class VoiceStore:
         root: store directory (created if it can be).
         identity: checkpoint identity; prompts encoded with another checkpoint are re-encoded.
         encode: reference (audio, sample_rate, text) -> :class:`VoicePrompt`; resamples with
-            :func:`engine.audio.resample` as the store does, so a 24 kHz source gives the same prompt.
+            :func:`engine.resample.resample` as the store does, so a 24 kHz source gives the same prompt.
         max_anonymous: LRU bound for anonymous entries.
         max_bytes: bound on all files (None: none); anonymous entries are evicted to stay under it, and
             registering a named voice that would put named voices alone over it is refused.
@@ -274,11 +275,11 @@ class VoiceStore:
     def register(self, name: str, audio: np.ndarray, sample_rate: int, text: str) -> VoicePrompt:
         """Encode and store a named voice (replacing one of the same name); its source is kept at 24 kHz."""
         check_name(name)
-        audio = A.resample(A.check_reference(audio, sample_rate), sample_rate, A.SAMPLE_RATE)
-        prompt = self._encode(audio, A.SAMPLE_RATE, text)
+        audio = resample(check_reference(audio, sample_rate), sample_rate, SAMPLE_RATE)
+        prompt = self._encode(audio, SAMPLE_RATE, text)
         self.encodes += 1
         source = {"audio": torch.from_numpy(audio)}
-        s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(A.SAMPLE_RATE), "text": text,
+        s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(SAMPLE_RATE), "text": text,
                   "sha256": checksum(source, text)}  # fmt: skip
         p_file = self._prompt_file(prompt)
         p_path, s_path = self._paths("named", name)

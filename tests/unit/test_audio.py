@@ -2,16 +2,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine.audio import (
-    SAMPLE_RATE,
-    SPK_SAMPLE_RATE,
-    kaldi_fbank,
-    left_pad_to_multiple,
-    load_audio,
-    resample,
-    resample_sinc,
-    write_wav,
-)
+from engine.audio import left_pad_to_multiple, load_audio, write_wav
+from engine.config import SAMPLE_RATE
+from engine.fbank import SPK_SAMPLE_RATE, kaldi_fbank
+from engine.resample import resample, resample_sinc
 
 
 def _sine(freq: float, sr: int, seconds: float = 1.0, amp: float = 0.5) -> np.ndarray:
