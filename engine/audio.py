@@ -33,6 +33,27 @@ def as_mono_float32(audio: np.ndarray, what: str = "audio") -> np.ndarray:
     return audio.astype(np.float32, copy=False)
 
 
+def downmix(frames: np.ndarray) -> np.ndarray:
+    """Audio of any channel count -> mono float32 samples (N,): the mean of the channels, frame by frame.
+
+    The one rule for a multi-channel reference, used wherever a file is read (offline synthesis, the
+    client, the gateway). Averaging keeps a voice that is on either channel (a one-sided recording,
+    a mic on the right), where taking one channel could keep silence; the FireRedTTS3 reference takes
+    the first channel (``prompt_audio[:1]``), so a stereo clip whose channels differ gives a
+    different prompt here. A mono file is unchanged. The Triton models take mono samples only
+    (:func:`check_reference` refuses an (N, C) array), so whoever decodes a file mixes it down.
+
+    Args:
+        frames: (N, C) float samples, one row per frame (soundfile's ``always_2d`` layout), or (N,) mono.
+    """
+    frames = np.asarray(frames, dtype=np.float32)
+    if frames.ndim == 1:
+        return frames
+    if frames.ndim != 2:
+        raise ValueError(f"audio frames must be (N,) or (N, channels), got shape {frames.shape}")
+    return frames.mean(axis=1)
+
+
 def check_reference(audio, sample_rate, name: str = "reference audio", rate_name: str = "sample rate") -> np.ndarray:
     """A reference clip -> float32 samples (N,); ValueError naming ``name`` or ``rate_name`` otherwise.
 
@@ -73,8 +94,7 @@ def check_reference(audio, sample_rate, name: str = "reference audio", rate_name
 def load_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     """Reads an audio file with libsndfile (WAV, FLAC, OGG, ...).
 
-    A multi-channel file keeps only its first channel, as the reference does
-    (`audio[:1]`), rather than averaging channels.
+    A multi-channel file is mixed down to mono by :func:`downmix` (the mean of its channels).
 
     Returns:
         (samples, sample_rate): samples is float32 with shape (N,), in [-1, 1] for
@@ -95,7 +115,7 @@ def load_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
         raise ValueError(f"cannot read audio file {path}: {e}") from e
     if data.shape[0] == 0:
         raise ValueError(f"audio file {path} holds no samples")
-    return np.ascontiguousarray(data[:, 0]), int(sr)
+    return downmix(data), int(sr)
 
 
 def wav_bytes(audio: np.ndarray, sr: int = SAMPLE_RATE) -> bytes:

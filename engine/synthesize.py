@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--language", help="language or dialect name (default: detected from the text)")
     ap.add_argument("--lid-model", type=Path, help="fastText language-id model used for detection "
                     "(needs the fasttext package; default: by script, as the reference without one)")  # fmt: skip
-    ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; first channel is used)")
+    ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; channels are averaged)")
     ap.add_argument("--ref-text", default="", help="transcript of --ref-audio")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     for p in UTTERANCE_PARAMETERS:
