@@ -65,16 +65,15 @@ def resample_sinc(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
         return audio
 
     import torch
-    import torch.nn.functional as F
 
     g = math.gcd(int(sr_in), int(sr_out))
     orig, new = int(sr_in) // g, int(sr_out) // g
     n = audio.shape[0]
     kernel, half_width = _sinc_kernel(orig, new, torch.float32)
     x = torch.from_numpy(np.ascontiguousarray(audio))[None, None]
-    x = F.pad(x, (half_width, half_width + orig))
+    x = torch.nn.functional.pad(x, (half_width, half_width + orig))
     with torch.inference_mode():
-        phases = F.conv1d(x, kernel, stride=orig)  # (1, new, blocks)
+        phases = torch.nn.functional.conv1d(x, kernel, stride=orig)  # (1, new, blocks)
     out = phases[0].T.reshape(-1)  # block by block, phase by phase
     out_len = math.ceil(new * n / orig)
     return out[:out_len].numpy().astype(np.float32, copy=True)
