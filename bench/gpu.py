@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import Models, RedAE, _randomize, count_parameters, precision_policy
+from engine.checkpoint import Models, RedAE, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS
 from engine.kv_cache import capacity_line, pages_for, typical_positions
 from engine.layers.attention import select_attention
@@ -40,6 +40,7 @@ from engine.params import MAX_PATCHES, GenerationParams
 from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE
+from engine.random_checkpoint import randomize
 
 PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
 
@@ -52,8 +53,8 @@ def random_tts(preset: str, device, dtype=None, seed: int = 0) -> FireRedTTS3:
     torch.manual_seed(seed)
     with device:
         core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
-    _randomize(core, p.init_std_scale)
-    _randomize(redae, p.init_std_scale)
+    randomize(core, p.init_std_scale)
+    randomize(redae, p.init_std_scale)
     with torch.no_grad():
         core.stop_head.bias.fill_(-30.0)
     return _wrap(core, redae, device, dtype, f"random {preset}")

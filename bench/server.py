@@ -20,8 +20,8 @@ CACHE = REPO_ROOT / "cache" / "bench"
 
 def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
     """``cache/bench/checkpoints/{preset}-nostop-seed{seed}``, written on first use."""
-    from engine.checkpoint import cached_checkpoint
     from engine.config import nostop
+    from engine.random_checkpoint import cached_checkpoint
 
     return cached_checkpoint(nostop(preset), CACHE / "checkpoints" / f"{preset}-nostop-seed{seed}", seed=seed)
 

@@ -56,10 +56,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from client.tts_client import TTSClient
-from engine.checkpoint import make_checkpoint
 from engine.config import nostop
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
+from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
 from serving.auth import Keys
 from serving.repository import ServeOptions, build

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from client import TTSClient  # noqa: E402
 from client.voices import VoiceClient  # noqa: E402
-from engine.checkpoint import make_checkpoint  # noqa: E402
+from engine.random_checkpoint import make_checkpoint  # noqa: E402
 from serving.repository import ServeOptions, build  # noqa: E402
 from serving.triton_env import Ports, TritonServer  # noqa: E402
 

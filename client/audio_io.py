@@ -12,6 +12,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from engine.audio import downmix
 from engine.protocol import SAMPLE_RATE
 
 
@@ -64,10 +65,10 @@ def write_pcm(out: BinaryIO, audio: np.ndarray) -> None:
 
 def read_audio(path: str | os.PathLike | io.BytesIO) -> tuple[np.ndarray, int]:
     """Any file libsndfile reads (a path, or its bytes in a BytesIO) -> ((n,) float32 mono, sample rate in
-    Hz); channels are averaged."""
+    Hz); channels are averaged (:func:`engine.audio.downmix`, as offline synthesis does)."""
     import soundfile as sf
 
     audio, sr = sf.read(path if isinstance(path, io.BytesIO) else os.fspath(path), dtype="float32", always_2d=True)
     if audio.size == 0:
         raise ValueError(f"{'the upload' if isinstance(path, io.BytesIO) else path}: no audio samples")
-    return audio.mean(axis=1), int(sr)
+    return downmix(audio), int(sr)

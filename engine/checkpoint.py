@@ -1,4 +1,4 @@
-"""Checkpoints in the official FireRedTTS3 folder layout: load them, or write random ones.
+"""Checkpoints in the official FireRedTTS3 folder layout, loaded into the model's modules.
 
 Layout (Hugging Face ``save_pretrained`` folders, as published)::
 
@@ -7,8 +7,8 @@ Layout (Hugging Face ``save_pretrained`` folders, as published)::
     DIR/campp/campplus_voxceleb.bin        plain state dict, read with torch.load(weights_only=True)
     DIR/text_tokenizer/{tokenizer.json, tokenizer_config.json, vocab.json, merges.txt}
 
-``python -m engine.checkpoint make --preset tiny DIR`` writes the same layout with random weights from a
-fixed seed (and a small tokenizer with the same special tokens); the real weights load the same way.
+:mod:`engine.random_checkpoint` writes the same layout with random weights; they load the same way.
+``python -m engine.checkpoint DIR`` loads a checkpoint and prints its parameter counts.
 """
 
 from __future__ import annotations
@@ -16,25 +16,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
-import os
-import shutil
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from engine.config import PRESETS, Preset, RedAEConfig, load_core_config, load_redae_config
-from engine.models.campp import CamppConfig, SpeakerEncoder, load_campp, save_campp
+from engine.config import RedAEConfig, load_core_config, load_redae_config
+from engine.models.campp import SpeakerEncoder, load_campp
 from engine.models.core import FireRedTTS3Core
 from engine.models.redae import RedAEDecoder, RedAEEncoder
-from engine.text import TextTokenizer, write_tiny_tokenizer
+from engine.text import TextTokenizer
 
 CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR = (
     "fireredtts3_base",
@@ -233,70 +226,6 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-@torch.no_grad()
-def _randomize(module: nn.Module, scale: float) -> None:
-    for m in module.modules():
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            fan_in = m.weight[0].numel()
-            m.weight.normal_(0.0, scale / math.sqrt(fan_in))
-            if m.bias is not None:
-                m.bias.normal_(0.0, 0.02)
-        elif isinstance(m, nn.Embedding):
-            m.weight.normal_(0.0, 1.0)
-
-
-def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Path:
-    """Write a random-weight checkpoint of ``preset`` in the official layout; same seed, same files."""
-    p = PRESETS[preset] if isinstance(preset, str) else preset
-    root = Path(out)
-    torch.manual_seed(seed)
-    core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
-    _randomize(core, p.init_std_scale)
-    _randomize(redae, p.init_std_scale)
-    with torch.no_grad():
-        core.stop_head.bias.fill_(p.stop_bias)
-    c = p.campp
-    campp = SpeakerEncoder(
-        CamppConfig(
-            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
-            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
-        )
-    )  # fmt: skip
-    _randomize(campp, 1.0)
-    for sub, model, cfg in ((CORE_DIR, core, p.core.to_json()), (REDAE_DIR, redae, p.redae.to_json())):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-        (root / sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if sub == REDAE_DIR:  # the published layout carries this buffer; the reference needs it to load
-            tensors["decoder.istft_head.istft.window"] = torch.hann_window(4 * p.redae.audio_patch_size)
-        save_file(tensors, str(root / sub / "model.safetensors"), metadata={"format": "pt"})
-    (root / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
-    save_campp(campp, root / CAMPP_FILE)
-    vocab = write_tiny_tokenizer(root / TOKENIZER_DIR)
-    if vocab > p.core.backbone.vocab_size:
-        raise ValueError(f"preset {p.name}: tokenizer ({vocab}) exceeds backbone vocab ({p.core.backbone.vocab_size})")
-    return root
-
-
-def cached_checkpoint(preset: str | Preset, path: str | Path, seed: int = 0) -> Path:
-    """``path`` holding ``preset``'s checkpoint, written on first use (atomically: a half-written
-    checkpoint is never seen, and concurrent first uses leave one)."""
-    path = Path(path)
-    if (path / TOKENIZER_DIR / "tokenizer.json").is_file():
-        return path
-    name = preset if isinstance(preset, str) else preset.name
-    print(f"creating the {name} checkpoint in {path} (first use) ...", file=sys.stderr, flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent))  # same filesystem: the rename is atomic
-    try:
-        make_checkpoint(preset, tmp / "ck", seed=seed)
-        if not path.exists():
-            os.replace(tmp / "ck", path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
 def describe(path: str | Path) -> str:
     m = load_models(path)
     parts = {
@@ -311,21 +240,11 @@ def describe(path: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.checkpoint", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    mk = sub.add_parser("make", help="write a random-weight checkpoint in the official layout")
-    mk.add_argument("--preset", choices=["tiny", "small"], default="tiny")
-    mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("out", type=Path)
-    info = sub.add_parser("info", help="load a checkpoint and print parameter counts")
-    info.add_argument("path", type=Path)
-    args = ap.parse_args(argv)
-    if args.cmd == "make":
-        t0 = time.perf_counter()
-        make_checkpoint(args.preset, args.out, args.seed)
-        print(f"wrote {args.preset} checkpoint to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    else:
-        print(describe(args.path))
+    ap = argparse.ArgumentParser(
+        prog="python -m engine.checkpoint", description="load a checkpoint and print parameter counts"
+    )
+    ap.add_argument("path", type=Path, help="folder in the official FireRedTTS3 layout")
+    print(describe(ap.parse_args(argv).path))
     return 0
 
 

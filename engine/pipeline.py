@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import audio as A
+from engine.audio import check_reference, left_pad_to_multiple
 from engine.checkpoint import PARTS, Models, load_models, precision_policy
 from engine.config import PATCH_SAMPLES, SAMPLES_PER_LATENT
 from engine.generator import Generator
@@ -21,6 +21,7 @@ from engine.models.redae import DecoderStream
 from engine.params import MAX_PATCHES
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE
+from engine.resample import resample
 
 log = logging.getLogger(__name__)
 SILENT_PROMPT_SAMPLES = PATCH_SAMPLES  # the prompt used without reference audio: one patch of silence
@@ -71,8 +72,8 @@ class FireRedTTS3:
             if self._silent is None:
                 self._silent = self._encode(np.zeros(SILENT_PROMPT_SAMPLES, np.float32), "")
             return self._silent
-        audio = A.resample(A.check_reference(audio, sample_rate), sample_rate, SAMPLE_RATE)
-        return self._encode(A.left_pad_to_multiple(audio, PATCH_SAMPLES), text)
+        audio = resample(check_reference(audio, sample_rate), sample_rate, SAMPLE_RATE)
+        return self._encode(left_pad_to_multiple(audio, PATCH_SAMPLES), text)
 
     def _encode(self, padded: np.ndarray, text: str) -> VoicePrompt:
         x = torch.from_numpy(padded).to(self.device, self.dtypes["encoder"])[None]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import audio as A
-from engine.frontend import use_lid_model
+from engine.audio import load_audio, write_wav
+from engine.frontend.language import use_lid_model
 from engine.local import local_orchestrator
 from engine.orchestrator import Utterance
 from engine.params import (
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--language", help="language or dialect name (default: detected from the text)")
     ap.add_argument("--lid-model", type=Path, help="fastText language-id model used for detection "
                     "(needs the fasttext package; default: by script, as the reference without one)")  # fmt: skip
-    ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; first channel is used)")
+    ap.add_argument("--ref-audio", type=Path, help="reference voice clip (any rate; channels are averaged)")
     ap.add_argument("--ref-text", default="", help="transcript of --ref-audio")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     for p in UTTERANCE_PARAMETERS:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
-        ref = A.load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
+        ref = load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
             tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
             values["normalize"],
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    A.write_wav(args.out, wav, SAMPLE_RATE)
+    write_wav(args.out, wav, SAMPLE_RATE)
     dur = len(wav) / SAMPLE_RATE
     print(
         f"wrote {args.out}: {dur:.2f} s of audio ({len(wav)} samples); load {t1 - t0:.2f} s, "

@@ -11,7 +11,7 @@ import io
 import numpy as np
 from fastapi import Request
 
-from engine.audio import REFERENCE_RATES
+from engine.audio import REFERENCE_RATES, downmix
 from engine.protocol import MAX_REFERENCE_SECONDS
 from gateway.errors import APIError
 
@@ -93,7 +93,7 @@ def decode_blocks(f, limit: int, block: int = DECODE_BLOCK_FRAMES) -> np.ndarray
         if n + len(samples) > limit:
             raise APIError(400, f"file decodes to more than {limit / f.samplerate:g} s; a reference may be at most "
                            f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
-        out[n : n + len(samples)] = samples.mean(axis=1)
+        out[n : n + len(samples)] = downmix(samples)
         n += len(samples)
     if n == 0:
         raise APIError(400, "file has no audio samples", "file")

@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
 done
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
 if [ -z "$checkpoint" ]; then
-    checkpoint=$($PY -c "import sys; from engine.checkpoint import cached_checkpoint; from engine.config import cache_dir
+    checkpoint=$($PY -c "import sys; from engine.random_checkpoint import cached_checkpoint; from engine.config import cache_dir
 print(cached_checkpoint(sys.argv[1], cache_dir() / 'checkpoints' / f'{sys.argv[1]}-seed0'))" "$preset")
 fi
 read -r http grpc metrics < <($PY -c "from serving.triton_env import Ports; p = Ports.free(); print(p.http, p.grpc, p.metrics)")

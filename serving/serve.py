@@ -34,7 +34,7 @@ from serving.voice_store import default_dir as default_voice_dir
 
 def default_checkpoint() -> Path:
     """The tiny checkpoint in the cache, written on first use."""
-    from engine.checkpoint import cached_checkpoint
+    from engine.random_checkpoint import cached_checkpoint
 
     return cached_checkpoint("tiny", cache_dir() / "checkpoints" / "tiny-seed0")
 

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from engine.frontend import detect_language
+from engine.frontend.language import detect_language
 from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract as C
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request

@@ -1,4 +1,4 @@
-"""Persistent, pickle-free store of encoded voice prompts.
+"""Persistent, pickle-free store of encoded voice prompts: where they live and which are kept.
 
 Layout under the store's root (format version 1)::
 
@@ -7,9 +7,8 @@ Layout under the store's root (format version 1)::
     v1/anon/<key>.prompt.safetensors      the prompt of an anonymous reference, keyed by content hash
     v1/.lock                              writers hold an exclusive flock
 
-Only safetensors (tensors + a str->str header) and JSON are ever read: nothing is unpickled. Writes go
-to a unique temporary file and are renamed into place, so readers see a whole old or a whole new file.
-Every file carries a sha256 of what it holds. A named prompt that is damaged, unreadable, or made with
+The files' format (safetensors, checksummed, written atomically: nothing is ever unpickled) is
+:mod:`serving.voice_files`. A named prompt that is damaged, unreadable, or made with
 another checkpoint, format version or preprocessing is re-encoded from its source (and logged); an
 anonymous one from the request's audio (the key hashes that audio, so no source is kept for it).
 Anonymous entries are evicted least recently used first (file modification times) to stay within
@@ -20,32 +19,36 @@ A read-only store still serves what it holds.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
-from engine import audio as A
+from engine.audio import check_reference
 from engine.config import cache_dir
 from engine.prompt import VoicePrompt
+from engine.protocol import SAMPLE_RATE
+from engine.resample import resample
 from serving.requests import NAME_RE, check_name
-
-__all__ = ["NAME_RE", "VoiceInfo", "VoiceNotFound", "VoiceStore", "check_name", "content_key", "default_dir"]
+from serving.voice_files import (
+    FORMAT_VERSION,
+    PROMPT_SUFFIX,
+    SOURCE_SUFFIX,
+    content_key,
+    load_prompt,
+    load_source,
+    nbytes,
+    prompt_file,
+    source_file,
+    source_info,
+    write_atomic,
+)
 
 log = logging.getLogger(__name__)
-
-FORMAT_VERSION = "1"
-# Everything between the reference clip and the prompt besides the checkpoint: part of every key.
-PREPROCESSING = "resample=sinc-hann-w6-r0.99;pad=left-3840;fbank=kaldi-80-16k-meansub"
 
 
 class VoiceNotFound(KeyError):
@@ -62,62 +65,12 @@ def default_dir() -> Path:
     return cache_dir() / "voices"
 
 
-def content_key(audio: np.ndarray, sample_rate: int, text: str, identity: str) -> str:
-    h = hashlib.sha256()
-    for part in (FORMAT_VERSION, PREPROCESSING, identity, str(int(sample_rate)), text):
-        h.update(part.encode("utf-8") + b"\0")
-    h.update(np.ascontiguousarray(audio, dtype="<f4").tobytes())
-    return h.hexdigest()[:32]
-
-
-def checksum(tensors: dict[str, torch.Tensor], text: str) -> str:
-    """sha256 of a file's tensors (in name order) and transcript: what a damaged file no longer matches."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        h.update(name.encode() + b"\0" + tensors[name].contiguous().numpy().tobytes())
-    h.update(text.encode("utf-8"))
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class VoiceInfo:
     name: str
     text: str
     seconds: float
     created: float
-
-
-def _write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _read(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and header of a safetensors file whose checksum matches (or, with ``unchecked_ok``, that
-    has none: written before checksums); any problem raises ValueError."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-        actual = checksum(tensors, meta.get("text", ""))
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise ValueError(f"{path.name}: unreadable ({type(e).__name__}: {e})") from None
-    digest = meta.get("sha256")
-    if (digest or not unchecked_ok) and digest != actual:
-        raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
-    return tensors, meta
-
-
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class VoiceStore:
@@ -127,7 +80,7 @@ class VoiceStore:
         root: store directory (created if it can be).
         identity: checkpoint identity; prompts encoded with another checkpoint are re-encoded.
         encode: reference (audio, sample_rate, text) -> :class:`VoicePrompt`; resamples with
-            :func:`engine.audio.resample` as the store does, so a 24 kHz source gives the same prompt.
+            :func:`engine.resample.resample` as the store does, so a 24 kHz source gives the same prompt.
         max_anonymous: LRU bound for anonymous entries.
         max_bytes: bound on all files (None: none); anonymous entries are evicted to stay under it, and
             registering a named voice that would put named voices alone over it is refused.
@@ -182,33 +135,9 @@ class VoiceStore:
 
     def _paths(self, kind: str, key: str) -> tuple[Path, Path]:
         base = self.root / kind / key
-        return base.with_name(key + ".prompt.safetensors"), base.with_name(key + ".source.safetensors")
+        return base.with_name(key + PROMPT_SUFFIX), base.with_name(key + SOURCE_SUFFIX)
 
-    # -- files -----------------------------------------------------------------------------------
-    def _prompt_file(self, prompt: VoicePrompt) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        tensors = {"latents": prompt.latents.float(), "speaker": prompt.speaker.float()}
-        meta = {"format_version": FORMAT_VERSION, "checkpoint": self.identity, "preprocessing": PREPROCESSING,
-                "text": prompt.text, "created": repr(time.time()), "sha256": checksum(tensors, prompt.text)}  # fmt: skip
-        return tensors, meta
-
-    def _load_prompt(self, p_path: Path) -> VoicePrompt:
-        tensors, meta = _read(p_path)
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{p_path.name}: format version {meta.get('format_version')!r} is not {FORMAT_VERSION}")
-        if meta.get("checkpoint") != self.identity or meta.get("preprocessing") != PREPROCESSING:
-            raise ValueError(f"{p_path.name}: encoded with another checkpoint or preprocessing")
-        try:
-            return VoicePrompt(tensors["latents"].float(), tensors["speaker"].float(), meta["text"])
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"{p_path.name}: malformed entry ({e})") from None
-
-    def _load_source(self, s_path: Path) -> tuple[np.ndarray, int, str]:
-        tensors, meta = _read(s_path, unchecked_ok=True)  # a source from before checksums is still the best there is
-        try:
-            return tensors["audio"].numpy().astype(np.float32), int(meta["sample_rate"]), meta["text"]
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"{s_path.name}: malformed source ({e})") from None
-
+    # -- recency and eviction ------------------------------------------------------------------------
     def _touch(self, path: Path) -> None:
         """Mark an entry most recently used (the LRU order); a read-only store serves without it."""
         try:
@@ -252,7 +181,7 @@ class VoiceStore:
         key = content_key(audio, sample_rate, text, self.identity)
         p_path = self._paths("anon", key)[0]
         try:
-            prompt = self._load_prompt(p_path)
+            prompt = load_prompt(p_path, self.identity)
         except FileNotFoundError:
             pass
         except ValueError as e:
@@ -265,7 +194,7 @@ class VoiceStore:
         self.encodes += 1
         try:
             with self._locked():
-                _write_atomic(p_path, *self._prompt_file(prompt))
+                write_atomic(p_path, *prompt_file(prompt, self.identity))
                 self._evict()
         except OSError as e:
             self._read_only(e)
@@ -274,26 +203,24 @@ class VoiceStore:
     def register(self, name: str, audio: np.ndarray, sample_rate: int, text: str) -> VoicePrompt:
         """Encode and store a named voice (replacing one of the same name); its source is kept at 24 kHz."""
         check_name(name)
-        audio = A.resample(A.check_reference(audio, sample_rate), sample_rate, A.SAMPLE_RATE)
-        prompt = self._encode(audio, A.SAMPLE_RATE, text)
+        audio = resample(check_reference(audio, sample_rate), sample_rate, SAMPLE_RATE)
+        prompt = self._encode(audio, SAMPLE_RATE, text)
         self.encodes += 1
-        source = {"audio": torch.from_numpy(audio)}
-        s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(A.SAMPLE_RATE), "text": text,
-                  "sha256": checksum(source, text)}  # fmt: skip
-        p_file = self._prompt_file(prompt)
+        source, s_meta = source_file(audio, SAMPLE_RATE, text)
+        p_file = prompt_file(prompt, self.identity)
         p_path, s_path = self._paths("named", name)
         with self._writing(f"register voice {name!r}"):
             if self.max_bytes is not None:
                 others = sum(b for key, (_, b) in self._entries("named").items() if key != name)
-                need = others + _nbytes(source) + _nbytes(p_file[0])
+                need = others + nbytes(source) + nbytes(p_file[0])
                 if need > self.max_bytes:
                     raise ValueError(
                         f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, over the "
                         f"voice store's cap of {self.max_bytes / 1e9:g} GB (--voice-store-max-gb); remove voices "
                         "or raise the cap"
                     )
-            _write_atomic(s_path, source, s_meta)
-            _write_atomic(p_path, *p_file)
+            write_atomic(s_path, source, s_meta)
+            write_atomic(p_path, *p_file)
             self._evict()
         return prompt
 
@@ -301,7 +228,7 @@ class VoiceStore:
         check_name(name)
         p_path, s_path = self._paths("named", name)
         try:
-            prompt = self._load_prompt(p_path)
+            prompt = load_prompt(p_path, self.identity)
         except FileNotFoundError:
             if not s_path.exists():
                 raise VoiceNotFound(f"voice {name!r} is not registered") from None
@@ -314,14 +241,14 @@ class VoiceStore:
             return prompt
         log.warning("voice store: re-encoding voice %r from its stored source: %s", name, reason)
         try:
-            audio, sr, text = self._load_source(s_path)
+            audio, sr, text = load_source(s_path)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"voice {name!r} is damaged beyond repair ({e}); register it again") from None
         prompt = self._encode(audio, sr, text)
         self.encodes += 1
         try:
             with self._locked():
-                _write_atomic(p_path, *self._prompt_file(prompt))
+                write_atomic(p_path, *prompt_file(prompt, self.identity))
         except OSError as e:
             self._read_only(e)
         return prompt
@@ -338,16 +265,13 @@ class VoiceStore:
 
     def list(self) -> list[VoiceInfo]:
         out = []
-        for s_path in sorted((self.root / "named").glob("*.source.safetensors")):
-            name = s_path.name[: -len(".source.safetensors")]
+        for s_path in sorted((self.root / "named").glob("*" + SOURCE_SUFFIX)):
+            name = s_path.name[: -len(SOURCE_SUFFIX)]
             if not NAME_RE.fullmatch(name):
                 continue
             try:
-                with safe_open(str(s_path), framework="pt") as f:
-                    meta = dict(f.metadata() or {})
-                    n = f.get_slice("audio").get_shape()[0]
-                sr = int(meta["sample_rate"])
-                out.append(VoiceInfo(name, meta.get("text", ""), n / sr, s_path.stat().st_mtime))
+                text, seconds = source_info(s_path)
+                out.append(VoiceInfo(name, text, seconds, s_path.stat().st_mtime))
             except Exception as e:
                 log.warning("voice store: skipping unreadable %s (%s)", s_path.name, e)
         return out

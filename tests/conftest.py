@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory) -> Path:
-    from engine.checkpoint import make_checkpoint
+    from engine.random_checkpoint import make_checkpoint
 
     return make_checkpoint("tiny", tmp_path_factory.mktemp("ckpt") / "tiny", seed=0)
 

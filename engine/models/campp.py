@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.audio import SAMPLE_RATE, SPK_SAMPLE_RATE, kaldi_fbank, resample
+from engine.fbank import SPK_SAMPLE_RATE, kaldi_fbank
+from engine.protocol import SAMPLE_RATE
+from engine.resample import resample
 
 _SEGMENT_FRAMES = 100  # the gate's local context: mean over 100-frame (2 s) segments
 _HEAD_BLOCKS = 2  # residual blocks in each of the head's two stages (fixed in 3D-Speaker)

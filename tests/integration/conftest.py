@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.checkpoint import make_checkpoint
 from engine.config import nostop
+from engine.random_checkpoint import make_checkpoint
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
 

@@ -2,16 +2,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine.audio import (
-    SAMPLE_RATE,
-    SPK_SAMPLE_RATE,
-    kaldi_fbank,
-    left_pad_to_multiple,
-    load_audio,
-    resample,
-    resample_sinc,
-    write_wav,
-)
+from engine.audio import left_pad_to_multiple, load_audio, write_wav
+from engine.fbank import SPK_SAMPLE_RATE, kaldi_fbank
+from engine.protocol import SAMPLE_RATE
+from engine.resample import resample, resample_sinc
 
 
 def _sine(freq: float, sr: int, seconds: float = 1.0, amp: float = 0.5) -> np.ndarray:
@@ -151,13 +145,13 @@ def test_wav_round_trip_pcm16(tmp_path):
     np.testing.assert_allclose(y, x, atol=1 / 32768)
 
 
-def test_load_audio_takes_first_channel(tmp_path):
+def test_load_audio_averages_channels(tmp_path):
     left, right = _sine(440.0, 16000, 0.1), _sine(1000.0, 16000, 0.1)
     path = tmp_path / "stereo.wav"
     sf.write(str(path), np.stack([left, right], axis=1), 16000, subtype="FLOAT")
     y, sr = load_audio(path)
-    assert sr == 16000 and y.shape == left.shape
-    np.testing.assert_array_equal(y, left)
+    assert sr == 16000 and y.shape == left.shape and y.dtype == np.float32
+    np.testing.assert_array_equal(y, ((left.astype(np.float64) + right) / 2).astype(np.float32))
 
 
 def test_load_audio_errors(tmp_path):

@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import CheckpointError, RedAE, load_models, make_checkpoint
+from engine.checkpoint import CheckpointError, RedAE, load_models
 from engine.config import PRESETS
 from engine.models.core import FireRedTTS3Core
+from engine.random_checkpoint import make_checkpoint
 
 
 def _copy(tiny_ckpt, tmp_path):

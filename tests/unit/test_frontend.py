@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine import frontend as F
+from engine.frontend import prepare
+from engine.frontend.cleaning import clean
+from engine.frontend.language import FastTextLid, detect_by_script
+from engine.frontend.normalization import normalize_segment
+from engine.frontend.sentences import cap_segments, group_sentences, segment_cap, split_sentences
 from engine.text import TextTokenizer, write_tiny_tokenizer
 
 
@@ -39,12 +43,12 @@ def count(tmp_path_factory):
     ],
 )
 def test_clean(raw, cleaned):
-    assert F.clean(raw) == cleaned
+    assert clean(raw) == cleaned
 
 
 def test_clean_keeps_the_zero_width_joiner_of_an_emoji_sequence():
     # The reference removes the emoji but keeps U+200D, so the tokens still hold it; so do we.
-    assert F.clean("Family \U0001f468\u200d\U0001f469 time") == "Family \u200d time"
+    assert clean("Family \U0001f468\u200d\U0001f469 time") == "Family \u200d time"
 
 
 # ---- detection ----------------------------------------------------------------------------------
@@ -62,7 +66,7 @@ def test_clean_keeps_the_zero_width_joiner_of_an_emoji_sequence():
     ],
 )
 def test_detect_by_script(text, language):
-    assert F.detect_by_script(text) == language
+    assert detect_by_script(text) == language
 
 
 def test_a_missing_language_id_model_is_refused_clearly(tmp_path):
@@ -70,10 +74,10 @@ def test_a_missing_language_id_model_is_refused_clearly(tmp_path):
         import fasttext  # noqa: F401
     except ImportError:
         with pytest.raises(RuntimeError, match="fasttext package is not installed"):
-            F.FastTextLid(tmp_path / "lid.176.ftz")
+            FastTextLid(tmp_path / "lid.176.ftz")
     else:
         with pytest.raises(FileNotFoundError, match="lid.176.ftz"):
-            F.FastTextLid(tmp_path / "lid.176.ftz")
+            FastTextLid(tmp_path / "lid.176.ftz")
 
 
 # ---- sentences and segments ---------------------------------------------------------------------
@@ -81,38 +85,38 @@ def test_a_missing_language_id_model_is_refused_clearly(tmp_path):
 
 def test_sentences_are_grouped_the_reference_way():
     text = "One two three. Four five six. Seven eight nine. Ten eleven twelve."
-    sentences = F.split_sentences(text)
-    assert F.group_sentences(sentences, words, 6, 4, 2) == ["One two three. Four five six.", " Seven eight nine. Ten eleven twelve."]
+    sentences = split_sentences(text)
+    assert group_sentences(sentences, words, 6, 4, 2) == ["One two three. Four five six.", " Seven eight nine. Ten eleven twelve."]
 
 
 def test_a_segment_closes_only_past_the_minimum():
     text = "a b c d e f g h. i j. k l m n o p q r s t u v w x y z. end"
-    got = F.group_sentences(F.split_sentences(text), words, 8, 6, 2)
+    got = group_sentences(split_sentences(text), words, 8, 6, 2)
     # the second segment runs far past 8 words: the reference never cuts inside a sentence
     assert got == ["a b c d e f g h.", " i j. k l m n o p q r s t u v w x y z. end"]
-    assert F.group_sentences(F.split_sentences("Short one. Tiny."), words, 3, 1, 2) == ["Short one. Tiny."]
+    assert group_sentences(split_sentences("Short one. Tiny."), words, 3, 1, 2) == ["Short one. Tiny."]
 
 
 def test_sentence_ends():
     text = 'Wait... what? He said "Stop." Then left! Pi is 3.14; ok'
     # repeated ends collapse, a closing quote stays with its sentence, 3.14 is one number
-    assert F.split_sentences(text) == ["Wait.", " what?", ' He said "Stop."', " Then left!", " Pi is 3.14;", " ok"]
-    assert "".join(F.group_sentences(F.split_sentences(text), words, 80, 60, 20)) == 'Wait. what? He said "Stop." Then left! Pi is 3.14; ok'
+    assert split_sentences(text) == ["Wait.", " what?", ' He said "Stop."', " Then left!", " Pi is 3.14;", " ok"]
+    assert "".join(group_sentences(split_sentences(text), words, 80, 60, 20)) == 'Wait. what? He said "Stop." Then left! Pi is 3.14; ok'
 
 
 def test_chinese_is_split_at_its_own_marks_and_measured_in_characters():
-    got = F.group_sentences(F.split_sentences("你好。今天天气很好！我们去公园吧、好吗？", chinese=True), len, 6, 4, 3)
+    got = group_sentences(split_sentences("你好。今天天气很好！我们去公园吧、好吗？", chinese=True), len, 6, 4, 3)
     assert got == ["你好。今天天气很好！", "我们去公园吧、", "好吗？"]
 
 
 def test_an_overlong_segment_is_cut_at_clauses_then_spaces_then_characters():
     long = "alpha beta gamma, delta epsilon zeta eta theta iota kappa lambda mu, nu"
-    pieces = F.cap_segments([long], words, 4)
+    pieces = cap_segments([long], words, 4)
     assert "".join(pieces) == long and all(words(p) <= 4 for p in pieces)
     assert pieces[0] == "alpha beta gamma,"
-    assert F.cap_segments(["甲乙丙丁戊己庚辛"], len, 3) == ["甲乙丙", "丁戊己", "庚辛"]
-    assert F.cap_segments(["short"], len, 3 + 2) == ["short"]
-    assert F.segment_cap(400, 80) == 200 and F.segment_cap(100, 80) == 80
+    assert cap_segments(["甲乙丙丁戊己庚辛"], len, 3) == ["甲乙丙", "丁戊己", "庚辛"]
+    assert cap_segments(["short"], len, 3 + 2) == ["short"]
+    assert segment_cap(400, 80) == 200 and segment_cap(100, 80) == 80
 
 
 # ---- normalization ------------------------------------------------------------------------------
@@ -133,7 +137,7 @@ def test_an_overlong_segment_is_cut_at_clauses_then_spaces_then_characters():
     ],
 )
 def test_normalize_segment(text, language, normalized):
-    assert F.normalize_segment(text, language) == normalized
+    assert normalize_segment(text, language) == normalized
 
 
 # ---- all of it, with the tiny tokenizer -----------------------------------------------------------
@@ -177,38 +181,38 @@ ZH_PARA = (
     ],
 )  # fmt: skip
 def test_prepare_matches_the_reference(count, text, language, expected_language, segments):
-    got = F.prepare(text, language, count)
+    got = prepare(text, language, count)
     assert got.language == expected_language
     assert got.segments == segments
 
 
 def test_other_languages_keep_the_space_that_starts_a_sentence(count):
     text = "Le conseil s'est réuni mardi soir pour examiner le budget de l'année prochaine. " * 3
-    got = F.prepare(text.strip(), "French", count)
+    got = prepare(text.strip(), "French", count)
     assert len(got.segments) > 1 and all(s.startswith(" ") for s in got.segments[1:])
 
 
 def test_normalization_can_be_turned_off(count):
-    got = F.prepare("I have 3 apples... **ok**", "English", count, normalize=False)
+    got = prepare("I have 3 apples... **ok**", "English", count, normalize=False)
     assert got.segments == ["I have 3 apples. **ok**"]  # cleaned and split, not normalized
-    assert F.prepare("I have 3 apples", "English", count, normalize=False).segments == ["I have 3 apples"]
-    assert F.prepare("I have 3 apples... ok", "English", count, split_tokens=0).segments == ["I have three apples... ok"]
+    assert prepare("I have 3 apples", "English", count, normalize=False).segments == ["I have 3 apples"]
+    assert prepare("I have 3 apples... ok", "English", count, split_tokens=0).segments == ["I have three apples... ok"]
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t ", "\U0001f600\U0001f389", "\u200b\ufeff", "![img](a.png)", "# \n- \n"])
 def test_nothing_to_speak_names_text(count, text):
     with pytest.raises(ValueError, match="^TEXT: nothing to speak after cleaning$"):
-        F.prepare(text, None, count)
+        prepare(text, None, count)
 
 
 def test_unknown_language_is_refused(count):
     with pytest.raises(ValueError, match="unknown language 'Klingon'"):
-        F.prepare("Hello", "Klingon", count)
+        prepare("Hello", "Klingon", count)
 
 
 def test_an_overlong_sentence_is_cut_to_fit_max_patches(count):
     sentence = "word " * 300 + "end."
-    got = F.prepare(sentence, "English", count, max_patches=400)
+    got = prepare(sentence, "English", count, max_patches=400)
     assert len(got.segments) > 1
-    assert all(count(s) <= 200 for s in F.cap_segments([F.clean(sentence)], count, 200))
+    assert all(count(s) <= 200 for s in cap_segments([clean(sentence)], count, 200))
     assert " ".join(got.segments).split() == sentence.split()

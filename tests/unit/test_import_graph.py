@@ -18,14 +18,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # What `import client` must not load: torch (seconds, GBs), the text front end and its tokenizers
-HEAVY = ("torch", "tokenizers", "regex", "engine.frontend", "engine.text")
+HEAVY = ("torch", "tokenizers", "regex", "engine.frontend", "engine.text", "soundfile", "soxr")
 LIGHT_IMPORTS = ("client", "client.cli", "engine.protocol", "serving.contract")
 # engine/ is the model: nothing Triton-facing
 NOT_FOR_ENGINE = ("serving", "gateway", "client", "tritonclient", "triton_python_backend_utils")
 # The client speaks the contract: the tensors and parameters (serving.contract), the parameters'
 # defaults and bounds (engine.params, which serving.contract builds on), and the wire's kinds, finish
-# reasons and sample rate (engine.protocol). Anything else of the server would drag the model along.
-CLIENT_MAY_IMPORT = {"serving": {"serving.contract"}, "engine": {"engine.protocol", "engine.params"}}
+# reasons and sample rate (engine.protocol), and the one stereo rule (engine.audio.downmix: numpy only,
+# so a file read by the client gives the voice it gives offline). Anything else would drag the model along.
+CLIENT_MAY_IMPORT = {"serving": {"serving.contract"}, "engine": {"engine.protocol", "engine.params", "engine.audio"}}
 
 
 def _under_type_checking(tree: ast.AST) -> set[ast.AST]:

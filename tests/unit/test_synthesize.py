@@ -130,13 +130,13 @@ def test_cli_normalizes_unless_told_not_to(tiny_ckpt, tmp_path):
 
 
 def test_text_command_shows_the_front_end():
-    cmd = [sys.executable, "-m", "engine.text", "It costs $12.50. And 3 more?"]
+    cmd = [sys.executable, "-m", "engine.frontend", "It costs $12.50. And 3 more?"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "language: English"
     assert "'It costs twelve point five dollars. And three more?'" in lines[1] and "tokens)" in lines[1]
-    r = subprocess.run([sys.executable, "-m", "engine.text", "--no-normalize", "\U0001f600"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "engine.frontend", "--no-normalize", "\U0001f600"], capture_output=True, text=True)
     assert r.returncode == 2 and "TEXT: nothing to speak after cleaning" in r.stderr
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from serving.voice_store import VoiceNotFound, VoiceStore, check_name
+from serving.requests import check_name
+from serving.voice_store import VoiceNotFound, VoiceStore
 
 
 class Counting:

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb
 
 from engine.protocol import NOT_FOUND, Unavailable
 from serving.auth import ADMIN_PARAMETER, Keys, Refused
-from serving.requests import check_ref_audio, check_text
+from serving.requests import check_name, check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
     bls_error,
@@ -20,7 +20,7 @@ from serving.triton_io import (
     setup_logging,
     string,
 )
-from serving.voice_store import VoiceStore, check_name
+from serving.voice_store import VoiceStore
 
 log = setup_logging("voices")
 

@@ -1,0 +1,114 @@
+"""Random-weight checkpoints in the official FireRedTTS3 layout (:mod:`engine.checkpoint` loads them).
+
+``python -m engine.random_checkpoint --preset tiny DIR`` writes a preset's networks with random weights
+from a fixed seed (and a small tokenizer with the same special tokens): same seed, same files. The
+tests and the server's default run on such a checkpoint; the real weights load the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from engine.checkpoint import CAMPP_FILE, CORE_DIR, REDAE_DIR, TOKENIZER_DIR, RedAE
+from engine.config import PRESETS, Preset
+from engine.models.campp import CamppConfig, SpeakerEncoder, save_campp
+from engine.models.core import FireRedTTS3Core
+from engine.text import write_tiny_tokenizer
+
+
+@torch.no_grad()
+def randomize(module: nn.Module, scale: float) -> None:
+    """Fill ``module``'s weights in place from torch's global generator (seed it first for fixed weights).
+
+    Linear and convolution weights are normal with std ``scale / sqrt(fan_in)`` (fan_in: the inputs of
+    one output unit), their biases normal with std 0.02; embeddings standard normal. Other parameters
+    (norms) keep their initial values. ``scale``: a preset's ``init_std_scale`` (1.0 for CAM++).
+    """
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            fan_in = m.weight[0].numel()
+            m.weight.normal_(0.0, scale / math.sqrt(fan_in))
+            if m.bias is not None:
+                m.bias.normal_(0.0, 0.02)
+        elif isinstance(m, nn.Embedding):
+            m.weight.normal_(0.0, 1.0)
+
+
+def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight checkpoint of ``preset`` in the official layout; same seed, same files."""
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    root = Path(out)
+    torch.manual_seed(seed)
+    core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
+    randomize(core, p.init_std_scale)
+    randomize(redae, p.init_std_scale)
+    with torch.no_grad():
+        core.stop_head.bias.fill_(p.stop_bias)
+    c = p.campp
+    campp = SpeakerEncoder(
+        CamppConfig(
+            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
+            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
+        )
+    )  # fmt: skip
+    randomize(campp, 1.0)
+    for sub, model, cfg in ((CORE_DIR, core, p.core.to_json()), (REDAE_DIR, redae, p.redae.to_json())):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        (root / sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if sub == REDAE_DIR:  # the published layout carries this buffer; the reference needs it to load
+            tensors["decoder.istft_head.istft.window"] = torch.hann_window(4 * p.redae.audio_patch_size)
+        save_file(tensors, str(root / sub / "model.safetensors"), metadata={"format": "pt"})
+    (root / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
+    save_campp(campp, root / CAMPP_FILE)
+    vocab = write_tiny_tokenizer(root / TOKENIZER_DIR)
+    if vocab > p.core.backbone.vocab_size:
+        raise ValueError(f"preset {p.name}: tokenizer ({vocab}) exceeds backbone vocab ({p.core.backbone.vocab_size})")
+    return root
+
+
+def cached_checkpoint(preset: str | Preset, path: str | Path, seed: int = 0) -> Path:
+    """``path`` holding ``preset``'s checkpoint, written on first use (atomically: a half-written
+    checkpoint is never seen, and concurrent first uses leave one)."""
+    path = Path(path)
+    if (path / TOKENIZER_DIR / "tokenizer.json").is_file():
+        return path
+    name = preset if isinstance(preset, str) else preset.name
+    print(f"creating the {name} checkpoint in {path} (first use) ...", file=sys.stderr, flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent))  # same filesystem: the rename is atomic
+    try:
+        make_checkpoint(preset, tmp / "ck", seed=seed)
+        if not path.exists():
+            os.replace(tmp / "ck", path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.random_checkpoint", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    make_checkpoint(args.preset, args.out, args.seed)
+    print(f"wrote {args.preset} checkpoint to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""The on-disk format of a stored voice: checksummed safetensors files, written atomically.
+
+Two kinds of file, each one safetensors file (tensors + a str->str header; nothing is ever unpickled):
+
+- a *prompt* (``<key>.prompt.safetensors``): ``latents`` and ``speaker`` of a :class:`VoicePrompt`, with the
+  format version, checkpoint identity, preprocessing, transcript, creation time and sha256 in its header;
+- a *source* (``<key>.source.safetensors``): the reference it was encoded from, as ``audio`` samples (N,)
+  at the rate in its header, with the transcript and sha256.
+
+Writes go to a unique temporary file and are renamed into place, so readers see a whole old or a whole
+new file. Every file carries a sha256 of what it holds; a file that does not match raises ValueError.
+Where the files live and which are kept is :mod:`serving.voice_store`'s business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine.prompt import VoicePrompt
+
+FORMAT_VERSION = "1"
+# Everything between the reference clip and the prompt besides the checkpoint: part of every key.
+PREPROCESSING = "resample=sinc-hann-w6-r0.99;pad=left-3840;fbank=kaldi-80-16k-meansub"
+
+PROMPT_SUFFIX, SOURCE_SUFFIX = ".prompt.safetensors", ".source.safetensors"
+
+
+def content_key(audio: np.ndarray, sample_rate: int, text: str, identity: str) -> str:
+    """The key of an anonymous reference: a hash of the format, preprocessing, checkpoint, rate, transcript
+    and samples (32 hex digits)."""
+    h = hashlib.sha256()
+    for part in (FORMAT_VERSION, PREPROCESSING, identity, str(int(sample_rate)), text):
+        h.update(part.encode("utf-8") + b"\0")
+    h.update(np.ascontiguousarray(audio, dtype="<f4").tobytes())
+    return h.hexdigest()[:32]
+
+
+def checksum(tensors: dict[str, torch.Tensor], text: str) -> str:
+    """sha256 of a file's tensors (in name order) and transcript: what a damaged file no longer matches."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        h.update(name.encode() + b"\0" + tensors[name].contiguous().numpy().tobytes())
+    h.update(text.encode("utf-8"))
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Write a safetensors file so that a reader sees the whole old file or the whole new one (fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and header of a safetensors file whose checksum matches (or, with ``unchecked_ok``, that
+    has none: written before checksums); FileNotFoundError if absent, any other problem raises ValueError."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+        actual = checksum(tensors, meta.get("text", ""))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # safetensors raises several types for damaged files
+        raise ValueError(f"{path.name}: unreadable ({type(e).__name__}: {e})") from None
+    digest = meta.get("sha256")
+    if (digest or not unchecked_ok) and digest != actual:
+        raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
+    return tensors, meta
+
+
+def nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes of the tensors' data (a file is this plus a small header)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def prompt_file(prompt: VoicePrompt, identity: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and header of ``prompt``'s file, encoded with the checkpoint ``identity``."""
+    tensors = {"latents": prompt.latents.float(), "speaker": prompt.speaker.float()}
+    meta = {"format_version": FORMAT_VERSION, "checkpoint": identity, "preprocessing": PREPROCESSING,
+            "text": prompt.text, "created": repr(time.time()), "sha256": checksum(tensors, prompt.text)}  # fmt: skip
+    return tensors, meta
+
+
+def load_prompt(p_path: Path, identity: str) -> VoicePrompt:
+    """A prompt file's :class:`VoicePrompt`; ValueError if it is damaged, of another format version, or
+    encoded with another checkpoint or preprocessing than ``identity`` and :data:`PREPROCESSING`."""
+    tensors, meta = read_checked(p_path)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{p_path.name}: format version {meta.get('format_version')!r} is not {FORMAT_VERSION}")
+    if meta.get("checkpoint") != identity or meta.get("preprocessing") != PREPROCESSING:
+        raise ValueError(f"{p_path.name}: encoded with another checkpoint or preprocessing")
+    try:
+        return VoicePrompt(tensors["latents"].float(), tensors["speaker"].float(), meta["text"])
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{p_path.name}: malformed entry ({e})") from None
+
+
+def source_file(audio: np.ndarray, sample_rate: int, text: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and header of a source file: float32 samples (N,) at ``sample_rate`` Hz and their transcript."""
+    source = {"audio": torch.from_numpy(audio)}
+    s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(sample_rate), "text": text,
+              "sha256": checksum(source, text)}  # fmt: skip
+    return source, s_meta
+
+
+def load_source(s_path: Path) -> tuple[np.ndarray, int, str]:
+    """A source file's (samples (N,) float32, sample rate in Hz, transcript); ValueError if damaged. A
+    source from before checksums is accepted: it is still the best there is."""
+    tensors, meta = read_checked(s_path, unchecked_ok=True)
+    try:
+        return tensors["audio"].numpy().astype(np.float32), int(meta["sample_rate"]), meta["text"]
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{s_path.name}: malformed source ({e})") from None
+
+
+def source_info(s_path: Path) -> tuple[str, float]:
+    """(transcript, seconds) of a source file, from its header and the audio's shape (no samples read)."""
+    with safe_open(str(s_path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        n = f.get_slice("audio").get_shape()[0]
+    return meta.get("text", ""), n / int(meta["sample_rate"])
