@@ -21,8 +21,9 @@ from engine.orchestrator import Chunk, end_chunk, failure_reason
 from serving.attendance import PAUSE_SECONDS, Attendance
 from serving.auth import Keys, Refused
 from serving.generator_metrics import GeneratorMetrics
+from serving.model_options import GeneratorOptions
 from serving.supervise import start_heartbeat
-from serving.triton_io import chunk_tensors, error_response, load_tts, model_parameters, setup_logging, stream_request
+from serving.triton_io import chunk_tensors, error_response, load_tts, setup_logging, stream_request
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -34,24 +35,23 @@ class TritonPythonModel:
         from serving.cancel import CancelBoard
         from serving.live_streams import LiveStreams
 
-        params = model_parameters(args)
-        start_heartbeat(params, "generator")
-        self.tts = load_tts(params, parts=("core",))
-        self.service = GeneratorService(
-            self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
-            kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
-        )  # fmt: skip
-        self.cancels = CancelBoard(params.get("cancel_dir") or None)
+        opts = GeneratorOptions.read(args)
+        start_heartbeat(opts.run_dir, "generator")
+        self.tts = load_tts(opts, parts=("core",))
+        # kv_memory_gb 0: the default pool (slots x max_len positions)
+        self.service = GeneratorService(self.tts, opts.slots, opts.max_len, kv_memory_gb=opts.kv_memory_gb or None,
+                                        attention=opts.attention)  # fmt: skip
+        self.cancels = CancelBoard(opts.cancel_dir or None)
         self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
         self.live_streams.clear()
-        self.keys = Keys.from_env({**params, "public_steps": "0"}, "generator")  # never key-less
+        self.keys = Keys.from_env("generator")  # never key-less
         self.attendance = Attendance()
         self.deferred: dict[int, float] = {}  # new streams told to wait (see _execute) -> since when
         # orphans are also looked for between requests (none may come): one lock with execute
         self.lock, self.stopping = threading.Lock(), threading.Event()
         threading.Thread(target=self._reap_forever, name="generator-reaper", daemon=True).start()
         self.metrics = GeneratorMetrics(pb, self.service)
-        log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
+        log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
 
     def _admit(self, request, stream_id: int, given: dict) -> None:
         """Start a stream; ValueError (nothing kept) for a request we must not run."""
