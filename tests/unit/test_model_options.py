@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.params import GENERATION_PARAMETERS, GenerationParams
 from serving.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
@@ -20,6 +21,7 @@ from serving.model_options import (
 )
 from serving.options import ServeOptions, add_arguments, from_arguments
 from serving.repository import render
+from serving.requests import generation_request, generator_parameters
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
@@ -118,3 +120,10 @@ def test_readme_names_every_launcher_option():
         flag = action.option_strings[-1]  # --no-ensemble for a boolean
         assert re.search(rf"{re.escape(flag)}(?![\w-])", readme), flag
 
+
+def test_generator_parameters_read_back_as_given():
+    params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
+    given = generator_parameters(params, (2, 9))
+    assert set(given) == {p.name for p in GENERATION_PARAMETERS}
+    assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9}
+    assert generation_request(7, given) == (params, (2, 9))
