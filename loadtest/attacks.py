@@ -24,12 +24,12 @@ from collections.abc import Callable
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from serving import contract as C
+from serving import contract
 
-SILENT = {"TEXT": "An attack", "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32),
-          "SPEAKER": np.zeros(C.SPEAKER_DIM, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
-SPECS = {"prompt_encoder": C.PROMPT_INPUTS, "ensemble_generator": C.GENERATOR_INPUTS, "generator": C.GENERATOR_INPUTS,
-         "vocoder": C.VOCODER_INPUTS}  # fmt: skip
+SILENT = {"TEXT": "An attack", "PROMPT_LATENTS": np.zeros((4, contract.LATENT_DIM), np.float32),
+          "SPEAKER": np.zeros(contract.SPEAKER_DIM, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
+SPECS = {"prompt_encoder": contract.PROMPT_INPUTS, "ensemble_generator": contract.GENERATOR_INPUTS,
+         "generator": contract.GENERATOR_INPUTS, "vocoder": contract.VOCODER_INPUTS}  # fmt: skip
 
 
 def inputs(model: str, values: dict, tc=grpcclient) -> list:
@@ -86,7 +86,7 @@ def stream(url: str, model: str, values: dict, parameters: dict | None = None, s
 
 
 def reason(result) -> str:
-    return C.text_of(result.as_numpy("FINISH_REASON"))
+    return contract.text_of(result.as_numpy("FINISH_REASON"))
 
 
 def vocoder(url: str, chunk: dict, timeout: float = 60.0) -> str:
@@ -97,8 +97,8 @@ def vocoder(url: str, chunk: dict, timeout: float = 60.0) -> str:
 
 def chunk(stream_id: int, rows: int, prompt_rows: int, seq: int = 0, seal: int = 0, last: bool = False) -> dict:
     rng = np.random.default_rng()  # fresh latents: the vocoder caches primed prompts
-    return {"STREAM_ID": stream_id, "LATENTS": rng.standard_normal((rows, C.LATENT_DIM)).astype(np.float32),
-            "PROMPT_LATENTS": rng.standard_normal((prompt_rows, C.LATENT_DIM)).astype(np.float32),
+    return {"STREAM_ID": stream_id, "LATENTS": rng.standard_normal((rows, contract.LATENT_DIM)).astype(np.float32),
+            "PROMPT_LATENTS": rng.standard_normal((prompt_rows, contract.LATENT_DIM)).astype(np.float32),
             "LAST": last, "FINISH_REASON": "", "SEAL": (seq, seal)}  # fmt: skip
 
 
@@ -106,10 +106,10 @@ def sealed_chunks(url: str, patches: int = 3, stop_after: int = 0) -> list[dict]
     """Genuine chunks of a stream of our own: ensemble_generator is public, as tts_ensemble's step."""
     results, _ = stream(url, "ensemble_generator", SILENT, {"max_patches": patches, "chunk_first": 1, "chunk_next": 1},
                         stop_after=stop_after)  # fmt: skip
-    names = [s.name for s in C.VOCODER_INPUTS]
+    names = [s.name for s in contract.VOCODER_INPUTS]
     chunks = [{n: r.as_numpy(n)[0] for n in names} for r in results if r.as_numpy("STREAM_ID") is not None]
     for c in chunks:
-        c["FINISH_REASON"] = C.text_of(c["FINISH_REASON"])
+        c["FINISH_REASON"] = contract.text_of(c["FINISH_REASON"])
     return chunks
 
 
@@ -146,7 +146,7 @@ def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int 
     -> per stream the FINISH_REASON of its last response read ("" if it was left first)."""
     out: list[str] = [""] * streams
     values = {"TEXT": text}
-    specs = {s.name: s for s in C.ENSEMBLE_INPUTS}
+    specs = {s.name: s for s in contract.ENSEMBLE_INPUTS}
 
     def one(i):
         got: queue.Queue = queue.Queue()
@@ -164,7 +164,7 @@ def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int 
                 if error is not None:
                     out[i] = f"error: {error}"
                     return
-                out[i] = C.text_of(result.as_numpy("FINISH_REASON"))
+                out[i] = contract.text_of(result.as_numpy("FINISH_REASON"))
                 seen += 1
                 if out[i] or (abandon_after and seen >= abandon_after):
                     return

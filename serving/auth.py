@@ -75,9 +75,9 @@ class Keys:
         self.public = public  # key-less requests allowed: the ensemble is served
 
     @classmethod
-    def from_env(cls, params: dict[str, str] | None = None, model: str = "") -> Keys:
-        keys = cls(os.environ.get(INTERNAL_KEY_ENV, ""), os.environ.get(ADMIN_DIGEST_ENV, ""),
-                   (params or {}).get("public_steps", "1") == "1")  # fmt: skip
+    def from_env(cls, model: str = "", public: bool = False) -> Keys:
+        """The run's keys from the environment; ``public``: key-less requests allowed (:meth:`admit`)."""
+        keys = cls(os.environ.get(INTERNAL_KEY_ENV, ""), os.environ.get(ADMIN_DIGEST_ENV, ""), public)
         if not keys.internal:
             logging.getLogger(model or "auth").warning(
                 "%s is not set: this model trusts every caller (start the server with serving.serve)",

@@ -17,14 +17,14 @@ import numpy as np
 
 from engine.orchestrator import Segment, linger
 from engine.protocol import KINDS, UNAVAILABLE, Chunk, StreamFailed
-from serving import contract as C
+from serving import contract
 from serving.cancel import CancelBoard
-from serving.requests import Voice
+from serving.requests import Voice, generator_parameters
 from serving.triton_io import bls_error, chunk_tensors, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LOST_POLL_SECONDS = 0.25
-LOST = ("the generator lost this stream: Triton stopped scheduling it (a Triton 2.51 fault); retry")
+LOST = "the generator lost this stream: Triton stopped scheduling it (a Triton 2.51 fault); retry"
 
 
 class Waits:
@@ -150,9 +150,9 @@ class BLSPrompts:
         values = {"REF_TEXT": voice.ref_text, "VOICE_ID": voice.voice_id}
         if voice.ref_audio is not None:
             values |= {"REF_AUDIO": voice.ref_audio, "REF_SAMPLE_RATE": voice.ref_sample_rate}
-        inputs = tensors(self.bls.pb, C.PROMPT_INPUTS, values)
-        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in C.VOICE_PROMPT_OUTPUTS])
-        out["PROMPT_TEXT"] = C.text_of(out["PROMPT_TEXT"])
+        inputs = tensors(self.bls.pb, contract.PROMPT_INPUTS, values)
+        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in contract.VOICE_PROMPT_OUTPUTS])
+        out["PROMPT_TEXT"] = contract.text_of(out["PROMPT_TEXT"])
         return out
 
 
@@ -166,12 +166,10 @@ class BLSGenerator:
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         pb, p = self.bls.pb, segment.params
         values = {**segment.prompt, "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
-        parameters = {"steps": p.steps, "cfg": repr(p.cfg), "max_patches": p.max_patches,
-                      "chunk_first": segment.schedule[0], "chunk_next": segment.schedule[-1],
-                      **self.bls.parameters}  # fmt: skip
+        parameters = {**generator_parameters(p, segment.schedule), **self.bls.parameters}
         request = pb.InferenceRequest(
-            model_name=self.model, inputs=tensors(pb, C.GENERATOR_INPUTS, values), parameters=parameters,
-            requested_output_names=[s.name for s in C.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
+            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
+            requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
         started = self.bls.submit(request, decoupled=True)
@@ -230,9 +228,9 @@ class BLSVocoder:
         self.bls = bls
 
     async def decode(self, chunk: Chunk) -> np.ndarray:
-        outputs = [s.name for s in C.VOCODER_OUTPUTS]
+        outputs = [s.name for s in contract.VOCODER_OUTPUTS]
         out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk), outputs, decoupled=True)
-        reason = C.text_of(out["FINISH_REASON"])
+        reason = contract.text_of(out["FINISH_REASON"])
         if reason.startswith(KINDS) and reason != chunk.finish_reason:
             raise StreamFailed(reason)
         return out["AUDIO"].reshape(-1)

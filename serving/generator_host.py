@@ -20,6 +20,7 @@ from serving.auth import Keys
 from serving.cancel import CancelBoard
 from serving.generator_metrics import GeneratorMetrics
 from serving.live_streams import LiveStreams
+from serving.model_options import GeneratorOptions
 from serving.supervise import start_heartbeat
 from serving.triton_io import load_tts
 
@@ -27,24 +28,24 @@ log = logging.getLogger("generator")
 
 
 class GeneratorHost:
-    def __init__(self, pb, params: dict):
+    def __init__(self, pb, opts: GeneratorOptions):
         from engine.streams import GeneratorService
 
-        start_heartbeat(params, "generator")
-        self.tts = load_tts(params, parts=("core",))
-        self.service = GeneratorService(
-            self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)),
-            kv_memory_gb=float(params.get("kv_memory_gb") or 0) or None, attention=params.get("attention") or "auto",
-        )  # fmt: skip
+        start_heartbeat(opts.run_dir, "generator")
+        self.tts = load_tts(opts, parts=("core",))
+        # kv_memory_gb 0: the default pool (slots x max_len positions)
+        kv_memory_gb = opts.kv_memory_gb or None
+        self.service = GeneratorService(self.tts, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
+                                        attention=opts.attention)  # fmt: skip
         self.scheduler = self.service.scheduler
-        self.cancels = CancelBoard(params.get("cancel_dir") or None)
+        self.cancels = CancelBoard(opts.cancel_dir or None)
         self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
         self.live_streams.clear()
-        self.keys = Keys.from_env({**params, "public_steps": "0"}, "generator")  # never key-less
+        self.keys = Keys.from_env("generator")  # never key-less
         self.lock, self.stopping = threading.Lock(), threading.Event()
         self.metrics = GeneratorMetrics(pb, self.service)
         threading.Thread(target=self._check_forever, name="generator-attendance", daemon=True).start()
-        log.info("ready: %d slots, max_len %s", self.service.slots, params.get("max_len"))
+        log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
 
     def cancel(self, stream_id: int) -> Chunk:
         """End a live stream whose client left -> its sealed last chunk."""

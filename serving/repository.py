@@ -1,5 +1,6 @@
 """Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`serving.contract` and
-the serving options; ``model.py`` files are copied from ``model_repository/`` as they are.
+the serving options (:mod:`serving.options`), its parameters those of the model's options
+(:mod:`serving.model_options`); ``model.py`` files are copied from ``model_repository/`` as they are.
 
 The committed ``model_repository/*/config.pbtxt`` are this module's output for the default options
 (a unit test keeps them in sync), so the folder also works when pointed at directly.
@@ -8,72 +9,21 @@ The committed ``model_repository/*/config.pbtxt`` are this module's output for t
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
-from serving import contract as C
+from serving import contract
+from serving.model_options import (
+    EnsembleGeneratorOptions,
+    GeneratorOptions,
+    ModelOptions,
+    PromptEncoderOptions,
+    TTSOptions,
+    VocoderOptions,
+    VoicesOptions,
+)
+from serving.options import ServeOptions
 
 SOURCE = Path(__file__).resolve().parent.parent / "model_repository"
-MODELS = ("tts", "tts_ensemble", "prompt_encoder", "ensemble_generator", "generator", "vocoder", "voices")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    checkpoint: str = ""  # empty: models read $FIRERED_CHECKPOINT
-    slots: int = 8  # generator streams stepped together (KV cache rows)
-    max_len: int = 2048  # backbone positions per slot (prompt + text + generated patches)
-    # The backbone's paged KV cache: its size in GiB (0: slots x max_len positions, the memory the
-    # per-slot cache took) and the attention path over it ("auto": FlashInfer when usable, else SDPA).
-    kv_memory_gb: float = 0.0
-    attention: str = "auto"
-    # How long the sequence batcher waits for rescheduled streams before stepping: with 0 it often
-    # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
-    # the batch whole at no measurable cost (bench/step_overhead.py).
-    generator_queue_delay_us: int = 500
-    # Triton frees a sequence's candidate slot this long after its last request. A live stream is back
-    # every step (so one generator step must take less than this), while a START that a client cancels
-    # while it waits in Triton's queue keeps its slot this long (Triton 2.51 sends no end for it).
-    sequence_idle_seconds: int = 30
-    vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
-    vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
-    vocoder_idle_seconds: int = 60  # vocoder state without a chunk for this long is reclaimed
-    voice_dir: str = ""  # empty: serving.voice_store.default_dir()
-    max_anonymous_voices: int = 256  # LRU bound of anonymous reference prompts kept on disk
-    voice_store_max_gb: float = 2.0  # bound on the voice store's files (1 GB = 1e9 bytes); named voices are kept
-    device: str = "cpu"
-    bls_timeout_seconds: int = 120  # every BLS call from tts
-    cancel_dir: str = ""  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
-    run_dir: str = ""  # the launcher's run folder: heartbeats and flags (serving.supervise); empty: none
-    max_queue: int = -1  # tts requests that may wait for a slot beyond the running ones (-1: 4 x slots)
-    # Serve tts_ensemble. Its steps cannot carry the internal key, so prompt_encoder, ensemble_generator
-    # and the vocoder then also take key-less requests for what the ensemble does (see serving.auth);
-    # without it they refuse them. The generator never does.
-    ensemble: bool = True
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 256:
-            raise ValueError(f"slots must be in 1..256, got {self.slots}")
-        if self.max_len < 64:
-            raise ValueError("max_len must be >= 64")
-        if not self.voice_store_max_gb > 0:
-            raise ValueError(f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}")
-        if not self.kv_memory_gb >= 0:
-            raise ValueError(f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}")
-        if self.attention not in ("auto", "sdpa", "flashinfer"):
-            raise ValueError(f"attention must be auto, sdpa or flashinfer, got {self.attention!r}")
-        if self.max_queue < -1:
-            raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
-        if not 5 <= self.sequence_idle_seconds <= 3600:
-            raise ValueError(f"sequence_idle_seconds must be in 5..3600, got {self.sequence_idle_seconds}")
-
-    @property
-    def queue(self) -> int:
-        return 4 * self.slots if self.max_queue == -1 else self.max_queue
-
-    @property
-    def vocoder_streams(self) -> int:
-        """The vocoder's table: every stream the generator can hold, and room for ones ending."""
-        return self.slots + 64
 
 
 def _io(inputs, outputs, ragged=()) -> str:
@@ -82,66 +32,65 @@ def _io(inputs, outputs, ragged=()) -> str:
     return f"input [\n  {ins}\n]\noutput [\n  {outs}\n]\n"
 
 
-def _params(opts: ServeOptions, **extra) -> str:
-    kv = {"checkpoint": opts.checkpoint, "device": opts.device, "run_dir": opts.run_dir,
-          **{k: str(v) for k, v in extra.items()}}  # fmt: skip
-    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n' for k, v in kv.items())
+def _params(options: ModelOptions) -> str:
+    """The model's options as config parameters (string values, quoted as protobuf text)."""
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{_quoted(v)}" }} }}\n'
+                   for k, v in options.parameters().items())  # fmt: skip
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    public = int(opts.ensemble)
     header = (
         '# Rendered by serving.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
     )
-    admission = {"slots": opts.slots, "max_queue": opts.queue, "cancel_dir": opts.cancel_dir}
     tts = (
         f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
-        + _io(C.TTS_INPUTS, C.TTS_OUTPUTS)
+        + _io(contract.TTS_INPUTS, contract.TTS_OUTPUTS)
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, bls_timeout_seconds=opts.bls_timeout_seconds, **admission)
+        + _params(TTSOptions.of(opts))
     )
     # its queue is bounded: key-less requests (tts_ensemble's first step) are answered here before the gate
+    prompt_options = PromptEncoderOptions.of(opts)
     prompt = (
         f'name: "prompt_encoder"\n{header}max_batch_size: 8\n'
         + "dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
-        + f"  default_queue_policy {{ max_queue_size: {2 * (opts.slots + opts.queue)} }}\n}}\n"
-        + _io(C.PROMPT_INPUTS, C.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
+        + f"  default_queue_policy {{ max_queue_size: {2 * prompt_options.capacity} }}\n}}\n"
+        + _io(contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices,
-                  voice_store_max_gb=opts.voice_store_max_gb, public_steps=public, **admission)
+        + _params(prompt_options)
     )
     ensemble_gen = (
         f'name: "ensemble_generator"\n{header}max_batch_size: 1\nmodel_transaction_policy {{ decoupled: true }}\n'
-        + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
+        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, bls_timeout_seconds=opts.bls_timeout_seconds, **admission)
+        + _params(EnsembleGeneratorOptions.of(opts))
     )
     gen = (
         f'name: "generator"\n{header}max_batch_size: {opts.slots}\nmodel_transaction_policy {{ decoupled: true }}\n'
         + "sequence_batching {\n  iterative_sequence: true\n"
         + f"  oldest {{ max_candidate_sequences: {opts.slots}  max_queue_delay_microseconds: {opts.generator_queue_delay_us} }}\n"
         + f"  max_sequence_idle_microseconds: {opts.sequence_idle_seconds * 1_000_000}\n}}\n"
-        + _io(C.GENERATOR_INPUTS, C.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
+        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
-                  attention=opts.attention, cancel_dir=opts.cancel_dir)
+        + _params(GeneratorOptions.of(opts))
     )
     # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
     voc = (
         f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
         + "model_transaction_policy { decoupled: true }\n"
-        + _io(C.VOCODER_INPUTS, C.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
+        + _io(contract.VOCODER_INPUTS, contract.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, idle_seconds=opts.vocoder_idle_seconds, max_streams=opts.vocoder_streams,
-                  batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us, cancel_dir=opts.cancel_dir,
-                  public_steps=public)
+        + _params(VocoderOptions.of(opts))
     )
     voices = (
         f'name: "voices"\n{header}max_batch_size: 0\n'
-        + _io(C.VOICES_INPUTS, C.VOICES_OUTPUTS)
+        + _io(contract.VOICES_INPUTS, contract.VOICES_OUTPUTS)
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(opts, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
+        + _params(VoicesOptions.of(opts))
     )
     models = {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "ensemble_generator": ensemble_gen,
               "generator": gen, "vocoder": voc, "voices": voices}  # fmt: skip
@@ -162,23 +111,24 @@ def ensemble() -> str:
     chunks on; they carry every vocoder input, so each one becomes one vocoder request. Request parameters
     reach ensemble_generator as the client sent them.
     """
-    given = {s.name for s in C.ENSEMBLE_INPUTS}
-    prompt_in = {s.name: s.name for s in C.PROMPT_INPUTS if s.name in given}
-    prompt_out = {s.name: f"_{s.name.lower()}" for s in C.PROMPT_OUTPUTS}
+    given = {s.name for s in contract.ENSEMBLE_INPUTS}
+    prompt_in = {s.name: s.name for s in contract.PROMPT_INPUTS if s.name in given}
+    prompt_out = {s.name: f"_{s.name.lower()}" for s in contract.PROMPT_OUTPUTS}
     # the generator says what the front end made of TEXT (prompt_encoder's SPOKEN_TEXT and SPOKEN_LANGUAGE)
-    prompt_out_for = {**{s.name: prompt_out[s.name] for s in C.VOICE_PROMPT_OUTPUTS},
+    prompt_out_for = {**{s.name: prompt_out[s.name] for s in contract.VOICE_PROMPT_OUTPUTS},
                       "TEXT": prompt_out["SPOKEN_TEXT"], "LANGUAGE": prompt_out["SPOKEN_LANGUAGE"]}  # fmt: skip
-    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in C.GENERATOR_INPUTS}
-    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in C.GENERATOR_OUTPUTS}
+    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in contract.GENERATOR_INPUTS}
+    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in contract.GENERATOR_OUTPUTS}
     steps = [
         _step("prompt_encoder", prompt_in, prompt_out),
         _step("ensemble_generator", gen_in, gen_out),
-        _step("vocoder", {s.name: gen_out[s.name] for s in C.VOCODER_INPUTS}, {s.name: s.name for s in C.VOCODER_OUTPUTS}),
+        _step("vocoder", {s.name: gen_out[s.name] for s in contract.VOCODER_INPUTS},
+              {s.name: s.name for s in contract.VOCODER_OUTPUTS}),
     ]  # fmt: skip
     return (
         "# Rendered by serving.repository from serving/contract.py; edit those, not this file.\n"
         'name: "tts_ensemble"\nplatform: "ensemble"\nmax_batch_size: 0\n'
-        + _io(C.ENSEMBLE_INPUTS, C.ENSEMBLE_OUTPUTS)
+        + _io(contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS)
         + "ensemble_scheduling {\n  step [\n"
         + ",\n".join(steps)
         + "\n  ]\n}\n"

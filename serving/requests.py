@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.audio import check_reference
 from engine.orchestrator import Utterance
-from engine.params import GENERATION_PARAMETERS, Parameter, generation_params, parse_parameters
+from engine.params import GENERATION_PARAMETERS, GenerationParams, Parameter, generation_params, parse_parameters
 from engine.text import canonical_language
 from serving.auth import parameter_dict
 from serving.contract import TTS_PARAMETERS
@@ -114,3 +114,10 @@ def build_request(
 def generation_request(seed: int | None, parameters: str | dict | None):
     """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule)."""
     return generation_params(check_seed(seed), request_parameters(parameters, GENERATION_PARAMETERS))
+
+
+def generator_parameters(params: GenerationParams, schedule: tuple[int, ...]) -> dict[str, int | str]:
+    """The request parameters of a generator stream (GENERATION_PARAMETERS, which :func:`generation_request`
+    reads back); floats as their text: BLS requests cannot carry floats. The seed travels as SEED."""
+    return {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
+            "chunk_first": schedule[0], "chunk_next": schedule[-1]}  # fmt: skip

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from engine.config import cache_dir
-from serving.repository import ServeOptions, build
+from serving.options import add_arguments, from_arguments
+from serving.repository import build
 from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
 from serving.vitals import STALL_SECONDS
@@ -92,7 +93,9 @@ class Gateway:
 
     def keep_up(self) -> None:
         if self.proc.poll() is not None:
-            print(f"[supervisor] gateway exited with {self.proc.returncode}; restarting it", file=sys.stderr, flush=True)
+            print(
+                f"[supervisor] gateway exited with {self.proc.returncode}; restarting it", file=sys.stderr, flush=True
+            )
             self.proc = self._start()
 
     def stop(self) -> None:
@@ -105,31 +108,13 @@ class Gateway:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serving.serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", type=Path, help="official-layout folder (default: the tiny checkpoint)")
+    add_arguments(ap)  # the server's options (serving.options.ServeOptions)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
-    ap.add_argument("--slots", type=int, default=8, help="generator streams batched together")
-    ap.add_argument("--max-len", type=int, default=2048, help="backbone positions a stream may reach")
-    ap.add_argument("--kv-memory-gb", type=float, default=0.0,
-                    help="size of the backbone's paged KV cache (default 0: slots x max-len positions)")
-    ap.add_argument("--attention", choices=("auto", "sdpa", "flashinfer"), default="auto",
-                    help="attention over the KV cache; auto = FlashInfer when usable, else SDPA (the log says why)")
-    ap.add_argument(
-        "--voice-dir", type=Path, default=None, help="voice store (default: ~/.cache/fireredtts3-triton/voices)"
-    )
-    ap.add_argument("--max-anonymous-voices", type=int, default=256, help="LRU bound of stored reference prompts")
-    ap.add_argument("--voice-store-max-gb", type=float, default=2.0,
-                    help="bound on the voice store's files; anonymous prompts are evicted to stay under it")  # fmt: skip
-    ap.add_argument("--max-queue", type=int, default=-1,
-                    help="tts requests that may wait for a slot; more are refused at once, 'server busy' "
-                         "(default: 4 x slots)")
-    ap.add_argument("--no-ensemble", action="store_true",
-                    help="do not serve tts_ensemble; the internal models then refuse every request but tts's")
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
     key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: a new one per run, "
@@ -169,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"checkpoint folder not found: {ckpt}")
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
     try:  # checked before the run folder is made
-        opts = ServeOptions(checkpoint=str(ckpt), slots=args.slots, max_len=args.max_len, voice_dir=str(voice_dir),
-                            kv_memory_gb=args.kv_memory_gb, attention=args.attention,
-                            device=args.device, max_anonymous_voices=args.max_anonymous_voices,
-                            voice_store_max_gb=args.voice_store_max_gb, max_queue=args.max_queue,
-                            ensemble=not args.no_ensemble)  # fmt: skip
+        opts = from_arguments(args, checkpoint=str(ckpt), voice_dir=str(voice_dir))
     except ValueError as e:
         ap.error(str(e))
     if os.geteuid() == 0:

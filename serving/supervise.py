@@ -47,13 +47,13 @@ STUB = "triton_python_backend_stub"
 HEARTBEATS = "heartbeat"
 
 
-def start_heartbeat(params: dict[str, str], model: str) -> None:
+def start_heartbeat(run_dir: str, model: str) -> None:
     """From a model's ``initialize``: touch ``<run_dir>/heartbeat/<model>.<pid>`` every second on a daemon
     thread, and exit the stub once its tritonserver is gone (stubs outlive it otherwise: an orphan was
     still there an hour later). Does nothing without ``run_dir`` (a plain tritonserver on model_repository/)."""
-    if not params.get("run_dir"):
+    if not run_dir:
         return
-    path = Path(params["run_dir"], HEARTBEATS, f"{model}.{os.getpid()}")
+    path = Path(run_dir, HEARTBEATS, f"{model}.{os.getpid()}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
     parent = os.getppid()

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -15,7 +14,7 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
-from serving import contract as C
+from serving import contract
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
 
 SPOKEN_TEXT_CHARS = 4 * MAX_TEXT_CHARS  # what the generator takes: a text after the front end
@@ -43,25 +42,23 @@ class Throttled:
         self.next, self.left_out = now + self.seconds, 0
 
 
-def model_parameters(args: dict) -> dict[str, str]:
-    cfg = json.loads(args["model_config"])
-    return {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
-
-
-def checkpoint_path(params: dict[str, str]) -> str:
-    path = params.get("checkpoint") or os.environ.get("FIRERED_CHECKPOINT", "")
+def checkpoint_path(checkpoint: str) -> str:
+    """A model's ``checkpoint`` option, or $FIRERED_CHECKPOINT when it is empty."""
+    path = checkpoint or os.environ.get("FIRERED_CHECKPOINT", "")
     if not path:
         raise RuntimeError("no checkpoint: set the model parameter 'checkpoint' or $FIRERED_CHECKPOINT")
     return path
 
 
-def load_tts(params: dict[str, str], parts: tuple[str, ...]):
+def load_tts(options, parts: tuple[str, ...]):
+    """The model's parts of FireRedTTS3 for ``options`` (any of serving.model_options with ``checkpoint``
+    and ``device``)."""
     import torch
 
     from engine.pipeline import FireRedTTS3
 
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
-    return FireRedTTS3.from_checkpoint(checkpoint_path(params), device=params.get("device") or "cpu", parts=parts)
+    return FireRedTTS3.from_checkpoint(checkpoint_path(options.checkpoint), device=options.device, parts=parts)
 
 
 def get(pb, request, name: str, required: bool = True):
@@ -94,7 +91,7 @@ def string(pb, request, name: str, default: str | None = None) -> str | None:
             raise ValueError(f"missing input {name}")
         return default
     try:
-        return C.text_of(arr)
+        return contract.text_of(arr)
     except UnicodeDecodeError:
         raise ValueError(f"{name} is not valid UTF-8") from None
 
@@ -142,17 +139,17 @@ def chunk_tensors(pb, chunk, batch: bool = True) -> list:
     """A :class:`~engine.protocol.Chunk` as the generator's outputs, which are the vocoder's inputs."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
               "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal)}  # fmt: skip
-    return tensors(pb, C.GENERATOR_OUTPUTS, values, batch)
+    return tensors(pb, contract.GENERATOR_OUTPUTS, values, batch)
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
     """``value`` as (rows, 64) latents, a view; ValueError naming ``name`` for values that are not whole
     rows or more than ``most`` rows (checked before anything is copied: no caller's size is trusted)."""
-    if value.size % C.LATENT_DIM:
-        raise ValueError(f"{name} must have {C.LATENT_DIM} values per row, got shape {value.shape}")
-    if value.size // C.LATENT_DIM > most:
-        raise ValueError(f"{name} has {value.size // C.LATENT_DIM} rows; at most {most}")
-    return value.reshape(-1, C.LATENT_DIM)
+    if value.size % contract.LATENT_DIM:
+        raise ValueError(f"{name} must have {contract.LATENT_DIM} values per row, got shape {value.shape}")
+    if value.size // contract.LATENT_DIM > most:
+        raise ValueError(f"{name} has {value.size // contract.LATENT_DIM} rows; at most {most}")
+    return value.reshape(-1, contract.LATENT_DIM)
 
 
 def read_chunk(tensor):
@@ -174,10 +171,10 @@ def read_chunk(tensor):
     seq, seal = (int(v) for v in arr("SEAL", 2).reshape(-1))
     return Chunk(
         stream_id=int(arr("STREAM_ID", 1).reshape(-1)[0]),
-        latents=arr("LATENTS", rows=C.MAX_CHUNK_LATENTS),
-        prompt_latents=arr("PROMPT_LATENTS", rows=C.MAX_PROMPT_LATENTS),
+        latents=arr("LATENTS", rows=contract.MAX_CHUNK_LATENTS),
+        prompt_latents=arr("PROMPT_LATENTS", rows=contract.MAX_PROMPT_LATENTS),
         last=bool(arr("LAST", 1).reshape(-1)[0]),
-        finish_reason=C.text_of(arr("FINISH_REASON", 1)),
+        finish_reason=contract.text_of(arr("FINISH_REASON", 1)),
         seq=seq,
         seal=seal,
     )
@@ -198,7 +195,8 @@ def stream_request(pb, request, tts, parameters: str | dict | None = None):
     language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
     given = request.parameters() if parameters is None else parameters
     params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
-    latents = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", C.MAX_PROMPT_LATENTS).astype(np.float32)
+    rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
+    latents = rows.astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != tts.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {tts.core.cfg.spk_in_dim}")

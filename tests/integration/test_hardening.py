@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from client import ServerBusy, TTSClient, TTSError
 from loadtest import attacks
-from serving import contract as C
+from serving import contract
 from serving.auth import Keys
 from serving.repository import ServeOptions, build
 from serving.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
@@ -158,8 +158,8 @@ def _batched(model: str, values: dict, tc) -> list:
 
 
 def _chunk(stream_id: int) -> dict:
-    return {"STREAM_ID": stream_id, "LATENTS": np.zeros((8, C.LATENT_DIM), np.float32),
-            "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32), "LAST": False, "FINISH_REASON": "",
+    return {"STREAM_ID": stream_id, "LATENTS": np.zeros((8, contract.LATENT_DIM), np.float32),
+            "PROMPT_LATENTS": np.zeros((4, contract.LATENT_DIM), np.float32), "LAST": False, "FINISH_REASON": "",
             "SEAL": (0, 12345)}  # fmt: skip
 
 
@@ -179,7 +179,7 @@ def _vocoder(server, protocol: str, values: dict, parameters: dict | None = None
         results, errors = _generator_stream(server, values, 0, parameters, model="vocoder")
         assert results, errors
         assert results[-1].as_numpy("AUDIO").size == 0
-        return C.text_of(results[-1].as_numpy("FINISH_REASON"))
+        return contract.text_of(results[-1].as_numpy("FINISH_REASON"))
     body = {k: np.asarray(v).reshape(-1).tolist() if not isinstance(v, str) else v for k, v in values.items()}
     if parameters:
         body["parameters"] = parameters
@@ -227,7 +227,7 @@ def _generator_stream(
 
 
 OWN_ID, VICTIM_ID = (1 << 60) + 4242, (1 << 61) + 777  # key-less streams need ids nobody can guess
-SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32),
+SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, contract.LATENT_DIM), np.float32),
           "SPEAKER": np.zeros(512, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
 
 
@@ -261,7 +261,7 @@ def test_key_less_streams_get_an_issued_id_not_their_correlation_id(server):
     assert len(ids) == 1 and OWN_ID not in ids
     keys = Keys(server.internal_key)
     assert keys.valid_stream_id(ids.pop())
-    assert C.text_of(results[-1].as_numpy("FINISH_REASON")) == "length"
+    assert contract.text_of(results[-1].as_numpy("FINISH_REASON")) == "length"
     assert wait_gauges_zero(server)["tts_generator_active_slots"] == 0
 
 
@@ -296,7 +296,7 @@ def test_ensemble_requests_need_no_sequence_id(server, protocol):
         while not reasons or not reasons[-1]:
             result, error = got.get(timeout=60)
             assert error is None, error
-            reasons.append(C.text_of(result.as_numpy("FINISH_REASON")))
+            reasons.append(contract.text_of(result.as_numpy("FINISH_REASON")))
         client.stop_stream(cancel_requests=True)
         client.close()
         reason = reasons[-1]
@@ -326,7 +326,7 @@ def test_a_start_on_a_live_correlation_id_is_refused_and_leaks_no_slot(server):
     t0 = time.monotonic()
     results, errors = _generator_stream(server, SILENT, VICTIM_ID, {"max_patches": 3, **ours}, timeout=20)
     print(f"newcomer answered in {time.monotonic() - t0:.1f} s")
-    reason = C.text_of(results[-1].as_numpy("FINISH_REASON")) if results else errors[0]
+    reason = contract.text_of(results[-1].as_numpy("FINISH_REASON")) if results else errors[0]
     assert "in use" in reason and str(VICTIM_ID) not in reason
     t.join(60)
     print(

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from client import ServerBusy, TTSClient
 from loadtest import attacks
-from serving import contract as C
+from serving import contract
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
 from tests.reference import snr_db
@@ -116,7 +116,8 @@ def test_the_vocoder_refuses_oversized_chunks(server, url, legit_audio, values, 
 @pytest.mark.parametrize(
     ("field", "value", "needle"),
     [
-        ("PROMPT_LATENTS", np.zeros((8000, C.LATENT_DIM), np.float32), "PROMPT_LATENTS has 8000 rows; at most 1500"),
+        ("PROMPT_LATENTS", np.zeros((8000, contract.LATENT_DIM), np.float32),
+         "PROMPT_LATENTS has 8000 rows; at most 1500"),
         ("SPEAKER", np.zeros(100_000, np.float32), "SPEAKER has 100000 values"),
         ("TEXT", "word " * 5000, "TEXT is 25000 characters"),
     ],
@@ -226,7 +227,7 @@ def test_ensemble_streams_need_no_sequence_id_and_cannot_take_each_other_over(se
                 got.append(result.as_numpy("AUDIO").reshape(-1))
 
         client.start_stream(callback=callback)
-        text = C.ENSEMBLE_INPUTS[0].array(f"Stream {i}")
+        text = contract.ENSEMBLE_INPUTS[0].array(f"Stream {i}")
         t = grpcclient.InferInput("TEXT", list(text.shape), "BYTES")
         seed = grpcclient.InferInput("SEED", [1, 1], "INT64")
         t.set_data_from_numpy(text)

@@ -8,7 +8,7 @@ import pytest
 from engine.params import GenerationParams, Parameter, parse_parameters
 from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService, VocoderService
-from serving import contract as C
+from serving import contract
 from serving.cancel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render
 from serving.requests import build_request, request_parameters
@@ -26,16 +26,16 @@ def test_rendered_repository_has_every_tensor(tmp_path):
     repo = build(tmp_path / "repo", ServeOptions(checkpoint="/ck", slots=3))
     gen = (repo / "generator" / "config.pbtxt").read_text()
     assert "max_candidate_sequences: 3" in gen and "iterative_sequence: true" in gen
-    for spec in C.GENERATOR_INPUTS + C.GENERATOR_OUTPUTS:
+    for spec in contract.GENERATOR_INPUTS + contract.GENERATOR_OUTPUTS:
         assert f'name: "{spec.name}"' in gen
     tts = (repo / "tts" / "config.pbtxt").read_text()
-    assert all(f'name: "{s.name}"' in tts for s in C.TTS_INPUTS + C.TTS_OUTPUTS)
+    assert all(f'name: "{s.name}"' in tts for s in contract.TTS_INPUTS + contract.TTS_OUTPUTS)
     assert (repo / "tts" / "1" / "model.py").is_file()
     ens = (repo / "tts_ensemble" / "config.pbtxt").read_text()
     assert 'platform: "ensemble"' in ens and (repo / "tts_ensemble" / "1").is_dir()
     assert 'model_name: "ensemble_generator"' in ens and 'model_name: "generator"' not in ens
     egen = (repo / "ensemble_generator" / "config.pbtxt").read_text()
-    assert all(f'name: "{s.name}"' in egen for s in C.GENERATOR_INPUTS + C.GENERATOR_OUTPUTS)
+    assert all(f'name: "{s.name}"' in egen for s in contract.GENERATOR_INPUTS + contract.GENERATOR_OUTPUTS)
     assert "decoupled: true" in egen and (repo / "ensemble_generator" / "1" / "model.py").is_file()
     # no Triton batcher in front of the vocoder: it drops chunks of a cancelled ensemble (its own engine batches)
     voc = (repo / "vocoder" / "config.pbtxt").read_text()
@@ -90,9 +90,9 @@ def test_vocoder_refuses_new_streams_beyond_its_bound(tts):
 
 def test_ensemble_wires_every_vocoder_input_from_the_generator():
     text = render(ServeOptions())["tts_ensemble"]
-    for spec in C.VOCODER_INPUTS:
+    for spec in contract.VOCODER_INPUTS:
         assert f'input_map {{ key: "{spec.name}" value: "_gen_{spec.name.lower()}" }}' in text
-    assert {s.name for s in C.VOCODER_INPUTS} == {s.name for s in C.GENERATOR_OUTPUTS}
+    assert {s.name for s in contract.VOCODER_INPUTS} == {s.name for s in contract.GENERATOR_OUTPUTS}
 
 
 def test_parse_parameters_defaults_and_errors():
@@ -121,7 +121,7 @@ def test_parameter_ranges_come_from_one_place():
     with pytest.raises(ValueError, match="x must be in 1..5"):
         p.parse(6)
     front_end = {"split_tokens", "normalize"}  # tts only: the ensemble speaks one segment, text as given
-    assert {p.name for p in C.ENSEMBLE_PARAMETERS} == {p.name for p in C.TTS_PARAMETERS} - front_end
+    assert {p.name for p in contract.ENSEMBLE_PARAMETERS} == {p.name for p in contract.TTS_PARAMETERS} - front_end
     flag = Parameter("flag", bool, True, False, True, "")
     assert flag.parse(False) is False
     for bad in (1, 0, "false", None):

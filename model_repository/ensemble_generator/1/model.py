@@ -17,11 +17,12 @@ import triton_python_backend_utils as pb
 
 from engine.orchestrator import LINGERING, Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
-from serving import contract as C
+from serving import contract
 from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
 from serving.bls import BLS, BLSGenerator, Waits, watch
 from serving.cancel import CancelBoard
+from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
 from serving.supervise import RunFlags, start_heartbeat
 from serving.triton_io import (
@@ -29,7 +30,6 @@ from serving.triton_io import (
     chunk_tensors,
     get,
     latent_rows,
-    model_parameters,
     scalar,
     setup_logging,
     string,
@@ -44,16 +44,15 @@ TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        start_heartbeat(params, "ensemble_generator")
-        self.flags = RunFlags(params.get("run_dir", ""))
-        self.keys = Keys.from_env(params, "ensemble_generator")
+        opts = EnsembleGeneratorOptions.read(args)
+        start_heartbeat(opts.run_dir, "ensemble_generator")
+        self.flags = RunFlags(opts.run_dir)
+        self.keys = Keys.from_env("ensemble_generator")
         self.waits = Waits("ensemble")
-        cancels = CancelBoard(params.get("cancel_dir") or None)
-        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, self.keys.parameters())
+        cancels = CancelBoard(opts.cancel_dir or None)
+        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, self.keys.parameters())
         self.generator = BLSGenerator(bls, cancels, self.keys.generator_model)
-        slots = int(params.get("slots", 8))
-        self.admission = Admission(cancels.dir, "ensemble_generator", slots + int(params.get("max_queue", 4 * slots)))
+        self.admission = Admission(cancels.dir, "ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
             pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
@@ -136,10 +135,10 @@ def finish(sender, chunk: Chunk) -> None:
 def read_segment(request, stream_id: int) -> Segment:
     """The request as one generator stream; ValueError naming the input, each size bounded by the
     contract before anything is copied (this model takes requests from anyone)."""
-    latents = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", C.MAX_PROMPT_LATENTS)
+    latents = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
     speaker = get(pb, request, "SPEAKER")
-    if speaker.size != C.SPEAKER_DIM:
-        raise ValueError(f"SPEAKER has {speaker.size} values; expected {C.SPEAKER_DIM}")
+    if speaker.size != contract.SPEAKER_DIM:
+        raise ValueError(f"SPEAKER has {speaker.size} values; expected {contract.SPEAKER_DIM}")
     text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
     language = check_language(string(pb, request, "LANGUAGE", "")) or ""
     prompt_text = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)

@@ -19,7 +19,8 @@ from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.scheduler import Action
 from serving.auth import Refused
 from serving.generator_host import GeneratorHost
-from serving.triton_io import chunk_tensors, error_response, model_parameters, setup_logging, stream_request
+from serving.model_options import GeneratorOptions
+from serving.triton_io import chunk_tensors, error_response, setup_logging, stream_request
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -29,7 +30,7 @@ RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.host = GeneratorHost(pb, model_parameters(args))
+        self.host = GeneratorHost(pb, GeneratorOptions.read(args))
 
     def execute(self, requests):
         host = self.host

@@ -15,6 +15,7 @@ from engine.protocol import Unavailable
 from serving.admission import Admission
 from serving.auth import Keys, Refused
 from serving.cancel import CancelBoard
+from serving.model_options import PromptEncoderOptions
 from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
@@ -22,7 +23,6 @@ from serving.triton_io import (
     error_response,
     get,
     load_tts,
-    model_parameters,
     scalar,
     setup_logging,
     string,
@@ -35,22 +35,19 @@ ENCODER_NICENESS = 10
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        start_heartbeat(params, "prompt_encoder")
+        opts = PromptEncoderOptions.read(args)
+        start_heartbeat(opts.run_dir, "prompt_encoder")
         # Encoding is admission work: the streams already running (generator, vocoder, tts) get the CPU
         # first. 8 running + 16 arriving on 2 cores: longest chunk gap 1.17-1.68x of nothing arriving,
         # 0.95-1.47x with this.
         os.nice(ENCODER_NICENESS)
-        self.tts = load_tts(params, parts=("encoder", "campp"))
-        self.store = VoiceStore(params.get("voice_dir") or None, self.tts.identity, self.tts.encode_prompt,
-                                int(params.get("max_anonymous_voices", 256)),
-                                int(float(params.get("voice_store_max_gb", 2.0)) * 1e9))  # fmt: skip
-        self.keys = Keys.from_env(params, "prompt_encoder")
+        self.tts = load_tts(opts, parts=("encoder", "campp"))
+        self.store = VoiceStore(opts.voice_dir or None, self.tts.identity, self.tts.encode_prompt,
+                                opts.max_anonymous_voices, int(opts.voice_store_max_gb * 1e9))  # fmt: skip
+        self.keys = Keys.from_env("prompt_encoder", opts.public_steps)
         # tts_ensemble's first step: a busy server refuses it here, before any encoding (the place itself
         # is taken by ensemble_generator, the step that generates)
-        slots = int(params.get("slots", 8))
-        cancels_dir = params.get("cancel_dir") or None
-        self.admission = Admission(CancelBoard(cancels_dir).dir, None, slots + int(params.get("max_queue", 4 * slots)))
+        self.admission = Admission(CancelBoard(opts.cancel_dir or None).dir, None, opts.capacity)
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),

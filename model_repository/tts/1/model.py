@@ -17,13 +17,13 @@ from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
+from serving.model_options import TTSOptions
 from serving.requests import build_request
 from serving.supervise import RunFlags, start_heartbeat
 from serving.triton_io import (
     checkpoint_path,
     error_response,
     get,
-    model_parameters,
     scalar,
     setup_logging,
     string,
@@ -41,21 +41,20 @@ def refuse(sender, message: str) -> None:
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        start_heartbeat(params, "tts")
-        self.flags = RunFlags(params.get("run_dir", ""))  # set by the launcher: a backend failed, or draining
-        tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(params)}/text_tokenizer")
+        opts = TTSOptions.read(args)
+        start_heartbeat(opts.run_dir, "tts")
+        self.flags = RunFlags(opts.run_dir)  # set by the launcher: a backend failed, or draining
+        tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         frontend.warm_up()
-        keys = Keys.from_env(params, "tts")
+        keys = Keys.from_env("tts")
         self.waits = Waits("tts")
-        bls = BLS(pb, float(params.get("bls_timeout_seconds", 120)), self.waits.pool, keys.parameters())
-        cancels = CancelBoard(params.get("cancel_dir") or None)
+        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters())
+        cancels = CancelBoard(opts.cancel_dir or None)
         self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels, keys.generator_model), BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
-        slots = int(params.get("slots", 8))
-        self.admission = Admission(cancels.dir, "tts", slots + int(params.get("max_queue", 4 * slots)))
+        self.admission = Admission(cancels.dir, "tts", opts.capacity)
         self.in_flight = self.waiting = 0
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}

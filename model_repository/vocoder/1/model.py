@@ -19,8 +19,9 @@ import triton_python_backend_utils as pb
 from engine.protocol import failure_reason
 from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
+from serving.model_options import VocoderOptions
 from serving.supervise import start_heartbeat
-from serving.triton_io import Throttled, load_tts, model_parameters, read_chunk, setup_logging, tensors
+from serving.triton_io import Throttled, load_tts, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -34,15 +35,14 @@ class TritonPythonModel:
         from serving.live_streams import LiveStreams
         from serving.vocoder_guard import VocoderGuard
 
-        params = model_parameters(args)
-        start_heartbeat(params, "vocoder")
-        max_streams = int(params.get("max_streams", 1024))
-        self.service = VocoderService(load_tts(params, parts=("decoder",)), float(params.get("idle_seconds", 60)),
-                                      max_streams=max_streams)  # fmt: skip
-        self.keys = Keys.from_env(params, "vocoder")
-        cancels = CancelBoard(params.get("cancel_dir") or None)
-        self.guard = VocoderGuard(self.keys, LiveStreams(cancels.dir), cancels, max_streams)
-        self.batch, self.delay = int(params.get("batch", 64)), int(params.get("queue_delay_us", 1000)) / 1e6
+        opts = VocoderOptions.read(args)
+        start_heartbeat(opts.run_dir, "vocoder")
+        self.service = VocoderService(load_tts(opts, parts=("decoder",)), opts.idle_seconds,
+                                      max_streams=opts.max_streams)  # fmt: skip
+        self.keys = Keys.from_env("vocoder", opts.public_steps)
+        cancels = CancelBoard(opts.cancel_dir or None)
+        self.guard = VocoderGuard(self.keys, LiveStreams(cancels.dir), cancels, opts.max_streams)
+        self.batch, self.delay = opts.batch, opts.queue_delay_us / 1e6
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )

@@ -8,6 +8,7 @@ import triton_python_backend_utils as pb
 
 from engine.protocol import NOT_FOUND, Unavailable
 from serving.auth import ADMIN_PARAMETER, Keys, Refused
+from serving.model_options import VoicesOptions
 from serving.requests import check_name, check_ref_audio, check_text
 from serving.supervise import start_heartbeat
 from serving.triton_io import (
@@ -15,7 +16,6 @@ from serving.triton_io import (
     bytes_tensor,
     error_response,
     get,
-    model_parameters,
     scalar,
     setup_logging,
     string,
@@ -27,11 +27,11 @@ log = setup_logging("voices")
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(args)
-        start_heartbeat(params, "voices")
-        self.store = VoiceStore(params.get("voice_dir") or None, identity="", encode=None)
-        self.timeout_us = int(float(params.get("bls_timeout_seconds", 120)) * 1e6)
-        self.keys = Keys.from_env(params, "voices")
+        opts = VoicesOptions.read(args)
+        start_heartbeat(opts.run_dir, "voices")
+        self.store = VoiceStore(opts.voice_dir or None, identity="", encode=None)
+        self.timeout_us = opts.bls_timeout_seconds * 1_000_000
+        self.keys = Keys.from_env("voices")
 
     def _add(self, r, name):
         audio = get(pb, r, "REF_AUDIO", required=False)

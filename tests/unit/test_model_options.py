@@ -1,0 +1,129 @@
+"""Options written once: rendered into each config.pbtxt and read back by the model, and the launcher's flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.params import GENERATION_PARAMETERS, GenerationParams
+from serving.model_options import (
+    EnsembleGeneratorOptions,
+    GeneratorOptions,
+    PromptEncoderOptions,
+    TTSOptions,
+    VocoderOptions,
+    VoicesOptions,
+)
+from serving.options import ServeOptions, add_arguments, from_arguments
+from serving.repository import render
+from serving.requests import generation_request, generator_parameters
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
+          "generator": GeneratorOptions, "vocoder": VocoderOptions, "voices": VoicesOptions}  # fmt: skip
+ODD = ServeOptions(checkpoint='/ck "quoted" \\ dir', slots=3, max_len=512, kv_memory_gb=1.5, attention="sdpa",
+                   vocoder_batch=16, vocoder_queue_delay_us=250, vocoder_idle_seconds=7, voice_dir="/v",
+                   max_anonymous_voices=9, voice_store_max_gb=0.25, device="cuda:1", bls_timeout_seconds=33,
+                   cancel_dir="/c", run_dir="/r", max_queue=5, ensemble=False)  # fmt: skip
+PARAMETER = re.compile(r'parameters \{ key: "([^"]+)" value \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
+
+
+def parameters_of(text: str) -> dict[str, str]:
+    """A config's parameters as Triton hands them to a model (protobuf text escapes undone)."""
+    return {k: re.sub(r"\\(.)", lambda m: {"n": "\n"}.get(m[1], m[1]), v) for k, v in PARAMETER.findall(text)}
+
+
+def triton_args(params: dict[str, str]) -> dict:
+    return {"model_config": json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})}
+
+
+@pytest.mark.parametrize("opts", [ServeOptions(), ODD, replace(ODD, ensemble=True)], ids=["default", "odd", "odd+ens"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_each_model_reads_back_what_was_rendered(model, opts):
+    rendered = render(opts)
+    if model not in rendered:  # served with the ensemble only
+        assert model == "ensemble_generator" and not opts.ensemble
+        return
+    params = parameters_of(rendered[model])
+    cls = MODELS[model]
+    assert cls.read(triton_args(params)) == cls.of(opts)
+    assert cls.read(params) == cls.of(opts)
+
+
+def test_rendered_values_are_the_options_given():
+    models = {name: parameters_of(text) for name, text in render(ODD).items()}
+    gen = GeneratorOptions.read(models["generator"])
+    assert (gen.checkpoint, gen.device, gen.slots, gen.max_len) == ('/ck "quoted" \\ dir', "cuda:1", 3, 512)
+    assert (gen.kv_memory_gb, gen.attention, gen.cancel_dir, gen.run_dir) == (1.5, "sdpa", "/c", "/r")
+    voc = VocoderOptions.read(models["vocoder"])
+    assert (voc.max_streams, voc.idle_seconds, voc.batch, voc.queue_delay_us) == (3 + 64, 7, 16, 250)
+    assert voc.public_steps is False
+    prompt = PromptEncoderOptions.read(models["prompt_encoder"])
+    assert (prompt.voice_dir, prompt.max_anonymous_voices, prompt.voice_store_max_gb) == ("/v", 9, 0.25)
+    assert (prompt.public_steps, prompt.capacity) == (False, 3 + 5)
+    tts = TTSOptions.read(models["tts"])
+    assert (tts.bls_timeout_seconds, tts.capacity) == (33, 8)
+    assert TTSOptions.read(parameters_of(render(ServeOptions(slots=3))["tts"])).capacity == 3 + 4 * 3
+    assert VoicesOptions.read(models["voices"]).bls_timeout_seconds == 33
+    assert PromptEncoderOptions.read(parameters_of(render(ServeOptions())["prompt_encoder"])).public_steps is True
+
+
+def test_a_bad_parameter_is_named():
+    good = parameters_of(render(ServeOptions())["generator"])
+    for name, value, needle in [("slots", "2.5", "'slots' must be an integer"),
+                                ("kv_memory_gb", "lots", "'kv_memory_gb' must be a finite number"),
+                                ("kv_memory_gb", "nan", "'kv_memory_gb' must be a finite number")]:  # fmt: skip
+        with pytest.raises(ValueError, match=needle):
+            GeneratorOptions.read({**good, name: value})
+    with pytest.raises(ValueError, match="no parameter 'max_len'"):
+        GeneratorOptions.read({k: v for k, v in good.items() if k != "max_len"})
+    with pytest.raises(ValueError, match=r"unknown parameters \['slotz'\]"):
+        GeneratorOptions.read({**good, "slotz": "3"})
+    vocoder = parameters_of(render(ServeOptions())["vocoder"])
+    with pytest.raises(ValueError, match="vocoder parameter 'public_steps' must be 1 or 0"):
+        VocoderOptions.read({**vocoder, "public_steps": "yes"})
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    return ap.parse_args(argv)
+
+
+def test_launcher_flags_come_from_the_options():
+    assert from_arguments(_parse([])) == ServeOptions()
+    argv = ["--checkpoint", "/ck", "--slots", "3", "--max-len", "512", "--kv-memory-gb", "1.5", "--attention", "sdpa",
+            "--voice-dir", "/v", "--max-anonymous-voices", "9", "--voice-store-max-gb", "0.25", "--device", "cuda:1",
+            "--max-queue", "5", "--no-ensemble"]  # fmt: skip
+    want = ServeOptions(checkpoint="/ck", slots=3, max_len=512, kv_memory_gb=1.5, attention="sdpa", voice_dir="/v",
+                        max_anonymous_voices=9, voice_store_max_gb=0.25, device="cuda:1", max_queue=5,
+                        ensemble=False)  # fmt: skip
+    assert from_arguments(_parse(argv)) == want
+    assert from_arguments(_parse(["--checkpoint", "/ck"]), checkpoint="/resolved").checkpoint == "/resolved"
+    with pytest.raises(SystemExit):
+        _parse(["--attention", "triton"])
+    with pytest.raises(SystemExit):
+        _parse(["--slots", "2.5"])
+    assert from_arguments(_parse(["--attention", "flashinfer"])).attention == "flashinfer"
+
+
+def test_readme_names_every_launcher_option():
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    readme = README.read_text()
+    for action in ap._actions[1:]:
+        flag = action.option_strings[-1]  # --no-ensemble for a boolean
+        assert re.search(rf"{re.escape(flag)}(?![\w-])", readme), flag
+
+
+def test_generator_parameters_read_back_as_given():
+    params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
+    given = generator_parameters(params, (2, 9))
+    assert set(given) == {p.name for p in GENERATION_PARAMETERS}
+    assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9}
+    assert generation_request(7, given) == (params, (2, 9))
