@@ -16,7 +16,7 @@ import soxr
 
 from client import TTSClient
 from client.voices import VoiceClient
-from tests.integration.conftest import gateway_for, metrics, wait_gauges_zero
+from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 EXTRAS = {"seed": 7, "max_patches": 8, "chunk_first": 1, "chunk_next": 2}

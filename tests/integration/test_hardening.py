@@ -23,7 +23,7 @@ from serving import contract as C
 from serving.auth import Keys
 from serving.repository import ServeOptions, build
 from serving.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
-from tests.integration.conftest import gateway_for, in_parallel, metrics, wait_gauges_zero
+from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -227,8 +227,6 @@ def _generator_stream(
 
 
 OWN_ID, VICTIM_ID = (1 << 60) + 4242, (1 << 61) + 777  # key-less streams need ids nobody can guess
-SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, C.LATENT_DIM), np.float32),
-          "SPEAKER": np.zeros(512, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

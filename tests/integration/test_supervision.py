@@ -188,7 +188,8 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     import tritonclient.grpc as grpcclient
 
     from serving.auth import INTERNAL_KEY_ENV, Keys
-    from tests.integration.test_hardening import SILENT, _batched
+    from loadtest import attacks
+    from tests.integration.helpers import SILENT
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
     key = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(INTERNAL_KEY_ENV.encode() + b"="))
@@ -197,7 +198,7 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     def send(sequence_id: int, start: bool, parameters: dict) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
         client.start_stream(callback=lambda result, error: None)
-        inputs = _batched("generator", SILENT, grpcclient)
+        inputs = attacks.inputs("generator", SILENT, grpcclient)
         client.async_stream_infer(Keys(key).generator_model, inputs, sequence_id=sequence_id, sequence_start=start,
                                   parameters=parameters)  # fmt: skip
         clients.append(client)
