@@ -82,14 +82,15 @@ def test_sse_stream_carries_the_same_bytes(gateway):
     assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == plain
 
 
-def test_audio_streams_before_the_utterance_ends(gateway):
-    t0 = time.monotonic()
+def test_audio_streams_before_the_utterance_ends(server, gateway):
+    """The first bytes arrive while the generator is still making the utterance (python -m
+    bench.responsiveness times them)."""
     with httpx.stream("POST", f"{gateway}/v1/audio/speech", timeout=60,
                       json={"input": "A long one", "response_format": "pcm", "max_patches": 200,
                             "chunk_first": 1, "chunk_next": 1}) as r:  # fmt: skip
         first = next(r.iter_bytes())
-        t_first = time.monotonic() - t0
-    assert first and t_first < 5  # 200 patches take far longer than the first one
+        generating = metrics(server)["tts_generator_active_slots"]
+    assert first and generating >= 1  # 200 patches take far longer than the first one
 
 
 @pytest.mark.parametrize(
