@@ -135,7 +135,7 @@ def test_a_dead_prompt_encoder_fails_the_next_request_naming_it(launcher):
             launcher.client(timeout=FAIL_WITHIN).synthesize(
                 "A cloned voice.", ref_audio=ref, ref_sample_rate=24000, ref_text="a reference", parameters={"max_patches": 4}
             )  # fmt: skip
-        assert "prompt_encoder" in str(failed.value) and time.monotonic() - t0 < FAIL_WITHIN
+        assert "prompt_encoder" in str(failed.value)  # within FAIL_WITHIN: the client waits no longer
         back = check_recovered(launcher, "prompt_encoder", t0, watch)
         print(f"prompt_encoder SIGKILL: request failed ({failed.value}); serving again after {back:.1f} s")
     finally:
@@ -187,8 +187,8 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     gRPC clients, to close afterwards."""
     import tritonclient.grpc as grpcclient
 
-    from serving.auth import INTERNAL_KEY_ENV, Keys
     from loadtest import attacks
+    from serving.auth import INTERNAL_KEY_ENV, Keys
     from tests.integration.helpers import SILENT
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
