@@ -1,2 +1,3 @@
 """Benchmarks: ``python -m bench`` (streaming latency and throughput against concurrency; see
-``bench/__main__.py``) and ``bench/step_overhead.py`` (generator per-step overhead under Triton)."""
+``bench/__main__.py``), ``python -m bench.step_overhead`` (generator per-step overhead under Triton) and
+``python -m bench.responsiveness`` (how quickly a server answers, against the bounds it is meant to keep)."""

@@ -27,17 +27,21 @@ def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
 
 
 @contextmanager
-def local_server(preset: str, slots: int, device: str = "cpu") -> Iterator[TritonServer]:
-    """A ready server for ``preset`` with ``slots`` generator slots on ``device``; its log stays in
-    ``cache/bench/run/``."""
+def local_server(preset: str, slots: int, device: str = "cpu", max_queue: int = -1) -> Iterator[TritonServer]:
+    """A ready server for ``preset`` with ``slots`` generator slots on ``device`` and ``max_queue``
+    places for requests waiting for a slot (-1: the server's default); its log stays in ``cache/bench/run/``."""
     from serving.repository import ServeOptions, build
 
     ckpt = nostop_checkpoint(preset)
     (CACHE / "run").mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"{preset}-", dir=CACHE / "run"))
     opts = ServeOptions(
-        checkpoint=str(ckpt), slots=slots, voice_dir=str(work / "voices"), cancel_dir=str(work / "cancel"),
+        checkpoint=str(ckpt),
+        slots=slots,
+        voice_dir=str(work / "voices"),
+        cancel_dir=str(work / "cancel"),
         device=device,
+        max_queue=max_queue,
     )
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free())
     print(

@@ -26,7 +26,7 @@ generator with ``max_queue_delay_microseconds: D`` to try the batcher with a wai
 Checkpoints, the model repository and server logs go to ``--work`` (default results/step_overhead,
 git-ignored). Usage::
 
-    .venv/bin/python bench/step_overhead.py [--presets tiny,small] [--streams 1,4,8] [--patches 48]
+    .venv/bin/python -m bench.step_overhead [--presets tiny,small] [--streams 1,4,8] [--patches 48]
         [--reps 2] [--e2e] [--no-engine-thread] [--queue-delay-us 500]
 """
 
@@ -70,83 +70,9 @@ WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_
 ET_MODEL = "generator_et"
 ET_METRIC = "bench_engine_thread_step_seconds"
 
-# The engine-thread variant (triton vllm_backend pattern): execute() parses and queues; one thread
-# admits up to `slots` streams, steps them all, and sends responses from the thread.
-ET_MODEL_PY = """
-import collections, queue, threading, time
-import numpy as np
-import triton_python_backend_utils as pb
-from serving.triton_io import chunk_tensors, load_tts, model_parameters, stream_request
-
-FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        from engine.streams import GeneratorService
-        params = model_parameters(args)
-        self.tts = load_tts(params, parts=("core",))
-        self.svc = GeneratorService(self.tts, int(params.get("slots", 8)), int(params.get("max_len", 2048)))
-        self.fam = pb.MetricFamily("%(metric)s", "engine-thread generator step", pb.MetricFamily.HISTOGRAM)
-        self.hist = self.fam.Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
-        self.inbox = queue.Queue()
-        self.running = True
-        self.ids = iter(range(1 << 62))
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _parse(self, r):
-        return stream_request(pb, r, self.tts)
-
-    def execute(self, requests):
-        for r in requests:
-            sender = r.get_response_sender()
-            try:
-                self.inbox.put((self._parse(r), sender))
-            except Exception as e:
-                sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)), flags=FINAL)
-        return None
-
-    def _loop(self):
-        waiting, senders = collections.deque(), {}
-        while self.running:
-            try:
-                if not senders and not waiting:
-                    waiting.append(self.inbox.get(timeout=0.1))
-                while True:
-                    waiting.append(self.inbox.get_nowait())
-            except queue.Empty:
-                pass
-            while waiting and self.svc.free:
-                (tokens, prompt, gp, schedule), sender = waiting.popleft()
-                owner = next(self.ids)
-                try:
-                    self.svc.admit(owner, tokens, prompt, gp, schedule)
-                    senders[owner] = sender
-                except Exception as e:
-                    sender.send(pb.InferenceResponse(error=pb.TritonError(str(e), pb.TritonError.INVALID_ARG)), flags=FINAL)
-            if not senders:
-                continue
-            owners = list(senders)
-            t0 = time.perf_counter()
-            try:
-                out = self.svc.step(owners)
-            except Exception as e:
-                for o in owners:
-                    self.svc.drop(o)
-                    senders.pop(o).send(pb.InferenceResponse(error=pb.TritonError(f"step failed: {e}")), flags=FINAL)
-                continue
-            self.hist.observe(time.perf_counter() - t0)
-            for o in owners:
-                chunk = out[o]
-                if chunk is not None:
-                    resp = pb.InferenceResponse(chunk_tensors(pb, chunk))
-                    (senders.pop(o) if chunk.last else senders[o]).send(resp, flags=FINAL if chunk.last else 0)
-
-    def finalize(self):
-        self.running = False
-        self.thread.join(5)
-"""
+# The engine-thread variant (triton vllm_backend pattern), copied into the rendered repository as
+# ET_MODEL/1/model.py; it names its step histogram ET_METRIC.
+ET_MODEL_PY = Path(__file__).with_name("engine_thread_model.py")
 
 
 def et_config(opts: ServeOptions, gen_config: str) -> str:
@@ -325,7 +251,9 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
         d = repo / ET_MODEL
         (d / "1").mkdir(parents=True)
         (d / "config.pbtxt").write_text(et_config(opts, (repo / "generator" / "config.pbtxt").read_text()))
-        (d / "1" / "model.py").write_text(ET_MODEL_PY % {"metric": ET_METRIC})
+        code = ET_MODEL_PY.read_text()
+        assert f'METRIC = "{ET_METRIC}"' in code, f"{ET_MODEL_PY.name} no longer names its histogram {ET_METRIC}"
+        (d / "1" / "model.py").write_text(code)
     local = InProcess(ck, args.slots, args.max_len, args.steps)
     srv = TritonServer(repo, work, Ports.free(), log_path=work / "tritonserver.log")
     if srv.log_path.exists():
@@ -411,7 +339,7 @@ def table(rows: list[Row], args) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.step_overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="tiny,small")
     ap.add_argument("--streams", default="1,4,8")
     ap.add_argument("--patches", type=int, default=48, help="P: patches per stream (= batched steps per run)")

@@ -27,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from client import TTSClient
 from client.request import grpc_inputs, http_error_text, is_final
 from serving.contract import TTS_PARAMETERS, input_spec
-from tests.integration.conftest import wait_gauges_zero
+from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 

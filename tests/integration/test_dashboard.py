@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from client import TTSClient
-from tests.static import dashboard as D
+from tests.static import dashboard
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +39,8 @@ def exposed(server) -> dict[str, list[dict[str, str]]]:
 
 def test_every_dashboard_metric_exists(exposed):
     missing = {}
-    for where, expr in D.queries(D.load()):
-        for name in D.metric_names(expr):
+    for where, expr in dashboard.queries(dashboard.load()):
+        for name in dashboard.metric_names(expr):
             if name not in exposed:
                 missing.setdefault(name, []).append(where)
     assert not missing, f"queried but not exposed by the server: {missing}"
@@ -49,9 +49,9 @@ def test_every_dashboard_metric_exists(exposed):
 def test_dashboard_labels_exist(exposed):
     """Labels in matchers and by/on clauses are ones the metrics carry, and literal values occur."""
     problems = []
-    for where, expr in D.queries(D.load()):
-        names = D.metric_names(expr)
-        for name, matchers in D.selectors(expr):
+    for where, expr in dashboard.queries(dashboard.load()):
+        names = dashboard.metric_names(expr)
+        for name, matchers in dashboard.selectors(expr):
             label_sets = exposed.get(name, [])
             for label, op, value in matchers:
                 if label in SCRAPE_LABELS:
@@ -61,7 +61,7 @@ def test_dashboard_labels_exist(exposed):
                     problems.append(f"{where}: {name} has no label {label!r}")
                 elif op == "=" and "$" not in value and value not in values:
                     problems.append(f"{where}: {name}{{{label}={value!r}}} matches nothing (values {sorted(values)})")
-        for label in D.grouping_labels(expr) - SCRAPE_LABELS:
+        for label in dashboard.grouping_labels(expr) - SCRAPE_LABELS:
             if not any(label in s for name in names for s in exposed.get(name, [])):
                 problems.append(f"{where}: no metric of the query has label {label!r}")
     assert not problems, "\n".join(problems)

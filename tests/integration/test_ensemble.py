@@ -11,7 +11,7 @@ import pytest
 from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
+from tests.integration.helpers import in_parallel, metrics, wait_gauges_zero
 from tests.reference import reference_audio, snr_db, spoken
 
 pytestmark = pytest.mark.integration
@@ -126,9 +126,8 @@ def test_cancelled_ensemble_stream_is_ended_and_frees_everything(server):
     ],
 )
 def test_ensemble_errors_reach_the_client_without_hanging(server, kw, needle):
-    t0 = time.monotonic()
+    """The client's 60 s wait for a response bounds a hang; python -m bench.responsiveness times the errors."""
     with pytest.raises(TTSError, match=needle):
         client(server).synthesize("Hello", **kw)
-    assert time.monotonic() - t0 < 30
     m = wait_gauges_zero(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0

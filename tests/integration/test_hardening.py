@@ -1,6 +1,6 @@
 """What a client that does not mean well can reach, against a real tritonserver: Triton's admin APIs are
 closed without the admin key, the internal models answer only our pipeline, the tts queue is bounded,
-and requests waiting for a slot do not slow the running streams."""
+and requests waiting for a slot leave the running streams to end (bench/responsiveness.py times them)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from serving import contract
 from serving.auth import Keys
 from serving.repository import ServeOptions, build
 from serving.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
-from tests.integration.conftest import gateway_for, in_parallel, metrics, wait_gauges_zero
+from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -227,8 +227,6 @@ def _generator_stream(
 
 
 OWN_ID, VICTIM_ID = (1 << 60) + 4242, (1 << 61) + 777  # key-less streams need ids nobody can guess
-SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, contract.LATENT_DIM), np.float32),
-          "SPEAKER": np.zeros(512, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
@@ -405,7 +403,6 @@ def test_the_queue_is_bounded(sealed, protocol):
         time.sleep(0.1)
         m = metrics(sealed)
     assert m["tts_requests_in_flight"] == 4 and m["tts_requests_waiting"] == 2
-    t0 = time.monotonic()
     if protocol == "gateway":  # the OpenAI-compatible gateway answers 503 with Retry-After
         import httpx
 
@@ -417,7 +414,6 @@ def test_the_queue_is_bounded(sealed, protocol):
         port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
         with pytest.raises(ServerBusy, match="server busy"):
             TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize("One too many", parameters={"max_patches": 4})
-    assert time.monotonic() - t0 < 5
     before = sum(chunks)
     time.sleep(0.5)
     assert sum(chunks) > before  # the running streams go on
@@ -429,33 +425,22 @@ def test_the_queue_is_bounded(sealed, protocol):
     assert m['tts_requests_total{outcome="busy"}'] >= 1 and m["tts_requests_in_flight"] == 0
 
 
-def _gaps(chunks) -> float:
-    """Longest time between consecutive chunks of one stream, from its first chunk on."""
-    times = [c.arrival for c in chunks]
-    return max(b - a for a, b in zip(times, times[1:]))
-
-
-def test_waiting_requests_do_not_stall_running_streams(server):
-    """4 slots busy: the longest chunk gap of the running streams with 8 more requests waiting stays
-    within 3x of the same run with none waiting. Waiting requests once stalled the running ones 10x
-    (72 -> 757 ms); the bound is loose because this is wall time on a shared machine (1.0-1.6x seen)."""
+def test_running_and_waiting_streams_all_end(server):
+    """4 slots busy and 8 more requests waiting: the running streams and the waiting ones all end with
+    their audio. How far apart the running ones' chunks come, against a run with none waiting, is a
+    measurement (python -m bench.responsiveness): waiting requests once stalled them 10x (72 -> 757 ms)."""
     url = f"127.0.0.1:{server.ports.grpc}"
     params = {"max_patches": 30, "chunk_first": 1, "chunk_next": 1}
 
-    def run(waiting: int) -> float:
-        def one(i):
-            if i < 4:
-                return list(TTSClient(url, timeout=120).stream(f"Running {i}", seed=i, parameters=params))
-            time.sleep(0.5)  # after the running ones took the slots
-            return list(TTSClient(url, timeout=120).stream(f"Waiting {i}", seed=i, parameters={"max_patches": 3}))
+    def one(i):
+        if i < 4:
+            return list(TTSClient(url, timeout=120).stream(f"Running {i}", seed=i, parameters=params))
+        time.sleep(0.5)  # after the running ones took the slots
+        return list(TTSClient(url, timeout=120).stream(f"Waiting {i}", seed=i, parameters={"max_patches": 3}))
 
-        results = in_parallel(one, 4 + waiting, timeout=300)
-        return max(_gaps(results[i]) for i in range(4))
-
-    run(0)  # warm-up
-    alone, crowded = run(0), run(8)
-    print(f"longest chunk gap of running streams: {alone * 1e3:.0f} ms alone, {crowded * 1e3:.0f} ms with 8 waiting")
-    assert crowded <= 3 * alone
+    results = in_parallel(one, 12, timeout=300)
+    samples = [sum(c.audio.size for c in results[i]) for i in range(12)]
+    assert samples == [30 * 3840] * 4 + [3 * 3840] * 8  # every stream its whole length (the stop head is off)
     assert wait_gauges_zero(server)["tts_generator_active_slots"] == 0
 
 

@@ -13,7 +13,7 @@ from client import TTSClient, TTSError
 from engine.kv_cache import PAGE_SIZE
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
-from tests.integration.conftest import wait_gauges_zero
+from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 PAGES = 6  # the tiny backbone in float32: 512 bytes a position, so 8 KiB a page

@@ -77,12 +77,7 @@ def settled(server, timeout: float = 30.0) -> dict[str, float]:
 def still_serving(server, url, legit_audio) -> None:
     m = settled(server)
     assert m["tts_generator_active_slots"] == m["tts_vocoder_active_streams"] == m["pending"] == 0, m
-    t0, chunks = time.monotonic(), []
-    for chunk in TTSClient(url, timeout=START_WITHIN).stream(**LEGIT):
-        if not chunks:
-            first = time.monotonic() - t0
-        chunks.append(chunk.audio)
-    assert first < START_WITHIN
+    chunks = [chunk.audio for chunk in TTSClient(url, timeout=START_WITHIN).stream(**LEGIT)]  # each within it
     assert np.array_equal(np.concatenate(chunks), legit_audio)
 
 
@@ -199,10 +194,8 @@ def test_tts_gets_audio_or_busy_at_once_during_an_ensemble_flood(server, url, le
         deadline = time.monotonic() + 30
         while gauges(server).get("tts_ensemble_requests_in_flight", 0) < SLOTS + QUEUE and time.monotonic() < deadline:
             time.sleep(0.05)
-        t0 = time.monotonic()
-        with pytest.raises(ServerBusy, match="server busy"):
-            TTSClient(url, timeout=30).synthesize(**LEGIT)
-        assert time.monotonic() - t0 < START_WITHIN
+        with pytest.raises(ServerBusy, match="server busy"):  # within START_WITHIN: the client waits no longer
+            TTSClient(url, timeout=START_WITHIN).synthesize(**LEGIT)
     finally:
         flood.join(120)
     still_serving(server, url, legit_audio)

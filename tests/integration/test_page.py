@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration.conftest import gateway_for, metrics, wait_gauges_zero
+from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -10,7 +10,7 @@ import pytest
 from client import TTSClient, TTSError
 from engine.params import GenerationParams
 from engine.pipeline import FireRedTTS3
-from tests.integration.conftest import in_parallel, metrics, wait_gauges_zero
+from tests.integration.helpers import in_parallel, metrics, wait_gauges_zero
 from tests.reference import reference_audio, reference_long, snr_db, spoken
 
 pytestmark = pytest.mark.integration

@@ -135,7 +135,7 @@ def test_a_dead_prompt_encoder_fails_the_next_request_naming_it(launcher):
             launcher.client(timeout=FAIL_WITHIN).synthesize(
                 "A cloned voice.", ref_audio=ref, ref_sample_rate=24000, ref_text="a reference", parameters={"max_patches": 4}
             )  # fmt: skip
-        assert "prompt_encoder" in str(failed.value) and time.monotonic() - t0 < FAIL_WITHIN
+        assert "prompt_encoder" in str(failed.value)  # within FAIL_WITHIN: the client waits no longer
         back = check_recovered(launcher, "prompt_encoder", t0, watch)
         print(f"prompt_encoder SIGKILL: request failed ({failed.value}); serving again after {back:.1f} s")
     finally:
@@ -187,8 +187,9 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     gRPC clients, to close afterwards."""
     import tritonclient.grpc as grpcclient
 
+    from loadtest import attacks
     from serving.auth import INTERNAL_KEY_ENV, Keys
-    from tests.integration.test_hardening import SILENT, _batched
+    from tests.integration.helpers import SILENT
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
     key = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(INTERNAL_KEY_ENV.encode() + b"="))
@@ -197,7 +198,7 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     def send(sequence_id: int, start: bool, parameters: dict) -> None:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
         client.start_stream(callback=lambda result, error: None)
-        inputs = _batched("generator", SILENT, grpcclient)
+        inputs = attacks.inputs("generator", SILENT, grpcclient)
         client.async_stream_infer(Keys(key).generator_model, inputs, sequence_id=sequence_id, sequence_start=start,
                                   parameters=parameters)  # fmt: skip
         clients.append(client)

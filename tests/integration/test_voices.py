@@ -9,7 +9,7 @@ from client import TTSClient, TTSError
 from client.voices import VoiceClient
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
-from tests.integration.conftest import metrics
+from tests.integration.helpers import metrics
 
 pytestmark = pytest.mark.integration
 

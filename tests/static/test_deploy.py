@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.static import dashboard as D
+from tests.static import dashboard
 
-ROOT = D.REPO_ROOT
+ROOT = dashboard.REPO_ROOT
 K8S = ROOT / "deploy" / "k8s"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 HADOLINT_CONFIG = ROOT / "deploy" / "hadolint.yaml"
@@ -321,12 +321,12 @@ def declared_metrics() -> dict[str, str]:
 
 
 def test_dashboard_structure():
-    dash = D.load()
+    dash = dashboard.load()
     assert dash["uid"] and dash["title"] and isinstance(dash["schemaVersion"], int)
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     ds = variables["DS_PROMETHEUS"]
     assert (ds["type"], ds["query"]) == ("datasource", "prometheus")
-    panels = D.panels(dash)
+    panels = dashboard.panels(dash)
     assert len(panels) >= 8
     ids = [p["id"] for p in dash["panels"]] + [p["id"] for p in panels if p not in dash["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
@@ -342,7 +342,7 @@ def test_dashboard_structure():
 
 def test_dashboard_layout_has_no_overlaps():
     cells = {}
-    for p in D.load()["panels"]:
+    for p in dashboard.load()["panels"]:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, p["title"]
         for x in range(g["x"], g["x"] + g["w"]):
@@ -352,10 +352,10 @@ def test_dashboard_layout_has_no_overlaps():
 
 
 def test_dashboard_variables_are_defined():
-    dash = D.load()
-    defined = {v["name"] for v in dash["templating"]["list"]} | D.GRAFANA_VARIABLES
-    for where, expr in D.queries(dash):
-        assert D.variables(expr) <= defined, f"{where}: undefined {D.variables(expr) - defined}"
+    dash = dashboard.load()
+    defined = {v["name"] for v in dash["templating"]["list"]} | dashboard.GRAFANA_VARIABLES
+    for where, expr in dashboard.queries(dash):
+        assert dashboard.variables(expr) <= defined, f"{where}: undefined {dashboard.variables(expr) - defined}"
 
 
 def test_dashboard_reads_declared_tts_metrics():
@@ -365,8 +365,8 @@ def test_dashboard_reads_declared_tts_metrics():
         suffixes = ("_bucket", "_sum", "_count") if kind == "HISTOGRAM" else ("",)
         allowed.update({name + s: kind for s in suffixes})
     used = set()
-    for where, expr in D.queries(D.load()):
-        names = D.metric_names(expr)
+    for where, expr in dashboard.queries(dashboard.load()):
+        names = dashboard.metric_names(expr)
         assert names, f"{where} selects no metric: {expr}"
         for name in names:
             assert name.startswith(("tts_", "nv_")), f"{where}: {name} is neither ours nor Triton's"
@@ -383,7 +383,7 @@ def test_dashboard_reads_declared_tts_metrics():
 
 def test_dashboard_shows_capacity_from_the_server():
     """Capacity comes from the servers' own gauge, so the panel is right whatever --slots each one has."""
-    exprs = [expr for _, expr in D.queries(D.load())]
+    exprs = [expr for _, expr in dashboard.queries(dashboard.load())]
     assert any("tts_generator_slots" in e for e in exprs) and not any("$slots" in e for e in exprs)
 
 
@@ -401,19 +401,19 @@ def test_dashboard_shows_capacity_from_the_server():
     ],
 )  # fmt: skip
 def test_metric_names(expr, names):
-    assert D.metric_names(expr) == names
+    assert dashboard.metric_names(expr) == names
 
 
 def test_metric_names_refuses_unknown_functions_and_name_selectors():
     with pytest.raises(ValueError, match="histogram_quantle"):
-        D.metric_names("histogram_quantle(0.5, a_bucket)")
+        dashboard.metric_names("histogram_quantle(0.5, a_bucket)")
     with pytest.raises(ValueError):
-        D.metric_names('{__name__="a"}')
+        dashboard.metric_names('{__name__="a"}')
 
 
 def test_selectors_and_grouping_labels():
     expr = 'sum by (model, reason) (rate(m{a="1", b=~"x,y"}[1m])) / on(model) n{}'
-    assert D.selectors(expr) == [("m", [("a", "=", "1"), ("b", "=~", "x,y")]), ("n", [])]
-    assert D.grouping_labels(expr) == {"model", "reason"}
+    assert dashboard.selectors(expr) == [("m", [("a", "=", "1"), ("b", "=~", "x,y")]), ("n", [])]
+    assert dashboard.grouping_labels(expr) == {"model", "reason"}
     with pytest.raises(ValueError):
-        D.selectors('m{a="1" b="2"}')
+        dashboard.selectors('m{a="1" b="2"}')

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from engine.generator import Generator
 from engine.kv_cache import PagedCache
-from engine.layers import attention as A
+from engine.layers import attention
 from engine.layers.flashinfer import page_metadata
-from tests.unit.test_paged_kv import _generate
+from tests.generation import generate_together
 
 
 def assert_agree(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
@@ -103,11 +103,11 @@ def fake_flashinfer(**broken):
 
 @pytest.fixture(autouse=True)
 def fresh_log(monkeypatch):
-    monkeypatch.setattr(A, "_logged", set())
+    monkeypatch.setattr(attention, "_logged", set())
 
 
 def _paged(tts, n, module, page_size=16):
-    choice = A.AttentionChoice("flashinfer", "", module)
+    choice = attention.AttentionChoice("flashinfer", "", module)
     cache = PagedCache(tts.core.cfg.backbone, n, 128, "cpu", torch.float32, None, page_size, choice)
     return Generator(tts.core, cache)
 
@@ -127,7 +127,7 @@ def test_page_metadata_layout():
 def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(tts):
     """Three rows of different lengths, one decode token each: the planned step's result is SDPA's."""
     cfg = tts.core.cfg.backbone
-    choice = A.AttentionChoice("flashinfer", "", fake_flashinfer())
+    choice = attention.AttentionChoice("flashinfer", "", fake_flashinfer())
     fi = PagedCache(cfg, 3, 64, "cpu", torch.float32, None, 4, choice)
     sd = PagedCache(cfg, 3, 64, "cpu", torch.float32, None, 4)
     torch.manual_seed(0)
@@ -145,8 +145,8 @@ def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(tts):
     for cache in (fi, sd):
         view = cache.batch([0, 1, 2], lens, 1)
         kk, vv = view.update(0, k, v)
-        outs.append(A.get_backend().attend(q, kk, vv, view.mask()))
-    assert fi.attention == "flashinfer" and isinstance(fi.batch([0], [6], 1).mask(), A.PlannedAttention)
+        outs.append(attention.get_backend().attend(q, kk, vv, view.mask()))
+    assert fi.attention == "flashinfer" and isinstance(fi.batch([0], [6], 1).mask(), attention.PlannedAttention)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-6)
 
 
@@ -155,9 +155,9 @@ def test_generation_through_the_double_equals_sdpa(tts, n):
     """Prefill (prefill wrapper, causal) and decode (decode wrapper) through FlashInfer's API give SDPA's
     latents (not bit for bit: the double attends over each stream's own keys, SDPA over padded rows)."""
     FakeDecode.calls = []
-    want = _generate(_sdpa(tts, n, page_size=4), tts, n)
+    want = generate_together(_sdpa(tts, n, page_size=4), tts, n)
     gen = _paged(tts, n, fake_flashinfer(), page_size=4)
-    got = _generate(gen, tts, n)
+    got = generate_together(gen, tts, n)
     assert gen.attention == "flashinfer" and gen.attention_fallback_reason == ""
     steps = max(i + len(w) for i, w in enumerate(want))  # stream i joins at step i
     assert len(FakeDecode.calls) == steps - 1  # once per step that decodes (all but the first), not per layer
@@ -166,16 +166,16 @@ def test_generation_through_the_double_equals_sdpa(tts, n):
 
 # --- fallback reasons -------------------------------------------------------------------------------------
 def test_sdpa_when_asked():
-    c = A.select_attention("sdpa", "cuda", torch.bfloat16, 128)
+    c = attention.select_attention("sdpa", "cuda", torch.bfloat16, 128)
     assert (c.name, c.reason) == ("sdpa", "")
     with pytest.raises(ValueError, match="attention must be one of"):
-        A.select_attention("xformers", "cpu", torch.float32, 128)
+        attention.select_attention("xformers", "cpu", torch.float32, 128)
 
 
 def test_no_cuda(caplog):
-    with caplog.at_level(logging.INFO, logger=A.log.name):
+    with caplog.at_level(logging.INFO, logger=attention.log.name):
         for _ in range(3):
-            c = A.select_attention("auto", "cpu", torch.bfloat16, 128)
+            c = attention.select_attention("auto", "cpu", torch.bfloat16, 128)
             assert (c.name, c.reason) == ("sdpa", "no_cuda")
     assert sum("reason no_cuda" in r.getMessage() for r in caplog.records) == 1  # logged once, by name
 
@@ -184,18 +184,18 @@ def test_package_missing(monkeypatch, caplog):
     def missing():
         raise ImportError("No module named 'flashinfer'")
 
-    monkeypatch.setattr(A, "_import_flashinfer", missing)
-    with caplog.at_level(logging.WARNING, logger=A.log.name):
-        c = A.select_attention("flashinfer", "cuda", torch.bfloat16, 128)
+    monkeypatch.setattr(attention, "_import_flashinfer", missing)
+    with caplog.at_level(logging.WARNING, logger=attention.log.name):
+        c = attention.select_attention("flashinfer", "cuda", torch.bfloat16, 128)
     assert (c.name, c.reason) == ("sdpa", "not_installed")
     assert "reason not_installed" in caplog.text and "No module named" in caplog.text
 
 
 def test_head_size_and_dtype(monkeypatch):
-    monkeypatch.setattr(A, "_import_flashinfer", fake_flashinfer)
-    assert A.select_attention("auto", "cuda", torch.bfloat16, 16).reason == "head_dim"
-    assert A.select_attention("auto", "cuda", torch.float32, 128).reason == "dtype"
-    c = A.select_attention("auto", "cuda", torch.bfloat16, 128)
+    monkeypatch.setattr(attention, "_import_flashinfer", fake_flashinfer)
+    assert attention.select_attention("auto", "cuda", torch.bfloat16, 16).reason == "head_dim"
+    assert attention.select_attention("auto", "cuda", torch.float32, 128).reason == "dtype"
+    c = attention.select_attention("auto", "cuda", torch.bfloat16, 128)
     assert (c.name, c.reason) == ("flashinfer", "") and c.module.__version__ == "0.7.4-double"
 
 
@@ -221,10 +221,10 @@ def test_plan_or_run_failure_falls_back_and_generation_continues(tts, where, cap
         def __init__(self, *a, **k):
             super().__init__(*a, where=where, **k)
 
-    want = _generate(_sdpa(tts, 3), tts, 3)
+    want = generate_together(_sdpa(tts, 3), tts, 3)
     gen = _paged(tts, 3, fake_flashinfer(decode=Decode))
-    with caplog.at_level(logging.WARNING, logger=A.log.name):
-        got = _generate(gen, tts, 3)
+    with caplog.at_level(logging.WARNING, logger=attention.log.name):
+        got = generate_together(gen, tts, 3)
     reason = f"{where}_failed"
     assert gen.attention == "sdpa" and gen.attention_fallback_reason == reason
     assert sum(f"reason {reason}" in r.getMessage() for r in caplog.records) == 1
@@ -247,7 +247,7 @@ def test_real_flashinfer_matches_sdpa_on_gpu():
     from engine.config import QWEN3_1_7B
 
     cfg = QWEN3_1_7B
-    choice = A.select_attention("flashinfer", "cuda", torch.bfloat16, cfg.head_dim)
+    choice = attention.select_attention("flashinfer", "cuda", torch.bfloat16, cfg.head_dim)
     assert choice.name == "flashinfer", choice.reason
     fi = PagedCache(cfg, 4, 256, "cuda", torch.bfloat16, None, 16, choice)
     sd = PagedCache(cfg, 4, 256, "cuda", torch.bfloat16, None, 16)
@@ -260,12 +260,12 @@ def test_real_flashinfer_matches_sdpa_on_gpu():
         for cache in (fi, sd):
             cache.reserve(s, 256)
             view = cache.batch([s], [0], n)
-            outs[id(cache)].append(A.get_backend().attend(q, *view.update(3, k, v), view.mask()))
+            outs[id(cache)].append(attention.get_backend().attend(q, *view.update(3, k, v), view.mask()))
     q = torch.randn(4, cfg.num_heads, 1, cfg.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
     k, v = torch.randn(2, 4, cfg.num_kv_heads, 1, cfg.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
     for cache in (fi, sd):
         view = cache.batch([0, 1, 2, 3], lens, 1)
-        outs[id(cache)].append(A.get_backend().attend(q, *view.update(3, k, v), view.mask()))
+        outs[id(cache)].append(attention.get_backend().attend(q, *view.update(3, k, v), view.mask()))
     assert fi.attention == "flashinfer", fi.attention_fallback_reason
     for a, b in zip(outs[id(fi)], outs[id(sd)], strict=True):
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)

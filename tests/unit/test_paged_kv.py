@@ -10,28 +10,12 @@ from engine.generator import Generator
 from engine.kv_cache import PagedCache, bytes_per_position, pages_for_memory, typical_positions
 from engine.params import GenerationParams
 from engine.streams import GeneratorService
+from tests.generation import check_disjoint, generate_together, run_to_end
 from tests.slot_cache import SlotCache
-from tests.unit.test_serving_parts import _run
-
-TEXTS = ["One", "Two words here", "Three little words and more", "Four", "five six seven eight", "x",
-         "a longer text with many tokens in it", "b"]  # fmt: skip
 
 
 def _cache(tts, slots=2, max_len=64, num_pages=None, page_size=4):
     return PagedCache(tts.core.cfg.backbone, slots, max_len, "cpu", torch.float32, num_pages, page_size)
-
-
-def _owned(cache: PagedCache) -> list[set[int]]:
-    return [set(p) for p in cache.blocks.pages]
-
-
-def _check_disjoint(cache: PagedCache) -> None:
-    owned = [p for p in cache.blocks.pages if p]
-    flat = [page for p in owned for page in p]
-    assert len(flat) == len(set(flat)), "a page is held by two streams"
-    assert 0 not in flat, "the zero page was handed out"
-    assert len(flat) + len(cache.blocks.free_pages) == cache.num_pages, "a page was lost or duplicated"
-    assert len(set(cache.blocks.free_pages)) == len(cache.blocks.free_pages)
 
 
 def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
@@ -56,7 +40,7 @@ def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
     assert cache.table[1, :3].tolist() == cache.blocks.pages[1] and len(set(cache.blocks.pages[1])) == 3
     with pytest.raises(RuntimeError, match="reservation"):
         cache.batch([1], [9], 4)  # 13 positions: past the 3 pages it reserved
-    _check_disjoint(cache)
+    check_disjoint(cache)
     cache.release(1)
     assert cache.pages_in_use == 0 and cache.blocks.committed == 0
     assert cache.reserve(1, 2)  # the next stream in row 1: its table is its own page, then zero pages
@@ -81,36 +65,12 @@ def test_default_pool_matches_the_per_slot_cache_and_sizes_follow_the_tensors(tt
     assert (prefix, speech) == (1 + 100 + 63, 94)  # 25 s of text at 4 tokens/s, 10 s + 15 s at 6.25 patches/s
 
 
-def _generate(gen: Generator, tts, n: int, slot_of=lambda i, n: n - 1 - i):
-    """n streams of different lengths, one joining per step, stepped together until all finish."""
-    prompt = tts.encode_prompt(None)
-    streams, outs = [], [[] for _ in range(n)]
-    for step in range(2000):
-        if step < n:
-            toks = tts.tokens(TEXTS[step], "English", prompt)
-            length = 5 + 7 * step
-            params = GenerationParams(seed=step, max_patches=length, min_patches=length)
-            streams.append(gen.new_stream(slot_of(step, n), toks, prompt, params))
-        live = [s for s in streams if not s.finished]
-        if not live and len(streams) == n:
-            break
-        for s, r in zip(live, gen.step(live)):
-            if r.latents is not None:
-                outs[streams.index(s)].append(r.latents)
-        if isinstance(gen.cache, PagedCache):
-            _check_disjoint(gen.cache)
-            for s in streams:
-                if s.finished and gen.cache.blocks.reserved[s.slot]:
-                    gen.release(s)
-    return [torch.stack(o) for o in outs]
-
-
 @pytest.mark.parametrize("n", [1, 8])
 def test_paged_generation_is_bit_identical_to_the_per_slot_cache(tts, n):
     cfg = tts.core.cfg.backbone
-    want = _generate(Generator(tts.core, SlotCache(cfg, n, 128, "cpu", torch.float32)), tts, n)
+    want = generate_together(Generator(tts.core, SlotCache(cfg, n, 128, "cpu", torch.float32)), tts, n)
     paged = Generator(tts.core, _cache(tts, slots=n, max_len=128, page_size=16))
-    got = _generate(paged, tts, n)
+    got = generate_together(paged, tts, n)
     assert [len(g) for g in got] == [5 + 7 * i for i in range(n)]
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
@@ -147,7 +107,7 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
     for _ in range(3):
         svc.step([1, 2, 3])
     assert cache.pages_in_use > 0 and len(svc.waiting) == 0
-    _check_disjoint(cache)
+    check_disjoint(cache)
     slot2 = svc.live[2].state.slot
     svc.cancel(2)  # cancelled
     assert cache.blocks.pages[slot2] == [] and cache.blocks.reserved[slot2] == 0
@@ -167,9 +127,9 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
     assert svc.gen.core.flow == real
     svc.drop(3)  # what the generator model does with the streams of a failed step
     assert [len(p) for p in cache.blocks.pages].count(0) == 2
-    _run(svc, 1)  # ends normally
+    run_to_end(svc, 1)  # ends normally
     assert svc.active == 0 and cache.pages_in_use == 0 and cache.blocks.committed == 0
-    _check_disjoint(cache)
+    check_disjoint(cache)
 
 
 def _stream_inputs(tts, text: str, patches: int):
@@ -185,7 +145,7 @@ def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
     prompt, toks, params, need = _stream_inputs(tts, "Wait for me", 9)
     solo = _service(tts, 1, None)
     solo.admit(5, toks, prompt, params, (4, 4))
-    want = _run(solo, 5)
+    want = run_to_end(solo, 5)
 
     svc = _service(tts, 3, need + need // 2)  # room for one such stream at a time
     svc.admit(1, toks, prompt, params, (4, 4))
@@ -198,7 +158,7 @@ def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
         if out[1] is not None:
             first.append(out[1])
     assert list(svc.waiting) == [2]  # still queued: stream 1 gave its pages back only at its end
-    second = _run(svc, 2)
+    second = run_to_end(svc, 2)
     assert not svc.waiting and svc.active == 0
     for got in (first, second):
         assert [c.latents.tolist() for c in got] == [c.latents.tolist() for c in want]

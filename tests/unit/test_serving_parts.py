@@ -12,6 +12,7 @@ from serving import contract
 from serving.cancel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render
 from serving.requests import build_request, request_parameters
+from tests.generation import run_to_end
 from tests.reference import reference_audio
 
 EMPTY = np.zeros((0, 64), np.float32)
@@ -150,21 +151,12 @@ def test_build_request_validation():
             build_request(*args)
 
 
-def _run(svc, stream_id):
-    chunks = []
-    while not chunks or not chunks[-1].last:
-        chunk = svc.step([stream_id])[stream_id]
-        if chunk is not None:
-            chunks.append(chunk)
-    return chunks
-
-
 def test_generator_service_chunks_and_frees(tts):
     svc = GeneratorService(tts, slots=2, max_len=512)
     prompt = tts.encode_prompt(None)
     params = GenerationParams(seed=5, min_patches=7, max_patches=7)
     svc.admit(11, tts.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
-    chunks = _run(svc, 11)
+    chunks = run_to_end(svc, 11)
     assert [len(c.latents) for c in chunks] == [8, 12, 8]  # 2 patches, 3 patches, then the last 2
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason == "" for c in chunks[:-1])
     assert np.array_equal(chunks[0].prompt_latents, prompt.latents.numpy())
@@ -196,7 +188,7 @@ def test_vocoder_service_equals_the_reference_and_frees(tts):
     gen = GeneratorService(tts, 1, 512)
     gen.admit(7, tts.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
     voc = VocoderService(tts, idle_seconds=60)
-    got = np.concatenate([voc.process(c) for c in _run(gen, 7)])
+    got = np.concatenate([voc.process(c) for c in run_to_end(gen, 7)])
     ref = reference_audio(tts, "Vocoder", params)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-5)
@@ -287,7 +279,7 @@ def test_stop_head_reason(tts):
     svc = GeneratorService(tts, slots=1, max_len=600)
     prompt = tts.encode_prompt(None)
     svc.admit(1, tts.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
-    assert _run(svc, 1)[-1].finish_reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
+    assert run_to_end(svc, 1)[-1].finish_reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
 
 
 def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
