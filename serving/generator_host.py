@@ -21,7 +21,7 @@ from serving.cancel import CancelBoard
 from serving.generator_metrics import GeneratorMetrics
 from serving.live_streams import LiveStreams
 from serving.model_options import GeneratorOptions
-from serving.supervise import start_heartbeat
+from serving.run_folder import start_heartbeat
 from serving.triton_io import load_tts
 
 log = logging.getLogger("generator")

@@ -3,7 +3,7 @@
 Triton 2.51 handles a Python-backend stub that dies or hangs badly: a dead generator left its clients
 waiting 120 s for an empty error and refused new requests until a manual reload; a dead tts stub left
 its clients waiting forever; readiness stayed 200 throughout. So every stub beats a heartbeat file and
-exits when its tritonserver is gone (stub side: :func:`start_heartbeat`), and the launcher watches the
+exits when its tritonserver is gone (stub side: :mod:`serving.run_folder`), and the launcher watches the
 stub processes, the heartbeats and the models' progress on Triton's metrics port (:class:`Supervisor`;
 the rules: :mod:`serving.vitals`). On an incident it fails the tts requests in flight with a message
 naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`), then restarts the whole
@@ -20,19 +20,18 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
 from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STALL_SECONDS, Incident, Observation, Vitals, samples
 
 if TYPE_CHECKING:  # the stubs import this module: keep their imports light
     from serving.triton_env import TritonServer
 
-HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
 POLL_SECONDS = 0.5  # the launcher checks stubs, heartbeats and progress this often
 METRICS_TIMEOUT = 0.5  # one read of the metrics port at a poll (no answer: no progress news this poll)
 DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restart or shutdown
@@ -40,83 +39,9 @@ DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restar
 # When one dies, the running streams finish before the restart (new requests are refused meanwhile).
 # Any other dead model (tts, generator, vocoder, ensemble_generator) breaks running streams: restart at once.
 DEFERRABLE = frozenset({"prompt_encoder", "voices"})
-SHUTTING_DOWN = "unavailable: server is shutting down"
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
 STUB = "triton_python_backend_stub"
-HEARTBEATS = "heartbeat"
-
-
-def start_heartbeat(run_dir: str, model: str) -> None:
-    """From a model's ``initialize``: touch ``<run_dir>/heartbeat/<model>.<pid>`` every second on a daemon
-    thread, and exit the stub once its tritonserver is gone (stubs outlive it otherwise: an orphan was
-    still there an hour later). Does nothing without ``run_dir`` (a plain tritonserver on model_repository/)."""
-    if not run_dir:
-        return
-    path = Path(run_dir, HEARTBEATS, f"{model}.{os.getpid()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    parent = os.getppid()
-
-    def beat():
-        while os.getppid() == parent:  # reparented: tritonserver died
-            try:
-                path.touch()
-            except OSError:  # the run folder is being cleaned up: keep watching the parent
-                pass
-            time.sleep(HEARTBEAT_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-
-
-class RunFlags:
-    """The launcher's word to tts, as files in the run folder (one syscall per check: tts checks every
-    50 ms per request): ``broken`` holds the message for clients while a failed server is replaced (tts
-    fails its running requests with it), ``draining`` the message for new requests while the running ones
-    may finish (shutdown, or a restart that waits for them)."""
-
-    def __init__(self, run_dir: str | Path):
-        self.dir = str(run_dir) if run_dir else ""
-        self._broken, self._draining = os.path.join(self.dir, "broken"), os.path.join(self.dir, "draining")
-
-    def broken(self) -> str | None:
-        if not self.dir:
-            return None
-        try:
-            with open(self._broken) as f:
-                return f.read() or "unavailable: the server is restarting; retry shortly"
-        except FileNotFoundError:
-            return None
-
-    def draining(self) -> str | None:
-        if not self.dir:
-            return None
-        try:
-            with open(self._draining) as f:
-                return f.read() or SHUTTING_DOWN
-        except FileNotFoundError:
-            return None
-
-    def refusal(self) -> str | None:
-        """Why a new request is refused now, if it is."""
-        return self.broken() or self.draining()
-
-    def set_broken(self, message: str) -> None:
-        self._write(self._broken, message)
-
-    def set_draining(self, message: str = SHUTTING_DOWN) -> None:
-        self._write(self._draining, message)
-
-    @staticmethod
-    def _write(path: str, message: str) -> None:
-        tmp = f"{path}.tmp"  # written whole, then renamed: a reader never sees half a message
-        Path(tmp).write_text(message)
-        os.replace(tmp, path)
-
-    def clear(self) -> None:
-        for path in (self._broken, self._draining):
-            Path(path).unlink(missing_ok=True)
 
 
 def find_stubs(repo: Path) -> dict[int, str]:

@@ -88,7 +88,7 @@ PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies, so a
     killed launcher (or test run) leaves no server behind; its stubs then exit on their own
-    (:func:`serving.supervise.start_heartbeat`). Runs between fork and exec: no imports here."""
+    (:func:`serving.run_folder.start_heartbeat`). Runs between fork and exec: no imports here."""
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 

@@ -2,7 +2,8 @@
 
 The module tree reproduces the parameter names and shapes of 3D-Speaker's `CAMPPlus`
 as FireRedTTS3 uses it, so the released `campplus_voxceleb.bin` (a plain state dict)
-loads strictly. The network, front to back:
+loads strictly. One network in one file (over 300 lines because its blocks only make sense together and
+mirror the released checkpoint's module tree). The network, front to back:
 
 - `head`: a 2-D residual CNN over (frequency, time) that divides the frequency axis
   by 8 (three stride-2 steps) and flattens channels x frequency.

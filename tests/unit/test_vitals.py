@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.supervise import DEFERRABLE, RunFlags, Supervisor
+from serving.run_folder import RunFlags
+from serving.supervise import DEFERRABLE, Supervisor
 from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, Incident, Observation, Vitals, samples
 
 MODELS = frozenset({"tts", "generator", "vocoder", "prompt_encoder", "voices"})

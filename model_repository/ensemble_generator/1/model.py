@@ -24,7 +24,7 @@ from serving.bls import BLS, BLSGenerator, Waits, watch
 from serving.cancel import CancelBoard
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
-from serving.supervise import RunFlags, start_heartbeat
+from serving.run_folder import RunFlags, start_heartbeat
 from serving.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,

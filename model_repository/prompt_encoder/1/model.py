@@ -17,7 +17,7 @@ from serving.auth import Keys, Refused
 from serving.cancel import CancelBoard
 from serving.model_options import PromptEncoderOptions
 from serving.requests import check_language, check_name, check_ref_audio, check_text
-from serving.supervise import start_heartbeat
+from serving.run_folder import start_heartbeat
 from serving.triton_io import (
     bytes_tensor,
     error_response,

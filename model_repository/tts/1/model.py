@@ -19,7 +19,7 @@ from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.model_options import TTSOptions
 from serving.requests import build_request
-from serving.supervise import RunFlags, start_heartbeat
+from serving.run_folder import RunFlags, start_heartbeat
 from serving.triton_io import (
     checkpoint_path,
     error_response,

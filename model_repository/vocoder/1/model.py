@@ -20,7 +20,7 @@ from engine.protocol import failure_reason
 from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
 from serving.model_options import VocoderOptions
-from serving.supervise import start_heartbeat
+from serving.run_folder import start_heartbeat
 from serving.triton_io import Throttled, load_tts, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")

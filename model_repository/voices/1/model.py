@@ -10,7 +10,7 @@ from engine.protocol import NOT_FOUND, Unavailable
 from serving.auth import ADMIN_PARAMETER, Keys, Refused
 from serving.model_options import VoicesOptions
 from serving.requests import check_name, check_ref_audio, check_text
-from serving.supervise import start_heartbeat
+from serving.run_folder import start_heartbeat
 from serving.triton_io import (
     bls_error,
     bytes_tensor,
