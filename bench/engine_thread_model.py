@@ -12,7 +12,7 @@ import time
 import triton_python_backend_utils as pb
 
 from serving.model_options import GeneratorOptions
-from serving.triton_io import chunk_tensors, load_tts, stream_request
+from serving.triton_io import chunk_tensors, load_model, stream_request
 
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 METRIC = "bench_engine_thread_step_seconds"  # step_overhead.ET_METRIC reads this histogram
@@ -23,8 +23,8 @@ class TritonPythonModel:
         from engine.streams import GeneratorService
 
         opts = GeneratorOptions.read(args)
-        self.tts = load_tts(opts, parts=("core",))
-        self.svc = GeneratorService(self.tts, opts.slots, opts.max_len)
+        self.model = load_model(opts, parts=("core",))
+        self.svc = GeneratorService(self.model, opts.slots, opts.max_len)
         self.fam = pb.MetricFamily(METRIC, "engine-thread generator step", pb.MetricFamily.HISTOGRAM)
         self.hist = self.fam.Metric(buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0])
         self.inbox = queue.Queue()
@@ -34,7 +34,7 @@ class TritonPythonModel:
         self.thread.start()
 
     def _parse(self, r):
-        return stream_request(pb, r, self.tts)
+        return stream_request(pb, r, self.model)
 
     def execute(self, requests):
         for r in requests:

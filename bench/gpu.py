@@ -33,11 +33,11 @@ import torch
 
 from engine.checkpoint import Models, RedAE, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS
+from engine.fireredtts3 import FireRedTTS3
 from engine.kv_cache import capacity_line, pages_for, typical_positions
 from engine.layers.attention import select_attention
 from engine.models.core import FireRedTTS3Core
 from engine.params import MAX_PATCHES, GenerationParams
-from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE
 from engine.random_checkpoint import randomize
@@ -45,7 +45,7 @@ from engine.random_checkpoint import randomize
 PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
 
 
-def random_tts(preset: str, device, dtype=None, seed: int = 0) -> FireRedTTS3:
+def random_model(preset: str, device, dtype=None, seed: int = 0) -> FireRedTTS3:
     """``preset``'s networks with random weights (the checkpoint writer's init), built on ``device`` in
     the per-network dtypes; a stop head that never fires. No tokenizer, no CAM++, nothing written."""
     p = PRESETS[preset]
@@ -71,23 +71,23 @@ def _wrap(core, redae, device, dtype, name) -> FireRedTTS3:
     return FireRedTTS3(Models(core, redae, None, None, name, Path(".")), device, policy["backbone"], policy)
 
 
-def moved(tts: FireRedTTS3, device, dtype=None) -> FireRedTTS3:
+def moved(model: FireRedTTS3, device, dtype=None) -> FireRedTTS3:
     """The same weights on another device, in that device's per-network dtypes."""
-    core, redae = copy.deepcopy(tts.core), copy.deepcopy(tts.models.redae)
-    return _wrap(core, redae, torch.device(device), dtype, tts.identity)
+    core, redae = copy.deepcopy(model.core), copy.deepcopy(model.models.redae)
+    return _wrap(core, redae, torch.device(device), dtype, model.identity)
 
 
-def typical_stream(tts: FireRedTTS3, seed: int) -> tuple[list[int], VoicePrompt]:
+def typical_stream(model: FireRedTTS3, seed: int) -> tuple[list[int], VoicePrompt]:
     """Random text tokens and prompt of a typical stream's sizes, its context already mid-utterance
     (the text stands in for half the speech patches)."""
     prefix, speech = typical_positions()
     ref_patches = math.ceil(SAMPLE_RATE / PATCH_SAMPLES * 10)
     n_tokens = prefix - 1 - ref_patches + speech // 2
     g = torch.Generator().manual_seed(seed)
-    vocab = tts.core.cfg.backbone.vocab_size
+    vocab = model.core.cfg.backbone.vocab_size
     tokens = torch.randint(0, vocab, (n_tokens,), generator=g).tolist()
-    lat = torch.randn(4 * ref_patches, tts.core.cfg.redae_dim, generator=g)
-    spk = torch.randn(tts.core.cfg.spk_in_dim, generator=g)
+    lat = torch.randn(4 * ref_patches, model.core.cfg.redae_dim, generator=g)
+    spk = torch.randn(model.core.cfg.spk_in_dim, generator=g)
     return tokens, VoicePrompt(lat, spk, "")
 
 
@@ -98,10 +98,10 @@ def snr_db(ref: torch.Tensor, got: torch.Tensor) -> float:
 
 
 @torch.inference_mode()
-def generate(tts: FireRedTTS3, patches: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(model: FireRedTTS3, patches: int, seed: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
     """One stream of ``patches`` patches -> (latents (4N, 64), audio of prompt + latents), on CPU."""
-    tokens, prompt = typical_stream(tts, seed)
-    gen = tts.generator(1, len(tokens) + 1 + prompt.num_patches + patches, attention="sdpa")
+    tokens, prompt = typical_stream(model, seed)
+    gen = model.generator(1, len(tokens) + 1 + prompt.num_patches + patches, attention="sdpa")
     s = gen.new_stream(0, tokens, prompt, GenerationParams(seed=seed, min_patches=patches, max_patches=patches))
     out = []
     while not s.finished:
@@ -109,18 +109,18 @@ def generate(tts: FireRedTTS3, patches: int, seed: int = 7) -> tuple[torch.Tenso
         if r.latents is not None:
             out.append(r.latents)
     lat = torch.cat(out).float().cpu()
-    return lat, decode(tts, torch.cat([prompt.latents, lat]))
+    return lat, decode(model, torch.cat([prompt.latents, lat]))
 
 
 @torch.inference_mode()
-def decode(tts: FireRedTTS3, latents: torch.Tensor) -> torch.Tensor:
-    x = latents[None].to(tts.device, tts.dtypes["decoder"])
-    return tts.models.redae.decoder(x)[0].float().cpu()
+def decode(model: FireRedTTS3, latents: torch.Tensor) -> torch.Tensor:
+    x = latents[None].to(model.device, model.dtypes["decoder"])
+    return model.models.redae.decoder(x)[0].float().cpu()
 
 
 def agreement(preset: str, device, patches: int) -> list[str]:
     """GPU (per-network dtypes) vs CPU float32, same weights and seeds."""
-    cpu = random_tts(preset, "cpu")
+    cpu = random_model(preset, "cpu")
     dev = moved(cpu, device)
     lat_c, audio_c = generate(cpu, patches)
     lat_g, audio_g = generate(dev, patches)
@@ -134,8 +134,8 @@ def agreement(preset: str, device, patches: int) -> list[str]:
     return [line]
 
 
-def _dtypes(tts: FireRedTTS3) -> str:
-    return ", ".join(f"{k} {str(v).removeprefix('torch.')}" for k, v in tts.dtypes.items())
+def _dtypes(model: FireRedTTS3) -> str:
+    return ", ".join(f"{k} {str(v).removeprefix('torch.')}" for k, v in model.dtypes.items())
 
 
 def _sync(device) -> None:
@@ -144,16 +144,16 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def time_steps(tts: FireRedTTS3, n: int, attention: str, steps: int, flow_steps: int) -> dict:
+def time_steps(model: FireRedTTS3, n: int, attention: str, steps: int, flow_steps: int) -> dict:
     """n typical streams through one generator: prefill all, then ``steps`` timed batched steps."""
-    dev = tts.device
+    dev = model.device
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    tokens, prompt = typical_stream(tts, 1)
+    tokens, prompt = typical_stream(model, 1)
     total = steps + 4
     max_len = 1 + len(tokens) + prompt.num_patches + total
-    gen = tts.generator(n, max_len, attention=attention)
+    gen = model.generator(n, max_len, attention=attention)
     params = GenerationParams(seed=0, steps=flow_steps, min_patches=total, max_patches=total)
     streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
     _sync(dev)
@@ -240,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     try:
         t0 = time.perf_counter()
-        tts = random_tts(preset, device)
+        model = random_model(preset, device)
         _sync(device)
-        bb = tts.core.cfg.backbone
+        bb = model.core.cfg.backbone
         info.append(
             f"{preset} preset built on {device} with random weights in {time.perf_counter() - t0:.1f} s: "
-            f"{count_parameters(tts.core) / 1e6:.0f} M core parameters ({_dtypes(tts)})"
+            f"{count_parameters(model.core) / 1e6:.0f} M core parameters ({_dtypes(model)})"
         )
-        kinds, reason = attention_choices(device, tts.dtype, bb.head_dim)
+        kinds, reason = attention_choices(device, model.dtype, bb.head_dim)
         if reason:
             info.append(f"FlashInfer not timed: {reason}")
         else:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     rows.append(
-                        {"attention": attention, "streams": n, **time_steps(tts, n, attention, steps, args.flow_steps)}
+                        {"attention": attention, "streams": n, **time_steps(model, n, attention, steps, args.flow_steps)}
                     )
                 except Exception as e:
                     print(f"{attention}, {n} streams failed:", file=sys.stderr)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{attention} x {n}: done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr, flush=True)
         # the pool of a server with max(streams) slots of 2,048 positions (arithmetic: 56 GiB at 256 streams)
         pages = max(streams) * pages_for(2048)
-        dtype = tts.core.backbone_llm.norm.weight.dtype
+        dtype = model.core.backbone_llm.norm.weight.dtype
         info.append(capacity_line(bb, dtype, pages, max(streams), MAX_PATCHES.default))
     except Exception as e:
         info.append(f"building or timing the {preset} preset failed: {type(e).__name__}: {e}")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from bench.gpu import decode, generate, moved, random_tts, snr_db
+from bench.gpu import decode, generate, moved, random_model, snr_db
 from engine.protocol import SAMPLE_RATE
 
 BF16 = torch.bfloat16
@@ -39,9 +39,9 @@ def reference_clip(seconds: float = 3.0) -> np.ndarray:
 
 
 @torch.inference_mode()
-def encode(tts, audio: np.ndarray) -> torch.Tensor:
-    x = torch.from_numpy(audio).to(tts.device, tts.dtypes["encoder"])[None]
-    return tts.models.redae.encoder(x)[0].float().cpu()
+def encode(model, audio: np.ndarray) -> torch.Tensor:
+    x = torch.from_numpy(audio).to(model.device, model.dtypes["encoder"])[None]
+    return model.models.redae.encoder(x)[0].float().cpu()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    ref = random_tts(args.preset, "cpu")
+    ref = random_model(args.preset, "cpu")
     clip = reference_clip(3.0 - 3.0 % 0.16)
     lat_ref, audio_ref = generate(ref, args.patches)
     prompt_ref = encode(ref, clip)
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|",
     ]
     for name, dtype in VARIANTS.items():
-        tts = moved(ref, "cpu", dtype)
-        lat, audio = generate(tts, args.patches)
-        dec = decode(tts, lat_ref)
-        cells = [snr_db(prompt_ref, encode(tts, clip)), snr_db(lat_ref[:4], lat[:4]), snr_db(lat_ref, lat),
+        model = moved(ref, "cpu", dtype)
+        lat, audio = generate(model, args.patches)
+        dec = decode(model, lat_ref)
+        cells = [snr_db(prompt_ref, encode(model, clip)), snr_db(lat_ref[:4], lat[:4]), snr_db(lat_ref, lat),
                  snr_db(audio_ref, audio), snr_db(decode(ref, lat_ref), dec)]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     print(f"{args.preset} preset, random weights, {args.patches} patches after a typical prompt, CPU, "

@@ -57,8 +57,8 @@ sys.path.insert(0, str(REPO))
 
 from client.tts_client import TTSClient
 from engine.config import nostop
+from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
-from engine.pipeline import FireRedTTS3
 from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
 from serving.auth import Keys
@@ -110,10 +110,10 @@ class InProcess:
 
     def __init__(self, ck: Path, slots: int, max_len: int, steps: int):
         torch.set_num_threads(1)
-        self.tts = FireRedTTS3.from_checkpoint(ck)
-        self.prompt = self.tts.encode_prompt(None)
-        self.tokens = self.tts.tokens(TEXT, "English", self.prompt)
-        self.svc = GeneratorService(self.tts, slots, max_len)
+        self.model = FireRedTTS3.from_checkpoint(ck)
+        self.prompt = self.model.encode_prompt(None)
+        self.tokens = self.model.tokens(TEXT, "English", self.prompt)
+        self.svc = GeneratorService(self.model, slots, max_len)
         self.steps = steps
         self.ids = itertools.count()
 
@@ -146,14 +146,14 @@ def batch_counts(srv: TritonServer, model: str) -> dict[int, int]:
 class GeneratorClient:
     """Concurrent streaming requests to a generator model over one gRPC stream."""
 
-    def __init__(self, srv: TritonServer, tts: FireRedTTS3):
+    def __init__(self, srv: TritonServer, model: FireRedTTS3):
         import tritonclient.grpc as grpcclient
 
         self.g = grpcclient
         self.client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.ports.grpc}")
         self.events: queue.Queue = queue.Queue()
         self.client.start_stream(callback=self._cb, stream_timeout=3600)
-        prompt = tts.encode_prompt(None)
+        prompt = model.encode_prompt(None)
         self.latents = prompt.latents.float().numpy()[None]
         self.speaker = prompt.speaker.float().numpy()[None]
         self.seq = itertools.count(int(time.time()) << 20)
@@ -269,7 +269,7 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
         return wall, s, c, sizes
 
     with srv:
-        gc = GeneratorClient(srv, local.tts)
+        gc = GeneratorClient(srv, local.model)
         try:
             for n in args.streams:
                 row = rows[(preset, n)]

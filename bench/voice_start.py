@@ -49,12 +49,12 @@ def main() -> None:
 
     import torch
 
-    from engine.pipeline import FireRedTTS3
+    from engine.fireredtts3 import FireRedTTS3
     from serving.voice_store import VoiceStore
 
     torch.set_num_threads(1)
-    tts = FireRedTTS3.from_checkpoint(ck, parts=("encoder", "campp"))
-    store = VoiceStore(work / "inproc", tts.identity, tts.encode_prompt)
+    model = FireRedTTS3.from_checkpoint(ck, parts=("encoder", "campp"))
+    store = VoiceStore(work / "inproc", model.identity, model.encode_prompt)
     ref = clip(0, args.ref_seconds)
     t0 = time.perf_counter()
     store.register("v", ref, 16000, "text")

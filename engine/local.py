@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
+from engine.fireredtts3 import FireRedTTS3
 from engine.orchestrator import Orchestrator, Segment
-from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
 from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.streams import GeneratorService, VocoderService
@@ -21,23 +21,23 @@ from engine.streams import GeneratorService, VocoderService
 class LocalPrompts:
     """Voice -> prompt: a :class:`VoicePrompt` as is, ``(audio, sample_rate, text)`` encoded, None silent."""
 
-    def __init__(self, tts: FireRedTTS3):
-        self.tts = tts
+    def __init__(self, model: FireRedTTS3):
+        self.model = model
 
     async def encode(self, voice) -> VoicePrompt:
         if voice is None:
-            return self.tts.encode_prompt(None)
+            return self.model.encode_prompt(None)
         if isinstance(voice, VoicePrompt):
             return voice
         audio, sample_rate, text = voice
-        return self.tts.encode_prompt(audio, sample_rate, text)
+        return self.model.encode_prompt(audio, sample_rate, text)
 
 
 class LocalGenerator:
     """Generator streams stepped one at a time in this process (a slot each, up to ``slots`` at once)."""
 
-    def __init__(self, tts: FireRedTTS3, slots: int = 1, max_len: int | None = None):
-        self.tts = tts
+    def __init__(self, model: FireRedTTS3, slots: int = 1, max_len: int | None = None):
+        self.model = model
         self.slots = slots
         self.max_len = max_len
         self.service: GeneratorService | None = None
@@ -46,13 +46,13 @@ class LocalGenerator:
         """The service; without a fixed ``max_len`` it is (re)built, when idle, long enough for ``need``."""
         svc = self.service
         if svc is None or (not self.max_len and svc.active == 0 and svc.gen.cache.max_len < need):
-            self.service = svc = GeneratorService(self.tts, self.slots, self.max_len or need)
+            self.service = svc = GeneratorService(self.model, self.slots, self.max_len or need)
         return svc
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         prompt: VoicePrompt = segment.prompt
         try:
-            tokens = self.tts.tokens(segment.text, segment.language, prompt)
+            tokens = self.model.tokens(segment.text, segment.language, prompt)
             need = 1 + len(tokens) + prompt.num_patches + segment.params.max_patches
             service = self._service(need)
             service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
@@ -71,16 +71,16 @@ class LocalGenerator:
 
 
 class LocalVocoder:
-    def __init__(self, tts: FireRedTTS3, primed_cache: int = 0):
-        self.service = VocoderService(tts, primed_cache=primed_cache)
+    def __init__(self, model: FireRedTTS3, primed_cache: int = 0):
+        self.service = VocoderService(model, primed_cache=primed_cache)
 
     async def decode(self, chunk: Chunk) -> np.ndarray:
         return self.service.process(chunk)
 
 
-def local_orchestrator(tts: FireRedTTS3, slots: int = 1, max_len: int | None = None) -> Orchestrator:
+def local_orchestrator(model: FireRedTTS3, slots: int = 1, max_len: int | None = None) -> Orchestrator:
     """The whole pipeline in this process."""
     return Orchestrator(
-        LocalPrompts(tts), LocalGenerator(tts, slots, max_len), LocalVocoder(tts),
-        lambda text: len(tts.models.tokenizer.encode(text)),
+        LocalPrompts(model), LocalGenerator(model, slots, max_len), LocalVocoder(model),
+        lambda text: len(model.models.tokenizer.encode(text)),
     )  # fmt: skip

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.fireredtts3 import FireRedTTS3, PrimedDecoder
 from engine.generator import Stream
 from engine.models.redae import decode_together, joinable
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
-from engine.pipeline import FireRedTTS3, PrimedDecoder
 from engine.prompt import VoicePrompt
 from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, end_chunk
 from engine.scheduler import Scheduler
@@ -56,14 +56,14 @@ class GeneratorService:
     """
 
     def __init__(
-        self, tts: FireRedTTS3, slots: int, max_len: int, kv_pages: int | None = None,
+        self, model: FireRedTTS3, slots: int, max_len: int, kv_pages: int | None = None,
         kv_memory_gb: float | None = None, attention: str = "auto",
     ):  # fmt: skip
         if slots < 1:
             raise ValueError("need at least one slot")
-        self.tts = tts
+        self.model = model
         self.slots = slots
-        self.gen = tts.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
+        self.gen = model.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
         self.scheduler = Scheduler(slots, getattr(self.gen.cache, "blocks", None))
         self.live: dict[int, GeneratorStream] = {}
 
@@ -149,8 +149,8 @@ class VocoderService:
     once per distinct prompt and kept in a small LRU: streams of a stored voice start from a copy.
     """
 
-    def __init__(self, tts: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32, max_streams: int = 1024):
-        self.tts = tts
+    def __init__(self, model: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32, max_streams: int = 1024):
+        self.model = model
         self.idle_seconds, self.max_streams = idle_seconds, max_streams
         self.streams: dict[int, VocoderStream] = {}
         self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
@@ -165,7 +165,7 @@ class VocoderService:
             self.primed.move_to_end(key)
             self.primed_hits += 1
             return self.primed[key].clone()
-        decoder = self.tts.decoder_stream(torch.from_numpy(lat))
+        decoder = self.model.decoder_stream(torch.from_numpy(lat))
         if self.primed_cache > 0:
             self.primed[key] = decoder.clone()
             while len(self.primed) > self.primed_cache:
@@ -253,7 +253,7 @@ class VocoderService:
             lat = np.stack([np.ascontiguousarray(chunks[i].latents, np.float32) for i in group])
             try:
                 audio = decode_together(
-                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.tts.device, self.tts.dtypes["decoder"])
+                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.model.device, self.model.dtypes["decoder"])
                 )
             except Exception as e:  # nothing was changed: fail these chunks only
                 for i in group:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.audio import load_audio, write_wav
+from engine.fireredtts3 import FireRedTTS3
 from engine.frontend.language import use_lid_model
 from engine.local import local_orchestrator
 from engine.orchestrator import Utterance
@@ -28,13 +29,12 @@ from engine.params import (
     generation_params,
     parse_parameters,
 )
-from engine.pipeline import FireRedTTS3
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE, StreamFailed
 
 
 def stream_audio(
-    tts: FireRedTTS3,
+    model: FireRedTTS3,
     text: str,
     language: str | None = None,
     prompt: VoicePrompt | None = None,
@@ -51,7 +51,7 @@ def stream_audio(
     generated with the same seed and joined with a 50 ms cross-fade. Raises ValueError for bad input.
     """
     utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize)
-    pieces = local_orchestrator(tts).run(utterance, prompt)
+    pieces = local_orchestrator(model).run(utterance, prompt)
     loop = asyncio.new_event_loop()
     try:
         while True:
@@ -69,7 +69,7 @@ def stream_audio(
 
 
 def synthesize(
-    tts: FireRedTTS3,
+    model: FireRedTTS3,
     text: str,
     language: str | None = None,
     ref_audio: np.ndarray | None = None,
@@ -85,8 +85,8 @@ def synthesize(
 
     Without ``ref_audio`` the voice prompt is one patch of silence (the model then picks a voice).
     """
-    prompt = tts.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
-    chunks = stream_audio(tts, text, language, prompt, params, schedule, split_tokens, normalize)
+    prompt = model.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
+    chunks = stream_audio(model, text, language, prompt, params, schedule, split_tokens, normalize)
     return np.concatenate(list(chunks))
 
 
@@ -125,11 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as e:  # no fasttext package
                 raise ValueError(str(e)) from None
         t0 = time.perf_counter()
-        tts = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
+        model = FireRedTTS3.from_checkpoint(args.checkpoint, device=args.device)
         t1 = time.perf_counter()
         ref = load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
-            tts, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
+            model, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
             values["normalize"],
         )  # fmt: skip
         t2 = time.perf_counter()

@@ -22,7 +22,7 @@ from serving.generator_metrics import GeneratorMetrics
 from serving.live_streams import LiveStreams
 from serving.model_options import GeneratorOptions
 from serving.run_folder import start_heartbeat
-from serving.triton_io import load_tts
+from serving.triton_io import load_model
 
 log = logging.getLogger("generator")
 
@@ -32,10 +32,10 @@ class GeneratorHost:
         from engine.streams import GeneratorService
 
         start_heartbeat(opts.run_dir, "generator")
-        self.tts = load_tts(opts, parts=("core",))
+        self.model = load_model(opts, parts=("core",))
         # kv_memory_gb 0: the default pool (slots x max_len positions)
         kv_memory_gb = opts.kv_memory_gb or None
-        self.service = GeneratorService(self.tts, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
+        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
                                         attention=opts.attention)  # fmt: skip
         self.scheduler = self.service.scheduler
         self.cancels = CancelBoard(opts.cancel_dir or None)

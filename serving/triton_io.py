@@ -50,12 +50,12 @@ def checkpoint_path(checkpoint: str) -> str:
     return path
 
 
-def load_tts(options, parts: tuple[str, ...]):
+def load_model(options, parts: tuple[str, ...]):
     """The model's parts of FireRedTTS3 for ``options`` (any of serving.model_options with ``checkpoint``
     and ``device``)."""
     import torch
 
-    from engine.pipeline import FireRedTTS3
+    from engine.fireredtts3 import FireRedTTS3
 
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
     return FireRedTTS3.from_checkpoint(checkpoint_path(options.checkpoint), device=options.device, parts=parts)
@@ -180,7 +180,7 @@ def read_chunk(tensor):
     )
 
 
-def stream_request(pb, request, tts, parameters: str | dict | None = None):
+def stream_request(pb, request, model, parameters: str | dict | None = None):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
     the input for bad input. ``parameters``: the request's, if already read (default: all of them).
     TEXT is spoken as given: tts and tts_ensemble's prompt_encoder have run the front end on it. Used by
@@ -198,8 +198,8 @@ def stream_request(pb, request, tts, parameters: str | dict | None = None):
     rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
     latents = rows.astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
-    if speaker.size != tts.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
-        raise ValueError(f"SPEAKER has {speaker.size} values; expected {tts.core.cfg.spk_in_dim}")
+    if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
+        raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
     speaker = speaker.astype(np.float32)
     text_of_prompt = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
     try:
@@ -207,4 +207,4 @@ def stream_request(pb, request, tts, parameters: str | dict | None = None):
         prompt = VoicePrompt(latents_t, torch.from_numpy(speaker), text_of_prompt)
     except ValueError as e:
         raise ValueError(f"PROMPT_LATENTS: {e}") from None
-    return tts.tokens(text, language, prompt), prompt, params, schedule
+    return model.tokens(text, language, prompt), prompt, params, schedule

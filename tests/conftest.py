@@ -18,10 +18,10 @@ def tiny_ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tts(tiny_ckpt):
+def model(tiny_ckpt):
     import torch
 
-    from engine.pipeline import FireRedTTS3
+    from engine.fireredtts3 import FireRedTTS3
 
     torch.set_num_threads(1)
     return FireRedTTS3.from_checkpoint(tiny_ckpt)

@@ -24,14 +24,14 @@ def check_disjoint(cache: PagedCache) -> None:
     assert len(set(blocks.free_pages)) == len(blocks.free_pages)
 
 
-def generate_together(gen: Generator, tts, n: int, slot_of=lambda i, n: n - 1 - i) -> list[torch.Tensor]:
+def generate_together(gen: Generator, model, n: int, slot_of=lambda i, n: n - 1 - i) -> list[torch.Tensor]:
     """n streams, stream i of 5 + 7i patches joining at step i, stepped together until all finish
     -> per stream its (patches, 4, 64) latents. A paged cache is checked for disjoint pages every step."""
-    prompt = tts.encode_prompt(None)
+    prompt = model.encode_prompt(None)
     streams, outs = [], [[] for _ in range(n)]
     for step in range(2000):
         if step < n:
-            toks = tts.tokens(TEXTS[step], "English", prompt)
+            toks = model.tokens(TEXTS[step], "English", prompt)
             length = 5 + 7 * step
             params = GenerationParams(seed=step, max_patches=length, min_patches=length)
             streams.append(gen.new_stream(slot_of(step, n), toks, prompt, params))

@@ -12,11 +12,11 @@ from engine.config import SAMPLES_PER_LATENT
 from engine.params import GenerationParams
 
 
-def reference_latents(tts, text: str, params: GenerationParams, prompt=None, language: str = "English"):
+def reference_latents(model, text: str, params: GenerationParams, prompt=None, language: str = "English"):
     """(4N, 64) latents of one segment, generated patch by patch in a batch of one."""
-    prompt = prompt or tts.encode_prompt(None)
-    tokens = tts.tokens(text, language, prompt)
-    gen = tts.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
+    prompt = prompt or model.encode_prompt(None)
+    tokens = model.tokens(text, language, prompt)
+    gen = model.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
     stream = gen.new_stream(0, tokens, prompt, params)
     out = []
     while not stream.finished:
@@ -27,12 +27,12 @@ def reference_latents(tts, text: str, params: GenerationParams, prompt=None, lan
 
 
 @torch.inference_mode()
-def reference_audio(tts, text: str, params: GenerationParams, prompt=None, language: str = "English") -> np.ndarray:
+def reference_audio(model, text: str, params: GenerationParams, prompt=None, language: str = "English") -> np.ndarray:
     """(n,) float32 audio of one segment: whole-utterance decode, prompt samples cut."""
-    prompt = prompt or tts.encode_prompt(None)
-    latents = reference_latents(tts, text, params, prompt, language)
-    whole = torch.cat([prompt.latents, latents])[None].to(tts.device, tts.dtype)
-    audio = tts.models.redae.decoder(whole)[0].float().cpu().numpy()
+    prompt = prompt or model.encode_prompt(None)
+    latents = reference_latents(model, text, params, prompt, language)
+    whole = torch.cat([prompt.latents, latents])[None].to(model.device, model.dtype)
+    audio = model.models.redae.decoder(whole)[0].float().cpu().numpy()
     return audio[prompt.latents.shape[0] * SAMPLES_PER_LATENT :]
 
 
@@ -41,30 +41,30 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return float("inf") if err == 0 else 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / err)
 
 
-def spoken(tts, text: str, language: str | None = None) -> str:
+def spoken(model, text: str, language: str | None = None) -> str:
     """The one segment the front end makes of a short ``text`` (cleaned, normalized)."""
     from engine.frontend import prepare
 
-    (segment,) = prepare(text, language, lambda t: len(tts.models.tokenizer.encode(t))).segments
+    (segment,) = prepare(text, language, lambda t: len(model.models.tokenizer.encode(t))).segments
     return segment
 
 
 def reference_long(
-    tts, text: str, params: GenerationParams, split_tokens: int, prompt=None, language: str | None = None
+    model, text: str, params: GenerationParams, split_tokens: int, prompt=None, language: str | None = None
 ) -> np.ndarray:
     """A long text: the front end's segments (:func:`engine.frontend.prepare`), each one's
     :func:`reference_audio`, joined by a 50 ms linear cross-fade."""
     from engine.frontend import prepare
 
     def count(t: str) -> int:
-        return len(tts.models.tokenizer.encode(t))
+        return len(model.models.tokenizer.encode(t))
 
     prepared = prepare(text, language, count, split_tokens, max_patches=params.max_patches)
     segments, language = prepared.segments, prepared.language
-    out = reference_audio(tts, segments[0], params, prompt, language)
+    out = reference_audio(model, segments[0], params, prompt, language)
     ramp = np.arange(1200, dtype=np.float64) / 1199
     for segment in segments[1:]:
-        nxt = reference_audio(tts, segment, params, prompt, language)
+        nxt = reference_audio(model, segment, params, prompt, language)
         mixed = out[-1200:] * (1 - ramp) + nxt[:1200] * ramp
         out = np.concatenate([out[:-1200], mixed.astype(np.float32), nxt[1200:]])
     return out

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from client import TTSClient, TTSError
+from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
-from engine.pipeline import FireRedTTS3
 from tests.integration.helpers import in_parallel, metrics, wait_gauges_zero
 from tests.reference import reference_audio, snr_db, spoken
 

@@ -106,14 +106,14 @@ def fresh_log(monkeypatch):
     monkeypatch.setattr(attention, "_logged", set())
 
 
-def _paged(tts, n, module, page_size=16):
+def _paged(model, n, module, page_size=16):
     choice = attention.AttentionChoice("flashinfer", "", module)
-    cache = PagedCache(tts.core.cfg.backbone, n, 128, "cpu", torch.float32, None, page_size, choice)
-    return Generator(tts.core, cache)
+    cache = PagedCache(model.core.cfg.backbone, n, 128, "cpu", torch.float32, None, page_size, choice)
+    return Generator(model.core, cache)
 
 
-def _sdpa(tts, n, page_size=16):
-    return Generator(tts.core, PagedCache(tts.core.cfg.backbone, n, 128, "cpu", torch.float32, None, page_size))
+def _sdpa(model, n, page_size=16):
+    return Generator(model.core, PagedCache(model.core.cfg.backbone, n, 128, "cpu", torch.float32, None, page_size))
 
 
 # --- page metadata ------------------------------------------------------------------------------------
@@ -124,9 +124,9 @@ def test_page_metadata_layout():
     assert {t.dtype for t in (indptr, indices, last)} == {torch.int32}
 
 
-def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(tts):
+def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(model):
     """Three rows of different lengths, one decode token each: the planned step's result is SDPA's."""
-    cfg = tts.core.cfg.backbone
+    cfg = model.core.cfg.backbone
     choice = attention.AttentionChoice("flashinfer", "", fake_flashinfer())
     fi = PagedCache(cfg, 3, 64, "cpu", torch.float32, None, 4, choice)
     sd = PagedCache(cfg, 3, 64, "cpu", torch.float32, None, 4)
@@ -151,13 +151,13 @@ def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(tts):
 
 
 @pytest.mark.parametrize("n", [1, 4])
-def test_generation_through_the_double_equals_sdpa(tts, n):
+def test_generation_through_the_double_equals_sdpa(model, n):
     """Prefill (prefill wrapper, causal) and decode (decode wrapper) through FlashInfer's API give SDPA's
     latents (not bit for bit: the double attends over each stream's own keys, SDPA over padded rows)."""
     FakeDecode.calls = []
-    want = generate_together(_sdpa(tts, n, page_size=4), tts, n)
-    gen = _paged(tts, n, fake_flashinfer(), page_size=4)
-    got = generate_together(gen, tts, n)
+    want = generate_together(_sdpa(model, n, page_size=4), model, n)
+    gen = _paged(model, n, fake_flashinfer(), page_size=4)
+    got = generate_together(gen, model, n)
     assert gen.attention == "flashinfer" and gen.attention_fallback_reason == ""
     steps = max(i + len(w) for i, w in enumerate(want))  # stream i joins at step i
     assert len(FakeDecode.calls) == steps - 1  # once per step that decodes (all but the first), not per layer
@@ -216,26 +216,26 @@ class _Raises(FakeDecode):
 
 
 @pytest.mark.parametrize("where", ["plan", "run"])
-def test_plan_or_run_failure_falls_back_and_generation_continues(tts, where, caplog):
+def test_plan_or_run_failure_falls_back_and_generation_continues(model, where, caplog):
     class Decode(_Raises):
         def __init__(self, *a, **k):
             super().__init__(*a, where=where, **k)
 
-    want = generate_together(_sdpa(tts, 3), tts, 3)
-    gen = _paged(tts, 3, fake_flashinfer(decode=Decode))
+    want = generate_together(_sdpa(model, 3), model, 3)
+    gen = _paged(model, 3, fake_flashinfer(decode=Decode))
     with caplog.at_level(logging.WARNING, logger=attention.log.name):
-        got = generate_together(gen, tts, 3)
+        got = generate_together(gen, model, 3)
     reason = f"{where}_failed"
     assert gen.attention == "sdpa" and gen.attention_fallback_reason == reason
     assert sum(f"reason {reason}" in r.getMessage() for r in caplog.records) == 1
     assert_agree(got, want)  # the prefills ran on the double, the rest on SDPA
 
 
-def test_wrapper_construction_failure_is_a_plan_failure(tts):
+def test_wrapper_construction_failure_is_a_plan_failure(model):
     def broken(*a, **k):
         raise RuntimeError("workspace")
 
-    gen = _paged(tts, 1, fake_flashinfer(prefill=broken))
+    gen = _paged(model, 1, fake_flashinfer(prefill=broken))
     assert (gen.attention, gen.attention_fallback_reason) == ("sdpa", "plan_failed")
 
 

@@ -35,10 +35,10 @@ def test_snr_against_values_worked_by_hand():
 def test_a_failing_point_is_reported_and_the_run_goes_on(monkeypatch, capsys):
     real = gpu.time_steps
 
-    def flaky(tts, n, *a, **k):
+    def flaky(model, n, *a, **k):
         if n == 2:
             raise RuntimeError("CUDA out of memory")
-        return real(tts, n, *a, **k)
+        return real(model, n, *a, **k)
 
     monkeypatch.setattr(gpu, "time_steps", flaky)
     assert gpu.main(["--smoke", "--device", "cpu", "--streams", "2,1"]) == 1
@@ -48,10 +48,10 @@ def test_a_failing_point_is_reported_and_the_run_goes_on(monkeypatch, capsys):
 
 
 def test_random_models_follow_the_precision_policy():
-    tts = gpu.random_tts("tiny", "cpu", dtype={"backbone": torch.bfloat16})
-    assert tts.core.backbone_llm.norm.weight.dtype == torch.bfloat16
-    assert tts.core.dit_head.weight.dtype == torch.float32 and tts.dtype == torch.bfloat16
-    assert tts.core.stop_head.bias.item() == -30.0  # utterances run their full length
+    model = gpu.random_model("tiny", "cpu", dtype={"backbone": torch.bfloat16})
+    assert model.core.backbone_llm.norm.weight.dtype == torch.bfloat16
+    assert model.core.dit_head.weight.dtype == torch.float32 and model.dtype == torch.bfloat16
+    assert model.core.stop_head.bias.item() == -30.0  # utterances run their full length
 
 
 def test_the_shell_wrapper_runs_the_smoke_mode():

@@ -18,8 +18,8 @@ from tests.reference import reference_audio
 class FailingVocoder(LocalVocoder):
     """Fails the n-th chunk it is given (the one after is served again)."""
 
-    def __init__(self, tts, fail_at: int):
-        super().__init__(tts)
+    def __init__(self, model, fail_at: int):
+        super().__init__(model)
         self.calls, self.fail_at = 0, fail_at
 
     async def decode(self, chunk):
@@ -30,11 +30,11 @@ class FailingVocoder(LocalVocoder):
 
 
 class Pipeline:
-    def __init__(self, tts, vocoder=None):
-        self.generator = LocalGenerator(tts, slots=2, max_len=1024)
-        self.vocoder = vocoder or LocalVocoder(tts)
-        self.orchestrator = Orchestrator(LocalPrompts(tts), self.generator, self.vocoder,
-                                         lambda t: len(tts.models.tokenizer.encode(t)))  # fmt: skip
+    def __init__(self, model, vocoder=None):
+        self.generator = LocalGenerator(model, slots=2, max_len=1024)
+        self.vocoder = vocoder or LocalVocoder(model)
+        self.orchestrator = Orchestrator(LocalPrompts(model), self.generator, self.vocoder,
+                                         lambda t: len(model.models.tokenizer.encode(t)))  # fmt: skip
 
     @property
     def live(self) -> tuple[int, int]:
@@ -58,27 +58,27 @@ def collect(pieces, stop_after=None):
 NOSTOP = dict(min_patches=40, max_patches=40)
 
 
-def test_a_whole_run_equals_the_reference_and_frees_everything(tts):
-    p = Pipeline(tts)
+def test_a_whole_run_equals_the_reference_and_frees_everything(model):
+    p = Pipeline(model)
     params = GenerationParams(seed=2, min_patches=9, max_patches=9)
     pieces = collect(p.orchestrator.run(Utterance("Orchestrated", params=params, schedule=(2, 3))))
     assert pieces[-1].final and pieces[-1].finish_reason == "length"
     assert not any(piece.final for piece in pieces[:-1])
     got = np.concatenate([piece.audio for piece in pieces])
-    np.testing.assert_allclose(got, reference_audio(tts, "Orchestrated", params), atol=1e-5)
+    np.testing.assert_allclose(got, reference_audio(model, "Orchestrated", params), atol=1e-5)
     assert p.live == (0, 0)
 
 
-def test_closing_early_frees_the_slot_and_the_vocoder_stream(tts):
-    p = Pipeline(tts)
+def test_closing_early_frees_the_slot_and_the_vocoder_stream(model):
+    p = Pipeline(model)
     run = p.orchestrator.run(Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=(1, 1)))
     got = collect(run, stop_after=2)
     assert len(got) == 2 and not got[-1].final
     assert p.live == (0, 0)
 
 
-def test_task_cancellation_frees_everything(tts):
-    p = Pipeline(tts)
+def test_task_cancellation_frees_everything(model):
+    p = Pipeline(model)
 
     async def go():
         started = asyncio.Event()
@@ -105,8 +105,8 @@ def test_task_cancellation_frees_everything(tts):
     assert p.live == (0, 0)
 
 
-def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(tts):
-    p = Pipeline(tts)
+def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(model):
+    p = Pipeline(model)
     with pytest.raises(StreamFailed, match="cache positions") as e:
         collect(p.orchestrator.run(Utterance("word " * 400, params=GenerationParams(max_patches=400), split_tokens=0)))
     assert e.value.invalid
@@ -117,16 +117,16 @@ def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(tts):
     assert p.live == (0, 0)
 
 
-def test_a_vocoder_failure_closes_the_generator_stream(tts):
-    p = Pipeline(tts, FailingVocoder(tts, fail_at=3))
+def test_a_vocoder_failure_closes_the_generator_stream(model):
+    p = Pipeline(model, FailingVocoder(model, fail_at=3))
     with pytest.raises(RuntimeError, match="vocoder broke"):
         collect(p.orchestrator.run(Utterance("Breaks", params=GenerationParams(**NOSTOP), schedule=(1, 1))))
     assert p.live == (0, 0)
 
 
-def test_a_failure_in_a_later_segment_frees_that_segment(tts):
+def test_a_failure_in_a_later_segment_frees_that_segment(model):
     """Segments run one after another; the vocoder breaks in the second and nothing stays behind."""
-    p = Pipeline(tts, FailingVocoder(tts, fail_at=5))
+    p = Pipeline(model, FailingVocoder(model, fail_at=5))
     text = "The first sentence is long enough here. And a second sentence comes after it."
     params = GenerationParams(seed=3, min_patches=3, max_patches=3)
     with pytest.raises(RuntimeError, match="vocoder broke"):
@@ -134,9 +134,9 @@ def test_a_failure_in_a_later_segment_frees_that_segment(tts):
     assert p.live == (0, 0)
 
 
-def test_concurrent_utterances_do_not_mix(tts):
+def test_concurrent_utterances_do_not_mix(model):
     """Two utterances interleaved on one event loop and one 2-slot generator equal their solo references."""
-    p = Pipeline(tts)
+    p = Pipeline(model)
     texts, seeds = ["First voice", "Second voice here"], [4, 5]
 
     async def one(text, seed):
@@ -151,5 +151,5 @@ def test_concurrent_utterances_do_not_mix(tts):
         return await asyncio.gather(*(one(t, s) for t, s in zip(texts, seeds, strict=True)))
 
     for (got, params), text in zip(asyncio.run(both()), texts, strict=True):
-        np.testing.assert_allclose(got, reference_audio(tts, text, params), atol=1e-5)
+        np.testing.assert_allclose(got, reference_audio(model, text, params), atol=1e-5)
     assert p.live == (0, 0)

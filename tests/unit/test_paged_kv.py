@@ -14,13 +14,13 @@ from tests.generation import check_disjoint, generate_together, run_to_end
 from tests.slot_cache import SlotCache
 
 
-def _cache(tts, slots=2, max_len=64, num_pages=None, page_size=4):
-    return PagedCache(tts.core.cfg.backbone, slots, max_len, "cpu", torch.float32, num_pages, page_size)
+def _cache(model, slots=2, max_len=64, num_pages=None, page_size=4):
+    return PagedCache(model.core.cfg.backbone, slots, max_len, "cpu", torch.float32, num_pages, page_size)
 
 
-def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
-    cfg = tts.core.cfg.backbone
-    cache = _cache(tts, slots=2, max_len=20, num_pages=6, page_size=4)
+def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(model):
+    cfg = model.core.cfg.backbone
+    cache = _cache(model, slots=2, max_len=20, num_pages=6, page_size=4)
     assert cache.reserve(1, 9)  # 3 pages promised, none taken yet
     assert cache.pages_in_use == 0 and cache.blocks.pages_available == 3
     k = torch.randn(1, cfg.num_kv_heads, 3, cfg.head_dim)
@@ -48,8 +48,8 @@ def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(tts):
     assert cache.table[1].tolist() == [cache.blocks.pages[1][0], 0, 0, 0, 0]
 
 
-def test_default_pool_matches_the_per_slot_cache_and_sizes_follow_the_tensors(tts):
-    cfg = tts.core.cfg.backbone
+def test_default_pool_matches_the_per_slot_cache_and_sizes_follow_the_tensors(model):
+    cfg = model.core.cfg.backbone
     cache = PagedCache(cfg, 4, 100, "cpu", torch.float32)
     assert cache.num_pages == 4 * 7  # ceil(100 / 16) pages per slot
     slot = SlotCache(cfg, 4, 100, "cpu", torch.float32)
@@ -66,21 +66,21 @@ def test_default_pool_matches_the_per_slot_cache_and_sizes_follow_the_tensors(tt
 
 
 @pytest.mark.parametrize("n", [1, 8])
-def test_paged_generation_is_bit_identical_to_the_per_slot_cache(tts, n):
-    cfg = tts.core.cfg.backbone
-    want = generate_together(Generator(tts.core, SlotCache(cfg, n, 128, "cpu", torch.float32)), tts, n)
-    paged = Generator(tts.core, _cache(tts, slots=n, max_len=128, page_size=16))
-    got = generate_together(paged, tts, n)
+def test_paged_generation_is_bit_identical_to_the_per_slot_cache(model, n):
+    cfg = model.core.cfg.backbone
+    want = generate_together(Generator(model.core, SlotCache(cfg, n, 128, "cpu", torch.float32)), model, n)
+    paged = Generator(model.core, _cache(model, slots=n, max_len=128, page_size=16))
+    got = generate_together(paged, model, n)
     assert [len(g) for g in got] == [5 + 7 * i for i in range(n)]
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
     assert paged.cache.pages_in_use == 0 and paged.cache.blocks.committed == 0
 
 
-def test_generator_refuses_a_stream_the_pool_can_never_hold(tts):
-    gen = Generator(tts.core, _cache(tts, slots=2, max_len=512, num_pages=3, page_size=16))
-    prompt = tts.encode_prompt(None)
-    toks = tts.tokens("Hello", "English", prompt)
+def test_generator_refuses_a_stream_the_pool_can_never_hold(model):
+    gen = Generator(model.core, _cache(model, slots=2, max_len=512, num_pages=3, page_size=16))
+    prompt = model.encode_prompt(None)
+    toks = model.tokens("Hello", "English", prompt)
     with pytest.raises(ValueError, match="KV-cache pages of 16 positions; the whole pool has 3"):
         gen.new_stream(0, toks, prompt, GenerationParams(max_patches=100))
     a = gen.new_stream(0, toks, prompt, GenerationParams(max_patches=20))
@@ -90,16 +90,16 @@ def test_generator_refuses_a_stream_the_pool_can_never_hold(tts):
     gen.new_stream(1, toks, prompt, GenerationParams(max_patches=20))
 
 
-def _service(tts, slots, kv_pages):
-    svc = GeneratorService(tts, slots=slots, max_len=512, kv_pages=kv_pages, attention="sdpa")
+def _service(model, slots, kv_pages):
+    svc = GeneratorService(model, slots=slots, max_len=512, kv_pages=kv_pages, attention="sdpa")
     assert svc.gen.cache.page_size == 16
     return svc
 
 
-def test_service_frees_pages_on_end_cancel_and_error(tts):
-    prompt = tts.encode_prompt(None)
-    toks = tts.tokens("Pages", "English", prompt)
-    svc = _service(tts, 3, None)
+def test_service_frees_pages_on_end_cancel_and_error(model):
+    prompt = model.encode_prompt(None)
+    toks = model.tokens("Pages", "English", prompt)
+    svc = _service(model, 3, None)
     cache = svc.gen.cache
     params = GenerationParams(seed=1, min_patches=20, max_patches=20)
     for i in (1, 2, 3):
@@ -132,22 +132,22 @@ def test_service_frees_pages_on_end_cancel_and_error(tts):
     check_disjoint(cache)
 
 
-def _stream_inputs(tts, text: str, patches: int):
+def _stream_inputs(model, text: str, patches: int):
     """A silent prompt, ``text``'s tokens, params of exactly ``patches`` patches, and the 16-position
     pages such a stream reserves."""
-    prompt = tts.encode_prompt(None)
-    toks = tts.tokens(text, "English", prompt)
+    prompt = model.encode_prompt(None)
+    toks = model.tokens(text, "English", prompt)
     params = GenerationParams(seed=3, min_patches=patches, max_patches=patches)
     return prompt, toks, params, pages_for(1 + len(toks) + prompt.num_patches + patches, 16)
 
 
-def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
-    prompt, toks, params, need = _stream_inputs(tts, "Wait for me", 9)
-    solo = _service(tts, 1, None)
+def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(model):
+    prompt, toks, params, need = _stream_inputs(model, "Wait for me", 9)
+    solo = _service(model, 1, None)
     solo.admit(5, toks, prompt, params, (4, 4))
     want = run_to_end(solo, 5)
 
-    svc = _service(tts, 3, need + need // 2)  # room for one such stream at a time
+    svc = _service(model, 3, need + need // 2)  # room for one such stream at a time
     svc.admit(1, toks, prompt, params, (4, 4))
     svc.admit(2, toks, prompt, params, (4, 4))  # a slot is free, pages are not: it waits, not fails
     assert list(svc.waiting) == [2] and svc.active == 2
@@ -167,9 +167,9 @@ def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(tts):
     assert svc.active == 0 and len(svc.free) == 3
 
 
-def test_a_cancelled_waiting_stream_leaves_the_queue(tts):
-    prompt, toks, params, need = _stream_inputs(tts, "Queue", 30)
-    svc = _service(tts, 3, need)
+def test_a_cancelled_waiting_stream_leaves_the_queue(model):
+    prompt, toks, params, need = _stream_inputs(model, "Queue", 30)
+    svc = _service(model, 3, need)
     svc.admit(1, toks, prompt, params)
     svc.admit(2, toks, prompt, params)
     svc.admit(3, toks, prompt, params)

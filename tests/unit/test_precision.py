@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.checkpoint import precision_policy
+from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
-from engine.pipeline import FireRedTTS3
 from engine.synthesize import synthesize
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -24,7 +24,7 @@ def test_policy_follows_the_reference_on_cuda_and_is_float32_on_cpu():
         precision_policy("cpu", {"dit": BF16})
 
 
-def test_mixed_precision_loads_each_network_in_its_dtype_and_speaks(tiny_ckpt, tts):
+def test_mixed_precision_loads_each_network_in_its_dtype_and_speaks(tiny_ckpt, model):
     """The CUDA policy's split, run on CPU: bfloat16 backbone and encoder beside float32 heads, flow and
     decoder; the casts at their borders let the whole pipeline run and stay close to float32."""
     mixed = FireRedTTS3.from_checkpoint(tiny_ckpt, "cpu", dtype={"backbone": BF16, "encoder": BF16})
@@ -46,6 +46,6 @@ def test_mixed_precision_loads_each_network_in_its_dtype_and_speaks(tiny_ckpt, t
 
     params = GenerationParams(seed=3, min_patches=8, max_patches=8)
     got = synthesize(mixed, "Mixed precision", params=params)
-    want = synthesize(tts, "Mixed precision", params=params)
+    want = synthesize(model, "Mixed precision", params=params)
     assert got.shape == want.shape and np.isfinite(got).all() and np.abs(got).max() > 0
     assert not np.array_equal(got, want)  # the backbone really ran in bfloat16

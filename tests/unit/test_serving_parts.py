@@ -29,8 +29,8 @@ def test_rendered_repository_has_every_tensor(tmp_path):
     assert "max_candidate_sequences: 3" in gen and "iterative_sequence: true" in gen
     for spec in contract.GENERATOR_INPUTS + contract.GENERATOR_OUTPUTS:
         assert f'name: "{spec.name}"' in gen
-    tts = (repo / "tts" / "config.pbtxt").read_text()
-    assert all(f'name: "{s.name}"' in tts for s in contract.TTS_INPUTS + contract.TTS_OUTPUTS)
+    model = (repo / "tts" / "config.pbtxt").read_text()
+    assert all(f'name: "{s.name}"' in model for s in contract.TTS_INPUTS + contract.TTS_OUTPUTS)
     assert (repo / "tts" / "1" / "model.py").is_file()
     ens = (repo / "tts_ensemble" / "config.pbtxt").read_text()
     assert 'platform: "ensemble"' in ens and (repo / "tts_ensemble" / "1").is_dir()
@@ -79,9 +79,9 @@ def test_queue_bound_and_sealing_reach_the_models():
         ServeOptions(sequence_idle_seconds=1)
 
 
-def test_vocoder_refuses_new_streams_beyond_its_bound(tts):
-    voc = VocoderService(tts, max_streams=2)
-    prompt = tts.encode_prompt(None).latents.numpy()
+def test_vocoder_refuses_new_streams_beyond_its_bound(model):
+    voc = VocoderService(model, max_streams=2)
+    prompt = model.encode_prompt(None).latents.numpy()
     voc.process(Chunk(3, EMPTY, prompt))
     voc.process(Chunk(5, EMPTY, prompt))
     with pytest.raises(RuntimeError, match="maximum of 2 streams"):
@@ -151,11 +151,11 @@ def test_build_request_validation():
             build_request(*args)
 
 
-def test_generator_service_chunks_and_frees(tts):
-    svc = GeneratorService(tts, slots=2, max_len=512)
-    prompt = tts.encode_prompt(None)
+def test_generator_service_chunks_and_frees(model):
+    svc = GeneratorService(model, slots=2, max_len=512)
+    prompt = model.encode_prompt(None)
     params = GenerationParams(seed=5, min_patches=7, max_patches=7)
-    svc.admit(11, tts.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
+    svc.admit(11, model.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
     chunks = run_to_end(svc, 11)
     assert [len(c.latents) for c in chunks] == [8, 12, 8]  # 2 patches, 3 patches, then the last 2
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason == "" for c in chunks[:-1])
@@ -164,32 +164,32 @@ def test_generator_service_chunks_and_frees(tts):
     assert svc.active == 0 and list(svc.free) == [1, 0]
 
 
-def test_generator_service_rejects_bad_input_without_leaking(tts):
-    svc = GeneratorService(tts, slots=1, max_len=64)
-    prompt = tts.encode_prompt(None)
+def test_generator_service_rejects_bad_input_without_leaking(model):
+    svc = GeneratorService(model, slots=1, max_len=64)
+    prompt = model.encode_prompt(None)
     with pytest.raises(ValueError, match="cache positions"):
-        svc.admit(1, tts.tokens("Too long " * 20, "English", prompt), prompt, GenerationParams(max_patches=400))
+        svc.admit(1, model.tokens("Too long " * 20, "English", prompt), prompt, GenerationParams(max_patches=400))
     with pytest.raises(ValueError, match="chunk schedule"):
-        svc.admit(1, tts.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
+        svc.admit(1, model.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
     assert svc.active == 0
-    svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+    svc.admit(2, model.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
     with pytest.raises(ValueError, match="already live"):
-        svc.admit(2, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+        svc.admit(2, model.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
     with pytest.raises(RuntimeError, match="slots are in use"):
-        svc.admit(3, tts.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
+        svc.admit(3, model.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
     last = svc.cancel(2)
     assert last.last and last.finish_reason == CANCELLED and last.stream_id == 2 and svc.active == 0
     assert not svc.drop(2)  # freeing is one call; a second one finds nothing
 
 
-def test_vocoder_service_equals_the_reference_and_frees(tts):
+def test_vocoder_service_equals_the_reference_and_frees(model):
     params = GenerationParams(seed=9, min_patches=8, max_patches=8)
-    prompt = tts.encode_prompt(None)
-    gen = GeneratorService(tts, 1, 512)
-    gen.admit(7, tts.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
-    voc = VocoderService(tts, idle_seconds=60)
+    prompt = model.encode_prompt(None)
+    gen = GeneratorService(model, 1, 512)
+    gen.admit(7, model.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
+    voc = VocoderService(model, idle_seconds=60)
     got = np.concatenate([voc.process(c) for c in run_to_end(gen, 7)])
-    ref = reference_audio(tts, "Vocoder", params)
+    ref = reference_audio(model, "Vocoder", params)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert voc.active == 0
@@ -197,9 +197,9 @@ def test_vocoder_service_equals_the_reference_and_frees(tts):
         voc.process(Chunk(7, np.zeros((4, 64), np.float32), EMPTY))
 
 
-def test_vocoder_frees_cancelled_and_failed_streams_without_decoding(tts):
-    voc = VocoderService(tts)
-    prompt = tts.encode_prompt(None).latents.numpy()
+def test_vocoder_frees_cancelled_and_failed_streams_without_decoding(model):
+    voc = VocoderService(model)
+    prompt = model.encode_prompt(None).latents.numpy()
     voc.process(Chunk(1, EMPTY, prompt))
     voc.process(Chunk(2, EMPTY, prompt))
     assert voc.active == 2
@@ -209,15 +209,15 @@ def test_vocoder_frees_cancelled_and_failed_streams_without_decoding(tts):
     assert voc.active == 0
 
 
-def test_vocoder_keeps_order_of_one_streams_chunks_in_a_batch(tts):
+def test_vocoder_keeps_order_of_one_streams_chunks_in_a_batch(model):
     """Dynamic batching can hand the vocoder two chunks of one stream at once: they decode in order."""
     rng = np.random.default_rng(2)
-    prompt = tts.encode_prompt(None).latents.numpy()
+    prompt = model.encode_prompt(None).latents.numpy()
     chunks = [rng.standard_normal((n, 64)).astype(np.float32) for n in (12, 12, 8)]
-    one = VocoderService(tts)
+    one = VocoderService(model)
     want = [one.process(Chunk(5, chunks[0], prompt)), one.process(Chunk(5, chunks[1], EMPTY)),
             one.process(Chunk(5, chunks[2], EMPTY, True, "stop"))]  # fmt: skip
-    together = VocoderService(tts)
+    together = VocoderService(model)
     got = together.process_many(
         [Chunk(5, chunks[0], prompt), Chunk(5, chunks[1], EMPTY), Chunk(5, chunks[2], EMPTY, True, "stop")]
     )
@@ -226,9 +226,9 @@ def test_vocoder_keeps_order_of_one_streams_chunks_in_a_batch(tts):
     assert together.active == 0
 
 
-def test_vocoder_reaps_idle_streams(tts):
-    voc = VocoderService(tts, idle_seconds=0.0)
-    voc.process(Chunk(3, EMPTY, tts.encode_prompt(None).latents.numpy()))
+def test_vocoder_reaps_idle_streams(model):
+    voc = VocoderService(model, idle_seconds=0.0)
+    voc.process(Chunk(3, EMPTY, model.encode_prompt(None).latents.numpy()))
     assert voc.active == 1
     assert voc.reap() == [3] and voc.active == 0
 
@@ -275,17 +275,17 @@ def test_cancel_board(tmp_path):
         b.mark("../etc")
 
 
-def test_stop_head_reason(tts):
-    svc = GeneratorService(tts, slots=1, max_len=600)
-    prompt = tts.encode_prompt(None)
-    svc.admit(1, tts.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
+def test_stop_head_reason(model):
+    svc = GeneratorService(model, slots=1, max_len=600)
+    prompt = model.encode_prompt(None)
+    svc.admit(1, model.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
     assert run_to_end(svc, 1)[-1].finish_reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
 
 
-def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
+def test_vocoder_reuses_primed_prompt_bit_exactly(model):
     """A second stream with the same prompt starts from a copy of the primed state: same audio."""
     rng = np.random.default_rng(1)
-    prompt = tts.encode_prompt((0.1 * rng.standard_normal(30000)).astype(np.float32), 16000, "p").latents.numpy()
+    prompt = model.encode_prompt((0.1 * rng.standard_normal(30000)).astype(np.float32), 16000, "p").latents.numpy()
     chunks = [rng.standard_normal((n, 64)).astype(np.float32) for n in (12, 48, 8)]
 
     def run(voc, sid):
@@ -294,20 +294,20 @@ def test_vocoder_reuses_primed_prompt_bit_exactly(tts):
         out.append(voc.process(Chunk(sid, EMPTY, EMPTY, True, "stop")))
         return np.concatenate(out)
 
-    cold = run(VocoderService(tts, primed_cache=0), 1)
-    voc = VocoderService(tts, primed_cache=4)
+    cold = run(VocoderService(model, primed_cache=0), 1)
+    voc = VocoderService(model, primed_cache=4)
     first, second = run(voc, 1), run(voc, 2)
     assert voc.primed_hits == 1
     assert np.array_equal(first, cold) and np.array_equal(second, cold)
 
 
-def test_vocoder_batches_streams_past_priming(tts):
+def test_vocoder_batches_streams_past_priming(model):
     """Four streams with different prompts and positions: batched decoding matches one-by-one."""
     rng = np.random.default_rng(3)
-    prompts = [tts.encode_prompt((0.1 * rng.standard_normal(n)).astype(np.float32), 16000, "").latents.numpy()
+    prompts = [model.encode_prompt((0.1 * rng.standard_normal(n)).astype(np.float32), 16000, "").latents.numpy()
                for n in (16000, 30000, 9000, 40000)]  # fmt: skip
     chunks = [[rng.standard_normal((12, 64)).astype(np.float32) for _ in range(4)] for _ in prompts]
-    solo, together = VocoderService(tts), VocoderService(tts)
+    solo, together = VocoderService(model), VocoderService(model)
     want = [[solo.process(Chunk(o, c[0], p))] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
     got = [[together.process(Chunk(o, c[0], p))] for o, (p, c) in enumerate(zip(prompts, chunks, strict=True))]
     for step in range(1, 4):

@@ -15,15 +15,15 @@ from engine.synthesize import stream_audio, synthesize
 from tests.reference import reference_audio, reference_latents, reference_long
 
 
-def _gen_latents(tts, text, seed, prompt=None, max_patches=400):
-    return reference_latents(tts, text, GenerationParams(seed=seed, max_patches=max_patches), prompt).reshape(-1, 4, 64)
+def _gen_latents(model, text, seed, prompt=None, max_patches=400):
+    return reference_latents(model, text, GenerationParams(seed=seed, max_patches=max_patches), prompt).reshape(-1, 4, 64)
 
 
-def test_length_is_whole_patches_and_deterministic(tts):
-    a = synthesize(tts, "Hello", params=GenerationParams(seed=7))
-    b = synthesize(tts, "Hello", params=GenerationParams(seed=7))
-    c = synthesize(tts, "Hello", params=GenerationParams(seed=8))
-    n_patches = _gen_latents(tts, "Hello", 7).shape[0]
+def test_length_is_whole_patches_and_deterministic(model):
+    a = synthesize(model, "Hello", params=GenerationParams(seed=7))
+    b = synthesize(model, "Hello", params=GenerationParams(seed=7))
+    c = synthesize(model, "Hello", params=GenerationParams(seed=8))
+    n_patches = _gen_latents(model, "Hello", 7).shape[0]
     assert a.dtype == np.float32 and a.ndim == 1
     assert len(a) == n_patches * 3840 and n_patches >= 6
     assert np.array_equal(a, b)
@@ -31,38 +31,38 @@ def test_length_is_whole_patches_and_deterministic(tts):
     assert np.isfinite(a).all() and np.abs(a).max() > 1e-4
 
 
-def test_max_patches_limits_length(tts):
+def test_max_patches_limits_length(model):
     wav = synthesize(
-        tts, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7)
+        model, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7)
     )
     assert len(wav) <= 7 * 3840
 
 
-def test_reference_voice_changes_output(tts):
+def test_reference_voice_changes_output(model):
     rng = np.random.default_rng(0)
     ref = (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32)
-    a = synthesize(tts, "Hello", ref_audio=ref, ref_sample_rate=16000, ref_text="hi", params=GenerationParams(seed=7))
-    b = synthesize(tts, "Hello", params=GenerationParams(seed=7))
+    a = synthesize(model, "Hello", ref_audio=ref, ref_sample_rate=16000, ref_text="hi", params=GenerationParams(seed=7))
+    b = synthesize(model, "Hello", params=GenerationParams(seed=7))
     assert len(a) % 3840 == 0
     assert not np.array_equal(a[: len(b)], b[: len(a)])
-    p = tts.encode_prompt(ref, 16000, "hi")
+    p = model.encode_prompt(ref, 16000, "hi")
     assert p.latents.shape == (4 * 13, 64)  # 2 s at 24 kHz -> 48000 samples -> padded to 13 patches
     assert p.speaker.shape == (512,)
 
 
-def test_bad_inputs_raise(tts):
+def test_bad_inputs_raise(model):
     with pytest.raises(ValueError, match="Klingon"):
-        synthesize(tts, "Hello", language="Klingon")
+        synthesize(model, "Hello", language="Klingon")
     with pytest.raises(ValueError, match="non-empty"):
-        tts.encode_prompt(np.zeros(0, np.float32), 24000)
+        model.encode_prompt(np.zeros(0, np.float32), 24000)
     with pytest.raises(ValueError, match="steps"):
         GenerationParams(steps=0)
 
 
-def test_stream_chunks_follow_schedule_and_concatenate(tts):
+def test_stream_chunks_follow_schedule_and_concatenate(model):
     params = GenerationParams(seed=3, min_patches=9, max_patches=9)
-    chunks = list(stream_audio(tts, "Hello world", params=params, schedule=(3, 4)))
-    ref = reference_audio(tts, "Hello world", params)  # whole-utterance decode, no streaming code
+    chunks = list(stream_audio(model, "Hello world", params=params, schedule=(3, 4)))
+    ref = reference_audio(model, "Hello world", params)  # whole-utterance decode, no streaming code
     got = np.concatenate(chunks)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, atol=1e-5)
@@ -70,25 +70,25 @@ def test_stream_chunks_follow_schedule_and_concatenate(tts):
     assert len(chunks) >= 3 and len(chunks[0]) == 3 * 3840 - 720
 
 
-def test_chunking_changes_nothing_audible(tts):
+def test_chunking_changes_nothing_audible(model):
     params = GenerationParams(seed=5)
-    a = synthesize(tts, "Chunking test", params=params, schedule=(1,))
-    b = synthesize(tts, "Chunking test", params=params, schedule=(400,))
+    a = synthesize(model, "Chunking test", params=params, schedule=(1,))
+    b = synthesize(model, "Chunking test", params=params, schedule=(400,))
     assert a.shape == b.shape
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_batched_streams_equal_solo_runs(tts):
+def test_batched_streams_equal_solo_runs(model):
     """Four streams stepped together (different texts, seeds, start times) match their solo runs."""
     texts = ["One", "Two words", "Three little words", "Four"]
     seeds = [1, 2, 3, 4]
-    solo = [_gen_latents(tts, t, s) for t, s in zip(texts, seeds)]
-    prompt = tts.encode_prompt(None)
-    gen = tts.generator(slots=4, max_len=512)
+    solo = [_gen_latents(model, t, s) for t, s in zip(texts, seeds)]
+    prompt = model.encode_prompt(None)
+    gen = model.generator(slots=4, max_len=512)
     streams, outs = [], [[] for _ in texts]
     for step in range(1000):
         if step < len(texts):  # a new stream joins at every step
-            toks = tts.tokens(texts[step], "English", prompt)
+            toks = model.tokens(texts[step], "English", prompt)
             streams.append(gen.new_stream(3 - step, toks, prompt, GenerationParams(seed=seeds[step])))
         live = [s for s in streams if not s.finished]
         if not live and len(streams) == len(texts):
@@ -152,15 +152,15 @@ LONG = (
 )
 
 
-def test_long_text_is_split_and_cross_faded(tts):
+def test_long_text_is_split_and_cross_faded(model):
     from engine.frontend import prepare
 
     params = GenerationParams(seed=4, min_patches=6, max_patches=6)
-    segs = prepare(LONG, None, lambda t: len(tts.models.tokenizer.encode(t)), 40, max_patches=6).segments
+    segs = prepare(LONG, None, lambda t: len(model.models.tokenizer.encode(t)), 40, max_patches=6).segments
     assert len(segs) >= 3
-    whole = synthesize(tts, LONG, params=params, split_tokens=40)
+    whole = synthesize(model, LONG, params=params, split_tokens=40)
     assert len(whole) == len(segs) * 6 * 3840 - (len(segs) - 1) * 1200
     # independently: each segment decoded whole, joined by a 50 ms linear cross-fade
-    np.testing.assert_allclose(whole, reference_long(tts, LONG, params, 40), atol=1e-5)
-    one = synthesize(tts, LONG, params=params, split_tokens=0)
+    np.testing.assert_allclose(whole, reference_long(model, LONG, params, 40), atol=1e-5)
+    one = synthesize(model, LONG, params=params, split_tokens=0)
     assert len(one) == 6 * 3840  # unsplit: one segment, cut at max_patches

@@ -161,16 +161,16 @@ def _take(board, n, out):
 
 
 def test_admission_is_one_gate_across_processes(tmp_path):
-    tts = Admission(tmp_path, "tts", 10)
-    assert all(tts.enter() for _ in range(4))
+    model = Admission(tmp_path, "tts", 10)
+    assert all(model.enter() for _ in range(4))
     got = multiprocessing.get_context("fork").Queue()
     p = multiprocessing.get_context("fork").Process(target=_take, args=(tmp_path, 8, got))
     p.start()
     p.join(10)
     assert got.get(timeout=5) == 6  # 4 + 6 = 10: the other model's requests count
-    assert not tts.enter() and tts.total() == 10 and "limit 10" in tts.busy_message()
-    tts.leave()
-    assert tts.enter()
+    assert not model.enter() and model.total() == 10 and "limit 10" in model.busy_message()
+    model.leave()
+    assert model.enter()
     assert Admission(tmp_path, "tts", 10).counts() == (4, 6)
 
 

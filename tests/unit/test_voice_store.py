@@ -15,25 +15,25 @@ from serving.voice_store import VoiceNotFound, VoiceStore
 
 
 class Counting:
-    def __init__(self, tts):
-        self.tts, self.calls = tts, 0
+    def __init__(self, model):
+        self.model, self.calls = model, 0
 
     def __call__(self, audio, sr, text):
         self.calls += 1
-        return self.tts.encode_prompt(audio, sr, text)
+        return self.model.encode_prompt(audio, sr, text)
 
 
 def clip(seed=0, n=20000):
     return (0.1 * np.random.default_rng(seed).standard_normal(n)).astype(np.float32)
 
 
-def test_anonymous_reuse_survives_a_new_store(tts, tmp_path):
-    enc = Counting(tts)
-    a = VoiceStore(tmp_path, tts.identity, enc)
+def test_anonymous_reuse_survives_a_new_store(model, tmp_path):
+    enc = Counting(model)
+    a = VoiceStore(tmp_path, model.identity, enc)
     p1, hit1 = a.prompt_for_audio(clip(), 16000, "hi")
     p2, hit2 = a.prompt_for_audio(clip(), 16000, "hi")
     assert (hit1, hit2) == (False, True) and enc.calls == 1
-    b = VoiceStore(tmp_path, tts.identity, enc)  # a restart
+    b = VoiceStore(tmp_path, model.identity, enc)  # a restart
     p3, hit3 = b.prompt_for_audio(clip(), 16000, "hi")
     assert hit3 and enc.calls == 1
     assert np.array_equal(p1.latents, p3.latents) and np.array_equal(p1.speaker, p3.speaker) and p3.text == "hi"
@@ -41,8 +41,8 @@ def test_anonymous_reuse_survives_a_new_store(tts, tmp_path):
     assert not hit4 and enc.calls == 2
 
 
-def test_named_voice_register_get_list_remove(tts, tmp_path):
-    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+def test_named_voice_register_get_list_remove(model, tmp_path):
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
     p = s.register("alice_1", clip(1), 24000, "hello there")
     assert np.array_equal(s.get("alice_1").latents, p.latents)
     [info] = s.list()
@@ -58,9 +58,9 @@ def test_bad_names_rejected(bad):
         check_name(bad)
 
 
-def test_damaged_entry_is_reencoded_from_source(tts, tmp_path, caplog):
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+def test_damaged_entry_is_reencoded_from_source(model, tmp_path, caplog):
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     p = s.register("bob", clip(2), 16000, "text")
     prompt_file = tmp_path / "v1" / "named" / "bob.prompt.safetensors"
     prompt_file.write_bytes(prompt_file.read_bytes()[:50])  # truncated
@@ -71,9 +71,9 @@ def test_damaged_entry_is_reencoded_from_source(tts, tmp_path, caplog):
     assert s.get("bob") is not None and enc.calls == 2  # repaired on disk
 
 
-def test_checkpoint_change_triggers_reencoding(tts, tmp_path):
-    enc = Counting(tts)
-    VoiceStore(tmp_path, tts.identity, enc).register("carol", clip(3), 16000, "t")
+def test_checkpoint_change_triggers_reencoding(model, tmp_path):
+    enc = Counting(model)
+    VoiceStore(tmp_path, model.identity, enc).register("carol", clip(3), 16000, "t")
     other = VoiceStore(tmp_path, "another-checkpoint", enc)
     other.get("carol")
     assert enc.calls == 2
@@ -81,14 +81,14 @@ def test_checkpoint_change_triggers_reencoding(tts, tmp_path):
     assert enc.calls == 2
 
 
-def test_unknown_version_is_reencoded(tts, tmp_path):
+def test_unknown_version_is_reencoded(model, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     s.register("dave", clip(4), 16000, "t")
     f = tmp_path / "v1" / "named" / "dave.prompt.safetensors"
-    save_file(load_file(str(f)), str(f), metadata={"format_version": "99", "checkpoint": tts.identity})
+    save_file(load_file(str(f)), str(f), metadata={"format_version": "99", "checkpoint": model.identity})
     s.get("dave")
     assert enc.calls == 2
 
@@ -98,13 +98,13 @@ class Boom:
         return (open, ("/tmp/voice_store_pwned", "w"))
 
 
-def test_planted_pickle_is_never_loaded(tts, tmp_path):
+def test_planted_pickle_is_never_loaded(model, tmp_path):
     import os
 
     if os.path.exists("/tmp/voice_store_pwned"):
         os.unlink("/tmp/voice_store_pwned")
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     s.register("eve", clip(5), 16000, "t")
     named = tmp_path / "v1" / "named"
     payload = pickle.dumps(Boom())
@@ -118,16 +118,16 @@ def test_planted_pickle_is_never_loaded(tts, tmp_path):
 
 def _register(args):
     root, identity, ckpt, seed = args
-    from engine.pipeline import FireRedTTS3
+    from engine.fireredtts3 import FireRedTTS3
 
-    tts = FireRedTTS3.from_checkpoint(ckpt)
-    VoiceStore(root, identity, tts.encode_prompt).register("same", clip(seed), 16000, f"text {seed}")
+    model = FireRedTTS3.from_checkpoint(ckpt)
+    VoiceStore(root, identity, model.encode_prompt).register("same", clip(seed), 16000, f"text {seed}")
 
 
-def test_concurrent_registration_leaves_one_valid_entry(tts, tiny_ckpt, tmp_path):
+def test_concurrent_registration_leaves_one_valid_entry(model, tiny_ckpt, tmp_path):
     with mp.get_context("spawn").Pool(2) as pool:
-        pool.map(_register, [(str(tmp_path), tts.identity, str(tiny_ckpt), i) for i in range(2)])
-    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+        pool.map(_register, [(str(tmp_path), model.identity, str(tiny_ckpt), i) for i in range(2)])
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
     [info] = s.list()
     assert info.text in ("text 0", "text 1")
     assert s.get("same").text == info.text  # prompt and source agree enough to load
@@ -135,11 +135,11 @@ def test_concurrent_registration_leaves_one_valid_entry(tts, tiny_ckpt, tmp_path
     assert leftovers == []
 
 
-def test_lru_bounds_anonymous_entries(tts, tmp_path):
+def test_lru_bounds_anonymous_entries(model, tmp_path):
     import os
     import time
 
-    s = VoiceStore(tmp_path, tts.identity, Counting(tts), max_anonymous=2)
+    s = VoiceStore(tmp_path, model.identity, Counting(model), max_anonymous=2)
     for i in range(3):
         s.prompt_for_audio(clip(10 + i, 4000), 16000, "")
         f = sorted((tmp_path / "v1" / "anon").glob("*.prompt.safetensors"), key=os.path.getmtime)[-1]
@@ -157,9 +157,9 @@ def corrupt_tensor_bytes(path, offset=16):
     path.write_bytes(bytes(raw))
 
 
-def test_corrupted_prompt_bytes_are_reencoded_to_the_same_prompt(tts, tmp_path, caplog):
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+def test_corrupted_prompt_bytes_are_reencoded_to_the_same_prompt(model, tmp_path, caplog):
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     p = s.register("frank", clip(6), 16000, "text")
     corrupt_tensor_bytes(tmp_path / "v1" / "named" / "frank.prompt.safetensors")
     with caplog.at_level(logging.WARNING):
@@ -173,9 +173,9 @@ def test_corrupted_prompt_bytes_are_reencoded_to_the_same_prompt(tts, tmp_path, 
         s.get("frank")
 
 
-def test_corrupted_anonymous_prompt_is_reencoded_from_the_request(tts, tmp_path):
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+def test_corrupted_anonymous_prompt_is_reencoded_from_the_request(model, tmp_path):
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     p, _ = s.prompt_for_audio(clip(7), 22050, "anon")
     [f] = (tmp_path / "v1" / "anon").glob("*.prompt.safetensors")
     corrupt_tensor_bytes(f)
@@ -185,12 +185,12 @@ def test_corrupted_anonymous_prompt_is_reencoded_from_the_request(tts, tmp_path)
     assert list((tmp_path / "v1" / "anon").glob("*.source.safetensors")) == []  # the request has the audio
 
 
-def test_prompt_without_checksum_is_reencoded_once(tts, tmp_path):
+def test_prompt_without_checksum_is_reencoded_once(model, tmp_path):
     """A prompt written before checksums is re-encoded; a source from then is still trusted."""
     from safetensors.torch import load_file, save_file
 
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     p = s.register("gina", clip(8), 16000, "t")
     for part in ("prompt", "source"):
         f = tmp_path / "v1" / "named" / f"gina.{part}.safetensors"
@@ -202,11 +202,11 @@ def test_prompt_without_checksum_is_reencoded_once(tts, tmp_path):
     assert enc.calls == 2
 
 
-def test_192khz_reference_is_stored_at_24khz_and_reencodes_to_the_same_prompt(tts, tmp_path):
+def test_192khz_reference_is_stored_at_24khz_and_reencodes_to_the_same_prompt(model, tmp_path):
     audio = clip(9, 60 * 192_000)  # the longest reference accepted, at the highest rate
-    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
     p = s.register("hifi", audio, 192_000, "sixty seconds")
-    direct = tts.encode_prompt(audio, 192_000, "sixty seconds")
+    direct = model.encode_prompt(audio, 192_000, "sixty seconds")
     assert np.array_equal(p.latents, direct.latents) and np.array_equal(p.speaker, direct.speaker)
     source = tmp_path / "v1" / "named" / "hifi.source.safetensors"
     with safe_open(str(source), "pt") as h:
@@ -219,8 +219,8 @@ def test_192khz_reference_is_stored_at_24khz_and_reencodes_to_the_same_prompt(tt
     assert np.array_equal(again.latents, direct.latents) and np.array_equal(again.speaker, direct.speaker)
 
 
-def test_reference_checks_name_the_problem(tts, tmp_path):
-    s = VoiceStore(tmp_path, tts.identity, Counting(tts))
+def test_reference_checks_name_the_problem(model, tmp_path):
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
     for audio, sr, needle in [
         (clip(1, 100) * 1e4, 16000, "peaks at"),
         (np.full(100, np.nan, np.float32), 16000, "NaN or infinite"),
@@ -232,11 +232,11 @@ def test_reference_checks_name_the_problem(tts, tmp_path):
     assert s.list() == []
 
 
-def _serves_read_only(store, tts, enc, caplog):
+def _serves_read_only(store, model, enc, caplog):
     """What a store that cannot be written still does (shared by the chmod and the simulated test)."""
     before = enc.calls
     with caplog.at_level(logging.WARNING):
-        assert np.array_equal(store.get("ro").latents, tts.encode_prompt(clip(12), 16000, "ro").latents)
+        assert np.array_equal(store.get("ro").latents, model.encode_prompt(clip(12), 16000, "ro").latents)
         assert store.prompt_for_audio(clip(13, 8000), 16000, "")[1]  # stored anonymous: a hit
         for _ in range(2):
             prompt, hit = store.prompt_for_audio(clip(14, 8000), 16000, "")  # new: encoded, served, not stored
@@ -248,49 +248,49 @@ def _serves_read_only(store, tts, enc, caplog):
     assert [v.name for v in store.list()] == ["ro"]
 
 
-def _fill(root, tts, enc):
-    s = VoiceStore(root, tts.identity, enc)
+def _fill(root, model, enc):
+    s = VoiceStore(root, model.identity, enc)
     s.register("ro", clip(12), 16000, "ro")
     s.prompt_for_audio(clip(13, 8000), 16000, "")
 
 
-def test_read_only_store_serves_its_voices_simulated(tts, tmp_path, caplog, monkeypatch):
+def test_read_only_store_serves_its_voices_simulated(model, tmp_path, caplog, monkeypatch):
     """utime, the lock and every write raise PermissionError, as on a read-only mount (runs as root too)."""
-    enc = Counting(tts)
-    _fill(tmp_path, tts, enc)
+    enc = Counting(model)
+    _fill(tmp_path, model, enc)
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr("serving.voice_store.os.utime", refuse)
     monkeypatch.setattr(VoiceStore, "_locked", refuse)
-    _serves_read_only(VoiceStore(tmp_path, tts.identity, enc), tts, enc, caplog)
+    _serves_read_only(VoiceStore(tmp_path, model.identity, enc), model, enc, caplog)
 
 
-def test_read_only_store_serves_its_voices_chmod(tts, tmp_path, caplog):
+def test_read_only_store_serves_its_voices_chmod(model, tmp_path, caplog):
     import os
     import stat
 
     if os.geteuid() == 0:
         pytest.skip("root ignores file modes; test_read_only_store_serves_its_voices_simulated covers this")
-    enc = Counting(tts)
-    _fill(tmp_path, tts, enc)
+    enc = Counting(model)
+    _fill(tmp_path, model, enc)
     paths = [p for p in tmp_path.rglob("*")] + [tmp_path]
     for p in paths:
         p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     try:
-        _serves_read_only(VoiceStore(tmp_path, tts.identity, enc), tts, enc, caplog)
+        _serves_read_only(VoiceStore(tmp_path, model.identity, enc), model, enc, caplog)
     finally:
         for p in paths:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
 
 
-def test_byte_cap_evicts_anonymous_entries_never_named_ones(tts, tmp_path):
+def test_byte_cap_evicts_anonymous_entries_never_named_ones(model, tmp_path):
     import os
     import time
 
-    enc = Counting(tts)
-    s = VoiceStore(tmp_path, tts.identity, enc)
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
     s.register("keep", clip(20, 48000), 24000, "")
     named = sum(f.stat().st_size for f in (tmp_path / "v1" / "named").iterdir())
     s.prompt_for_audio(clip(21, 24000), 24000, "")

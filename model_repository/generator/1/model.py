@@ -66,7 +66,7 @@ class TritonPythonModel:
         try:
             if decision.action is Action.REFUSE:
                 raise ValueError(decision.why)
-            self.host.admit(stream_id, stream_request(pb, request, self.host.tts, given))
+            self.host.admit(stream_id, stream_request(pb, request, self.host.model, given))
         except Exception as e:  # bad input fails this request only; it never held a slot
             if not isinstance(e, ValueError):
                 log.exception("could not start a stream")

@@ -22,7 +22,7 @@ from serving.triton_io import (
     bytes_tensor,
     error_response,
     get,
-    load_tts,
+    load_model,
     scalar,
     setup_logging,
     string,
@@ -41,8 +41,8 @@ class TritonPythonModel:
         # first. 8 running + 16 arriving on 2 cores: longest chunk gap 1.17-1.68x of nothing arriving,
         # 0.95-1.47x with this.
         os.nice(ENCODER_NICENESS)
-        self.tts = load_tts(opts, parts=("encoder", "campp"))
-        self.store = VoiceStore(opts.voice_dir or None, self.tts.identity, self.tts.encode_prompt,
+        self.model = load_model(opts, parts=("encoder", "campp"))
+        self.store = VoiceStore(opts.voice_dir or None, self.model.identity, self.model.encode_prompt,
                                 opts.max_anonymous_voices, int(opts.voice_store_max_gb * 1e9))  # fmt: skip
         self.keys = Keys.from_env("prompt_encoder", opts.public_steps)
         # tts_ensemble's first step: a busy server refuses it here, before any encoding (the place itself
@@ -56,7 +56,7 @@ class TritonPythonModel:
             ),
         ]
         self.encodes, self.hits = (f.Metric() for f in self.families)
-        log.info("voice store at %s (checkpoint %s)", self.store.root, self.tts.identity)
+        log.info("voice store at %s (checkpoint %s)", self.store.root, self.model.identity)
 
     def _prompt(self, r, trusted: bool):
         register = string(pb, r, "REGISTER_NAME", "")
@@ -75,7 +75,7 @@ class TritonPythonModel:
         if audio is None:
             if text or register:
                 raise ValueError("REF_TEXT and REGISTER_NAME need REF_AUDIO")
-            return self.tts.encode_prompt(None)
+            return self.model.encode_prompt(None)
         audio, sr = check_ref_audio(audio, scalar(pb, r, "REF_SAMPLE_RATE", 0))
         if register:
             return self.store.register(check_name(register, "REGISTER_NAME"), audio, sr, text)

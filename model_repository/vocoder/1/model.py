@@ -21,7 +21,7 @@ from serving.auth import Keys, Refused
 from serving.contract import VOCODER_OUTPUTS
 from serving.model_options import VocoderOptions
 from serving.run_folder import start_heartbeat
-from serving.triton_io import Throttled, load_tts, read_chunk, setup_logging, tensors
+from serving.triton_io import Throttled, load_model, read_chunk, setup_logging, tensors
 
 log = setup_logging("vocoder")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -37,7 +37,7 @@ class TritonPythonModel:
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
-        self.service = VocoderService(load_tts(opts, parts=("decoder",)), opts.idle_seconds,
+        self.service = VocoderService(load_model(opts, parts=("decoder",)), opts.idle_seconds,
                                       max_streams=opts.max_streams)  # fmt: skip
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         cancels = CancelBoard(opts.cancel_dir or None)
