@@ -29,3 +29,29 @@ def test_readme_tables_match_the_contract():
 def test_model_files_stay_thin():
     for path in (ROOT / "model_repository").glob("*/1/model.py"):
         assert len(path.read_text().splitlines()) < 200, path
+
+
+def test_the_readme_layout_names_files_that_exist_and_every_source_module():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout\n") :]
+    layout = layout[: layout.find("\n## ", 5)] if "\n## " in layout[5:] else layout
+    folder, named = "", set()
+    for line in layout.split("```")[1].splitlines():  # the tree: "engine/" headings, then indented files
+        words = line.split()
+        if not words:
+            continue
+        if not line.startswith(" ") and words[0].endswith("/"):
+            folder = words[0]
+            continue
+        if folder in ("engine/", "serving/"):
+            for word in words:
+                name = word.strip(",;:()")
+                if name.endswith((".py", "/")) and not name.startswith(("(", "tests")):
+                    named |= {f"{folder}{part}" for part in name.split(",") if part}
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"the README's layout names files that do not exist: {missing}"
+    for package in ("engine", "serving"):
+        modules = {f"{package}/{p.name}" for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
+        modules |= {f"{package}/{p.name}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
+        unnamed = sorted(modules - named)
+        assert not unnamed, f"the README's layout does not mention {unnamed}"
