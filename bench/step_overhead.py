@@ -1,5 +1,6 @@
 """Per-step overhead of the generator under Triton's iterative sequence batcher, against the same
-batched step called in-process.
+batched step called in-process. (Over 300 lines: one measurement taken four ways, in-process, through
+the sequence batcher, through the engine-thread variant and end to end, which share their set-up.)
 
 For every preset (nostop variants: the stop head never fires, so each stream runs exactly P patches)
 and every stream count N, it measures:
