@@ -72,7 +72,7 @@ class _Gate:
 class TTSOptions(ModelOptions, _Gate):
     MODEL = "tts"
     checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
-    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
     cancel_dir: str  # cancellation marks and the admission gate (serving.cancel); empty: its default
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
@@ -89,7 +89,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
     MODEL = "prompt_encoder"
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the prompt encoder and CAM++
-    run_dir: str  # the launcher's run folder (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
     cancel_dir: str  # where the admission gate lives (serving.admission); empty: serving.cancel's default
     voice_dir: str  # the voice store (empty: serving.voice_store.default_dir())
     max_anonymous_voices: int  # LRU bound of anonymous reference prompts kept on disk
@@ -109,7 +109,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
 @dataclass(frozen=True)
 class EnsembleGeneratorOptions(ModelOptions, _Gate):
     MODEL = "ensemble_generator"
-    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
     cancel_dir: str  # cancellation marks and the admission gate (serving.cancel); empty: its default
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
@@ -126,7 +126,7 @@ class GeneratorOptions(ModelOptions):
     MODEL = "generator"
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the backbone
-    run_dir: str  # the launcher's run folder (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
     cancel_dir: str  # cancellation marks and the live stream list (serving.cancel); empty: its default
     slots: int  # streams stepped together (batch rows)
     max_len: int  # backbone positions per stream
@@ -145,7 +145,7 @@ class VocoderOptions(ModelOptions):
     MODEL = "vocoder"
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the decoder
-    run_dir: str  # the launcher's run folder (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
     cancel_dir: str  # cancellation marks and the live stream list (serving.cancel); empty: its default
     max_streams: int  # streams holding decoder state at once (slots + VOCODER_SPARE_STREAMS)
     idle_seconds: int  # a stream without a chunk for this long is reclaimed
@@ -164,7 +164,7 @@ class VocoderOptions(ModelOptions):
 @dataclass(frozen=True)
 class VoicesOptions(ModelOptions):
     MODEL = "voices"
-    run_dir: str  # the launcher's run folder (serving.supervise); empty: none
+    run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
     voice_dir: str  # the voice store (empty: serving.voice_store.default_dir())
     bls_timeout_seconds: int  # registration's BLS call to prompt_encoder
 

@@ -58,7 +58,7 @@ class ServeOptions:
     device: str = option("cpu", "torch device of the models (cpu, cuda, cuda:1, ...)")
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
     cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
-    run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats and flags (serving.supervise); empty: none
+    run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)")  # fmt: skip
     # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
