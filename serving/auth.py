@@ -108,12 +108,23 @@ class Keys:
         return hashlib.sha256(admin_key.encode()).hexdigest()
 
     def is_admin(self, raw: str | dict | None) -> bool:
+        return self.admin_refusal(raw, "this") is None
+
+    def admin_refusal(self, raw: str | dict | None, action: str) -> str | None:
+        """None when the request carries the admin key (or none is configured); else what to tell its
+        sender, which says whether the key was missing or wrong and how each client sends it."""
         if not self.admin_digest:
-            return True  # no admin key configured (see the module docstring)
+            return None  # no admin key configured (see the module docstring)
         given = self.split(raw)[0].get(ADMIN_PARAMETER)
-        if not isinstance(given, str):
-            return False
-        return hmac.compare_digest(self.digest(given), self.admin_digest)
+        if isinstance(given, str) and hmac.compare_digest(self.digest(given), self.admin_digest):
+            return None
+        how = ("the key itself, not its file: `python -m client.voices --admin-key KEY` or $TTS_ADMIN_KEY, "
+               f"VoiceClient(admin_key=...), the request parameter {ADMIN_PARAMETER!r} over gRPC or HTTP, or "
+               "'Authorization: Bearer KEY' at the OpenAI gateway")  # fmt: skip
+        if not given:
+            return f"{action} needs the admin key ({how})"
+        return (f"{action}: the admin key is wrong (a key the launcher generated changes at every restart; "
+                f"it is in the run folder's admin_key file). Send {how}")  # fmt: skip
 
     # ---- the generator's name ----
     @property

@@ -87,6 +87,7 @@ class Gateway:
         self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
         self.proc = self._start()
         print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
+        print(f"web page: http://{host}:{port}/", file=sys.stderr, flush=True)
 
     def _start(self) -> subprocess.Popen:
         return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)

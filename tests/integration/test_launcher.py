@@ -76,7 +76,7 @@ def test_the_operators_admin_key_is_on_no_command_line(launcher):
     url = f"127.0.0.1:{launcher.ports.grpc}"
     with pytest.raises(TTSError, match="is not registered"):  # past the admin check
         VoiceClient(url, admin_key=OPERATOR_KEY).remove("nobody")
-    with pytest.raises(TTSError, match="needs the admin key"):
+    with pytest.raises(TTSError, match="the admin key is wrong"):
         VoiceClient(url, admin_key="wrong").remove("nobody")
     seen, triton_key = 0, (launcher.run_dir / "triton_admin_key").read_text().strip()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -107,6 +107,15 @@ def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, 
     assert time.monotonic() - t0 < 30
     assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
     assert launcher.ready_status() == 200
+
+
+def test_the_launcher_prints_the_web_pages_address_and_it_serves_the_page(launcher):
+    import httpx
+
+    (line,) = [line for line in launcher.text().splitlines() if line.startswith("web page: ")]
+    assert line == f"web page: http://127.0.0.1:{launcher.openai}/"
+    page = httpx.get(line.removeprefix("web page: "), timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
 def test_a_dead_gateway_is_started_again(launcher):

@@ -39,6 +39,17 @@ def test_admin_key():
     assert not keys.is_admin({"admin_key": 1})
 
 
+def test_a_missing_and_a_wrong_admin_key_are_told_apart_and_say_how_to_send_it():
+    keys = Keys("k", Keys.digest("open sesame"))
+    assert keys.admin_refusal({"admin_key": "open sesame"}, "add") is None
+    for missing in ({}, {"admin_key": ""}):
+        told = keys.admin_refusal(missing, "add")
+        assert told.startswith("add needs the admin key") and "--admin-key" in told and "$TTS_ADMIN_KEY" in told
+    wrong = keys.admin_refusal({"admin_key": "open sesame "}, "remove")
+    assert wrong.startswith("remove: the admin key is wrong") and "admin_key file" in wrong and "Bearer" in wrong
+    assert Keys("k").admin_refusal({}, "add") is None  # no key configured: anyone may
+
+
 def test_issued_stream_ids_verify_and_forged_ones_do_not():
     keys = Keys("secret")
     ids = {keys.new_stream_id() for _ in range(1000)}

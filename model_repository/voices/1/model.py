@@ -7,7 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.protocol import NOT_FOUND, Unavailable
-from serving.auth import ADMIN_PARAMETER, Keys, Refused
+from serving.auth import Keys, Refused
 from serving.model_options import VoicesOptions
 from serving.requests import check_name, check_ref_audio, check_text
 from serving.run_folder import start_heartbeat
@@ -60,8 +60,9 @@ class TritonPythonModel:
                 if action == "list":
                     result = [v.__dict__ for v in self.store.list()]
                 elif action in ("add", "remove"):
-                    if not self.keys.is_admin(r.parameters()):
-                        raise Refused(f"{action} needs the admin key (request parameter {ADMIN_PARAMETER!r})")
+                    refusal = self.keys.admin_refusal(r.parameters(), action)
+                    if refusal:
+                        raise Refused(refusal)
                     name = check_name(string(pb, r, "NAME", ""))
                     if action == "add":
                         result = self._add(r, name)
