@@ -13,8 +13,27 @@ from client.tts_client import _host_port
 ADMIN_KEY_ENV = "TTS_ADMIN_KEY"
 
 
+def kept_admin_key_file() -> str:
+    """Where a launcher on this machine keeps the key it generated (serving.admin_key, its default state
+    directory), worked out here so that the client loads no server module; a test checks they agree."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fireredtts3-triton", "admin_key")
+
+
+def default_admin_key() -> str:
+    """$TTS_ADMIN_KEY, else the key a launcher on this machine keeps (if this user can read it), else ""."""
+    if os.environ.get(ADMIN_KEY_ENV):
+        return os.environ[ADMIN_KEY_ENV]
+    try:
+        with open(kept_admin_key_file()) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
 class VoiceClient:
-    """``admin_key`` (default: $TTS_ADMIN_KEY) is needed to add and remove voices, not to list them.
+    """``admin_key`` (default: $TTS_ADMIN_KEY, else the key a launcher on this machine keeps) is needed to
+    add and remove voices, not to list them.
 
     Errors are those of :class:`client.TTSClient`: :class:`client.Forbidden` for a missing or wrong key,
     :class:`client.NotFound` for removing a voice that is not registered, :class:`client.InvalidRequest`
@@ -24,7 +43,7 @@ class VoiceClient:
         if protocol not in ("grpc", "http"):
             raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
         self.protocol, self.timeout = protocol, timeout
-        self.admin_key = admin_key if admin_key is not None else os.environ.get(ADMIN_KEY_ENV, "")
+        self.admin_key = admin_key if admin_key is not None else default_admin_key()
         self.host, self.port = _host_port(url, 8001 if protocol == "grpc" else 8000)
 
     def add(self, name: str, audio: np.ndarray, sample_rate: int, text: str = "") -> dict:
@@ -78,7 +97,8 @@ def add_arguments(p) -> None:
     rm.add_argument("name")
     for q in (add, rm):
         q.add_argument("--admin-key", default=None,
-                       help=f"the server's admin key (default: ${ADMIN_KEY_ENV}; the launcher prints where it is)")
+                       help=f"the server's admin key itself (default: ${ADMIN_KEY_ENV}, else the one a launcher on "
+                            f"this machine keeps in {kept_admin_key_file()})")  # fmt: skip
 
 
 def run(args) -> int:

@@ -123,8 +123,9 @@ class Keys:
                "'Authorization: Bearer KEY' at the OpenAI gateway")  # fmt: skip
         if not given:
             return f"{action} needs the admin key ({how})"
-        return (f"{action}: the admin key is wrong (a key the launcher generated changes at every restart; "
-                f"it is in the run folder's admin_key file). Send {how}")  # fmt: skip
+        return (f"{action}: the admin key is wrong (a key the launcher generated is kept in its state directory's "
+                f"admin_key file: python -m serving.admin_key path; a rotated key counts after a restart). "
+                f"Send {how}")  # fmt: skip
 
     # ---- the generator's name ----
     @property

@@ -15,6 +15,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from serving.auth import GENERATOR
 
 
+class Counters:
+    """The launcher's own counters, added to the relayed page (e.g. how often it restarted the gateway)."""
+
+    def __init__(self):
+        self.lock, self.values, self.help = threading.Lock(), {}, {}
+
+    def add(self, name: str, help_text: str) -> None:
+        with self.lock:
+            self.values.setdefault(name, 0)
+            self.help[name] = help_text
+
+    def increment(self, name: str) -> None:
+        with self.lock:
+            self.values[name] = self.values.get(name, 0) + 1
+            self.help.setdefault(name, name)
+
+    def text(self) -> str:
+        with self.lock:
+            return "".join(f"# HELP {n} {self.help[n]}\n# TYPE {n} counter\n{n} {v}\n" for n, v in self.values.items())
+
+
+LAUNCHER = Counters()  # one launcher per process
+
+
 class MetricsRelay(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -27,7 +51,8 @@ class MetricsRelay(ThreadingHTTPServer):
 
     def page(self) -> bytes:
         with urllib.request.urlopen(self.source, timeout=5) as r:
-            return r.read().replace(self.hidden.encode(), f'model="{GENERATOR}"'.encode())
+            page = r.read().replace(self.hidden.encode(), f'model="{GENERATOR}"'.encode())
+        return page + LAUNCHER.text().encode()
 
     def close(self) -> None:
         self.shutdown()

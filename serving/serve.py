@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 
 from engine.config import cache_dir
+from serving.admin_key import FILE as ADMIN_KEY_FILE
+from serving.admin_key import default_state_dir, load_or_create
+from serving.metrics_relay import LAUNCHER
 from serving.options import add_arguments, from_arguments
 from serving.repository import build
 from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
@@ -47,19 +50,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def busy_port(host: str, ports: Ports, openai: int | None = None) -> str | None:
-    """Which port cannot be bound on ``host`` (held open together, so a port given twice is busy too)."""
-    named = [("HTTP", ports.http), ("gRPC", ports.grpc), ("metrics", ports.metrics)]
+def busy_ports(host: str, ports: Ports, openai: int | None = None) -> list[str]:
+    """Every port that cannot be bound on ``host``, each with the option that moves it (they are held open
+    together, so a port given twice is busy too)."""
+    named = [("HTTP", ports.http, "--http-port"), ("gRPC", ports.grpc, "--grpc-port"),
+             ("metrics", ports.metrics, "--metrics-port")]  # fmt: skip
+    busy = []
     with contextlib.ExitStack() as stack:
-        for name, port in named + ([("OpenAI", openai)] if openai else []):
+        for name, port, option in named + ([("OpenAI", openai, "--openai-port")] if openai else []):
             family, kind, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
             s = stack.enter_context(socket.socket(family, kind))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no obstacle
             try:
                 s.bind(addr)
             except OSError as e:
-                return f"{name} port {port} on {host} is busy ({e.strerror})"
-    return None
+                busy.append(f"{name} port {port} on {host} is busy ({e.strerror}): move it with {option}")
+    return busy
 
 
 def run_folder(parent: Path | None) -> Path:
@@ -78,6 +84,10 @@ def write_key(path: Path) -> str:
     return key
 
 
+BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
+GATEWAY_RESTARTS = "tts_gateway_restarts_total"
+
+
 class Gateway:
     """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
     starts it again (and says so) if it exits on its own."""
@@ -85,7 +95,9 @@ class Gateway:
     def __init__(self, host: str, grpc_port: int, port: int):
         triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
         self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
-        self.proc = self._start()
+        self.proc, self.started = self._start(), time.monotonic()
+        self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
+        LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
         print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
         print(f"web page: http://{host}:{port}/", file=sys.stderr, flush=True)
 
@@ -93,13 +105,25 @@ class Gateway:
         return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
 
     def keep_up(self) -> None:
-        if self.proc.poll() is not None:
-            print(
-                f"[supervisor] gateway exited with {self.proc.returncode}; restarting it", file=sys.stderr, flush=True
-            )
-            self.proc = self._start()
+        """Restart a gateway that exited, waiting twice as long after each exit in a row (0.5 s up to 30 s;
+        back to 0.5 s once one stayed up a minute), so that a gateway that cannot start does not spin."""
+        now = time.monotonic()
+        if self.proc is None:
+            if now >= self.restart_at:
+                self.proc, self.started = self._start(), now
+            return
+        if self.proc.poll() is None:
+            return
+        self.restarts += 1
+        LAUNCHER.increment(GATEWAY_RESTARTS)
+        self.backoff = BACKOFF_FIRST if now - self.started >= BACKOFF_RESET else min(2 * self.backoff, BACKOFF_MOST)
+        print(f"[supervisor] gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
+              f"({self.restarts} restarts so far)", file=sys.stderr, flush=True)  # fmt: skip
+        self.proc, self.restart_at = None, now + self.backoff
 
     def stop(self) -> None:
+        if self.proc is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(5)
@@ -118,9 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
-    key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: a new one per run, "
-                            "in the run folder); visible in the process list: prefer --admin-key-file")  # fmt: skip
+    key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: the one kept in "
+                            "--state-dir, generated on first use); visible in the process list: prefer "
+                            "--admin-key-file")  # fmt: skip
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
+    ap.add_argument("--state-dir", type=Path, help="where the generated admin key is kept across restarts (default: "
+                    f"{default_state_dir()}; rotate it with python -m serving.admin_key rotate)")  # fmt: skip
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
     ap.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
                     help="on SIGTERM, or before a restart that can wait (a dead prompt_encoder or voices), how long "
@@ -146,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    busy = busy_port(args.host, ports, None if args.no_openai else args.openai_port)
+    busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port)
     if busy:  # before anything is written: a running server's files stay as they are
-        print(f"cannot start: {busy}", file=sys.stderr)
+        print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 2
     ckpt = (args.checkpoint or default_checkpoint()).resolve()
     if not ckpt.is_dir():
@@ -165,8 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     work = run_folder(args.work_dir)
     print(f"run folder: {work}", file=sys.stderr, flush=True)
     if admin_key is None:
-        admin_key = write_key(work / "admin_key")
-        print(f"admin key: {work / 'admin_key'}", file=sys.stderr, flush=True)
+        state = (args.state_dir or default_state_dir()).resolve()
+        try:
+            admin_key, made = load_or_create(state)
+        except (OSError, ValueError) as e:
+            print(f"cannot start: the admin key: {e}", file=sys.stderr)
+            return 2
+        how = "generated now" if made else "kept"
+        print(f"admin key: {state / ADMIN_KEY_FILE} ({how}; the voices CLI on this machine reads it there; "
+              "rotate: python -m serving.admin_key rotate)", file=sys.stderr, flush=True)  # fmt: skip
     # Triton's restricted APIs get a key of their own: Triton takes it on its command line, which any local
     # user can read (/proc/<pid>/cmdline); the operator's key reaches the models only as its digest.
     triton_key = write_key(work / "triton_admin_key")

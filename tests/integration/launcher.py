@@ -39,7 +39,7 @@ class Launcher:
         ports, openai = ports or Ports.free(), free_port()
         cmd = [
             sys.executable, "-m", "serving.serve", "--checkpoint", str(ckpt), "--voice-dir", str(tmp / "voices"),
-            "--work-dir", str(tmp / "runs"), "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+            "--work-dir", str(tmp / "runs"), "--state-dir", str(tmp / "state"), "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
             "--metrics-port", str(ports.metrics), "--openai-port", str(openai), *args,
         ]  # fmt: skip
         output = tmp / f"launcher-{time.monotonic_ns()}.txt"

@@ -100,11 +100,13 @@ def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, 
     log = launcher.run_dir / "tritonserver.log"
     before = (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns)
     p = launcher.ports
-    t0 = time.monotonic()
     r = serve("--checkpoint", str(tiny_ckpt), "--work-dir", str(launcher.run_dir.parent), "--http-port", str(Ports.free().http),
-              "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics))  # fmt: skip
-    assert r.returncode == 2 and f"gRPC port {p.grpc} on 127.0.0.1 is busy" in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 30
+              "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), "--openai-port", str(launcher.openai))  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    for name, port, option in (("gRPC", p.grpc, "--grpc-port"), ("metrics", p.metrics, "--metrics-port"),
+                               ("OpenAI", launcher.openai, "--openai-port")):  # all of them, in one run
+        assert f"{name} port {port} on 127.0.0.1 is busy" in r.stderr and f"move it with {option}" in r.stderr, r.stderr
+    assert "HTTP port" not in r.stderr
     assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
     assert launcher.ready_status() == 200
 
@@ -135,7 +137,9 @@ def test_a_dead_gateway_is_started_again(launcher):
         except httpx.HTTPError:
             status = 0
     assert status == 200 and gateway_pids() and pid not in gateway_pids()
-    assert "gateway exited with -9; restarting it" in launcher.text()
+    assert "gateway exited with -9; restarting it in 0.5 s (1 restarts so far)" in launcher.text()
+    page = httpx.get(f"http://127.0.0.1:{launcher.ports.metrics}/metrics", timeout=10).text
+    assert "\ntts_gateway_restarts_total 1\n" in page, page[-500:]
 
 
 def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):

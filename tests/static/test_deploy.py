@@ -210,16 +210,18 @@ def test_launcher_ports_are_the_container_ports_and_the_image_exposes_them():
     assert exposed == set(by_name.values()), f"Dockerfile EXPOSE {sorted(exposed)} vs container ports"
 
 
-def test_probes_hit_triton_health_on_a_served_port():
+def test_probes_hit_triton_health_on_a_served_port_and_readiness_covers_the_gateway():
     c, opts = container(), pod_options()
     service_targets = {container_port(p["targetPort"], c) for p in only("Service")["spec"]["ports"]}
-    expected = {"startupProbe": "/v2/health/live", "livenessProbe": "/v2/health/live",
-                "readinessProbe": "/v2/health/ready"}  # fmt: skip
-    for probe, path in expected.items():
+    # liveness is Triton's alone (the launcher restarts a dead gateway itself); readiness goes through the
+    # gateway's /health, which answers 200 only when the gateway is up and Triton says it is ready
+    live = ("/v2/health/live", opts.http_port)
+    expected = {"startupProbe": live, "livenessProbe": live, "readinessProbe": ("/health", opts.openai_port)}
+    for probe, (path, want_port) in expected.items():
         get = c[probe]["httpGet"]
         assert get["path"] == path, probe
         port = container_port(get["port"], c)
-        assert port == opts.http_port, f"{probe} port {port} is not Triton's HTTP port {opts.http_port}"
+        assert port == want_port, f"{probe} port {port} is not {want_port}"
         assert port in service_targets
     assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] >= 60, (
         "liveness must outlast the launcher's own restart of tritonserver"
@@ -417,3 +419,8 @@ def test_selectors_and_grouping_labels():
     assert dashboard.grouping_labels(expr) == {"model", "reason"}
     with pytest.raises(ValueError):
         dashboard.selectors('m{a="1" b="2"}')
+
+
+def test_the_images_healthcheck_goes_through_the_gateway():
+    (check,) = dockerfile_instructions()["HEALTHCHECK"]
+    assert f"127.0.0.1:{pod_options().openai_port}/health" in check, check  # the gateway, which asks Triton
