@@ -1,7 +1,7 @@
-"""The README's first screen, run as a reader would: its curl command, the web page's address and its
-Python client snippet, taken from README.md (and the OpenAI SDK snippet from docs/openai.md) and run
-against one real launcher (``python -m serving.serve`` on the tiny checkpoint that ``make serve`` uses),
-with only the ports changed to the launcher's free ones."""
+"""The README's first screen, run as a reader would: the addresses it says the launcher prints, its curl
+command, the web page's address and its Python client snippet, taken from README.md (and the OpenAI SDK
+snippet from docs/openai.md) and run against one real launcher (``python -m serving.serve`` on the tiny
+checkpoint that ``make serve`` uses), with only the ports changed to the launcher's free ones."""
 
 from __future__ import annotations
 
@@ -67,8 +67,11 @@ def test_the_python_client_snippet_writes_the_same_speech_over_grpc(launcher, cu
 
 
 def test_the_web_page_is_where_the_launcher_says(launcher):
+    printed = launcher.text().splitlines()
+    for line in with_port(snippet("addresses"), 8080, launcher.openai).splitlines():
+        assert line in printed, f"the launcher did not print {line!r}"
     url = with_port(snippet("page").strip(), 8080, launcher.openai)
-    assert f"web page: {url}\n" in launcher.text()
+    assert f"web page: {url}" in printed
     page = httpx.get(url, timeout=10)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<title>FireRedTTS3</title>" in page.text and "/v1/audio/speech" in page.text
