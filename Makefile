@@ -11,8 +11,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# CPU build of torch unless the venv already has one (GPU users install their CUDA build first);
-	# a bare `torch` requirement would pull a multi-GB CUDA build.
+	# torch==2.13.0 only if the venv has no torch (README "Which torch make installs"): from PyPI that is
+	# the CUDA 13 build; where pip's find-links offer torch-2.13.0+cpu (the CI machines), pip takes that.
+	# GPU users install their CUDA build into .venv first; so may laptop users the CPU build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)

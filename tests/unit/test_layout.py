@@ -1,5 +1,7 @@
 """The repository's shape: offline synthesis loads nothing Triton-facing (the static import rules are in
-test_import_graph.py), and the README's contract tables are the ones the serving contract defines."""
+test_import_graph.py); the contract tables in docs/serving.md are the ones the serving contract defines, the
+layout in docs/development.md names the modules that exist, and the README and docs/ link only to pages and
+headings that exist."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from pathlib import Path
 
 from serving.contract import readme_tables
+from tests.docs import DOCS, README, anchors, links, pages, section
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_FACING = ("serving", "gateway", "tritonclient", "triton_python_backend_utils", "client")
@@ -21,9 +24,24 @@ def test_offline_synthesis_loads_no_serving_module():
 
 
 def test_readme_tables_match_the_contract():
-    readme = (ROOT / "README.md").read_text()
+    """The tables live in docs/serving.md (the README links to it)."""
+    page = (DOCS / "serving.md").read_text()
     for title, table in readme_tables().items():
-        assert table in readme, f"README's {title} table differs from serving.contract (python -m serving.contract)"
+        assert table in page, f"docs/serving.md's {title} table differs from python -m serving.contract"
+
+
+def test_the_readme_and_docs_link_only_to_pages_and_headings_that_exist():
+    texts = pages()
+    for page, text in texts.items():
+        for target in links(text):
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+            if anchor and linked.suffix == ".md":
+                assert anchor in anchors(linked.read_text()), f"{page.name} links to {target}: no such heading"
+    listed = {(README.parent / t.partition("#")[0]).resolve() for t in links(texts[README])}
+    unlisted = sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in listed)
+    assert not unlisted, f"the README's table of contents does not link {unlisted}"
 
 
 def test_model_files_stay_thin():
@@ -31,10 +49,8 @@ def test_model_files_stay_thin():
         assert len(path.read_text().splitlines()) < 200, path
 
 
-def test_the_readme_layout_names_files_that_exist_and_every_source_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout\n") :]
-    layout = layout[: layout.find("\n## ", 5)] if "\n## " in layout[5:] else layout
+def test_the_layout_names_files_that_exist_and_every_source_module():
+    layout = section(DOCS / "development.md", "## Layout")
     folder, named = "", set()
     for line in layout.split("```")[1].splitlines():  # the tree: "engine/" headings, then indented files
         words = line.split()
@@ -49,9 +65,9 @@ def test_the_readme_layout_names_files_that_exist_and_every_source_module():
                 if name.endswith((".py", "/")) and not name.startswith(("(", "tests")):
                     named |= {f"{folder}{part}" for part in name.split(",") if part}
     missing = sorted(p for p in named if not (ROOT / p).exists())
-    assert not missing, f"the README's layout names files that do not exist: {missing}"
+    assert not missing, f"docs/development.md's layout names files that do not exist: {missing}"
     for package in ("engine", "serving"):
         modules = {f"{package}/{p.name}" for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
         modules |= {f"{package}/{p.name}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
         unnamed = sorted(modules - named)
-        assert not unnamed, f"the README's layout does not mention {unnamed}"
+        assert not unnamed, f"docs/development.md's layout does not mention {unnamed}"

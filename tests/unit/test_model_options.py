@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,8 @@ from serving.model_options import (
 from serving.options import ServeOptions, add_arguments, from_arguments
 from serving.repository import render
 from serving.requests import generation_request, generator_parameters
+from tests.docs import pages
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
           "generator": GeneratorOptions, "vocoder": VocoderOptions, "voices": VoicesOptions}  # fmt: skip
 ODD = ServeOptions(checkpoint='/ck "quoted" \\ dir', slots=3, max_len=512, kv_memory_gb=1.5, attention="sdpa",
@@ -112,10 +111,11 @@ def test_launcher_flags_come_from_the_options():
     assert from_arguments(_parse(["--attention", "flashinfer"])).attention == "flashinfer"
 
 
-def test_readme_names_every_launcher_option():
+def test_the_docs_name_every_launcher_option():
+    """Somewhere in README.md or docs/*.md."""
     ap = argparse.ArgumentParser()
     add_arguments(ap)
-    readme = README.read_text()
+    readme = "\n".join(pages().values())
     for action in ap._actions[1:]:
         flag = action.option_strings[-1]  # --no-ensemble for a boolean
         assert re.search(rf"{re.escape(flag)}(?![\w-])", readme), flag

@@ -1,0 +1,87 @@
+"""The README's first screen, run as a reader would: the addresses it says the launcher prints, its curl
+command, the web page's address and its Python client snippet, taken from README.md (and the OpenAI SDK
+snippet from docs/openai.md) and run against one real launcher (``python -m serving.serve`` on the tiny
+checkpoint that ``make serve`` uses), with only the ports changed to the launcher's free ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine.protocol import SAMPLE_RATE
+from tests.docs import DOCS, snippet
+from tests.integration.launcher import Launcher
+
+pytestmark = pytest.mark.integration
+
+TEXT = "Hello from FireRedTTS3."  # what every snippet says
+
+
+@pytest.fixture(scope="module")
+def launcher(tiny_ckpt, tmp_path_factory):
+    with Launcher.start(tiny_ckpt, tmp_path_factory.mktemp("readme"), "--slots", "2") as ln:
+        ln.wait_ready()
+        yield ln
+
+
+def with_port(code: str, default: int, port: int) -> str:
+    """The snippet with its default port replaced by the launcher's (the snippet must use the default)."""
+    assert f"127.0.0.1:{default}" in code, f"the snippet does not use the default port {default}:\n{code}"
+    return code.replace(f"127.0.0.1:{default}", f"127.0.0.1:{port}")
+
+
+def run(cmd: list[str], cwd) -> None:
+    done = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{cmd[:2]} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+
+
+def speech(path) -> np.ndarray:
+    """A WAV the snippet wrote -> its 16-bit samples; it must be 24 kHz mono and not empty."""
+    audio, rate = sf.read(path, dtype="int16")
+    assert rate == SAMPLE_RATE and audio.ndim == 1 and audio.size > SAMPLE_RATE // 10, (rate, audio.shape)
+    return audio
+
+
+@pytest.fixture(scope="module")
+def curl_wav(launcher, tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("curl")
+    run(["bash", "-c", with_port(snippet("curl"), 8080, launcher.openai)], cwd)
+    return speech(cwd / "hello.wav")
+
+
+def test_the_curl_snippet_writes_speech(curl_wav):
+    assert np.abs(curl_wav).max() > 0
+
+
+def test_the_python_client_snippet_writes_the_same_speech_over_grpc(launcher, curl_wav, tmp_path):
+    """The gateway (curl) and gRPC (the client) are two entry points: same text, seed and voice, same audio."""
+    run([sys.executable, "-c", with_port(snippet("python-client"), 8001, launcher.ports.grpc)], tmp_path)
+    grpc_wav = speech(tmp_path / "hello.wav")
+    assert grpc_wav.size == curl_wav.size
+    assert np.abs(grpc_wav.astype(np.int32) - curl_wav).max() <= 1  # each rounds to 16 bits on its own
+
+
+def test_the_web_page_is_where_the_launcher_says(launcher):
+    printed = launcher.text().splitlines()
+    for line in with_port(snippet("addresses"), 8080, launcher.openai).splitlines():
+        assert line in printed, f"the launcher did not print {line!r}"
+    url = with_port(snippet("page").strip(), 8080, launcher.openai)
+    assert f"web page: {url}" in printed
+    page = httpx.get(url, timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<title>FireRedTTS3</title>" in page.text and "/v1/audio/speech" in page.text
+
+
+def test_the_openai_sdk_snippet_writes_mp3(launcher, curl_wav, tmp_path):
+    import av
+
+    run([sys.executable, "-c", with_port(snippet("openai-sdk", DOCS / "openai.md"), 8080, launcher.openai)], tmp_path)
+    with av.open(str(tmp_path / "hello.mp3")) as f:
+        assert f.format.name == "mp3"
+        seconds = sum(frame.samples / frame.sample_rate for frame in f.decode(audio=0))
+    assert abs(seconds - curl_wav.size / SAMPLE_RATE) < 0.1  # MP3 adds priming and padding
