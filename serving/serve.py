@@ -98,8 +98,9 @@ class Gateway:
         self.proc, self.started = self._start(), time.monotonic()
         self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
         LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
-        print(f"OpenAI-compatible speech API: http://{host}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
-        print(f"web page: http://{host}:{port}/", file=sys.stderr, flush=True)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
+        print(f"OpenAI-compatible speech API: http://{shown}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
+        print(f"web page: http://{shown}:{port}/", file=sys.stderr, flush=True)
 
     def _start(self) -> subprocess.Popen:
         return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
