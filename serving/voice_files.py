@@ -111,7 +111,9 @@ def load_prompt(p_path: Path, identity: str, source: str | None = None) -> Voice
         raise ValueError(f"{p_path.name}: format version {meta.get('format_version')!r} is not {FORMAT_VERSION}")
     if meta.get("checkpoint") != identity or meta.get("preprocessing") != PREPROCESSING:
         raise ValueError(f"{p_path.name}: encoded with another checkpoint or preprocessing")
-    if source is not None and meta.get("source") != source:
+    if source is not None and "source" not in meta:
+        raise ValueError(f"{p_path.name}: names no source (written before prompts did)")
+    if source is not None and meta["source"] != source:
         raise ValueError(f"{p_path.name}: encoded from another source than the stored one (a replacement cut short)")
     try:
         return VoicePrompt(tensors["latents"].float(), tensors["speaker"].float(), meta["text"])

@@ -400,3 +400,20 @@ def test_what_a_killed_writer_left_is_swept_by_the_next_write(model, tmp_path):
         s.get("ghost")
     s.prompt_for_audio(clip(37, 8000), 16000, "")
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_prompt_from_before_prompts_named_their_source_is_reencoded_once(model, tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
+    p = s.register("older", clip(38), 24000, "t")
+    f = _named(tmp_path, "older", "prompt")
+    with safe_open(str(f), "pt") as h:
+        meta = {k: v for k, v in h.metadata().items() if k != "source"}
+    save_file(load_file(str(f)), str(f), metadata=meta)
+    with caplog.at_level(logging.WARNING):
+        assert np.array_equal(s.get("older").latents, p.latents)
+    assert "names no source (written before prompts did)" in caplog.text and enc.calls == 2
+    s.get("older")
+    assert enc.calls == 2  # repaired on disk
