@@ -8,9 +8,15 @@ Layout under the store's root (format version 1)::
     v1/.lock                              writers hold an exclusive flock
 
 The files' format (safetensors, checksummed, written atomically: nothing is ever unpickled) is
-:mod:`serving.voice_files`. A named prompt that is damaged, unreadable, or made with
-another checkpoint, format version or preprocessing is re-encoded from its source (and logged); an
-anonymous one from the request's audio (the key hashes that audio, so no source is kept for it).
+:mod:`serving.voice_files`. A named voice *is* its source file: it is registered when the source is
+renamed into place (the prompt follows), removed when the source is unlinked (the prompt follows), and
+listed and spoken only while the source is there; its prompt is a cache of the source's encoding,
+used only if it names that source's sha256. So a writer killed at any point leaves the old voice, the
+new one, or none, never a mixture, and nothing is cached in memory: every lookup reads the files.
+A named prompt that is damaged, stale, unreadable, or made with another checkpoint, format version or
+preprocessing is re-encoded from its source (and logged); an anonymous one from the request's audio
+(the key hashes that audio, so no source is kept for it). What a killed writer left (a temporary file,
+a prompt without its source) is swept by the next add or removal.
 Anonymous entries are evicted least recently used first (file modification times) to stay within
 ``max_anonymous`` entries and, with named voices, ``max_bytes``; named voices are never evicted.
 A read-only store still serves what it holds.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,17 +45,24 @@ from serving.voice_files import (
     FORMAT_VERSION,
     PROMPT_SUFFIX,
     SOURCE_SUFFIX,
+    TMP_SUFFIX,
     content_key,
+    is_source,
     load_prompt,
     load_source,
     nbytes,
     prompt_file,
+    source_digest,
     source_file,
     source_info,
     write_atomic,
 )
 
 log = logging.getLogger(__name__)
+# Temporary files are written under the lock, in milliseconds: one this old is a killed writer's. (The
+# age, not the lock alone, decides, so that a volume whose locks do not reach every replica loses
+# nothing in flight to the sweep.)
+STALE_TMP_SECONDS = 3600.0
 
 
 class VoiceNotFound(KeyError):
@@ -162,8 +176,24 @@ class VoiceStore:
                 entry[0] = st.st_mtime
         return out
 
+    def _sweep(self) -> None:
+        """Remove what killed writers left: stale temporary files, named prompts without a source (lock held)."""
+        now = time.time()
+        for kind in ("named", "anon"):
+            for p in (self.root / kind).glob(".*" + TMP_SUFFIX):
+                try:
+                    if now - p.stat().st_mtime > STALE_TMP_SECONDS:
+                        p.unlink()
+                except FileNotFoundError:
+                    pass
+        for p in (self.root / "named").glob("*" + PROMPT_SUFFIX):
+            if not p.with_name(p.name.removesuffix(PROMPT_SUFFIX) + SOURCE_SUFFIX).exists():
+                p.unlink(missing_ok=True)
+
     def _evict(self) -> None:
-        """Drop the least recently used anonymous entries beyond max_anonymous or max_bytes (lock held)."""
+        """Sweep, then drop the least recently used anonymous entries beyond max_anonymous or max_bytes
+        (lock held)."""
+        self._sweep()
         anon = sorted(self._entries("anon").items(), key=lambda kv: kv[1][0])
         total = sum(b for _, b in self._entries("named").values()) + sum(e[1] for _, e in anon)
         excess = len(anon) - self.max_anonymous
@@ -207,7 +237,7 @@ class VoiceStore:
         prompt = self._encode(audio, SAMPLE_RATE, text)
         self.encodes += 1
         source, s_meta = source_file(audio, SAMPLE_RATE, text)
-        p_file = prompt_file(prompt, self.identity)
+        p_file = prompt_file(prompt, self.identity, s_meta["sha256"])
         p_path, s_path = self._paths("named", name)
         with self._writing(f"register voice {name!r}"):
             if self.max_bytes is not None:
@@ -219,7 +249,7 @@ class VoiceStore:
                         f"voice store's cap of {self.max_bytes / 1e9:g} GB (--voice-store-max-gb); remove voices "
                         "or raise the cap"
                     )
-            write_atomic(s_path, source, s_meta)
+            write_atomic(s_path, source, s_meta)  # the voice is registered (or replaced) here
             write_atomic(p_path, *p_file)
             self._evict()
         return prompt
@@ -228,10 +258,14 @@ class VoiceStore:
         check_name(name)
         p_path, s_path = self._paths("named", name)
         try:
-            prompt = load_prompt(p_path, self.identity)
+            digest = source_digest(s_path)
         except FileNotFoundError:
-            if not s_path.exists():
-                raise VoiceNotFound(f"voice {name!r} is not registered") from None
+            raise VoiceNotFound(f"voice {name!r} is not registered") from None
+        except ValueError as e:
+            raise ValueError(f"voice {name!r} is damaged beyond repair ({e}); register it again") from None
+        try:
+            prompt = load_prompt(p_path, self.identity, digest)
+        except FileNotFoundError:
             reason = "prompt file missing"
         except ValueError as e:
             reason = str(e)
@@ -241,27 +275,32 @@ class VoiceStore:
             return prompt
         log.warning("voice store: re-encoding voice %r from its stored source: %s", name, reason)
         try:
-            audio, sr, text = load_source(s_path)
-        except (FileNotFoundError, ValueError) as e:
+            source = load_source(s_path)
+        except FileNotFoundError:  # removed by another process meanwhile
+            raise VoiceNotFound(f"voice {name!r} is not registered") from None
+        except ValueError as e:
             raise ValueError(f"voice {name!r} is damaged beyond repair ({e}); register it again") from None
-        prompt = self._encode(audio, sr, text)
+        prompt = self._encode(source.audio, source.sample_rate, source.text)
         self.encodes += 1
         try:
             with self._locked():
-                write_atomic(p_path, *prompt_file(prompt, self.identity))
+                if is_source(s_path, source.digest):  # not removed or replaced while encoding
+                    write_atomic(p_path, *prompt_file(prompt, self.identity, source.digest))
         except OSError as e:
             self._read_only(e)
         return prompt
 
     def remove(self, name: str) -> bool:
         check_name(name)
-        removed = False
+        s_path = self._paths("named", name)[1]
         with self._writing(f"remove voice {name!r}"):
-            for p in self._paths("named", name):
-                if p.exists():
-                    p.unlink()
-                    removed = True
-        return removed
+            try:
+                s_path.unlink()  # the voice is removed here
+            except FileNotFoundError:
+                return False
+            finally:
+                self._sweep()  # its prompt, and what killed writers left
+        return True
 
     def list(self) -> list[VoiceInfo]:
         out = []

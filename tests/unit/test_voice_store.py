@@ -314,3 +314,106 @@ def test_byte_cap_evicts_anonymous_entries_never_named_ones(model, tmp_path):
     s.max_bytes = named + entry // 2  # named voices leave no room: anonymous prompts are served, not kept
     assert not s.prompt_for_audio(clip(27, 24000), 24000, "")[1]
     assert list((tmp_path / "v1" / "anon").iterdir()) == [] and s.get("keep") is not None
+
+
+def _named(tmp_path, name, part):
+    return tmp_path / "v1" / "named" / f"{name}.{part}.safetensors"
+
+
+def test_a_replacement_cut_short_after_its_source_speaks_the_new_voice(model, tmp_path):
+    """A kill between the two renames of a replacement leaves the new source beside the old prompt: the
+    listing shows the new voice, so the new voice is what is spoken (re-encoded from that source)."""
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
+    s.register("turned", clip(30), 24000, "before")
+    VoiceStore(tmp_path / "other", model.identity, enc).register("turned", clip(31), 24000, "after")
+    _named(tmp_path, "turned", "source").write_bytes(_named(tmp_path / "other", "turned", "source").read_bytes())
+    [info] = s.list()
+    assert info.text == "after"
+    expected = model.encode_prompt(clip(31), 24000, "after")
+    got = s.get("turned")
+    assert got.text == "after" and np.array_equal(got.latents, expected.latents)
+    assert enc.calls == 3
+    s.get("turned")
+    assert enc.calls == 3  # repaired on disk
+
+
+def test_a_prompt_without_its_source_is_not_a_voice(model, tmp_path):
+    """A kill between the two unlinks of a removal (the source goes first) leaves a prompt alone: it is
+    neither listed nor spoken, and the next write sweeps it away."""
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
+    s.register("orphan", clip(32), 24000, "")
+    _named(tmp_path, "orphan", "source").unlink()
+    assert s.list() == []
+    with pytest.raises(VoiceNotFound, match="'orphan' is not registered"):
+        s.get("orphan")
+    s.register("next", clip(33), 24000, "")
+    assert not _named(tmp_path, "orphan", "prompt").exists()
+
+
+def test_a_removal_takes_the_source_first(model, tmp_path, monkeypatch):
+    """The source is the voice: a removal killed after its first unlink has removed the voice."""
+    from pathlib import Path
+
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
+    s.register("leaving", clip(34), 24000, "")
+    unlinked = []
+    real_unlink = Path.unlink
+    monkeypatch.setattr(Path, "unlink", lambda p, *a, **k: (unlinked.append(p.name), real_unlink(p, *a, **k)))
+    assert s.remove("leaving")
+    assert unlinked[0] == "leaving.source.safetensors"
+
+
+def test_a_repair_does_not_bring_back_a_voice_removed_meanwhile(model, tmp_path):
+    """Another replica removes the voice while this one re-encodes it from its source: the new prompt is
+    not written (it would be a prompt without a source)."""
+    s = VoiceStore(tmp_path, model.identity, None)
+
+    def encode_while_removed(audio, sr, text):
+        VoiceStore(tmp_path, model.identity, None).remove("racing")
+        return model.encode_prompt(audio, sr, text)
+
+    VoiceStore(tmp_path, model.identity, model.encode_prompt).register("racing", clip(35), 24000, "")
+    _named(tmp_path, "racing", "prompt").unlink()
+    s._encode = encode_while_removed
+    assert s.get("racing") is not None  # the request in flight is served
+    assert list((tmp_path / "v1" / "named").iterdir()) == []
+    with pytest.raises(VoiceNotFound):
+        s.get("racing")
+
+
+def test_what_a_killed_writer_left_is_swept_by_the_next_write(model, tmp_path):
+    """Temporary files are only written under the store's lock, so one older than a write can take is a
+    killed writer's: invisible to readers, and removed by the next write (a fresh one is left alone)."""
+    import os
+    import time
+
+    s = VoiceStore(tmp_path, model.identity, Counting(model))
+    s.register("kept", clip(36), 24000, "")
+    named = tmp_path / "v1" / "named"
+    stale, fresh = named / ".ghost.source.safetensors.1.2.tmp", named / ".ghost.prompt.safetensors.1.3.tmp"
+    for p in (stale, fresh):
+        p.write_bytes(_named(tmp_path, "kept", "source").read_bytes()[:1000])
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    assert [v.name for v in s.list()] == ["kept"]
+    with pytest.raises(VoiceNotFound):
+        s.get("ghost")
+    s.prompt_for_audio(clip(37, 8000), 16000, "")
+    assert not stale.exists() and fresh.exists()
+
+
+def test_a_prompt_from_before_prompts_named_their_source_is_reencoded_once(model, tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    enc = Counting(model)
+    s = VoiceStore(tmp_path, model.identity, enc)
+    p = s.register("older", clip(38), 24000, "t")
+    f = _named(tmp_path, "older", "prompt")
+    with safe_open(str(f), "pt") as h:
+        meta = {k: v for k, v in h.metadata().items() if k != "source"}
+    save_file(load_file(str(f)), str(f), metadata=meta)
+    with caplog.at_level(logging.WARNING):
+        assert np.array_equal(s.get("older").latents, p.latents)
+    assert "names no source (written before prompts did)" in caplog.text and enc.calls == 2
+    s.get("older")
+    assert enc.calls == 2  # repaired on disk
