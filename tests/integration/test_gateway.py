@@ -118,9 +118,10 @@ def test_errors_in_openai_shape(gateway, body, status, param):
     assert param in error["message"]
 
 
-def test_speed_over_the_gateway_and_grpc(gateway, server):
+def test_speed_over_the_gateway_and_grpc(gateway, server, sdk):
     """speed 2.0 gives half the samples of speed 1.0 for the same seed, over gRPC and over the gateway
-    (the same audio on both); speed 1.0 is the request without speed, bit for bit."""
+    (the same audio on both, the OpenAI SDK's ``speed`` too); speed 1.0 is the request without speed, bit
+    for bit."""
     client = TTSClient(f"127.0.0.1:{server.ports.grpc}")
     parameters = {k: v for k, v in EXTRAS.items() if k != "seed"}
 
@@ -140,6 +141,9 @@ def test_speed_over_the_gateway_and_grpc(gateway, server):
     assert np.array_equal(pcm(speed=1.0), pcm())
     for speed, audio in ((2.0, fast), (2, fast), (1.0, plain)):  # an int is a number too
         assert np.array_equal(pcm(speed=speed), np.round(np.clip(audio, -1, 1) * 32767).astype("<i2"))
+    by_sdk = sdk.audio.speech.create(model="fireredtts3", voice="alloy", input="Through the gateway", speed=2.0,
+                                     response_format="pcm", extra_body=EXTRAS).content  # fmt: skip
+    assert by_sdk == pcm(speed=2.0).tobytes()
 
 
 def test_bad_bodies(gateway):
