@@ -187,7 +187,7 @@ class Orchestrator:
 async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator[Piece]:
     """``pieces`` played ``speed`` times as fast at the same pitch, each piece's audio as soon as the
     stretcher has it (so no empty piece but the final one, which carries the stretcher's rest); closing
-    this closes ``pieces``. The stretching runs on a thread: at speed 0.25 a 12-patch chunk takes ~25 ms
+    this closes ``pieces``. The stretching runs on a thread: at speed 0.25 a 12-patch chunk takes 25-40 ms
     of CPU, which the event loop spends on the other requests' chunks meanwhile."""
     stretch = TimeStretch(speed)
     async with contextlib.aclosing(pieces):
