@@ -93,7 +93,7 @@ class TTSClient:
         parameters: dict | None = None,
     ) -> Iterator[Chunk]:
         """Chunks as the server sends them; ``parameters`` are the tts request parameters
-        (steps, cfg, chunk_first, chunk_next, max_patches). ``ref_audio``: (n,) float in [-1, 1]."""
+        (``serving.contract.TTS_PARAMETERS``: steps, cfg, ..., speed). ``ref_audio``: (n,) float in [-1, 1]."""
         fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed)
         if self.protocol == "grpc":
             return self._grpc(fields, parameters or {})

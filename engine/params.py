@@ -1,7 +1,7 @@
 """Request settings, their defaults and their limits, written once (no torch here).
 
-The offline path, the Triton models, the serving contract, the client and the README tables all read
-these; nothing else states a default.
+The offline path, the Triton models, the serving contract, the client and the tables in docs/serving.md
+all read these; nothing else states a default.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class GenerationParams:
             raise ValueError("seed must fit in int64")
 
 
-# ... and the front door adds the text front end (engine.frontend).
+# ... and the front door adds the text front end (engine.frontend) and the speed (engine.time_stretch).
 SPLIT_TOKENS = Parameter(
     "split_tokens", int, DEFAULT_SPLIT_TOKENS, 0, 4096,
     "long texts are spoken in segments of whole sentences grouped up to about this many tokens (characters "
@@ -114,7 +114,12 @@ NORMALIZE = Parameter(
     "read numbers, dates, times, currency and symbols out as words (wetext; Chinese, English, Cantonese and "
     "dialects) before speaking",
 )  # fmt: skip
-UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE)
+SPEED = Parameter(
+    "speed", float, 1.0, 0.25, 4.0,
+    "speaking rate: 2.0 is twice as fast, 0.5 half as fast, at the same pitch (the audio is time-stretched "
+    "as it streams; 1.0 leaves it untouched)",
+)  # fmt: skip
+UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE, SPEED)
 
 
 def parse_parameters(given: dict | None, known: tuple[Parameter, ...] = UTTERANCE_PARAMETERS) -> dict:

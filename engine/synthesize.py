@@ -24,6 +24,7 @@ from engine.params import (
     DEFAULT_SCHEDULE,
     DEFAULT_SEED,
     DEFAULT_SPLIT_TOKENS,
+    SPEED,
     UTTERANCE_PARAMETERS,
     GenerationParams,
     generation_params,
@@ -42,15 +43,17 @@ def stream_audio(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
+    speed: float = SPEED.default,
 ) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1).
 
     This is the server's orchestration run in-process: the text goes through the front end
     (:func:`engine.frontend.prepare`: cleaning, language detection when ``language`` is None, sentence
     grouping by ``split_tokens``, normalization unless ``normalize`` is False), and each segment is
-    generated with the same seed and joined with a 50 ms cross-fade. Raises ValueError for bad input.
+    generated with the same seed and joined with a 50 ms cross-fade, then played ``speed`` times as fast
+    at the same pitch (:mod:`engine.time_stretch`). Raises ValueError for bad input.
     """
-    utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize)
+    utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize, speed)
     pieces = local_orchestrator(model).run(utterance, prompt)
     loop = asyncio.new_event_loop()
     try:
@@ -79,14 +82,15 @@ def synthesize(
     schedule: Sequence[int] = DEFAULT_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
+    speed: float = SPEED.default,
 ) -> np.ndarray:
     """Whole utterance as one float32 array at 24 kHz: patches * 3840 samples per text segment, minus
-    the 1200-sample cross-fade between segments.
+    the 1200-sample cross-fade between segments, divided by ``speed`` (rounded).
 
     Without ``ref_audio`` the voice prompt is one patch of silence (the model then picks a voice).
     """
     prompt = model.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
-    chunks = stream_audio(model, text, language, prompt, params, schedule, split_tokens, normalize)
+    chunks = stream_audio(model, text, language, prompt, params, schedule, split_tokens, normalize, speed)
     return np.concatenate(list(chunks))
 
 
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
             model, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
-            values["normalize"],
+            values["normalize"], values["speed"],
         )  # fmt: skip
         t2 = time.perf_counter()
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback

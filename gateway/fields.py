@@ -19,7 +19,7 @@ STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "ony
 STREAM_FORMATS = ("audio", "sse")
 EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 STRINGS = ("model", "input", "voice", "response_format", "stream_format", "language", "instructions")
-NUMBERS = ("seed", "speed")  # OpenAI's and ours that are numbers but not one of EXTRAS
+NUMBERS = ("seed",)  # OpenAI's that are numbers but not one of EXTRAS (its speed is ours too)
 KNOWN = {*STRINGS, *NUMBERS, *EXTRAS}
 INT64 = (-(2**63), 2**63 - 1)
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -103,9 +103,6 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
         raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {shown(fmt)}", "response_format")
     if body.get("stream_format", "audio") not in STREAM_FORMATS:
         raise APIError(400, f"stream_format must be one of {list(STREAM_FORMATS)}", "stream_format")
-    speed = body.get("speed", 1.0)
-    if isinstance(speed, bool) or not isinstance(speed, int | float) or speed != 1.0:
-        raise APIError(400, "speed other than 1.0 is not supported", "speed")
     if body.get("instructions"):
         raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
     parameters = {}

@@ -1,7 +1,7 @@
 """Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once.
 
 ``config.pbtxt`` files are rendered from these specs (:mod:`serving.repository`), the model files,
-the BLS calls and the client read and write through them, and a test checks the README's tables
+the BLS calls and the client read and write through them, and a test checks the tables in docs/serving.md
 against them (``python -m serving.contract`` prints those tables). Shapes exclude the batch dimension of
 models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`engine.params`.
 """

@@ -107,7 +107,8 @@ def build_request(
         check_name(voice_id, "VOICE_ID")
     values = request_parameters(parameters)
     params, schedule = generation_params(check_seed(seed), values)
-    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"])
+    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
+                          values["speed"])  # fmt: skip
     return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 

@@ -67,11 +67,13 @@ def test_request_options_reach_the_client(tmp_path, monkeypatch):
     monkeypatch.setattr("client.cli.synthesize", fake_synthesize)
     monkeypatch.setattr("sys.stdin", io.StringIO("  from stdin \n"))
     argv = ["--url", "h:9", "--protocol", "http", "--text", "-", "--language", "German", "--voice-id", "v1",
-            "--seed", "5", "--max-patches", "12", "--cfg", "1.5", "--no-normalize", "--out", "o.wav"]  # fmt: skip
+            "--seed", "5", "--max-patches", "12", "--cfg", "1.5", "--speed", "1.25", "--no-normalize", "--out",
+            "o.wav"]  # fmt: skip
     assert main(argv) == 0
     assert seen["url"] == ("h", 9, "http") and seen["text"] == "from stdin" and seen["out"] == "o.wav"
+    parameters = {"max_patches": 12, "cfg": 1.5, "normalize": False, "speed": 1.25}
     assert seen["request"] == {"language": "German", "voice_id": "v1", "ref_text": None, "seed": 5,
-                               "parameters": {"max_patches": 12, "cfg": 1.5, "normalize": False}}  # fmt: skip
+                               "parameters": parameters}  # fmt: skip
     assert main(argv[:-3] + ["--out", "o.wav"]) == 0  # no flag: the server's default, not sent
     assert "normalize" not in seen["request"]["parameters"]
 

@@ -108,6 +108,9 @@ def test_get_speech_never_fails_on_what_it_is_sent(gateway, query, with_input):
         ({"normalize": 1}, "normalize"),
         ({"speed": True}, "speed"),
         ({"speed": [1.0]}, "speed"),
+        ({"speed": 0.2}, "speed"),  # OpenAI's range, 0.25..4.0
+        ({"speed": 4.5}, "speed"),
+        ({"speed": 0}, "speed"),
         ({"\ud800": 1}, "\ud800"),
     ],
 )  # fmt: skip
@@ -152,6 +155,7 @@ def test_get_values_that_are_not_numbers_or_booleans_are_400(gateway, query, par
     "body",
     [{"input": "Hello"}, {"input": "Hello", "seed": -(2**63), "steps": 1, "cfg": "2.5", "normalize": False},
      {"input": "Hello", "model": "tts-1", "voice": "alloy", "response_format": "wav", "speed": 1, "instructions": ""},
+     {"input": "Hello", "speed": 0.25}, {"input": "Hello", "speed": 4}, {"input": "Hello", "speed": 1.5},
      {"input": "Hello", "language": None, "voice": None, "seed": None}],  # null: absent
 )  # fmt: skip
 def test_a_well_formed_request_goes_on_to_the_server(gateway, body):

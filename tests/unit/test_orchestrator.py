@@ -4,6 +4,7 @@ utterance, every generator slot and every vocoder stream it opened is freed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from engine.local import LocalGenerator, LocalPrompts, LocalVocoder
 from engine.orchestrator import Orchestrator, Utterance
 from engine.params import GenerationParams
 from engine.protocol import StreamFailed
+from engine.time_stretch import TimeStretch
 from tests.reference import reference_audio
 
 
@@ -152,4 +154,30 @@ def test_concurrent_utterances_do_not_mix(model):
 
     for (got, params), text in zip(asyncio.run(both()), texts, strict=True):
         np.testing.assert_allclose(got, reference_audio(model, text, params), atol=1e-5)
+    assert p.live == (0, 0)
+
+
+@pytest.mark.parametrize("speed", (0.5, 2.0))
+def test_speed_stretches_the_utterance_as_it_streams(model, speed):
+    """The pieces at ``speed`` are the speed-1.0 audio stretched as a whole (engine.time_stretch), bit for
+    bit, across a segment join; every piece before the final one has audio, and the final one the rest."""
+    p = Pipeline(model)
+    text = "The first sentence is long enough here. And a second sentence comes after it."
+    params = GenerationParams(seed=3, min_patches=5, max_patches=5)
+    plain = Utterance(text, params=params, schedule=(1, 2), split_tokens=8)
+    audio = np.concatenate([piece.audio for piece in collect(p.orchestrator.run(plain))])
+    pieces = collect(p.orchestrator.run(dataclasses.replace(plain, speed=speed)))
+    assert len(pieces) > 2 and pieces[-1].final and pieces[-1].finish_reason == "length"
+    assert all(piece.audio.size and not piece.final for piece in pieces[:-1])
+    whole = TimeStretch(speed)
+    assert np.array_equal(np.concatenate([piece.audio for piece in pieces]),
+                          np.concatenate([whole.push(audio), whole.finish()]))  # fmt: skip
+    assert p.live == (0, 0)
+
+
+def test_closing_a_stretched_run_early_frees_everything(model):
+    p = Pipeline(model)
+    utterance = Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=(1, 1), speed=1.5)
+    got = collect(p.orchestrator.run(utterance), stop_after=2)
+    assert len(got) == 2 and not got[-1].final
     assert p.live == (0, 0)

@@ -178,3 +178,16 @@ def test_every_max_patches_in_range_is_usable():
     for n in (1, 5, 6, 4000):
         utterance, _ = build_request("Hi", None, None, None, None, None, None, {"max_patches": n})
         assert utterance.params.max_patches == n and utterance.params.min_patches == min(6, n)
+
+
+def test_speed_reaches_the_utterance():
+    assert build_request("Hi", None, None, None, None, None, None, None)[0].speed == 1.0
+    for sent, speed in ((2, 2.0), ("0.25", 0.25), (4.0, 4.0)):  # text too: BLS requests carry no floats
+        assert build_request("Hi", None, None, None, None, None, None, {"speed": sent})[0].speed == speed
+    for bad in (0.2, 4.01, "fast", True):
+        try:
+            build_request("Hi", None, None, None, None, None, None, {"speed": bad})
+        except ValueError as e:
+            assert str(e).startswith("parameter speed "), e
+        else:
+            raise AssertionError(f"speed {bad!r} was accepted")

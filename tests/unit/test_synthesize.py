@@ -129,6 +129,20 @@ def test_cli_normalizes_unless_told_not_to(tiny_ckpt, tmp_path):
     assert run() != run("--no-normalize")  # "three" and "3" are other tokens, so other audio
 
 
+def test_cli_speed(tiny_ckpt, tmp_path):
+    def run(*flags):
+        out = tmp_path / f"s{len(flags)}.wav"
+        cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "Faster"]
+        return subprocess.run(cmd + ["--max-patches", "6", "--out", str(out), *flags], capture_output=True,
+                              text=True), out  # fmt: skip
+
+    (plain, a), (fast, b) = run(), run("--speed", "2")
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
+    assert sf.info(str(b)).frames == round(sf.info(str(a)).frames / 2)
+    refused, _ = run("--speed", "5")
+    assert refused.returncode == 2 and "speed must be in 0.25..4.0" in refused.stderr
+
+
 def test_text_command_shows_the_front_end():
     cmd = [sys.executable, "-m", "engine.frontend", "It costs $12.50. And 3 more?"]
     r = subprocess.run(cmd, capture_output=True, text=True)
