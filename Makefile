@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	# the CUDA 13 build; where pip's find-links offer torch-2.13.0+cpu (the CI machines), pip takes that.
 	# GPU users install their CUDA build into .venv first; so may laptop users the CPU build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test]"
+	# setuptools prints a notice on every editable install ("Editable installation..."): not ours to act on
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
 serve: install
