@@ -109,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             "RTF = a stream's wall time / its audio time (< 1 is faster than real time); "
             "audio s / wall s = all streams' audio over the level's wall time"
         ),
+        (
+            "underrun: a listener playing each stream from its first chunk on (that chunk the only buffer) would "
+            "hear it stall at least once; worst gap = the longest such stall"
+        ),
     ]
     table = markdown(rows, title, notes)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,25 @@ class StreamResult:
     total: float  # seconds from sending the request to the end of the stream
     audio: float  # seconds of audio received (24 kHz samples / 24000)
     error: str | None  # the client's exception, None for a complete stream
+    worst_gap: float = 0.0  # longest silence a listener playing from the first chunk on would hear, s
+
+
+def worst_gap(arrivals: list[float], seconds: list[float]) -> float:
+    """The longest a listener would wait for audio (0.0: never), playing each chunk as it comes from the
+    first chunk's arrival on, the first chunk being the only buffer.
+
+    ``arrivals``: each chunk's arrival time (s); ``seconds``: its audio (s). A chunk arriving at t after
+    ``received`` s of audio came, when (t - arrivals[0]) > ``received``, leaves the listener silent for the
+    difference (an underrun); later chunks are then heard that much later.
+    """
+    heard_until, gap = None, 0.0  # when the audio received so far runs out
+    for t, length in zip(arrivals, seconds, strict=True):
+        if heard_until is None:
+            heard_until = t
+        elif t > heard_until:
+            gap, heard_until = max(gap, t - heard_until), t
+        heard_until += length
+    return gap
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,8 @@ class LevelResult:
             "errors": len(self.streams) - len(ok),
             "first_chunk_ms": {"p50": pct(first, 50), "p90": pct(first, 90), "p99": pct(first, 99)},
             "rtf": {"p50": pct(rtf, 50), "p90": pct(rtf, 90)},
+            "underruns": sum(s.worst_gap > 0 for s in ok),  # streams a listener would hear stall at least once
+            "worst_gap_ms": 1000 * max((s.worst_gap for s in ok), default=float("nan")),
             "audio_s_per_wall_s": sum(s.audio for s in ok) / self.wall if self.wall > 0 else float("nan"),
             "audio_s": sum(s.audio for s in ok),
             "wall_s": self.wall,
@@ -57,16 +78,19 @@ class LevelResult:
 
 def one_stream(client: TTSClient, text: str, seed: int, request: dict) -> StreamResult:
     t0 = time.perf_counter()
-    first, samples = None, 0
+    first, samples, arrivals, seconds = None, 0, [], []
     try:
         for chunk in client.stream(text, seed=seed, **request):
             first = chunk.arrival if first is None else first
             samples += chunk.audio.size
+            if chunk.audio.size:  # an empty chunk brings nothing to play
+                arrivals.append(chunk.arrival)
+                seconds.append(chunk.audio.size / SAMPLE_RATE)
         if first is None:
             raise RuntimeError("the stream ended without audio")
     except Exception as e:  # a failed stream is a data point (an error), not the end of the benchmark
         return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, f"{type(e).__name__}: {e}")
-    return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, None)
+    return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, None, worst_gap(arrivals, seconds))
 
 
 def run_level(
