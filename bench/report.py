@@ -44,7 +44,7 @@ def plot(rows: list[dict], title: str, path: Path, slots: int | None = None) -> 
     thr.set(xlabel="concurrent streams", ylabel="audio s / wall s", title="aggregate throughput", xscale="log")
     gaps.bar([str(x) for x in c], [r["underruns"] / max(1, r["requests"] - r["errors"]) for r in rows],
              color="tab:red")  # fmt: skip
-    gaps.set(xlabel="concurrent streams", ylabel="share of streams", title="streams with an underrun")
+    gaps.set(xlabel="concurrent streams", ylabel="share of streams", title="streams with an underrun", ylim=(0, 1))
     for ax in (lat, thr):
         if slots:
             ax.axvline(slots, color="grey", lw=0.8, ls=":", label=f"{slots} slots")
