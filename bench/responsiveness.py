@@ -83,26 +83,11 @@ def longest_gap(url: str, running: int, waiting: int) -> float:
     return max(gaps)
 
 
-@contextlib.contextmanager
-def gateway(triton_url: str) -> Iterator[str]:
-    """The OpenAI-compatible gateway in front of ``triton_url`` on a free loopback port -> its base URL."""
-    import uvicorn
+def gateway(triton_url: str):
+    """The OpenAI-compatible gateway in front of ``triton_url`` on a free loopback port -> a context of its base URL."""
+    from gateway.server import in_thread
 
-    from gateway.server import uvicorn_config
-    from serving.triton_env import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn_config(triton_url, "127.0.0.1", port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    return in_thread(triton_url)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,11 @@ new request with a plain-text 503 (``Connection: close``) instead of running it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import h11
@@ -110,3 +115,24 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def options(args: argparse.Namespace) -> ServerOptions:
     return ServerOptions(args.header_timeout, args.keep_alive_timeout, args.body_timeout, args.limit_concurrency)
+
+
+@contextlib.contextmanager
+def in_thread(triton: str) -> Iterator[str]:
+    """The gateway in front of the Triton gRPC address ``triton``, served by a thread of this process on a
+    free loopback port, with the options ``python -m gateway`` has by default -> its base URL (tests and
+    benchmarks; the launcher runs ``python -m gateway`` as a process of its own)."""
+    with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(triton, "127.0.0.1", port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

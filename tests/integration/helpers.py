@@ -3,7 +3,6 @@ gateway in front of a server, the inputs of a generator request that carries no 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
@@ -51,23 +50,8 @@ def in_parallel(fn, n: int, timeout: float = 120.0) -> dict:
     return results
 
 
-@contextlib.contextmanager
 def gateway_for(server):
-    """The OpenAI-compatible gateway in front of ``server``, on a free loopback port -> its base URL."""
-    import uvicorn
+    """The OpenAI-compatible gateway in front of ``server``, on a free loopback port -> a context of its base URL."""
+    from gateway.server import in_thread
 
-    from gateway.server import uvicorn_config
-    from serving.triton_env import free_port
-
-    port = free_port()  # the options of `python -m gateway` (the launcher's), at their defaults
-    uv = uvicorn.Server(uvicorn_config(f"127.0.0.1:{server.ports.grpc}", "127.0.0.1", port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
+    return in_thread(f"127.0.0.1:{server.ports.grpc}")
