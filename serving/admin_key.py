@@ -35,17 +35,29 @@ def _read(path: Path) -> str:
     return key
 
 
-def load_or_create(state_dir: Path) -> tuple[str, bool]:
-    """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one."""
-    path = Path(state_dir) / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_urlsafe(24)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read(path), False
+def _written(path: Path) -> tuple[str, Path]:
+    """A new key in a private temporary file beside ``path`` -> (key, that file)."""
+    key, tmp = secrets.token_urlsafe(24), path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
+    return key, tmp
+
+
+def load_or_create(state_dir: Path) -> tuple[str, bool]:
+    """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one: the
+    key is written whole, then linked into place only if no key is there (a reader never sees half a key)."""
+    path = Path(state_dir) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return _read(path), False
+    key, tmp = _written(path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:  # another launcher was first: use its key
+        return _read(path), False
+    finally:
+        tmp.unlink()
     return key, True
 
 
@@ -53,10 +65,7 @@ def rotate(state_dir: Path) -> str:
     """A new kept key, written whole then renamed over the old one (a reader never sees half a key)."""
     path = Path(state_dir) / FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    key, tmp = secrets.token_urlsafe(24), path.with_name(f".{FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
+    key, tmp = _written(path)
     os.replace(tmp, path)
     return key
 

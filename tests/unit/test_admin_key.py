@@ -22,6 +22,16 @@ def test_a_generated_key_is_kept_private_and_reused(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and sorted(os.listdir(tmp_path / "state")) == ["admin_key"]
 
 
+def test_launchers_starting_at_once_agree_on_one_whole_key(tmp_path):
+    import concurrent.futures
+
+    with concurrent.futures.ProcessPoolExecutor(4) as pool:
+        got = list(pool.map(admin_key.load_or_create, [tmp_path] * 16))
+    keys = {key for key, _ in got}
+    assert len(keys) == 1 and sum(made for _, made in got) == 1  # one made it, every other read it whole
+    assert (tmp_path / "admin_key").read_text() == keys.pop() + "\n" and os.listdir(tmp_path) == ["admin_key"]
+
+
 def test_a_key_others_can_read_or_an_empty_one_is_refused(tmp_path):
     path = tmp_path / "admin_key"
     path.write_text("secret\n")
