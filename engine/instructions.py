@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import Decimal, localcontext
 
 # A description is a sentence or two: the release's example is 20 Chinese characters, its edit examples
 # under 60. 500 characters is several times a long description and keeps the prompt short (the reference
@@ -99,7 +99,7 @@ class AcousticTemplate:
     whole: bool = False  # the value is written as a whole number (no decimal point)
 
     def values_text(self) -> str:
-        if self.excluded == (Decimal(0),):
+        if self.whole:  # the pitch: -6..-1 or 1..6
             return f"a whole number in {self.low}..-{self.step} or {self.step}..{self.high}"
         return f"{self.low}..{self.high} in steps of {self.step}"
 
@@ -149,11 +149,8 @@ def check_acoustic_edit(text: str, field: str = "instruction") -> str:
 def _check_value(template: AcousticTemplate, number: str, field: str) -> None:
     # The number is at most MAX_INSTRUCTION_CHARS digits: with this precision the grid test is exact.
     with localcontext(prec=2 * MAX_INSTRUCTION_CHARS):
-        try:
-            value = Decimal(number)
-            off_grid = ((value - template.low) / template.step) % 1 != 0 or (template.whole and "." in number)
-        except InvalidOperation:  # the pattern lets only numbers through; kept for safety
-            value, off_grid = None, True
+        value = Decimal(number)  # the pattern lets only decimal numbers through
+        off_grid = ((value - template.low) / template.step) % 1 != 0 or (template.whole and "." in number)
     if off_grid or not template.low <= value <= template.high or value in template.excluded:
         raise ValueError(
             f"{field}: the {template.quantity} must be {template.values_text()}, got {number} "
