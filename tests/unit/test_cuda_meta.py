@@ -18,7 +18,7 @@ from bench.device_audit import CPU_SCALAR, D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, D
 from bench.gpu import random_model
 from engine.checkpoint import precision_policy
 from engine.params import GenerationParams
-from engine.protocol import SAMPLE_RATE
+from engine.protocol import SAMPLE_RATE, Chunk
 from engine.streams import GeneratorService, VocoderService
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -67,7 +67,14 @@ def run():
     vocoder = VocoderService(model)
     with DeviceAudit("meta") as audits["vocoder"]:
         audio = vocoder.process_many(steps[-1][1])
-    return {"model": model, "prompt": prompt, "steps": steps, "audio": audio, **audits}
+    # every stream's next chunk (as the generator would send it 12 steps later): past the priming
+    # transient, so the four decode in one batched forward
+    later = [Chunk(i, np.zeros((4 * 12, 64), np.float32), np.zeros((0, 64), np.float32), False, seq=1)
+             for i in range(STREAMS)]  # fmt: skip
+    with DeviceAudit("meta") as audits["vocoder batched"]:
+        audio += vocoder.process_many(later)
+    return {"model": model, "prompt": prompt, "steps": steps, "audio": audio, "vocoder_rows": vocoder.batched_rows,
+            **audits}  # fmt: skip
 
 
 def test_meta_model_follows_the_cuda_precision_policy(run):
@@ -114,12 +121,19 @@ def test_generator_steps_run_the_backbone_in_bf16_and_the_flow_in_fp32(run):
         assert {dtype for (op, dtype) in ops if op.startswith("conv")} == {FP32}, ops  # the DiT's conv blocks
 
 
-def test_vocoder_chunk_runs_in_fp32_with_one_sync_per_chunk(run):
+def test_vocoder_chunks_run_in_fp32_with_one_sync_per_chunk(run):
     audit, chunks = run["vocoder"], run["steps"][-1][1]
     assert all(isinstance(a, np.ndarray) for a in run["audio"]), run["audio"]
     assert {dtype for (_, dtype) in audit.matmuls} == {FP32}, audit.matmuls
     assert audit.count(SYNC) <= VOCODER_SYNCS_PER_CHUNK * len(chunks), audit.report()
     assert audit.count(H2D_BLOCKING) == 0, audit.report()
+
+
+def test_vocoder_batched_round_syncs_once_for_all_streams(run):
+    audit = run["vocoder batched"]
+    assert run["vocoder_rows"] == STREAMS  # the four chunks went through one decode_together
+    assert {dtype for (_, dtype) in audit.matmuls} == {FP32}, audit.matmuls
+    assert audit.count(SYNC) == 1, audit.report()  # the batch's samples, once
 
 
 # ---- the audit itself, on hand-built ops: what it must catch, count and stand in for ----------------
