@@ -121,7 +121,7 @@ class PrimedDecoder:
     def __init__(self, stream: DecoderStream, prompt_latents: torch.Tensor, device, dtype):
         self.stream, self.device, self.dtype = stream, device, dtype
         self.to_skip = prompt_latents.shape[0] * SAMPLES_PER_LATENT
-        self._emit(stream.decode(prompt_latents.to(device, dtype)[None]))
+        self._emit(stream.decode(prompt_latents.to(device, dtype, non_blocking=True)[None]))
 
     def clone(self) -> PrimedDecoder:
         """A copy to start another stream from the same primed prompt without decoding it again."""
@@ -138,7 +138,7 @@ class PrimedDecoder:
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """(L, 64) generated latents -> (n,) float32 samples finished so far."""
-        return self._emit(self.stream.decode(latents.to(self.device, self.dtype)[None]))
+        return self._emit(self.stream.decode(latents.to(self.device, self.dtype, non_blocking=True)[None]))
 
     def finish(self) -> np.ndarray:
         return self._emit(self.stream.finish())

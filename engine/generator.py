@@ -107,7 +107,7 @@ class Generator:
         if not tokens or max(tokens) >= vocab or min(tokens) < 0:
             raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")
         rng = torch.Generator(device="cpu").manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        t = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        t = torch.tensor([tokens], dtype=torch.long).to(self.device, non_blocking=True)
         s = Stream(slot=slot, tokens=t, prompt=prompt, params=params, rng=rng)
         need = s.prefix_length() + params.max_patches
         if need > self.cache.max_len:
@@ -191,8 +191,8 @@ class Generator:
     def _prefill(self, s: Stream) -> torch.Tensor:
         core = self.core
         dt = self.dtype
-        spk = s.prompt.speaker.to(self.device, dt)[None]
-        lat = s.prompt.latents.to(self.device, dt)[None]
+        spk = s.prompt.speaker.to(self.device, dt, non_blocking=True)[None]
+        lat = s.prompt.latents.to(self.device, dt, non_blocking=True)[None]
         x = core.prefix_embeddings(spk, s.tokens, lat)
         h = self._backbone(x, [s.slot], [0])
         s.position = x.shape[1]
@@ -206,12 +206,12 @@ class Generator:
     def _flow(self, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:
         core = self.core
         ps, dim = core.cfg.patch_size, core.cfg.redae_dim
-        noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group]).to(self.device)
+        noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group])
         return core.flow(
             history=torch.cat([streams[i].history for i in group]),
             cond=core.dit_head(torch.cat([streams[i].cond for i in group])),
             spk_dit=torch.cat([streams[i].spk_dit for i in group]),
-            noise=noise,
+            noise=noise.to(self.device, non_blocking=True),
             t_span=self._t_span(steps),
-            cfg_weight=torch.tensor([streams[i].params.cfg for i in group], device=self.device),
+            cfg_weight=torch.tensor([streams[i].params.cfg for i in group]).to(self.device, non_blocking=True),
         )

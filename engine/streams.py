@@ -253,7 +253,8 @@ class VocoderService:
             lat = np.stack([np.ascontiguousarray(chunks[i].latents, np.float32) for i in group])
             try:
                 audio = decode_together(
-                    [d.stream for d in decoders], torch.from_numpy(lat).to(self.model.device, self.model.dtypes["decoder"])
+                    [d.stream for d in decoders],
+                    torch.from_numpy(lat).to(self.model.device, self.model.dtypes["decoder"], non_blocking=True),
                 )
             except Exception as e:  # nothing was changed: fail these chunks only
                 for i in group:
