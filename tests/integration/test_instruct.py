@@ -275,6 +275,14 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
         httpx.delete(f"{gateway}/v1/audio/voices/designed-calm", headers=admin, timeout=30)
 
 
+def test_a_design_with_a_wrong_key_registers_nothing(gateway):
+    body = {"name": "not-mine", "instructions": DESCRIPTION, "text": "Hello.", "max_patches": 6}
+    r = httpx.post(f"{gateway}/v1/audio/voices", json=body, headers={"Authorization": "Bearer wrong"}, timeout=300)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", r.text
+    names = [v["name"] for v in httpx.get(f"{gateway}/v1/audio/voices", timeout=30).json()["voices"]]
+    assert "not-mine" not in names
+
+
 # ---- the page (headless Chromium, as tests/integration/test_page.py) ----
 
 BROWSER = shutil.which("chromium") and shutil.which("chromedriver")
