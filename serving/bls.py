@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from engine.orchestrator import Segment, linger
-from engine.protocol import KINDS, UNAVAILABLE, Chunk, StreamFailed
+from engine.protocol import KINDS, LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.cancel import CancelBoard
 from serving.requests import Voice, generator_parameters
@@ -156,6 +156,10 @@ class BLSPrompts:
         return out
 
 
+# The prompt tensors of a stream without a voice prompt (Instruct's voice design).
+NO_PROMPT = {"PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32), "SPEAKER": np.zeros(0, np.float32), "PROMPT_TEXT": ""}
+
+
 class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
@@ -165,7 +169,9 @@ class BLSGenerator:
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         pb, p = self.bls.pb, segment.params
-        values = {**segment.prompt, "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
+        values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
+        if segment.task:  # FireRedTTS3-Instruct
+            values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
         parameters = {**generator_parameters(p, segment.schedule), **self.bls.parameters}
         request = pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,

@@ -44,6 +44,8 @@ MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLE
 # ... the longest chunk a generator stream sends (the largest chunk_first / chunk_next) ...
 MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name.startswith("chunk_"))
 SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's size
+# ... and the latents of the longest recording an Instruct edit takes (whole patches)
+MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
 
 # Triton config type -> (datatype on the wire, numpy dtype)
 _TYPES = {
@@ -195,6 +197,10 @@ GENERATOR_INPUTS = (
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM)),
     Spec("SPEAKER", "TYPE_FP32", (-1,)),
     Spec("PROMPT_TEXT", "TYPE_STRING", (1,)),
+    # FireRedTTS3-Instruct: absent or "" = Base. The prompt tensors are then the cloning prompt (clone) or
+    # the recording to edit (edits), empty for design; SPEAKER is not read.
+    Spec("TASK", "TYPE_STRING", (1,), True),
+    Spec("INSTRUCTION", "TYPE_STRING", (1,), True),
 )
 # Every response carries all the vocoder's inputs (engine.protocol.Chunk), so that an ensemble can
 # feed it straight on; a failed stream ends with a normal last response whose reason says why.
@@ -210,6 +216,8 @@ GENERATOR_OUTPUTS = (
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,), doc=f'"" until LAST, then {FINISH_REASONS}'),
     Spec("SEAL", "TYPE_UINT64", (2,), doc="the chunk's index in its stream and the generator's MAC over the chunk"),
+    Spec("TEXT", "TYPE_STRING", (1,), doc='"" but on an Instruct stream\'s plan response (not LAST, no LATENTS), '
+         "which never goes to the vocoder: the text it wrote before it speaks"),
 )
 
 # ---- vocoder (dynamic batching, one instance, state per STREAM_ID) ----

@@ -59,7 +59,12 @@ class GeneratorHost:
     def admit(self, stream_id: int, inputs: tuple) -> None:
         """Start a stream from its parsed inputs (``serving.triton_io.stream_request``), listed for the
         vocoder before its first chunk goes out (the vocoder opens listed streams only)."""
-        self.service.admit(stream_id, *inputs)
+        from engine.generator import InstructInput
+
+        if isinstance(inputs[0], InstructInput):
+            self.service.admit_instruct(stream_id, *inputs)
+        else:
+            self.service.admit(stream_id, *inputs)
         self.live_streams.sync(self.service.live)
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:

@@ -77,11 +77,13 @@ class TTSOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
+    models: str  # the release's models served (serving.served; empty: what the checkpoint holds)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue)  # fmt: skip
+                   bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
+                   models=opts.models)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -133,12 +135,13 @@ class GeneratorOptions(ModelOptions):
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
+    models: str  # the release's models to load (serving.served; empty: what the checkpoint holds)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> GeneratorOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
-                   attention=opts.attention, synthetic_math=opts.synthetic_math)  # fmt: skip
+                   attention=opts.attention, synthetic_math=opts.synthetic_math, models=opts.models)  # fmt: skip
 
 
 @dataclass(frozen=True)

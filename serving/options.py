@@ -56,6 +56,8 @@ class ServeOptions:
     voice_store_max_gb: float = option(2.0, "bound on the voice store's files (1 GB = 1e9 bytes); anonymous "
                                        "prompts are evicted to stay under it, named voices are kept")  # fmt: skip
     device: str = option("cpu", "torch device of the models (cpu, cuda, cuda:1, ...)")
+    models: str = option("", "the release's models to serve: base, instruct or base,instruct (default: those the "
+                         "checkpoint folder holds)")  # fmt: skip
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
     cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
     run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
@@ -83,6 +85,9 @@ class ServeOptions:
             if choices and getattr(self, f.name) not in choices:
                 listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
                 raise ValueError(f"{f.name} must be {listed}, got {getattr(self, f.name)!r}")
+        from serving.served import parse_models
+
+        parse_models(self.models)  # ValueError names a model that is not one
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 5 <= self.sequence_idle_seconds <= 3600:

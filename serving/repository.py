@@ -117,7 +117,9 @@ def ensemble() -> str:
     # the generator says what the front end made of TEXT (prompt_encoder's SPOKEN_TEXT and SPOKEN_LANGUAGE)
     prompt_out_for = {**{s.name: prompt_out[s.name] for s in contract.VOICE_PROMPT_OUTPUTS},
                       "TEXT": prompt_out["SPOKEN_TEXT"], "LANGUAGE": prompt_out["SPOKEN_LANGUAGE"]}  # fmt: skip
-    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in contract.GENERATOR_INPUTS}
+    # Instruct's optional inputs are not tts_ensemble's: it serves Base only
+    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in contract.GENERATOR_INPUTS
+              if s.name in prompt_out_for or s.name in given}  # fmt: skip
     gen_out = {s.name: f"_gen_{s.name.lower()}" for s in contract.GENERATOR_OUTPUTS}
     steps = [
         _step("prompt_encoder", prompt_in, prompt_out),

@@ -100,9 +100,14 @@ def build_request(
     voice_id: str | None,
     seed: int | None,
     parameters: str | dict | None,
+    instruct: InstructRequest | None = None,
 ) -> tuple[Utterance, Voice]:
-    """Validate one ``tts`` request -> what to say and in which voice."""
-    text = check_text(text)
+    """Validate one ``tts`` request -> what to say and in which voice. ``instruct``: its Instruct task
+    (:func:`instruct_request`, already checked), whose defaults fill in the seed and ``cfg``; the edits
+    speak no text (their REF_AUDIO is the recording)."""
+    seed, parameters = with_task_defaults(instruct, seed, parameters)
+    editing = instruct is not None and instruct.task in EDITS
+    text = "" if editing else check_text(text)
     language = check_language(language)
     ref_text = check_text(ref_text or "", "REF_TEXT", required=False)
     if ref_audio is not None:
@@ -117,8 +122,9 @@ def build_request(
         check_name(voice_id, "VOICE_ID")
     values = request_parameters(parameters)
     params, schedule = generation_params(check_seed(seed), values)
+    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
-                          values["speed"])  # fmt: skip
+                          values["speed"], task, instruction)  # fmt: skip
     return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 

@@ -57,8 +57,12 @@ def load_model(options, parts: tuple[str, ...]):
 
     from engine.fireredtts3 import FireRedTTS3
 
+    from serving.served import parse_models
+
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
-    return FireRedTTS3.from_checkpoint(checkpoint_path(options.checkpoint), device=options.device, parts=parts)
+    models = parse_models(getattr(options, "models", "")) or None  # None: the cores the folder holds
+    return FireRedTTS3.from_checkpoint(checkpoint_path(options.checkpoint), device=options.device, parts=parts,
+                                       models=models)  # fmt: skip
 
 
 def get(pb, request, name: str, required: bool = True):
@@ -138,7 +142,8 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
 def chunk_tensors(pb, chunk, batch: bool = True) -> list:
     """A :class:`~engine.protocol.Chunk` as the generator's outputs, which are the vocoder's inputs."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
-              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal)}  # fmt: skip
+              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal),
+              "TEXT": chunk.text}  # fmt: skip
     return tensors(pb, contract.GENERATOR_OUTPUTS, values, batch)
 
 
@@ -177,6 +182,7 @@ def read_chunk(tensor):
         finish_reason=contract.text_of(arr("FINISH_REASON", 1)),
         seq=seq,
         seal=seal,
+        text=contract.text_of(arr("TEXT", 1)),
     )
 
 
@@ -189,6 +195,11 @@ def stream_request(pb, request, model, parameters: str | dict | None = None):
 
     from engine.prompt import VoicePrompt
 
+    task = string(pb, request, "TASK", "")
+    if task:
+        return _instruct_request(pb, request, model, task, parameters)
+    if "base" not in model.models.cores:
+        raise ValueError("this server does not run FireRedTTS3-Base: it runs only " + ", ".join(model.models.cores))
     # normalized text: numbers read out make it several times what the client sent ("2024" -> "twenty
     # twenty four"); the client's own text was held to MAX_TEXT_CHARS before the front end
     text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
@@ -208,3 +219,48 @@ def stream_request(pb, request, model, parameters: str | dict | None = None):
     except ValueError as e:
         raise ValueError(f"PROMPT_LATENTS: {e}") from None
     return model.tokens(text, language, prompt), prompt, params, schedule
+
+
+def _instruct_request(pb, request, model, task: str, parameters):
+    """:func:`stream_request` of an Instruct stream -> (InstructInput, GenerationParams, chunk schedule)."""
+    import torch
+
+    from engine import instructions
+
+    if task not in instructions.TASKS or task == instructions.SPEAK:
+        raise ValueError(f"TASK must be one of {', '.join(t for t in instructions.TASKS if t != instructions.SPEAK)}")
+    if "instruct" not in model.models.cores:
+        raise ValueError(f"TASK {task} needs FireRedTTS3-Instruct, which this server does not run (start it with "
+                         "--models base,instruct on a checkpoint that has fireredtts3_instruct/)")  # fmt: skip
+    instruction = string(pb, request, "INSTRUCTION", "")
+    if task == instructions.ACOUSTIC_EDIT:
+        instruction = instructions.check_acoustic_edit(instruction, "INSTRUCTION")
+    elif task in (instructions.DESIGN, instructions.SEMANTIC_EDIT):
+        instruction = instructions.check_instruction(instruction, "INSTRUCTION")
+    elif instruction:
+        raise ValueError(f"TASK {task} takes no INSTRUCTION")
+    text = string(pb, request, "TEXT", "")
+    if task in instructions.EDITS:
+        if text:
+            raise ValueError(f"TASK {task} takes no TEXT")
+    else:
+        text = instructions.check_spoken_text(check_text(text, limit=SPOKEN_TEXT_CHARS), "TEXT")
+    given = request.parameters() if parameters is None else parameters
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
+    if task == instructions.DESIGN:
+        if len(rows):
+            raise ValueError(f"TASK {task} takes no PROMPT_LATENTS: it designs the voice")
+        latents = None
+    else:
+        if not len(rows) or len(rows) % contract.PATCH_SIZE:
+            raise ValueError(f"PROMPT_LATENTS must be whole patches of {contract.PATCH_SIZE} rows for TASK {task}")
+        if task in instructions.EDITS and len(rows) > contract.MAX_EDIT_LATENTS:
+            raise ValueError(f"the recording is longer than {instructions.MAX_EDIT_SECONDS:g} s (TASK {task})")
+        latents = torch.from_numpy(rows.astype(np.float32))
+        if not torch.isfinite(latents).all():
+            raise ValueError("PROMPT_LATENTS has non-finite values")
+    prompt_text = string(pb, request, "PROMPT_TEXT", "") if task == instructions.CLONE else ""
+    if prompt_text:
+        prompt_text = instructions.check_spoken_text(check_text(prompt_text, "PROMPT_TEXT"), "PROMPT_TEXT")
+    return model.instruct_input(task, instruction, text, latents, prompt_text), params, schedule

@@ -18,7 +18,8 @@ from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.model_options import TTSOptions
-from serving.requests import build_request
+from serving.requests import build_request, instruct_request
+from serving.served import ServedModels
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.triton_io import (
     checkpoint_path,
@@ -45,6 +46,7 @@ class TritonPythonModel:
         start_heartbeat(opts.run_dir, "tts")
         self.flags = RunFlags(opts.run_dir)  # set by the launcher: a backend failed, or draining
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
+        self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.waits = Waits("tts")
@@ -129,15 +131,22 @@ class TritonPythonModel:
         """Run one request, sending all but the final piece; returns that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         try:
-            utterance, voice = build_request(
-                string(pb, request, "TEXT", ""), string(pb, request, "LANGUAGE", ""),
-                get(pb, request, "REF_AUDIO", required=False), scalar(pb, request, "REF_SAMPLE_RATE", 0),
-                string(pb, request, "REF_TEXT", ""), string(pb, request, "VOICE_ID", ""),
-                scalar(pb, request, "SEED", None), request.parameters(),
-            )  # fmt: skip
+            text, ref_audio = string(pb, request, "TEXT", ""), get(pb, request, "REF_AUDIO", required=False)
+            rate, ref_text = scalar(pb, request, "REF_SAMPLE_RATE", 0), string(pb, request, "REF_TEXT", "")
+            voice_id = string(pb, request, "VOICE_ID", "")
+            instruct = instruct_request(string(pb, request, "TASK", ""), string(pb, request, "INSTRUCTION", ""),
+                                        text, ref_audio, rate, ref_text, voice_id)  # fmt: skip
+            self.served.check(instruct)
+            utterance, voice = build_request(text, string(pb, request, "LANGUAGE", ""), ref_audio, rate, ref_text,
+                                             voice_id, scalar(pb, request, "SEED", None), request.parameters(),
+                                             instruct)  # fmt: skip
             sent = 0
             async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
                 async for piece in pieces:
+                    if piece.text:  # Instruct's plan, in its own response before the first audio
+                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"PLAN_TEXT": piece.text},
+                                                                 batch=False)))  # fmt: skip
+                        continue
                     if waiting and piece.audio.size:
                         self.first_chunk.observe(time.perf_counter() - t0)
                         waiting = False
