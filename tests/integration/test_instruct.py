@@ -278,6 +278,28 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
         httpx.delete(f"{gateway}/v1/audio/voices/designed-calm", headers=admin, timeout=30)
 
 
+def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
+    """Designed through the gateway of one server, spoken by Base on the next one from the same voice folder."""
+    from serving.repository import ServeOptions, build
+    from serving.triton_env import Ports, TritonServer
+
+    def serve(tag):
+        work = tmp_path / tag
+        options = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=512, voice_dir=str(tmp_path / "voices"),
+                               cancel_dir=str(work / "cancel"))  # fmt: skip
+        repo = build(work / "repo", options)
+        return TritonServer(repo, work, Ports.free())
+
+    body = {"name": "designed-kept", "instructions": DESCRIPTION, "text": "Good evening.", "max_patches": 8}
+    with serve("first") as srv, gateway_for(srv) as url:
+        admin = {"Authorization": f"Bearer {srv.admin_key}"}
+        assert httpx.post(f"{url}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
+        before = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    with serve("second") as srv:
+        after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    assert before.size and np.array_equal(before, after)
+
+
 def test_a_design_with_a_wrong_key_registers_nothing(gateway):
     body = {"name": "not-mine", "instructions": DESCRIPTION, "text": "Hello.", "max_patches": 6}
     r = httpx.post(f"{gateway}/v1/audio/voices", json=body, headers={"Authorization": "Bearer wrong"}, timeout=300)
