@@ -160,3 +160,35 @@ def _check_value(template: AcousticTemplate, number: str, field: str) -> None:
 
 def _shown(text: str) -> str:
     return repr(text) if len(text) <= 80 else repr(text[:77] + "...")
+
+
+# ---- the tasks of a tts request (its TASK input) and the release's defaults for them ----
+SPEAK = "speak"  # Base clones the voice (or speaks without one); with an instruction and no voice: DESIGN
+CLONE = "clone"  # Instruct cloning: a voice, no instruction
+DESIGN = "design"  # Instruct voice design: an instruction and a text, no voice
+SEMANTIC_EDIT = "semantic_edit"  # Instruct: change a recording's words (the model rewrites its transcript)
+ACOUSTIC_EDIT = "acoustic_edit"  # Instruct: change a recording's speed, pitch or volume (the templates)
+TASKS = (SPEAK, CLONE, DESIGN, SEMANTIC_EDIT, ACOUSTIC_EDIT)
+EDITS = (SEMANTIC_EDIT, ACOUSTIC_EDIT)
+
+# The longest recording an edit takes, in seconds. The edited audio is generated in one segment of at most
+# max_patches (400 patches, 64 s), and the slowest acoustic edit (speed 0.5x) doubles the length: 30 s
+# stays within it. The recording also sits in the prompt, one placeholder per patch (188 for 30 s).
+MAX_EDIT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What an Instruct task uses when the request gives no SEED or no ``cfg`` (the release's
+    ``FireRedTTS3Instruct`` defaults in ``core.py``)."""
+
+    seed: int  # sampling seed
+    cfg: float  # classifier-free guidance weight of the audio phase
+
+
+TASK_DEFAULTS = {
+    CLONE: TaskDefaults(1234, 2.0),
+    DESIGN: TaskDefaults(2, 1.2),
+    SEMANTIC_EDIT: TaskDefaults(1234, 1.2),
+    ACOUSTIC_EDIT: TaskDefaults(1234, 1.2),
+}
