@@ -15,7 +15,7 @@ from engine.chatml import acoustic_edit_chatml, clone_chatml, design_chatml, sem
 from engine.checkpoint import PARTS, Models, load_models, precision_policy
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, SAMPLES_PER_LATENT
 from engine.generator import Generator, InstructInput
-from engine.instruct import DEFAULTS, Task
+from engine.instruct import DEFAULTS, EDITS, Task, check_edit_length
 from engine.kv_cache import PAGE_SIZE, PagedCache, capacity_line, pages_for_memory
 from engine.layers.attention import select_attention
 from engine.models.campp import speaker_embedding
@@ -85,6 +85,8 @@ class FireRedTTS3:
 
     def _encode(self, padded: np.ndarray, text: str) -> VoicePrompt:
         latents = self._latents(padded)
+        if self.models.campp is None:  # an Instruct-only checkpoint: prompts for Instruct cloning only
+            return VoicePrompt(latents=latents, speaker=torch.zeros(0), text=text)
         spk = speaker_embedding(self.models.campp, padded)[0].float().cpu()
         return VoicePrompt(latents=latents, speaker=spk, text=text)
 
@@ -120,6 +122,8 @@ class FireRedTTS3:
         if task is not Task.DESIGN and latents is None:
             raise ValueError(f"the {task.value} task needs audio latents")
         patches = 0 if latents is None else latents.shape[0] // PATCH_SIZE
+        if task in EDITS:
+            check_edit_length(patches * PATCH_SAMPLES, SAMPLE_RATE)
         if task is Task.DESIGN:
             chatml, fill = design_chatml(instruction, text), {}
         elif task is Task.CLONE:

@@ -278,9 +278,9 @@ class Generator:
         picking = [i for i in rows if streams[i].closing == 0]
         if picking:
             logits = core.text_logits(torch.cat([hidden[i] for i in picking])).cpu()  # the RNGs are on the CPU
-            rows = [streams[i] for i in picking]
+            pickers = [streams[i] for i in picking]
             picked = next_tokens(
-                logits, [s.text_ids for s in rows], [s.instruct.sampling for s in rows], [s.rng for s in rows]
+                logits, [s.text_ids for s in pickers], [s.instruct.sampling for s in pickers], [s.rng for s in pickers]
             )
             embedded = self._embed(core, picked)
             for j, (i, token) in enumerate(zip(picking, picked, strict=True)):

@@ -46,6 +46,7 @@ class LocalGenerator:
         # called with (segment, its generation state) when a stream is admitted: lets offline callers
         # (engine.synthesize.instruct_run) read what it was given and what it wrote
         self.on_admit: Callable[[Segment, Stream], None] | None = None
+        self.on_chunk: Callable[[Chunk], None] | None = None  # and with every chunk it yields
 
     def _service(self, need: int) -> GeneratorService:
         """The service; without a fixed ``max_len`` it is (re)built, when idle, long enough for ``need``."""
@@ -79,6 +80,8 @@ class LocalGenerator:
             while True:
                 chunk = service.step([segment.stream_id])[segment.stream_id]
                 if chunk is not None:
+                    if self.on_chunk is not None:
+                        self.on_chunk(chunk)
                     yield chunk
                     if chunk.last:
                         return

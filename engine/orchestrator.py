@@ -19,12 +19,13 @@ import contextlib
 import contextvars
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from engine.frontend import prepare
+from engine.instructions import check_acoustic_edit, check_instruction
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -75,6 +76,19 @@ class Piece:
 
 
 EDIT_TASKS = ("semantic_edit", "acoustic_edit")  # engine.instruct.EDITS' values: the whole recording, no text
+INSTRUCT_TASKS = ("design", "clone", *EDIT_TASKS)  # engine.instruct.Task's values
+
+
+def checked_instruction(task: str, instruction: str) -> str:
+    """The instruction a task sends the model (stripped); ValueError naming the field otherwise. Cloning
+    takes none (the model's cloning input has no place for one): it is ignored there."""
+    if task not in INSTRUCT_TASKS:
+        raise ValueError(f"unknown Instruct task {task!r}; choose from {list(INSTRUCT_TASKS)}")
+    if task == "clone":
+        return ""
+    if task == "acoustic_edit":
+        return check_acoustic_edit(instruction)
+    return check_instruction(instruction)
 
 
 class PromptEncoder(Protocol):
@@ -142,6 +156,8 @@ class Orchestrator:
     async def _pieces(self, utterance: Utterance, voice: Any) -> AsyncIterator[Piece]:
         """The utterance's pieces at the speed the model speaks."""
         u = utterance
+        if u.task:
+            u = replace(u, instruction=checked_instruction(u.task, u.instruction))
         if u.task in EDIT_TASKS:  # the whole recording is edited: no text, one stream
             texts, language = [""], ""
         else:
