@@ -109,6 +109,16 @@ class GeneratorService:
         latents = np.zeros((0, LATENT_DIM), np.float32) if out is None else out.float().cpu().numpy()
         self._admitted(stream_id, state, latents, sizes)
 
+    def admit_task(
+        self, stream_id: int, task: str, params: GenerationParams, instruction: str = "", text: str = "",
+        latents: torch.Tensor | None = None, prompt_text: str = "", schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+    ) -> None:  # fmt: skip
+        """:meth:`admit_instruct` from a request's fields: an Instruct ``task`` (engine.instruct.Task's
+        values), its instruction, the text to say, the (4N, 64) RedAE latents of the cloning prompt or the
+        recording to edit, and the prompt's transcript (see :meth:`FireRedTTS3.instruct_input`)."""
+        given = self.model.instruct_input(task, instruction, text, latents, prompt_text)
+        self.admit_instruct(stream_id, given, params, schedule)
+
     def _admitted(self, stream_id: int, state: Stream, latents: np.ndarray, sizes: Iterator[int]) -> None:
         self.scheduler.admit(stream_id, state.positions_needed(), state.phase)
         self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
