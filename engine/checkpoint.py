@@ -3,9 +3,12 @@
 Layout (Hugging Face ``save_pretrained`` folders, as published)::
 
     DIR/fireredtts3_base/{config.json, model.safetensors | model.safetensors.index.json + shards}
+    DIR/fireredtts3_instruct/{config.json, model.safetensors ...}   FireRedTTS3-Instruct (no CAM++)
     DIR/redae/{config.json, model.safetensors ...}
     DIR/campp/campplus_voxceleb.bin        plain state dict, read with torch.load(weights_only=True)
     DIR/text_tokenizer/{tokenizer.json, tokenizer_config.json, vocab.json, merges.txt}
+
+A folder may hold either core or both; Base needs CAM++, Instruct does not.
 
 :mod:`engine.random_checkpoint` writes the same layout with random weights; they load the same way.
 ``python -m engine.checkpoint DIR`` loads a checkpoint and prints its parameter counts.
@@ -35,6 +38,11 @@ CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR = (
     "campp/campplus_voxceleb.bin",
     "text_tokenizer",
 )
+INSTRUCT_DIR = "fireredtts3_instruct"
+MODELS = ("base", "instruct")  # the cores a checkpoint may hold
+CORE_DIRS = {"base": CORE_DIR, "instruct": INSTRUCT_DIR}
+# Hugging Face may save a tied LM head's copy; the loader drops it when it equals the embedding.
+TIED_LM_HEAD = "backbone_llm.lm_head.weight"
 
 # Tensors present in the official files that inference never reads: each RedAE Qwen3 stack's token
 # embedding (151936 x 896, ~0.5 GB in float32 for the three) and the iSTFT window buffer.
@@ -57,12 +65,23 @@ class RedAE(nn.Module):
 
 @dataclass
 class Models:
-    core: FireRedTTS3Core
+    core: FireRedTTS3Core | None  # Base; None when the folder lacks it or it was not asked for
     redae: RedAE
     campp: SpeakerEncoder | None  # None when not loaded
     tokenizer: TextTokenizer
     identity: str  # content identity of the checkpoint (configs + tensor headers)
     path: Path
+    instruct: FireRedTTS3Core | None = None  # Instruct; None as for ``core``
+
+    @property
+    def cores(self) -> dict[str, FireRedTTS3Core]:
+        """The loaded cores by name ("base", "instruct")."""
+        return {k: v for k, v in (("base", self.core), ("instruct", self.instruct)) if v is not None}
+
+
+def available_models(path: str | Path) -> tuple[str, ...]:
+    """The cores a checkpoint folder holds, in :data:`MODELS` order."""
+    return tuple(m for m in MODELS if (Path(path) / CORE_DIRS[m] / "config.json").is_file())
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -179,13 +198,19 @@ def load_models(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | dict[str, torch.dtype] | None = None,
     parts: tuple[str, ...] = PARTS,
+    models: tuple[str, ...] | None = None,
 ) -> Models:
     """Load a checkpoint folder. ``dtype`` None follows :func:`precision_policy` (float32 on CPU; on CUDA
     bfloat16 for the backbone and the RedAE encoder, float32 for the rest); a dtype applies to all.
 
     ``parts`` picks the networks to materialise (each Triton model needs only its own: the generator
-    the core, the prompt encoder the RedAE encoder and CAM++, the vocoder the RedAE decoder); the others
-    stay on the meta device and take no memory. The tokenizer and configs are always read.
+    the cores, the prompt encoder the RedAE encoder and CAM++, the vocoder the RedAE decoder); the others
+    stay on the meta device and take no memory. The tokenizer and configs are always read. ``models``
+    picks the cores ("base", "instruct"; None: those the folder holds); CAM++ belongs to Base.
+
+    Raises:
+        FileNotFoundError: the folder, a shared part, or an asked-for core's folder is missing.
+        CheckpointError: a core or RedAE does not match the model.
     """
     unknown = set(parts) - set(PARTS)
     if unknown:
@@ -193,33 +218,69 @@ def load_models(
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint folder not found: {root}")
+    held = available_models(root)
+    if models is None:
+        models = held
+        if not models:
+            raise FileNotFoundError(
+                f"checkpoint {root} holds no model: neither {CORE_DIR}/ nor {INSTRUCT_DIR}/ "
+                "(expected the official FireRedTTS3 layout)"
+            )
+    unknown = set(models) - set(MODELS)
+    if unknown or not models:
+        raise ValueError(f"unknown models {sorted(unknown) or '(none)'}; choose from {MODELS}")
+    for m in models:
+        if m not in held:
+            raise FileNotFoundError(f"checkpoint {root} lacks {CORE_DIRS[m]}/, so the {m} model cannot be loaded")
     device = torch.device(device)
     policy = precision_policy(device, dtype)
-    for part in (CORE_DIR, REDAE_DIR, CAMPP_FILE, TOKENIZER_DIR):
+    needed = [REDAE_DIR, TOKENIZER_DIR] + ([CAMPP_FILE] if "base" in models else [])
+    for part in needed:
         if not (root / part).exists():
             raise FileNotFoundError(f"checkpoint {root} lacks {part} (expected the official FireRedTTS3 layout)")
-    core_cfg, redae_cfg = load_core_config(root / CORE_DIR), load_redae_config(root / REDAE_DIR)
+    cores = {m: _load_core(root, m, "core" in parts, device, policy) for m in models}
+    redae = _load_redae(root, parts, device, policy)
+    load_campp_now = "campp" in parts and "base" in models
+    campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32) if load_campp_now else None
+    tokenizer = TextTokenizer.from_dir(root / TOKENIZER_DIR)
+    shapes = {m: c.cfg.backbone for m, c in cores.items()}
+    for m, bb in shapes.items():
+        if tokenizer.vocab_size > bb.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {tokenizer.vocab_size} ids but the {m} backbone embeds only {bb.vocab_size}"
+            )
+    return Models(cores.get("base"), redae, campp, tokenizer, _identity(root), root, cores.get("instruct"))
+
+
+def _load_core(root: Path, model: str, materialise: bool, device, policy) -> FireRedTTS3Core:
+    folder = root / CORE_DIRS[model]
     with torch.device("meta"):
-        core, redae = FireRedTTS3Core(core_cfg), RedAE(redae_cfg)
-    if "core" in parts:
+        core = FireRedTTS3Core(load_core_config(folder, instruct=model == "instruct"))
+    if materialise:
 
         def core_dtype(name: str) -> torch.dtype:
             return policy["backbone"] if name.startswith("backbone_llm.") else policy["core"]
 
-        load_into(core, read_safetensors(root / CORE_DIR), str(root / CORE_DIR), device, core_dtype)
+        state = read_safetensors(folder)
+        if model == "instruct" and TIED_LM_HEAD in state:
+            head, embed = state.pop(TIED_LM_HEAD), state.get("backbone_llm.model.embed_tokens.weight")
+            if embed is None or head.shape != embed.shape or not torch.equal(head, embed):
+                raise CheckpointError(f"{folder}: {TIED_LM_HEAD} differs from the token embedding (untied heads "
+                                      "are not supported: the model ties them)")  # fmt: skip
+        load_into(core, state, str(folder), device, core_dtype)
+    return core
+
+
+def _load_redae(root: Path, parts: tuple[str, ...], device, policy) -> RedAE:
+    with torch.device("meta"):
+        redae = RedAE(load_redae_config(root / REDAE_DIR))
     if "encoder" in parts or "decoder" in parts:
         state = check_state(redae, read_safetensors(root / REDAE_DIR), str(root / REDAE_DIR))
         for sub in ("encoder", "decoder"):
             if sub in parts:
                 own = {k[len(sub) + 1 :]: v for k, v in state.items() if k.startswith(sub + ".")}
                 assign(getattr(redae, sub), own, device, policy[sub])
-    campp = load_campp(root / CAMPP_FILE, device=device, dtype=torch.float32) if "campp" in parts else None
-    tokenizer = TextTokenizer.from_dir(root / TOKENIZER_DIR)
-    if tokenizer.vocab_size > core_cfg.backbone.vocab_size:
-        raise CheckpointError(
-            f"tokenizer has {tokenizer.vocab_size} tokens but the backbone embeds only {core_cfg.backbone.vocab_size}"
-        )
-    return Models(core, redae, campp, tokenizer, _identity(root), root)
+    return redae
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -228,12 +289,10 @@ def count_parameters(module: nn.Module) -> int:
 
 def describe(path: str | Path) -> str:
     m = load_models(path)
-    parts = {
-        "backbone+heads": count_parameters(m.core),
-        "redae encoder": count_parameters(m.redae.encoder),
-        "redae decoder": count_parameters(m.redae.decoder),
-        "campp": count_parameters(m.campp),
-    }
+    parts = {f"{name} core": count_parameters(core) for name, core in m.cores.items()}
+    parts |= {"redae encoder": count_parameters(m.redae.encoder), "redae decoder": count_parameters(m.redae.decoder)}
+    if m.campp is not None:
+        parts["campp"] = count_parameters(m.campp)
     lines = [f"{k:>16}: {v / 1e6:9.3f} M" for k, v in parts.items()]
     lines.append(f"{'total':>16}: {sum(parts.values()) / 1e6:9.3f} M  (identity {m.identity})")
     return "\n".join(lines)

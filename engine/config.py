@@ -25,6 +25,7 @@ FRAME_SAMPLES = 480  # one RedAE decoder frame (50 Hz)
 SAMPLES_PER_LATENT = 960  # one 25 Hz latent
 PATCH_SIZE = 4  # latents per patch (one autoregressive step)
 PATCH_SAMPLES = PATCH_SIZE * SAMPLES_PER_LATENT  # 3840 samples = 160 ms
+REDAE_SCALE = 0.4  # Instruct works on RedAE latents x this (its inputs, history and outputs); Base on RedAE's
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ class CoreConfig:
     dit_num_heads: int = 16
     dit_hidden_size: int = 1024
     backbone: Qwen3Config = QWEN3_1_7B
+    # False: Base (fireredtts3_base/: speaker projections, a Qwen3Model backbone); True: Instruct
+    # (fireredtts3_instruct/: no speaker, a Qwen3ForCausalLM backbone whose tied LM head writes text).
+    # Not a key of config.json: the folder says which (its ``architectures`` agrees).
+    instruct: bool = False
 
     def __post_init__(self) -> None:
         if self.patch_size != PATCH_SIZE:
@@ -104,16 +109,25 @@ class CoreConfig:
         if self.dit_hidden_size % self.dit_num_heads:
             raise ValueError("dit_hidden_size must be a multiple of dit_num_heads")
 
+    @property
+    def speaker_dim(self) -> int:
+        """Speaker channels the DiT sees: the CAM++ embedding for Base, none for Instruct."""
+        return 0 if self.instruct else self.spk_in_dim
+
     def to_json(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "backbone"}
+        """The keys of the reference's config class (Instruct's has no ``spk_in_dim``), plus ours."""
+        skip = {"backbone", "instruct"} | ({"spk_in_dim"} if self.instruct else set())
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         d["backbone_llm_config"] = {hf: getattr(self.backbone, ours) for hf, ours in _HF_QWEN3_KEYS.items()}
-        d["architectures"] = ["FireRedTTS3BaseCore"]
+        if self.instruct:
+            d["backbone_llm_config"]["tie_word_embeddings"] = True
+        d["architectures"] = ["FireRedTTS3InstructCore" if self.instruct else "FireRedTTS3BaseCore"]
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> CoreConfig:
-        known = {f.name for f in fields(cls)} - {"backbone"}
-        kwargs = {k: v for k, v in d.items() if k in known}
+    def from_json(cls, d: dict, instruct: bool = False) -> CoreConfig:
+        known = {f.name for f in fields(cls)} - {"backbone", "instruct"}
+        kwargs = {k: v for k, v in d.items() if k in known} | {"instruct": instruct}
         backbone = QWEN3_1_7B
         if "backbone_llm_config" in d:
             bb = d["backbone_llm_config"]
@@ -206,6 +220,14 @@ class Preset:
     campp: CamppPreset = field(default_factory=CamppPreset)
     stop_bias: float = 0.0  # initial stop-head bias: sets how long random-weight utterances run
     init_std_scale: float = 1.0  # weights ~ N(0, scale / sqrt(fan_in))
+    # Instruct's text phase on random weights: (embedding scale, every row's channel 0, <|eot|>'s channel
+    # 0), see engine.random_checkpoint.bias_text_end; None: untouched (plans then run the 200-token cap).
+    text_end_bias: tuple[float, float, float] | None = None
+
+    @property
+    def instruct(self) -> CoreConfig:
+        """The Instruct core of this preset: the same sizes, no speaker."""
+        return replace(self.core, instruct=True)
 
 
 PRESETS: dict[str, Preset] = {
@@ -214,7 +236,7 @@ PRESETS: dict[str, Preset] = {
         core=CoreConfig(
             patch_encoder_hidden_size=64, patch_encoder_mlp_ratio=2, patch_encoder_depth=1,
             patch_encoder_num_heads=4, dit_mlp_ratio=2, dit_depth=2, dit_num_heads=4, dit_hidden_size=64,
-            backbone=Qwen3Config(64, 128, 2, 4, 2, head_dim=16, rope_theta=1_000_000.0, vocab_size=1024),
+            backbone=Qwen3Config(64, 128, 2, 4, 2, head_dim=16, rope_theta=1_000_000.0),
         ),
         redae=RedAEConfig(
             enc_hidden_size=64, enc_intermediate_size=128, enc_num_hidden_layers=2, enc_num_attention_heads=2,
@@ -223,13 +245,14 @@ PRESETS: dict[str, Preset] = {
         ),
         campp=CamppPreset(m_channels=8, init_channels=32, growth_rate=8, bn_size=2, block_layers=(2, 2, 2)),
         stop_bias=0.0,
+        text_end_bias=(0.1, 1.0, -2.4),  # plans of 1-12 tokens with seed 0 (measured: see bias_text_end)
     ),
     "small": Preset(
         name="small",
         core=CoreConfig(
             patch_encoder_hidden_size=256, patch_encoder_mlp_ratio=2, patch_encoder_depth=2,
             patch_encoder_num_heads=4, dit_mlp_ratio=2, dit_depth=4, dit_num_heads=4, dit_hidden_size=256,
-            backbone=Qwen3Config(512, 1536, 8, 8, 4, head_dim=64, rope_theta=1_000_000.0, vocab_size=1024),
+            backbone=Qwen3Config(512, 1536, 8, 8, 4, head_dim=64, rope_theta=1_000_000.0),
         ),
         redae=RedAEConfig(
             enc_hidden_size=256, enc_intermediate_size=768, enc_num_hidden_layers=4, enc_num_attention_heads=4,
@@ -261,8 +284,8 @@ def read_json(path: Path) -> dict:
         return json.load(f)
 
 
-def load_core_config(folder: Path) -> CoreConfig:
-    return CoreConfig.from_json(read_json(Path(folder) / "config.json"))
+def load_core_config(folder: Path, instruct: bool = False) -> CoreConfig:
+    return CoreConfig.from_json(read_json(Path(folder) / "config.json"), instruct)
 
 
 def load_redae_config(folder: Path) -> RedAEConfig:

@@ -1,5 +1,6 @@
 """Batched autoregressive generation: one :meth:`Generator.step` advances every live stream by one
-patch (prefill for new streams, one backbone token for the rest, the flow head for all in one call).
+backbone position (prefill for new streams, one token for the rest) and then, per (core, phase) group in
+one batched call, either picks a text token (Instruct's text phase) or makes one patch (the flow head).
 
 Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, an RNG), so
 a stream's latents depend only on its own inputs and seed, never on who shares the batch.
@@ -16,52 +17,107 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.block_manager import NoPagesYet
+from engine.chatml import AUDIO_SOS_ID, LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS, TEXT_EOT_ID
+from engine.config import PATCH_SIZE, REDAE_SCALE
 from engine.kv_cache import PagedCache
 from engine.layers.attention import AttentionFallback
 from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
+from engine.scheduler import Phase
+from engine.text_sampling import TextSampling, next_tokens
+
+
+@dataclass(frozen=True)
+class InstructInput:
+    """What an Instruct stream starts from (:meth:`engine.fireredtts3.FireRedTTS3.instruct_input` builds it).
+
+    Latents are RedAE's, unscaled: the generator scales them by ``REDAE_SCALE`` as the model expects.
+    """
+
+    tokens: list[int]  # the task's ChatML ids, placeholders included
+    latents_in: torch.Tensor | None = None  # (4N, 64) the recording to edit; one LATENT_IN_ID per patch
+    latents_out: torch.Tensor | None = None  # (4P, 64) the cloning prompt; one LATENT_OUT_ID per patch
+    sampling: TextSampling | None = None  # the text phase's token choice; None: no text phase
+
+    @property
+    def prompt_patches(self) -> int:
+        return 0 if self.latents_out is None else self.latents_out.shape[0] // PATCH_SIZE
 
 
 @dataclass
 class Stream:
-    """One request's generation state. Created by :meth:`Generator.new_stream`."""
+    """One request's generation state. Created by :meth:`Generator.new_stream` (Base) or
+    :meth:`Generator.new_instruct_stream` (Instruct)."""
 
     slot: int
-    tokens: torch.Tensor  # (1, T) prompt token ids
-    prompt: VoicePrompt
+    tokens: torch.Tensor  # (1, T) prompt token ids (Instruct: the ChatML ids)
+    prompt: VoicePrompt | None  # Base's voice prompt; None for Instruct
     params: GenerationParams
-    rng: torch.Generator
+    rng: torch.Generator  # the text phase's draws, then the flow's noise (the reference's one global RNG)
+    model: str = "base"  # which core: "base" or "instruct"
+    phase: Phase = Phase.AUDIO
+    instruct: InstructInput | None = None
     position: int = 0  # next backbone position (= cached tokens)
     patches: int = 0  # patches generated so far
     finished: bool = False
     next_input: torch.Tensor | None = None  # (1, 1, hidden) backbone input of the next decode
     cond: torch.Tensor | None = None  # (1, 3, hidden) last 3 backbone states, zero-padded
-    history: torch.Tensor | None = None  # (1, 8, 64) last clean latents
-    spk_dit: torch.Tensor | None = None  # (1, spk_in_dim)
+    history: torch.Tensor | None = None  # (1, 8, 64) last clean latents (Instruct: scaled)
+    spk_dit: torch.Tensor | None = None  # (1, speaker_dim)
+    text_ids: list[int] = field(default_factory=list)  # the text phase's tokens so far (not <|eot|>)
+    closing: int = 0  # text phase: 0 picking tokens, 1 feeding the last one, 2 feeding <|sosp|>
 
     @property
     def prefilled(self) -> bool:
         return self.next_input is not None or self.finished
 
     def prefix_length(self) -> int:
+        if self.instruct is not None:
+            return self.tokens.shape[1]
         return 1 + self.tokens.shape[1] + self.prompt.num_patches
+
+    def positions_needed(self) -> int:
+        """Cache positions this stream may ever use: its prefix, the text phase's tokens and <|sosp|>
+        (at most MAX_TEXT_TOKENS + 1), one per patch."""
+        text = MAX_TEXT_TOKENS + 1 if self.instruct is not None and self.instruct.sampling is not None else 0
+        return self.prefix_length() + text + self.params.max_patches
 
 
 @dataclass
 class StepResult:
-    latents: torch.Tensor | None  # (4, 64) float32 of the new patch, None if the stream stopped
+    latents: torch.Tensor | None  # (4, 64) float32 of the new patch (RedAE's scale), None if none this step
     finished: bool
     reason: str = ""  # "stop" (stop head), "length" (max_patches) when finished
+    text_ids: list[int] | None = None  # the whole text plan, in the step that picked its last token
 
 
 @dataclass
 class Generator:
-    """Runs steps for streams whose slots live in one :class:`PagedCache` (or a cache like it)."""
+    """Runs steps for streams whose slots live in one :class:`PagedCache` (or a cache like it).
 
-    core: FireRedTTS3Core
+    ``core`` is Base, ``instruct`` Instruct (either may be None); both backbones have one shape, so
+    their streams share the cache's pages.
+    """
+
+    core: FireRedTTS3Core | None
     cache: PagedCache
+    instruct: FireRedTTS3Core | None = None
     _t_spans: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.core is None and self.instruct is None:
+            raise ValueError("a generator needs a core")
+        if self.core is not None and self.instruct is not None and self.core.cfg.backbone != self.instruct.cfg.backbone:
+            raise ValueError("the Base and Instruct backbones differ in shape: they cannot share one KV cache")
+
+    @property
+    def cores(self) -> dict[str, FireRedTTS3Core]:
+        return {k: v for k, v in (("base", self.core), ("instruct", self.instruct)) if v is not None}
+
+    @property
+    def _any(self) -> FireRedTTS3Core:
+        return self.core if self.core is not None else self.instruct
 
     @property
     def device(self) -> torch.device:
@@ -80,39 +136,75 @@ class Generator:
     @property
     def dtype(self) -> torch.dtype:
         """The heads' and flow's dtype (the backbone may run in another: its inputs and outputs are cast)."""
-        return self.core.stop_head.weight.dtype
+        return self._any.stop_head.weight.dtype
 
     @property
     def backbone_dtype(self) -> torch.dtype:
-        return self.core.backbone_llm.norm.weight.dtype
+        return self._any.backbone.norm.weight.dtype
+
+    def _core(self, model: str) -> FireRedTTS3Core:
+        core = self.cores.get(model)
+        if core is None:
+            raise ValueError(f"the {model} model is not loaded on this server")
+        return core
 
     def new_stream(
         self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams, reserve: bool = True
     ) -> Stream:
-        """A checked stream in ``slot``; with ``reserve`` its cache pages are reserved too.
+        """A checked Base stream in ``slot``; with ``reserve`` its cache pages are reserved too.
 
         Raises:
-            ValueError: bad input, or a stream that could never fit this cache.
+            ValueError: bad input, the Base model not loaded, or a stream that could never fit this cache.
             NoPagesYet: (``reserve`` only) it fits, but not while the live streams hold their pages.
         """
+        core = self._core("base")
+
         if prompt.num_patches < 1:
             raise ValueError("the voice prompt has no audio patches")
-        if prompt.speaker.numel() != self.core.cfg.spk_in_dim:
+        if prompt.speaker.numel() != core.cfg.spk_in_dim:
             raise ValueError(
-                f"the speaker embedding has {prompt.speaker.numel()} values; expected {self.core.cfg.spk_in_dim}"
+                f"the speaker embedding has {prompt.speaker.numel()} values; expected {core.cfg.spk_in_dim}"
             )
         if not (torch.isfinite(prompt.latents).all() and torch.isfinite(prompt.speaker).all()):
             raise ValueError("the voice prompt has non-finite values")
-        vocab = self.core.cfg.backbone.vocab_size
+        s = Stream(slot=slot, tokens=self._tokens(tokens), prompt=prompt, params=params, rng=_rng(params))
+        return self._checked(s, reserve)
+
+    def new_instruct_stream(
+        self, slot: int, given: InstructInput, params: GenerationParams, reserve: bool = True
+    ) -> Stream:
+        """A checked Instruct stream in ``slot`` (in its text phase when ``given.sampling`` is set).
+
+        Raises:
+            ValueError / NoPagesYet: as :meth:`new_stream`.
+        """
+        self._core("instruct")
+        tokens = self._tokens(given.tokens)
+        for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
+            patches = 0 if latents is None else latents.shape[0] // PATCH_SIZE
+            if latents is not None and (latents.ndim != 2 or latents.shape[0] % PATCH_SIZE or latents.shape[1] != 64):
+                raise ValueError(f"latents must be (4N, 64), got {tuple(latents.shape)}")
+            if latents is not None and not torch.isfinite(latents).all():
+                raise ValueError("the latents have non-finite values")
+            if int((tokens == token_id).sum()) != patches:
+                raise ValueError(
+                    f"the ChatML ids hold {int((tokens == token_id).sum())} placeholders for {patches} patches"
+                )
+        phase = Phase.TEXT if given.sampling is not None else Phase.AUDIO
+        s = Stream(slot, tokens, None, params, _rng(params), model="instruct", phase=phase, instruct=given)
+        return self._checked(s, reserve)
+
+    def _tokens(self, tokens: list[int]) -> torch.Tensor:
+        vocab = self._any.cfg.backbone.vocab_size
         if not tokens or max(tokens) >= vocab or min(tokens) < 0:
             raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")
-        rng = torch.Generator(device="cpu").manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        t = torch.tensor([tokens], dtype=torch.long).to(self.device, non_blocking=True)
-        s = Stream(slot=slot, tokens=t, prompt=prompt, params=params, rng=rng)
-        need = s.prefix_length() + params.max_patches
+        return torch.tensor([tokens], dtype=torch.long).to(self.device, non_blocking=True)
+
+    def _checked(self, s: Stream, reserve: bool) -> Stream:
+        need = s.positions_needed()
         if need > self.cache.max_len:
             raise ValueError(
-                f"prompt of {s.prefix_length()} positions plus up to {params.max_patches} patches needs {need} "
+                f"prompt of {s.prefix_length()} positions plus up to {s.params.max_patches} patches needs {need} "
                 f"cache positions; this server has {self.cache.max_len} (shorten the text or reference audio)"
             )
         self.cache.check_fits(need)
@@ -122,22 +214,22 @@ class Generator:
 
     def reserve(self, s: Stream) -> bool:
         """Reserve the cache pages ``s`` may ever need; False when they are not free now."""
-        return self.cache.reserve(s.slot, s.prefix_length() + s.params.max_patches)
+        return self.cache.reserve(s.slot, s.positions_needed())
 
     def release(self, s: Stream) -> None:
         """Give back ``s``'s pages (finished, cancelled or failed). Its slot may then take a new stream."""
         self.cache.release(s.slot)
 
-    def _backbone(self, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
-        """The backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""
+    def _backbone(self, core: FireRedTTS3Core, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
+        """``core``'s backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""
         x = x.to(self.backbone_dtype)
         view = self.cache.batch(slots, starts, x.shape[1])
         try:
-            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+            h = core.backbone(x, positions=view.positions, cache=view, mask=view.mask())
         except AttentionFallback as e:  # FlashInfer could not run: the same forward on SDPA
             self.cache.fall_back(e.reason, e.error)
             view = self.cache.batch(slots, starts, x.shape[1])
-            h = self.core.backbone_llm(x, positions=view.positions, cache=view, mask=view.mask())
+            h = core.backbone(x, positions=view.positions, cache=view, mask=view.mask())
         return h.to(self.dtype)
 
     def _t_span(self, steps: int) -> torch.Tensor:
@@ -147,37 +239,92 @@ class Generator:
 
     @torch.inference_mode()
     def step(self, streams: list[Stream]) -> list[StepResult]:
-        """Advance each stream by one patch. Streams must be live and own distinct slots."""
+        """Advance each stream by one backbone position: a patch (audio phase) or a text token (text
+        phase). Streams must be live and own distinct slots."""
         if len({s.slot for s in streams}) != len(streams):
             raise ValueError("two streams share a slot")
         hidden: dict[int, torch.Tensor] = {}  # index -> (1, hidden) newest backbone state
-        new = [i for i, s in enumerate(streams) if not s.prefilled]
         old = [i for i, s in enumerate(streams) if s.prefilled]
-        for i in new:
-            hidden[i] = self._prefill(streams[i])
-        if old:
-            x = torch.cat([streams[i].next_input for i in old], dim=0)
-            h = self._backbone(x, [streams[i].slot for i in old], [streams[i].position for i in old])
-            for j, i in enumerate(old):
-                streams[i].position += 1
-                hidden[i] = h[j : j + 1, -1]
-                streams[i].cond = torch.cat([streams[i].cond[:, 1:], h[j : j + 1]], dim=1)
-
-        results: list[StepResult | None] = [None] * len(streams)
-        last = torch.cat([hidden[i] for i in range(len(streams))], dim=0)
-        p_stop = self.core.stop_probability(last).tolist()
-        going = []
         for i, s in enumerate(streams):
-            if p_stop[i] >= s.params.stop_threshold and s.patches >= s.params.min_patches:
+            if not s.prefilled:
+                hidden[i] = self._prefill(s) if s.instruct is None else self._prefill_instruct(s)
+        for model, core in self.cores.items():  # one backbone call per core
+            rows = [i for i in old if streams[i].model == model]
+            if not rows:
+                continue
+            x = torch.cat([streams[i].next_input for i in rows], dim=0)
+            h = self._backbone(core, x, [streams[i].slot for i in rows], [streams[i].position for i in rows])
+            for j, i in enumerate(rows):
+                s = streams[i]
+                s.position += 1
+                hidden[i] = h[j : j + 1, -1]
+                if s.phase is Phase.AUDIO:
+                    s.cond = torch.cat([s.cond[:, 1:], h[j : j + 1]], dim=1)
+        results: list[StepResult | None] = [None] * len(streams)
+        audio = [i for i, s in enumerate(streams) if s.phase is Phase.AUDIO]
+        self._text(streams, [i for i, s in enumerate(streams) if s.phase is Phase.TEXT], hidden, results)
+        for model, core in self.cores.items():
+            rows = [i for i in audio if streams[i].model == model]
+            if rows:
+                self._audio(core, streams, rows, hidden, results)
+        return results
+
+    def _text(self, streams: list[Stream], rows: list[int], hidden: dict, results: list) -> None:
+        """The text phase's rows: pick a token (one LM head and one sampling call for all), or feed the
+        plan's last token and then <|sosp|> as the reference does after its text loop."""
+        if not rows:
+            return
+        core = self.instruct
+        picking = [i for i in rows if streams[i].closing == 0]
+        if picking:
+            logits = core.text_logits(torch.cat([hidden[i] for i in picking])).cpu()  # the RNGs are on the CPU
+            pickers = [streams[i] for i in picking]
+            picked = next_tokens(
+                logits, [s.text_ids for s in pickers], [s.instruct.sampling for s in pickers], [s.rng for s in pickers]
+            )
+            embedded = self._embed(core, picked)
+            for j, (i, token) in enumerate(zip(picking, picked, strict=True)):
+                s = streams[i]
+                s.next_input = embedded[j : j + 1]
+                if token != TEXT_EOT_ID:
+                    s.text_ids.append(token)
+                done = token == TEXT_EOT_ID or len(s.text_ids) >= MAX_TEXT_TOKENS
+                s.closing = int(done)
+                results[i] = StepResult(None, False, text_ids=list(s.text_ids) if done else None)
+        for i in rows:
+            s = streams[i]
+            if results[i] is not None:
+                continue
+            if s.closing == 1:  # fed the plan's last token (<|eot|>, or the cap's last): next <|sosp|>
+                s.next_input, s.closing = self._embed(core, [AUDIO_SOS_ID]), 2
+            else:  # fed <|sosp|>; the reference's audio loop then feeds <|sosp|> AGAIN as its first input
+                # (its input variable still holds it), so the audio phase starts from the same input
+                s.phase = Phase.AUDIO
+                s.cond = hidden[i].new_zeros(1, core.cfg.num_history_patches + 1, hidden[i].shape[-1])
+            results[i] = StepResult(None, False)
+
+    def _embed(self, core: FireRedTTS3Core, tokens: list[int]) -> torch.Tensor:
+        """(n,) token ids -> (n, 1, hidden) backbone inputs."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        return core.backbone.embed_tokens(ids).to(self.dtype)
+
+    def _audio(self, core: FireRedTTS3Core, streams: list[Stream], rows: list[int], hidden: dict, results: list):
+        """The audio phase's rows of one core: the stop test, then one patch each (one flow call per step
+        count, normally one)."""
+        p_stop = core.stop_probability(torch.cat([hidden[i] for i in rows])).tolist()
+        going = []
+        for i, p in zip(rows, p_stop, strict=True):
+            s = streams[i]
+            if p >= s.params.stop_threshold and s.patches >= s.params.min_patches:
                 s.finished = True
                 results[i] = StepResult(None, True, "stop")
             else:
                 going.append(i)
-        # one flow call per distinct step count (normally one)
+        scale = REDAE_SCALE if core.cfg.instruct else 1.0
         for steps in sorted({streams[i].params.steps for i in going}):
             group = [i for i in going if streams[i].params.steps == steps]
-            lat = self._flow(group, streams, steps)
-            emb = self.core.patch_encoder(lat.reshape(1, -1, lat.shape[-1])).reshape(len(group), 1, -1)
+            lat = self._flow(core, group, streams, steps)
+            emb = core.patch_encoder(lat.reshape(1, -1, lat.shape[-1])).reshape(len(group), 1, -1)
             for j, i in enumerate(group):
                 s = streams[i]
                 s.history = torch.cat([s.history[:, lat.shape[1] :], lat[j : j + 1]], dim=1)
@@ -185,8 +332,8 @@ class Generator:
                 s.patches += 1
                 done = s.patches >= s.params.max_patches
                 s.finished = done
-                results[i] = StepResult(lat[j].float(), done, "length" if done else "")
-        return results
+                out = lat[j].float() if scale == 1.0 else lat[j].float() / scale  # the reference decodes gen / 0.4
+                results[i] = StepResult(out, done, "length" if done else "")
 
     def _prefill(self, s: Stream) -> torch.Tensor:
         core = self.core
@@ -194,17 +341,36 @@ class Generator:
         spk = s.prompt.speaker.to(self.device, dt, non_blocking=True)[None]
         lat = s.prompt.latents.to(self.device, dt, non_blocking=True)[None]
         x = core.prefix_embeddings(spk, s.tokens, lat)
-        h = self._backbone(x, [s.slot], [0])
+        h = self._backbone(core, x, [s.slot], [0])
         s.position = x.shape[1]
         pad = h.new_zeros(1, core.cfg.num_history_patches, h.shape[-1])
         s.cond = torch.cat([pad, h[:, -s.prompt.num_patches :]], dim=1)[:, -(core.cfg.num_history_patches + 1) :]
         hist = torch.cat([lat.new_zeros(1, core.history_latents, lat.shape[-1]), lat], dim=1)
         s.history = hist[:, -core.history_latents :]
-        s.spk_dit = core.spk_proj_dit(spk)
+        s.spk_dit = core.speaker_dit(spk)
         return h[:, -1]
 
-    def _flow(self, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:
-        core = self.core
+    def _prefill_instruct(self, s: Stream) -> torch.Tensor:
+        """The ChatML prefix with its placeholders filled by PatchEncoder outputs of the latents x 0.4."""
+        core, dt, given = self.instruct, self.dtype, s.instruct
+        scaled = {}
+        for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
+            if latents is not None:
+                scaled[token_id] = (latents.to(self.device, torch.float32) * REDAE_SCALE).to(dt)[None]
+        x = core.chatml_embeddings(s.tokens, list(scaled.items()), dt)
+        h = self._backbone(core, x, [s.slot], [0])
+        s.position = x.shape[1]
+        out = scaled.get(LATENT_OUT_ID, h.new_zeros(1, 0, core.cfg.redae_dim))
+        hist = torch.cat([out.new_zeros(1, core.history_latents, out.shape[-1]), out], dim=1)
+        s.history = hist[:, -core.history_latents :]
+        s.spk_dit = core.speaker_dit(None)
+        if s.phase is Phase.AUDIO:  # cloning: the prompt's last P states; acoustic edit: the last one
+            pad = h.new_zeros(1, core.cfg.num_history_patches, h.shape[-1])
+            last = h[:, -max(given.prompt_patches, 1) :]
+            s.cond = torch.cat([pad, last], dim=1)[:, -(core.cfg.num_history_patches + 1) :]
+        return h[:, -1]
+
+    def _flow(self, core: FireRedTTS3Core, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:
         ps, dim = core.cfg.patch_size, core.cfg.redae_dim
         noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group])
         return core.flow(
@@ -215,3 +381,7 @@ class Generator:
             t_span=self._t_span(steps),
             cfg_weight=torch.tensor([streams[i].params.cfg for i in group]).to(self.device, non_blocking=True),
         )
+
+
+def _rng(params: GenerationParams) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)

@@ -7,11 +7,13 @@ construction; the tests compare both against an independent whole-utterance deco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
+from engine.chatml import MAX_TEXT_TOKENS
 from engine.fireredtts3 import FireRedTTS3
+from engine.generator import Stream
 from engine.orchestrator import Orchestrator, Segment
 from engine.prompt import VoicePrompt
 from engine.protocol import Chunk, end_chunk, failure_reason
@@ -41,6 +43,10 @@ class LocalGenerator:
         self.slots = slots
         self.max_len = max_len
         self.service: GeneratorService | None = None
+        # called with (segment, its generation state) when a stream is admitted: lets offline callers
+        # (engine.synthesize.instruct_run) read what it was given and what it wrote
+        self.on_admit: Callable[[Segment, Stream], None] | None = None
+        self.on_chunk: Callable[[Chunk], None] | None = None  # and with every chunk it yields
 
     def _service(self, need: int) -> GeneratorService:
         """The service; without a fixed ``max_len`` it is (re)built, when idle, long enough for ``need``."""
@@ -50,12 +56,23 @@ class LocalGenerator:
         return svc
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        prompt: VoicePrompt = segment.prompt
+        prompt: VoicePrompt | None = segment.prompt
         try:
-            tokens = self.model.tokens(segment.text, segment.language, prompt)
-            need = 1 + len(tokens) + prompt.num_patches + segment.params.max_patches
-            service = self._service(need)
-            service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
+            if segment.task:
+                given = self.model.instruct_input(
+                    segment.task, segment.instruction, segment.text, None if prompt is None else prompt.latents,
+                    "" if prompt is None else prompt.text,
+                )  # fmt: skip
+                text = MAX_TEXT_TOKENS + 1 if given.sampling is not None else 0
+                service = self._service(len(given.tokens) + text + segment.params.max_patches)
+                service.admit_instruct(segment.stream_id, given, segment.params, segment.schedule)
+            else:
+                tokens = self.model.tokens(segment.text, segment.language, prompt)
+                need = 1 + len(tokens) + prompt.num_patches + segment.params.max_patches
+                service = self._service(need)
+                service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
+            if self.on_admit is not None:
+                self.on_admit(segment, service.live[segment.stream_id].state)
         except Exception as e:  # reported the way the generator model reports it
             yield end_chunk(segment.stream_id, failure_reason(e))
             return
@@ -63,6 +80,8 @@ class LocalGenerator:
             while True:
                 chunk = service.step([segment.stream_id])[segment.stream_id]
                 if chunk is not None:
+                    if self.on_chunk is not None:
+                        self.on_chunk(chunk)
                     yield chunk
                     if chunk.last:
                         return

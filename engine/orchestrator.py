@@ -19,12 +19,13 @@ import contextlib
 import contextvars
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from engine.frontend import prepare
+from engine.instructions import check_acoustic_edit, check_instruction
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -42,6 +43,8 @@ class Utterance:
     split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
     normalize: bool = True  # wetext text normalization (cleaning and splitting run regardless)
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
+    task: str = ""  # "": Base; else an Instruct task (engine.instruct.Task's values)
+    instruction: str = ""  # Instruct: the voice description or the edit instruction
 
 
 @dataclass(frozen=True)
@@ -54,15 +57,38 @@ class Segment:
     prompt: Any  # what the PromptEncoder returned
     params: GenerationParams
     schedule: tuple[int, ...]
+    task: str = ""  # "": a Base stream; else the Instruct task
+    instruction: str = ""  # Instruct: the description or edit instruction (the same for every segment)
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Audio ready to send. The last piece of an utterance has ``final`` and the finish reason."""
+    """Audio ready to send. The last piece of an utterance has ``final`` and the finish reason.
+
+    An Instruct utterance that writes text first (design, semantic edit) yields one piece with that
+    ``text`` and no audio before its first audio (design: the first segment's plan, as the reference
+    returns it)."""
 
     audio: np.ndarray  # (n,) float32 at 24 kHz, n may be 0
     final: bool = False
     finish_reason: str = ""
+    text: str = ""  # the plan text, on its own piece
+
+
+EDIT_TASKS = ("semantic_edit", "acoustic_edit")  # engine.instruct.EDITS' values: the whole recording, no text
+INSTRUCT_TASKS = ("design", "clone", *EDIT_TASKS)  # engine.instruct.Task's values
+
+
+def checked_instruction(task: str, instruction: str) -> str:
+    """The instruction a task sends the model (stripped); ValueError naming the field otherwise. Cloning
+    takes none (the model's cloning input has no place for one): it is ignored there."""
+    if task not in INSTRUCT_TASKS:
+        raise ValueError(f"unknown Instruct task {task!r}; choose from {list(INSTRUCT_TASKS)}")
+    if task == "clone":
+        return ""
+    if task == "acoustic_edit":
+        return check_acoustic_edit(instruction)
+    return check_instruction(instruction)
 
 
 class PromptEncoder(Protocol):
@@ -130,21 +156,30 @@ class Orchestrator:
     async def _pieces(self, utterance: Utterance, voice: Any) -> AsyncIterator[Piece]:
         """The utterance's pieces at the speed the model speaks."""
         u = utterance
-        # Before the prompt, so that unspeakable text fails fast; on a thread: wetext takes a while on
-        # long texts, and the event loop serves every other request meanwhile.
-        prepared = await asyncio.to_thread(
-            prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
-        )
-        prompt = await self.prompts.encode(voice)
-        texts = prepared.segments
+        if u.task:
+            u = replace(u, instruction=checked_instruction(u.task, u.instruction))
+        if u.task in EDIT_TASKS:  # the whole recording is edited: no text, one stream
+            texts, language = [""], ""
+        else:
+            # Before the prompt, so that unspeakable text fails fast; on a thread: wetext takes a while on
+            # long texts, and the event loop serves every other request meanwhile.
+            prepared = await asyncio.to_thread(
+                prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
+            )
+            texts, language = prepared.segments, prepared.language
+        prompt = None if u.task == "design" else await self.prompts.encode(voice)
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         for i, segment_text in enumerate(texts):
             more = i < len(texts) - 1
-            segment = Segment(self.stream_ids(), segment_text, prepared.language, prompt, u.params,
-                              segment_schedule(i, u.schedule))  # fmt: skip
+            segment = Segment(self.stream_ids(), segment_text, language, prompt, u.params,
+                              segment_schedule(i, u.schedule), u.task, u.instruction)  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:
-                async for audio, reason in pieces:
+                async for audio, reason, text in pieces:
+                    if text is not None:  # the plan: the first segment's goes out (the reference's choice)
+                        if i == 0:
+                            yield Piece(np.zeros(0, np.float32), text=text)
+                        continue
                     out = joiner.push(audio, more)
                     if reason:
                         reasons.append(reason)
@@ -156,19 +191,23 @@ class Orchestrator:
         reason = LENGTH if LENGTH in reasons else STOP
         yield Piece(np.concatenate([tail, joiner.finish()]), final=True, finish_reason=reason)
 
-    async def _segment(self, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str]]:
-        """(audio, "") per chunk of one stream, then (its last audio, finish reason)."""
+    async def _segment(self, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str, str | None]]:
+        """(audio, "", None) per chunk of one stream, then (its last audio, finish reason, None); a plan
+        chunk gives (empty, "", its text) and never reaches the vocoder."""
         vocoder_open = False
         chunks = self.generator.stream(segment)
         try:
             async for chunk in chunks:
                 if chunk.last and chunk.finish_reason == CANCELLED:
                     raise StreamFailed(ERROR + "the generator cancelled the stream")
+                if chunk.plan:
+                    yield np.zeros(0, np.float32), "", chunk.text
+                    continue
                 audio = await self.vocoder.decode(chunk)
                 vocoder_open = not chunk.last
                 if chunk.failed:
                     raise StreamFailed(chunk.finish_reason)
-                yield audio.reshape(-1), chunk.finish_reason if chunk.last else ""
+                yield audio.reshape(-1), chunk.finish_reason if chunk.last else "", None
                 if chunk.last:
                     return
             raise StreamFailed(ERROR + "the generator stream ended without a last chunk")
@@ -192,6 +231,9 @@ async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator
     stretch = TimeStretch(speed)
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
+            if piece.text:  # the plan: no audio to stretch
+                yield piece
+                continue
             audio = await asyncio.to_thread(stretch.push, piece.audio)
             if piece.final:
                 rest = await asyncio.to_thread(stretch.finish)

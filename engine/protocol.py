@@ -88,9 +88,13 @@ class Chunk:
         last: the stream ends with this chunk; the vocoder flushes and frees its state.
         finish_reason: with ``last``: stop | length | cancelled | a tagged failure ("invalid: ...",
             "unavailable: ...", "error: ..."); else "".
-        seq: the chunk's index in its stream (0: the first, which carries the prompt latents).
+        seq: the chunk's index among its stream's audio chunks (0: the first, which carries the prompt
+            latents and starts the vocoder's stream, even when they are empty).
         seal: the generator's MAC over the whole chunk (``serving.auth``), so that a vocoder reachable
             by anyone decodes only what the generator made, once and in order; 0 in-process.
+        text: the text an Instruct stream wrote before it speaks (a voice design's plan, a semantic
+            edit's new transcript), on its plan chunk: one that is not ``last`` and has no latents nor
+            prompt latents (see :attr:`plan`); that chunk is for the client and never goes to the vocoder.
     """
 
     stream_id: int
@@ -100,10 +104,16 @@ class Chunk:
     finish_reason: str = ""
     seq: int = 0
     seal: int = 0
+    text: str = ""
 
     @property
     def failed(self) -> bool:
         return self.last and self.finish_reason.startswith(KINDS)
+
+    @property
+    def plan(self) -> bool:
+        """The plan chunk of an Instruct stream: text only (every audio chunk before the last has latents)."""
+        return not self.last and len(self.latents) == 0 and len(self.prompt_latents) == 0
 
 
 def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:

@@ -40,6 +40,7 @@ class Phase(enum.Enum):
     """What a stream's next step makes."""
 
     AUDIO = "audio"  # speech patches (Base; Instruct after its text)
+    TEXT = "text"  # text tokens before the speech (Instruct's voice design and semantic edit)
 
 
 class Action(enum.Enum):
@@ -124,6 +125,17 @@ class Scheduler:
         self.queue.append(stream_id)
         self._start_waiting()
         return state
+
+    def set_phase(self, stream_id: int, phase: Phase) -> None:
+        """The stream's next steps make ``phase`` (KeyError for one that is not live)."""
+        self.streams[stream_id].phase = phase
+
+    def phases(self) -> dict[Phase, int]:
+        """Live streams per phase (waiting ones included)."""
+        counts = dict.fromkeys(Phase, 0)
+        for state in self.streams.values():
+            counts[state.phase] += 1
+        return counts
 
     def finish(self, stream_id: int) -> bool:
         """Free the stream's slot and pages (ended, cancelled or failed). False if it was not live."""

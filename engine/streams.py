@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from engine.fireredtts3 import FireRedTTS3, PrimedDecoder
-from engine.generator import Stream
+from engine.generator import InstructInput, Stream
 from engine.models.redae import decode_together, joinable
 from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.prompt import VoicePrompt
-from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, end_chunk
+from engine.protocol import CANCELLED, LATENT_DIM, LENGTH, STOP, Chunk, end_chunk
 from engine.scheduler import Scheduler
 from engine.segments import chunk_sizes
 
@@ -35,7 +35,7 @@ class GeneratorStream:
 
     stream_id: int
     state: Stream
-    prompt_latents: np.ndarray  # (4P, 64): sent with the first chunk, to prime the vocoder
+    prompt_latents: np.ndarray  # (4P, 64): sent with the first chunk, to prime the vocoder ((0, 64): none)
     sizes: Iterator[int]  # patches in each chunk
     want: int  # patches in the chunk being gathered
     pending: list[torch.Tensor] = field(default_factory=list)
@@ -90,8 +90,37 @@ class GeneratorService:
         sizes = chunk_sizes(schedule)
         slot = self.scheduler.next_slot(stream_id)
         state = self.gen.new_stream(slot, tokens, prompt, params, reserve=False)
-        self.scheduler.admit(stream_id, state.prefix_length() + params.max_patches)
-        latents = prompt.latents.float().numpy()
+        self._admitted(stream_id, state, prompt.latents.float().numpy(), sizes)
+
+    def admit_instruct(
+        self, stream_id: int, given: InstructInput, params: GenerationParams,
+        schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+    ) -> None:  # fmt: skip
+        """As :meth:`admit`, for an Instruct stream (:meth:`~engine.fireredtts3.FireRedTTS3.instruct_input`).
+
+        The vocoder is primed with the cloning prompt's latents (RedAE's, unscaled), with nothing for
+        design and edits. A stream with a text phase yields its plan chunk (``Chunk.text``) in the step
+        that ends the plan, before its first audio chunk.
+        """
+        sizes = chunk_sizes(schedule)
+        slot = self.scheduler.next_slot(stream_id)
+        state = self.gen.new_instruct_stream(slot, given, params, reserve=False)
+        out = given.latents_out
+        latents = np.zeros((0, LATENT_DIM), np.float32) if out is None else out.float().cpu().numpy()
+        self._admitted(stream_id, state, latents, sizes)
+
+    def admit_task(
+        self, stream_id: int, task: str, params: GenerationParams, instruction: str = "", text: str = "",
+        latents: torch.Tensor | None = None, prompt_text: str = "", schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+    ) -> None:  # fmt: skip
+        """:meth:`admit_instruct` from a request's fields: an Instruct ``task`` (engine.instruct.Task's
+        values), its instruction, the text to say, the (4N, 64) RedAE latents of the cloning prompt or the
+        recording to edit, and the prompt's transcript (see :meth:`FireRedTTS3.instruct_input`)."""
+        given = self.model.instruct_input(task, instruction, text, latents, prompt_text)
+        self.admit_instruct(stream_id, given, params, schedule)
+
+    def _admitted(self, stream_id: int, state: Stream, latents: np.ndarray, sizes: Iterator[int]) -> None:
+        self.scheduler.admit(stream_id, state.positions_needed(), state.phase)
         self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
 
     def drop(self, stream_id: int) -> bool:
@@ -119,19 +148,28 @@ class GeneratorService:
             if r.latents is not None:
                 s.pending.append(r.latents)
             out[s.stream_id] = None
-            if r.finished or len(s.pending) >= s.want:
+            if r.text_ids is not None:
+                text = self.model.models.tokenizer.decode(r.text_ids)
+                out[s.stream_id] = Chunk(s.stream_id, _EMPTY, _EMPTY, text=text)
+            elif r.finished or len(s.pending) >= s.want:
                 out[s.stream_id] = self._chunk(s, r.finished, r.reason)
             if r.finished:
                 self.drop(s.stream_id)
+            elif s.state.phase is not self.scheduler.streams[s.stream_id].phase:
+                self.scheduler.set_phase(s.stream_id, s.state.phase)
         return out
 
     def _chunk(self, s: GeneratorStream, last: bool, reason: str) -> Chunk:
-        empty = np.zeros((0, 64), np.float32)
+        empty = _EMPTY
         latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else empty
         prompt = s.prompt_latents if s.chunks_sent == 0 else empty
         seq = s.chunks_sent
         s.pending, s.want, s.chunks_sent = [], next(s.sizes), s.chunks_sent + 1
         return Chunk(s.stream_id, latents, prompt, last, reason if last else "", seq=seq)
+
+
+_EMPTY = np.zeros((0, LATENT_DIM), np.float32)
+_EMPTY.flags.writeable = False
 
 
 @dataclass
@@ -214,7 +252,10 @@ class VocoderService:
                     self.streams.pop(c.stream_id, None)
                     results[i] = np.zeros(0, np.float32)
                     continue
-                if len(c.prompt_latents):
+                if c.plan:
+                    raise ValueError("a plan chunk (text) is not for the vocoder")
+                # a stream's first audio chunk (seq 0) carries its prompt latents, maybe none (Instruct)
+                if len(c.prompt_latents) or (c.seq == 0 and c.stream_id not in self.streams):
                     if c.stream_id in self.streams:
                         raise ValueError("the vocoder stream was started twice")
                     if len(self.streams) >= self.max_streams:
@@ -223,7 +264,7 @@ class VocoderService:
                 stream = self.streams.get(c.stream_id)
                 if stream is None:
                     raise ValueError(
-                        "the vocoder stream is unknown (its first chunk had no prompt latents, "
+                        "the vocoder stream is unknown (its first chunk never came, "
                         "or it ended, or it was reclaimed after idling)"
                     )
                 stream.last_seen = now

@@ -46,8 +46,23 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 SOT = "<|sot|>"
 EOT = "<|eot|>"
 
-# Qwen2's base special tokens, present in every Qwen2 tokenizer before FireRed's.
-QWEN_SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# The added tokens of Qwen3's tokenizer, at their ids from QWEN_FIRST_ID on, and whether each is special
+# (the tool and think markers are not). The Instruct model's code compares literal ids of this table
+# (151655 <|image_pad|>, 151656 <|video_pad|>) and of FireRed's tokens after it (151669 <|sosp|>, 151677
+# <|eot|>), so the tiny tokenizer carries every one of them at exactly these ids.
+QWEN_FIRST_ID = 151_643
+QWEN_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", True), ("<|fim_middle|>", True), ("<|fim_suffix|>", True), ("<|fim_pad|>", True),
+    ("<|repo_name|>", True), ("<|file_sep|>", True), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+)  # fmt: skip
+QWEN_SPECIAL_TOKENS: tuple[str, ...] = tuple(t for t, special in QWEN_ADDED_TOKENS if special)
+FIRERED_FIRST_ID = QWEN_FIRST_ID + len(QWEN_ADDED_TOKENS)  # 151669 <|sosp|>: SPECIAL_TOKENS follow in order
 
 # Qwen2's pre-tokenization regex (contractions, letters, single digits, punctuation, spaces).
 QWEN2_PATTERN = (
@@ -133,8 +148,9 @@ class TextTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Number of ids, added tokens included (HF's ``len(tokenizer)``)."""
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        """One past the largest id, added tokens included (HF's ``len(tokenizer)`` for a vocabulary
+        without gaps; the tiny one has a gap below Qwen's added tokens)."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special tokens written in it map to their single id."""
@@ -218,10 +234,11 @@ def write_tiny_tokenizer(path: str | Path, n_merges: int = 144, model_max_length
     Writes ``tokenizer.json``, ``tokenizer_config.json``, ``vocab.json`` and
     ``merges.txt`` like the real checkpoint, byte-identical on every call. The vocab is
     the 256 byte symbols plus up to ``n_merges`` merges learned from a built-in corpus,
-    then Qwen2's and all of FireRed's special tokens as added tokens.
+    then Qwen3's added tokens and all of FireRed's special tokens at their real ids
+    (``QWEN_FIRST_ID`` on; the ids between are unused).
 
     Returns:
-        The total vocabulary size, added tokens included.
+        One past the largest id: 151,924, as the real tokenizer with FireRed's tokens.
     """
     pre = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
@@ -231,20 +248,29 @@ def write_tiny_tokenizer(path: str | Path, n_merges: int = 144, model_max_length
     vocab = {sym: i for i, sym in enumerate(_byte_symbols())}
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
+    # Added tokens take the id of their entry in the model's vocabulary when it has one (``tokenizers``
+    # ignores the ids written under ``added_tokens``): that is how they sit at the real ids here.
+    fixed = [(t, QWEN_FIRST_ID + i) for i, (t, _) in enumerate(QWEN_ADDED_TOKENS)]
+    fixed += [(t, FIRERED_FIRST_ID + i) for i, t in enumerate(SPECIAL_TOKENS)]
+    vocab.update(fixed)
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    tok.add_special_tokens([_special(t) for t in (*QWEN_SPECIAL_TOKENS, *SPECIAL_TOKENS)])
-
+    flags = [*QWEN_ADDED_TOKENS, *((t, True) for t in SPECIAL_TOKENS)]
+    for token, special in flags:
+        if special:
+            tok.add_special_tokens([_special(token)])
+        else:
+            tok.add_tokens([AddedToken(token, single_word=False, lstrip=False, rstrip=False, normalized=False)])
     added = {
         str(tok.token_to_id(t)): {
             "content": t, "lstrip": False, "normalized": False,
-            "rstrip": False, "single_word": False, "special": True,
+            "rstrip": False, "single_word": False, "special": special,
         }
-        for t in (*QWEN_SPECIAL_TOKENS, *SPECIAL_TOKENS)
+        for t, special in flags
     }  # fmt: skip
     config = {
         "add_bos_token": False,
@@ -270,4 +296,4 @@ def write_tiny_tokenizer(path: str | Path, n_merges: int = 144, model_max_length
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False) + "\n", encoding="utf-8")
     merges_txt = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
     (out / "merges.txt").write_text(merges_txt, encoding="utf-8")
-    return tok.get_vocab_size(with_added_tokens=True)
+    return max(vocab.values()) + 1

@@ -22,7 +22,6 @@ import pytest
 import soundfile as sf
 
 from client import InvalidRequest, TTSClient
-from client.voices import VoiceClient
 from tests.integration.helpers import gateway_for, in_parallel, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
@@ -222,13 +221,17 @@ def test_the_plan_text_in_the_header_and_as_the_first_sse_event(gateway, grpc_de
 def test_instructions_with_a_registered_voice_are_a_400(sdk, server, gateway):
     import openai
 
-    VoiceClient(f"127.0.0.1:{server.ports.grpc}", admin_key=server.admin_key).add("clip-voice", CLIP, RATE, "")
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    # registered through the gateway, so that its cached voice list knows the voice at once
+    r = httpx.post(f"{gateway}/v1/audio/voices", data={"name": "clip-voice", "text": ""}, headers=admin,
+                   files={"file": ("clip.wav", wav_upload(CLIP))}, timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
     try:
         with pytest.raises(openai.BadRequestError) as e:
             sdk.audio.speech.create(model="fireredtts3", voice="clip-voice", input="Hi", instructions=DESCRIPTION)
         assert e.value.body["param"] == "instructions" and "Drop instructions" in e.value.body["message"]
     finally:
-        VoiceClient(f"127.0.0.1:{server.ports.grpc}", admin_key=server.admin_key).remove("clip-voice")
+        httpx.delete(f"{gateway}/v1/audio/voices/clip-voice", headers=admin, timeout=30)
 
 
 def wav_upload(audio: np.ndarray, rate: int = RATE) -> bytes:
@@ -273,6 +276,28 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
         assert np.array_equal(pcm(first.content), quantized(by_grpc))  # Base with the stored reference
     finally:
         httpx.delete(f"{gateway}/v1/audio/voices/designed-calm", headers=admin, timeout=30)
+
+
+def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
+    """Designed through the gateway of one server, spoken by Base on the next one from the same voice folder."""
+    from serving.repository import ServeOptions, build
+    from serving.triton_env import Ports, TritonServer
+
+    def serve(tag):
+        work = tmp_path / tag
+        options = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=512, voice_dir=str(tmp_path / "voices"),
+                               cancel_dir=str(work / "cancel"))  # fmt: skip
+        repo = build(work / "repo", options)
+        return TritonServer(repo, work, Ports.free())
+
+    body = {"name": "designed-kept", "instructions": DESCRIPTION, "text": "Good evening.", "max_patches": 8}
+    with serve("first") as srv, gateway_for(srv) as url:
+        admin = {"Authorization": f"Bearer {srv.admin_key}"}
+        assert httpx.post(f"{url}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
+        before = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    with serve("second") as srv:
+        after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    assert before.size and np.array_equal(before, after)
 
 
 def test_a_design_with_a_wrong_key_registers_nothing(gateway):
@@ -343,8 +368,10 @@ def test_the_page_edits_a_recording_and_shows_the_transcript(browser, gateway, t
 
 
 def test_the_readme_design_snippets_write_speech(gateway, server, tmp_path):
+    import os
     import subprocess
     import sys
+    from pathlib import Path
     from urllib.parse import urlsplit
 
     from tests.docs import snippet
@@ -353,7 +380,8 @@ def test_the_readme_design_snippets_write_speech(gateway, server, tmp_path):
     curl = snippet("design-curl").replace("127.0.0.1:8080", f"127.0.0.1:{port}")
     python = snippet("design-client").replace("127.0.0.1:8001", f"127.0.0.1:{server.ports.grpc}")
     for command in (["bash", "-c", curl], [sys.executable, "-c", python]):
-        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout's client
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         audio, rate = sf.read(tmp_path / "designed.wav")
         assert rate == 24000 and audio.size

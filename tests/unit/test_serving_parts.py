@@ -194,7 +194,7 @@ def test_vocoder_service_equals_the_reference_and_frees(model):
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert voc.active == 0
     with pytest.raises(ValueError, match="unknown"):
-        voc.process(Chunk(7, np.zeros((4, 64), np.float32), EMPTY))
+        voc.process(Chunk(7, np.zeros((4, 64), np.float32), EMPTY, seq=1))
 
 
 def test_vocoder_frees_cancelled_and_failed_streams_without_decoding(model):

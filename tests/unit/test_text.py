@@ -87,7 +87,7 @@ def test_encode_prompt_positions(tok: TextTokenizer) -> None:
 def test_tiny_tokenizer_is_deterministic(tmp_path: Path) -> None:
     n1 = write_tiny_tokenizer(tmp_path / "a")
     n2 = write_tiny_tokenizer(tmp_path / "b")
-    assert n1 == n2 < 1024
+    assert n1 == n2 == 151_924  # the real vocabulary's size with FireRed's tokens
     for name in FILES:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
@@ -98,7 +98,24 @@ def test_tiny_tokenizer_files(tiny_dir: Path, tok: TextTokenizer) -> None:
     vocab = json.loads((tiny_dir / "vocab.json").read_text())
     merges = (tiny_dir / "merges.txt").read_text().splitlines()
     assert merges[0].startswith("#version") and len(vocab) >= 256 + len(merges) - 1
-    assert tok.vocab_size == len(vocab) + 3 + len(SPECIAL_TOKENS)
+    assert tok.vocab_size == 151_924
+    learned = [i for i in vocab.values() if i < 151_643]
+    assert max(learned) < 1024 and len(learned) >= 256 + len(merges) - 1
+
+
+def test_tiny_tokenizer_has_the_real_added_token_ids(tok: TextTokenizer) -> None:
+    # written from Qwen3's tokenizer_config.json and the order of FireRed's load_text_tokenizer
+    real = {
+        "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|vision_pad|>": 151654,
+        "<|image_pad|>": 151655, "<|video_pad|>": 151656, "<tool_call>": 151657, "<|file_sep|>": 151664,
+        "<think>": 151667, "</think>": 151668, "<|sosp|>": 151669, "<|eosp|>": 151670, "<|sot|>": 151676,
+        "<|eot|>": 151677, "<|placeholder_001|>": 151684, "<|placeholder_192|>": 151875,
+        "<|Chinese|>": 151876, "<|Hindi|>": 151899, "<|ZH_Anhui|>": 151900, "<|ZH_Yunnan|>": 151920,
+        "<|edit|>": 151921, "<|end_edit|>": 151923,
+    }  # fmt: skip
+    assert {t: tok.token_id(t) for t in real} == real
+    # the think block of Qwen3's chat format is not split
+    assert tok.encode("<think>\n\n</think>") == [151667, *tok.encode("\n\n"), 151668]
 
 
 @pytest.mark.parametrize(
@@ -111,15 +128,19 @@ def test_tiny_tokenizer_round_trip(tok: TextTokenizer, text: str) -> None:
     assert all(0 <= i < tok.vocab_size for i in ids)
 
 
-def test_missing_specials_get_sequential_ids(tiny_dir: Path, tmp_path: Path) -> None:
-    # Keep Qwen's 3 tokens and FireRed's first 8 (through <|sot|>); drop the rest.
-    data = json.loads((tiny_dir / "tokenizer.json").read_text())
-    data["added_tokens"] = data["added_tokens"][: 3 + 8]
-    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
-    base = len(data["model"]["vocab"]) + 3
+def test_missing_specials_get_sequential_ids(tmp_path: Path) -> None:
+    # A vocabulary without gaps that has Qwen's 3 tokens and FireRed's first 8 (through <|sot|>) only.
+    from tokenizers import AddedToken, Tokenizer, models
+
+    vocab = {"h": 0, "i": 1}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in
+                                  ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *SPECIAL_TOKENS[:8])])  # fmt: skip
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    base = len(vocab) + 3
 
     tok = TextTokenizer.from_dir(tmp_path)
     assert [tok.token_id(t) for t in SPECIAL_TOKENS] == list(range(base, base + len(SPECIAL_TOKENS)))
     assert tok.token_id("<|sot|>") == base + 7
     assert tok.vocab_size == base + len(SPECIAL_TOKENS)
-    assert tok.encode_prompt("hi", "Hindi") == [tok.token_id("<|Hindi|>"), base + 7, *tok.encode("hi"), base + 8]
+    assert tok.encode_prompt("hi", "Hindi") == [tok.token_id("<|Hindi|>"), base + 7, 0, 1, base + 8]
