@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.frontend import prepare
+from engine import instructions
 from engine.instructions import check_acoustic_edit, check_instruction
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
@@ -75,8 +76,8 @@ class Piece:
     text: str = ""  # the plan text, on its own piece
 
 
-EDIT_TASKS = ("semantic_edit", "acoustic_edit")  # engine.instruct.EDITS' values: the whole recording, no text
-INSTRUCT_TASKS = ("design", "clone", *EDIT_TASKS)  # engine.instruct.Task's values
+EDIT_TASKS = instructions.EDITS  # the whole recording, no text
+INSTRUCT_TASKS = tuple(t for t in instructions.TASKS if t != instructions.SPEAK)
 
 
 def checked_instruction(task: str, instruction: str) -> str:

@@ -5,7 +5,7 @@ generator made, once, in order, for streams the generator holds:
 
 - a chunk that decodes must carry the generator's seal (:meth:`serving.auth.Keys.sealed`) and be the
   next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt
-  latents), only while the generator holds the stream (:mod:`serving.live_streams`), and only once
+  latents, which Instruct's design and edits leave empty), only while the generator holds the stream (:mod:`serving.live_streams`), and only once
   (an id is remembered as opened until the generator has forgotten it);
 - a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
   nobody can guess, and decodes nothing;
@@ -60,7 +60,7 @@ class VocoderGuard:
         if not self.keys.sealed(chunk):
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.seq == 0:
-            if sid in self.opened or not len(chunk.prompt_latents):
+            if sid in self.opened:
                 return Decision(False, error=ValueError(UNKNOWN))
             if self.live_streams.state(sid) == GONE:
                 return Decision(False, error=ValueError(UNKNOWN))
