@@ -8,12 +8,16 @@ For a CUDA machine with PyTorch, no internet and no tritonserver needed; fits in
 3. times the batched generator step (backbone decode + stop head + flow head with CFG) at 1, 16, 64
    and 256 streams mid-way through a typical utterance, with SDPA and, where it imports, FlashInfer:
    ms per step, real-time factor, streams sustained in real time, peak GPU memory;
-4. prints one markdown table. A step that fails prints what failed and the run goes on.
+4. counts the host syncs of each generator step for 16 streams (:mod:`bench.step_syncs`; budget one,
+   the stop decision), with :class:`bench.device_audit.DeviceAudit` and with CUDA's sync debug mode;
+5. prints one markdown table. A step that fails prints what failed and the run goes on.
 
 ``--smoke`` runs the same on the ``tiny`` preset with 1 and 2 streams (on CPU when there is no GPU), in
-seconds. ``--triton`` also streams through a real tritonserver on the same device where one exists
-(the NGC image's, or the ``nvidia-pytriton`` wheel's): ``python -m bench`` on the ``small`` preset at up
-to 64 concurrent streams (time to first chunk, real-time factor).
+seconds; there the syncs are counted on the meta device, in the CUDA precision policy. ``--syncs-only``
+counts only the syncs (``--device cpu``: the preset on the meta device). ``--triton`` also streams
+through a real tritonserver on the same device where one exists (the NGC image's, or the
+``nvidia-pytriton`` wheel's): ``python -m bench`` on the ``small`` preset at up to 64 concurrent streams
+(time to first chunk, real-time factor).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ from pathlib import Path
 
 import torch
 
+from bench.step_syncs import describe, step_syncs
 from engine.checkpoint import Models, RedAE, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS
 from engine.fireredtts3 import FireRedTTS3
 from engine.kv_cache import capacity_line, pages_for, typical_positions
 from engine.layers.attention import select_attention
+from engine.models.campp import CamppConfig, SpeakerEncoder
 from engine.models.core import FireRedTTS3Core
 from engine.params import MAX_PATCHES, GenerationParams
 from engine.prompt import VoicePrompt
@@ -45,30 +51,40 @@ from engine.random_checkpoint import randomize
 PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
 
 
-def random_model(preset: str, device, dtype=None, seed: int = 0) -> FireRedTTS3:
+def random_model(preset: str, device, dtype=None, seed: int = 0, campp: bool = False) -> FireRedTTS3:
     """``preset``'s networks with random weights (the checkpoint writer's init), built on ``device`` in
-    the per-network dtypes; a stop head that never fires. No tokenizer, no CAM++, nothing written."""
+    the per-network dtypes; a stop head that never fires. No tokenizer, nothing written; CAM++ (float32)
+    only with ``campp``. ``device`` may be ``meta``: shapes and dtypes without data."""
     p = PRESETS[preset]
     device = torch.device(device)
     torch.manual_seed(seed)
     with device:
         core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
-    randomize(core, p.init_std_scale)
-    randomize(redae, p.init_std_scale)
+        c = p.campp
+        speaker = SpeakerEncoder(
+            CamppConfig(
+                embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
+                growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
+            )
+        ) if campp else None  # fmt: skip
+    for m in (core, redae, speaker):
+        if m is not None:
+            randomize(m, p.init_std_scale if m is not speaker else 1.0)
     with torch.no_grad():
         core.stop_head.bias.fill_(-30.0)
-    return _wrap(core, redae, device, dtype, f"random {preset}")
+    return _wrap(core, redae, device, dtype, f"random {preset}", speaker)
 
 
-def _wrap(core, redae, device, dtype, name) -> FireRedTTS3:
+def _wrap(core, redae, device, dtype, name, campp=None) -> FireRedTTS3:
     policy = precision_policy(device, dtype)
     core.to(device, policy["core"])
     core.backbone_llm.to(policy["backbone"])
     redae.encoder.to(device, policy["encoder"])
     redae.decoder.to(device, policy["decoder"])
-    for m in (core, redae):
-        m.eval().requires_grad_(False)
-    return FireRedTTS3(Models(core, redae, None, None, name, Path(".")), device, policy["backbone"], policy)
+    for m in (core, redae, campp):
+        if m is not None:
+            m.eval().requires_grad_(False)
+    return FireRedTTS3(Models(core, redae, campp, None, name, Path(".")), device, policy["backbone"], policy)
 
 
 def moved(model: FireRedTTS3, device, dtype=None) -> FireRedTTS3:
@@ -200,6 +216,18 @@ def attention_choices(device, dtype, head_dim) -> tuple[list[str], str]:
     return (["sdpa", "flashinfer"] if c.name == "flashinfer" else ["sdpa"]), c.reason
 
 
+def sync_lines(model: FireRedTTS3, kinds: list[str], n: int, flow_steps: int = 10) -> list[str]:
+    """Host syncs per generator step for ``n`` typical streams, per attention path; ``model`` on CUDA, or
+    on the meta device in the CUDA precision policy (what a GPU would do, counted without one; with two
+    Euler steps, as every op on meta costs Python time)."""
+    tokens, prompt = typical_stream(model, 1)
+    meta = model.device.type == "meta"
+    where = str(model.device) + (", the CUDA precision policy" if meta else "")
+    kinds = ["sdpa"] if meta else kinds  # FlashInfer has no meta kernels
+    flow_steps = 2 if meta else flow_steps
+    return [describe(step_syncs(model, tokens, prompt, n, a, flow_steps=flow_steps), n, a, where) for a in kinds]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny preset, 1 and 2 streams, CPU if no GPU (seconds)")
@@ -210,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (default 10; 2)")
     ap.add_argument("--flow-steps", type=int, default=10, help="Euler steps of the flow head")
     ap.add_argument("--budget-s", type=float, default=420, help="points not started by then are skipped")
+    ap.add_argument("--syncs-only", action="store_true",
+                    help="only count host syncs per generator step (seconds; on CPU: the preset on the meta device)")
     ap.add_argument("--triton", action="store_true",
                     help="also stream through a real tritonserver on this device (python -m bench, small preset)")
     args = ap.parse_args(argv)
@@ -217,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA device (use --smoke to run on CPU)")
-    if not device.startswith("cuda") and not args.smoke:
+    if not device.startswith("cuda") and not (args.smoke or args.syncs_only):
         ap.error("this benchmark is for a CUDA machine; --smoke runs it on CPU")
     preset = args.preset or ("tiny" if args.smoke else "full")
     check = args.check_preset or ("tiny" if args.smoke else "small")
@@ -231,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         info[0] += (
             f" ({torch.cuda.get_device_name(device)}, {torch.cuda.get_device_properties(device).total_memory / (1 << 30):.0f} GiB)"
         )
+    if args.syncs_only:
+        model = random_model(preset, "meta" if device == "cpu" else device, dtype=precision_policy("cuda"))
+        kinds = attention_choices(device, model.dtype, model.core.cfg.backbone.head_dim)[0]
+        lines = info + sync_lines(model, kinds, min(16, max(streams)), args.flow_steps)
+        print("\n".join(f"- {line}" for line in lines))
+        return 1 if any("OVER BUDGET" in line for line in lines) else 0
     try:
         info += agreement(check, device, patches=4 if args.smoke else 12)
     except Exception as e:
@@ -272,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         pages = max(streams) * pages_for(2048)
         dtype = model.core.backbone_llm.norm.weight.dtype
         info.append(capacity_line(bb, dtype, pages, max(streams), MAX_PATCHES.default))
+        try:
+            cuda = model if device.startswith("cuda") else random_model(preset, "meta", dtype=precision_policy("cuda"))
+            info += sync_lines(cuda, kinds, min(16, max(streams)), args.flow_steps)
+        except Exception as e:  # a report, not a reason to lose the table
+            info.append(f"host sync count failed: {type(e).__name__}: {e}")
+            traceback.print_exc()
     except Exception as e:
         info.append(f"building or timing the {preset} preset failed: {type(e).__name__}: {e}")
         traceback.print_exc()

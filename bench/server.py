@@ -27,9 +27,12 @@ def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
 
 
 @contextmanager
-def local_server(preset: str, slots: int, device: str = "cpu", max_queue: int = -1) -> Iterator[TritonServer]:
+def local_server(
+    preset: str, slots: int, device: str = "cpu", max_queue: int = -1, **options
+) -> Iterator[TritonServer]:
     """A ready server for ``preset`` with ``slots`` generator slots on ``device`` and ``max_queue``
-    places for requests waiting for a slot (-1: the server's default); its log stays in ``cache/bench/run/``."""
+    places for requests waiting for a slot (-1: the server's default); its log stays in ``cache/bench/run/``.
+    ``options``: other :class:`~serving.options.ServeOptions` fields (``synthetic_math=True``)."""
     from serving.repository import ServeOptions, build
 
     ckpt = nostop_checkpoint(preset)
@@ -42,6 +45,7 @@ def local_server(preset: str, slots: int, device: str = "cpu", max_queue: int = 
         cancel_dir=str(work / "cancel"),
         device=device,
         max_queue=max_queue,
+        **options,
     )
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free())
     print(

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from client.request import grpc_error, grpc_inputs, is_final, raise_if_failed, request_fields
+from client.request import (
+    edit_task,
+    grpc_error,
+    grpc_inputs,
+    is_final,
+    plan_text,
+    raise_if_failed,
+    request_fields,
+)
 from client.tts_client import Chunk, _host_port
 
 
@@ -52,7 +60,7 @@ class AsyncTTSClient:
 
     async def stream(
         self,
-        text: str,
+        text: str | None,
         language: str | None = None,
         ref_audio: np.ndarray | None = None,
         ref_sample_rate: int | None = None,
@@ -60,11 +68,16 @@ class AsyncTTSClient:
         voice_id: str | None = None,
         seed: int | None = None,
         parameters: dict | None = None,
+        instruction: str | None = None,
+        task: str | None = None,
+        on_plan: Callable[[str], None] | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Chunks as the server sends them (see :meth:`client.TTSClient.stream`)."""
+        """Chunks as the server sends them (see :meth:`client.TTSClient.stream`: ``on_plan`` gets the plan
+        text before the first chunk)."""
         import grpc  # here, not at import time: `import client` stays light (and gevent-agnostic)
 
-        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed)
+        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
+                                task)  # fmt: skip
         request = {
             "model_name": self.model,
             "inputs": grpc_inputs(fields, model=self.model),
@@ -96,6 +109,8 @@ class AsyncTTSClient:
                     raise grpc_error(error)
                 done = is_final(result)
                 raise_if_failed(result.as_numpy("FINISH_REASON"))
+                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+                    on_plan(plan)
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:
                     yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
@@ -103,7 +118,12 @@ class AsyncTTSClient:
             if not done:
                 responses.cancel()
 
-    async def synthesize(self, text: str, **kw) -> np.ndarray:
+    def edit(self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw):
+        """``recording`` edited as ``instruction`` says, streamed (see :meth:`client.TTSClient.edit`)."""
+        return self.stream(None, ref_audio=recording, ref_sample_rate=sample_rate, instruction=instruction,
+                           task=edit_task(kind), **kw)  # fmt: skip
+
+    async def synthesize(self, text: str | None, **kw) -> np.ndarray:
         """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio async for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)

@@ -2,9 +2,12 @@
 
     python -m client --url 127.0.0.1:8001 --text "Hello" --out hello.wav
     echo "Hello" | python -m client --text - --out - | aplay -f S16_LE -r 24000 -c 1
+    python -m client --text "Hello" --instruction "a calm older man, slightly hoarse" --out designed.wav
+    python -m client --edit semantic --recording in.wav --instruction "Replace 'cats' with 'dogs'." --out e.wav
 
-Progress and the summary (first-chunk latency, total time, real-time factor) go to stderr; stdout carries
-only audio. A failed request exits with status 1 and the server's message on stderr.
+Progress and the summary (first-chunk latency, total time, real-time factor) go to stderr, and so does
+the plan text of FireRedTTS3-Instruct (a designed voice's attributes, a semantic edit's new transcript);
+stdout carries only audio. A failed request exits with status 1 and the server's message on stderr.
 
 Subcommands (``python -m client --url U NAME ...``) come from :data:`COMMANDS`; with none given the
 CLI synthesizes.
@@ -21,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
-from client.request import TTSError
+from client.request import EDIT_KINDS, TTSError, edit_task
 from client.tts_client import TTSClient
 from engine.params import DEFAULT_SEED
 from engine.protocol import SAMPLE_RATE
-from serving.contract import TTS_PARAMETERS
+from serving.contract import CLONE, DESIGN, SPEAK, TASK_DEFAULTS, TTS_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {}  # name -> subcommand
+_DESIGN_SEED = TASK_DEFAULTS[DESIGN].seed
 
 
 def _register_voices() -> None:
@@ -66,7 +70,20 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     voice.add_argument("--voice-id", help="a voice registered on the server")
     voice.add_argument("--ref-audio", help="reference voice recording (any format libsndfile reads)")
     syn.add_argument("--ref-text", help="transcript of --ref-audio")
-    syn.add_argument("--seed", type=int, help=f"sampling seed (server default: {DEFAULT_SEED})")
+    syn.add_argument("--seed", type=int, help=f"sampling seed (server default: {DEFAULT_SEED}, {_DESIGN_SEED} for a "
+                     "designed voice)")  # fmt: skip
+    syn.add_argument(
+        "--instruction",
+        help="FireRedTTS3-Instruct: a voice description to design a voice from (with --text and no voice), or "
+        "with --edit what to change",
+    )  # fmt: skip
+    syn.add_argument("--task", choices=[SPEAK, CLONE, DESIGN],
+                     help=f"{SPEAK}: Base (the default; with --instruction: {DESIGN}); {CLONE}: Instruct cloning of "
+                          "--ref-audio or --voice-id")  # fmt: skip
+    syn.add_argument("--edit", choices=list(EDIT_KINDS),
+                     help="edit --recording as --instruction says: semantic (its words) or acoustic (speed, pitch, "
+                          "volume: one of the model's templates)")  # fmt: skip
+    syn.add_argument("--recording", help="with --edit: the recording to edit (at most 30 s)")
     syn.add_argument(
         "--model", choices=["tts", "tts_ensemble"], default="tts",
         help="entry point: tts (BLS; long texts, cancellation) or tts_ensemble (plain Triton ensemble, one "
@@ -96,25 +113,65 @@ def main(argv: list[str] | None = None, commands: dict[str, Command] | None = No
     args = ap.parse_args(argv)
     if args.command is not None:
         return commands[args.command].run(args)
-    if args.text is None or args.out is None:
-        ap.error("synthesizing needs --text and --out")
-    if args.ref_text is not None and args.ref_audio is None:
-        ap.error("--ref-text needs --ref-audio")
     if args.timeout <= 0:
         ap.error("--timeout must be > 0")
-    text = sys.stdin.read().strip() if args.text == "-" else args.text
-    request = {"language": args.language, "voice_id": args.voice_id, "ref_text": args.ref_text, "seed": args.seed}
-    if args.ref_audio is not None:
-        try:
-            request["ref_audio"], request["ref_sample_rate"] = read_audio(args.ref_audio)
-        except Exception as e:  # libsndfile's errors are not OSError; any of them means: unreadable
-            ap.error(f"cannot read --ref-audio {args.ref_audio}: {e}")
+    if args.model != "tts" and (args.instruction, args.task, args.edit) != (None, None, None):
+        ap.error("--instruction, --task and --edit need --model tts (FireRedTTS3-Instruct is not in tts_ensemble)")
+    if args.edit is not None:
+        text, request = None, _edit_request(ap, args)
+    else:
+        text, request = _speak_request(ap, args)
     request["parameters"] = {p.name: getattr(args, p.name) for p in TTS_PARAMETERS if getattr(args, p.name) is not None}
     client = TTSClient(args.url or "127.0.0.1", args.protocol, timeout=args.timeout, model=args.model)
     return synthesize(client, text, request, args.out, quiet=args.quiet)
 
 
-def synthesize(client: TTSClient, text: str, request: dict, out: str, quiet: bool = False) -> int:
+def _speak_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict]:
+    if args.text is None or args.out is None:
+        ap.error("synthesizing needs --text and --out")
+    if args.ref_text is not None and args.ref_audio is None:
+        ap.error("--ref-text needs --ref-audio")
+    if args.recording is not None:
+        ap.error("--recording goes with --edit")
+    has_voice = args.ref_audio is not None or args.voice_id is not None
+    if args.instruction is not None and has_voice:
+        ap.error("--instruction designs a new voice and cannot go with --ref-audio or --voice-id: "
+                 "FireRedTTS3-Instruct's cloning takes no instruction. Drop --instruction to clone the voice, or "
+                 f"drop the voice to design one from the instruction (--task {CLONE}: Instruct cloning)")  # fmt: skip
+    if args.task == CLONE and not has_voice:
+        ap.error(f"--task {CLONE} needs --ref-audio or --voice-id")
+    if args.task == DESIGN and args.instruction is None:
+        ap.error(f"--task {DESIGN} needs --instruction")
+    text = sys.stdin.read().strip() if args.text == "-" else args.text
+    request = {"language": args.language, "voice_id": args.voice_id, "ref_text": args.ref_text, "seed": args.seed,
+               "instruction": args.instruction, "task": args.task}  # fmt: skip
+    if args.ref_audio is not None:
+        request["ref_audio"], request["ref_sample_rate"] = _read(ap, "--ref-audio", args.ref_audio)
+    return text, request
+
+
+def _edit_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    if args.recording is None or args.instruction is None or args.out is None:
+        ap.error("--edit needs --recording, --instruction and --out")
+    given = {"--text": args.text, "--ref-audio": args.ref_audio, "--voice-id": args.voice_id,
+             "--ref-text": args.ref_text, "--task": args.task, "--language": args.language}  # fmt: skip
+    extra = [flag for flag, value in given.items() if value is not None]
+    if extra:
+        ap.error(f"--edit takes what to change from --instruction and the voice and words from --recording: drop "
+                 f"{extra[0]}")  # fmt: skip
+    audio, rate = _read(ap, "--recording", args.recording)
+    return {"ref_audio": audio, "ref_sample_rate": rate, "instruction": args.instruction,
+            "task": edit_task(args.edit), "seed": args.seed}  # fmt: skip
+
+
+def _read(ap: argparse.ArgumentParser, flag: str, path: str):
+    try:
+        return read_audio(path)
+    except Exception as e:  # libsndfile's errors are not OSError; any of them means: unreadable
+        ap.error(f"cannot read {flag} {path}: {e}")
+
+
+def synthesize(client: TTSClient, text: str | None, request: dict, out: str, quiet: bool = False) -> int:
     """Stream into ``out`` ('-': stdout as s16le); returns the exit status."""
     try:
         sink = _PcmSink(sys.stdout.buffer) if out == "-" else WavWriter(out)
@@ -123,7 +180,10 @@ def synthesize(client: TTSClient, text: str, request: dict, out: str, quiet: boo
         return 1
     progress = _Progress(sys.stderr, enabled=not quiet)
     try:
-        with contextlib.closing(client.stream(text, **request)) as chunks:  # closing early cancels the request
+        # the plan text arrives before the first chunk, so it is printed above the progress line
+        with contextlib.closing(
+            client.stream(text, **request, on_plan=progress.plan)
+        ) as chunks:  # closing early cancels the request
             for chunk in chunks:
                 sink.write(chunk.audio)
                 progress.chunk(chunk)
@@ -179,6 +239,10 @@ class _Progress:
             end = "" if self.tty else "\n"
             line = f"chunk {self.chunks}: {self.samples / SAMPLE_RATE:.2f} s of audio at {chunk.arrival:.2f} s"
             print(f"\r{line}\033[K" if self.tty else line, end=end, file=self.stream, flush=True)
+
+    def plan(self, text: str) -> None:
+        """FireRedTTS3-Instruct's plan text, shown whatever --quiet says: it is part of the answer."""
+        print(f"plan text: {text}", file=self.stream, flush=True)
 
     def end(self) -> None:
         if self.tty and self.chunks:

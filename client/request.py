@@ -11,7 +11,9 @@ import json
 import numpy as np
 
 from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
-from serving.contract import input_spec
+from serving.contract import ACOUSTIC_EDIT, SEMANTIC_EDIT, input_spec
+
+EDIT_KINDS = {"semantic": SEMANTIC_EDIT, "acoustic": ACOUSTIC_EDIT}  # what a client calls an edit -> its TASK
 
 
 class TTSError(RuntimeError):
@@ -62,19 +64,23 @@ def server_error(message: str) -> TTSError:
 
 
 def request_fields(
-    text: str,
+    text: str | None,
     language: str | None = None,
     ref_audio: np.ndarray | None = None,
     ref_sample_rate: int | None = None,
     ref_text: str | None = None,
     voice_id: str | None = None,
     seed: int | None = None,
+    instruction: str | None = None,
+    task: str | None = None,
 ) -> dict:
     """Input name -> value for the inputs that are given (``None`` means: leave it to the server's default).
 
-    ``ref_audio`` is mono float samples in [-1, 1], shape (n,), at ``ref_sample_rate`` Hz.
+    ``ref_audio`` is mono float samples in [-1, 1], shape (n,), at ``ref_sample_rate`` Hz (for an edit:
+    the recording to edit). ``instruction`` and ``task``: FireRedTTS3-Instruct's (``TASK`` in the contract).
     """
-    fields = {"TEXT": text, "LANGUAGE": language, "REF_TEXT": ref_text, "VOICE_ID": voice_id, "SEED": seed}
+    fields = {"TEXT": text, "LANGUAGE": language, "REF_TEXT": ref_text, "VOICE_ID": voice_id, "SEED": seed,
+              "INSTRUCTION": instruction, "TASK": task}  # fmt: skip
     if ref_audio is not None:
         fields["REF_AUDIO"] = np.asarray(ref_audio, np.float32).reshape(-1)
         fields["REF_SAMPLE_RATE"] = ref_sample_rate
@@ -132,6 +138,26 @@ def grpc_error(error) -> Exception:
     if status == "StatusCode.UNAVAILABLE" and not msg.startswith(KINDS):
         return ConnectionError(f"server unavailable: {msg}")
     return server_error(msg)
+
+
+def edit_task(kind: str) -> str:
+    """``semantic`` or ``acoustic`` -> the TASK of that edit (ValueError for another kind)."""
+    if kind not in EDIT_KINDS:
+        raise ValueError(f"an edit is {' or '.join(EDIT_KINDS)}, got {kind!r}")
+    return EDIT_KINDS[kind]
+
+
+def plan_text(value) -> str | None:
+    """A response's PLAN_TEXT (gRPC: a BYTES array; HTTP: a string or a list of one) -> str, or None
+    where the response has none."""
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray | list):
+        flat = np.asarray(value, dtype=object).reshape(-1)
+        if not flat.size:
+            return None
+        value = flat[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def raise_if_failed(finish_reason) -> None:

@@ -1,6 +1,7 @@
 """Stream speech from the ``tts`` model over gRPC (bidirectional stream) or HTTP (``generate_stream``).
 
-Each yielded :class:`Chunk` holds mono 24 kHz float32 samples and its arrival time. Closing the
+Each yielded :class:`Chunk` holds mono 24 kHz float32 samples and its arrival time; FireRedTTS3-Instruct's
+plan text (voice design, semantic edits) goes to an ``on_plan`` callback before the first chunk. Closing the
 iterator early cancels the request on the server. Every wait has a timeout: ``timeout`` bounds the wait
 for each response (and the HTTP connect), ``stream_timeout`` the whole stream.
 
@@ -17,7 +18,7 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -30,11 +31,13 @@ from client.request import (
     ServerBusy,
     ServerUnavailable,
     TTSError,
+    edit_task,
     grpc_error,
     grpc_inputs,
     http_body,
     http_error_text,
     is_final,
+    plan_text,
     raise_if_failed,
     request_fields,
     server_error,
@@ -83,7 +86,7 @@ class TTSClient:
 
     def stream(
         self,
-        text: str,
+        text: str | None,
         language: str | None = None,
         ref_audio: np.ndarray | None = None,
         ref_sample_rate: int | None = None,
@@ -91,20 +94,38 @@ class TTSClient:
         voice_id: str | None = None,
         seed: int | None = None,
         parameters: dict | None = None,
+        instruction: str | None = None,
+        task: str | None = None,
+        on_plan: Callable[[str], None] | None = None,
     ) -> Iterator[Chunk]:
         """Chunks as the server sends them; ``parameters`` are the tts request parameters
-        (``serving.contract.TTS_PARAMETERS``: steps, cfg, ..., speed). ``ref_audio``: (n,) float in [-1, 1]."""
-        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed)
-        if self.protocol == "grpc":
-            return self._grpc(fields, parameters or {})
-        return self._http(fields, parameters or {})
+        (``serving.contract.TTS_PARAMETERS``: steps, cfg, ..., speed). ``ref_audio``: (n,) float in [-1, 1].
 
-    def synthesize(self, text: str, **kw) -> np.ndarray:
+        ``instruction`` with no voice designs one (FireRedTTS3-Instruct); ``task`` is the contract's TASK
+        (``clone`` for Instruct cloning; :meth:`edit` for the edits). ``on_plan`` is called with the
+        plan text (a designed voice's attributes, a semantic edit's new transcript) when it arrives,
+        before the first chunk."""
+        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
+                                task)  # fmt: skip
+        if self.protocol == "grpc":
+            return self._grpc(fields, parameters or {}, on_plan)
+        return self._http(fields, parameters or {}, on_plan)
+
+    def edit(
+        self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw
+    ) -> Iterator[Chunk]:
+        """Stream ``recording`` ((n,) float in [-1, 1], at most 30 s) edited as ``instruction`` says:
+        ``kind`` ``semantic`` changes its words ("Replace 'cats' with 'dogs'."; ``on_plan`` gets the new
+        transcript), ``acoustic`` its speed, pitch or volume (the model's templates). ``kw``: as :meth:`stream`."""
+        return self.stream(None, ref_audio=recording, ref_sample_rate=sample_rate, instruction=instruction,
+                           task=edit_task(kind), **kw)  # fmt: skip
+
+    def synthesize(self, text: str | None, **kw) -> np.ndarray:
         """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
-    def _grpc(self, fields: dict, parameters: dict) -> Iterator[Chunk]:
+    def _grpc(self, fields: dict, parameters: dict, on_plan) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
@@ -130,6 +151,8 @@ class TTSClient:
                     raise grpc_error(error)
                 done = is_final(result)
                 raise_if_failed(result.as_numpy("FINISH_REASON"))
+                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+                    on_plan(plan)
                 audio = result.as_numpy("AUDIO")
                 if audio is not None and audio.size:
                     yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
@@ -137,7 +160,7 @@ class TTSClient:
             client.stop_stream(cancel_requests=not done)
             client.close()
 
-    def _http(self, fields: dict, parameters: dict) -> Iterator[Chunk]:
+    def _http(self, fields: dict, parameters: dict, on_plan) -> Iterator[Chunk]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         t0 = time.perf_counter()
         try:
@@ -156,6 +179,8 @@ class TTSClient:
                 if "error" in event:
                     raise server_error(event["error"])
                 raise_if_failed(event.get("FINISH_REASON"))
+                if on_plan is not None and (plan := plan_text(event.get("PLAN_TEXT"))) is not None:
+                    on_plan(plan)
                 audio = np.asarray(event.get("AUDIO", []), np.float32).reshape(-1)
                 if audio.size:
                     yield Chunk(audio, time.perf_counter() - t0)

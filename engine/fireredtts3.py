@@ -177,7 +177,7 @@ class PrimedDecoder:
         self.stream, self.device, self.dtype = stream, device, dtype
         self.to_skip = prompt_latents.shape[0] * SAMPLES_PER_LATENT
         if prompt_latents.shape[0]:  # Instruct's design and edits prime with nothing
-            self._emit(stream.decode(prompt_latents.to(device, dtype)[None]))
+            self._emit(stream.decode(prompt_latents.to(device, dtype, non_blocking=True)[None]))
 
     def clone(self) -> PrimedDecoder:
         """A copy to start another stream from the same primed prompt without decoding it again."""
@@ -194,7 +194,7 @@ class PrimedDecoder:
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """(L, 64) generated latents -> (n,) float32 samples finished so far."""
-        return self._emit(self.stream.decode(latents.to(self.device, self.dtype)[None]))
+        return self._emit(self.stream.decode(latents.to(self.device, self.dtype, non_blocking=True)[None]))
 
     def finish(self) -> np.ndarray:
         return self._emit(self.stream.finish())

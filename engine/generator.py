@@ -186,9 +186,9 @@ class Generator:
                 raise ValueError(f"latents must be (4N, 64), got {tuple(latents.shape)}")
             if latents is not None and not torch.isfinite(latents).all():
                 raise ValueError("the latents have non-finite values")
-            if int((tokens == token_id).sum()) != patches:
+            if given.tokens.count(token_id) != patches:
                 raise ValueError(
-                    f"the ChatML ids hold {int((tokens == token_id).sum())} placeholders for {patches} patches"
+                    f"the ChatML ids hold {given.tokens.count(token_id)} placeholders for {patches} patches"
                 )
         phase = Phase.TEXT if given.sampling is not None else Phase.AUDIO
         s = Stream(slot, tokens, None, params, _rng(params), model="instruct", phase=phase, instruct=given)
@@ -198,7 +198,7 @@ class Generator:
         vocab = self._any.cfg.backbone.vocab_size
         if not tokens or max(tokens) >= vocab or min(tokens) < 0:
             raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")
-        return torch.tensor([tokens], dtype=torch.long, device=self.device)
+        return torch.tensor([tokens], dtype=torch.long).to(self.device, non_blocking=True)
 
     def _checked(self, s: Stream, reserve: bool) -> Stream:
         need = s.positions_needed()
@@ -305,7 +305,7 @@ class Generator:
 
     def _embed(self, core: FireRedTTS3Core, tokens: list[int]) -> torch.Tensor:
         """(n,) token ids -> (n, 1, hidden) backbone inputs."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        ids = torch.tensor(tokens, dtype=torch.long)[:, None].to(self.device, non_blocking=True)
         return core.backbone.embed_tokens(ids).to(self.dtype)
 
     def _audio(self, core: FireRedTTS3Core, streams: list[Stream], rows: list[int], hidden: dict, results: list):
@@ -338,8 +338,8 @@ class Generator:
     def _prefill(self, s: Stream) -> torch.Tensor:
         core = self.core
         dt = self.dtype
-        spk = s.prompt.speaker.to(self.device, dt)[None]
-        lat = s.prompt.latents.to(self.device, dt)[None]
+        spk = s.prompt.speaker.to(self.device, dt, non_blocking=True)[None]
+        lat = s.prompt.latents.to(self.device, dt, non_blocking=True)[None]
         x = core.prefix_embeddings(spk, s.tokens, lat)
         h = self._backbone(core, x, [s.slot], [0])
         s.position = x.shape[1]
@@ -356,7 +356,8 @@ class Generator:
         scaled = {}
         for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
             if latents is not None:
-                scaled[token_id] = (latents.to(self.device, torch.float32) * REDAE_SCALE).to(dt)[None]
+                latents = latents.to(self.device, torch.float32, non_blocking=True)
+                scaled[token_id] = (latents * REDAE_SCALE).to(dt)[None]
         x = core.chatml_embeddings(s.tokens, list(scaled.items()), dt)
         h = self._backbone(core, x, [s.slot], [0])
         s.position = x.shape[1]
@@ -372,14 +373,14 @@ class Generator:
 
     def _flow(self, core: FireRedTTS3Core, group: list[int], streams: list[Stream], steps: int) -> torch.Tensor:
         ps, dim = core.cfg.patch_size, core.cfg.redae_dim
-        noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group]).to(self.device)
+        noise = torch.cat([torch.randn(1, ps, dim, generator=streams[i].rng) for i in group])
         return core.flow(
             history=torch.cat([streams[i].history for i in group]),
             cond=core.dit_head(torch.cat([streams[i].cond for i in group])),
             spk_dit=torch.cat([streams[i].spk_dit for i in group]),
-            noise=noise,
+            noise=noise.to(self.device, non_blocking=True),
             t_span=self._t_span(steps),
-            cfg_weight=torch.tensor([streams[i].params.cfg for i in group], device=self.device),
+            cfg_weight=torch.tensor([streams[i].params.cfg for i in group]).to(self.device, non_blocking=True),
         )
 
 

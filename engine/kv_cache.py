@@ -242,7 +242,7 @@ class PagedBatch:
         dev = cache.k.device
         p = cache.page_size
         self.n = len(slots)
-        self.starts = torch.tensor(starts, device=dev, dtype=torch.long)
+        self.starts = torch.tensor(starts, dtype=torch.long).to(dev, non_blocking=True)
         self.from_zero = len(slots) == 1 and starts[0] == 0  # from the host list: no device sync in mask()
         self.length = length
         self.positions = self.starts[:, None] + torch.arange(length, device=dev)  # (B, T)

@@ -295,7 +295,7 @@ class VocoderService:
             try:
                 audio = decode_together(
                     [d.stream for d in decoders],
-                    torch.from_numpy(lat).to(self.model.device, self.model.dtypes["decoder"]),
+                    torch.from_numpy(lat).to(self.model.device, self.model.dtypes["decoder"], non_blocking=True),
                 )
             except Exception as e:  # nothing was changed: fail these chunks only
                 for i in group:

@@ -1,27 +1,27 @@
 """The OpenAI-compatible speech API in front of Triton: ``POST /v1/audio/speech`` streams encoded audio
-as the ``tts`` model makes it (gRPC streaming underneath); ``GET /v1/models``, ``GET /v1/audio/voices``
-and ``GET /health``. Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+as the ``tts`` model makes it (gRPC streaming underneath; ``instructions`` design a voice); ``GET /v1/models``,
+``GET /v1/audio/voices`` (and ``POST`` a recording or a description), ``POST /v1/audio/edits``
+(:mod:`gateway.instruct`) and ``GET /health``. Errors come in OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import json
 import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse
 
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
-from gateway.encode import Encoder
 from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
+from gateway.instruct import add_edit_routes, design_voice
+from gateway.streaming import stream_response
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
@@ -40,9 +40,11 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
     async def api_error(_request, e: APIError):
         return e.response()
 
+    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
     add_page_routes(app, tts)
-    add_voice_routes(app, voice_list, body_timeout)
+    add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
+    add_edit_routes(app, tts, decoding, body_timeout)
     return app
 
 
@@ -97,10 +99,12 @@ def admin_key(request: Request) -> str:
     return key
 
 
-def add_voice_routes(app: FastAPI, voice_list: VoiceList, body_timeout: float) -> None:
-    """``GET /v1/audio/voices``, ``POST /v1/audio/voices`` (an upload) and ``DELETE /v1/audio/voices/{name}``."""
+def add_voice_routes(
+    app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, decoding: asyncio.Semaphore, body_timeout: float
+) -> None:
+    """``GET /v1/audio/voices``, ``POST /v1/audio/voices`` (an upload, or a description to design a voice
+    from: :func:`gateway.instruct.design_voice`) and ``DELETE /v1/audio/voices/{name}``."""
     triton, timeout = voice_list.triton, voice_list.timeout
-    decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
 
     async def voice_call(fn, *args, param: str | None = None):
         try:
@@ -121,8 +125,20 @@ def add_voice_routes(app: FastAPI, voice_list: VoiceList, body_timeout: float) -
     async def add_voice(request: Request):
         key = admin_key(request)
         too_big = f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB"
-        await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
+        raw = await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
+        voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
+        if request.headers.get("content-type", "").startswith("application/json"):
+            designed = await design_voice(tts, voices_client, parse_json(raw))
+            voice_list.changed()
+            return designed
         form = await request.form()  # parses the body read above
+        if "instructions" in form:
+            if "file" in form:
+                raise APIError(400, "give either file (a recording) or instructions (to design a voice), not both",
+                               "instructions")  # fmt: skip
+            designed = await design_voice(tts, voices_client, form)
+            voice_list.changed()
+            return designed
         name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
         if not isinstance(name, str) or not name:
             raise APIError(400, "name is required", "name")
@@ -137,7 +153,6 @@ def add_voice_routes(app: FastAPI, voice_list: VoiceList, body_timeout: float) -
         # before any decoding: the key is checked by the voices model, so this runs for any Bearer header
         async with decoding:
             audio, sr = await asyncio.to_thread(decode_upload, data)
-        voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         return await voice_call(voices_client.add, name, audio, sr, text)
 
     @app.delete("/v1/audio/voices/{name}")
@@ -151,15 +166,8 @@ def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, 
 
     async def speak(body: dict):
         kw = await speech_request(body, voice_list.get)
-        stream = tts.stream(**kw)
-        try:  # the first chunk before the headers: a refused request is an error status, not a broken stream
-            first = await anext(stream, None)
-        except (TTSError, ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
-        encoder = Encoder(body.get("response_format") or "mp3")
-        if body.get("stream_format") == "sse":
-            return StreamingResponse(sse(stream, first, encoder), media_type="text/event-stream")
-        return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type)
+        return await stream_response(tts.stream, kw, body.get("response_format") or "mp3",
+                                     body.get("stream_format") or "audio")  # fmt: skip
 
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
@@ -170,27 +178,3 @@ def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, 
     async def speech(request: Request):
         too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
         return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
-
-
-async def audio_bytes(stream, first, encoder: Encoder):
-    """Encoded bytes as the chunks arrive; leaving early (client gone) closes the Triton stream."""
-    try:
-        if first is not None:
-            yield encoder.push(first.audio)
-        async for chunk in stream:
-            if data := encoder.push(chunk.audio):
-                yield data
-        yield encoder.finish()
-    finally:
-        await stream.aclose()
-
-
-async def sse(stream, first, encoder: Encoder):
-    """OpenAI's speech SSE events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``."""
-    # aclosing: a client that leaves closes the Triton stream now, not whenever the inner generator is collected
-    async with contextlib.aclosing(audio_bytes(stream, first, encoder)) as chunks:
-        async for data in chunks:
-            if data:
-                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-                yield f"data: {json.dumps(event)}\n\n"
-    yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"

@@ -48,12 +48,15 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
     return request._body
 
 
-def decode_upload(data: bytes, block: int = DECODE_BLOCK_FRAMES) -> tuple[np.ndarray, int]:
+def decode_upload(
+    data: bytes, block: int = DECODE_BLOCK_FRAMES, seconds: float = MAX_REFERENCE_SECONDS, what: str = "a reference"
+) -> tuple[np.ndarray, int]:
     """An uploaded reference recording -> ((n,) float32 mono, rate in Hz); APIError 400 naming ``file``
-    for what is not audio, or what a reference may not be.
+    for what is not audio, or what a reference may not be (``seconds``: its longest; ``what``: what the
+    messages call it, e.g. "a recording to edit").
 
     The header decides first, before any decoding: the rate must be one the server takes
-    (``engine.audio.REFERENCE_RATES``), at most 2 channels, at most ``MAX_REFERENCE_SECONDS`` (338 KB of
+    (``engine.audio.REFERENCE_RATES``), at most 2 channels, at most ``seconds`` (60 s for a reference: 338 KB of
     FLAC, 8 channels at 655,350 Hz for 59 s of silence, decoded to 1.24 GB of float32). Then it decodes
     ``block`` frames at a time, averaged to mono as they come, and stops as soon as more frames than
     the limit arrive: a header can leave its length out.
@@ -72,27 +75,27 @@ def decode_upload(data: bytes, block: int = DECODE_BLOCK_FRAMES) -> tuple[np.nda
         if channels > MAX_UPLOAD_CHANNELS:
             raise APIError(400, f"file has {channels} channels; a reference may have at most {MAX_UPLOAD_CHANNELS}",
                            "file")  # fmt: skip
-        limit = int(MAX_REFERENCE_SECONDS * rate)
-        too_long = f"a reference may be at most {MAX_REFERENCE_SECONDS:g} s"
+        limit = int(seconds * rate)
+        too_long = f"{what} may be at most {seconds:g} s"
         if limit < frames < UNKNOWN_FRAMES:
             raise APIError(400, f"file is {frames / rate:.1f} s long; {too_long}", "file")
         try:
-            return decode_blocks(f, limit, block), rate
+            return decode_blocks(f, limit, block, too_long), rate
         except APIError:
             raise
         except Exception as e:
             raise APIError(400, f"file is not audio that libsndfile reads: {e}", "file") from None
 
 
-def decode_blocks(f, limit: int, block: int = DECODE_BLOCK_FRAMES) -> np.ndarray:
+def decode_blocks(f, limit: int, block: int = DECODE_BLOCK_FRAMES, too_long: str = "") -> np.ndarray:
     """An open ``soundfile.SoundFile`` -> (n,) float32 mono, n <= ``limit`` frames; 400 as soon as more
     arrive (having decoded at most one block past the limit)."""
     out = np.empty(limit, np.float32)  # pages are touched, so counted, only as samples land in them
     n = 0
     while len(samples := f.read(block, dtype="float32", always_2d=True)):
         if n + len(samples) > limit:
-            raise APIError(400, f"file decodes to more than {limit / f.samplerate:g} s; a reference may be at most "
-                           f"{MAX_REFERENCE_SECONDS:g} s", "file")  # fmt: skip
+            too_long = too_long or f"a reference may be at most {MAX_REFERENCE_SECONDS:g} s"
+            raise APIError(400, f"file decodes to more than {limit / f.samplerate:g} s; {too_long}", "file")
         out[n : n + len(samples)] = downmix(samples)
         n += len(samples)
     if n == 0:

@@ -9,12 +9,14 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 
 from client.request import TTSError
+from engine import instructions
 from engine.params import UTTERANCE_PARAMETERS, shown
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
 
 MAX_INPUT_CHARS = 4000
-# OpenAI's stock voice names: they mean the default voice here, unless a voice of that name is registered
+# OpenAI's stock voice names: they mean the default voice here (and with instructions, a voice designed from
+# them), unless a voice of that name is registered
 STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
 STREAM_FORMATS = ("audio", "sse")
 EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
@@ -103,8 +105,7 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
         raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {shown(fmt)}", "response_format")
     if body.get("stream_format", "audio") not in STREAM_FORMATS:
         raise APIError(400, f"stream_format must be one of {list(STREAM_FORMATS)}", "stream_format")
-    if body.get("instructions"):
-        raise APIError(400, "instructions are not supported (use a reference voice)", "instructions")
+    instruction = instruction_field(body.get("instructions") or None)  # "" is absent, as OpenAI treats it
     parameters = {}
     for name, p in EXTRAS.items():
         if name in body:
@@ -127,7 +128,30 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e) from None
         if voice in names:
+            if instruction is not None:
+                raise APIError(400, WITH_A_VOICE, "instructions")
             kw["voice_id"] = voice
         elif voice not in STOCK_VOICES:
             raise APIError(400, f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)", "voice")
+    if instruction is not None:
+        kw["instruction"] = instruction  # a stock name or default is no real voice: design one
     return kw
+
+
+WITH_A_VOICE = (
+    "instructions design a new voice and cannot go with a registered voice: FireRedTTS3-Instruct's cloning "
+    "takes no instruction. Drop instructions to speak in the voice, or send voice 'default' (or a stock name "
+    "such as 'alloy') to design a voice from the instructions"
+)
+
+
+def instruction_field(value, field: str = "instructions", acoustic: bool = False) -> str | None:
+    """``instructions`` checked as the server checks INSTRUCTION (``engine.instructions``; the acoustic
+    edits' templates with ``acoustic``) -> the stripped text, or None when absent; 400 naming ``field``."""
+    if value is None:
+        return None
+    check = instructions.check_acoustic_edit if acoustic else instructions.check_instruction
+    try:
+        return check(check_string(field, value), field)
+    except ValueError as e:
+        raise APIError(400, str(e), field) from None

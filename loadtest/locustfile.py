@@ -1,8 +1,15 @@
 """Locust load test of the ``tts`` model: streaming over gRPC and over HTTP ``generate_stream``.
 
-Every stream fires two request events, so locust's table shows both percentiles:
+Every stream fires request events, so locust's table (and ``--csv``/``--json``) shows their percentiles:
 ``first_chunk`` (time to the first audio chunk) and ``stream`` (the whole utterance; its size is the
 audio in bytes of float32). A failed stream is one failure on ``stream``, with the server's message.
+
+A complete stream also fires ``worst_gap``: the longest a listener would wait for audio, in ms as its
+"response time", playing the stream from its first chunk on with that chunk as the only buffer
+(``bench.load.worst_gap``; 0 for a stream that never stalls). A stream that stalls at least once (an
+underrun: a chunk came after the audio before it had run out) fires ``underrun`` too, with the same
+gap. So ``underrun``'s request count over ``stream``'s is the share of streams a listener would hear
+stall, and ``worst_gap``'s percentiles say by how much; neither is a failure.
 
 User classes (pick one or both on the command line):
     GrpcStreamUser  --host HOST:PORT          (Triton gRPC, default port 8001)
@@ -32,13 +39,16 @@ grpc_gevent.init_gevent()
 
 import os  # noqa: E402
 import random  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from locust import User, constant, task  # noqa: E402
 
-from client import TTSClient, read_audio  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: bench/ is not installed
+from bench.load import worst_gap  # noqa: E402
+from client import SAMPLE_RATE, TTSClient, read_audio  # noqa: E402
 
 DEFAULT_TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
@@ -97,7 +107,7 @@ class _StreamUser(User):
         text = random.choice(CONFIG.texts)
         fire = self.environment.events.request.fire
         t0 = time.perf_counter()
-        first, size = None, 0
+        first, size, arrivals, seconds = None, 0, [], []
         try:
             # the client closes (and, if unfinished, cancels) its stream in a `finally`; on_stop has
             # nothing to close, so stopping a user never blocks on a stream
@@ -107,6 +117,9 @@ class _StreamUser(User):
                     fire(request_type=self.protocol, name="first_chunk", response_time=first * 1000,
                          response_length=chunk.audio.nbytes, exception=None, context={})  # fmt: skip
                 size += chunk.audio.nbytes
+                if chunk.audio.size:
+                    arrivals.append(chunk.arrival)
+                    seconds.append(chunk.audio.size / SAMPLE_RATE)
             if first is None:
                 raise RuntimeError("the stream ended without audio")
         except Exception as e:  # every failure is a locust failure (GreenletExit is not an Exception)
@@ -115,6 +128,10 @@ class _StreamUser(User):
             return
         fire(request_type=self.protocol, name="stream", response_time=(time.perf_counter() - t0) * 1000,
              response_length=size, exception=None, context={})  # fmt: skip
+        gap = 1000 * worst_gap(arrivals, seconds)
+        for name in ("worst_gap", "underrun") if gap > 0 else ("worst_gap",):
+            fire(request_type=self.protocol, name=name, response_time=gap, response_length=0, exception=None,
+                 context={})  # fmt: skip
 
 
 class GrpcStreamUser(_StreamUser):

@@ -13,7 +13,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, CoreConfig
-from engine.params import DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
+from engine.instructions import (
+    ACOUSTIC_EDIT,
+    ACOUSTIC_TEMPLATES,
+    CLONE,
+    DESIGN,
+    MAX_EDIT_SECONDS,
+    MAX_INSTRUCTION_CHARS,
+    SEMANTIC_EDIT,
+    SPEAK,
+    TASK_DEFAULTS,
+    TASKS,
+)
+from engine.params import CFG, DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
 from engine.protocol import (
     CANCELLED,
     ERROR,
@@ -84,11 +96,13 @@ def text_of(arr) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-FINISH_REASONS = (f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>`, `{UNAVAILABLE}<message>` or "
-                  f"`{ERROR}<message>`")
+FINISH_REASONS = (
+    f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>`, `{UNAVAILABLE}<message>` or `{ERROR}<message>`"
+)
 
 # ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
-TTS_INPUTS = (
+# What Base takes (tts_ensemble takes exactly these) ...
+BASE_INPUTS = (
     Spec("TEXT", "TYPE_STRING", (1,), doc="text to speak (UTF-8), required"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True,
          "one of the 24 languages or 21 `ZH_*` dialects; detected from the text when absent or `auto`"),
@@ -97,17 +111,47 @@ TTS_INPUTS = (
     Spec("REF_TEXT", "TYPE_STRING", (1,), True, "transcript of `REF_AUDIO`"),
     Spec("VOICE_ID", "TYPE_STRING", (1,), True, "a registered voice (instead of `REF_AUDIO`)"),
     Spec("SEED", "TYPE_INT64", (1,), True, f"sampling seed, default {DEFAULT_SEED}"),
-)
+)  # fmt: skip
+_TASK_SEEDS = "; ".join(f"{d.seed} for `{task}`" for task, d in TASK_DEFAULTS.items() if d.seed != DEFAULT_SEED)
+# ... and what tts takes besides: FireRedTTS3-Instruct's tasks (the tasks table below).
+_TTS_DOCS = {
+    "TEXT": "text to speak (UTF-8); required for every `TASK` but the edits, which take none",
+    "REF_AUDIO": "reference voice (or, for the edits, the recording to edit), mono samples in [-1, 1]",
+    "SEED": f"sampling seed, default {DEFAULT_SEED}; {_TASK_SEEDS} (the tasks table)",
+}
+TTS_INPUTS = (
+    *(Spec(s.name, s.dtype, s.dims, True, _TTS_DOCS.get(s.name, s.doc)) for s in BASE_INPUTS),
+    Spec("INSTRUCTION", "TYPE_STRING", (1,), True,
+         f"a voice description (voice design: with `TEXT` and no voice) or the edit's instruction; at most "
+         f"{MAX_INSTRUCTION_CHARS} characters"),
+    Spec("TASK", "TYPE_STRING", (1,), True, f"{', '.join(f'`{t}`' for t in TASKS)}; default `{SPEAK}`"),
+)  # fmt: skip
 TTS_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,),
          doc=f"final response only: `{STOP}` (the model ended the utterance) or `{LENGTH}` (cut at `max_patches`)"),
+    Spec("PLAN_TEXT", "TYPE_STRING", (1,),
+         doc=f"`{DESIGN}` and `{SEMANTIC_EDIT}` only: the voice-attribute plan / the rewritten transcript, once, in "
+             "its own response (no `AUDIO`) before the first audio"),
 )  # fmt: skip
+# How TASK, INSTRUCTION, TEXT and the voice combine (serving.requests.instruct_request checks it):
+# task -> (which model, what it needs, what it refuses, what it does)
+TASK_RULES = {
+    SPEAK: ("Base", "`TEXT`", "",
+            "clone `REF_AUDIO` / `VOICE_ID` (or speak with no voice); with `INSTRUCTION` and no voice: `design`"),
+    CLONE: ("Instruct", "`TEXT`, `REF_AUDIO` or `VOICE_ID`", "`INSTRUCTION`", "Instruct cloning of the voice"),
+    DESIGN: ("Instruct", "`TEXT`, `INSTRUCTION`", "`REF_AUDIO`, `VOICE_ID`, `REF_TEXT`",
+             "a new voice from the description; `PLAN_TEXT`: the voice attributes it worked out"),
+    SEMANTIC_EDIT: ("Instruct", "`REF_AUDIO` (the recording), `INSTRUCTION`", "`TEXT`, `VOICE_ID`, `REF_TEXT`",
+                    "change the recording's words; `PLAN_TEXT`: the rewritten transcript"),
+    ACOUSTIC_EDIT: ("Instruct", "`REF_AUDIO` (the recording), `INSTRUCTION` from the templates",
+                    "`TEXT`, `VOICE_ID`, `REF_TEXT`", "change the recording's speed, pitch or volume"),
+}  # fmt: skip
 TTS_PARAMETERS: tuple[Parameter, ...] = UTTERANCE_PARAMETERS
 
 # ---- tts_ensemble: prompt_encoder -> generator -> vocoder as a Triton ensemble (max_batch_size 0) ----
 # Its steps are batched models, so each tensor has the leading batch dimension of 1 written out.
-ENSEMBLE_INPUTS = tuple(Spec(s.name, s.dtype, (1, *s.dims), s.optional, s.doc) for s in TTS_INPUTS)
+ENSEMBLE_INPUTS = tuple(Spec(s.name, s.dtype, (1, *s.dims), s.optional, s.doc) for s in BASE_INPUTS)
 ENSEMBLE_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1, -1), doc="(1, n) mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (-1, 1), doc=f'"" until the last response, then {FINISH_REASONS}'),
@@ -155,7 +199,12 @@ GENERATOR_INPUTS = (
 # Every response carries all the vocoder's inputs (engine.protocol.Chunk), so that an ensemble can
 # feed it straight on; a failed stream ends with a normal last response whose reason says why.
 GENERATOR_OUTPUTS = (
-    Spec("STREAM_ID", "TYPE_UINT64", (1,), doc="the stream's id, issued with a MAC (serving.auth); keys the vocoder state"),
+    Spec(
+        "STREAM_ID",
+        "TYPE_UINT64",
+        (1,),
+        doc="the stream's id, issued with a MAC (serving.auth); keys the vocoder state",
+    ),
     Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents (may be empty when LAST)"),
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
@@ -221,11 +270,31 @@ def parameter_table(params: tuple[Parameter, ...]) -> str:
     return "\n".join(rows)
 
 
+def task_table() -> str:
+    """The tasks of ``tts`` as the README shows them, with the defaults a request without SEED / cfg gets."""
+    rows = ["| `TASK` | model | needs | refuses | default seed, cfg | |", "|---|---|---|---|---|---|"]
+    for task, (model, needs, refuses, what) in TASK_RULES.items():
+        defaults = TASK_DEFAULTS.get(task)
+        seed_cfg = f"{defaults.seed}, {defaults.cfg}" if defaults else f"{DEFAULT_SEED}, {CFG.default}"
+        rows.append(f"| `{task}` | {model} | {needs} | {refuses or '-'} | {seed_cfg} | {what} |")
+    return "\n".join(rows)
+
+
+def acoustic_templates() -> str:
+    """The acoustic edits the model knows, one line each."""
+    return (
+        "\n".join(f"- `{shown}`" for shown in ACOUSTIC_TEMPLATES)
+        + f"\n\nEdits take recordings of at most {MAX_EDIT_SECONDS:g} s."
+    )
+
+
 def readme_tables() -> dict[str, str]:
     """The README's contract tables, keyed by the heading of the section that holds them."""
     return {
         "tts inputs": tensor_table(TTS_INPUTS, "input"),
         "tts outputs": tensor_table(TTS_OUTPUTS, "output"),
+        "tts tasks": task_table(),
+        "acoustic edits": acoustic_templates(),
         "request parameters": parameter_table(TTS_PARAMETERS),
         "tts_ensemble inputs": tensor_table(ENSEMBLE_INPUTS, "input"),
         "tts_ensemble outputs": tensor_table(ENSEMBLE_OUTPUTS, "output"),

@@ -30,9 +30,13 @@ log = logging.getLogger("generator")
 class GeneratorHost:
     def __init__(self, pb, opts: GeneratorOptions):
         from engine.streams import GeneratorService
+        from engine.synthetic import SyntheticFireRedTTS3
+        from serving.synthetic_math import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))
+        if opts.synthetic_math:  # benchmarks only: steps without the model's math (engine.synthetic)
+            self.model, self.synthetic = SyntheticFireRedTTS3(self.model), announce(pb, log, "generator")
         # kv_memory_gb 0: the default pool (slots x max_len positions)
         kv_memory_gb = opts.kv_memory_gb or None
         self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,

@@ -132,12 +132,13 @@ class GeneratorOptions(ModelOptions):
     max_len: int  # backbone positions per stream
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
+    synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> GeneratorOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
-                   attention=opts.attention)  # fmt: skip
+                   attention=opts.attention, synthetic_math=opts.synthetic_math)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -152,13 +153,14 @@ class VocoderOptions(ModelOptions):
     batch: int  # chunks decoded together by the engine thread
     queue_delay_us: int  # how long the engine thread gathers chunks of several streams
     public_steps: bool  # key-less requests are tts_ensemble's last step (serving.auth)
+    synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> VocoderOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    max_streams=opts.slots + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
                    batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us,
-                   public_steps=opts.ensemble)  # fmt: skip
+                   public_steps=opts.ensemble, synthetic_math=opts.synthetic_math)  # fmt: skip
 
 
 @dataclass(frozen=True)

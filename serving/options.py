@@ -66,6 +66,8 @@ class ServeOptions:
     # they refuse them. The generator never does.
     ensemble: bool = option(True, "serve tts_ensemble (--no-ensemble: the internal models then refuse every "
                             "request but tts's)")  # fmt: skip
+    synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
+                                  "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 256:

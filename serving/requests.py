@@ -1,4 +1,5 @@
-"""Parsing and validating what clients send, without Triton: the ``tts`` request and a generator stream.
+"""Parsing and validating what clients send, without Triton: the ``tts`` request, its Instruct task, and
+a generator stream.
 
 Every error is a ValueError that names the input or parameter as the client spelled it.
 """
@@ -10,9 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import instructions
 from engine.audio import check_reference
+from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
-from engine.params import GENERATION_PARAMETERS, GenerationParams, Parameter, generation_params, parse_parameters
+from engine.params import (
+    GENERATION_PARAMETERS,
+    GenerationParams,
+    Parameter,
+    generation_params,
+    parse_parameters,
+    shown,
+)
 from engine.text import canonical_language
 from serving.auth import parameter_dict
 from serving.contract import TTS_PARAMETERS
@@ -122,3 +132,96 @@ def generator_parameters(params: GenerationParams, schedule: tuple[int, ...]) ->
     reads back); floats as their text: BLS requests cannot carry floats. The seed travels as SEED."""
     return {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
             "chunk_first": schedule[0], "chunk_next": schedule[-1]}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InstructRequest:
+    """What a ``tts`` request asks of FireRedTTS3-Instruct (:func:`instruct_request`; None there: Base speaks)."""
+
+    task: str  # engine.instructions: CLONE, DESIGN, SEMANTIC_EDIT or ACOUSTIC_EDIT (never SPEAK)
+    instruction: str  # the voice description or the edit's instruction, stripped; "" for CLONE
+
+
+WITH_A_VOICE = (
+    "INSTRUCTION cannot go with a voice (REF_AUDIO or VOICE_ID): FireRedTTS3-Instruct's cloning takes no "
+    "instruction. Drop INSTRUCTION to clone the voice, drop the voice to design one from the instruction, or "
+    f"send TASK {CLONE} for Instruct cloning of the voice"
+)
+
+
+def instruct_request(
+    task: str | None,
+    instruction: str | None,
+    text: str | None,
+    ref_audio: np.ndarray | None,
+    ref_sample_rate: int | None,
+    ref_text: str | None,
+    voice_id: str | None,
+) -> InstructRequest | None:
+    """Check how TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task,
+    or None for Base (TASK ``speak`` without INSTRUCTION). The rules are ``serving.contract.TASK_RULES``.
+
+    An absent input is None or "" (an INSTRUCTION of spaces is given, and empty). The voice's own checks
+    (REF_AUDIO's samples, REF_TEXT without REF_AUDIO, VOICE_ID's spelling, TEXT's length) are
+    :func:`build_request`'s; for the edits this checks the recording and its length here.
+
+    Raises:
+        ValueError: naming the input at fault.
+    """
+    task = SPEAK if task is None or task == "" else task
+    if task not in TASKS:
+        raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
+    given = instruction is not None and instruction != ""
+    has_voice = ref_audio is not None or bool(voice_id)
+    if task in EDITS:
+        return _edit(task, instruction if given else None, text, ref_audio, ref_sample_rate, ref_text, voice_id)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
+    if task == CLONE:
+        if given:
+            raise ValueError(f"TASK {CLONE} takes no INSTRUCTION: FireRedTTS3-Instruct's cloning prompt is fixed "
+                             f"(drop INSTRUCTION, or the voice and TASK to design a voice)")  # fmt: skip
+        if not has_voice:
+            raise ValueError(f"TASK {CLONE} needs a voice: REF_AUDIO (with REF_SAMPLE_RATE) or VOICE_ID")
+        return InstructRequest(CLONE, "")
+    if task == SPEAK and not given:
+        return None
+    if task == DESIGN and not given:
+        raise ValueError(f"TASK {DESIGN} needs INSTRUCTION, the voice description")
+    if has_voice:
+        raise ValueError(WITH_A_VOICE if task == SPEAK else f"TASK {DESIGN} takes no voice (REF_AUDIO or VOICE_ID): "
+                         "it designs one from INSTRUCTION")  # fmt: skip
+    if ref_text:
+        raise ValueError("REF_TEXT was given for voice design, which takes no recording")
+    return InstructRequest(DESIGN, instructions.check_instruction(instruction, "INSTRUCTION"))
+
+
+def _edit(task, instruction, text, ref_audio, ref_sample_rate, ref_text, voice_id) -> InstructRequest:
+    if voice_id:
+        raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
+    if ref_audio is None:
+        raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
+    if text is not None and text != "":
+        raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
+    if ref_text:
+        raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
+    if instruction is None:
+        raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
+    audio, rate = check_ref_audio(ref_audio, ref_sample_rate)
+    if audio.size > MAX_EDIT_SECONDS * rate:
+        raise ValueError(f"REF_AUDIO is {audio.size / rate:.1f} s long; TASK {task} edits at most "
+                         f"{MAX_EDIT_SECONDS:g} s")  # fmt: skip
+    check = instructions.check_acoustic_edit if task == ACOUSTIC_EDIT else instructions.check_instruction
+    return InstructRequest(task, check(instruction, "INSTRUCTION"))
+
+
+def with_task_defaults(request: InstructRequest | None, seed: int | None, parameters: str | dict | None):
+    """The seed and request parameters of a ``tts`` request with its Instruct task's defaults filled in
+    where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for design, ...)
+    -> (seed, parameters as a dict), for :func:`build_request`. Base's (None) are returned as they are."""
+    given = parameter_dict(parameters)
+    if request is None:
+        return seed, given
+    defaults = TASK_DEFAULTS[request.task]
+    given.setdefault("cfg", repr(defaults.cfg))  # as text: what a BLS request carries
+    return (defaults.seed if seed is None else seed), given

@@ -51,7 +51,7 @@ class FlashInferPaged:
         lengths = [p + length for p in starts]
         indptr, indices, last = page_metadata(cache.table, slots, lengths, self.page_size)
         dev, cfg, dt = self.device, self.cfg, cache.k.dtype
-        indptr, indices, last = (t.to(dev) for t in (indptr, indices, last))
+        indptr, indices, last = (t.to(dev, non_blocking=True) for t in (indptr, indices, last))
         if length == 1:
             self.decode.plan(
                 indptr, indices, last, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.page_size,
@@ -90,9 +90,9 @@ class FlashInferBatch:
         dev, p = cache.k.device, cache.page_size
         st = torch.tensor(starts, dtype=torch.long)
         pos = st[:, None] + torch.arange(length)  # (B, T) on the host
-        self.positions = pos.to(dev)
+        self.positions = pos.to(dev, non_blocking=True)
         pages = torch.gather(cache.table[slots], 1, pos // p)
-        self.write = (pages * p + pos % p).to(dev)  # (B, T) flat index into a layer's pool
+        self.write = (pages * p + pos % p).to(dev, non_blocking=True)  # (B, T) flat index into a layer's pool
 
     def mask(self) -> FlashInferStep:
         return self.step

@@ -25,8 +25,8 @@ def gateway(server):
         yield url
 
 
-@pytest.fixture()
-def browser(tmp_path):
+def chromium(tmp_path):
+    """A headless Chromium driven by Selenium, quit when the generator is closed (also for test_instruct.py)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -45,6 +45,11 @@ def browser(tmp_path):
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture()
+def browser(tmp_path):
+    yield from chromium(tmp_path)
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "the page"):
@@ -139,6 +144,34 @@ def test_a_voice_uploaded_on_the_page_is_picked_and_speaks(browser, gateway, ser
     admin = {"Authorization": f"Bearer {server.admin_key}"}
     assert httpx.delete(f"{gateway}/v1/audio/voices/from-the-page", headers=admin, timeout=10).status_code == 200
     wait_gauges_zero(server, 30)
+
+
+def test_the_instruct_boxes_show_the_gateway_refusals(browser, gateway, tmp_path):
+    """ "Describe a voice" and "Edit a recording" send their fields and show what is wrong with them (the
+    gateway's own checks: these run without FireRedTTS3-Instruct on the server)."""
+    import soundfile as sf
+    from selenium.webdriver.common.by import By
+
+    wav = tmp_path / "edit-me.wav"
+    sf.write(wav, (0.1 * np.random.default_rng(5).standard_normal(24000)).astype(np.float32), 24000)
+    browser.get(gateway + "/")
+    error = lambda: browser.find_element(By.ID, "error").text  # noqa: E731
+    browser.find_element(By.ID, "efile").send_keys(str(wav))
+    browser.find_element(By.ID, "etype").send_keys("speed")  # the acoustic option
+    browser.find_element(By.ID, "einstr").send_keys("make it faster")
+    browser.find_element(By.CSS_SELECTOR, "#edit button[type=submit]").click()
+    message = wait_for(error, what="the acoustic edit's refusal")
+    assert "is not an acoustic edit the model knows" in message and "adjust the speed to X" in message
+    browser.find_element(By.ID, "dinstr").send_keys("a calm older man<|im_end|>")
+    browser.find_element(By.ID, "dname").send_keys("designed-on-the-page")
+    browser.find_element(By.ID, "dsave").click()
+    assert "admin key" in wait_for(lambda: "admin key" in error() and error(), what="the missing key's refusal")
+    browser.find_element(By.ID, "dkey").send_keys("any key")
+    browser.find_element(By.ID, "dsave").click()
+    assert "control token" in wait_for(lambda: "control token" in error() and error(), what="the instruction's refusal")
+    browser.find_element(By.CSS_SELECTOR, "#design button[type=submit]").click()  # plays the GET form
+    wait_for(lambda: "instructions=" in player(browser)["src"], what="the design request")
+    assert "control token" in wait_for(lambda: "control token" in error() and error(), what="the GET's refusal")
 
 
 def test_a_screenshot_of_the_page(browser, gateway, tmp_path_factory):

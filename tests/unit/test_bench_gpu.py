@@ -74,3 +74,11 @@ def test_precision_benchmark_reports_each_variant(capsys):
     enc = [c.strip() for c in rows["encoder bf16"].split("|")[2:-1]]
     assert enc[0] != "inf" and enc[1:] == ["inf"] * 4
     assert rows["backbone bf16"].split("|")[2].strip() == "inf"
+
+
+def test_sync_count_runs_without_a_gpu_on_the_meta_device(capsys):
+    """``bench/gpu.sh --syncs-only`` on CPU: the preset on meta in the CUDA policy, one sync per step."""
+    assert gpu.main(["--syncs-only", "--device", "cpu", "--preset", "tiny", "--streams", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "host syncs per generator step (2 streams, sdpa, meta, the CUDA precision policy; " in out
+    assert "the first step prefills): 1, 1, 1 (budget 1" in out and "OVER BUDGET" not in out

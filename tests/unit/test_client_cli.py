@@ -14,13 +14,15 @@ from client.cli import Command, build_parser, main, synthesize
 
 
 class FakeClient:
-    """Streams the given chunks, then raises ``error`` if one is given."""
+    """Streams the given chunks (after the plan text, if one is given), then raises ``error`` if one is given."""
 
-    def __init__(self, chunks, error=None):
-        self.chunks, self.error, self.calls = chunks, error, []
+    def __init__(self, chunks, error=None, plan=None):
+        self.chunks, self.error, self.plan, self.calls = chunks, error, plan, []
 
-    def stream(self, text, **kw):
+    def stream(self, text, on_plan=None, **kw):
         self.calls.append((text, kw))
+        if self.plan is not None:
+            on_plan(self.plan)
         for i, a in enumerate(self.chunks):
             yield Chunk(a, 0.1 * (i + 1))
         if self.error:
@@ -73,7 +75,7 @@ def test_request_options_reach_the_client(tmp_path, monkeypatch):
     assert seen["url"] == ("h", 9, "http") and seen["text"] == "from stdin" and seen["out"] == "o.wav"
     parameters = {"max_patches": 12, "cfg": 1.5, "normalize": False, "speed": 1.25}
     assert seen["request"] == {"language": "German", "voice_id": "v1", "ref_text": None, "seed": 5,
-                               "parameters": parameters}  # fmt: skip
+                               "instruction": None, "task": None, "parameters": parameters}  # fmt: skip
     assert main(argv[:-3] + ["--out", "o.wav"]) == 0  # no flag: the server's default, not sent
     assert "normalize" not in seen["request"]["parameters"]
 
@@ -115,3 +117,90 @@ def test_subcommands_plug_in_and_synthesize_stays_the_default(monkeypatch):
     monkeypatch.setattr("client.cli.synthesize", lambda *a, **k: 7)
     assert main(["--url", "h:1", "--text", "Hi", "--out", "a.wav"], commands) == 7
     assert build_parser({}).parse_args(["--text", "x", "--out", "y"]).command is None
+
+
+def run_main(monkeypatch, argv):
+    """main(argv) with synthesize replaced: (exit status, what synthesize was given)."""
+    seen = {}
+
+    def fake_synthesize(client, text, request, out, quiet=False):
+        seen.update(text=text, request=request, out=out, model=client.model)
+        return 0
+
+    monkeypatch.setattr("client.cli.synthesize", fake_synthesize)
+    return main(argv), seen
+
+
+def write_recording(path, seconds=0.5, rate=16000):
+    import soundfile
+
+    soundfile.write(path, np.full(int(seconds * rate), 0.25, np.float32), rate, subtype="PCM_16")
+    return str(path)
+
+
+def test_an_instruction_designs_a_voice(monkeypatch):
+    status, seen = run_main(monkeypatch, ["--text", "Hi", "--instruction", "a calm older man", "--out", "o.wav"])
+    assert status == 0 and seen["text"] == "Hi"
+    assert seen["request"]["instruction"] == "a calm older man" and seen["request"]["voice_id"] is None
+    assert "ref_audio" not in seen["request"]
+
+
+def test_an_edit_sends_the_recording_and_no_text(monkeypatch, tmp_path):
+    recording = write_recording(tmp_path / "in.wav")
+    argv = [
+        "--edit",
+        "acoustic",
+        "--recording",
+        recording,
+        "--instruction",
+        "adjust the speed to 0.8x",
+        "--out",
+        "o.wav",
+    ]
+    status, seen = run_main(monkeypatch, argv)
+    request = seen["request"]
+    assert status == 0 and seen["text"] is None
+    assert (request["task"], request["instruction"], request["ref_sample_rate"]) == (
+        "acoustic_edit", "adjust the speed to 0.8x", 16000)  # fmt: skip
+    assert request["ref_audio"].shape == (8000,) and abs(float(request["ref_audio"][0]) - 0.25) < 1e-4
+    _, seen = run_main(monkeypatch, ["--edit", "semantic", "--recording", recording, "--instruction", "Delete 'a'.",
+                                     "--out", "o.wav"])  # fmt: skip
+    assert seen["request"]["task"] == "semantic_edit"
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--text", "Hi", "--out", "a.wav", "--instruction", "calm", "--voice-id", "v"], "cannot go with --ref-audio"),
+        (["--text", "Hi", "--out", "a.wav", "--instruction", "calm", "--voice-id", "v"], "Drop --instruction"),
+        (["--text", "Hi", "--out", "a.wav", "--task", "clone"], "--task clone needs --ref-audio or --voice-id"),
+        (["--text", "Hi", "--out", "a.wav", "--task", "design"], "--task design needs --instruction"),
+        (["--text", "Hi", "--out", "a.wav", "--recording", "r.wav"], "--recording goes with --edit"),
+        (["--edit", "semantic", "--instruction", "x", "--out", "a.wav"], "--edit needs --recording"),
+        (["--edit", "semantic", "--recording", "r.wav", "--out", "a.wav"], "--edit needs --recording, --instruction"),
+        (["--edit", "semantic", "--recording", "r.wav", "--instruction", "x", "--out", "a.wav", "--text", "Hi"],
+         "drop --text"),
+        (["--edit", "semantic", "--recording", "r.wav", "--instruction", "x", "--out", "a.wav", "--voice-id", "v"],
+         "drop --voice-id"),
+        (["--edit", "semantic", "--recording", "/nonexistent.wav", "--instruction", "x", "--out", "a.wav"],
+         "cannot read --recording"),
+        (["--edit", "loud", "--recording", "r.wav", "--instruction", "x", "--out", "a.wav"], "invalid choice"),
+        (["--text", "Hi", "--out", "a.wav", "--instruction", "calm", "--model", "tts_ensemble"], "need --model tts"),
+    ],
+)  # fmt: skip
+def test_instruct_usage_errors_exit_2_before_anything_is_sent(argv, needle, capsys, monkeypatch):
+    monkeypatch.setattr("client.cli.synthesize", lambda *a, **k: pytest.fail("sent"))
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_plan_text_goes_to_stderr_and_the_audio_to_the_file(tmp_path, capsys, quiet):
+    out = tmp_path / "o.wav"
+    client = FakeClient(CHUNKS, plan="年轻女性，语速稍慢")
+    assert synthesize(client, "Hi", {"instruction": "gentle"}, str(out), quiet=quiet) == 0
+    assert "plan text: 年轻女性，语速稍慢" in capsys.readouterr().err
+    with wave.open(str(out)) as w:
+        assert w.getnframes() == sum(a.size for a in CHUNKS)

@@ -31,14 +31,17 @@ REAP_EVERY_SECONDS = 1.0
 class TritonPythonModel:
     def initialize(self, args):
         from engine.streams import VocoderService
+        from engine.synthetic import SyntheticVocoderService
         from serving.cancel import CancelBoard
         from serving.live_streams import LiveStreams
+        from serving.synthetic_math import announce
         from serving.vocoder_guard import VocoderGuard
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
-        self.service = VocoderService(load_model(opts, parts=("decoder",)), opts.idle_seconds,
-                                      max_streams=opts.max_streams)  # fmt: skip
+        service = SyntheticVocoderService if opts.synthetic_math else VocoderService  # engine.synthetic
+        self.service = service(load_model(opts, parts=("decoder",)), opts.idle_seconds, max_streams=opts.max_streams)
+        self.synthetic = announce(pb, log, "vocoder") if opts.synthetic_math else None
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         cancels = CancelBoard(opts.cancel_dir or None)
         self.guard = VocoderGuard(self.keys, LiveStreams(cancels.dir), cancels, opts.max_streams)

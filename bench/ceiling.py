@@ -1,0 +1,264 @@
+"""``python -m bench.ceiling``: the serving ceiling, the most concurrent streams that stay real time when
+the model itself costs nothing.
+
+It starts the real server (``tts``, ``prompt_encoder``, the ``generator`` under Triton's sequence
+batcher, the ``vocoder``, gRPC) with ``--synthetic-math`` (:mod:`engine.synthetic`: ready-made latents
+and audio instead of the networks; the tiny checkpoint's prompt encoder stays real) and streams through
+the bundled client. At each level N it starts N streams at once, each of ``--patches`` patches, and
+judges each as a listener would: playing it from its first chunk on, that chunk the only buffer, a
+chunk that comes after the audio before it has run out is an underrun (``bench.load.worst_gap``). A
+level passes when no stream fails and none underruns; every stream was then at least real time (6.25
+patches/s) after its first chunk. Levels double from ``--start`` until one fails (or ``--slots``, the
+server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
+the first failure. The ceiling is the largest level that passed.
+
+With the server's default chunks (3, then 12 patches) the second chunk must come within the first one's
+0.48 s: 12 patches at 4x real time. ``--chunk-first/--chunk-next 12`` ask for real time only.
+
+What each part costs, per level, from Triton's per-model statistics (``/v2/models/stats``: compute and
+queue time over the requests the model took: stream-steps for the generator, chunks for the vocoder),
+the generator's own step histogram (``tts_generator_step_seconds``) and the CPU time of every process
+(``/proc``: tritonserver itself, each model's Python stub with its threads, and this client). The table
+goes to stdout, progress to stderr, all numbers to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.load import LevelResult, console_progress, one_stream, run_level
+from client import TTSClient
+
+PATCHES_PER_SECOND = 6.25  # real time: one 160 ms patch per 160 ms
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Please hold the line, your call is important to us."]
+MODELS = ("tts", "prompt_encoder", "generator", "vocoder")
+STEP = "tts_generator_step_seconds"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Cumulative counters at one moment."""
+
+    stats: dict  # model -> {"executions", "requests", "compute_ns", "queue_ns"} (Triton's statistics)
+    step_sum: float  # seconds in the generator's step histogram
+    step_count: float  # steps it counted
+    cpu: dict  # process ("tritonserver", a model's name, "client") -> CPU seconds
+
+
+def model_stats(server) -> dict:
+    url = f"http://127.0.0.1:{server.ports.http}/v2/models/stats"
+    request = urllib.request.Request(url, headers={"admin-key": server.triton_key})  # statistics are restricted
+    with urllib.request.urlopen(request, timeout=10) as r:
+        raw = json.loads(r.read())["model_stats"]
+    out = {}
+    for m in raw:
+        name = "generator" if m["name"] == server.generator_model else m["name"]
+        # per request, compute_infer is its whole batch's execute: the executes' own sum is in batch_stats
+        execute_ns = sum(int(b["compute_infer"]["ns"]) for b in m.get("batch_stats", []))
+        out[name] = {"executions": int(m["execution_count"]), "requests": int(m["inference_count"]),
+                     "compute_ns": execute_ns, "queue_ns": int(m["inference_stats"]["queue"]["ns"]),
+                     "request_compute_ns": int(m["inference_stats"]["compute_infer"]["ns"])}  # fmt: skip
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(server) -> dict:
+    """CPU seconds of tritonserver and of each model's stub (named by its model folder)."""
+    root = server.proc.pid
+    out = {"tritonserver": cpu_seconds(root)}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            if ppid != root:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            model = Path(argv[1].decode()).parent.parent.name  # .../model_repository/NAME/1/model.py
+            out["generator" if model == server.generator_model else model] = cpu_seconds(int(entry.name))
+        except (OSError, IndexError, ValueError):  # a process that just ended
+            continue
+    return out
+
+
+def snapshot(server) -> Snapshot:
+    metrics = server.metrics((STEP,))
+    cpu = server_cpu(server) | {"client": time.process_time()}
+    return Snapshot(model_stats(server), metrics.get(f"{STEP}_sum", 0.0), metrics.get(f"{STEP}_count", 0.0), cpu)
+
+
+def costs(before: Snapshot, after: Snapshot) -> dict:
+    """What one level cost: per stream-step (generator) and per chunk (vocoder, tts, client), in ms."""
+    d = {m: {k: after.stats[m][k] - before.stats[m][k] for k in after.stats[m]} for m in MODELS}
+    cpu = {k: after.cpu[k] - before.cpu.get(k, 0.0) for k in after.cpu}
+    stream_steps, chunks = max(1, d["generator"]["requests"]), max(1, d["vocoder"]["requests"])
+    steps = max(1.0, after.step_count - before.step_count)
+    return {
+        "stream_steps": d["generator"]["requests"],
+        "generator_executes": d["generator"]["executions"],
+        "chunks": d["vocoder"]["requests"],
+        "mean_batch": d["generator"]["requests"] / max(1, d["generator"]["executions"]),
+        "generator_step_ms": 1000 * (after.step_sum - before.step_sum) / steps,  # in-model, per batched step
+        "generator_ms_per_stream_step": {  # in-model step (histogram), whole execute and queue (Triton)
+            "step": 1000 * (after.step_sum - before.step_sum) / stream_steps,
+            "execute": d["generator"]["compute_ns"] / 1e6 / stream_steps,
+            "queue": d["generator"]["queue_ns"] / 1e6 / stream_steps,
+        },
+        "vocoder_ms_per_chunk": {
+            "execute": d["vocoder"]["compute_ns"] / 1e6 / chunks,
+            "queue": d["vocoder"]["queue_ns"] / 1e6 / chunks,
+        },
+        "cpu_ms_per_stream_step": {k: 1000 * cpu.get(k, 0.0) / stream_steps for k in ("generator", "tritonserver")},
+        "cpu_ms_per_chunk": {k: 1000 * cpu.get(k, 0.0) / chunks for k in ("vocoder", "tts", "client")},
+        "cpu_ms_per_stream_step_all": 1000 * sum(cpu.values()) / stream_steps,
+        "cpu_s": cpu,
+    }
+
+
+def measure(server, client: TTSClient, n: int, request: dict) -> dict:
+    """n streams at once -> the level's row (listener summary, costs, passed)."""
+    before = snapshot(server)
+    level: LevelResult = run_level(client, n, n, TEXTS, request, progress=console_progress(n))
+    row = {**level.summary(), **costs(before, snapshot(server))}
+    row["passed"] = row["errors"] == 0 and row["underruns"] == 0
+    row["first_error"] = next((s.error for s in level.streams if s.error), None)
+    row["load_average"] = os.getloadavg()[0]
+    return row
+
+
+def levels_to_run(start: int, most: int, bisect: int, passed) -> list[int]:
+    """Doubling from ``start`` up to ``most`` while ``passed(n)``, then ``bisect`` midpoints between the
+    last pass and the first failure. ``passed`` runs a level; returns the levels run, in order."""
+    ran, good, bad, n = [], 0, None, start
+    while True:
+        ran.append(n)
+        if not passed(n):
+            bad = n
+            break
+        good = n
+        if n >= most:
+            break
+        n = min(2 * n, most)
+    for _ in range(bisect if bad is not None else 0):
+        mid = (good + bad) // 2
+        if mid in (good, bad) or mid < 1:
+            break
+        ran.append(mid)
+        good, bad = (mid, bad) if passed(mid) else (good, mid)
+    return ran
+
+
+def ms(x: float) -> str:
+    return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ["streams", "result", "errors", "underruns", "worst gap ms", "first chunk p50 / p90 ms", "mean batch",
+            "generator step ms", "generator ms per stream-step: step / execute / queue",
+            "vocoder ms per chunk: execute / queue", "CPU ms per stream-step: generator / tritonserver",
+            "CPU ms per chunk: vocoder / tts / client", "CPU ms per stream-step, all"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: r["concurrency"]):
+        g, v = r["generator_ms_per_stream_step"], r["vocoder_ms_per_chunk"]
+        cs, cc = r["cpu_ms_per_stream_step"], r["cpu_ms_per_chunk"]
+        worst = "–" if r["worst_gap_ms"] != r["worst_gap_ms"] else f"{r['worst_gap_ms']:.0f}"
+        cells = [str(r["concurrency"]), "pass" if r["passed"] else "FAIL", str(r["errors"]),
+                 f"{r['underruns']}/{r['requests']}", worst,
+                 f"{r['first_chunk_ms']['p50']:.0f} / {r['first_chunk_ms']['p90']:.0f}", f"{r['mean_batch']:.1f}",
+                 ms(r["generator_step_ms"]), " / ".join(ms(g[k]) for k in ("step", "execute", "queue")),
+                 " / ".join(ms(v[k]) for k in ("execute", "queue")),
+                 " / ".join(ms(cs[k]) for k in ("generator", "tritonserver")),
+                 " / ".join(ms(cc[k]) for k in ("vocoder", "tts", "client")),
+                 ms(r["cpu_ms_per_stream_step_all"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.ceiling", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--start", type=int, default=8, help="the first level, in concurrent streams (default 8)")
+    ap.add_argument("--slots", type=int, default=256, help="generator slots: the highest level (default 256)")
+    ap.add_argument("--bisect", type=int, default=2, help="levels run between the last pass and the first failure")
+    ap.add_argument("--patches", type=int, default=48, help="patches per stream, 160 ms each (default 48)")
+    ap.add_argument("--chunk-first", type=int, help="request parameter (server default when omitted)")
+    ap.add_argument("--chunk-next", type=int, help="request parameter (server default when omitted)")
+    ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
+    ap.add_argument("--json", type=Path, help="write every level's numbers here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.start <= args.slots <= 256:
+        ap.error("need 1 <= --start <= --slots <= 256")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.server import local_server
+
+    args = parse_args(argv)
+    params = {"max_patches": args.patches}
+    for key in ("chunk_first", "chunk_next"):
+        if getattr(args, key) is not None:
+            params[key] = getattr(args, key)
+    request = {"parameters": params}
+    load_before = os.getloadavg()[0]
+    rows: list[dict] = []
+    with local_server(args.preset, args.slots, max_len=256, synthetic_math=True) as server:
+        client = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=args.timeout)
+        warm = one_stream(client, TEXTS[0], seed=0, request=request)
+        if warm.error:
+            print(f"error: the warm-up stream failed: {warm.error}", file=sys.stderr)
+            return 1
+        expected = args.patches * 0.16
+        if abs(warm.audio - expected) > 1e-6:
+            print(f"error: the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}", file=sys.stderr)
+            return 1
+
+        def passed(n: int) -> bool:
+            row = measure(server, client, n, request)
+            rows.append(row)
+            verdict = "pass" if row["passed"] else "FAIL"
+            print(f"  {n} streams: {verdict}, {row['underruns']} underruns, {row['errors']} errors, worst gap "
+                  f"{row['worst_gap_ms']:.0f} ms, generator step {row['generator_step_ms']:.1f} ms "
+                  f"(batch {row['mean_batch']:.1f}), CPU {row['cpu_ms_per_stream_step_all']:.2f} ms per stream-step; "
+                  f"load {row['load_average']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+            if row["first_error"]:
+                print(f"    first error: {row['first_error']}", file=sys.stderr, flush=True)
+            return row["passed"]
+
+        levels_to_run(args.start, args.slots, args.bisect, passed)
+
+    good = [r["concurrency"] for r in rows if r["passed"]]
+    ceiling = max(good, default=0)
+    top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
+    print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
+    print(
+        f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
+        f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, client on the same machine), "
+        f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    print()
+    print(table(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        raw = {"ceiling": ceiling, "patches": args.patches, "parameters": params, "slots": args.slots,
+               "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before}  # fmt: skip
+        args.json.write_text(json.dumps(raw, indent=1))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

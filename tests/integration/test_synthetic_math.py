@@ -1,0 +1,54 @@
+"""A server with ``--synthetic-math`` (benchmarks only): streams get exactly their patches' samples through
+tts and tts_ensemble, and the server says it is synthetic in its log and metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client import TTSClient
+from engine.config import PATCH_SAMPLES
+from engine.synthetic import TONE_LEVEL
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
+from tests.integration.helpers import in_parallel, wait_gauges_zero
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def synthetic(nostop_ckpt, tmp_path_factory):
+    work = tmp_path_factory.mktemp("synthetic")
+    opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=256, synthetic_math=True,
+                        cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
+    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
+        yield srv
+
+
+def test_streams_get_their_patches_of_ready_made_audio(synthetic):
+    # three streams on two slots: one waits for a slot; chunk schedules of their own
+    cases = [(40, {}), (17, {"chunk_first": 1, "chunk_next": 5}), (9, {"chunk_first": 9, "chunk_next": 9})]
+    tts = TTSClient(f"127.0.0.1:{synthetic.ports.grpc}", timeout=60)
+
+    def one(i):
+        patches, chunking = cases[i]
+        return [c.audio for c in tts.stream(f"Stream number {i}.", seed=i,
+                                            parameters={"max_patches": patches, **chunking})]  # fmt: skip
+
+    got = in_parallel(one, len(cases))
+    for i, (patches, _) in enumerate(cases):
+        audio = np.concatenate(got[i])
+        assert audio.size == patches * PATCH_SAMPLES, i
+        assert 0 < np.abs(audio).max() <= TONE_LEVEL + 1e-6  # the quiet tone, not the tiny model's noise
+    assert [a.size for a in got[1]] == [PATCH_SAMPLES] + [5 * PATCH_SAMPLES] * 3 + [PATCH_SAMPLES]
+    ensemble = TTSClient(f"127.0.0.1:{synthetic.ports.grpc}", timeout=60, model="tts_ensemble")
+    assert ensemble.synthesize("Through the ensemble.", parameters={"max_patches": 11}).size == 11 * PATCH_SAMPLES
+    m = wait_gauges_zero(synthetic)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_the_server_says_it_is_synthetic(synthetic):
+    m = synthetic.metrics(("tts_synthetic_math",))
+    assert m == {'tts_synthetic_math{model="generator"}': 1.0, 'tts_synthetic_math{model="vocoder"}': 1.0}
+    log = synthetic.log_path.read_text(errors="replace")
+    assert "[generator] WARNING generator: SYNTHETIC MATH" in log and "[vocoder] WARNING vocoder: SYNTHETIC MATH" in log

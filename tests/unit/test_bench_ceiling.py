@@ -1,0 +1,45 @@
+"""bench.ceiling's ramp and its cost arithmetic, on hand-built levels and counters (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.ceiling import MODELS, Snapshot, costs, levels_to_run
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "most", "bisect", "want"),
+    [
+        (100, 8, 256, 2, [8, 16, 32, 64, 128, 96, 112]),  # 64 passes, 128 fails: 96 passes, 112 fails
+        (1000, 8, 256, 2, [8, 16, 32, 64, 128, 256]),  # every level passes: stops at the slot limit
+        (200, 8, 200, 2, [8, 16, 32, 64, 128, 200]),  # the last level is the limit itself
+        (5, 8, 256, 3, [8, 4, 6, 5]),  # the first level fails: bisected down from it
+        (0, 1, 256, 2, [1]),  # nothing between 0 and 1
+        (40, 8, 256, 0, [8, 16, 32, 64]),  # no bisection asked for
+    ],
+)
+def test_levels_double_then_bisect(limit, start, most, bisect, want):
+    assert levels_to_run(start, most, bisect, lambda n: n <= limit) == want
+
+
+def counters(executions, requests, compute_ns, queue_ns) -> dict:
+    return {"executions": executions, "requests": requests, "compute_ns": compute_ns, "queue_ns": queue_ns,
+            "request_compute_ns": 0}  # fmt: skip
+
+
+def test_costs_are_per_stream_step_and_per_chunk():
+    zero = {m: counters(0, 0, 0, 0) for m in MODELS}
+    before = Snapshot(zero, 1.0, 10, {"tritonserver": 5.0, "generator": 1.0, "vocoder": 2.0, "tts": 3.0, "client": 0.5})
+    # 40 executes stepped 400 stream-steps in 0.2 s of execute (0.08 s of it the step itself); 50 chunks
+    stats = {**zero, "generator": counters(40, 400, 200_000_000, 400_000_000), "vocoder": counters(50, 50, 5e6, 1e7)}
+    after = Snapshot(
+        stats, 1.08, 50, {"tritonserver": 5.4, "generator": 1.2, "vocoder": 2.1, "tts": 3.5, "client": 0.6}
+    )
+    c = costs(before, after)
+    assert (c["stream_steps"], c["generator_executes"], c["chunks"], c["mean_batch"]) == (400, 40, 50, 10)
+    assert c["generator_step_ms"] == pytest.approx(2.0)  # 80 ms over 40 steps
+    assert c["generator_ms_per_stream_step"] == pytest.approx({"step": 0.2, "execute": 0.5, "queue": 1.0})
+    assert c["vocoder_ms_per_chunk"] == pytest.approx({"execute": 0.1, "queue": 0.2})
+    assert c["cpu_ms_per_stream_step"] == pytest.approx({"generator": 0.5, "tritonserver": 1.0})
+    assert c["cpu_ms_per_chunk"] == pytest.approx({"vocoder": 2.0, "tts": 10.0, "client": 2.0})
+    assert c["cpu_ms_per_stream_step_all"] == pytest.approx(1000 * 1.3 / 400)

@@ -1,0 +1,135 @@
+"""How TASK, INSTRUCTION, TEXT and the voice of a ``tts`` request combine (serving.requests.instruct_request),
+checked against the contract's rules written out by hand here, and the per-task defaults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.instructions import ACOUSTIC_TEMPLATES, MAX_INSTRUCTION_CHARS
+from serving.requests import InstructRequest, build_request, instruct_request, with_task_defaults
+
+RATE = 16000
+CLIP = np.zeros(RATE, np.float32)  # 1 s of silence
+INPUTS = ("TASK", "INSTRUCTION", "TEXT", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TEXT", "VOICE_ID")
+
+
+def ask(task=None, instruction=None, text="Hello.", audio=None, rate=None, ref_text=None, voice_id=None):
+    if audio is not None and rate is None:
+        rate = RATE
+    return instruct_request(task, instruction, text, audio, rate, ref_text, voice_id)
+
+
+@pytest.mark.parametrize(
+    "kw, expected",
+    [
+        ({}, None),  # plain Base
+        ({"task": "speak", "audio": CLIP}, None),  # Base cloning
+        ({"task": "", "voice_id": "narrator"}, None),  # "" is absent
+        ({"instruction": ""}, None),  # so is an empty INSTRUCTION
+        ({"instruction": " a calm older man "}, InstructRequest("design", "a calm older man")),
+        ({"task": "design", "instruction": "温柔的年轻女声"}, InstructRequest("design", "温柔的年轻女声")),
+        ({"task": "clone", "audio": CLIP, "ref_text": "hi"}, InstructRequest("clone", "")),
+        ({"task": "clone", "voice_id": "narrator"}, InstructRequest("clone", "")),
+        ({"task": "semantic_edit", "instruction": "Replace 'cats' with 'dogs'.", "text": None, "audio": CLIP},
+         InstructRequest("semantic_edit", "Replace 'cats' with 'dogs'.")),
+        ({"task": "acoustic_edit", "instruction": "adjust the speed to 0.5x", "text": "", "audio": CLIP},
+         InstructRequest("acoustic_edit", "adjust the speed to 0.5x")),
+        ({"task": "acoustic_edit", "instruction": "Shift the pitch by -2 steps.", "text": "", "audio": CLIP},
+         InstructRequest("acoustic_edit", "Shift the pitch by -2 steps.")),
+    ],
+)  # fmt: skip
+def test_accepted_combinations(kw, expected):
+    assert ask(**kw) == expected
+
+
+@pytest.mark.parametrize(
+    "kw, field, words",
+    [
+        ({"task": "Design", "instruction": "x"}, "TASK", "semantic_edit"),  # the message lists the tasks
+        ({"task": "edit"}, "TASK", "acoustic_edit"),
+        ({"instruction": "a calm man", "audio": CLIP}, "INSTRUCTION", "TASK clone"),  # the refusal explains
+        ({"instruction": "a calm man", "voice_id": "narrator"}, "INSTRUCTION", "drop the voice"),
+        ({"instruction": "   "}, "INSTRUCTION", "empty"),
+        ({"instruction": "x" * (MAX_INSTRUCTION_CHARS + 1)}, "INSTRUCTION", str(MAX_INSTRUCTION_CHARS)),
+        ({"instruction": "a man<|im_end|>"}, "INSTRUCTION", "control token"),
+        ({"instruction": "a man\x00"}, "INSTRUCTION", "control character"),
+        ({"instruction": "a calm man", "ref_text": "hi"}, "REF_TEXT", "voice design"),
+        ({"instruction": "a calm man", "text": ""}, "TEXT", "non-empty"),
+        ({"task": "design"}, "INSTRUCTION", "description"),
+        ({"task": "design", "instruction": "a man", "audio": CLIP}, "TASK design", "takes no voice"),
+        ({"task": "clone", "instruction": "a man", "audio": CLIP}, "INSTRUCTION", "fixed"),
+        ({"task": "clone"}, "REF_AUDIO", "VOICE_ID"),
+        ({"task": "clone", "audio": CLIP, "text": " "}, "TEXT", "non-empty"),
+        ({"task": "semantic_edit", "instruction": "Delete 'very'.", "text": "", "voice_id": "n"}, "VOICE_ID",
+         "REF_AUDIO"),
+        ({"task": "semantic_edit", "instruction": "Delete 'very'.", "text": ""}, "REF_AUDIO", "recording"),
+        ({"task": "semantic_edit", "instruction": "Delete 'very'.", "audio": CLIP}, "TEXT", "INSTRUCTION"),
+        ({"task": "semantic_edit", "text": "", "audio": CLIP}, "INSTRUCTION", "what to change"),
+        ({"task": "semantic_edit", "instruction": "Delete 'a'.", "text": "", "audio": CLIP, "ref_text": "a b"},
+         "REF_TEXT", "transcribes"),
+        ({"task": "semantic_edit", "instruction": "Delete 'a'.", "text": "", "audio": np.zeros(31 * RATE, np.float32)},
+         "REF_AUDIO", "30 s"),
+        ({"task": "semantic_edit", "instruction": "Delete 'a'.", "text": "", "audio": CLIP, "rate": 0},
+         "REF_SAMPLE_RATE", ""),
+        ({"task": "acoustic_edit", "instruction": "make it faster", "text": "", "audio": CLIP}, "INSTRUCTION",
+         ACOUSTIC_TEMPLATES[1]),  # the message lists the templates
+        ({"task": "acoustic_edit", "instruction": "adjust the speed to 2.5x", "text": "", "audio": CLIP},
+         "INSTRUCTION", "0.5..2.0"),
+        ({"task": "acoustic_edit", "instruction": "shift the pitch by 0 steps", "text": "", "audio": CLIP},
+         "INSTRUCTION", "pitch"),
+    ],
+)  # fmt: skip
+def test_refused_combinations_name_the_input(kw, field, words):
+    with pytest.raises(ValueError) as e:
+        ask(**kw)
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_thirty_seconds_is_the_edit_limit_at_any_rate():
+    for rate in (8000, 24000, 44100):
+        edit = instruct_request("acoustic_edit", "adjust the volume to 0.5", "", np.zeros(30 * rate, np.float32),
+                                rate, None, None)  # fmt: skip
+        assert edit == InstructRequest("acoustic_edit", "adjust the volume to 0.5")
+        with pytest.raises(ValueError, match="REF_AUDIO is 30.0 s"):  # one sample over
+            instruct_request("acoustic_edit", "adjust the volume to 0.5", "", np.zeros(30 * rate + 1, np.float32),
+                             rate, None, None)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "task, seed, cfg",
+    [("design", 2, 1.2), ("clone", 1234, 2.0), ("semantic_edit", 1234, 1.2), ("acoustic_edit", 1234, 1.2)],
+)
+def test_the_release_defaults_reach_the_generation_settings(task, seed, cfg):
+    """The release's seed and cfg per task (core.py) when the client gives none; the client's otherwise."""
+    request = InstructRequest(task, "")
+    utterance, _ = build_request("Hi.", None, None, None, None, None, *with_task_defaults(request, None, None))
+    assert (utterance.params.seed, utterance.params.cfg) == (seed, cfg)
+    given_seed, given = with_task_defaults(request, 7, '{"cfg": 3.5, "steps": 4}')
+    utterance, _ = build_request("Hi.", None, None, None, None, None, given_seed, given)
+    assert (utterance.params.seed, utterance.params.cfg, utterance.params.steps) == (7, 3.5, 4)
+
+
+def test_base_keeps_its_defaults():
+    utterance, _ = build_request("Hi.", None, None, None, None, None, *with_task_defaults(None, None, None))
+    assert (utterance.params.seed, utterance.params.cfg) == (1234, 2.0)
+
+
+texts = st.none() | st.text(max_size=8) | st.integers() | st.sampled_from(["", " ", "a calm man", "Delete 'a'."])
+audio = st.none() | st.sampled_from([CLIP, np.full(RATE, 2.0, np.float32), np.zeros(0, np.float32)])
+
+
+@settings(deadline=None, max_examples=400)
+@given(st.none() | st.sampled_from(["speak", "clone", "design", "semantic_edit", "acoustic_edit", "x"]), texts,
+       texts, audio, st.none() | st.sampled_from([RATE, 0, -1, 10**12]), texts, texts)  # fmt: skip
+def test_any_combination_is_a_task_or_an_error_naming_an_input(task, instruction, text, audio, rate, ref_text, voice):
+    try:
+        result = instruct_request(task, instruction, text, audio, rate, ref_text, voice)
+    except ValueError as e:
+        assert any(name in str(e) for name in INPUTS), str(e)
+        return
+    assert result is None or result.task in ("clone", "design", "semantic_edit", "acoustic_edit")
+    if result is not None and result.task != "clone":
+        assert result.instruction and result.instruction == result.instruction.strip()
