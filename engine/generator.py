@@ -353,12 +353,13 @@ class Generator:
     def _prefill_instruct(self, s: Stream) -> torch.Tensor:
         """The ChatML prefix with its placeholders filled by PatchEncoder outputs of the latents x 0.4."""
         core, dt, given = self.instruct, self.dtype, s.instruct
-        scaled = {}
+        scaled, fills = {}, []
         for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
             if latents is not None:
                 latents = latents.to(self.device, torch.float32, non_blocking=True)
                 scaled[token_id] = (latents * REDAE_SCALE).to(dt)[None]
-        x = core.chatml_embeddings(s.tokens, list(scaled.items()), dt)
+                fills.append(([j for j, t in enumerate(given.tokens) if t == token_id], scaled[token_id]))
+        x = core.chatml_embeddings(s.tokens, fills, dt)
         h = self._backbone(core, x, [s.slot], [0])
         s.position = x.shape[1]
         out = scaled.get(LATENT_OUT_ID, h.new_zeros(1, 0, core.cfg.redae_dim))
