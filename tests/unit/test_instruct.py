@@ -72,6 +72,25 @@ def test_either_core_loads_alone(tiny_ckpt, tmp_path):
     assert model.generator(1, 512).core is None
 
 
+def test_the_checkpoint_command_shows_both_cores(tiny_ckpt):
+    from engine.checkpoint import describe
+
+    text = describe(tiny_ckpt)
+    assert "base core" in text and "instruct core" in text and "campp" in text
+
+
+def test_a_checkpoint_cached_by_an_older_layout_is_not_reused(tiny_ckpt, tmp_path):
+    from engine.random_checkpoint import cached_checkpoint
+
+    old = tmp_path / "tiny-seed0"
+    shutil.copytree(tiny_ckpt, old)
+    shutil.rmtree(old / "fireredtts3_instruct")  # what an older version cached there
+    path = cached_checkpoint("tiny", old)
+    assert path != old and path.name.startswith("tiny-seed0-layout")
+    assert (path / "fireredtts3_instruct" / "config.json").is_file()
+    assert cached_checkpoint("tiny", old) == path  # and reused from then on
+
+
 def test_a_tied_lm_head_copy_is_accepted_and_an_untied_one_refused(tiny_ckpt, tmp_path):
     ck = tmp_path / "ck"
     shutil.copytree(tiny_ckpt, ck)
