@@ -81,7 +81,7 @@ class Piece:
     audio: np.ndarray  # (n,) float32 at 24 kHz, n may be 0
     final: bool = False
     finish_reason: str = ""
-    text: str = ""  # the plan text, on its own piece
+    text: str | None = None  # the plan text (maybe ""), on its own piece; None: not the plan
 
 
 INSTRUCT_TASKS = tuple(t for t in TASKS if t != SPEAK)
@@ -241,7 +241,7 @@ async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator
     stretch = TimeStretch(speed)
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
-            if piece.text:  # the plan: no audio to stretch
+            if piece.text is not None:  # the plan: no audio to stretch
                 yield piece
                 continue
             audio = await asyncio.to_thread(stretch.push, piece.audio)

@@ -266,3 +266,34 @@ def test_instruct_steps_on_meta_in_the_cuda_policy_copy_without_blocking(tmp_pat
         due = sum(c is not None for c in chunks.values())
         assert audit.count(H2D_BLOCKING) == 0 and audit.count(SYNC) <= 2 + due, audit.report()
     assert svc.live[1].state.phase is Phase.TEXT and svc.live[2].state.phase is Phase.AUDIO
+
+
+@pytest.mark.parametrize(
+    ("task", "instruction", "plans"),
+    [("design", "a calm older man", 1), ("semantic_edit", "delete the word at index 1.", 1),
+     ("acoustic_edit", "adjust the volume to 1.5", 0), ("clone", "", 0)],
+)  # fmt: skip
+def test_the_orchestrator_yields_one_plan_piece_before_the_audio(model, task, instruction, plans):
+    import asyncio
+
+    from engine.local import local_orchestrator
+    from engine.orchestrator import Utterance
+    from engine.prompt import VoicePrompt
+
+    voice = None if task == "design" else VoicePrompt(model.encode_latents(_noise(0.6), RATE), torch.zeros(0), "Hi.")
+    text = "" if task.endswith("edit") else "Hello there. And a second sentence here."
+    utterance = Utterance(text, "English", _params(task, 6), (2, 2), split_tokens=4, task=task, instruction=instruction)
+
+    async def pieces():
+        return [p async for p in local_orchestrator(model).run(utterance, voice)]
+
+    got = asyncio.run(pieces())
+    kinds = ["plan" if p.text is not None else "audio" for p in got]
+    assert kinds.count("plan") == plans and kinds[plans:] == ["audio"] * (len(got) - plans)
+    assert all(p.audio.size == 0 for p in got[:plans]) and got[-1].final
+    assert sum(p.audio.size for p in got) > 0
+
+
+def test_an_acoustic_edit_outside_the_templates_is_refused(model):
+    with pytest.raises(ValueError, match="speed"):
+        instruct_run(model, "acoustic_edit", instruction="make it sound happier", audio=_noise(0.5), sample_rate=RATE)
