@@ -221,8 +221,9 @@ class Preset:
     stop_bias: float = 0.0  # initial stop-head bias: sets how long random-weight utterances run
     init_std_scale: float = 1.0  # weights ~ N(0, scale / sqrt(fan_in))
     # Instruct's text phase on random weights: (embedding scale, every row's channel 0, <|eot|>'s channel
-    # 0), see engine.random_checkpoint.bias_text_end; None: untouched (plans then run the 200-token cap).
-    text_end_bias: tuple[float, float, float] | None = None
+    # 0, the unused ids' offset on it), see engine.random_checkpoint.bias_text_end; None: untouched
+    # (plans then run to the 200-token cap).
+    text_end_bias: tuple[float, float, float, float] | None = None
 
     @property
     def instruct(self) -> CoreConfig:
@@ -245,7 +246,7 @@ PRESETS: dict[str, Preset] = {
         ),
         campp=CamppPreset(m_channels=8, init_channels=32, growth_rate=8, bn_size=2, block_layers=(2, 2, 2)),
         stop_bias=0.0,
-        text_end_bias=(0.1, 1.0, -2.4),  # plans of 1-12 tokens with seed 0 (measured: see bias_text_end)
+        text_end_bias=(0.1, 1.0, -1.5, 4.0),  # plans of 1-13 tokens with seed 0 (measured: see bias_text_end)
     ),
     "small": Preset(
         name="small",

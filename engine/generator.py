@@ -186,9 +186,9 @@ class Generator:
                 raise ValueError(f"latents must be (4N, 64), got {tuple(latents.shape)}")
             if latents is not None and not torch.isfinite(latents).all():
                 raise ValueError("the latents have non-finite values")
-            if int((tokens == token_id).sum()) != patches:
+            if given.tokens.count(token_id) != patches:
                 raise ValueError(
-                    f"the ChatML ids hold {int((tokens == token_id).sum())} placeholders for {patches} patches"
+                    f"the ChatML ids hold {given.tokens.count(token_id)} placeholders for {patches} patches"
                 )
         phase = Phase.TEXT if given.sampling is not None else Phase.AUDIO
         s = Stream(slot, tokens, None, params, _rng(params), model="instruct", phase=phase, instruct=given)
@@ -305,7 +305,7 @@ class Generator:
 
     def _embed(self, core: FireRedTTS3Core, tokens: list[int]) -> torch.Tensor:
         """(n,) token ids -> (n, 1, hidden) backbone inputs."""
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        ids = torch.tensor(tokens, dtype=torch.long)[:, None].to(self.device, non_blocking=True)
         return core.backbone.embed_tokens(ids).to(self.dtype)
 
     def _audio(self, core: FireRedTTS3Core, streams: list[Stream], rows: list[int], hidden: dict, results: list):
@@ -353,11 +353,13 @@ class Generator:
     def _prefill_instruct(self, s: Stream) -> torch.Tensor:
         """The ChatML prefix with its placeholders filled by PatchEncoder outputs of the latents x 0.4."""
         core, dt, given = self.instruct, self.dtype, s.instruct
-        scaled = {}
+        scaled, fills = {}, []
         for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
             if latents is not None:
-                scaled[token_id] = (latents.to(self.device, torch.float32) * REDAE_SCALE).to(dt)[None]
-        x = core.chatml_embeddings(s.tokens, list(scaled.items()), dt)
+                latents = latents.to(self.device, torch.float32, non_blocking=True)
+                scaled[token_id] = (latents * REDAE_SCALE).to(dt)[None]
+                fills.append(([j for j, t in enumerate(given.tokens) if t == token_id], scaled[token_id]))
+        x = core.chatml_embeddings(s.tokens, fills, dt)
         h = self._backbone(core, x, [s.slot], [0])
         s.position = x.shape[1]
         out = scaled.get(LATENT_OUT_ID, h.new_zeros(1, 0, core.cfg.redae_dim))

@@ -1,4 +1,4 @@
-"""FireRedTTS3-Instruct's four tasks as the engine runs them: their names, defaults and text phase.
+"""FireRedTTS3-Instruct's four tasks as the engine runs them: which writes text first, and how.
 
 - ``design``: a new voice from a description; the model first writes a voice plan (text), then speaks.
 - ``clone``: Instruct's in-context cloning from a reference clip and its transcript (no text phase).
@@ -6,8 +6,8 @@
   transcript (greedy), then speaks it in the recording's voice.
 - ``acoustic_edit``: a recording's speed, pitch or volume changed (fixed instruction templates).
 
-Defaults are the reference's (``fireredtts3/llm/fireredtts3_instruct.py``); the task names, seeds, cfg and the
-edit length limit are :mod:`engine.instructions`' (torch-free, read by the contract and the request checks).
+The task names, their seeds and cfg and the edits' length limit are :mod:`engine.instructions`' (the
+serving contract reads them there, without torch); this module adds the text phase's sampling.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import enum
 from dataclasses import dataclass
 
 from engine import instructions
-from engine.instructions import MAX_EDIT_SECONDS
 from engine.text_sampling import DESIGN_SAMPLING, EDIT_SAMPLING, TextSampling
 
 
@@ -41,18 +40,16 @@ class TaskDefaults:
     sampling: TextSampling | None  # the text phase's token choice; None: the task writes no text
 
 
-# seed and cfg: engine.instructions.TASK_DEFAULTS (torch-free, for the contract's tables and the request checks)
 _SAMPLING = {Task.DESIGN: DESIGN_SAMPLING, Task.SEMANTIC_EDIT: EDIT_SAMPLING}
 DEFAULTS: dict[Task, TaskDefaults] = {
     t: TaskDefaults(instructions.TASK_DEFAULTS[t.value].seed, instructions.TASK_DEFAULTS[t.value].cfg, _SAMPLING.get(t))
     for t in Task
 }
-
-EDITS = (Task.SEMANTIC_EDIT, Task.ACOUSTIC_EDIT)
+EDITS = tuple(Task(t) for t in instructions.EDITS)
 
 
 def check_edit_length(samples: int, sample_rate: int, field: str = "recording") -> None:
     """ValueError naming ``field`` when a recording to edit is longer than MAX_EDIT_SECONDS."""
     seconds = samples / sample_rate
-    if seconds > MAX_EDIT_SECONDS:
-        raise ValueError(f"{field} is {seconds:.1f} s; an edit takes at most {MAX_EDIT_SECONDS:g} s")
+    if seconds > instructions.MAX_EDIT_SECONDS:
+        raise ValueError(f"{field} is {seconds:.1f} s; an edit takes at most {instructions.MAX_EDIT_SECONDS:g} s")

@@ -25,8 +25,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.frontend import prepare
-from engine import instructions
-from engine.instructions import check_acoustic_edit, check_instruction
+from engine.instructions import (
+    ACOUSTIC_EDIT,
+    CLONE,
+    DESIGN,
+    EDITS,
+    SPEAK,
+    TASKS,
+    check_acoustic_edit,
+    check_instruction,
+)
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -44,7 +52,7 @@ class Utterance:
     split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
     normalize: bool = True  # wetext text normalization (cleaning and splitting run regardless)
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
-    task: str = ""  # "": Base; else an Instruct task (engine.instruct.Task's values)
+    task: str = ""  # "" or "speak": Base; else an Instruct task (engine.instructions.TASKS)
     instruction: str = ""  # Instruct: the voice description or the edit instruction
 
 
@@ -73,11 +81,10 @@ class Piece:
     audio: np.ndarray  # (n,) float32 at 24 kHz, n may be 0
     final: bool = False
     finish_reason: str = ""
-    text: str = ""  # the plan text, on its own piece
+    text: str | None = None  # the plan text (maybe ""), on its own piece; None: not the plan
 
 
-EDIT_TASKS = instructions.EDITS  # the whole recording, no text
-INSTRUCT_TASKS = tuple(t for t in instructions.TASKS if t != instructions.SPEAK)
+INSTRUCT_TASKS = tuple(t for t in TASKS if t != SPEAK)
 
 
 def checked_instruction(task: str, instruction: str) -> str:
@@ -85,9 +92,9 @@ def checked_instruction(task: str, instruction: str) -> str:
     takes none (the model's cloning input has no place for one): it is ignored there."""
     if task not in INSTRUCT_TASKS:
         raise ValueError(f"unknown Instruct task {task!r}; choose from {list(INSTRUCT_TASKS)}")
-    if task == "clone":
+    if task == CLONE:
         return ""
-    if task == "acoustic_edit":
+    if task == ACOUSTIC_EDIT:
         return check_acoustic_edit(instruction)
     return check_instruction(instruction)
 
@@ -157,9 +164,11 @@ class Orchestrator:
     async def _pieces(self, utterance: Utterance, voice: Any) -> AsyncIterator[Piece]:
         """The utterance's pieces at the speed the model speaks."""
         u = utterance
+        if u.task == SPEAK:  # Base, as ""
+            u = replace(u, task="")
         if u.task:
             u = replace(u, instruction=checked_instruction(u.task, u.instruction))
-        if u.task in EDIT_TASKS:  # the whole recording is edited: no text, one stream
+        if u.task in EDITS:  # the whole recording is edited: no text, one stream
             texts, language = [""], ""
         else:
             # Before the prompt, so that unspeakable text fails fast; on a thread: wetext takes a while on
@@ -168,7 +177,7 @@ class Orchestrator:
                 prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
             )
             texts, language = prepared.segments, prepared.language
-        prompt = None if u.task == "design" else await self.prompts.encode(voice)
+        prompt = None if u.task == DESIGN else await self.prompts.encode(voice)
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         for i, segment_text in enumerate(texts):
             more = i < len(texts) - 1
@@ -232,7 +241,7 @@ async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator
     stretch = TimeStretch(speed)
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
-            if piece.text:  # the plan: no audio to stretch
+            if piece.text is not None:  # the plan: no audio to stretch
                 yield piece
                 continue
             audio = await asyncio.to_thread(stretch.push, piece.audio)

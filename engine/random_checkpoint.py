@@ -26,7 +26,7 @@ from engine.checkpoint import CAMPP_FILE, CORE_DIR, INSTRUCT_DIR, REDAE_DIR, TOK
 from engine.config import PRESETS, Preset
 from engine.models.campp import CamppConfig, SpeakerEncoder, save_campp
 from engine.models.core import FireRedTTS3Core
-from engine.text import write_tiny_tokenizer
+from engine.text import QWEN_FIRST_ID, write_tiny_tokenizer
 
 
 @torch.no_grad()
@@ -48,20 +48,23 @@ def randomize(module: nn.Module, scale: float) -> None:
 
 
 @torch.no_grad()
-def bias_text_end(core: FireRedTTS3Core, scale: float, every: float, eot: float) -> None:
-    """Make random weights end Instruct's text phase after a few tokens.
+def bias_text_end(core: FireRedTTS3Core, scale: float, every: float, eot: float, unused: float, words: int) -> None:
+    """Make random weights end Instruct's text phase after a few tokens, written with the tokenizer's words.
 
     The LM head is the token embedding (tied). With standard-normal rows a token's own embedding runs
     through the residual stream to the last state and wins every step (the same token forever); rows
     scaled by ``scale`` leave the last state to the layers instead, whose channel 0 comes out about
-    -1 on this preset's weights. So channel 0 of every row is set to ``every`` and <|eot|>'s to ``eot``:
-    <|eot|>'s score then moves with that channel, from position to position, about as high as the
-    best other scores. Measured on the tiny preset (seed 0) with (0.1, 1.0, -2.4): voice-design plans
-    of 1-12 tokens (median 2; 3 descriptions x 2 texts x 3 seeds), greedy semantic edits end at once.
+    -1 on the tiny preset's weights. So channel 0 of every row is set to ``every`` and <|eot|>'s to
+    ``eot``: <|eot|>'s score then moves with that channel, position by position, about as high as the
+    best other scores. The ids the tiny tokenizer leaves unused (from ``words``, its learned vocabulary's
+    size, up to Qwen's added tokens) get ``every + unused`` and so score lower: plans decode to text.
+    Measured on the tiny preset (seed 0) with (0.1, 1.0, -1.5, 4.0): voice-design plans of 1-13 tokens
+    (3 descriptions x 2 texts x 3 seeds), greedy semantic edits of 0-4 tokens (3 x 3 recordings).
     """
     weight = core.backbone.embed_tokens.weight
     weight.mul_(scale)
     weight[:, 0] = every
+    weight[words:QWEN_FIRST_ID, 0] = every + unused
     weight[TEXT_EOT_ID, 0] = eot
 
 
@@ -90,8 +93,9 @@ def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Pat
     randomize(instruct, p.init_std_scale)
     with torch.no_grad():
         instruct.stop_head.bias.fill_(p.stop_bias)
+    vocab = write_tiny_tokenizer(root / TOKENIZER_DIR)
     if p.text_end_bias is not None:
-        bias_text_end(instruct, *p.text_end_bias)
+        bias_text_end(instruct, *p.text_end_bias, _learned_words(root / TOKENIZER_DIR))
     written = ((CORE_DIR, core, p.core.to_json()), (INSTRUCT_DIR, instruct, p.instruct.to_json()),
                (REDAE_DIR, redae, p.redae.to_json()))  # fmt: skip
     for sub, model, cfg in written:
@@ -103,10 +107,15 @@ def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Pat
         save_file(tensors, str(root / sub / "model.safetensors"), metadata={"format": "pt"})
     (root / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
     save_campp(campp, root / CAMPP_FILE)
-    vocab = write_tiny_tokenizer(root / TOKENIZER_DIR)
     if vocab > p.core.backbone.vocab_size:
         raise ValueError(f"preset {p.name}: tokenizer ({vocab}) exceeds backbone vocab ({p.core.backbone.vocab_size})")
     return root
+
+
+def _learned_words(folder: Path) -> int:
+    """One past the largest id of the tiny tokenizer's learned vocabulary (below Qwen's added tokens)."""
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    return max(i for i in vocab.values() if i < QWEN_FIRST_ID) + 1
 
 
 # Bumped whenever make_checkpoint writes different files for the same preset and seed; part of the

@@ -172,7 +172,7 @@ def instruct_run(
         raise (ValueError if e.invalid else RuntimeError)(str(e)) from None
     return InstructResult(
         audio=np.concatenate([p.audio for p in pieces]),
-        plan_text=next((p.text for p in pieces if p.text), ""),
+        plan_text=next((p.text for p in pieces if p.text is not None), ""),
         chatml_token_ids=[state.tokens[0].tolist() for _, state in streams],
         plan_token_ids=[list(state.text_ids) for _, state in streams],
         latents=[np.concatenate(latents.get(sid, [])) for sid, _ in streams],

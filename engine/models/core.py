@@ -80,27 +80,26 @@ class FireRedTTS3Core(nn.Module):
         return F.linear(h.to(weight.dtype), weight).float()
 
     def chatml_embeddings(
-        self, tokens: torch.Tensor, fills: list[tuple[int, torch.Tensor]], dtype: torch.dtype
+        self, tokens: torch.Tensor, fills: list[tuple[list[int], torch.Tensor]], dtype: torch.dtype
     ) -> torch.Tensor:
         """Backbone input of an Instruct stream: the token embeddings of its ChatML ids, the placeholders
-        of each ``(token id, latents)`` in ``fills`` replaced in order by the PatchEncoder's outputs.
+        at each fill's positions replaced in order by the PatchEncoder's outputs of its latents (the
+        reference's ``masked_scatter``; positions come from the host, so no device read is needed).
 
         Args:
-            tokens: (1, T) int64; fills: (placeholder id, (1, 4P, 64) scaled latents) pairs.
+            tokens: (1, T) int64; fills: (placeholder positions, (1, 4P, 64) scaled latents) pairs.
         Returns:
             (1, T, hidden) in ``dtype``.
         Raises:
-            ValueError: a placeholder count differs from its latents' patch count.
+            ValueError: a fill's position count differs from its latents' patch count.
         """
         x = self.backbone.embed_tokens(tokens).to(dtype)
-        for token_id, latents in fills:
-            where = tokens[0] == token_id
+        for positions, latents in fills:
             patches = latents.shape[1] // self.cfg.patch_size
-            if int(where.sum()) != patches:
-                raise ValueError(
-                    f"the ChatML ids hold {int(where.sum())} placeholders {token_id} for {patches} patches"
-                )
+            if len(positions) != patches:
+                raise ValueError(f"the ChatML ids hold {len(positions)} placeholders for {patches} patches")
             if patches:
+                where = torch.tensor(positions, dtype=torch.long).to(x.device, non_blocking=True)
                 x[0, where] = self.patch_encoder(latents)[0].to(dtype)
         return x
 

@@ -72,6 +72,25 @@ def test_either_core_loads_alone(tiny_ckpt, tmp_path):
     assert model.generator(1, 512).core is None
 
 
+def test_the_checkpoint_command_shows_both_cores(tiny_ckpt):
+    from engine.checkpoint import describe
+
+    text = describe(tiny_ckpt)
+    assert "base core" in text and "instruct core" in text and "campp" in text
+
+
+def test_a_checkpoint_cached_by_an_older_layout_is_not_reused(tiny_ckpt, tmp_path):
+    from engine.random_checkpoint import cached_checkpoint
+
+    old = tmp_path / "tiny-seed0"
+    shutil.copytree(tiny_ckpt, old)
+    shutil.rmtree(old / "fireredtts3_instruct")  # what an older version cached there
+    path = cached_checkpoint("tiny", old)
+    assert path != old and path.name.startswith("tiny-seed0-layout")
+    assert (path / "fireredtts3_instruct" / "config.json").is_file()
+    assert cached_checkpoint("tiny", old) == path  # and reused from then on
+
+
 def test_a_tied_lm_head_copy_is_accepted_and_an_untied_one_refused(tiny_ckpt, tmp_path):
     ck = tmp_path / "ck"
     shutil.copytree(tiny_ckpt, ck)
@@ -211,3 +230,70 @@ def test_edits_refuse_an_overlong_recording(model):
     long = torch.zeros(4 * 200, 64)  # 32 s of latents
     with pytest.raises(ValueError, match="at most 30 s"):
         model.instruct_input("semantic_edit", "delete the word at index 1.", latents=long)
+
+
+# -- the CUDA configuration, on meta -----------------------------------------------------------------------
+def test_instruct_steps_on_meta_in_the_cuda_policy_copy_without_blocking(tmp_path):
+    """Both cores of the small preset on PyTorch's meta device in the CUDA precision policy: no matmul
+    mixes bfloat16 and float32 (the audit raises), no copy to the device blocks, and a step reads the
+    device twice at most: the text phase's scores (its RNGs are on the CPU) and the stop decision."""
+    from bench.device_audit import H2D_BLOCKING, SYNC, DeviceAudit
+    from engine.checkpoint import Models, RedAE, precision_policy
+    from engine.config import PRESETS
+    from engine.models.core import FireRedTTS3Core
+    from engine.text import TextTokenizer, write_tiny_tokenizer
+
+    write_tiny_tokenizer(tmp_path)
+    p, meta, policy = PRESETS["small"], torch.device("meta"), precision_policy(torch.device("cuda"))
+    with meta:
+        base, instruct, redae = FireRedTTS3Core(p.core), FireRedTTS3Core(p.instruct), RedAE(p.redae)
+    for core in (base, instruct):
+        core.to(meta, policy["core"]).backbone_llm.to(policy["backbone"])
+        core.eval().requires_grad_(False)
+    models = Models(base, redae, None, TextTokenizer.from_dir(tmp_path), "meta", tmp_path, instruct)
+    model = FireRedTTS3(models, meta, policy["backbone"], policy)
+    svc = GeneratorService(model, slots=3, max_len=1024, attention="sdpa")
+    params = GenerationParams(seed=2, steps=2, cfg=1.2, max_patches=8, min_patches=0)
+    latents = torch.zeros(4 * 5, 64)
+    with DeviceAudit("meta") as audit:
+        svc.admit_task(1, "design", params, "a calm voice", "Hello there.")
+        svc.admit_task(2, "acoustic_edit", params, "adjust the speed to 0.5x", latents=latents)
+        svc.admit_task(3, "clone", params, text="Hello.", latents=latents, prompt_text="Hi.")
+    assert audit.count(SYNC) == 0
+    for _ in range(3):
+        with DeviceAudit("meta") as audit:
+            chunks = svc.step(list(svc.live))
+        due = sum(c is not None for c in chunks.values())
+        assert audit.count(H2D_BLOCKING) == 0 and audit.count(SYNC) <= 2 + due, audit.report()
+    assert svc.live[1].state.phase is Phase.TEXT and svc.live[2].state.phase is Phase.AUDIO
+
+
+@pytest.mark.parametrize(
+    ("task", "instruction", "plans"),
+    [("design", "a calm older man", 1), ("semantic_edit", "delete the word at index 1.", 1),
+     ("acoustic_edit", "adjust the volume to 1.5", 0), ("clone", "", 0)],
+)  # fmt: skip
+def test_the_orchestrator_yields_one_plan_piece_before_the_audio(model, task, instruction, plans):
+    import asyncio
+
+    from engine.local import local_orchestrator
+    from engine.orchestrator import Utterance
+    from engine.prompt import VoicePrompt
+
+    voice = None if task == "design" else VoicePrompt(model.encode_latents(_noise(0.6), RATE), torch.zeros(0), "Hi.")
+    text = "" if task.endswith("edit") else "Hello there. And a second sentence here."
+    utterance = Utterance(text, "English", _params(task, 6), (2, 2), split_tokens=4, task=task, instruction=instruction)
+
+    async def pieces():
+        return [p async for p in local_orchestrator(model).run(utterance, voice)]
+
+    got = asyncio.run(pieces())
+    kinds = ["plan" if p.text is not None else "audio" for p in got]
+    assert kinds.count("plan") == plans and kinds[plans:] == ["audio"] * (len(got) - plans)
+    assert all(p.audio.size == 0 for p in got[:plans]) and got[-1].final
+    assert sum(p.audio.size for p in got) > 0
+
+
+def test_an_acoustic_edit_outside_the_templates_is_refused(model):
+    with pytest.raises(ValueError, match="speed"):
+        instruct_run(model, "acoustic_edit", instruction="make it sound happier", audio=_noise(0.5), sample_rate=RATE)
