@@ -23,6 +23,7 @@ import soundfile as sf
 
 from client import InvalidRequest, TTSClient
 from tests.integration.helpers import gateway_for, in_parallel, wait_gauges_zero
+from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
 SHORT = {"max_patches": 6, "chunk_first": 2, "chunk_next": 2}
@@ -145,8 +146,10 @@ def test_eight_mixed_streams_each_equal_their_solo_run(server):
 
     solo = {i: one(i) for i in range(8)}
     together = in_parallel(one, 8)
-    for i in range(8):
-        assert plans_of(together[i]) == plans_of(solo[i]) and np.array_equal(audio_of(together[i]), audio_of(solo[i]))
+    for i in range(8):  # the same tokens; audio as close as batched float math allows (as for Base)
+        assert plans_of(together[i]) == plans_of(solo[i]), i
+        a, b = audio_of(together[i]), audio_of(solo[i])
+        assert a.shape == b.shape and snr_db(b, a) >= 60, i
 
 
 def test_a_design_cancelled_at_once_frees_its_slot(server):

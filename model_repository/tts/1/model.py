@@ -143,7 +143,7 @@ class TritonPythonModel:
             sent = 0
             async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
                 async for piece in pieces:
-                    if piece.text:  # Instruct's plan, in its own response before the first audio
+                    if piece.text is not None:  # Instruct's plan (maybe ""), in its own response before any audio
                         sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"PLAN_TEXT": piece.text},
                                                                  batch=False)))  # fmt: skip
                         continue
