@@ -107,17 +107,16 @@ class GeneratorHost:
         return self.outbox.pop(stream_id, (0.0, []))[1]
 
     def _locked_step(self, stream_ids: list[int]) -> None:
-        self.mark("start")
         with self.lock:
-            self.mark("lock")
             try:
                 self._step_and_after(stream_ids)
             except Exception:  # the next execute must still run: its streams are freed as orphans
                 log.exception("generator step thread failed")
 
     def _step_and_after(self, stream_ids: list[int]) -> None:
+        self.mark("start")
         out = self.step(stream_ids) if stream_ids else {}
-        self.mark("step")
+        self.mark(f"step of {len(stream_ids)}")
         now = time.monotonic()
         for stream_id, chunk in out.items():
             if chunk is not None:
