@@ -18,6 +18,10 @@ and every stream count N, it measures:
 
 Every ms/step figure is wall time / P (a batched step advances all N streams by one patch). The
 repetitions of all variants are interleaved (best kept) so that drifting machine load hits them alike.
+The generator runs its steps asynchronously as shipped (the step on its engine thread while Triton
+reschedules the requests, serving.generator_host); ``--sync-steps`` renders it stepping inside
+``execute`` for comparison. ``TTS_EXECUTE_PROFILE=<prefix>`` in the environment writes a breakdown
+of every execute (serving.execute_profile) to ``<prefix>.<pid>.txt``.
 Columns: "overhead" = wall - in-model step time (per stream: / N); "executes" and "batches" (Triton's
 statistics, count×batch size) show fragmentation: with ``max_queue_delay_microseconds: 0`` the batcher
 may dispatch a rescheduled request before the rest of the batch is back, and the split can persist for
@@ -28,7 +32,7 @@ Checkpoints, the model repository and server logs go to ``--work`` (default resu
 git-ignored). Usage::
 
     .venv/bin/python -m bench.step_overhead [--presets tiny,small] [--streams 1,4,8] [--patches 48]
-        [--reps 2] [--e2e] [--no-engine-thread] [--queue-delay-us 500]
+        [--reps 2] [--e2e] [--no-engine-thread] [--queue-delay-us 500] [--sync-steps]
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from serving.triton_env import Ports, TritonServer
 TEXT = "The quick brown fox jumps over the lazy dog."
 WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_patches = 6)
 ET_MODEL = "generator_et"
+MAX_SLOTS = 256  # serving.options.ServeOptions' bound; --slots beyond it widens the rendered generator only
 ET_METRIC = "bench_engine_thread_step_seconds"
 
 # The engine-thread variant (triton vllm_backend pattern), copied into the rendered repository as
@@ -237,8 +242,15 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
     (in-process, generator, engine thread, e2e) so that drifting machine load hits them alike."""
     work = args.work / f"triton-{preset}"
     work.mkdir(parents=True, exist_ok=True)
-    opts = ServeOptions(checkpoint=str(ck), slots=args.slots, max_len=args.max_len, cancel_dir=str(work / "cancel"))
+    opts = ServeOptions(checkpoint=str(ck), slots=min(args.slots, MAX_SLOTS), max_len=args.max_len,
+                        cancel_dir=str(work / "cancel"), generator_async_steps=not args.sync_steps)  # fmt: skip
     repo = build(work / "model_repository", opts)
+    if args.slots > MAX_SLOTS:  # past what the launcher serves: the generator alone, rendered wider here
+        cfg = repo / "generator" / "config.pbtxt"
+        text, k = re.subn(rf"(max_batch_size: |max_candidate_sequences: |key: \"slots\" value {{ string_value: \"){MAX_SLOTS}\b",
+                          rf"\g<1>{args.slots}", cfg.read_text())  # fmt: skip
+        assert k == 3, f"generator config: {k} of 3 slot counts found"
+        cfg.write_text(text)
     if args.queue_delay_us is not None:  # experiment: let the batcher wait for rescheduled requests
         cfg = repo / "generator" / "config.pbtxt"
         text, k = re.subn(
@@ -355,6 +367,7 @@ def main(argv=None) -> int:
         default=None,
         help="override the generator's sequence-batcher max_queue_delay_microseconds (rendered: 0)",
     )
+    ap.add_argument("--sync-steps", action="store_true", help="the generator steps inside execute (not async)")
     ap.add_argument("--no-engine-thread", dest="engine_thread", action="store_false")
     ap.add_argument("--e2e", action="store_true", help="also N TTSClient streams through tts (vocoder included)")
     args = ap.parse_args(argv)
@@ -372,7 +385,7 @@ def main(argv=None) -> int:
         measure(ck, preset, rows, args)
     print()
     print(f"P = {args.patches} patches per stream, {args.steps} flow steps, slots = {args.slots}, torch threads 1, "
-          f"best of {args.reps}; generator max_queue_delay_microseconds "
+          f"best of {args.reps}; {'sync' if args.sync_steps else 'async'} steps; generator max_queue_delay_microseconds "
           f"{'rendered' if args.queue_delay_us is None else args.queue_delay_us}; {os.cpu_count()} CPUs; {time.perf_counter() - t_start:.0f} s")  # fmt: skip
     print()
     print(table(list(rows.values()), args))

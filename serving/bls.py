@@ -51,6 +51,31 @@ class Waits:
 
 
 CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
+# request.is_cancelled() is a round trip to Triton's process: all of a stub's running requests together
+# ask at most this often (256 streams: each every 0.26 s, one generator step on this 2-core machine)
+CANCEL_CHECKS_PER_SECOND = 1000
+_watching = 0  # requests in watch() now: the stub's one event loop runs them all
+
+
+def cancel_poll_seconds(watching: int) -> float:
+    """How often each of ``watching`` running requests asks whether its client left."""
+    return max(CANCEL_POLL_SECONDS, watching / CANCEL_CHECKS_PER_SECOND)
+
+
+class PolledFlags:
+    """The launcher's ``broken`` flag (serving.run_folder.RunFlags) as every running request of a model
+    polls it in :func:`watch`: read from its file at most once per ``seconds`` for all of them (256
+    streams polled one open() each, 5,000 a second). Used from one event loop only."""
+
+    def __init__(self, flags, seconds: float = CANCEL_POLL_SECONDS):
+        self.flags, self.seconds = flags, seconds
+        self.read_at, self.value = -float("inf"), None
+
+    def broken(self) -> str | None:
+        now = time.monotonic()
+        if now - self.read_at >= self.seconds:
+            self.value, self.read_at = self.flags.broken(), now
+        return self.value
 
 
 async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | None:
@@ -62,13 +87,18 @@ async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | Non
     response must come after the last ``is_cancelled()`` (asked once it has gone out, tritonserver 2.51
     crashes), and after the cleanup: sent earlier, the BLS requests still running for this request went
     astray (the generator read TEXT of 3209585762 bytes and Triton dropped other clients' streams)."""
-    while not task.done():
-        await asyncio.wait({task}, timeout=CANCEL_POLL_SECONDS)
-        if not task.done() and request.is_cancelled():
-            task.cancel()
-        if not task.done() and (broken := flags.broken()):
-            task.cancel()
-            return broken
+    global _watching
+    _watching += 1
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=cancel_poll_seconds(_watching))
+            if not task.done() and request.is_cancelled():
+                task.cancel()
+            if not task.done() and (broken := flags.broken()):
+                task.cancel()
+                return broken
+    finally:
+        _watching -= 1
     while lingering:
         await asyncio.wait(set(lingering))
     return None

@@ -35,14 +35,18 @@ class GeneratorMetrics:
         self.pages.set(getattr(service.gen.cache, "num_pages", 0))
         self.attention_shown: tuple[str, str] | None = None
         self.attention = None
+        self.shown: tuple[int, int, int] | None = None  # (active, in use, waiting) as last set
         self.update()
 
     def update(self) -> None:
-        """After admissions, steps and drops: the gauges follow the service."""
+        """After admissions, steps and drops: the gauges follow the service. Set only when they change
+        (each set is a round trip to Triton's process, and this runs after every step)."""
         s = self.service
-        self.active.set(s.active)
-        self.in_use.set(getattr(s.gen.cache, "pages_in_use", 0))
-        self.waiting.set(len(s.waiting))
+        now = (s.active, getattr(s.gen.cache, "pages_in_use", 0), len(s.waiting))
+        before, self.shown = self.shown or (None, None, None), now
+        for gauge, value, old in zip((self.active, self.in_use, self.waiting), now, before, strict=True):
+            if value != old:
+                gauge.set(value)
         now = (s.gen.attention, s.gen.attention_fallback_reason)
         if now != self.attention_shown:  # a failed FlashInfer run switches the path mid-run
             if self.attention is not None:

@@ -43,6 +43,9 @@ class ServeOptions:
     # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
     # the batch whole at no measurable cost (bench/step_overhead.py).
     generator_queue_delay_us: int = 500
+    # An execute launches its step on the generator's engine thread and returns, so that Triton's own
+    # work per request overlaps the step (serving.generator_host); False: the step runs inside execute.
+    generator_async_steps: bool = True
     # Triton frees a sequence's candidate slot this long after its last request. A live stream is back
     # every step (so one generator step must take less than this), while a START that a client cancels
     # while it waits in Triton's queue keeps its slot this long (Triton 2.51 sends no end for it).

@@ -1,10 +1,11 @@
 """generator: one batched autoregressive step per execute for every stream Triton hands us.
 
-Triton's iterative sequence batcher queues the streams (at most ``slots`` live). An execute is parse ->
-decide (engine.scheduler: step, cancel, admit, wait or refuse) -> step -> send; a stream that is not
-finished is released with RESCHEDULE and comes back next step. Responses carry the vocoder's inputs,
-sealed; a failed stream ends with a normal last response whose FINISH_REASON says why. The state
-between executes is serving.generator_host.
+Triton's iterative sequence batcher queues the streams (at most ``slots`` live). An execute is settle
+(the previous step ends) -> send its chunks -> decide (engine.scheduler: step, cancel, admit, wait or
+refuse) -> launch this step on the engine thread and return; a stream that is not finished is
+released with RESCHEDULE and comes back next step, with which its chunk from this step goes out (see
+serving.generator_host: Triton's per-request work overlaps the step). Responses carry the vocoder's
+inputs, sealed; a failed stream ends with a normal last response whose FINISH_REASON says why.
 
 Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
 ids): a client that could address the sequence batcher could wedge it (a request without START on a
@@ -18,6 +19,7 @@ import triton_python_backend_utils as pb
 from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.scheduler import Action
 from serving.auth import Refused
+from serving.execute_profile import ExecuteProfile
 from serving.generator_host import GeneratorHost
 from serving.model_options import GeneratorOptions
 from serving.triton_io import chunk_tensors, error_response, setup_logging, stream_request
@@ -31,25 +33,35 @@ RESCHEDULE = pb.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 class TritonPythonModel:
     def initialize(self, args):
         self.host = GeneratorHost(pb, GeneratorOptions.read(args))
+        self.profile = ExecuteProfile.from_env()  # benchmarks only: $TTS_EXECUTE_PROFILE
+        if self.profile is not None:
+            self.execute = self.profile.wrap(self.execute)
+            self.host.mark = self.profile.engine_mark
+        self.mark = self.profile.mark if self.profile is not None else lambda name: None
 
     def execute(self, requests):
-        host = self.host
+        host, mark = self.host, self.mark
+        host.settle()  # the step launched by the previous execute: its chunks are in the outbox now
         with host.lock:
+            mark("settle")
             steps, marked = [], host.cancels.marked()
+            mark("cancel_marks")
             for r in requests:
                 stream_id, sender, start = r.correlation_id(), r.get_response_sender(), bool(r.flags() & START)
+                if deliver(sender, host.take(stream_id)):  # its last chunk: released, not rescheduled
+                    continue
                 action = host.scheduler.decide(stream_id, start, stream_id in marked).action
                 if action is Action.CANCEL:
                     send(sender, host.cancel(stream_id))
                 elif action is Action.STEP or self._start(r, stream_id, start, sender):
                     steps.append((r, stream_id, sender))
-            out = host.step([i for _, i, _ in steps]) if steps else {}
-            for r, stream_id, sender in steps:
-                if out[stream_id] is not None:
-                    send(sender, out[stream_id])
-                if out[stream_id] is None or not out[stream_id].last:
+            mark("requests")
+            host.launch([i for _, i, _ in steps])  # async: runs once this lock is let go, while Triton reschedules
+            mark("launch")
+            for r, stream_id, sender in steps:  # async: back in the next execute, which sends this step's chunk
+                if host.async_steps or not deliver(sender, host.take(stream_id)):
                     r.set_release_flags(RESCHEDULE)
-            host.after([i for _, i, _ in steps])  # after the step: a slow step orphans nobody
+            mark("respond")
 
     def _start(self, request, stream_id: int, start: bool, sender) -> bool:
         """A request that is not a live stream's next step: authenticated, then admitted if it may be."""
@@ -76,6 +88,15 @@ class TritonPythonModel:
 
     def finalize(self):
         self.host.close()
+        if self.profile is not None:
+            self.profile.write()
+
+
+def deliver(sender, chunks: list[Chunk]) -> bool:
+    """Send a stream's waiting chunks; whether the last of them ended it."""
+    for chunk in chunks:
+        send(sender, chunk)
+    return bool(chunks) and chunks[-1].last
 
 
 def send(sender, chunk: Chunk) -> None:

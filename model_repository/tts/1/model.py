@@ -14,7 +14,7 @@ from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavaila
 from engine.text import TextTokenizer
 from serving.admission import Admission
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, Waits, watch
+from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.model_options import TTSOptions
@@ -45,6 +45,7 @@ class TritonPythonModel:
         opts = TTSOptions.read(args)
         start_heartbeat(opts.run_dir, "tts")
         self.flags = RunFlags(opts.run_dir)  # set by the launcher: a backend failed, or draining
+        self.polled = PolledFlags(self.flags)  # what running requests poll: one read for all of them
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
@@ -104,7 +105,7 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, sender, lingering: set):
         task = asyncio.ensure_future(self._stream(request, sender))
-        broken = await watch(task, request, self.flags, lingering)  # the orchestrator cleans up a cancelled one
+        broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.outcome["error"].increment(1)
             refuse(sender, broken)
