@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chunk-first", type=int, help="request parameter (server default when omitted)")
     ap.add_argument("--chunk-next", type=int, help="request parameter (server default when omitted)")
     ap.add_argument("--text", action="append", help="text to speak (repeatable; default: built-in sentences)")
+    ap.add_argument("--instruction", help="FireRedTTS3-Instruct voice design with this description (default: Base); "
+                    "its plan text comes before the first audio, so first-chunk latency includes it")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "results" / "bench")
     ap.add_argument("--name", help="file stem of the outputs (default: PRESET-PROTOCOL, or server-PROTOCOL)")
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     name = args.name or f"{'server' if args.url else args.preset}-{args.protocol}"
     request = {"parameters": {"max_patches": args.max_patches}}
+    if args.instruction:
+        request["instruction"] = args.instruction
     for key in ("chunk_first", "chunk_next"):
         if getattr(args, key) is not None:
             request["parameters"][key] = getattr(args, key)

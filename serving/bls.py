@@ -187,7 +187,11 @@ class BLSPrompts:
 
 
 # The prompt tensors of a stream without a voice prompt (Instruct's voice design).
-NO_PROMPT = {"PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32), "SPEAKER": np.zeros(0, np.float32), "PROMPT_TEXT": ""}
+NO_PROMPT = {
+    "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
+    "SPEAKER": np.zeros(0, np.float32),
+    "PROMPT_TEXT": "",
+}
 
 
 class BLSGenerator:
@@ -265,7 +269,8 @@ class BLSVocoder:
 
     async def decode(self, chunk: Chunk) -> np.ndarray:
         outputs = [s.name for s in contract.VOCODER_OUTPUTS]
-        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk), outputs, decoupled=True)
+        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk, specs=contract.VOCODER_INPUTS), outputs,
+                                   decoupled=True)  # fmt: skip
         reason = contract.text_of(out["FINISH_REASON"])
         if reason.startswith(KINDS) and reason != chunk.finish_reason:
             raise StreamFailed(reason)

@@ -221,7 +221,7 @@ GENERATOR_OUTPUTS = (
 )
 
 # ---- vocoder (dynamic batching, one instance, state per STREAM_ID) ----
-VOCODER_INPUTS = GENERATOR_OUTPUTS
+VOCODER_INPUTS = tuple(s for s in GENERATOR_OUTPUTS if s.name != "TEXT")  # plan text never reaches the vocoder
 VOCODER_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="samples finished by this chunk"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,), doc="the chunk's FINISH_REASON, passed on"),

@@ -120,7 +120,7 @@ def ensemble() -> str:
     # Instruct's optional inputs are not tts_ensemble's: it serves Base only
     gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in contract.GENERATOR_INPUTS
               if s.name in prompt_out_for or s.name in given}  # fmt: skip
-    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in contract.GENERATOR_OUTPUTS}
+    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in contract.VOCODER_INPUTS}  # what the vocoder reads
     steps = [
         _step("prompt_encoder", prompt_in, prompt_out),
         _step("ensemble_generator", gen_in, gen_out),

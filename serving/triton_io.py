@@ -56,7 +56,6 @@ def load_model(options, parts: tuple[str, ...]):
     import torch
 
     from engine.fireredtts3 import FireRedTTS3
-
     from serving.served import parse_models
 
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
@@ -139,12 +138,13 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
     return [pb.Tensor(name, arr[None] if batch else arr) for name, arr in arrays.items()]
 
 
-def chunk_tensors(pb, chunk, batch: bool = True) -> list:
-    """A :class:`~engine.protocol.Chunk` as the generator's outputs, which are the vocoder's inputs."""
+def chunk_tensors(pb, chunk, batch: bool = True, specs=None) -> list:
+    """A :class:`~engine.protocol.Chunk` as the generator's outputs (``specs``: ``contract.VOCODER_INPUTS`` for a
+    vocoder request, which leaves out the plan's TEXT)."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
               "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal),
               "TEXT": chunk.text}  # fmt: skip
-    return tensors(pb, contract.GENERATOR_OUTPUTS, values, batch)
+    return tensors(pb, contract.GENERATOR_OUTPUTS if specs is None else specs, values, batch)
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
@@ -182,7 +182,7 @@ def read_chunk(tensor):
         finish_reason=contract.text_of(arr("FINISH_REASON", 1)),
         seq=seq,
         seal=seal,
-        text=contract.text_of(arr("TEXT", 1)),
+        text="" if tensor("TEXT") is None else contract.text_of(arr("TEXT", 1)),  # the vocoder gets none
     )
 
 

@@ -4,9 +4,10 @@ The vocoder is a step of ``tts_ensemble``, so any client can send it chunks. It 
 generator made, once, in order, for streams the generator holds:
 
 - a chunk that decodes must carry the generator's seal (:meth:`serving.auth.Keys.sealed`) and be the
-  next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt
-  latents, which Instruct's design and edits leave empty), only while the generator holds the stream (:mod:`serving.live_streams`), and only once
-  (an id is remembered as opened until the generator has forgotten it);
+  next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt latents,
+  which Instruct's design and edits leave empty), only while the generator holds the stream
+  (:mod:`serving.live_streams`), and only once (an id is remembered as opened until the generator has
+  forgotten it);
 - a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
   nobody can guess, and decodes nothing;
 - a chunk whose ensemble client has gone (Triton hands the vocoder such chunks already cancelled) ends

@@ -26,7 +26,7 @@ def gateway(server):
 
 
 def chromium(tmp_path):
-    """A headless Chromium driven by Selenium, quit when the generator is closed (also for test_instruct.py)."""
+    """A headless Chromium driven by Selenium, quit when the generator is closed (also for test_instruct_server.py)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

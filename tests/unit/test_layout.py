@@ -71,3 +71,10 @@ def test_the_layout_names_files_that_exist_and_every_source_module():
         modules |= {f"{package}/{p.name}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
         unnamed = sorted(modules - named)
         assert not unnamed, f"docs/development.md's layout does not mention {unnamed}"
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by their basename (no packages under tests/): two with one name stop
+    the whole run at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

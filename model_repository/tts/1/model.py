@@ -19,8 +19,8 @@ from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
-from serving.served import ServedModels
 from serving.run_folder import RunFlags, start_heartbeat
+from serving.served import ServedModels
 from serving.triton_io import (
     checkpoint_path,
     error_response,

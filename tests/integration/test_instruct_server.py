@@ -370,7 +370,9 @@ def test_the_page_edits_a_recording_and_shows_the_transcript(browser, gateway, t
 # ---- the README's examples ----
 
 
-def test_the_readme_design_snippets_write_speech(gateway, server, tmp_path):
+def test_the_readme_instruct_snippets_write_speech(gateway, server, tmp_path):
+    """README's "Two models" snippets as written but for the ports: design with curl, the client and the
+    OpenAI SDK, and the client's other three tasks on the designed recording."""
     import os
     import subprocess
     import sys
@@ -380,12 +382,29 @@ def test_the_readme_design_snippets_write_speech(gateway, server, tmp_path):
     from tests.docs import snippet
 
     port = urlsplit(gateway).port
-    curl = snippet("design-curl").replace("127.0.0.1:8080", f"127.0.0.1:{port}")
-    python = snippet("design-client").replace("127.0.0.1:8001", f"127.0.0.1:{server.ports.grpc}")
-    for command in (["bash", "-c", curl], [sys.executable, "-c", python]):
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout's client
+    grpc = f"127.0.0.1:{server.ports.grpc}"
+    gateway_port = f"127.0.0.1:{port}"
+    commands = {
+        "designed.wav": ["bash", "-c", snippet("design-curl").replace("127.0.0.1:8080", gateway_port)],
+        "designed-sdk.wav": [sys.executable, "-c", snippet("design-sdk").replace("127.0.0.1:8080", gateway_port)],
+    }
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout's client
+    for out, command in commands.items():
         done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
-        audio, rate = sf.read(tmp_path / "designed.wav")
-        assert rate == 24000 and audio.size
-        (tmp_path / "designed.wav").unlink()
+        audio, rate = sf.read(tmp_path / out)
+        assert rate == 24000 and audio.size, out
+    python = snippet("design-client").replace("127.0.0.1:8001", grpc)
+    done = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # this server never stops by itself (64 s designs): the other tasks get a recording of a usable length
+    sf.write(tmp_path / "designed.wav", client(server).synthesize("Good evening.", instruction="a calm older man",
+                                                                 parameters=SHORT), 24000)  # fmt: skip
+    tasks = snippet("tasks-client").replace("127.0.0.1:8001", grpc)
+    done = subprocess.run([sys.executable, "-c", tasks], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for out in ("cloned.wav", "reworded.wav", "faster.wav"):
+        audio, rate = sf.read(tmp_path / out)
+        assert rate == 24000 and audio.size, out
