@@ -135,6 +135,36 @@ def test_bad_instruct_input_is_invalid_and_named(server, protocol, tag, kw, need
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
+@pytest.fixture(scope="module")
+def offline(nostop_ckpt):
+    import torch
+
+    from engine.fireredtts3 import FireRedTTS3
+
+    torch.set_num_threads(1)
+    return FireRedTTS3.from_checkpoint(nostop_ckpt)
+
+
+@pytest.mark.parametrize("task", ["design", "clone", "semantic_edit", "acoustic_edit"])
+def test_streamed_instruct_equals_offline(server, offline, task):
+    """Through tts (front end, prompt_encoder, generator, vocoder over BLS) as engine.synthesize.instruct_run
+    makes it in this process: the same plan text, and the same audio."""
+    from engine.synthesize import instruct_run
+
+    kw = {"design": {"text": "Hello there.", "instruction": DESCRIPTION},
+          "clone": {"text": "Hello there.", "audio": CLIP, "sample_rate": RATE},
+          "semantic_edit": {"instruction": SEMANTIC, "audio": CLIP, "sample_rate": RATE},
+          "acoustic_edit": {"instruction": ACOUSTIC, "audio": CLIP, "sample_rate": RATE}}[task]  # fmt: skip
+    ref = instruct_run(offline, task, seed=5, max_patches=SHORT["max_patches"], schedule=(2, 2), **kw)
+    voice = {"ref_audio": kw["audio"], "ref_sample_rate": RATE} if "audio" in kw else {}
+    seen = events(lambda on_plan: client(server).stream(kw.get("text"), instruction=kw.get("instruction"),
+                                                        task=task, seed=5, parameters=SHORT, on_plan=on_plan,
+                                                        **voice))  # fmt: skip
+    assert plans_of(seen) == ([ref.plan_text] if task in ("design", "semantic_edit") else [])
+    got = audio_of(seen)
+    assert got.shape == ref.audio.shape and snr_db(ref.audio, got) >= 60
+
+
 def test_eight_mixed_streams_each_equal_their_solo_run(server):
     """Base and design streams at once (some designs in their text phase while Base streams speak)."""
 
