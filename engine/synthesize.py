@@ -247,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_wav(args.out, wav, SAMPLE_RATE)
+    return _written(args.out, wav, t1 - t0, t2 - t1)
+
+
+def _written(out, wav, load: float, synthesis: float, what: str = "") -> int:
+    """Write the WAV and say what it took (stderr)."""
+    write_wav(out, wav, SAMPLE_RATE)
     dur = len(wav) / SAMPLE_RATE
-    print(
-        f"wrote {args.out}: {dur:.2f} s of audio ({len(wav)} samples); load {t1 - t0:.2f} s, "
-        f"synthesis {t2 - t1:.2f} s, RTF {(t2 - t1) / max(dur, 1e-9):.3f}",
-        file=sys.stderr,
-    )
+    print(f"wrote {out}: {dur:.2f} s of audio ({len(wav)} samples{what}); load {load:.2f} s, "
+          f"synthesis {synthesis:.2f} s, RTF {synthesis / max(dur, 1e-9):.3f}", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -271,14 +273,7 @@ def _instruct_main(args, task: Task, text: str, params: GenerationParams, schedu
     wav = result.audio
     if task in (Task.DESIGN, Task.SEMANTIC_EDIT):
         print(f"plan: {result.plan_text}")
-    write_wav(args.out, wav, SAMPLE_RATE)
-    dur = len(wav) / SAMPLE_RATE
-    print(
-        f"wrote {args.out}: {dur:.2f} s of audio ({len(wav)} samples, Instruct {task.value}); load {t1 - t0:.2f} s, "
-        f"synthesis {t2 - t1:.2f} s, RTF {(t2 - t1) / max(dur, 1e-9):.3f}",
-        file=sys.stderr,
-    )
-    return 0
+    return _written(args.out, wav, t1 - t0, t2 - t1, f", Instruct {task.value}")
 
 
 if __name__ == "__main__":
