@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
-from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, decode_upload, read_capped
+from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, design_voice
@@ -144,15 +144,9 @@ def add_voice_routes(
             raise APIError(400, "name is required", "name")
         if not isinstance(text, str):
             raise APIError(400, "text (the transcript) must be a form field, not a file", "text")
-        if upload is None or isinstance(upload, str):
-            raise APIError(400, "file (the reference recording) is required", "file")
-        data = await upload.read(MAX_UPLOAD_BYTES + 1)
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise APIError(413, too_big, "file")
-        # off the event loop (the streams go on meanwhile), a few at a time, and bounded from the header
-        # before any decoding: the key is checked by the voices model, so this runs for any Bearer header
-        async with decoding:
-            audio, sr = await asyncio.to_thread(decode_upload, data)
+        # bounded from the header before any decoding: the key is checked by the voices model, so this runs
+        # for any Bearer header
+        audio, sr = await uploaded_audio(upload, decoding, "the reference recording")
         return await voice_call(voices_client.add, name, audio, sr, text)
 
     @app.delete("/v1/audio/voices/{name}")

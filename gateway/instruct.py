@@ -20,7 +20,7 @@ from engine.config import PATCH_SAMPLES
 from engine.instructions import MAX_EDIT_SECONDS
 from engine.params import shown
 from engine.protocol import MAX_REFERENCE_SECONDS, SAMPLE_RATE
-from gateway.body import MAX_UPLOAD_BYTES, decode_upload, read_capped
+from gateway.body import MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
 from gateway.fields import EXTRAS, INT64, STREAM_FORMATS, check_string, from_query, instruction_field
@@ -136,15 +136,8 @@ def add_edit_routes(app: FastAPI, tts: AsyncTTSClient, decoding: asyncio.Semapho
             except ValueError as e:
                 raise APIError(400, str(e), name) from None
             parameters[name] = value
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise APIError(400, "file (the recording to edit) is required", "file")
-        data = await upload.read(MAX_UPLOAD_BYTES + 1)
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise APIError(413, too_big, "file")
-        async with decoding:
-            audio, rate = await asyncio.to_thread(decode_upload, data, seconds=MAX_EDIT_SECONDS,
-                                                  what="a recording to edit")  # fmt: skip
+        audio, rate = await uploaded_audio(form.get("file"), decoding, "the recording to edit",
+                                           seconds=MAX_EDIT_SECONDS, what="a recording to edit")  # fmt: skip
         kw = {"recording": audio, "sample_rate": rate, "instruction": instruction, "kind": kind, "seed": seed,
               "parameters": parameters}  # fmt: skip
         return await stream_response(tts.edit, kw, fmt, stream_format)

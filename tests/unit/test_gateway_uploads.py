@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 import gateway.app
+import gateway.body
 from engine.audio import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from gateway.body import decode_blocks, decode_upload
 from gateway.errors import APIError
@@ -96,7 +97,7 @@ def test_a_flac_that_leaves_its_length_out_is_refused():
 def test_uploads_decode_at_most_two_at_a_time(monkeypatch):
     lock, running, peak, release = threading.Lock(), [0], [0], threading.Semaphore(0)
 
-    def decode(data):
+    def decode(data, **limits):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -107,7 +108,7 @@ def test_uploads_decode_at_most_two_at_a_time(monkeypatch):
                 running[0] -= 1
         return np.zeros(8000, np.float32), 8000
 
-    monkeypatch.setattr(gateway.app, "decode_upload", decode)
+    monkeypatch.setattr(gateway.body, "decode_upload", decode)  # what gateway.body.uploaded_audio calls
     app = gateway.app.create_app(f"127.0.0.1:{free_port()}", timeout=5)
 
     async def go():
