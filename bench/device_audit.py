@@ -19,12 +19,19 @@ without a GPU (``tests/unit/test_cuda_meta.py``), ``cuda`` to count the same thi
    ``.to(device)`` with ``cudaStreamSynchronize`` unless ``non_blocking=True`` (``torch.tensor(data,
    device=...)`` always blocks). Copies to the device with ``non_blocking=True`` are counted apart.
 
+4. **bytes to the host**: what each device -> host read hands the host (:meth:`DeviceAudit.d2h_bytes`):
+   a copy's elements times the destination's element size, one element for ``.item()``, one byte for
+   ``torch.equal``, the 8-byte count for an op whose output size is data.
+
 Meta tensors have no data, so on ``meta`` every host read gets a stand-in: **a meta tensor reads as
 zeros** (``.item()`` is 0, ``bool()`` False, ``.tolist()`` zeros, ``torch.equal`` True). Zero stop
-probabilities keep every stream going. On ``cuda`` the real values flow and the audit only counts.
+probabilities keep every stream going. PyTorch has no meta generator: a random op on meta tensors is
+run without its ``generator=`` (meta kernels draw nothing, and ``exponential_``'s refuses one), so the
+CPU generator the engine hands it as a stand-in is neither read nor advanced. On ``cuda`` the real
+values flow and the audit only counts.
 
 Per kind (:data:`KINDS`) the audit tallies ops (:attr:`DeviceAudit.by_op`) and, for syncs and copies,
-the line of our code that caused each (:attr:`DeviceAudit.sites`).
+the line of our code that caused each (:attr:`DeviceAudit.sites`, bytes in :attr:`DeviceAudit.bytes`).
 """
 
 from __future__ import annotations
@@ -123,6 +130,7 @@ class DeviceAudit(TorchDispatchMode):
     Attributes:
         by_op: (kind, op) -> count, kinds from :data:`KINDS`.
         sites: (kind, op, caller) -> count: which line of our code caused each sync or copy.
+        bytes: (op, caller) -> bytes the host received from the device there (device -> host reads only).
         matmuls: (op, dtype) -> count of the matmul-like ops checked (what ran in which precision).
     """
 
@@ -134,6 +142,7 @@ class DeviceAudit(TorchDispatchMode):
         self.stand_ins = self.device_type == "meta"
         self.by_op: Counter[tuple[str, str]] = Counter()
         self.sites: Counter[tuple[str, str, str]] = Counter()
+        self.bytes: Counter[tuple[str, str]] = Counter()
         self.matmuls: Counter[tuple[str, torch.dtype]] = Counter()
         self._from_data = _FromData(self)
         self._quiet = False
@@ -144,10 +153,17 @@ class DeviceAudit(TorchDispatchMode):
         kinds = (D2H, H2D_BLOCKING) if kind == SYNC else (kind,)
         return sum(n for (k, _), n in self.by_op.items() if k in kinds)
 
+    def d2h_bytes(self, where: str = "") -> int:
+        """Bytes read from the device by the host so far; with ``where``, only at callers containing it."""
+        return sum(n for (_, site), n in self.bytes.items() if where in site)
+
     def report(self) -> str:
-        """One line per (kind, op, caller), most frequent first."""
+        """One line per (kind, op, caller), most frequent first; device -> host reads with their bytes."""
         rows = sorted(self.sites.items(), key=lambda kv: (-kv[1], kv[0]))
-        return "\n".join(f"{n:5d}  {kind:16s} {op:28s} {site}" for (kind, op, site), n in rows) or "(none)"
+        return "\n".join(
+            f"{n:5d}  {kind:16s} {op:28s} {site}" + (f"  ({self.bytes[op, site]} bytes)" if kind == D2H else "")
+            for (kind, op, site), n in rows
+        ) or "(none)"
 
     def __enter__(self):
         self._from_data.__enter__()
@@ -164,11 +180,14 @@ class DeviceAudit(TorchDispatchMode):
             self._from_data.__exit__(*exc)
 
     # -- the check -------------------------------------------------------------------------------------
-    def _note(self, kind: str, op: str) -> None:
+    def _note(self, kind: str, op: str, nbytes: int = 0) -> None:
         if self._quiet:
             return
+        site = caller()
         self.by_op[kind, op] += 1
-        self.sites[kind, op, caller()] += 1
+        self.sites[kind, op, site] += 1
+        if kind == D2H:
+            self.bytes[op, site] += nbytes
 
     def _on_device(self, t: torch.Tensor) -> bool:
         return t.device.type == self.device_type
@@ -194,9 +213,12 @@ class DeviceAudit(TorchDispatchMode):
             if is_matmul(func):
                 self.matmuls[name, self._check_dtypes(func, tensors)] += 1
             if func is _aten._local_scalar_dense.default or name == "equal" or name in _DATA_SHAPED:
-                self._note(D2H, name)
+                scalar = func is _aten._local_scalar_dense.default
+                self._note(D2H, name, args[0].element_size() if scalar else 1 if name == "equal" else 8)
                 if self.stand_ins:
                     return self._stand_in(func, name, args)
+            if self.stand_ins and kwargs.get("generator") is not None:  # no meta generator: see the docstring
+                kwargs = {**kwargs, "generator": None}
         return func(*args, **kwargs)
 
     def _check_dtypes(self, func, tensors: list[torch.Tensor]) -> torch.dtype | None:
@@ -216,13 +238,12 @@ class DeviceAudit(TorchDispatchMode):
             dst_type = torch.device(dst).type if dst is not None else a["self"].device.type
         moved = src.numel() > 0  # copy_ returns before any transfer for an empty tensor
         if src.device.type == self.device_type and dst_type == "cpu":
+            dtype = a["self"].dtype if "src" in a else a.get("dtype") or getattr(a.get("other"), "dtype", None)
+            dtype = dtype or src.dtype
             if moved:
-                self._note(D2H, name)
+                self._note(D2H, name, src.numel() * dtype.itemsize)
             if self.stand_ins:  # no data to read: zeros
-                if "src" in a:
-                    return a["self"].zero_()
-                dtype = a.get("dtype") or getattr(a.get("other"), "dtype", None) or src.dtype
-                return torch.zeros(src.shape, dtype=dtype)
+                return a["self"].zero_() if "src" in a else torch.zeros(src.shape, dtype=dtype)
         elif src.device.type == "cpu" and dst_type == self.device_type and moved:
             self._note(H2D_ASYNC if a.get("non_blocking") else H2D_BLOCKING, name)
         return func(*args, **kwargs)

@@ -187,6 +187,34 @@ def test_audit_counts_host_syncs_and_reads_meta_tensors_as_zeros():
     assert all("test_cuda_meta.py" in site for (_, _, site) in audit.sites), audit.report()
 
 
+def test_audit_counts_the_bytes_each_read_hands_the_host():
+    x = torch.zeros(3, device="meta")  # float32
+    with DeviceAudit("meta") as audit:
+        x.tolist()  # 3 x 4
+        x.sum().item()  # 4
+        bool(x.any())  # a bool: 1
+        torch.equal(x, x)  # 1
+        x.to("cpu", torch.float64)  # 3 x 8: converted before it crosses
+        torch.empty(2, 3, dtype=torch.int16).copy_(torch.zeros(2, 3, device="meta"))  # into int16: 6 x 2
+        x[:0].cpu()  # nothing
+        torch.zeros(5).to("meta", non_blocking=True)  # to the device: not counted
+    assert audit.d2h_bytes() == 12 + 4 + 1 + 1 + 24 + 12, audit.report()
+    assert audit.d2h_bytes("test_cuda_meta.py") == audit.d2h_bytes() and audit.d2h_bytes("elsewhere.py") == 0
+    assert "(24 bytes)" in audit.report()
+
+
+def test_a_random_op_on_meta_runs_without_its_cpu_generator():
+    # PyTorch has no meta generator; the engine hands meta ops a CPU one, which they must neither refuse
+    # (exponential_'s meta kernel refuses any generator) nor advance
+    generator = torch.Generator().manual_seed(5)
+    before = generator.get_state()
+    with DeviceAudit("meta"):
+        q = torch.empty(2, 7, device="meta").exponential_(1, generator=generator)
+    assert q.device.type == "meta" and q.shape == (2, 7) and torch.equal(generator.get_state(), before)
+    with pytest.raises(AssertionError, match="generator"):  # what the audit stands in for
+        torch.empty(2, 7, device="meta").exponential_(1, generator=generator)
+
+
 def test_audit_is_for_an_accelerator():
     with pytest.raises(ValueError, match="accelerator"):
         DeviceAudit("cpu")
