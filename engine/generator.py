@@ -2,8 +2,8 @@
 backbone position (prefill for new streams, one token for the rest) and then, per (core, phase) group in
 one batched call, either picks a text token (Instruct's text phase) or makes one patch (the flow head).
 
-Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, an RNG), so
-a stream's latents depend only on its own inputs and seed, never on who shares the batch.
+Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, RNGs), so a
+stream's output depends only on its own inputs and seed, never on who shares the batch.
 Slot bookkeeping (which slot a request owns) is the caller's; this module only reads ``Stream.slot``.
 The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`: a stream reserves the pages it may
 need (:meth:`Generator.reserve`, or the scheduler through the cache's ``blocks``) and gives them back
@@ -25,7 +25,7 @@ from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
 from engine.scheduler import Phase
-from engine.text_sampling import TextSampling, next_tokens
+from engine.text_sampling import TextSampling, choose, host_ids, text_generator
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class Stream:
     tokens: torch.Tensor  # (1, T) prompt token ids (Instruct: the ChatML ids)
     prompt: VoicePrompt | None  # Base's voice prompt; None for Instruct
     params: GenerationParams
-    rng: torch.Generator  # the text phase's draws, then the flow's noise (the reference's one global RNG)
+    rng: torch.Generator  # CPU: the flow's noise (on a CPU model the text draws too: the reference's one RNG)
+    text_rng: torch.Generator | None = None  # the text phase's draws, on the device (text_generator)
     model: str = "base"  # which core: "base" or "instruct"
     phase: Phase = Phase.AUDIO
     instruct: InstructInput | None = None
@@ -190,8 +191,9 @@ class Generator:
                 raise ValueError(
                     f"the ChatML ids hold {given.tokens.count(token_id)} placeholders for {patches} patches"
                 )
-        phase = Phase.TEXT if given.sampling is not None else Phase.AUDIO
-        s = Stream(slot, tokens, None, params, _rng(params), model="instruct", phase=phase, instruct=given)
+        rng, text = _rng(params), given.sampling is not None  # text: a text phase, drawn on the device
+        s = Stream(slot, tokens, None, params, rng, text_generator(self.device, rng) if text else None, "instruct",
+                   Phase.TEXT if text else Phase.AUDIO, given)  # fmt: skip
         return self._checked(s, reserve)
 
     def _tokens(self, tokens: list[int]) -> torch.Tensor:
@@ -270,19 +272,18 @@ class Generator:
         return results
 
     def _text(self, streams: list[Stream], rows: list[int], hidden: dict, results: list) -> None:
-        """The text phase's rows: pick a token (one LM head and one sampling call for all), or feed the
-        plan's last token and then <|sosp|> as the reference does after its text loop."""
+        """The text phase's rows: pick a token (one LM head and one sampling call for all, on the device),
+        or feed the plan's last token and then <|sosp|> as the reference does after its text loop."""
         if not rows:
             return
         core = self.instruct
         picking = [i for i in rows if streams[i].closing == 0]
         if picking:
-            logits = core.text_logits(torch.cat([hidden[i] for i in picking])).cpu()  # the RNGs are on the CPU
-            pickers = [streams[i] for i in picking]
-            picked = next_tokens(
-                logits, [s.text_ids for s in pickers], [s.instruct.sampling for s in pickers], [s.rng for s in pickers]
-            )
-            embedded = self._embed(core, picked)
+            logits, pickers = core.text_logits(torch.cat([hidden[i] for i in picking])), [streams[i] for i in picking]
+            ids = choose(logits, [s.text_ids for s in pickers], [s.instruct.sampling for s in pickers],
+                         [s.text_rng for s in pickers])  # fmt: skip
+            picked = host_ids(ids)  # the text rows' one read: their ids (refused before they are embedded)
+            embedded = self._embed(core, ids)
             for j, (i, token) in enumerate(zip(picking, picked, strict=True)):
                 s = streams[i]
                 s.next_input = embedded[j : j + 1]
@@ -296,17 +297,16 @@ class Generator:
             if results[i] is not None:
                 continue
             if s.closing == 1:  # fed the plan's last token (<|eot|>, or the cap's last): next <|sosp|>
-                s.next_input, s.closing = self._embed(core, [AUDIO_SOS_ID]), 2
+                s.next_input, s.closing = self._embed(core, torch.tensor([AUDIO_SOS_ID])), 2
             else:  # fed <|sosp|>; the reference's audio loop then feeds <|sosp|> AGAIN as its first input
                 # (its input variable still holds it), so the audio phase starts from the same input
                 s.phase = Phase.AUDIO
                 s.cond = hidden[i].new_zeros(1, core.cfg.num_history_patches + 1, hidden[i].shape[-1])
             results[i] = StepResult(None, False)
 
-    def _embed(self, core: FireRedTTS3Core, tokens: list[int]) -> torch.Tensor:
-        """(n,) token ids -> (n, 1, hidden) backbone inputs."""
-        ids = torch.tensor(tokens, dtype=torch.long)[:, None].to(self.device, non_blocking=True)
-        return core.backbone.embed_tokens(ids).to(self.dtype)
+    def _embed(self, core: FireRedTTS3Core, ids: torch.Tensor) -> torch.Tensor:
+        """(n,) token ids, on the device or the host (copied without a sync) -> (n, 1, hidden) backbone inputs."""
+        return core.backbone.embed_tokens(ids.to(self.device, non_blocking=True)[:, None]).to(self.dtype)
 
     def _audio(self, core: FireRedTTS3Core, streams: list[Stream], rows: list[int], hidden: dict, results: list):
         """The audio phase's rows of one core: the stop test, then one patch each (one flow call per step

@@ -1,8 +1,10 @@
 """Unit tests for engine.text_sampling: hand-worked processor cases and the batching properties.
 
 Bit-for-bit agreement with Hugging Face's processors is checked outside the suite (transformers is not a
-dependency); these tests pin the arithmetic on small cases worked out by hand, and that a row's token
-depends only on its own logits, history, settings and generator.
+dependency); these tests pin the arithmetic on small cases worked out by hand, that a row's token
+depends only on its own logits, history, settings and generator, that the draw on the CPU is
+``torch.multinomial``'s (ids and generator state), and that choosing reads nothing back from the device
+(on meta, under the device audit). On CUDA (marked ``gpu``): same seed, same ids, whoever shares the batch.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from engine.text_sampling import (
     DESIGN_SAMPLING,
     EDIT_SAMPLING,
     TextSampling,
+    choose,
+    host_ids,
     next_tokens,
     repetition_penalty,
+    text_generator,
     warp,
 )
 
@@ -204,3 +209,81 @@ def test_arguments_must_agree_on_the_batch() -> None:
         next_tokens(torch.zeros(2, 5), [[]], [EDIT_SAMPLING] * 2, [rng(0)] * 2)
     with pytest.raises(ValueError, match=r"\(B, V\)"):
         next_tokens(torch.zeros(5), [[]], [EDIT_SAMPLING], [rng(0)])
+
+
+# -- on the device ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("settings", [DESIGN_SAMPLING, TextSampling(), TextSampling(temperature=1.3, top_p=0.9)])
+def test_a_cpu_draw_is_torch_multinomials_draw(settings: TextSampling) -> None:
+    # the reference samples with torch.multinomial from the processed scores; ours writes its algorithm
+    # out (to skip its host reads on a GPU): the same ids, and the generators end in the same state
+    source = rng(7)
+    for seed in range(40):
+        logits = torch.randn(3, 151_936 if seed % 10 == 0 else 64, generator=source) * 3
+        mine, theirs = [rng(seed + i) for i in range(3)], [rng(seed + i) for i in range(3)]
+        for _ in range(3):
+            got = next_tokens(logits, [[]] * 3, [settings] * 3, mine)
+            probs = torch.softmax(warp(logits, settings).float(), dim=-1)
+            want = [torch.multinomial(probs[i : i + 1], 1, generator=theirs[i]).item() for i in range(3)]
+            assert got == want
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(mine, theirs, strict=True))
+
+
+def test_the_text_generator_is_the_streams_own_on_the_cpu_and_a_stand_in_on_meta() -> None:
+    host = rng(1234)
+    assert text_generator(torch.device("cpu"), host) is host  # text draws, then noise: the reference's order
+    stand_in = text_generator(torch.device("meta"), host)
+    assert stand_in is not host and stand_in.device.type == "cpu" and stand_in.initial_seed() == 1234
+
+
+def test_choosing_on_the_device_reads_nothing_back() -> None:
+    from bench.device_audit import D2H, H2D_BLOCKING, DeviceAudit
+
+    logits = torch.zeros(5, 151_936, device="meta", dtype=torch.float32)
+    sampling = [DESIGN_SAMPLING, EDIT_SAMPLING, DESIGN_SAMPLING, TextSampling(top_k=5, repetition_penalty=1.5),
+                TextSampling(do_sample=False, repetition_penalty=1.2)]  # fmt: skip
+    generators = [text_generator(torch.device("meta"), rng(i)) for i in range(5)]
+    with DeviceAudit("meta") as audit:
+        ids = choose(logits, [[3, 9], [], [1], [4, 4, 7], [2]], sampling, generators)
+    assert ids.device.type == "meta" and ids.shape == (5,) and ids.dtype == torch.long
+    assert audit.count(D2H) == 0 and audit.count(H2D_BLOCKING) == 0, audit.report()
+    with DeviceAudit("meta") as audit:
+        assert host_ids(ids) == [0] * 5  # meta reads as zeros
+    assert audit.d2h_bytes() == 5 * 8, audit.report()  # the one read: 8 bytes a row
+
+
+def test_a_sampling_row_with_nan_scores_is_refused_not_drawn() -> None:
+    logits = torch.zeros(2, 10)
+    logits[1, 3] = math.nan
+    ids = choose(logits, [[], []], [TextSampling(), TextSampling()], [rng(0), rng(1)])
+    assert ids[1].item() == -1 and 0 <= ids[0].item() < 10
+    with pytest.raises(RuntimeError, match="nan"):
+        host_ids(ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_same_seed_gives_the_same_ids_whoever_shares_the_batch() -> None:
+    # CUDA's Philox stream is not the CPU's Mersenne Twister: the ids are not the CPU's, but they are
+    # deterministic per seed and a row's do not depend on its neighbours; and they follow the distribution
+    cuda = torch.device("cuda")
+    logits = (torch.randn(6, 151_936, generator=rng(3)) * 3).to(cuda)
+    sampling = [DESIGN_SAMPLING, EDIT_SAMPLING, TextSampling(temperature=1.3, top_p=0.9)] * 2
+
+    def run(rows: list[int]) -> list[list[int]]:
+        generators = [text_generator(cuda, rng(100 + i)) for i in rows]
+        out: list[list[int]] = [[] for _ in rows]
+        for _ in range(4):
+            ids = host_ids(choose(logits[rows], [o[:] for o in out], [sampling[i] for i in rows], generators))
+            for o, token in zip(out, ids, strict=True):
+                o.append(token)
+        return out
+
+    together = run(list(range(6)))
+    assert run(list(range(6))) == together
+    assert [run([i])[0] for i in range(6)] == together
+    small = torch.tensor([[4.0, 3.0, 2.0, 1.0]], device=cuda).log()
+    generator = text_generator(cuda, rng(11))
+    settings = TextSampling(temperature=0.5, top_k=3)
+    draws = [host_ids(choose(small, [[]], [settings], [generator]))[0] for _ in range(3000)]
+    for token, weight in enumerate((16, 9, 4, 0)):
+        assert abs(draws.count(token) / len(draws) - weight / 29) < 0.03
