@@ -9,7 +9,9 @@ For a CUDA machine with PyTorch, no internet and no tritonserver needed; fits in
    and 256 streams mid-way through a typical utterance, with SDPA and, where it imports, FlashInfer:
    ms per step, real-time factor, streams sustained in real time, peak GPU memory;
 4. counts the host syncs of each generator step for 16 streams (:mod:`bench.step_syncs`; budget one,
-   the stop decision), with :class:`bench.device_audit.DeviceAudit` and with CUDA's sync debug mode;
+   the stop decision), with :class:`bench.device_audit.DeviceAudit` and with CUDA's sync debug mode,
+   and the bytes the host receives; ``--syncs-only`` and the meta count also step 16 Instruct streams,
+   half in their text phase (one more read: the picked ids, 8 bytes a text row);
 5. prints one markdown table. A step that fails prints what failed and the run goes on.
 
 ``--smoke`` runs the same on the ``tiny`` preset with 1 and 2 streams (on CPU when there is no GPU), in
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.step_syncs import describe, step_syncs
+from bench.step_syncs import describe, instruct_step_syncs, step_syncs
 from engine.checkpoint import Models, RedAE, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS
 from engine.fireredtts3 import FireRedTTS3
@@ -51,15 +53,19 @@ from engine.random_checkpoint import randomize
 PATCH_MS = 1000 * PATCH_SAMPLES / SAMPLE_RATE  # 160 ms of audio per stream per step
 
 
-def random_model(preset: str, device, dtype=None, seed: int = 0, campp: bool = False) -> FireRedTTS3:
+def random_model(
+    preset: str, device, dtype=None, seed: int = 0, campp: bool = False, instruct: bool = False
+) -> FireRedTTS3:
     """``preset``'s networks with random weights (the checkpoint writer's init), built on ``device`` in
-    the per-network dtypes; a stop head that never fires. No tokenizer, nothing written; CAM++ (float32)
-    only with ``campp``. ``device`` may be ``meta``: shapes and dtypes without data."""
+    the per-network dtypes; stop heads that never fire. No tokenizer, nothing written; CAM++ (float32)
+    only with ``campp``, the Instruct core too with ``instruct``. ``device`` may be ``meta``: shapes and
+    dtypes without data."""
     p = PRESETS[preset]
     device = torch.device(device)
     torch.manual_seed(seed)
     with device:
         core, redae = FireRedTTS3Core(p.core), RedAE(p.redae)
+        second = FireRedTTS3Core(p.instruct) if instruct else None
         c = p.campp
         speaker = SpeakerEncoder(
             CamppConfig(
@@ -67,24 +73,28 @@ def random_model(preset: str, device, dtype=None, seed: int = 0, campp: bool = F
                 growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
             )
         ) if campp else None  # fmt: skip
-    for m in (core, redae, speaker):
+    for m in (core, redae, speaker, second):
         if m is not None:
             randomize(m, p.init_std_scale if m is not speaker else 1.0)
     with torch.no_grad():
-        core.stop_head.bias.fill_(-30.0)
-    return _wrap(core, redae, device, dtype, f"random {preset}", speaker)
+        for c in (core, second):
+            if c is not None:
+                c.stop_head.bias.fill_(-30.0)
+    return _wrap(core, redae, device, dtype, f"random {preset}", speaker, second)
 
 
-def _wrap(core, redae, device, dtype, name, campp=None) -> FireRedTTS3:
+def _wrap(core, redae, device, dtype, name, campp=None, instruct=None) -> FireRedTTS3:
     policy = precision_policy(device, dtype)
-    core.to(device, policy["core"])
-    core.backbone_llm.to(policy["backbone"])
+    for c in (core, instruct):
+        if c is not None:
+            c.to(device, policy["core"]).backbone_llm.to(policy["backbone"])
     redae.encoder.to(device, policy["encoder"])
     redae.decoder.to(device, policy["decoder"])
-    for m in (core, redae, campp):
+    for m in (core, redae, campp, instruct):
         if m is not None:
             m.eval().requires_grad_(False)
-    return FireRedTTS3(Models(core, redae, campp, None, name, Path(".")), device, policy["backbone"], policy)
+    models = Models(core, redae, campp, None, name, Path("."), instruct)
+    return FireRedTTS3(models, device, policy["backbone"], policy)
 
 
 def moved(model: FireRedTTS3, device, dtype=None) -> FireRedTTS3:
@@ -225,7 +235,11 @@ def sync_lines(model: FireRedTTS3, kinds: list[str], n: int, flow_steps: int = 1
     where = str(model.device) + (", the CUDA precision policy" if meta else "")
     kinds = ["sdpa"] if meta else kinds  # FlashInfer has no meta kernels
     flow_steps = 2 if meta else flow_steps
-    return [describe(step_syncs(model, tokens, prompt, n, a, flow_steps=flow_steps), n, a, where) for a in kinds]
+    lines = [describe(step_syncs(model, tokens, prompt, n, a, flow_steps=flow_steps), n, a, where) for a in kinds]
+    if model.models.instruct is not None:  # as many streams again, half in Instruct's text phase
+        counts = instruct_step_syncs(model, tokens, n // 2, n - n // 2, kinds[0], flow_steps=flow_steps)
+        lines.append(describe(counts, n, kinds[0], where, text_rows=n // 2))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             f" ({torch.cuda.get_device_name(device)}, {torch.cuda.get_device_properties(device).total_memory / (1 << 30):.0f} GiB)"
         )
     if args.syncs_only:
-        model = random_model(preset, "meta" if device == "cpu" else device, dtype=precision_policy("cuda"))
+        where = "meta" if device == "cpu" else device
+        model = random_model(preset, where, dtype=precision_policy("cuda"), instruct=True)
         kinds = attention_choices(device, model.dtype, model.core.cfg.backbone.head_dim)[0]
         lines = info + sync_lines(model, kinds, min(16, max(streams)), args.flow_steps)
         print("\n".join(f"- {line}" for line in lines))
@@ -309,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         dtype = model.core.backbone_llm.norm.weight.dtype
         info.append(capacity_line(bb, dtype, pages, max(streams), MAX_PATCHES.default))
         try:
-            cuda = model if device.startswith("cuda") else random_model(preset, "meta", dtype=precision_policy("cuda"))
+            cuda = model if device.startswith("cuda") else None  # the timed model: Base only
+            cuda = cuda or random_model(preset, "meta", dtype=precision_policy("cuda"), instruct=True)
             info += sync_lines(cuda, kinds, min(16, max(streams)), args.flow_steps)
         except Exception as e:  # a report, not a reason to lose the table
             info.append(f"host sync count failed: {type(e).__name__}: {e}")

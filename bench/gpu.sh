@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU serving check (see bench/gpu.py): builds the full preset with random weights on the GPU, checks it
 # against CPU float32, times the batched generator step at 1..256 streams with SDPA and FlashInfer,
-# counts the host syncs per generator step (budget 1, the stop decision), and prints one markdown table.
+# counts the host syncs and bytes to the host per generator step (budget 1, the stop decision; with Instruct
+# text-phase rows 2, and 8 bytes a text row: its token id), and prints one markdown table.
 # Needs a CUDA build of PyTorch >= 2.11; no internet, no tritonserver.
 #   bench/gpu.sh                 # the full run (a few minutes)
 #   bench/gpu.sh --smoke         # tiny preset, 1-2 streams, CPU if there is no GPU (seconds)

@@ -6,7 +6,10 @@ steps independently. On the meta device (no GPU) the audit stands in zeros for w
 count is what a GPU would do, in the dtypes of the model it is given.
 
 The budget is one sync per step: the stop decision reads the stop probabilities on the host. The first
-step also prefills every stream; a prefill needs no sync either.
+step also prefills every stream; a prefill needs no sync either. A step with FireRedTTS3-Instruct streams
+in their text phase (:func:`instruct_step_syncs`) reads one more thing: the picked token ids, 8 bytes a
+text row (the scores and the draws stay on the device), so the bytes the host receives per step are
+bounded too: :data:`TEXT_ROW_BYTES` per text row plus :data:`STOP_ROW_BYTES` per audio row.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from dataclasses import dataclass
 import torch
 
 from bench.device_audit import D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, DeviceAudit
+from engine.chatml import LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS
 from engine.fireredtts3 import FireRedTTS3
+from engine.generator import InstructInput
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
+from engine.text_sampling import DESIGN_SAMPLING, EDIT_SAMPLING
 
 STEP_BUDGET = 1  # the stop probabilities' .tolist(): whether a stream stops decides its flow call
+TEXT_BUDGET = 1  # ... and, with text rows, the picked ids' .tolist(): the next input embeds them
+TEXT_ROW_BYTES = 8  # a text row's token id (int64); its 151,936 scores never leave the device
+STOP_ROW_BYTES = 4  # an audio row's stop probability (float32)
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class StepSyncs:
     d2h: int  # of which device -> host reads
     h2d_blocking: int  # of which copies to the device without non_blocking=True
     h2d_async: int  # copies to the device with non_blocking=True (no sync)
+    d2h_bytes: int  # bytes the host received from the device
     cuda_count: int | None  # syncs by PyTorch's sync debug mode (CUDA only), an independent count
     report: str  # one line per (kind, op, line of our code)
 
@@ -65,28 +75,57 @@ def step_syncs(
     gen = model.generator(n, 1 + len(tokens) + prompt.num_patches + steps, attention=attention)
     params = GenerationParams(seed=0, steps=flow_steps, min_patches=steps, max_patches=steps)
     streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
+    return _audited(model, gen, streams, steps)
+
+
+@torch.inference_mode()
+def instruct_step_syncs(
+    model: FireRedTTS3, tokens: list[int], text_rows: int, audio_rows: int, attention: str = "sdpa", steps: int = 3,
+    flow_steps: int = 10,
+) -> list[StepSyncs]:  # fmt: skip
+    """``text_rows`` Instruct streams of ``tokens`` in their text phase (voice design's sampling; every
+    third greedy, as a semantic edit picks) beside ``audio_rows`` cloning from a 2-patch prompt (audio phase
+    from the start), through one generator on ``model``'s device: ``steps`` steps, each audited; the first
+    prefills every stream. ``model`` needs its Instruct core; random weights stay in the text phase (they
+    almost never pick ``<|eot|>``), and on meta the ids read as 0."""
+    tokens = [t for t in tokens if t not in (LATENT_IN_ID, LATENT_OUT_ID)]  # placeholders need latents
+    gen = model.generator(text_rows + audio_rows, len(tokens) + 2 + MAX_TEXT_TOKENS + 1 + steps, attention=attention)
+    params = GenerationParams(seed=0, steps=flow_steps, min_patches=steps, max_patches=steps)
+    text = [InstructInput(tokens, sampling=EDIT_SAMPLING if i % 3 == 2 else DESIGN_SAMPLING) for i in range(text_rows)]
+    prompt = torch.zeros(2 * 4, model.models.instruct.cfg.redae_dim)
+    audio = [InstructInput(tokens + [LATENT_OUT_ID] * 2, latents_out=prompt)] * audio_rows
+    streams = [gen.new_instruct_stream(i, given, params) for i, given in enumerate(text + audio)]
+    return _audited(model, gen, streams, steps)
+
+
+def _audited(model: FireRedTTS3, gen, streams: list, steps: int) -> list[StepSyncs]:
     out = []
     for _ in range(steps):
         with cuda_sync_warnings(model.device) as cuda, DeviceAudit(model.device) as audit:
             gen.step(streams)
         out.append(
             StepSyncs(audit.count(SYNC), audit.count(D2H), audit.count(H2D_BLOCKING), audit.count(H2D_ASYNC),
-                      None if cuda is None else len(cuda), audit.report())
+                      audit.d2h_bytes(), None if cuda is None else len(cuda), audit.report())
         )  # fmt: skip
     return out
 
 
-def describe(counts: list[StepSyncs], n: int, attention: str, where: str) -> str:
-    """One line for ``bench/gpu.sh``'s notes: syncs per step against the budget, and where any extra came from."""
-    per_step = ", ".join(str(c.syncs) for c in counts)
+def describe(counts: list[StepSyncs], n: int, attention: str, where: str, text_rows: int = 0) -> str:
+    """One line for ``bench/gpu.sh``'s notes: syncs and bytes to the host per step against their budgets,
+    and where any extra came from. ``text_rows`` of the ``n`` streams are Instruct's, in their text phase."""
+    budget = STEP_BUDGET + (TEXT_BUDGET if text_rows else 0)
+    byte_budget = TEXT_ROW_BYTES * text_rows + STOP_ROW_BYTES * (n - text_rows)
+    what = f"{n} Instruct streams, {text_rows} in the text phase" if text_rows else f"{n} streams"
+    reads = "the text ids and the stop decision" if text_rows else "the stop decision"
     line = (
-        f"host syncs per generator step ({n} streams, {attention}, {where}; the first step prefills): {per_step} "
-        f"(budget {STEP_BUDGET}: the stop decision); non_blocking copies to the device per step: "
-        + ", ".join(str(c.h2d_async) for c in counts)
-    )
+        f"host syncs per generator step ({what}, {attention}, {where}; the first step prefills): "
+        + ", ".join(str(c.syncs) for c in counts) + f" (budget {budget}: {reads}); bytes to the host per step: "
+        + ", ".join(str(c.d2h_bytes) for c in counts) + f" (budget {byte_budget}); non_blocking copies to the "
+        "device per step: " + ", ".join(str(c.h2d_async) for c in counts)
+    )  # fmt: skip
     if all(c.cuda_count is not None for c in counts):
         line += "; CUDA's sync debug mode counted " + ", ".join(str(c.cuda_count) for c in counts)
-    over = [c for c in counts if c.syncs > STEP_BUDGET or (c.cuda_count or 0) > STEP_BUDGET]
+    over = [c for c in counts if max(c.syncs, c.cuda_count or 0) > budget or c.d2h_bytes > byte_budget]
     if over:
         line += "; OVER BUDGET, from:\n" + "\n".join(f"      {row}" for row in over[-1].report.splitlines())
     return line

@@ -1,5 +1,5 @@
 """The CUDA configuration, run without a GPU: the ``small`` preset on PyTorch's meta device in the CUDA
-precision policy, under :class:`bench.device_audit.DeviceAudit`.
+precision policy, under :class:`bench.device_audit.DeviceAudit` (Base, and Instruct's text phase).
 
 What CUDA would refuse or pay for and the CPU tests never meet: a matmul whose operands mix bfloat16
 and float32, a tensor left on the CPU (created without ``device=``) meeting the model's, and host
@@ -10,16 +10,22 @@ streams going).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from bench.device_audit import CPU_SCALAR, D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, DeviceAudit, DeviceAuditError
 from bench.gpu import random_model
+from bench.step_syncs import STOP_ROW_BYTES, TEXT_ROW_BYTES
 from engine.checkpoint import precision_policy
+from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
 from engine.protocol import SAMPLE_RATE, Chunk
+from engine.scheduler import Phase
 from engine.streams import GeneratorService, VocoderService
+from engine.text import TextTokenizer, write_tiny_tokenizer
 
 BF16, FP32 = torch.bfloat16, torch.float32
 STREAMS, STEPS = 4, 3
@@ -42,6 +48,9 @@ VOCODER_SYNCS_PER_CHUNK = 1
 ENCODE_SYNCS = 4
 # Admitting a stream: none (its token ids go to the device with non_blocking=True).
 ADMIT_SYNCS = 0
+# Instruct's text phase adds one read per step for all its rows: the picked ids, TEXT_ROW_BYTES each
+# (scores, processors and draws stay on the device); before, every row's 151,936 float32 scores came over.
+TEXT_SYNCS = 1
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +144,59 @@ def test_vocoder_batched_round_syncs_once_for_all_streams(run):
     assert run["vocoder_rows"] == STREAMS  # the four chunks went through one decode_together
     assert {dtype for (_, dtype) in audit.matmuls} == {FP32}, audit.matmuls
     assert audit.count(SYNC) == 1, audit.report()  # the batch's samples, once
+
+
+# ---- Instruct: text-phase rows (sampled and greedy) beside audio-phase rows --------------------------------
+TEXTS = {1: ("design", "a calm voice", "Hello there."), 2: ("semantic_edit", "delete the word at index 1.", ""),
+         3: ("design", "a bright young voice", "Hi."), 4: ("design", "an old man, slowly", "Good day.")}  # fmt: skip
+AUDIOS = {5: ("acoustic_edit", "adjust the speed to 0.5x", ""), 6: ("clone", "", "Hello.")}
+
+
+@pytest.fixture(scope="module")
+def instruct(tmp_path_factory):
+    """Both cores of the small preset on meta in the CUDA policy (and a tiny tokenizer for the ChatML):
+    4 text-phase streams (3 designs, sampled; a semantic edit, greedy) and 2 audio-phase streams admitted
+    through the service, then 3 steps, each audited. No chunk falls due: the first is 4 patches."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    write_tiny_tokenizer(folder)
+    model = random_model("small", "meta", dtype=precision_policy(torch.device("cuda")), instruct=True)
+    models = dataclasses.replace(model.models, tokenizer=TextTokenizer.from_dir(folder))
+    model = FireRedTTS3(models, model.device, model.dtype, model.dtypes)
+    svc = GeneratorService(model, slots=len(TEXTS) + len(AUDIOS), max_len=1024, attention="sdpa")
+    params = GenerationParams(seed=2, steps=2, cfg=1.2, max_patches=8, min_patches=0)
+    latents = torch.zeros(4 * 5, 64)
+    with DeviceAudit("meta") as admit:
+        for sid, (task, instruction, text) in {**TEXTS, **AUDIOS}.items():
+            recording, prompt_text = (None, "") if task == "design" else (latents, "Hi." if task == "clone" else "")
+            svc.admit_task(sid, task, params, instruction, text, recording, prompt_text, schedule=(STEPS + 1, 12))
+    steps = []
+    for _ in range(STEPS):
+        with DeviceAudit("meta") as audit:
+            chunks = svc.step(list(svc.live))
+        steps.append((audit, sum(c is not None for c in chunks.values())))
+    return {"svc": svc, "admit": admit, "steps": steps}
+
+
+def test_instruct_admission_makes_no_host_sync(instruct):
+    assert instruct["admit"].count(SYNC) == ADMIT_SYNCS, instruct["admit"].report()
+
+
+def test_instruct_text_rows_send_only_their_token_ids_to_the_host(instruct):
+    svc = instruct["svc"]
+    assert {sid: svc.live[sid].state.phase for sid in svc.live} == {**dict.fromkeys(TEXTS, Phase.TEXT),
+                                                                    **dict.fromkeys(AUDIOS, Phase.AUDIO)}  # fmt: skip
+    budget = TEXT_ROW_BYTES * len(TEXTS) + STOP_ROW_BYTES * len(AUDIOS)
+    for step, (audit, due) in enumerate(instruct["steps"], 1):
+        assert due == 0
+        # one read for all text rows (their ids), one for the audio rows (the stop decision)
+        assert audit.count(SYNC) <= STEP_SYNCS + TEXT_SYNCS and audit.count(H2D_BLOCKING) == 0, audit.report()
+        assert audit.d2h_bytes() <= budget, f"step {step}: {audit.d2h_bytes()} bytes > {budget}\n{audit.report()}"
+        assert audit.d2h_bytes("text_sampling.py") == TEXT_ROW_BYTES * len(TEXTS), audit.report()
+
+
+def test_instruct_steps_keep_the_cuda_precision_policy(instruct):
+    for audit, _ in instruct["steps"]:
+        assert {dtype for (_, dtype) in audit.matmuls} == {BF16, FP32}, audit.matmuls  # backbone, heads / flow
 
 
 # ---- the audit itself, on hand-built ops: what it must catch, count and stand in for ----------------

@@ -232,42 +232,6 @@ def test_edits_refuse_an_overlong_recording(model):
         model.instruct_input("semantic_edit", "delete the word at index 1.", latents=long)
 
 
-# -- the CUDA configuration, on meta -----------------------------------------------------------------------
-def test_instruct_steps_on_meta_in_the_cuda_policy_copy_without_blocking(tmp_path):
-    """Both cores of the small preset on PyTorch's meta device in the CUDA precision policy: no matmul
-    mixes bfloat16 and float32 (the audit raises), no copy to the device blocks, and a step reads the
-    device twice at most: the text phase's scores (its RNGs are on the CPU) and the stop decision."""
-    from bench.device_audit import H2D_BLOCKING, SYNC, DeviceAudit
-    from engine.checkpoint import Models, RedAE, precision_policy
-    from engine.config import PRESETS
-    from engine.models.core import FireRedTTS3Core
-    from engine.text import TextTokenizer, write_tiny_tokenizer
-
-    write_tiny_tokenizer(tmp_path)
-    p, meta, policy = PRESETS["small"], torch.device("meta"), precision_policy(torch.device("cuda"))
-    with meta:
-        base, instruct, redae = FireRedTTS3Core(p.core), FireRedTTS3Core(p.instruct), RedAE(p.redae)
-    for core in (base, instruct):
-        core.to(meta, policy["core"]).backbone_llm.to(policy["backbone"])
-        core.eval().requires_grad_(False)
-    models = Models(base, redae, None, TextTokenizer.from_dir(tmp_path), "meta", tmp_path, instruct)
-    model = FireRedTTS3(models, meta, policy["backbone"], policy)
-    svc = GeneratorService(model, slots=3, max_len=1024, attention="sdpa")
-    params = GenerationParams(seed=2, steps=2, cfg=1.2, max_patches=8, min_patches=0)
-    latents = torch.zeros(4 * 5, 64)
-    with DeviceAudit("meta") as audit:
-        svc.admit_task(1, "design", params, "a calm voice", "Hello there.")
-        svc.admit_task(2, "acoustic_edit", params, "adjust the speed to 0.5x", latents=latents)
-        svc.admit_task(3, "clone", params, text="Hello.", latents=latents, prompt_text="Hi.")
-    assert audit.count(SYNC) == 0
-    for _ in range(3):
-        with DeviceAudit("meta") as audit:
-            chunks = svc.step(list(svc.live))
-        due = sum(c is not None for c in chunks.values())
-        assert audit.count(H2D_BLOCKING) == 0 and audit.count(SYNC) <= 2 + due, audit.report()
-    assert svc.live[1].state.phase is Phase.TEXT and svc.live[2].state.phase is Phase.AUDIO
-
-
 @pytest.mark.parametrize(
     ("task", "instruction", "plans"),
     [("design", "a calm older man", 1), ("semantic_edit", "delete the word at index 1.", 1),
