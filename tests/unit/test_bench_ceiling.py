@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ceiling import MODELS, Snapshot, costs, levels_to_run
+from bench.ceiling import MODELS, Snapshot, costs, levels_to_run, rate_midpoint
 
 
 @pytest.mark.parametrize(
@@ -20,6 +20,19 @@ from bench.ceiling import MODELS, Snapshot, costs, levels_to_run
 )
 def test_levels_double_then_bisect(limit, start, most, bisect, want):
     assert levels_to_run(start, most, bisect, lambda n: n <= limit) == want
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "most", "bisect", "want"),
+    [
+        (3.0, 0.5, 64, 2, [0.5, 1, 2, 4, 3.0, 3.5]),  # 2/s passes, 4/s fails: 3/s passes, 3.5/s fails
+        (0.3, 0.5, 64, 2, [0.5, 0.25, 0.38]),  # the first rate fails: bisected down from it, to 0.01/s
+        (100, 1, 5, 1, [1, 2, 4, 5]),  # every rate passes: stops at the highest
+        (0.0, 0.01, 1, 3, [0.01]),  # nothing between 0 and 0.01/s
+    ],
+)
+def test_rates_double_then_bisect_to_a_hundredth(limit, start, most, bisect, want):
+    assert levels_to_run(start, most, bisect, lambda r: r <= limit, rate_midpoint) == pytest.approx(want)
 
 
 def counters(executions, requests, compute_ns, queue_ns) -> dict:
