@@ -190,9 +190,9 @@ def open_loop_notes(args: argparse.Namespace, request: dict, n_texts: int, rows:
             f"as timeouts); max_patches {args.max_patches} per text segment, parameters {request['parameters']}"
         ),
         (
-            "achieved req/s = complete streams / seconds from the run's start to the end of its last "
-            "stream (so below the target by the last stream's length on short runs); first audio from sending "
-            "the request; RTF = a stream's wall time / its audio time"
+            "achieved req/s = complete streams / the run's seconds (--duration, or until the last stream ended "
+            "if later: below the target by that tail on short runs); first audio from sending the request; "
+            "RTF = a stream's wall time / its audio time"
         ),
         (
             f"continuity OK = share of complete streams with no stall over {1000 * CONTINUITY_GAP_S:.0f} ms; "

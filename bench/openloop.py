@@ -85,12 +85,12 @@ class ScheduledStream:
 class RateLevelResult:
     rate: float  # target arrivals per second
     duration: float  # seconds over which arrivals were scheduled
-    wall: float  # seconds from the run's start to the end of its last stream (drain included)
+    wall: float  # seconds from the run's start to the end of its last stream (drain included), >= duration
     streams: tuple[ScheduledStream, ...]
 
     def summary(self) -> dict:
         """The table row: latencies in ms; RTF = a stream's wall time / its audio time; achieved req/s =
-        complete streams / ``wall`` (so below the target by the last stream's length at short durations);
+        complete streams / ``wall`` (below the target by the streams still running after ``duration``);
         underruns and continuity over complete streams; failures by :data:`bench.load.FAILURE_KINDS`."""
         results = [s.result for s in self.streams]
         ok = [r for r in results if r.error is None]
@@ -155,7 +155,7 @@ def run_rate(
     for thread in threads:  # each ends at its next chunk or at the client's timeout
         thread.join()
     streams = tuple(s for s in slots if s is not None)
-    wall = max((s.sent + s.result.total for s in streams), default=0.0)
+    wall = max([duration] + [s.sent + s.result.total for s in streams])  # the run lasts its duration at least
     return RateLevelResult(rate, duration, wall, streams)
 
 
