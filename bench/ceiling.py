@@ -36,10 +36,11 @@ import platform
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.load import LevelResult, console_progress, one_stream, run_level
+from bench.load import LevelResult, StreamResult, console_progress, one_stream, run_level
 from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
@@ -139,7 +140,7 @@ def measure(server, client: TTSClient, n: int, request: dict) -> dict:
     """n streams at once -> the level's row (listener summary, costs, passed)."""
     before = snapshot(server)
     level: LevelResult = run_level(client, n, n, TEXTS, request, progress=console_progress(n))
-    return judged(level, before, server)
+    return judged(level.summary(), level.streams, costs(before, snapshot(server)))
 
 
 def measure_rate(server, client: TTSClient, rate: float, args: argparse.Namespace, request: dict) -> dict:
@@ -148,14 +149,14 @@ def measure_rate(server, client: TTSClient, rate: float, args: argparse.Namespac
     before = snapshot(server)
     level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
                      console_progress(f"rate {rate:g}/s"))  # fmt: skip
-    return judged(level, before, server)
+    return judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server)))
 
 
-def judged(level, before: Snapshot, server) -> dict:
-    """A level's row: its listener summary, what it cost since ``before``, and whether it passed."""
-    row = {**level.summary(), **costs(before, snapshot(server))}
+def judged(summary: dict, streams: Sequence[StreamResult], cost: dict) -> dict:
+    """A level's row: its listener summary, what it cost, and whether it passed (no failure, no underrun)."""
+    row = {**summary, **cost}
     row["passed"] = row["errors"] == 0 and row["underruns"] == 0
-    row["first_error"] = next((s.error for s in level.streams if s.error), None)
+    row["first_error"] = next((s.error for s in streams if s.error), None)
     row["load_average"] = os.getloadavg()[0]
     return row
 

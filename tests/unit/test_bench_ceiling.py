@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ceiling import MODELS, Snapshot, costs, levels_to_run, rate_midpoint
+from bench.ceiling import MODELS, Snapshot, costs, judged, levels_to_run, rate_midpoint
+from bench.load import StreamResult
+from bench.openloop import Arrival, RateLevelResult, ScheduledStream
 
 
 @pytest.mark.parametrize(
@@ -56,3 +58,17 @@ def test_costs_are_per_stream_step_and_per_chunk():
     assert c["cpu_ms_per_stream_step"] == pytest.approx({"generator": 0.5, "tritonserver": 1.0})
     assert c["cpu_ms_per_chunk"] == pytest.approx({"vocoder": 2.0, "tts": 10.0, "client": 2.0})
     assert c["cpu_ms_per_stream_step_all"] == pytest.approx(1000 * 1.3 / 400)
+
+
+def test_a_rate_level_fails_on_a_failure_or_an_underrun_and_names_its_first_error():
+    def level(*results):
+        streams = tuple(ScheduledStream(Arrival(0.1 * i, "t", i), 0.1 * i, r) for i, r in enumerate(results))
+        return RateLevelResult(2.0, 4.0, 5.0, streams)
+
+    clean, stalled = StreamResult(0.1, 2.0, 7.68, None, 0.0), StreamResult(0.1, 2.0, 7.68, None, 0.02)
+    busy = StreamResult(None, 0.01, 0.0, "ServerBusy: server busy", failure="busy")
+    rows = [judged(lv.summary(), [s.result for s in lv.streams], {"mean_batch": 1.0})
+            for lv in (level(clean, clean), level(clean, stalled), level(clean, busy))]  # fmt: skip
+    assert [r["passed"] for r in rows] == [True, False, False]
+    assert [r["first_error"] for r in rows] == [None, None, "ServerBusy: server busy"]
+    assert rows[0]["rate"] == 2.0 and rows[0]["mean_batch"] == 1.0
