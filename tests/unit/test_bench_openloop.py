@@ -20,6 +20,7 @@ from bench.openloop import (
     run_rate,
 )
 from bench.report import open_loop_markdown
+from bench.request_options import chunk_parameters
 from client import SAMPLE_RATE, InvalidRequest, ServerBusy, TTSError
 from client.tts_client import Chunk
 
@@ -206,3 +207,31 @@ def test_percentile_interpolates_between_ranks():
     assert percentile([10, 20], 95) == pytest.approx(19.5)
     assert np.isnan(percentile([], 50))
     assert set(FAILURE_KINDS) == {"busy", "invalid", "unavailable", "error", "timeout"}
+
+
+# ---- the command lines ----
+def test_chunk_fixed_is_sent_only_when_asked_for():
+    from bench.__main__ import parse_args
+
+    assert chunk_parameters(parse_args(["--rate", "1"])) == {}  # a server that predates it refuses unknown ones
+    args = parse_args(["--rate", "0.5,2", "--chunk-fixed", "--chunk-first", "3", "--chunk-next", "12"])
+    assert chunk_parameters(args) == {"chunk_first": 3, "chunk_next": 12, "chunk_fixed": True}
+    assert args.rates == [0.5, 2.0] and args.duration == 60 and args.seed == 0
+
+
+@pytest.mark.parametrize("argv", [["--rate", "1", "--concurrency", "4"], ["--rate", "0,1"], ["--rate", "x"],
+                                  ["--rate", "1", "--duration", "0"]])  # fmt: skip
+def test_bad_open_loop_command_lines_are_refused(argv, capsys):
+    from bench.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert "--rate" in err or "--duration" in err, err
+
+
+def test_the_closed_loop_command_line_is_as_it_was():
+    from bench.__main__ import parse_args
+
+    args = parse_args([])
+    assert args.rates is None and args.levels == [1, 2, 4, 8, 16] and chunk_parameters(args) == {}
