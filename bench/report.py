@@ -84,8 +84,9 @@ def _percent(x: float) -> str:
 
 
 def open_loop_plot(rows: list[dict], title: str, path: Path) -> None:
-    """Against the target rate: first-audio p50/p95/p99, achieved rate (the diagonal: keeping up), and the
-    shares of streams that underran, stayed continuous (no gap over 100 ms) or failed."""
+    """Against the target rate: first-audio p50/p95/p99, achieved rate (the diagonal: keeping up; the
+    offered rate shows the Poisson draw's own spread), and the shares of streams that underran, stayed
+    continuous (no gap over 100 ms) or failed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,6 +100,7 @@ def open_loop_plot(rows: list[dict], title: str, path: Path) -> None:
     lat.legend()
     thr.plot(rate, [r["achieved_rps"] for r in rows], "o-", color="tab:green", label="achieved")
     thr.plot(rate, rate, color="grey", lw=0.8, ls="--", label="target")  # on this line the server keeps up
+    thr.plot(rate, [r["offered_rps"] for r in rows], "x", color="grey", label="offered (sent / duration)")
     thr.set(xlabel="target requests/s", ylabel="complete streams / s", title="achieved rate")
     thr.legend()
     sent = [max(1, r["requests"]) for r in rows]
