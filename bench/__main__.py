@@ -21,7 +21,14 @@ import time
 from pathlib import Path
 
 from bench.load import console_progress, one_stream, run_level
-from bench.openloop import MIXED_TEXTS, CONTINUITY_GAP_S, add_open_loop_options, parse_rates, poisson_arrivals, run_rate
+from bench.openloop import (
+    CONTINUITY_GAP_S,
+    MIXED_TEXTS,
+    add_open_loop_options,
+    parse_rates,
+    poisson_arrivals,
+    run_rate,
+)
 from bench.report import markdown, open_loop_markdown, open_loop_plot, plot
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
@@ -56,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "its plan text comes before the first audio, so first-chunk latency includes it")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "results" / "bench")
-    ap.add_argument("--name", help="file stem of the outputs (default: PRESET-PROTOCOL, or server-PROTOCOL)")
+    ap.add_argument("--name", help="file stem of the outputs (default: PRESET-PROTOCOL, or server-PROTOCOL; "
+                    "-open-loop appended with --rate)")
     args = ap.parse_args(argv)
     args.rates = None
     if args.rate is not None:
@@ -112,7 +120,8 @@ def open_loop(args: argparse.Namespace, client: TTSClient, texts: list[str], req
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     is_open_loop = args.rates is not None
-    name = args.name or f"{'server' if args.url else args.preset}-{args.protocol}{'-open-loop' if is_open_loop else ''}"
+    mode = "-open-loop" if is_open_loop else ""
+    name = args.name or f"{'server' if args.url else args.preset}-{args.protocol}{mode}"
     request = {"parameters": {"max_patches": args.max_patches, **chunk_parameters(args)}}
     if args.instruction:
         request["instruction"] = args.instruction
