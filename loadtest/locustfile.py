@@ -25,7 +25,8 @@ is an arrival generator: its ``wait_time`` draws exponential gaps of mean ``user
 its task only starts a stream in a greenlet of its own and returns. N independent Poisson processes at
 ``TTS_RATE / N`` add up to one at ``TTS_RATE``, and -u only spreads the dispatching (``-u 1`` is fine).
 At stop, the streams in flight get ``TTS_DRAIN_TIMEOUT`` s to finish; the rest end at their next chunk
-as a failure (``TimeoutError``). Without ``TTS_TEXTS`` they speak the benchmark's mixed set
+as a failure (``TimeoutError``). A ``--stop-timeout`` shorter than that cuts the drain short, and the
+streams then in flight report nothing. Without ``TTS_TEXTS`` they speak the benchmark's mixed set
 (``bench.openloop.MIXED_TEXTS``: English and Chinese, short replies and multi-sentence paragraphs).
 
 User classes (pick one or both on the command line):
