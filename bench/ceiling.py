@@ -12,6 +12,11 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
+With ``--rate-start R`` the levels are arrival rates instead (open loop, :mod:`bench.openloop`): at each
+rate, streams of the same length arrive on a seeded Poisson schedule for ``--duration`` s, whether or not
+earlier ones have finished; rates double from R up to ``--rate-max``, then bisect the same way. A level
+passes on the same terms; the ceiling is the largest rate with no failure and no underrun.
+
 With the server's default chunks (3, then 12 patches) the second chunk must come within the first one's
 0.48 s: 12 patches at 4x real time. ``--chunk-first/--chunk-next 12`` ask for real time only.
 
@@ -31,10 +36,13 @@ import platform
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.load import LevelResult, console_progress, one_stream, run_level
+from bench.load import LevelResult, StreamResult, console_progress, one_stream, run_level
+from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
+from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
 
 PATCHES_PER_SECOND = 6.25  # real time: one 160 ms patch per 160 ms
@@ -132,16 +140,41 @@ def measure(server, client: TTSClient, n: int, request: dict) -> dict:
     """n streams at once -> the level's row (listener summary, costs, passed)."""
     before = snapshot(server)
     level: LevelResult = run_level(client, n, n, TEXTS, request, progress=console_progress(n))
-    row = {**level.summary(), **costs(before, snapshot(server))}
+    return judged(level.summary(), level.streams, costs(before, snapshot(server)))
+
+
+def measure_rate(server, client: TTSClient, rate: float, args: argparse.Namespace, request: dict) -> dict:
+    """Poisson arrivals at ``rate`` requests/s for ``args.duration`` s -> the level's row, as :func:`measure`."""
+    arrivals = poisson_arrivals(rate, args.duration, args.seed, tuple(TEXTS))
+    before = snapshot(server)
+    level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
+                     console_progress(f"rate {rate:g}/s"))  # fmt: skip
+    return judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server)))
+
+
+def judged(summary: dict, streams: Sequence[StreamResult], cost: dict) -> dict:
+    """A level's row: its listener summary, what it cost, and whether it passed (no failure, no underrun)."""
+    row = {**summary, **cost}
     row["passed"] = row["errors"] == 0 and row["underruns"] == 0
-    row["first_error"] = next((s.error for s in level.streams if s.error), None)
+    row["first_error"] = next((s.error for s in streams if s.error), None)
     row["load_average"] = os.getloadavg()[0]
     return row
 
 
-def levels_to_run(start: int, most: int, bisect: int, passed) -> list[int]:
+def int_midpoint(good: int, bad: int) -> int:
+    return (good + bad) // 2
+
+
+def rate_midpoint(good: float, bad: float) -> float:
+    """Halfway, to 0.01 requests/s: finer steps than that are lost in the run-to-run noise."""
+    return round((good + bad) / 2, 2)
+
+
+def levels_to_run(start, most, bisect: int, passed, midpoint=int_midpoint) -> list:
     """Doubling from ``start`` up to ``most`` while ``passed(n)``, then ``bisect`` midpoints between the
-    last pass and the first failure. ``passed`` runs a level; returns the levels run, in order."""
+    last pass and the first failure (0 if the first level failed). ``passed`` runs a level; ``midpoint``
+    picks the level between two (:func:`int_midpoint` for streams, :func:`rate_midpoint` for rates);
+    returns the levels run, in order."""
     ran, good, bad, n = [], 0, None, start
     while True:
         ran.append(n)
@@ -153,8 +186,8 @@ def levels_to_run(start: int, most: int, bisect: int, passed) -> list[int]:
             break
         n = min(2 * n, most)
     for _ in range(bisect if bad is not None else 0):
-        mid = (good + bad) // 2
-        if mid in (good, bad) or mid < 1:
+        mid = midpoint(good, bad)
+        if mid in (good, bad) or mid <= 0:
             break
         ran.append(mid)
         good, bad = (mid, bad) if passed(mid) else (good, mid)
@@ -165,17 +198,19 @@ def ms(x: float) -> str:
     return f"{x:.3f}" if x < 1 else f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
-def table(rows: list[dict]) -> str:
-    head = ["streams", "result", "errors", "underruns", "worst gap ms", "first chunk p50 / p90 ms", "mean batch",
+def table(rows: list[dict], level: str = "concurrency") -> str:
+    """``level``: ``concurrency`` (streams) or ``rate`` (requests/s), the key the rows are levels of."""
+    head = ["streams" if level == "concurrency" else "req/s", "result", "errors", "underruns", "worst gap ms",
+            "first chunk p50 / p90 ms", "mean batch",
             "generator step ms", "generator ms per stream-step: step / execute / queue",
             "vocoder ms per chunk: execute / queue", "CPU ms per stream-step: generator / tritonserver",
             "CPU ms per chunk: vocoder / tts / client", "CPU ms per stream-step, all"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(rows, key=lambda r: r["concurrency"]):
+    for r in sorted(rows, key=lambda r: r[level]):
         g, v = r["generator_ms_per_stream_step"], r["vocoder_ms_per_chunk"]
         cs, cc = r["cpu_ms_per_stream_step"], r["cpu_ms_per_chunk"]
         worst = "–" if r["worst_gap_ms"] != r["worst_gap_ms"] else f"{r['worst_gap_ms']:.0f}"
-        cells = [str(r["concurrency"]), "pass" if r["passed"] else "FAIL", str(r["errors"]),
+        cells = [f"{r[level]:g}", "pass" if r["passed"] else "FAIL", str(r["errors"]),
                  f"{r['underruns']}/{r['requests']}", worst,
                  f"{r['first_chunk_ms']['p50']:.0f} / {r['first_chunk_ms']['p90']:.0f}", f"{r['mean_batch']:.1f}",
                  ms(r["generator_step_ms"]), " / ".join(ms(g[k]) for k in ("step", "execute", "queue")),
@@ -193,14 +228,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--slots", type=int, default=256, help="generator slots: the highest level (default 256)")
     ap.add_argument("--bisect", type=int, default=2, help="levels run between the last pass and the first failure")
     ap.add_argument("--patches", type=int, default=48, help="patches per stream, 160 ms each (default 48)")
-    ap.add_argument("--chunk-first", type=int, help="request parameter (server default when omitted)")
-    ap.add_argument("--chunk-next", type=int, help="request parameter (server default when omitted)")
+    add_chunk_options(ap)
+    ap.add_argument("--rate-start", type=float,
+                    help="open loop: the first level, in requests/s (Poisson arrivals; default: closed loop)")
+    ap.add_argument("--rate-max", type=float, default=64.0, help="open loop: the highest rate, requests/s (default 64)")
+    add_open_loop_options(ap)
     ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     if not 1 <= args.start <= args.slots <= 256:
         ap.error("need 1 <= --start <= --slots <= 256")
+    if args.rate_start is not None and not 0 < args.rate_start <= args.rate_max:
+        ap.error("need 0 < --rate-start <= --rate-max")
+    if args.duration <= 0 or args.drain_timeout < 0:
+        ap.error("need --duration > 0 and --drain-timeout >= 0 seconds")
     return args
 
 
@@ -208,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.server import local_server
 
     args = parse_args(argv)
-    params = {"max_patches": args.patches}
-    for key in ("chunk_first", "chunk_next"):
-        if getattr(args, key) is not None:
-            params[key] = getattr(args, key)
+    params = {"max_patches": args.patches, **chunk_parameters(args)}
+    open_loop = args.rate_start is not None
+    level, unit = ("rate", "requests/s") if open_loop else ("concurrency", "streams")
     request = {"parameters": params}
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
@@ -226,11 +267,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}", file=sys.stderr)
             return 1
 
-        def passed(n: int) -> bool:
-            row = measure(server, client, n, request)
+        def passed(n) -> bool:
+            row = measure_rate(server, client, n, args, request) if open_loop else measure(server, client, n, request)
             rows.append(row)
             verdict = "pass" if row["passed"] else "FAIL"
-            print(f"  {n} streams: {verdict}, {row['underruns']} underruns, {row['errors']} errors, worst gap "
+            print(f"  {n:g} {unit}: {verdict}, {row['underruns']} underruns, {row['errors']} errors, worst gap "
                   f"{row['worst_gap_ms']:.0f} ms, generator step {row['generator_step_ms']:.1f} ms "
                   f"(batch {row['mean_batch']:.1f}), CPU {row['cpu_ms_per_stream_step_all']:.2f} ms per stream-step; "
                   f"load {row['load_average']:.1f}", file=sys.stderr, flush=True)  # fmt: skip
@@ -238,22 +279,30 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    first error: {row['first_error']}", file=sys.stderr, flush=True)
             return row["passed"]
 
-        levels_to_run(args.start, args.slots, args.bisect, passed)
+        if open_loop:
+            levels_to_run(args.rate_start, args.rate_max, args.bisect, passed, rate_midpoint)
+        else:
+            levels_to_run(args.start, args.slots, args.bisect, passed)
 
-    good = [r["concurrency"] for r in rows if r["passed"]]
+    good = [r[level] for r in rows if r["passed"]]
     ceiling = max(good, default=0)
-    top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
-    print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
+    if open_loop:
+        top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling:g}, --rate-max)"
+        print(f"ceiling: {ceiling:g} requests/s of Poisson arrivals with no underrun and no failure{top}; "
+              f"{args.duration:g} s of arrivals per rate, seed {args.seed}")  # fmt: skip
+    else:
+        top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
+        print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, client on the same machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
     )
     print()
-    print(table(rows))
+    print(table(rows, level))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        raw = {"ceiling": ceiling, "patches": args.patches, "parameters": params, "slots": args.slots,
+        raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)

@@ -1,5 +1,8 @@
 """Closed-loop load at a fixed concurrency: ``concurrency`` threads each stream one utterance after another
 until ``requests`` streams are done; every stream's first-chunk latency, duration and audio length.
+
+Also what every load mode shares (:mod:`bench.openloop` is the open-loop one): one stream as a listener
+hears it (:func:`one_stream`, :func:`worst_gap`) and the kind of a failed stream (:func:`failure_kind`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,17 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from client import SAMPLE_RATE, TTSClient
+from client import SAMPLE_RATE, TTSClient, TTSError
+from engine.protocol import INVALID, UNAVAILABLE
+
+# why a stream failed, in the order tables show them:
+#   busy: the server refused or ended it as `unavailable:` (queue full, restarting, shutting down; retry shortly;
+#         one in-band tag covers all three, and no message wording is read to tell them apart)
+#   invalid: the server said the request was bad (`invalid:`)
+#   unavailable: no server answered, or the connection broke (the client's ConnectionError)
+#   error: the server failed (`error:`, or Triton's untagged messages), or the stream ended without audio
+#   timeout: no response within the client's timeout, or still streaming when the bench stopped waiting
+FAILURE_KINDS = ("busy", "invalid", "unavailable", "error", "timeout")
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,27 @@ class StreamResult:
     audio: float  # seconds of audio received (24 kHz samples / 24000)
     error: str | None  # the client's exception, None for a complete stream
     worst_gap: float = 0.0  # longest silence a listener playing from the first chunk on would hear, s
+    failure: str | None = None  # one of FAILURE_KINDS for a failed stream, None for a complete one
+
+
+def failure_kind(exc: BaseException) -> str:
+    """The :data:`FAILURE_KINDS` entry of a stream's exception: by the client's exception type and the
+    server's in-band tag (``TTSError.kind``), never by the wording of a message."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConnectionError):
+        return "unavailable"
+    if isinstance(exc, TTSError) and exc.kind == UNAVAILABLE:
+        return "busy"
+    if isinstance(exc, TTSError) and exc.kind == INVALID:
+        return "invalid"
+    return "error"
+
+
+def percentile(values, q: float) -> float:
+    """The ``q``-th percentile (0..100, linear interpolation between ranks) of ``values``; NaN when empty."""
+    a = np.asarray(values, float)
+    return float(np.percentile(a, q)) if a.size else float("nan")
 
 
 def worst_gap(arrivals: list[float], seconds: list[float]) -> float:
@@ -55,10 +89,7 @@ class LevelResult:
         ok = [s for s in self.streams if s.error is None]
         first = np.array([s.first_chunk for s in ok], float) * 1000
         rtf = np.array([s.total / s.audio for s in ok if s.audio > 0], float)
-
-        def pct(a, q):
-            return float(np.percentile(a, q)) if a.size else float("nan")
-
+        pct = percentile
         return {
             "concurrency": self.concurrency,
             "requests": len(self.streams),
@@ -76,11 +107,18 @@ class LevelResult:
         return {"summary": self.summary(), "streams": [asdict(s) for s in self.streams]}
 
 
-def one_stream(client: TTSClient, text: str, seed: int, request: dict) -> StreamResult:
+def one_stream(
+    client: TTSClient, text: str, seed: int, request: dict, cancel: threading.Event | None = None
+) -> StreamResult:
+    """Stream ``text`` and time it as a listener hears it. ``request``: :meth:`TTSClient.stream`'s other
+    keyword arguments. ``cancel``, once set, ends the stream at its next chunk as a timeout (leaving the
+    loop closes the client's stream, which cancels the request on the server)."""
     t0 = time.perf_counter()
     first, samples, arrivals, seconds = None, 0, [], []
     try:
         for chunk in client.stream(text, seed=seed, **request):
+            if cancel is not None and cancel.is_set():
+                raise TimeoutError("still streaming when the benchmark stopped waiting")
             first = chunk.arrival if first is None else first
             samples += chunk.audio.size
             if chunk.audio.size:  # an empty chunk brings nothing to play
@@ -89,7 +127,8 @@ def one_stream(client: TTSClient, text: str, seed: int, request: dict) -> Stream
         if first is None:
             raise RuntimeError("the stream ended without audio")
     except Exception as e:  # a failed stream is a data point (an error), not the end of the benchmark
-        return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, f"{type(e).__name__}: {e}")
+        error = f"{type(e).__name__}: {e}"
+        return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, error, failure=failure_kind(e))
     return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, None, worst_gap(arrivals, seconds))
 
 
@@ -116,12 +155,14 @@ def run_level(
     return LevelResult(concurrency, time.perf_counter() - t0, results)
 
 
-def console_progress(concurrency: int, stream=sys.stderr) -> Callable[[int, int, int], None]:
-    """A counter rewritten in place on a terminal; elsewhere a line per quarter of the level."""
+def console_progress(level: int | str, stream=sys.stderr) -> Callable[[int, int, int], None]:
+    """A counter rewritten in place on a terminal; elsewhere a line per quarter of the level. ``level``:
+    a concurrency, or the level's own label (``"rate 2/s"``)."""
     tty = stream.isatty()
+    label = f"concurrency {level:>3}" if isinstance(level, int) else level
 
     def show(done: int, errors: int, total: int) -> None:
-        line = f"  concurrency {concurrency:>3}: {done}/{total} streams, {errors} errors"
+        line = f"  {label}: {done}/{total} streams, {errors} errors"
         if tty:
             print(f"\r{line}\033[K", end="" if done < total else "\n", file=stream, flush=True)
         elif done % max(1, total // 4) == 0 or done == total:

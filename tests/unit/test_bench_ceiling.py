@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ceiling import MODELS, Snapshot, costs, levels_to_run
+from bench.ceiling import MODELS, Snapshot, costs, judged, levels_to_run, rate_midpoint
+from bench.load import StreamResult
+from bench.openloop import Arrival, RateLevelResult, ScheduledStream
 
 
 @pytest.mark.parametrize(
@@ -20,6 +22,19 @@ from bench.ceiling import MODELS, Snapshot, costs, levels_to_run
 )
 def test_levels_double_then_bisect(limit, start, most, bisect, want):
     assert levels_to_run(start, most, bisect, lambda n: n <= limit) == want
+
+
+@pytest.mark.parametrize(
+    ("limit", "start", "most", "bisect", "want"),
+    [
+        (3.0, 0.5, 64, 2, [0.5, 1, 2, 4, 3.0, 3.5]),  # 2/s passes, 4/s fails: 3/s passes, 3.5/s fails
+        (0.3, 0.5, 64, 2, [0.5, 0.25, 0.38]),  # the first rate fails: bisected down from it, to 0.01/s
+        (100, 1, 5, 1, [1, 2, 4, 5]),  # every rate passes: stops at the highest
+        (0.0, 0.01, 1, 3, [0.01]),  # nothing between 0 and 0.01/s
+    ],
+)
+def test_rates_double_then_bisect_to_a_hundredth(limit, start, most, bisect, want):
+    assert levels_to_run(start, most, bisect, lambda r: r <= limit, rate_midpoint) == pytest.approx(want)
 
 
 def counters(executions, requests, compute_ns, queue_ns) -> dict:
@@ -43,3 +58,17 @@ def test_costs_are_per_stream_step_and_per_chunk():
     assert c["cpu_ms_per_stream_step"] == pytest.approx({"generator": 0.5, "tritonserver": 1.0})
     assert c["cpu_ms_per_chunk"] == pytest.approx({"vocoder": 2.0, "tts": 10.0, "client": 2.0})
     assert c["cpu_ms_per_stream_step_all"] == pytest.approx(1000 * 1.3 / 400)
+
+
+def test_a_rate_level_fails_on_a_failure_or_an_underrun_and_names_its_first_error():
+    def level(*results):
+        streams = tuple(ScheduledStream(Arrival(0.1 * i, "t", i), 0.1 * i, r) for i, r in enumerate(results))
+        return RateLevelResult(2.0, 4.0, 5.0, streams)
+
+    clean, stalled = StreamResult(0.1, 2.0, 7.68, None, 0.0), StreamResult(0.1, 2.0, 7.68, None, 0.02)
+    busy = StreamResult(None, 0.01, 0.0, "ServerBusy: server busy", failure="busy")
+    rows = [judged(lv.summary(), [s.result for s in lv.streams], {"mean_batch": 1.0})
+            for lv in (level(clean, clean), level(clean, stalled), level(clean, busy))]  # fmt: skip
+    assert [r["passed"] for r in rows] == [True, False, False]
+    assert [r["first_error"] for r in rows] == [None, None, "ServerBusy: server busy"]
+    assert rows[0]["rate"] == 2.0 and rows[0]["mean_batch"] == 1.0
