@@ -161,7 +161,7 @@ def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, 
     async def speak(body: dict):
         kw = await speech_request(body, voice_list.get)
         return await stream_response(tts.stream, kw, body.get("response_format") or "mp3",
-                                     body.get("stream_format") or "audio")  # fmt: skip
+                                     body.get("stream_format") or "audio", body.get("sample_rate"))  # fmt: skip
 
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):

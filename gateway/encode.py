@@ -2,8 +2,9 @@
 as soon as the codec emits them.
 
 ``wav`` and ``pcm`` are 16-bit little-endian PCM written here (a WAV header whose sizes say "unknown
-length", as streaming WAV does); ``flac``, ``mp3``, ``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and
-muxed by FFmpeg through PyAV.
+length", as streaming WAV does), ``pcm_mulaw`` and ``pcm_alaw`` the same samples as G.711's 8-bit codes
+(:mod:`gateway.g711`); these four come at any rate of :data:`gateway.rates.RATES`. ``flac``, ``mp3``,
+``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and muxed by FFmpeg through PyAV, at 24 kHz.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import struct
 import numpy as np
 
 from engine.protocol import SAMPLE_RATE
+from gateway.g711 import alaw_encode, mulaw_encode
+from gateway.rates import StreamResampler, default_rate
 
 # response_format -> (MIME type, PyAV container format, codec); None: written here
 FORMATS = {
@@ -22,7 +25,10 @@ FORMATS = {
     "flac": ("audio/flac", "flac", "flac"),
     "wav": ("audio/wav", None, None),
     "pcm": ("audio/pcm", None, None),
+    "pcm_mulaw": ("audio/PCMU", None, None),  # RFC 3551's names for G.711
+    "pcm_alaw": ("audio/PCMA", None, None),
 }
+G711 = {"pcm_mulaw": mulaw_encode, "pcm_alaw": alaw_encode}
 # bits per second for mono 24 kHz speech: FFmpeg's defaults would give MP3 32 kb/s, which smears it
 BIT_RATES = {"mp3": 64_000, "aac": 64_000, "opus": 32_000}
 
@@ -59,15 +65,21 @@ class _Sink:
 
 
 class Encoder:
-    """``push(chunk) -> bytes`` for each chunk, then ``finish() -> bytes``."""
+    """``push(chunk) -> bytes`` for each chunk, then ``finish() -> bytes``. ``sample_rate``: the rate of
+    ``wav``, ``pcm``, ``pcm_mulaw`` and ``pcm_alaw`` (None: 8000 for G.711, else 24000), checked by
+    :func:`gateway.rates.check_rate`."""
 
-    def __init__(self, response_format: str):
+    def __init__(self, response_format: str, sample_rate: int | None = None):
         if response_format not in FORMATS:
             raise ValueError(f"response_format must be one of {sorted(FORMATS)}, got {response_format!r}")
         self.format = response_format
         self.media_type, container, codec = FORMATS[response_format]
-        self.started = False
+        self.started, self.out = False, None
         if container is None:
+            self.rate = sample_rate or default_rate(response_format)
+            self.converter = StreamResampler(self.rate)
+            if response_format in G711:
+                self.media_type += f";rate={self.rate}"
             return
         import av
 
@@ -82,13 +94,20 @@ class Encoder:
 
     def push(self, audio: np.ndarray) -> bytes:
         audio = np.asarray(audio, np.float32).reshape(-1)
-        if self.format in ("wav", "pcm"):
-            head = wav_header() if self.format == "wav" and not self.started else b""
-            self.started = True
-            return head + pcm16(audio)
+        if self.out is None:
+            return self._samples(self.converter.push(audio))
         if audio.size:
             self._encode(audio)
         return self.sink.take()
+
+    def _samples(self, audio: np.ndarray) -> bytes:
+        """Raw formats: 16-bit PCM (after a WAV header, first) or its G.711 codes."""
+        head = wav_header(self.rate) if self.format == "wav" and not self.started else b""
+        self.started = True
+        samples = pcm16(audio)
+        if self.format in G711:
+            samples = G711[self.format](np.frombuffer(samples, "<i2")).tobytes()
+        return head + samples
 
     def _encode(self, audio: np.ndarray | None) -> None:
         import av
@@ -107,8 +126,8 @@ class Encoder:
             self.out.mux(packet)
 
     def finish(self) -> bytes:
-        if self.format in ("wav", "pcm"):
-            return b"" if self.started or self.format == "pcm" else wav_header()
+        if self.out is None:
+            return self._samples(self.converter.finish())
         self._encode(None)
         self.out.close()
         return self.sink.take()

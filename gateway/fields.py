@@ -13,6 +13,7 @@ from engine import instructions
 from engine.params import UTTERANCE_PARAMETERS, shown
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
+from gateway.rates import check_rate
 
 MAX_INPUT_CHARS = 4000
 # OpenAI's stock voice names: they mean the default voice here (and with instructions, a voice designed from
@@ -21,7 +22,7 @@ STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "ony
 STREAM_FORMATS = ("audio", "sse")
 EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
 STRINGS = ("model", "input", "voice", "response_format", "stream_format", "language", "instructions")
-NUMBERS = ("seed",)  # OpenAI's that are numbers but not one of EXTRAS (its speed is ours too)
+NUMBERS = ("seed", "sample_rate")  # numbers that are not one of EXTRAS (OpenAI's speed is ours too)
 KNOWN = {*STRINGS, *NUMBERS, *EXTRAS}
 INT64 = (-(2**63), 2**63 - 1)
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
@@ -103,6 +104,10 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     fmt = body.get("response_format", "mp3")
     if fmt not in FORMATS:
         raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {shown(fmt)}", "response_format")
+    try:  # ours: the rate of the raw formats (gateway.rates)
+        check_rate(fmt, described(body.get("sample_rate")))
+    except ValueError as e:
+        raise APIError(400, str(e), "sample_rate") from None
     if body.get("stream_format", "audio") not in STREAM_FORMATS:
         raise APIError(400, f"stream_format must be one of {list(STREAM_FORMATS)}", "stream_format")
     instruction = instruction_field(body.get("instructions") or None)  # "" is absent, as OpenAI treats it

@@ -26,9 +26,10 @@ PLAN_EVENT = "speech.plan"  # the SSE event that carries it: {"type": "speech.pl
 
 
 async def stream_response(
-    open_stream: Callable, kw: dict, response_format: str, stream_format: str
+    open_stream: Callable, kw: dict, response_format: str, stream_format: str, sample_rate: int | None = None
 ) -> StreamingResponse:
-    """``open_stream(**kw, on_plan=...)`` (``AsyncTTSClient.stream`` or ``.edit``) as the answer."""
+    """``open_stream(**kw, on_plan=...)`` (``AsyncTTSClient.stream`` or ``.edit``) as the answer; ``sample_rate``
+    of the raw formats, already checked (None: the format's default)."""
     plans: list[str] = []
     stream = open_stream(**kw, on_plan=plans.append)
     try:
@@ -37,7 +38,7 @@ async def stream_response(
         raise from_tts_error(e) from None
     plan = plans[0] if plans else None
     headers = {PLAN_HEADER: quote(plan, safe="")} if plan is not None else {}
-    encoder = Encoder(response_format)
+    encoder = Encoder(response_format, sample_rate)
     if stream_format == "sse":
         return StreamingResponse(sse(stream, first, encoder, plan), media_type="text/event-stream", headers=headers)
     return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type, headers=headers)

@@ -34,6 +34,10 @@ from engine.text import canonical_language
 EMPTY_MESSAGE = "TEXT: nothing to speak after cleaning"
 
 
+class NothingToSpeak(ValueError):
+    """The text is empty once cleaned and normalized (a ValueError, with :data:`EMPTY_MESSAGE`)."""
+
+
 def warm_up() -> None:
     """Load what the first request would otherwise wait for: wetext's FSTs (about 0.3 s) and the
     language-id model, if one is configured (so that a bad path fails at startup)."""
@@ -70,12 +74,12 @@ def prepare(
             tokens are cut so that each fits.
 
     Raises:
-        ValueError: nothing is left to speak, or the language is unknown.
+        ValueError: nothing is left to speak (:class:`NothingToSpeak`), or the language is unknown.
     """
     language = None if language is None or language.strip().lower() in ("", "auto") else canonical_language(language)
     text = clean(text)
     if not text:
-        raise ValueError(EMPTY_MESSAGE)
+        raise NothingToSpeak(EMPTY_MESSAGE)
     language = language or detect_language(text)
     if split_tokens > 0:
         chinese = language == "Chinese"
@@ -89,7 +93,7 @@ def prepare(
         segments = [normalize_segment(s, language) for s in segments]
     segments = [s for s in segments if s.strip()]
     if not segments:
-        raise ValueError(EMPTY_MESSAGE)
+        raise NothingToSpeak(EMPTY_MESSAGE)
     return Prepared(language, segments)
 
 

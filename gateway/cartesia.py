@@ -1,0 +1,172 @@
+"""Cartesia's TTS WebSocket messages (docs/agents.md), without the socket: a client's JSON message to a typed
+request, and the replies the agent plugins read, shaped so that each of them reads them (LiveKit tells audio
+by a non-empty ``data`` and tests ``done`` before ``type``; Pipecat needs ``context_id`` on every reply).
+
+Every malformed message is a :class:`ProtocolError` naming the field, with the context it came from when
+that was readable, so that the error reply can carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from engine.params import shown
+from engine.text import canonical_language
+from gateway.rates import RATES
+
+ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")  # Cartesia's output_format.encoding
+MAX_MESSAGE_CHARS = 64 * 1024  # a text message: a sentence or a token, with the options around it
+MAX_CONTEXT_ID_CHARS = 256
+# Cartesia's language codes (ISO 639-1; Pipecat adds a region: en-US) -> the model's names
+LANGUAGE_CODES = {
+    "zh": "Chinese", "en": "English", "yue": "Cantonese", "ja": "Japanese", "ko": "Korean", "es": "Spanish",
+    "fr": "French", "ru": "Russian", "ar": "Arabic", "tr": "Turkish", "id": "Indonesian", "pt": "Portuguese",
+    "it": "Italian", "nl": "Dutch", "vi": "Vietnamese", "de": "German", "uk": "Ukrainian", "th": "Thai",
+    "pl": "Polish", "ro": "Romanian", "el": "Greek", "cs": "Czech", "fi": "Finnish", "hi": "Hindi",
+}  # fmt: skip
+
+
+class ProtocolError(ValueError):
+    """A message the server cannot take: ``field`` names the part, ``context_id`` is its context (or None)."""
+
+    def __init__(self, message: str, field: str, context_id: str | None = None):
+        super().__init__(message)
+        self.field, self.context_id = field, context_id
+
+
+@dataclass(frozen=True)
+class Generate:
+    """Text for a context: the first message of a context opens it (its options hold for the context)."""
+
+    context_id: str  # the client's id for the utterance; replies carry it
+    transcript: str  # this message's text ("" or " " with more=False: only the end)
+    more: bool  # Cartesia's "continue": more text will follow in this context
+    voice_id: str  # voice.id: a registered voice's name (or "default")
+    language: str | None  # the model's name for it (None: detect)
+    encoding: str  # one of ENCODINGS, raw samples (the WebSocket has no other container)
+    sample_rate: int  # Hz, one of gateway.rates.RATES
+    timestamps: bool  # add_timestamps: word timings wanted
+    buffer_delay_ms: int | None  # max_buffer_delay_ms: 0 = speak each message now; None = the server's default
+    flush: bool  # Cartesia's flush: true (neither plugin sends it)
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a context now: nothing more is sent for it."""
+
+    context_id: str
+
+
+def parse_message(text: str) -> Generate | Cancel:
+    """A client's text frame -> the request it makes; :class:`ProtocolError` for anything else."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ProtocolError(f"a message is at most {MAX_MESSAGE_CHARS} characters", "message")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ProtocolError("a message must be a JSON object", "message") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("a message must be a JSON object", "message")
+    context_id = body.get("context_id")
+    if not isinstance(context_id, str) or not context_id or len(context_id) > MAX_CONTEXT_ID_CHARS:
+        raise ProtocolError(f"context_id must be a string of 1 to {MAX_CONTEXT_ID_CHARS} characters", "context_id")
+    if body.get("cancel") is True:
+        return Cancel(context_id)
+    return Generate(context_id, **_options(body, context_id))
+
+
+def _options(body: dict, context_id: str) -> dict:
+    def fail(message: str, name: str):
+        raise ProtocolError(message, name, context_id)
+
+    transcript, more = body.get("transcript", ""), body.get("continue", False)
+    if not isinstance(transcript, str):
+        fail(f"transcript must be a string, got {type(transcript).__name__}", "transcript")
+    if not isinstance(more, bool):
+        fail("continue must be true or false", "continue")
+    voice = body.get("voice")
+    if not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str):
+        fail('voice must be {"mode": "id", "id": "<a registered voice, or default>"}', "voice")
+    out = body.get("output_format")
+    if not isinstance(out, dict):
+        fail('output_format must be {"container": "raw", "encoding": ..., "sample_rate": ...}', "output_format")
+    if out.get("container", "raw") != "raw":
+        fail(f"output_format.container must be raw, got {shown(out.get('container'))}", "output_format.container")
+    if out.get("encoding") not in ENCODINGS:
+        fail(f"output_format.encoding must be one of {list(ENCODINGS)}, got {shown(out.get('encoding'))}",
+             "output_format.encoding")  # fmt: skip
+    rate = out.get("sample_rate")
+    if isinstance(rate, bool) or rate not in RATES:
+        fail(f"output_format.sample_rate must be one of {list(RATES)}, got {shown(rate)}", "output_format.sample_rate")
+    delay = body.get("max_buffer_delay_ms")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= 5000):
+        fail(f"max_buffer_delay_ms must be an integer in 0..5000, got {shown(delay)}", "max_buffer_delay_ms")
+    flags = {name: body.get(name, False) for name in ("add_timestamps", "flush")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            fail(f"{name} must be true or false", name)
+    return dict(
+        transcript=transcript,
+        more=more,
+        voice_id=voice["id"],
+        language=language(body.get("language"), context_id),
+        encoding=out["encoding"],
+        sample_rate=rate,
+        timestamps=flags["add_timestamps"],
+        buffer_delay_ms=delay,
+        flush=flags["flush"],
+    )
+
+
+def language(value, context_id: str | None = None) -> str | None:
+    """Cartesia's ``language`` (``en``, ``en-US``; or one of our names, or ``auto``) -> the model's name."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"language must be a string, got {type(value).__name__}", "language", context_id)
+    code = value.strip().lower().split("-")[0]
+    if code in LANGUAGE_CODES:
+        return LANGUAGE_CODES[code]
+    if code == "auto":
+        return None
+    try:
+        return canonical_language(value)
+    except ValueError:
+        message = f"language {shown(value)} is not spoken here; codes: {', '.join(LANGUAGE_CODES)}"
+        raise ProtocolError(message, "language", context_id) from None
+
+
+# ---- replies ----------------------------------------------------------------------------------------------
+def chunk(context_id: str, audio: bytes, step_ms: float) -> dict:
+    """Audio (never empty: LiveKit reads an empty ``data`` as no audio)."""
+    if not audio:
+        raise ValueError("a chunk carries audio")
+    return {"type": "chunk", "data": base64.b64encode(audio).decode(), "done": False, "status_code": 206,
+            "step_time": round(step_ms, 3), "context_id": context_id}  # fmt: skip
+
+
+def timestamps(context_id: str, words: list[str], start: list[float], end: list[float]) -> dict:
+    """Word timings in seconds from the context's start (Pipecat builds the bot's transcript from them)."""
+    if not len(words) == len(start) == len(end):
+        raise ValueError("words, start and end have one entry a word")
+    return {"type": "timestamps", "done": False, "status_code": 206, "context_id": context_id,
+            "word_timestamps": {"words": words, "start": start, "end": end}}  # fmt: skip
+
+
+def flush_done(context_id: str, flush_id: int) -> dict:
+    return {"type": "flush_done", "done": False, "flush_done": True, "flush_id": flush_id, "status_code": 206,
+            "context_id": context_id}  # fmt: skip
+
+
+def done(context_id: str) -> dict:
+    """The context's end: its last reply."""
+    return {"type": "done", "done": True, "status_code": 200, "context_id": context_id}
+
+
+def error(context_id: str | None, status_code: int, message: str) -> dict:
+    """An error, without ``done`` (LiveKit would read it as an end): send :func:`done` after it when the
+    context is known. ``context_id`` None (a message whose context could not be read) is sent as "": Pipecat
+    fails without one, and both plugins pass over a context they do not hold."""
+    return {"type": "error", "status_code": status_code, "error": message, "context_id": context_id or ""}
