@@ -22,6 +22,7 @@ import pytest
 import soundfile as sf
 
 from client import InvalidRequest, TTSClient
+from engine.chunking import ChunkSchedule
 from tests.integration.helpers import gateway_for, in_parallel, wait_gauges_zero
 from tests.reference import snr_db
 
@@ -155,7 +156,7 @@ def test_streamed_instruct_equals_offline(server, offline, task):
           "clone": {"text": "Hello there.", "audio": CLIP, "sample_rate": RATE},
           "semantic_edit": {"instruction": SEMANTIC, "audio": CLIP, "sample_rate": RATE},
           "acoustic_edit": {"instruction": ACOUSTIC, "audio": CLIP, "sample_rate": RATE}}[task]  # fmt: skip
-    ref = instruct_run(offline, task, seed=5, max_patches=SHORT["max_patches"], schedule=(2, 2), **kw)
+    ref = instruct_run(offline, task, seed=5, max_patches=SHORT["max_patches"], schedule=ChunkSchedule(2, 2, fixed=True), **kw)
     voice = {"ref_audio": kw["audio"], "ref_sample_rate": RATE} if "audio" in kw else {}
     seen = events(lambda on_plan: client(server).stream(kw.get("text"), instruction=kw.get("instruction"),
                                                         task=task, seed=5, parameters=SHORT, on_plan=on_plan,

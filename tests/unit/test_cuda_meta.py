@@ -17,13 +17,14 @@ import torch
 from bench.device_audit import CPU_SCALAR, D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, DeviceAudit, DeviceAuditError
 from bench.gpu import random_model
 from engine.checkpoint import precision_policy
+from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.protocol import SAMPLE_RATE, Chunk
 from engine.streams import GeneratorService, VocoderService
 
 BF16, FP32 = torch.bfloat16, torch.float32
 STREAMS, STEPS = 4, 3
-SCHEDULE = (STEPS, 12)  # the first chunk falls due on the last step, so the vocoder gets real chunks
+SCHEDULE = ChunkSchedule(STEPS, 12, fixed=True)  # the first chunk falls due on the last step, so the vocoder gets real chunks
 
 # Host syncs (device -> host reads, and copies to the device without non_blocking=True, which PyTorch
 # ends with cudaStreamSynchronize) each stage may make; every one stalls the host until the GPU is idle.
