@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-patches", type=int, default=24, help="utterance length limit, 160 ms patches (default 24)")
     ap.add_argument("--chunk-first", type=int, help="request parameter (server default when omitted)")
     ap.add_argument("--chunk-next", type=int, help="request parameter (server default when omitted)")
+    ap.add_argument("--chunk-fixed", action="store_true", default=None,
+                    help="request parameter: the fixed schedule (chunk_first, then chunk_next each) instead of "
+                    "the deadline rule")  # fmt: skip
     ap.add_argument("--text", action="append", help="text to speak (repeatable; default: built-in sentences)")
     ap.add_argument("--instruction", help="FireRedTTS3-Instruct voice design with this description (default: Base); "
                     "its plan text comes before the first audio, so first-chunk latency includes it")
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     request = {"parameters": {"max_patches": args.max_patches}}
     if args.instruction:
         request["instruction"] = args.instruction
-    for key in ("chunk_first", "chunk_next"):
+    for key in ("chunk_first", "chunk_next", "chunk_fixed"):
         if getattr(args, key) is not None:
             request["parameters"][key] = getattr(args, key)
     texts = args.text or TEXTS

@@ -12,8 +12,9 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
-With the server's default chunks (3, then 12 patches) the second chunk must come within the first one's
-0.48 s: 12 patches at 4x real time. ``--chunk-first/--chunk-next 12`` ask for real time only.
+The server's default chunks follow the listener's deadline (docs/serving.md, Chunk sizes). With a fixed
+schedule of 3, then 12 patches (``--chunk-fixed --chunk-next 12``) the second chunk must come within the
+first one's 0.48 s: 12 patches at 4x real time; ``--chunk-first/--chunk-next 12`` ask for real time only.
 
 What each part costs, per level, from Triton's per-model statistics (``/v2/models/stats``: compute and
 queue time over the requests the model took: stream-steps for the generator, chunks for the vocoder),
@@ -195,6 +196,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--patches", type=int, default=48, help="patches per stream, 160 ms each (default 48)")
     ap.add_argument("--chunk-first", type=int, help="request parameter (server default when omitted)")
     ap.add_argument("--chunk-next", type=int, help="request parameter (server default when omitted)")
+    ap.add_argument("--chunk-fixed", action="store_true", default=None,
+                    help="request parameter: the fixed schedule (chunk_first, then chunk_next each) instead of "
+                    "the deadline rule")  # fmt: skip
     ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     params = {"max_patches": args.patches}
-    for key in ("chunk_first", "chunk_next"):
+    for key in ("chunk_first", "chunk_next", "chunk_fixed"):
         if getattr(args, key) is not None:
             params[key] = getattr(args, key)
     request = {"parameters": params}

@@ -13,7 +13,7 @@ from engine.chunking import ChunkSchedule
 from engine.local import LocalGenerator, LocalPrompts, LocalVocoder
 from engine.orchestrator import Orchestrator, Utterance
 from engine.params import GenerationParams
-from engine.protocol import StreamFailed
+from engine.protocol import SAMPLE_RATE, StreamFailed
 from engine.time_stretch import TimeStretch
 from tests.reference import reference_audio
 
@@ -183,3 +183,40 @@ def test_closing_a_stretched_run_early_frees_everything(model):
     got = collect(p.orchestrator.run(utterance), stop_after=2)
     assert len(got) == 2 and not got[-1].final
     assert p.live == (0, 0)
+
+
+class RecordingGenerator(LocalGenerator):
+    """Records each segment's chunk schedule and the audio the caller had received when it started."""
+
+    def __init__(self, model, received: list):
+        super().__init__(model, slots=1, max_len=1024)
+        self.received, self.started = received, []
+
+    def stream(self, segment):
+        self.started.append((segment.schedule, sum(a.size for a in self.received)))
+        return super().stream(segment)
+
+
+@pytest.mark.parametrize("clock_step", [0.0, 10.0])
+def test_a_later_segment_starts_from_what_the_listener_holds(model, clock_step):
+    """A clock that stands still: the listener holds all the audio received when the second segment
+    starts; one that jumps 10 s a reading: the listener ran dry, and the segment starts afresh."""
+    received, readings = [], iter(range(1000))
+    generator = RecordingGenerator(model, received)
+    orchestrator = Orchestrator(LocalPrompts(model), generator, LocalVocoder(model),
+                                lambda t: len(model.models.tokenizer.encode(t)),
+                                clock=lambda: 100.0 + clock_step * next(readings))  # fmt: skip
+    text = "The first sentence is long enough here. And a second sentence comes after it."
+    utterance = Utterance(text, params=GenerationParams(seed=3, min_patches=5, max_patches=5), split_tokens=8)
+
+    async def go():
+        async for piece in orchestrator.run(utterance):
+            received.append(piece.audio)
+
+    asyncio.run(go())
+    (first, _), *later = generator.started
+    assert first == utterance.schedule and later  # the first segment: nothing held, nothing buffered
+    for schedule, heard in later:
+        held = heard / SAMPLE_RATE if clock_step == 0 else 0.0
+        assert heard > 0 and schedule.buffered == pytest.approx(held)
+        assert dataclasses.replace(schedule, buffered=0.0) == utterance.schedule
