@@ -9,9 +9,10 @@ listener after the next step (the generator sends a step's chunks with the strea
 ``--floor`` seconds (vocoder, transport). The listener plays from the first chunk's arrival and stalls
 whenever the next chunk is late. Printed per schedule and r: streams that stalled, the worst gap, the
 stall time per stream, chunks per stream (each a vocoder call and ~2 ms of the front door's CPU), and
-the largest chunk. ``--segments 2`` splits each stream in two text segments, the second started after the
-first's last chunk arrives (tts runs segments one after another), with what the listener holds then
-passed on (``buffered``) or not.
+the largest chunk. ``--segments N`` splits each stream in N text segments, each started after the
+previous one's last chunk arrives (tts runs segments one after another), with what the listener holds
+then passed on (``buffered``) or not; ``--prefill`` is a segment's first step (its prefill, and any wait
+for a slot) in steps.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from engine.chunking import PATCH_SECONDS, ChunkClock, ChunkSchedule  # noqa: E4
 RATIOS = (0.3, 0.5, 0.65, 0.8, 0.9, 0.95, 1.1, 1.5)
 
 
-def segment_chunks(schedule: ChunkSchedule, patches: int, r: float, start: float, rng, jitter: float, floor: float):
+def segment_chunks(schedule: ChunkSchedule, patches: int, r: float, start: float, rng, args):
     """One text segment's chunks as (arrival time, patches), and the time its last step ended."""
-    steps = r * PATCH_SECONDS * (1 + jitter * rng.uniform(-1, 1, patches + 1))
-    steps[0] *= 2  # the prefill
+    steps = r * PATCH_SECONDS * (1 + args.jitter * rng.uniform(-1, 1, patches + 1))
+    steps[0] *= args.prefill
+    floor = args.floor
     clock, now, pending, out = ChunkClock(schedule, start), start, 0, []
     for i in range(patches):
         now += steps[i]
@@ -65,7 +67,7 @@ def utterance(schedule: ChunkSchedule, patches: int, r: float, rng, args, how: s
             gaps = listen(chunks)
             held = chunks[0][0] + sum(p for _, p in chunks) * PATCH_SECONDS + sum(gaps) - now
             first = replace(schedule, buffered=max(0.0, held - args.floor))
-        seg, _ = segment_chunks(first, per, r, now, rng, args.jitter, args.floor)
+        seg, _ = segment_chunks(first, per, r, now, rng, args)
         chunks += seg
         now = seg[-1][0]  # tts starts the next segment once this one's last chunk is through the vocoder
     return chunks
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter", type=float, default=0.2, help="each step is r x 160 ms x (1 +- jitter)")
     ap.add_argument("--floor", type=float, default=0.05, help="vocoder and transport per chunk, seconds")
     ap.add_argument("--segments", type=int, default=1, help="text segments per utterance")
+    ap.add_argument("--prefill", type=float, default=2.0, help="a segment's first step, in steps (default 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ratios", type=float, nargs="+", default=RATIOS, help="step time / 160 ms")
     args = ap.parse_args(argv)
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.segments > 1:
         schedules.append(("rule 3, cap 12, later segments fresh", ChunkSchedule(3, 12), "fresh"))
     print(f"{args.patches} patches in {args.segments} segment(s), {args.streams} streams per row, jitter "
-          f"+-{args.jitter:g}, floor {args.floor * 1000:g} ms, a chunk arrives one step + floor after its step\n")  # fmt: skip
+          f"+-{args.jitter:g}, prefill {args.prefill:g} steps, floor {args.floor * 1000:g} ms, a chunk arrives "
+          "one step + floor after its step\n")  # fmt: skip
     print("| schedule | r | streams stalled | worst gap ms | stall ms per stream | chunks per stream | largest |")
     print("|---|---|---|---|---|---|---|")
     for r in args.ratios:
