@@ -104,10 +104,10 @@ class ChunkClock:
         s = self.schedule
         if s.fixed:
             cut = pending >= (s.first if self.chunks == 0 else s.cap)
-        elif pending >= s.cap:
-            cut = True
         elif self.origin is None or self.left(now) <= 0:  # a fresh start, or a listener who ran dry
             cut = pending >= s.first
+        elif pending >= s.cap:
+            cut = True
         elif self.left(now) < self.margin.seconds(max(self.took, self.step or 0.0)):
             # deadline: at once, unless this stream cannot keep up (it would only spray small chunks)
             cut = self.keeping_up or pending >= s.first

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.chunking import ChunkSchedule
 from engine.frontend import prepare
 from engine.instructions import (
     ACOUSTIC_EDIT,
@@ -36,7 +37,6 @@ from engine.instructions import (
     check_acoustic_edit,
     check_instruction,
 )
-from engine.chunking import ChunkSchedule
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule

@@ -13,9 +13,9 @@ import numpy as np
 
 from engine import instructions
 from engine.audio import check_reference
+from engine.chunking import ChunkSchedule
 from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
-from engine.chunking import ChunkSchedule
 from engine.params import (
     BUFFERED_MS,
     GENERATION_PARAMETERS,

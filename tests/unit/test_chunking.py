@@ -136,6 +136,12 @@ def test_a_later_segment_starts_from_what_the_listener_holds():
     assert sizes(run(ChunkSchedule(3, 12, buffered=0.3), steps))[0] == 1  # about to run dry: at once
 
 
+def test_the_cap_bounds_later_chunks_only():
+    steps = [0.2] + [0.01] * 11
+    assert sizes(run(ChunkSchedule(3, 1), steps)) == [3] + [1] * 9
+    assert sizes(run(ChunkSchedule(3, 1, fixed=True), steps)) == [3] + [1] * 9
+
+
 def test_fixed_gives_the_old_sizes_whatever_the_timing():
     rng = np.random.default_rng(1)
     for r in (0.2, 0.9, 2.0):

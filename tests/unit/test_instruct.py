@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.chunking import ChunkSchedule
 from engine.checkpoint import CheckpointError, load_models
+from engine.chunking import ChunkSchedule
 from engine.config import SAMPLES_PER_LATENT
 from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
