@@ -17,8 +17,9 @@ rate, streams of the same length arrive on a seeded Poisson schedule for ``--dur
 earlier ones have finished; rates double from R up to ``--rate-max``, then bisect the same way. A level
 passes on the same terms; the ceiling is the largest rate with no failure and no underrun.
 
-With the server's default chunks (3, then 12 patches) the second chunk must come within the first one's
-0.48 s: 12 patches at 4x real time. ``--chunk-first/--chunk-next 12`` ask for real time only.
+The server's default chunks follow the listener's deadline (docs/serving.md, Chunk sizes). With a fixed
+schedule of 3, then 12 patches (``--chunk-fixed --chunk-next 12``) the second chunk must come within the
+first one's 0.48 s: 12 patches at 4x real time; ``--chunk-first/--chunk-next 12`` ask for real time only.
 
 What each part costs, per level, from Triton's per-model statistics (``/v2/models/stats``: compute and
 queue time over the requests the model took: stream-steps for the generator, chunks for the vocoder),

@@ -7,6 +7,7 @@ construction; the tests compare both against an independent whole-utterance deco
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
@@ -36,12 +37,17 @@ class LocalPrompts:
 
 
 class LocalGenerator:
-    """Generator streams stepped one at a time in this process (a slot each, up to ``slots`` at once)."""
+    """Generator streams stepped one at a time in this process (a slot each, up to ``slots`` at once).
+    ``clock``: the service's (:class:`~engine.streams.GeneratorService`), which times the chunks."""
 
-    def __init__(self, model: FireRedTTS3, slots: int = 1, max_len: int | None = None):
+    def __init__(
+        self, model: FireRedTTS3, slots: int = 1, max_len: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):  # fmt: skip
         self.model = model
         self.slots = slots
         self.max_len = max_len
+        self.clock = clock
         self.service: GeneratorService | None = None
         # called with (segment, its generation state) when a stream is admitted: lets offline callers
         # (engine.synthesize.instruct_run) read what it was given and what it wrote
@@ -52,7 +58,7 @@ class LocalGenerator:
         """The service; without a fixed ``max_len`` it is (re)built, when idle, long enough for ``need``."""
         svc = self.service
         if svc is None or (not self.max_len and svc.active == 0 and svc.gen.cache.max_len < need):
-            self.service = svc = GeneratorService(self.model, self.slots, self.max_len or need)
+            self.service = svc = GeneratorService(self.model, self.slots, self.max_len or need, clock=self.clock)
         return svc
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
@@ -97,9 +103,11 @@ class LocalVocoder:
         return self.service.process(chunk)
 
 
-def local_orchestrator(model: FireRedTTS3, slots: int = 1, max_len: int | None = None) -> Orchestrator:
-    """The whole pipeline in this process."""
+def local_orchestrator(
+    model: FireRedTTS3, slots: int = 1, max_len: int | None = None, clock: Callable[[], float] = time.monotonic
+) -> Orchestrator:
+    """The whole pipeline in this process; ``clock`` times its chunks (engine.chunking)."""
     return Orchestrator(
-        LocalPrompts(model), LocalGenerator(model, slots, max_len), LocalVocoder(model),
-        lambda text: len(model.models.tokenizer.encode(text)),
+        LocalPrompts(model), LocalGenerator(model, slots, max_len, clock), LocalVocoder(model),
+        lambda text: len(model.models.tokenizer.encode(text)), clock=clock,
     )  # fmt: skip

@@ -18,12 +18,14 @@ import asyncio
 import contextlib
 import contextvars
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
+from engine.chunking import ChunkSchedule
 from engine.frontend import prepare
 from engine.instructions import (
     ACOUSTIC_EDIT,
@@ -36,7 +38,7 @@ from engine.instructions import (
     check_instruction,
 )
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
-from engine.protocol import CANCELLED, ERROR, LENGTH, STOP, Chunk, StreamFailed, end_chunk
+from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
 from engine.time_stretch import TimeStretch
 
@@ -48,7 +50,7 @@ class Utterance:
     text: str
     language: str | None = None  # None or "auto": detected from the text
     params: GenerationParams = GenerationParams()
-    schedule: tuple[int, ...] = DEFAULT_SCHEDULE  # patches per chunk: first, then every later one
+    schedule: ChunkSchedule = DEFAULT_SCHEDULE  # how the chunks are sized (engine.chunking)
     split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
     normalize: bool = True  # wetext text normalization (cleaning and splitting run regardless)
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
@@ -65,7 +67,7 @@ class Segment:
     language: str
     prompt: Any  # what the PromptEncoder returned
     params: GenerationParams
-    schedule: tuple[int, ...]
+    schedule: ChunkSchedule  # a later segment's carries what the listener holds as it starts
     task: str = ""  # "": a Base stream; else the Instruct task
     instruction: str = ""  # Instruct: the description or edit instruction (the same for every segment)
 
@@ -147,9 +149,11 @@ class Orchestrator:
         vocoder: Vocoder,
         count_tokens: Callable[[str], int],
         stream_ids: Callable[[], int] = new_stream_id,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts."""
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
-        self.count_tokens, self.stream_ids = count_tokens, stream_ids
+        self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
 
     def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
         """Yield the utterance's audio as it is made, at ``utterance.speed``; the last piece is ``final``.
@@ -179,10 +183,14 @@ class Orchestrator:
             texts, language = prepared.segments, prepared.language
         prompt = None if u.task == DESIGN else await self.prompts.encode(voice)
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
+        # the listener: `sent` seconds of audio since `began` (the first audio out; None: none yet), as if
+        # playback began then and never stalled (engine.chunking's clock, at this end of the pipeline)
+        began, sent = None, 0.0
         for i, segment_text in enumerate(texts):
             more = i < len(texts) - 1
+            held = 0.0 if began is None else sent - (self.clock() - began)
             segment = Segment(self.stream_ids(), segment_text, language, prompt, u.params,
-                              segment_schedule(i, u.schedule), u.task, u.instruction)  # fmt: skip
+                              segment_schedule(i, u.schedule, held), u.task, u.instruction)  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:
                 async for audio, reason, text in pieces:
@@ -195,6 +203,8 @@ class Orchestrator:
                         reasons.append(reason)
                     if more or not reason:
                         if out.size:
+                            began = self.clock() if began is None else began
+                            sent += out.size / SAMPLE_RATE
                             yield Piece(out)
                     else:
                         tail = out  # the last segment's tail goes out with the final piece

@@ -9,8 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.chunking import ChunkSchedule
+
 DEFAULT_SEED = 1234
-DEFAULT_SCHEDULE = (3, 12)  # patches (160 ms each) in the first audio chunk, then in every later one
+# patches (160 ms each) in the first audio chunk, and the most in a later one (engine.chunking: bench/chunk_schedule.py
+# has the figures for 24 against 12)
+DEFAULT_SCHEDULE = ChunkSchedule(3, 24)
 DEFAULT_SPLIT_TOKENS = 80  # texts longer than this many tokens are spoken segment by segment
 
 
@@ -70,14 +74,29 @@ class Parameter:
 STEPS = Parameter("steps", int, 10, 1, 100, "Euler steps of the flow head")
 CFG = Parameter("cfg", float, 2.0, 0.0, 20.0, "classifier-free guidance weight")
 MAX_PATCHES = Parameter("max_patches", int, 400, 1, 4000, "length limit per text segment, in patches (400 = 64 s)")
-# The generation parameters a stream takes (the generator model reads exactly these) ...
+# The generation parameters a client may give a stream (tts_ensemble takes exactly these) ...
 GENERATION_PARAMETERS = (
     STEPS,
     CFG,
-    Parameter("chunk_first", int, DEFAULT_SCHEDULE[0], 1, 400, "patches (160 ms each) in the first audio chunk"),
-    Parameter("chunk_next", int, DEFAULT_SCHEDULE[1], 1, 400, "patches in every later chunk"),
+    Parameter(
+        "chunk_first", int, DEFAULT_SCHEDULE.first, 1, 400,
+        "patches (160 ms each) in the first audio chunk, and in a chunk after the listener ran dry",
+    ),
+    Parameter(
+        "chunk_next", int, DEFAULT_SCHEDULE.cap, 1, 400,
+        "most patches in a later chunk: later chunks grow up to it while generation runs ahead of "
+        "playback and stay small while it does not",
+    ),
+    Parameter(
+        "chunk_fixed", bool, DEFAULT_SCHEDULE.fixed, False, True,
+        "true: chunk_next patches in every later chunk, whatever the timing (the schedule before the "
+        "deadline rule; it stalls a listener unless generation is chunk_next / chunk_first times real time)",
+    ),
     MAX_PATCHES,
-)
+)  # fmt: skip
+# ... and, from tts only (never a client's), what the listener holds as a later text segment starts
+BUFFERED_MS = Parameter("buffered_ms", int, 0, 0, 3_600_000, "milliseconds of audio the listener holds")
+GENERATOR_PARAMETERS = (*GENERATION_PARAMETERS, BUFFERED_MS)  # what the generator model reads
 
 
 @dataclass(frozen=True)
@@ -131,7 +150,7 @@ def parse_parameters(given: dict | None, known: tuple[Parameter, ...] = UTTERANC
     return out
 
 
-def generation_params(seed: int | None, values: dict) -> tuple[GenerationParams, tuple[int, int]]:
+def generation_params(seed: int | None, values: dict) -> tuple[GenerationParams, ChunkSchedule]:
     """Parsed parameter values (:func:`parse_parameters`) and a seed -> sampling settings and chunk schedule."""
     gp = GenerationParams(
         seed=DEFAULT_SEED if seed is None else int(seed),
@@ -140,4 +159,5 @@ def generation_params(seed: int | None, values: dict) -> tuple[GenerationParams,
         max_patches=values["max_patches"],
         min_patches=min(GenerationParams.min_patches, values["max_patches"]),  # max_patches < 6 is allowed
     )
-    return gp, (values["chunk_first"], values["chunk_next"])
+    buffered = values.get(BUFFERED_MS.name, 0) / 1000
+    return gp, ChunkSchedule(values["chunk_first"], values["chunk_next"], values["chunk_fixed"], buffered)

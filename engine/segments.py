@@ -7,25 +7,25 @@ synthesizes offline. Nothing here imports torch.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
+
+from engine.chunking import ChunkSchedule
 
 FADE_SAMPLES = 1200  # 50 ms at 24 kHz
 
 
-def chunk_sizes(schedule: Sequence[int]) -> Iterator[int]:
-    """3, 12, 12, ... for (3, 12): the first entries once, the last one forever (validated now)."""
-    if not schedule or any(n < 1 for n in schedule):
-        raise ValueError(f"chunk schedule must be positive patch counts, got {list(schedule)}")
-    return itertools.chain(schedule, itertools.repeat(schedule[-1]))
-
-
-def segment_schedule(index: int, schedule: tuple[int, ...]) -> tuple[int, ...]:
-    """Chunk schedule of segment ``index``: the first segment starts small for latency; later ones
-    follow audio that is already playing, so they use the steady chunk size throughout."""
-    return tuple(schedule) if index == 0 else (schedule[-1],)
+def segment_schedule(index: int, schedule: ChunkSchedule, buffered: float = 0.0) -> ChunkSchedule:
+    """Chunk schedule of segment ``index``, whose stream starts while the listener holds ``buffered``
+    seconds of the earlier segments' audio: its chunks follow the deadline rule from there (with no
+    audio left, it starts as the first segment did). A fixed schedule's later segments use the steady
+    chunk size throughout, as before the rule."""
+    if index == 0:
+        return schedule
+    if schedule.fixed:
+        return ChunkSchedule(schedule.cap, schedule.cap, fixed=True)
+    return replace(schedule, buffered=max(0.0, buffered))
 
 
 class Joiner:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from engine.chunking import ChunkClock, ChunkSchedule
 from engine.fireredtts3 import FireRedTTS3, PrimedDecoder
 from engine.generator import InstructInput, Stream
 from engine.models.redae import decode_together, joinable
@@ -26,7 +27,6 @@ from engine.params import DEFAULT_SCHEDULE, GenerationParams
 from engine.prompt import VoicePrompt
 from engine.protocol import CANCELLED, LATENT_DIM, LENGTH, STOP, Chunk, end_chunk
 from engine.scheduler import Scheduler
-from engine.segments import chunk_sizes
 
 
 @dataclass
@@ -36,8 +36,7 @@ class GeneratorStream:
     stream_id: int
     state: Stream
     prompt_latents: np.ndarray  # (4P, 64): sent with the first chunk, to prime the vocoder ((0, 64): none)
-    sizes: Iterator[int]  # patches in each chunk
-    want: int  # patches in the chunk being gathered
+    clock: ChunkClock  # when the gathered patches become a chunk
     pending: list[torch.Tensor] = field(default_factory=list)
     chunks_sent: int = 0
 
@@ -53,11 +52,14 @@ class GeneratorService:
     sequence batcher does). A free slot but not enough free KV-cache pages: the stream is admitted
     *waiting*; :meth:`step` starts it (in arrival order) as soon as ended streams give their pages back,
     and returns no chunk for it until then. A stream that could never fit is refused with ValueError.
+
+    ``clock``: seconds of a monotonic clock, read once per step for the chunk decisions
+    (:mod:`engine.chunking`); tests pass their own.
     """
 
     def __init__(
         self, model: FireRedTTS3, slots: int, max_len: int, kv_pages: int | None = None,
-        kv_memory_gb: float | None = None, attention: str = "auto",
+        kv_memory_gb: float | None = None, attention: str = "auto", clock: Callable[[], float] = time.monotonic,
     ):  # fmt: skip
         if slots < 1:
             raise ValueError("need at least one slot")
@@ -66,6 +68,7 @@ class GeneratorService:
         self.gen = model.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
         self.scheduler = Scheduler(slots, getattr(self.gen.cache, "blocks", None))
         self.live: dict[int, GeneratorStream] = {}
+        self.clock = clock
 
     @property
     def active(self) -> int:
@@ -83,18 +86,17 @@ class GeneratorService:
 
     def admit(
         self, stream_id: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams,
-        schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+        schedule: ChunkSchedule = DEFAULT_SCHEDULE,
     ) -> None:  # fmt: skip
         """Give ``stream_id`` a slot and a stream (waiting for cache pages if the pool is short now).
         Raises ValueError for bad input or a stream the pool can never hold (nothing is kept then)."""
-        sizes = chunk_sizes(schedule)
         slot = self.scheduler.next_slot(stream_id)
         state = self.gen.new_stream(slot, tokens, prompt, params, reserve=False)
-        self._admitted(stream_id, state, prompt.latents.float().numpy(), sizes)
+        self._admitted(stream_id, state, prompt.latents.float().numpy(), schedule)
 
     def admit_instruct(
         self, stream_id: int, given: InstructInput, params: GenerationParams,
-        schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+        schedule: ChunkSchedule = DEFAULT_SCHEDULE,
     ) -> None:  # fmt: skip
         """As :meth:`admit`, for an Instruct stream (:meth:`~engine.fireredtts3.FireRedTTS3.instruct_input`).
 
@@ -102,16 +104,15 @@ class GeneratorService:
         design and edits. A stream with a text phase yields its plan chunk (``Chunk.text``) in the step
         that ends the plan, before its first audio chunk.
         """
-        sizes = chunk_sizes(schedule)
         slot = self.scheduler.next_slot(stream_id)
         state = self.gen.new_instruct_stream(slot, given, params, reserve=False)
         out = given.latents_out
         latents = np.zeros((0, LATENT_DIM), np.float32) if out is None else out.float().cpu().numpy()
-        self._admitted(stream_id, state, latents, sizes)
+        self._admitted(stream_id, state, latents, schedule)
 
     def admit_task(
         self, stream_id: int, task: str, params: GenerationParams, instruction: str = "", text: str = "",
-        latents: torch.Tensor | None = None, prompt_text: str = "", schedule: tuple[int, ...] = DEFAULT_SCHEDULE,
+        latents: torch.Tensor | None = None, prompt_text: str = "", schedule: ChunkSchedule = DEFAULT_SCHEDULE,
     ) -> None:  # fmt: skip
         """:meth:`admit_instruct` from a request's fields: an Instruct ``task`` (engine.instruct.Task's
         values), its instruction, the text to say, the (4N, 64) RedAE latents of the cloning prompt or the
@@ -119,9 +120,9 @@ class GeneratorService:
         given = self.model.instruct_input(task, instruction, text, latents, prompt_text)
         self.admit_instruct(stream_id, given, params, schedule)
 
-    def _admitted(self, stream_id: int, state: Stream, latents: np.ndarray, sizes: Iterator[int]) -> None:
+    def _admitted(self, stream_id: int, state: Stream, latents: np.ndarray, schedule: ChunkSchedule) -> None:
         self.scheduler.admit(stream_id, state.positions_needed(), state.phase)
-        self.live[stream_id] = GeneratorStream(stream_id, state, latents, sizes, next(sizes))
+        self.live[stream_id] = GeneratorStream(stream_id, state, latents, ChunkClock(schedule, self.clock()))
 
     def drop(self, stream_id: int) -> bool:
         """Free the stream's slot and pages (finished, cancelled or failed). Returns False if it had none."""
@@ -136,22 +137,24 @@ class GeneratorService:
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One generator step for the given live streams -> per stream the chunk that is due, or None.
 
-        A chunk is due every ``want`` patches and when the stream ends; a stream's first chunk carries
-        its prompt latents. Finished streams are freed. A stream still waiting for cache pages is not
-        stepped (None).
+        A chunk is due when the stream's :class:`~engine.chunking.ChunkClock` says so and when the
+        stream ends; a stream's first chunk carries its prompt latents. Finished streams are freed. A
+        stream still waiting for cache pages is not stepped (None).
         """
         plan = self.scheduler.schedule(stream_ids)
         out: dict[int, Chunk | None] = dict.fromkeys(plan.waiting)
         streams = [self.live[i] for i in plan.run]
         results = self.gen.step([s.state for s in streams]) if streams else []
+        now = self.clock()
         for s, r in zip(streams, results, strict=True):
             if r.latents is not None:
                 s.pending.append(r.latents)
             out[s.stream_id] = None
+            due = r.finished or s.clock.due(len(s.pending), now)
             if r.text_ids is not None:
                 text = self.model.models.tokenizer.decode(r.text_ids)
                 out[s.stream_id] = Chunk(s.stream_id, _EMPTY, _EMPTY, text=text)
-            elif r.finished or len(s.pending) >= s.want:
+            elif due:
                 out[s.stream_id] = self._chunk(s, r.finished, r.reason)
             if r.finished:
                 self.drop(s.stream_id)
@@ -164,7 +167,7 @@ class GeneratorService:
         latents = torch.cat(s.pending).float().cpu().numpy() if s.pending else empty
         prompt = s.prompt_latents if s.chunks_sent == 0 else empty
         seq = s.chunks_sent
-        s.pending, s.want, s.chunks_sent = [], next(s.sizes), s.chunks_sent + 1
+        s.pending, s.chunks_sent = [], s.chunks_sent + 1
         return Chunk(s.stream_id, latents, prompt, last, reason if last else "", seq=seq)
 
 

@@ -10,14 +10,15 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.audio import load_audio, write_wav
+from engine.chunking import ChunkSchedule
 from engine.fireredtts3 import FireRedTTS3
 from engine.frontend.language import use_lid_model
 from engine.instruct import DEFAULTS, EDITS, Task, check_edit_length
@@ -37,6 +38,11 @@ from engine.params import (
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE, StreamFailed
 
+# Offline there is no listener to keep up with, and chunk sizes move the decoder's float32 rounding (by
+# up to ~1e-7: its attention runs over chunk-long blocks): a fixed schedule gives the same request the
+# same samples on every run, where the deadline rule's chunks follow the machine's speed.
+OFFLINE_SCHEDULE = replace(DEFAULT_SCHEDULE, fixed=True)
+
 
 def stream_audio(
     model: FireRedTTS3,
@@ -44,7 +50,7 @@ def stream_audio(
     language: str | None = None,
     prompt: VoicePrompt | None = None,
     params: GenerationParams = GenerationParams(),
-    schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    schedule: ChunkSchedule = OFFLINE_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
     speed: float = SPEED.default,
@@ -57,7 +63,7 @@ def stream_audio(
     generated with the same seed and joined with a 50 ms cross-fade, then played ``speed`` times as fast
     at the same pitch (:mod:`engine.time_stretch`). Raises ValueError for bad input.
     """
-    utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize, speed)
+    utterance = Utterance(text, language, params, schedule, split_tokens, normalize, speed)
     for piece in _pieces(local_orchestrator(model), utterance, prompt):
         if piece.audio.size or piece.final:
             yield piece.audio
@@ -88,7 +94,7 @@ def synthesize(
     ref_sample_rate: int = SAMPLE_RATE,
     ref_text: str = "",
     params: GenerationParams = GenerationParams(),
-    schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    schedule: ChunkSchedule = OFFLINE_SCHEDULE,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
     speed: float = SPEED.default,
@@ -129,7 +135,7 @@ def instruct_run(
     language: str | None = None,
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
-    schedule: Sequence[int] = DEFAULT_SCHEDULE,
+    schedule: ChunkSchedule = OFFLINE_SCHEDULE,
     speed: float = SPEED.default,
 ) -> InstructResult:
     """Run one FireRedTTS3-Instruct task in this process, as a server streams it.
@@ -164,7 +170,7 @@ def instruct_run(
     streams, latents = [], {}
     orchestrator.generator.on_admit = lambda segment, state: streams.append((segment.stream_id, state))
     orchestrator.generator.on_chunk = lambda chunk: latents.setdefault(chunk.stream_id, []).append(chunk.latents)
-    utterance = Utterance(text, language, params, tuple(schedule), split_tokens, normalize, speed,
+    utterance = Utterance(text, language, params, schedule, split_tokens, normalize, speed,
                           task=task.value, instruction=instruction)  # fmt: skip
     try:
         pieces = list(_pieces(orchestrator, utterance, voice))
@@ -228,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         values = parse_parameters(given)
         seed = args.seed if args.seed is not None else DEFAULTS[task].seed if task else DEFAULT_SEED
         params, schedule = generation_params(seed, values)
+        schedule = replace(schedule, fixed=True)  # offline: the same samples every run (OFFLINE_SCHEDULE)
         if task is not None:
             return _instruct_main(args, task, text, params, schedule, values)
         if args.lid_model:

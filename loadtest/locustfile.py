@@ -42,7 +42,7 @@ Environment (all optional):
     TTS_TEXTS         a file with one text per line, or an inline list separated by '|'
     TTS_LANGUAGE      language name (server default: English)
     TTS_MAX_PATCHES   length limit per utterance in 160 ms patches (default 24)
-    TTS_CHUNK_FIRST, TTS_CHUNK_NEXT, TTS_STEPS, TTS_CFG   other request parameters
+    TTS_CHUNK_FIRST, TTS_CHUNK_NEXT, TTS_CHUNK_FIXED (true|false), TTS_STEPS, TTS_CFG   other request parameters
     TTS_VOICE_ID      a registered voice, or
     TTS_REF_AUDIO, TTS_REF_TEXT   a reference recording and its transcript
     TTS_SEED          fixed sampling seed (default: a random one per request)
@@ -108,6 +108,8 @@ class LoadConfig:
         for key, typ in (("chunk_first", int), ("chunk_next", int), ("steps", int), ("cfg", float)):
             if env.get(f"TTS_{key.upper()}"):
                 params[key] = typ(env[f"TTS_{key.upper()}"])
+        if env.get("TTS_CHUNK_FIXED"):  # "true" or "false": the fixed chunk schedule, or the deadline rule
+            params["chunk_fixed"] = env["TTS_CHUNK_FIXED"].strip().lower() == "true"
         request = {"language": env.get("TTS_LANGUAGE") or None, "parameters": params}
         if env.get("TTS_VOICE_ID"):
             request["voice_id"] = env["TTS_VOICE_ID"]

@@ -42,7 +42,7 @@ from engine.protocol import (
 # caller's sizes): prompt latents of the longest reference, left-padded to whole patches ...
 MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
 # ... the longest chunk a generator stream sends (the largest chunk_first / chunk_next) ...
-MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name.startswith("chunk_"))
+MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name in ("chunk_first", "chunk_next"))
 SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's size
 # ... and the latents of the longest recording an Instruct edit takes (whole patches)
 MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE

@@ -13,9 +13,11 @@ import numpy as np
 
 from engine import instructions
 from engine.audio import check_reference
+from engine.chunking import ChunkSchedule
 from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
 from engine.params import (
+    BUFFERED_MS,
     GENERATION_PARAMETERS,
     GenerationParams,
     Parameter,
@@ -128,16 +130,22 @@ def build_request(
     return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 
-def generation_request(seed: int | None, parameters: str | dict | None):
-    """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule)."""
-    return generation_params(check_seed(seed), request_parameters(parameters, GENERATION_PARAMETERS))
+def generation_request(
+    seed: int | None, parameters: str | dict | None, known: tuple[Parameter, ...] = GENERATION_PARAMETERS
+) -> tuple[GenerationParams, ChunkSchedule]:
+    """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule). ``known``:
+    a client's (GENERATION_PARAMETERS) or what tts sends the generator (engine.params.GENERATOR_PARAMETERS)."""
+    return generation_params(check_seed(seed), request_parameters(parameters, known))
 
 
-def generator_parameters(params: GenerationParams, schedule: tuple[int, ...]) -> dict[str, int | str]:
-    """The request parameters of a generator stream (GENERATION_PARAMETERS, which :func:`generation_request`
-    reads back); floats as their text: BLS requests cannot carry floats. The seed travels as SEED."""
-    return {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
-            "chunk_first": schedule[0], "chunk_next": schedule[-1]}  # fmt: skip
+def generator_parameters(params: GenerationParams, schedule: ChunkSchedule) -> dict[str, int | str | bool]:
+    """The request parameters of a generator stream (GENERATOR_PARAMETERS, which :func:`generation_request`
+    reads back); floats as their text: BLS requests cannot carry floats (they do carry bools). The seed
+    travels as SEED; what the listener holds (a later text segment's) as whole milliseconds, if any."""
+    given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
+             "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
+    buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
+    return given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from engine.frontend.language import detect_language
+from engine.params import GENERATOR_PARAMETERS
 from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract
 from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
@@ -205,7 +206,7 @@ def stream_request(pb, request, model, parameters: str | dict | None = None):
     text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
     language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
     given = request.parameters() if parameters is None else parameters
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
     rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
     latents = rows.astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
@@ -246,7 +247,7 @@ def _instruct_request(pb, request, model, task: str, parameters):
     else:
         text = instructions.check_spoken_text(check_text(text, limit=SPOKEN_TEXT_CHARS), "TEXT")
     given = request.parameters() if parameters is None else parameters
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    params, schedule = generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
     rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
     if task == instructions.DESIGN:
         if len(rows):

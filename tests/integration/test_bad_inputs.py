@@ -246,7 +246,7 @@ def valid_audio(server) -> tuple[np.ndarray, np.ndarray]:
         "ref_sample_rate": 16000,
         "ref_text": "a clip",
         "seed": 11,
-        "parameters": {"max_patches": 5},
+        "parameters": {"max_patches": 5, "chunk_fixed": True},  # compared bit for bit: fixed chunks
     }
     by_grpc = TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize("Still the same.", **kw)
     by_http = TTSClient(f"127.0.0.1:{server.ports.http}", "http").synthesize("Still the same.", **kw)

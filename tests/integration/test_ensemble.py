@@ -33,7 +33,7 @@ def client(server, model="tts_ensemble", protocol="grpc"):
 def test_ensemble_equals_tts(server):
     rng = np.random.default_rng(8)
     ref = (0.1 * rng.standard_normal(20000)).astype(np.float32)
-    kw = dict(seed=21, parameters={"max_patches": 9, "chunk_first": 2, "chunk_next": 3},
+    kw = dict(seed=21, parameters={"max_patches": 9, "chunk_first": 2, "chunk_next": 3, "chunk_fixed": True},
               ref_audio=ref, ref_sample_rate=16000, ref_text="a voice")  # fmt: skip
     via_tts = client(server, "tts").synthesize("One segment only", **kw)
     via_ensemble = client(server, "tts_ensemble").synthesize("One segment only", **kw)
@@ -48,7 +48,8 @@ def test_ensemble_equals_tts(server):
 def test_ensemble_speaks_through_the_same_front_end(server, text, language):
     """Cleaning, normalization and language detection happen for tts_ensemble too (in the generator):
     text that needs them gives tts's audio, and differs from the same text spoken raw."""
-    kw = dict(seed=5, language=language, parameters={"max_patches": 6, "chunk_first": 2, "chunk_next": 2})
+    kw = dict(seed=5, language=language, parameters={"max_patches": 6, "chunk_first": 2, "chunk_next": 2,
+                                                       "chunk_fixed": True})  # fmt: skip
     via_tts = client(server, "tts").synthesize(text, **kw)
     via_ensemble = client(server, "tts_ensemble").synthesize(text, **kw)
     assert np.array_equal(via_tts, via_ensemble)
@@ -66,7 +67,7 @@ def test_ensemble_with_nothing_to_speak_is_refused(server):
 def test_ensemble_over_http_equals_grpc(server):
     """No sequence id is needed (ensemble_generator gives each stream one of its own), so Triton's HTTP
     generate_stream, which cannot carry one, serves the ensemble too."""
-    kw = dict(seed=4, parameters={"max_patches": 5, "chunk_first": 2, "chunk_next": 2})
+    kw = dict(seed=4, parameters={"max_patches": 5, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True})
     over_http = client(server, protocol="http").synthesize("Over HTTP", **kw)
     assert over_http.shape == (5 * 3840,)
     assert np.array_equal(over_http, client(server).synthesize("Over HTTP", **kw))
@@ -79,6 +80,12 @@ def test_ensemble_streams_in_order_chunks(server):
     assert len(chunks) >= 5
     assert chunks[0].audio.size == 3840 - 720  # one patch minus the iSTFT's open tail
     assert all(a.arrival <= b.arrival for a, b in zip(chunks, chunks[1:]))
+
+
+def test_ensemble_takes_chunk_fixed(server):
+    params = {"max_patches": 25, "chunk_first": 1, "chunk_next": 12, "chunk_fixed": True}
+    chunks = client(server).stream("Fixed chunks", seed=5, parameters=params)
+    assert [c.audio.size for c in chunks if c.audio.size] == [3840 - 720, 12 * 3840, 12 * 3840 + 720]
 
 
 def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):

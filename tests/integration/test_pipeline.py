@@ -62,6 +62,20 @@ def test_first_chunk_arrives_before_the_last_is_generated(server):
     assert chunks[0].arrival < 0.5 * chunks[-1].arrival
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_chunk_fixed_crosses_bls_and_gives_the_fixed_schedule(server, protocol):
+    """chunk_fixed, a bool, reaches the generator through tts's BLS request (BLS refuses floats): exactly
+    1 patch, then 12 each. Without it the deadline rule cuts single patches after a 1-patch first chunk
+    (the listener holds 160 ms, less than its margin) on any machine."""
+    port = server.ports.grpc if protocol == "grpc" else server.ports.http
+    tts = TTSClient(f"127.0.0.1:{port}", protocol, timeout=60)
+    params = {"max_patches": 25, "chunk_first": 1, "chunk_next": 12}
+    fixed = [c.audio.size for c in tts.stream("Fixed chunks", seed=5, parameters={**params, "chunk_fixed": True})]
+    assert [n for n in fixed if n] == [3840 - 720, 12 * 3840, 12 * 3840 + 720]  # the iSTFT's tail comes last
+    rule = [c.audio.size for c in tts.stream("Fixed chunks", seed=5, parameters=params)]
+    assert sum(rule) == sum(fixed) and rule[1] < 12 * 3840
+
+
 def test_concurrent_streams_equal_solo_runs(server, offline):
     texts = [f"Stream number {i} says something" for i in range(8)]
     seeds = [100 + i for i in range(8)]

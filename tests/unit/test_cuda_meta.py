@@ -21,6 +21,7 @@ from bench.gpu import random_model
 from bench.step_syncs import STOP_ROW_BYTES, TEXT_ROW_BYTES
 from engine.checkpoint import precision_policy
 from engine.fireredtts3 import FireRedTTS3
+from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.protocol import SAMPLE_RATE, Chunk
 from engine.scheduler import Phase
@@ -29,7 +30,7 @@ from engine.text import TextTokenizer, write_tiny_tokenizer
 
 BF16, FP32 = torch.bfloat16, torch.float32
 STREAMS, STEPS = 4, 3
-SCHEDULE = (STEPS, 12)  # the first chunk falls due on the last step, so the vocoder gets real chunks
+SCHEDULE = ChunkSchedule(STEPS, 12, fixed=True)  # the first chunk falls due on the last step, so the vocoder gets real chunks
 
 # Host syncs (device -> host reads, and copies to the device without non_blocking=True, which PyTorch
 # ends with cudaStreamSynchronize) each stage may make; every one stalls the host until the GPU is idle.
@@ -168,7 +169,7 @@ def instruct(tmp_path_factory):
     with DeviceAudit("meta") as admit:
         for sid, (task, instruction, text) in {**TEXTS, **AUDIOS}.items():
             recording, prompt_text = (None, "") if task == "design" else (latents, "Hi." if task == "clone" else "")
-            svc.admit_task(sid, task, params, instruction, text, recording, prompt_text, schedule=(STEPS + 1, 12))
+            svc.admit_task(sid, task, params, instruction, text, recording, prompt_text, schedule=ChunkSchedule(STEPS + 1, 12, fixed=True))
     steps = []
     for _ in range(STEPS):
         with DeviceAudit("meta") as audit:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import CheckpointError, load_models
+from engine.chunking import ChunkSchedule
 from engine.config import SAMPLES_PER_LATENT
 from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
@@ -141,7 +142,7 @@ def test_a_text_phase_ends_and_hands_over_to_audio(model):
 
 def test_service_sends_the_plan_before_the_audio_and_never_to_the_vocoder(model):
     svc = GeneratorService(model, 1, 1024)
-    svc.admit_instruct(9, _input(model, "design"), _params("design"), (2, 3))
+    svc.admit_instruct(9, _input(model, "design"), _params("design"), ChunkSchedule(2, 3, fixed=True))
     chunks = []
     while not (chunks and chunks[-1].last):
         chunk = svc.step([9])[9]
@@ -182,9 +183,10 @@ def test_mixed_base_and_instruct_streams_equal_their_solo_runs(model):
     def admit(svc, sid):
         what, seed, _ = jobs[sid]
         if what == "base":
-            svc.admit(sid, model.tokens(f"Stream number {sid}.", "English", base), base, _params("base", 7, seed))
+            svc.admit(sid, model.tokens(f"Stream number {sid}.", "English", base), base, _params("base", 7, seed),
+                      ChunkSchedule(3, 4, fixed=True))  # fmt: skip
         else:
-            svc.admit_instruct(sid, _input(model, what, seed), _params(what, 8, seed), (3, 4))
+            svc.admit_instruct(sid, _input(model, what, seed), _params(what, 8, seed), ChunkSchedule(3, 4, fixed=True))
 
     def latents(chunks):
         return torch.from_numpy(np.concatenate([c.latents for c in chunks]))
@@ -246,7 +248,7 @@ def test_the_orchestrator_yields_one_plan_piece_before_the_audio(model, task, in
 
     voice = None if task == "design" else VoicePrompt(model.encode_latents(_noise(0.6), RATE), torch.zeros(0), "Hi.")
     text = "" if task.endswith("edit") else "Hello there. And a second sentence here."
-    utterance = Utterance(text, "English", _params(task, 6), (2, 2), split_tokens=4, task=task, instruction=instruction)
+    utterance = Utterance(text, "English", _params(task, 6), split_tokens=4, task=task, instruction=instruction)
 
     async def pieces():
         return [p async for p in local_orchestrator(model).run(utterance, voice)]

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from engine.params import GENERATION_PARAMETERS, GenerationParams
+from engine.chunking import ChunkSchedule
+from engine.params import GENERATION_PARAMETERS, GENERATOR_PARAMETERS, GenerationParams
 from serving.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
@@ -123,7 +124,13 @@ def test_the_docs_name_every_launcher_option():
 
 def test_generator_parameters_read_back_as_given():
     params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
-    given = generator_parameters(params, (2, 9))
+    given = generator_parameters(params, ChunkSchedule(2, 9, fixed=True))
     assert set(given) == {p.name for p in GENERATION_PARAMETERS}
-    assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9}
-    assert generation_request(7, given) == (params, (2, 9))
+    assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9, "chunk_fixed": True}
+    assert generation_request(7, given) == (params, ChunkSchedule(2, 9, fixed=True))
+    # a later text segment's: what the listener holds, in whole milliseconds, for the generator only
+    given = generator_parameters(params, ChunkSchedule(2, 9, buffered=1.2345))
+    assert given["buffered_ms"] == 1234 and not given["chunk_fixed"]
+    assert generation_request(7, given, GENERATOR_PARAMETERS)[1] == ChunkSchedule(2, 9, buffered=1.234)
+    with pytest.raises(ValueError, match="unknown request parameters"):  # a client cannot send it
+        generation_request(7, given)

@@ -9,10 +9,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from engine.chunking import ChunkSchedule
 from engine.local import LocalGenerator, LocalPrompts, LocalVocoder
 from engine.orchestrator import Orchestrator, Utterance
 from engine.params import GenerationParams
-from engine.protocol import StreamFailed
+from engine.protocol import SAMPLE_RATE, StreamFailed
 from engine.time_stretch import TimeStretch
 from tests.reference import reference_audio
 
@@ -58,12 +59,13 @@ def collect(pieces, stop_after=None):
 
 
 NOSTOP = dict(min_patches=40, max_patches=40)
+ONES = ChunkSchedule(1, 1, fixed=True)  # a chunk per patch: these tests count chunks
 
 
 def test_a_whole_run_equals_the_reference_and_frees_everything(model):
     p = Pipeline(model)
     params = GenerationParams(seed=2, min_patches=9, max_patches=9)
-    pieces = collect(p.orchestrator.run(Utterance("Orchestrated", params=params, schedule=(2, 3))))
+    pieces = collect(p.orchestrator.run(Utterance("Orchestrated", params=params)))  # the default: the deadline rule
     assert pieces[-1].final and pieces[-1].finish_reason == "length"
     assert not any(piece.final for piece in pieces[:-1])
     got = np.concatenate([piece.audio for piece in pieces])
@@ -73,7 +75,7 @@ def test_a_whole_run_equals_the_reference_and_frees_everything(model):
 
 def test_closing_early_frees_the_slot_and_the_vocoder_stream(model):
     p = Pipeline(model)
-    run = p.orchestrator.run(Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=(1, 1)))
+    run = p.orchestrator.run(Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=ONES))
     got = collect(run, stop_after=2)
     assert len(got) == 2 and not got[-1].final
     assert p.live == (0, 0)
@@ -87,7 +89,7 @@ def test_task_cancellation_frees_everything(model):
 
         async def consume():
             async for _ in p.orchestrator.run(
-                Utterance("Cancel me", params=GenerationParams(**NOSTOP), schedule=(1, 1))
+                Utterance("Cancel me", params=GenerationParams(**NOSTOP), schedule=ONES)
             ):
                 started.set()
                 await asyncio.sleep(0)
@@ -122,7 +124,7 @@ def test_a_generator_rejection_is_invalid_input_and_leaks_nothing(model):
 def test_a_vocoder_failure_closes_the_generator_stream(model):
     p = Pipeline(model, FailingVocoder(model, fail_at=3))
     with pytest.raises(RuntimeError, match="vocoder broke"):
-        collect(p.orchestrator.run(Utterance("Breaks", params=GenerationParams(**NOSTOP), schedule=(1, 1))))
+        collect(p.orchestrator.run(Utterance("Breaks", params=GenerationParams(**NOSTOP), schedule=ONES)))
     assert p.live == (0, 0)
 
 
@@ -132,7 +134,7 @@ def test_a_failure_in_a_later_segment_frees_that_segment(model):
     text = "The first sentence is long enough here. And a second sentence comes after it."
     params = GenerationParams(seed=3, min_patches=3, max_patches=3)
     with pytest.raises(RuntimeError, match="vocoder broke"):
-        collect(p.orchestrator.run(Utterance(text, params=params, schedule=(1, 1), split_tokens=8)))
+        collect(p.orchestrator.run(Utterance(text, params=params, schedule=ONES, split_tokens=8)))
     assert p.live == (0, 0)
 
 
@@ -144,7 +146,7 @@ def test_concurrent_utterances_do_not_mix(model):
     async def one(text, seed):
         params = GenerationParams(seed=seed, min_patches=7, max_patches=7)
         out = []
-        async for piece in p.orchestrator.run(Utterance(text, params=params, schedule=(1, 2))):
+        async for piece in p.orchestrator.run(Utterance(text, params=params)):
             out.append(piece.audio)
             await asyncio.sleep(0)
         return np.concatenate(out), params
@@ -164,7 +166,7 @@ def test_speed_stretches_the_utterance_as_it_streams(model, speed):
     p = Pipeline(model)
     text = "The first sentence is long enough here. And a second sentence comes after it."
     params = GenerationParams(seed=3, min_patches=5, max_patches=5)
-    plain = Utterance(text, params=params, schedule=(1, 2), split_tokens=8)
+    plain = Utterance(text, params=params, schedule=ChunkSchedule(1, 2, fixed=True), split_tokens=8)
     audio = np.concatenate([piece.audio for piece in collect(p.orchestrator.run(plain))])
     pieces = collect(p.orchestrator.run(dataclasses.replace(plain, speed=speed)))
     assert len(pieces) > 2 and pieces[-1].final and pieces[-1].finish_reason == "length"
@@ -177,7 +179,44 @@ def test_speed_stretches_the_utterance_as_it_streams(model, speed):
 
 def test_closing_a_stretched_run_early_frees_everything(model):
     p = Pipeline(model)
-    utterance = Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=(1, 1), speed=1.5)
+    utterance = Utterance("Leaving early", params=GenerationParams(seed=1, **NOSTOP), schedule=ONES, speed=1.5)
     got = collect(p.orchestrator.run(utterance), stop_after=2)
     assert len(got) == 2 and not got[-1].final
     assert p.live == (0, 0)
+
+
+class RecordingGenerator(LocalGenerator):
+    """Records each segment's chunk schedule and the audio the caller had received when it started."""
+
+    def __init__(self, model, received: list):
+        super().__init__(model, slots=1, max_len=1024)
+        self.received, self.started = received, []
+
+    def stream(self, segment):
+        self.started.append((segment.schedule, sum(a.size for a in self.received)))
+        return super().stream(segment)
+
+
+@pytest.mark.parametrize("clock_step", [0.0, 10.0])
+def test_a_later_segment_starts_from_what_the_listener_holds(model, clock_step):
+    """A clock that stands still: the listener holds all the audio received when the second segment
+    starts; one that jumps 10 s a reading: the listener ran dry, and the segment starts afresh."""
+    received, readings = [], iter(range(1000))
+    generator = RecordingGenerator(model, received)
+    orchestrator = Orchestrator(LocalPrompts(model), generator, LocalVocoder(model),
+                                lambda t: len(model.models.tokenizer.encode(t)),
+                                clock=lambda: 100.0 + clock_step * next(readings))  # fmt: skip
+    text = "The first sentence is long enough here. And a second sentence comes after it."
+    utterance = Utterance(text, params=GenerationParams(seed=3, min_patches=5, max_patches=5), split_tokens=8)
+
+    async def go():
+        async for piece in orchestrator.run(utterance):
+            received.append(piece.audio)
+
+    asyncio.run(go())
+    (first, _), *later = generator.started
+    assert first == utterance.schedule and later  # the first segment: nothing held, nothing buffered
+    for schedule, heard in later:
+        held = heard / SAMPLE_RATE if clock_step == 0 else 0.0
+        assert heard > 0 and schedule.buffered == pytest.approx(held)
+        assert dataclasses.replace(schedule, buffered=0.0) == utterance.schedule

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from engine.block_manager import NoPagesYet, pages_for
+from engine.chunking import ChunkSchedule
 from engine.generator import Generator
 from engine.kv_cache import PagedCache, bytes_per_position, pages_for_memory, typical_positions
 from engine.params import GenerationParams
 from engine.streams import GeneratorService
 from tests.generation import check_disjoint, generate_together, run_to_end
 from tests.slot_cache import SlotCache
+
+FOURS = ChunkSchedule(4, 4, fixed=True)  # chunk lists are compared between runs
 
 
 def _cache(model, slots=2, max_len=64, num_pages=None, page_size=4):
@@ -144,12 +147,12 @@ def _stream_inputs(model, text: str, patches: int):
 def test_service_makes_a_stream_wait_for_pages_then_runs_it_unchanged(model):
     prompt, toks, params, need = _stream_inputs(model, "Wait for me", 9)
     solo = _service(model, 1, None)
-    solo.admit(5, toks, prompt, params, (4, 4))
+    solo.admit(5, toks, prompt, params, FOURS)
     want = run_to_end(solo, 5)
 
     svc = _service(model, 3, need + need // 2)  # room for one such stream at a time
-    svc.admit(1, toks, prompt, params, (4, 4))
-    svc.admit(2, toks, prompt, params, (4, 4))  # a slot is free, pages are not: it waits, not fails
+    svc.admit(1, toks, prompt, params, FOURS)
+    svc.admit(2, toks, prompt, params, FOURS)  # a slot is free, pages are not: it waits, not fails
     assert list(svc.waiting) == [2] and svc.active == 2
     first = []
     while not first or not first[-1].last:

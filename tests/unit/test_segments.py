@@ -2,12 +2,17 @@
 
 import numpy as np
 
+from engine.chunking import ChunkSchedule
 from engine.segments import Joiner, segment_schedule
 
 
 def test_schedule_per_segment():
-    assert segment_schedule(0, (3, 12)) == (3, 12)
-    assert segment_schedule(2, (3, 12)) == (12,)
+    rule, fixed = ChunkSchedule(3, 12), ChunkSchedule(3, 12, fixed=True)
+    assert segment_schedule(0, rule, 2.5) == rule  # the first segment starts the listener's playback
+    assert segment_schedule(2, rule, 2.5) == ChunkSchedule(3, 12, buffered=2.5)
+    assert segment_schedule(2, rule, -0.3) == rule  # the listener ran dry: a fresh start
+    assert segment_schedule(0, fixed, 2.5) == fixed
+    assert segment_schedule(2, fixed, 2.5) == ChunkSchedule(12, 12, fixed=True)  # as before the rule
 
 
 def reference_cross_fade(a, b, fade):

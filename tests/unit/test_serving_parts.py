@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.params import GenerationParams, Parameter, parse_parameters
+from engine.chunking import ChunkSchedule
+from engine.params import DEFAULT_SCHEDULE, GenerationParams, Parameter, parse_parameters
 from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService, VocoderService
 from serving import contract
@@ -133,7 +134,7 @@ def test_parameter_ranges_come_from_one_place():
 
 def test_build_request_validation():
     utterance, voice = build_request("Hi", None, None, None, None, None, None, None)
-    assert utterance.language is None and utterance.params.seed == 1234 and utterance.schedule == (3, 12)
+    assert utterance.language is None and utterance.params.seed == 1234 and utterance.schedule == DEFAULT_SCHEDULE
     assert utterance.normalize is True
     utterance, _ = build_request("Hi", "AUTO", None, None, None, None, None, {"normalize": False})
     assert utterance.language is None and utterance.normalize is False
@@ -156,7 +157,7 @@ def test_generator_service_chunks_and_frees(model):
     svc = GeneratorService(model, slots=2, max_len=512)
     prompt = model.encode_prompt(None)
     params = GenerationParams(seed=5, min_patches=7, max_patches=7)
-    svc.admit(11, model.tokens("Chunks", "English", prompt), prompt, params, (2, 3))
+    svc.admit(11, model.tokens("Chunks", "English", prompt), prompt, params, ChunkSchedule(2, 3, fixed=True))
     chunks = run_to_end(svc, 11)
     assert [len(c.latents) for c in chunks] == [8, 12, 8]  # 2 patches, 3 patches, then the last 2
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason == "" for c in chunks[:-1])
@@ -170,8 +171,6 @@ def test_generator_service_rejects_bad_input_without_leaking(model):
     prompt = model.encode_prompt(None)
     with pytest.raises(ValueError, match="cache positions"):
         svc.admit(1, model.tokens("Too long " * 20, "English", prompt), prompt, GenerationParams(max_patches=400))
-    with pytest.raises(ValueError, match="chunk schedule"):
-        svc.admit(1, model.tokens("x", "English", prompt), prompt, GenerationParams(max_patches=6), (0, 12))
     assert svc.active == 0
     svc.admit(2, model.tokens("ok", "English", prompt), prompt, GenerationParams(max_patches=6))
     with pytest.raises(ValueError, match="already live"):
@@ -187,7 +186,7 @@ def test_vocoder_service_equals_the_reference_and_frees(model):
     params = GenerationParams(seed=9, min_patches=8, max_patches=8)
     prompt = model.encode_prompt(None)
     gen = GeneratorService(model, 1, 512)
-    gen.admit(7, model.tokens("Vocoder", "English", prompt), prompt, params, (3, 12))
+    gen.admit(7, model.tokens("Vocoder", "English", prompt), prompt, params)
     voc = VocoderService(model, idle_seconds=60)
     got = np.concatenate([voc.process(c) for c in run_to_end(gen, 7)])
     ref = reference_audio(model, "Vocoder", params)
@@ -279,7 +278,7 @@ def test_cancel_board(tmp_path):
 def test_stop_head_reason(model):
     svc = GeneratorService(model, slots=1, max_len=600)
     prompt = model.encode_prompt(None)
-    svc.admit(1, model.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7), (3, 12))
+    svc.admit(1, model.tokens("Stops by itself", "English", prompt), prompt, GenerationParams(seed=7))
     assert run_to_end(svc, 1)[-1].finish_reason == "stop"  # the tiny checkpoint's stop head fires within a few patches
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -10,6 +11,9 @@ import pytest
 import soundfile as sf
 import torch
 
+from engine.chunking import ChunkSchedule
+from engine.local import local_orchestrator
+from engine.orchestrator import Utterance
 from engine.params import GenerationParams
 from engine.synthesize import stream_audio, synthesize
 from tests.reference import reference_audio, reference_latents, reference_long
@@ -61,7 +65,7 @@ def test_bad_inputs_raise(model):
 
 def test_stream_chunks_follow_schedule_and_concatenate(model):
     params = GenerationParams(seed=3, min_patches=9, max_patches=9)
-    chunks = list(stream_audio(model, "Hello world", params=params, schedule=(3, 4)))
+    chunks = list(stream_audio(model, "Hello world", params=params, schedule=ChunkSchedule(3, 4, fixed=True)))
     ref = reference_audio(model, "Hello world", params)  # whole-utterance decode, no streaming code
     got = np.concatenate(chunks)
     assert got.shape == ref.shape
@@ -72,10 +76,41 @@ def test_stream_chunks_follow_schedule_and_concatenate(model):
 
 def test_chunking_changes_nothing_audible(model):
     params = GenerationParams(seed=5)
-    a = synthesize(model, "Chunking test", params=params, schedule=(1,))
-    b = synthesize(model, "Chunking test", params=params, schedule=(400,))
+    a = synthesize(model, "Chunking test", params=params, schedule=ChunkSchedule(1, 1, fixed=True))
+    b = synthesize(model, "Chunking test", params=params, schedule=ChunkSchedule(400, 400, fixed=True))
     assert a.shape == b.shape
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+class SteppingClock:
+    """A clock each reading of which is a seeded 20..300 ms later: irregular step times (r 0.1 to 1.9)."""
+
+    def __init__(self, seed: int):
+        self.rng, self.now = np.random.default_rng(seed), 0.0
+
+    def __call__(self) -> float:
+        self.now += float(self.rng.uniform(0.02, 0.3))
+        return self.now
+
+
+def test_irregular_chunks_stream_the_same_audio(model):
+    """The deadline rule under uneven step times cuts chunks of many sizes; the stateful decoder makes the
+    samples of one call over the whole utterance to float32 rounding (its attention runs over chunk-long
+    blocks: not bit for bit), and the reference's whole-utterance decode."""
+    params = GenerationParams(seed=6, min_patches=40, max_patches=40)
+    orchestrator, chunks = local_orchestrator(model, clock=SteppingClock(0)), []
+    orchestrator.generator.on_chunk = chunks.append
+
+    async def pieces():
+        return [piece.audio async for piece in orchestrator.run(Utterance("Irregular steps", params=params))]
+
+    got = np.concatenate(asyncio.run(pieces()))
+    patches = [len(c.latents) // 4 for c in chunks]
+    assert sum(patches) == 40 and len(set(patches)) >= 3  # irregular indeed
+    whole = synthesize(model, "Irregular steps", params=params, schedule=ChunkSchedule(400, 400, fixed=True))
+    assert got.dtype == whole.dtype and got.shape == whole.shape
+    assert np.abs(got - whole).max() < 1e-6  # measured: up to 1.2e-7 between chunkings
+    np.testing.assert_allclose(got, reference_audio(model, "Irregular steps", params), atol=1e-5)
 
 
 def test_batched_streams_equal_solo_runs(model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.streams import GeneratorService, VocoderService
 from engine.synthetic import SyntheticFireRedTTS3, SyntheticVocoderService, ready_patch
@@ -13,8 +14,10 @@ from serving.model_options import GeneratorOptions, VocoderOptions
 from serving.options import ServeOptions
 from tests.generation import check_disjoint
 
-# (max_patches, chunk schedule) per stream; a stream joins every step
-STREAMS = [(7, (2, 3)), (5, (3, 12)), (13, (1, 4)), (6, (6, 6))]
+# (max_patches, chunk schedule) per stream; a stream joins every step. Fixed schedules: the two runs'
+# chunks are compared, and the deadline rule's depend on the step times
+STREAMS = [(7, ChunkSchedule(2, 3, True)), (5, ChunkSchedule(3, 12, True)), (13, ChunkSchedule(1, 4, True)),
+           (6, ChunkSchedule(6, 6, True))]  # fmt: skip
 
 
 def run(svc: GeneratorService, model, streams=STREAMS) -> dict[int, list]:

@@ -69,8 +69,8 @@ def dominant_frequency(y: np.ndarray) -> float:
 
 
 def schedule_sizes(total: int) -> list[int]:
-    """The server's chunk sizes in samples: DEFAULT_SCHEDULE's first chunk, then its later one."""
-    first, later = (n * PATCH_SAMPLES for n in DEFAULT_SCHEDULE)
+    """The server's chunk sizes in samples: DEFAULT_SCHEDULE's first chunk, then its cap."""
+    first, later = (n * PATCH_SAMPLES for n in (DEFAULT_SCHEDULE.first, DEFAULT_SCHEDULE.cap))
     return [first] + [later] * (total // later + 1)
 
 
