@@ -4,10 +4,16 @@ as soon as the codec emits them.
 ``wav`` and ``pcm`` are 16-bit little-endian PCM written here (a WAV header whose sizes say "unknown
 length", as streaming WAV does); ``flac``, ``mp3``, ``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and
 muxed by FFmpeg through PyAV.
+
+``flac`` alone is written whole: its STREAMINFO header carries the total length, which a stream cannot
+know up front, and libsndfile refuses a FLAC that leaves it out (``soundfile.read``: "array is too big").
+FFmpeg rewrites the header at the end when its output is seekable, so the file is muxed into memory and
+sent once the utterance is done: the first byte waits for the last chunk (the whole synthesis time).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 
 import numpy as np
@@ -23,6 +29,7 @@ FORMATS = {
     "wav": ("audio/wav", None, None),
     "pcm": ("audio/pcm", None, None),
 }
+WHOLE = {"flac"}  # formats sent whole, once the utterance is done (see above)
 # bits per second for mono 24 kHz speech: FFmpeg's defaults would give MP3 32 kb/s, which smears it
 BIT_RATES = {"mp3": 64_000, "aac": 64_000, "opus": 32_000}
 
@@ -71,7 +78,7 @@ class Encoder:
             return
         import av
 
-        self.sink = _Sink()
+        self.sink = io.BytesIO() if response_format in WHOLE else _Sink()  # seekable: the header is rewritten
         self.out = av.open(self.sink, mode="w", format=container)
         self.stream = self.out.add_stream(codec, rate=SAMPLE_RATE, layout="mono")
         if response_format in BIT_RATES:
@@ -88,7 +95,7 @@ class Encoder:
             return head + pcm16(audio)
         if audio.size:
             self._encode(audio)
-        return self.sink.take()
+        return b"" if self.format in WHOLE else self.sink.take()
 
     def _encode(self, audio: np.ndarray | None) -> None:
         import av
@@ -111,4 +118,4 @@ class Encoder:
             return b"" if self.started or self.format == "pcm" else wav_header()
         self._encode(None)
         self.out.close()
-        return self.sink.take()
+        return self.sink.getvalue() if self.format in WHOLE else self.sink.take()
