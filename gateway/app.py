@@ -8,6 +8,7 @@ as the ``tts`` model makes it (gRPC streaming underneath; ``instructions`` desig
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 import uuid
@@ -23,6 +24,7 @@ from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_ca
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from engine.params import shown
+from engine.random_checkpoint import RANDOM_WEIGHTS_NOTE
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.streaming import stream_response
 
@@ -32,9 +34,12 @@ VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
 DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60 s x 192 kHz of float32
 
 
-def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+def create_app(
+    triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT, random_weights: bool = False
+) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
-    stream fails; ``body_timeout``: seconds for a request body to arrive."""
+    stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
+    runs a random-weight checkpoint, and the web page says what that sounds like."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)
@@ -45,7 +50,7 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
 
     app.add_middleware(RequestIdMiddleware)
     decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
-    add_page_routes(app, tts)
+    add_page_routes(app, tts, RANDOM_WEIGHTS_NOTE if random_weights else None)
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
@@ -95,9 +100,10 @@ class VoiceList:
         self.fetched_at = -1e9
 
 
-def add_page_routes(app: FastAPI, tts: AsyncTTSClient) -> None:
-    """``GET /`` (the web page), ``GET /health`` and ``GET /v1/models``."""
-    page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
+def add_page_routes(app: FastAPI, tts: AsyncTTSClient, notice: str | None = None) -> None:
+    """``GET /`` (the web page, with ``notice`` at its top if one is given), ``GET /health`` and ``GET /v1/models``."""
+    shown = f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else ""
+    page_html = PAGE.read_text().replace("<!--NOTICE-->", shown)  # read once: GET / is open to anyone
 
     @app.get("/", response_class=HTMLResponse)
     async def page():

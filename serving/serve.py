@@ -95,9 +95,11 @@ class Gateway:
     """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
     starts it again (and says so) if it exits on its own."""
 
-    def __init__(self, host: str, grpc_port: int, port: int):
+    def __init__(self, host: str, grpc_port: int, port: int, random_weights: bool = False):
         triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
         self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
+        if random_weights:
+            self.cmd.append("--random-weights")
         self.proc, self.started = self._start(), time.monotonic()
         self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
         LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if random_weights:
         print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
-    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port)
+    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port, random_weights)
     stopping = lambda: bool(signals)  # noqa: E731
     print("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything "
           "answers", file=sys.stderr, flush=True)  # fmt: skip
