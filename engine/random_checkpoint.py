@@ -118,24 +118,6 @@ def _learned_words(folder: Path) -> int:
     return max(i for i in vocab.values() if i < QWEN_FIRST_ID) + 1
 
 
-def has_random_weights(root: str | Path) -> bool:
-    """Whether the checkpoint at ``root`` is one of this project's random-weight checkpoints: they carry the
-    tiny tokenizer, whose learned vocabulary is a small fraction of Qwen's 151,643 words."""
-    try:
-        return _learned_words(Path(root) / TOKENIZER_DIR) < QWEN_FIRST_ID // 2
-    except (OSError, ValueError):
-        return False
-
-
-# What random weights produce, said wherever a newcomer meets them (the launcher, the web page, the README).
-RANDOM_WEIGHTS_NOTE = (
-    "random weights: what you hear is noise-like audio of a fixed length (about 1 s, whatever the text), a "
-    "designed voice's plan is garbled text (random tokens, shown as U+FFFD replacement characters) and a "
-    "semantic edit's transcript is empty. That is this checkpoint, not a fault: docs/gpu.md serves the real "
-    "weights."
-)
-
-
 # Bumped whenever make_checkpoint writes different files for the same preset and seed; part of the
 # cached checkpoint's folder name, so that a checkpoint cached by an older version is never reused.
 # 2: the real Qwen3 token ids (backbone vocab 151,936) and the fireredtts3_instruct/ core.

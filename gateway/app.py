@@ -20,11 +20,11 @@ from fastapi.responses import HTMLResponse
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
+from engine.params import shown
+from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
-from engine.params import shown
-from engine.random_checkpoint import RANDOM_WEIGHTS_NOTE
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.streaming import stream_response
 
@@ -102,8 +102,8 @@ class VoiceList:
 
 def add_page_routes(app: FastAPI, tts: AsyncTTSClient, notice: str | None = None) -> None:
     """``GET /`` (the web page, with ``notice`` at its top if one is given), ``GET /health`` and ``GET /v1/models``."""
-    shown = f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else ""
-    page_html = PAGE.read_text().replace("<!--NOTICE-->", shown)  # read once: GET / is open to anyone
+    notice_html = f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else ""
+    page_html = PAGE.read_text().replace("<!--NOTICE-->", notice_html)  # read once: GET / is open to anyone
 
     @app.get("/", response_class=HTMLResponse)
     async def page():

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from engine.config import cache_dir
-from engine.random_checkpoint import RANDOM_WEIGHTS_NOTE, has_random_weights
+from engine.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
 from serving.admin_key import FILE as ADMIN_KEY_FILE
 from serving.admin_key import default_state_dir, load_or_create
 from serving.metrics_relay import LAUNCHER

@@ -151,3 +151,29 @@ def test_every_answer_has_an_x_request_id(gateway):
     assert all(ids) and len(set(ids)) == 3
     echoed = httpx.get(f"{gateway}/health", headers={"x-request-id": "mine-42"}, timeout=10)
     assert echoed.headers["x-request-id"] == "mine-42"
+
+
+def test_speed_is_a_keyword_of_every_streaming_call(server):
+    """``speed=`` on the sync client (gRPC and HTTP), the asyncio client and ``edit``'s keywords: the audio of
+    ``parameters={"speed": ...}``, which the server time-stretches."""
+    import asyncio
+
+    from client import AsyncTTSClient, TTSClient
+
+    params = {k: v for k, v in SHORT.items() if k != "seed"}
+    grpc = TTSClient(f"127.0.0.1:{server.ports.grpc}")
+    as_parameter = grpc.synthesize("First minute", seed=3, parameters={**params, "speed": 1.5})
+    plain = grpc.synthesize("First minute", seed=3, parameters=params)
+    assert as_parameter.size < plain.size  # faster: shorter
+    http = TTSClient(f"127.0.0.1:{server.ports.http}", "http")
+
+    async def via_asyncio():
+        async with AsyncTTSClient(f"127.0.0.1:{server.ports.grpc}") as tts:
+            return await tts.synthesize("First minute", seed=3, parameters=params, speed=1.5)
+
+    for got in (grpc.synthesize("First minute", seed=3, parameters=params, speed=1.5),
+                http.synthesize("First minute", seed=3, parameters=params, speed=1.5),
+                asyncio.run(via_asyncio())):  # fmt: skip
+        assert got.size == as_parameter.size and np.allclose(got, as_parameter, atol=1e-6)
+    with pytest.raises(ValueError, match="disagree"):
+        grpc.synthesize("First minute", parameters={"speed": 2.0}, speed=1.5)
