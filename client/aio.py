@@ -76,8 +76,8 @@ class AsyncTTSClient:
                 ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
                 ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
                 ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+                # (not grpc.min_reconnect_backoff_ms: gRPC reads it as the shortest connection deadline)
                 ("grpc.initial_reconnect_backoff_ms", RECONNECT_FIRST_MS),
-                ("grpc.min_reconnect_backoff_ms", RECONNECT_FIRST_MS),
                 ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
                 # a channel of its own connections: gRPC shares them (and their backoff) between channels to
                 # one address by default, so a new channel would wait out the old one's backoff
