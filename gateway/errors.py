@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from fastapi.responses import Response
 
@@ -27,6 +28,8 @@ UNAVAILABLE_TYPE = STATUSES[UNAVAILABLE][1]  # also what an unreachable server i
 STARTING = "server starting, retry shortly"
 RETRY_AFTER_SECONDS = 1
 log = logging.getLogger("gateway")
+LOG_EVERY_SECONDS = 10.0
+_logged = [-LOG_EVERY_SECONDS]  # when the last one was logged (time.monotonic)
 
 
 class APIError(Exception):
@@ -57,7 +60,10 @@ def from_tts_error(e: Exception, param: str | None = None) -> APIError:
         status, kind = STATUSES[e.kind]
         return APIError(status, str(e), param if status in (400, 404) else None, kind)
     if isinstance(e, ConnectionError):
-        log.warning("the TTS server does not answer: %s", e)
+        now = time.monotonic()
+        if now - _logged[0] >= LOG_EVERY_SECONDS:  # a start-up window would log every request otherwise
+            _logged[0] = now
+            log.warning("the TTS server does not answer (said at most every %g s): %s", LOG_EVERY_SECONDS, e)
         return APIError(503, STARTING, kind=UNAVAILABLE_TYPE)
     if isinstance(e, TimeoutError):
         return APIError(504, str(e), kind="timeout")

@@ -68,8 +68,10 @@ def test_a_gateway_started_before_tritonserver_says_starting_then_serves_at_once
         srv = TritonServer(repo, tmp_path, ports).start()
         try:
             while not (srv.is_ready() and grpc_listens(ports.grpc)):
-                r = speech(url)  # the window in which it loads its models: still "starting"
-                assert r.status_code == 503 and r.json()["error"]["message"] == STARTING, r.text
+                # the window in which it loads its models: "starting" (or served: gRPC opens before HTTP)
+                r = speech(url)
+                assert r.status_code == 200 or (r.status_code == 503 and r.json()["error"]["message"] == STARTING), (
+                    r.status_code, r.text[:300])  # fmt: skip
                 time.sleep(0.25)
             # ready: the very next request is served. The channel retries a refused connection at least every
             # RECONNECT_MAX_MS, and a failed request drops it, so no backoff is left to wait out.
