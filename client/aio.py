@@ -6,6 +6,11 @@
 
 Leaving the ``async for`` early (or cancelling the task) cancels the request on the server.
 Errors and timeouts are those of :class:`client.TTSClient`.
+
+A server that is not up yet (or restarting) is reached as soon as it is: the channel retries a refused
+connection every :data:`RECONNECT_MAX_MS` at most (gRPC's default backoff grows to 120 s: a gateway that
+started before its server kept failing for ~17 s after the server was ready), and a request that failed
+to connect drops the channel, so the next request connects afresh instead of waiting out a backoff.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ from client.request import (
     plan_text,
     raise_if_failed,
     request_fields,
+    with_speed,
 )
 from client.tts_client import Chunk, _host_port
+
+RECONNECT_FIRST_MS = 100  # the channel's first retry of a refused connection
+RECONNECT_MAX_MS = 1000  # and its longest wait between retries (gRPC's default: 120 s)
 
 
 class AsyncTTSClient:
@@ -39,6 +48,7 @@ class AsyncTTSClient:
         self.url, self.timeout, self.model = f"{host}:{port}", timeout, model
         self.stream_timeout = stream_timeout or 10 * timeout
         self._client = None
+        self._retired: set = set()  # channels dropped after a connection failure, closing in the background
 
     async def __aenter__(self) -> AsyncTTSClient:
         return self
@@ -50,13 +60,53 @@ class AsyncTTSClient:
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
+        for task in list(self._retired):
+            await task
 
     def _channel(self):
         if self._client is None:
+            import tritonclient.grpc as grpcclient
             from tritonclient.grpc import aio
 
-            self._client = aio.InferenceServerClient(self.url)
+            keepalive = grpcclient.KeepAliveOptions()
+            args = [  # tritonclient's defaults (channel_args replaces them all), plus a short reconnect backoff
+                ("grpc.max_send_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.max_receive_message_length", grpcclient.MAX_GRPC_MESSAGE_SIZE),
+                ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+                ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+                # (not grpc.min_reconnect_backoff_ms: gRPC reads it as the shortest connection deadline)
+                ("grpc.initial_reconnect_backoff_ms", RECONNECT_FIRST_MS),
+                ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+                # a channel of its own connections: gRPC shares them (and their backoff) between channels to
+                # one address by default, so a new channel would wait out the old one's backoff
+                ("grpc.use_local_subchannel_pool", 1),
+            ]
+            self._client = aio.InferenceServerClient(self.url, channel_args=args)
         return self._client
+
+    def _unreachable(self, client) -> None:
+        """``client``'s channel failed to reach the server: the next request opens a new one, which connects
+        at once; the old one closes once its other streams (if any still run) end."""
+        if self._client is client:
+            self._client = None
+            task = asyncio.get_running_loop().create_task(client._channel.close(grace=self.stream_timeout))
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+
+    async def is_ready(self) -> bool:
+        """Whether the server answers and is ready; ``ConnectionError`` when nothing answers."""
+        from tritonclient.utils import InferenceServerException
+
+        client = self._channel()
+        try:
+            return await client.is_server_ready()
+        except InferenceServerException as e:
+            error = grpc_error(e)
+            if isinstance(error, ConnectionError):
+                self._unreachable(client)
+            raise error from None
 
     async def stream(
         self,
@@ -71,9 +121,10 @@ class AsyncTTSClient:
         instruction: str | None = None,
         task: str | None = None,
         on_plan: Callable[[str], None] | None = None,
+        speed: float | None = None,
     ) -> AsyncIterator[Chunk]:
         """Chunks as the server sends them (see :meth:`client.TTSClient.stream`: ``on_plan`` gets the plan
-        text before the first chunk)."""
+        text before the first chunk; ``speed`` is the ``speed`` parameter)."""
         import grpc  # here, not at import time: `import client` stays light (and gevent-agnostic)
 
         fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
@@ -81,7 +132,7 @@ class AsyncTTSClient:
         request = {
             "model_name": self.model,
             "inputs": grpc_inputs(fields, model=self.model),
-            "parameters": parameters or {},
+            "parameters": with_speed(parameters, speed),
         }
 
         async def one_request():
@@ -90,7 +141,8 @@ class AsyncTTSClient:
             yield request
 
         t0 = time.perf_counter()
-        responses = self._channel().stream_infer(one_request(), stream_timeout=self.stream_timeout)
+        client = self._channel()
+        responses = client.stream_infer(one_request(), stream_timeout=self.stream_timeout)
         done = False
         try:
             while not done:
@@ -103,10 +155,10 @@ class AsyncTTSClient:
                     break
                 except grpc.RpcError as e:
                     done = True
-                    raise grpc_error(e) from None
+                    raise self._failed(client, e) from None
                 if error is not None:
                     done = True
-                    raise grpc_error(error)
+                    raise self._failed(client, error)
                 done = is_final(result)
                 raise_if_failed(result.as_numpy("FINISH_REASON"))
                 if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
@@ -117,6 +169,12 @@ class AsyncTTSClient:
         finally:
             if not done:
                 responses.cancel()
+
+    def _failed(self, client, error) -> Exception:
+        exc = grpc_error(error)
+        if isinstance(exc, ConnectionError):
+            self._unreachable(client)
+        return exc
 
     def edit(self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw):
         """``recording`` edited as ``instruction`` says, streamed (see :meth:`client.TTSClient.edit`)."""

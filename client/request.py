@@ -87,6 +87,16 @@ def request_fields(
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def with_speed(parameters: dict | None, speed: float | None) -> dict:
+    """The request parameters with ``speed`` (the keyword) among them; ValueError when both say one."""
+    parameters = dict(parameters or {})
+    if speed is not None:
+        if "speed" in parameters and parameters["speed"] != speed:
+            raise ValueError(f"speed={speed} and parameters['speed']={parameters['speed']} disagree: give one")
+        parameters["speed"] = speed
+    return parameters
+
+
 def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
     """``InferInput`` tensors of ``tc`` (default ``tritonclient.grpc``, also valid for its aio client;
     ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract."""

@@ -41,6 +41,7 @@ from client.request import (
     raise_if_failed,
     request_fields,
     server_error,
+    with_speed,
 )
 
 __all__ = [
@@ -97,9 +98,11 @@ class TTSClient:
         instruction: str | None = None,
         task: str | None = None,
         on_plan: Callable[[str], None] | None = None,
+        speed: float | None = None,
     ) -> Iterator[Chunk]:
         """Chunks as the server sends them; ``parameters`` are the tts request parameters
         (``serving.contract.TTS_PARAMETERS``: steps, cfg, ..., speed). ``ref_audio``: (n,) float in [-1, 1].
+        ``speed``: the speaking rate (1.0 as the model speaks; the ``speed`` parameter, as a keyword).
 
         ``instruction`` with no voice designs one (FireRedTTS3-Instruct); ``task`` is the contract's TASK
         (``clone`` for Instruct cloning; :meth:`edit` for the edits). ``on_plan`` is called with the
@@ -107,9 +110,10 @@ class TTSClient:
         before the first chunk."""
         fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
                                 task)  # fmt: skip
+        parameters = with_speed(parameters, speed)
         if self.protocol == "grpc":
-            return self._grpc(fields, parameters or {}, on_plan)
-        return self._http(fields, parameters or {}, on_plan)
+            return self._grpc(fields, parameters, on_plan)
+        return self._http(fields, parameters, on_plan)
 
     def edit(
         self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw

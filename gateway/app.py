@@ -8,7 +8,10 @@ as the ``tts`` model makes it (gRPC streaming underneath; ``instructions`` desig
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import time
+import uuid
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -17,10 +20,12 @@ from fastapi.responses import HTMLResponse
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
+from engine.params import shown
+from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
-from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
+from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
-from gateway.instruct import add_edit_routes, design_voice
+from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.streaming import stream_response
 
 MODEL_ID = "fireredtts3"
@@ -29,9 +34,12 @@ VOICE_LIST_SECONDS = 5.0  # how long a fetched voice list is reused
 DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60 s x 192 kHz of float32
 
 
-def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT) -> FastAPI:
+def create_app(
+    triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT, random_weights: bool = False
+) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
-    stream fails; ``body_timeout``: seconds for a request body to arrive."""
+    stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
+    runs a random-weight checkpoint, and the web page says what that sounds like."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)
@@ -40,12 +48,38 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
     async def api_error(_request, e: APIError):
         return e.response()
 
+    app.add_middleware(RequestIdMiddleware)
     decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
-    add_page_routes(app, tts)
+    add_page_routes(app, tts, RANDOM_WEIGHTS_NOTE if random_weights else None)
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
     return app
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a caller's x-request-id that is echoed back as it came
+
+
+class RequestIdMiddleware:
+    """``x-request-id`` on every answer, streams and errors included (LiveKit's and OpenAI's SDKs log it; LiveKit
+    warns "no request_id provided for TTS" without it): the caller's own, when it sent a plausible one, else
+    a new ``req_<hex>``. A plain ASGI middleware: it touches only the response's start, never the body."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        sent = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = (sent if REQUEST_ID.fullmatch(sent) else f"req_{uuid.uuid4().hex}").encode()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 class VoiceList:
@@ -66,9 +100,10 @@ class VoiceList:
         self.fetched_at = -1e9
 
 
-def add_page_routes(app: FastAPI, tts: AsyncTTSClient) -> None:
-    """``GET /`` (the web page), ``GET /health`` and ``GET /v1/models``."""
-    page_html = PAGE.read_text()  # read once: GET / is open to anyone, and the file never changes in a run
+def add_page_routes(app: FastAPI, tts: AsyncTTSClient, notice: str | None = None) -> None:
+    """``GET /`` (the web page, with ``notice`` at its top if one is given), ``GET /health`` and ``GET /v1/models``."""
+    notice_html = f'<p id="notice" class="notice">{html.escape(notice)}</p>' if notice else ""
+    page_html = PAGE.read_text().replace("<!--NOTICE-->", notice_html)  # read once: GET / is open to anyone
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -77,11 +112,11 @@ def add_page_routes(app: FastAPI, tts: AsyncTTSClient) -> None:
     @app.get("/health")
     async def health():
         try:
-            ready = await tts._channel().is_server_ready()
-        except Exception as e:  # the server cannot be reached: that is the answer
-            raise APIError(503, f"the TTS server is unavailable: {e}", kind=UNAVAILABLE_TYPE) from None
+            ready = await tts.is_ready()
+        except (TTSError, ConnectionError) as e:  # the server cannot be reached: that is the answer
+            raise from_tts_error(e) from None
         if not ready:
-            raise APIError(503, "the TTS server is not ready", kind=UNAVAILABLE_TYPE)
+            raise APIError(503, STARTING, kind=UNAVAILABLE_TYPE)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -94,16 +129,39 @@ def admin_key(request: Request) -> str:
     """The caller's ``Authorization: Bearer <admin key>``, passed on to the voices model, which checks it."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key:
-        raise APIError(401, "adding and removing voices needs the admin key: Authorization: Bearer <key>",
-                       kind="authentication_error")  # fmt: skip
+        raise APIError(401, ADMIN_KEY_NEEDED, kind="authentication_error")
     return key
+
+
+# In a user's words, with where the key is: the launcher prints the file's path at start ("admin key: ...").
+ADMIN_KEY_NEEDED = (
+    "adding and removing voices needs the server's admin key: the launcher prints where it keeps it at start "
+    "(\"admin key: ...\", by default ~/.cache/fireredtts3-triton/admin_key); send it as Authorization: Bearer <key>"
+)
+AUDIO_FIELDS = {"name", "audio_sample", "file", "text", "consent", "type"}  # OpenAI's (SDK 3.57), and ours
+PROMPT_FIELDS = {"name", "prompt", "type", "model", "script_hint", "language", "seed"}
+DESIGN_SAMPLE = "Hello! This is the voice you described, speaking a sample sentence."
+
+
+def voice_object(voice: dict, kind: str = "audio_sample", prompt: str | None = None) -> dict:
+    """A voice as the voices model describes it -> OpenAI's ``audio.voice`` (``id`` is the name, what
+    speech's ``voice`` takes), keeping our fields (``text``, ``seconds``, a design's ``plan``)."""
+    created = voice.get("created", time.time())
+    out = {"id": voice["name"], "object": "audio.voice", "name": voice["name"], "type": kind,
+           "created_at": int(created), **{k: v for k, v in voice.items() if k != "created"}}  # fmt: skip
+    if prompt is not None:
+        out["prompt"] = prompt
+    return out
 
 
 def add_voice_routes(
     app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, decoding: asyncio.Semaphore, body_timeout: float
 ) -> None:
-    """``GET /v1/audio/voices``, ``POST /v1/audio/voices`` (an upload, or a description to design a voice
-    from: :func:`gateway.instruct.design_voice`) and ``DELETE /v1/audio/voices/{name}``."""
+    """``GET /v1/audio/voices`` (OpenAI's list: ``data``; and ``voices``, as the voices model lists them),
+    ``POST /v1/audio/voices`` (an upload as OpenAI's SDK sends it, ``audio_sample``, ``name`` and ``consent``
+    (taken, not checked: the admin key decides), or ours, ``file``, ``name`` and ``text``; or a description
+    to design a voice from: :func:`gateway.instruct.design_voice`, OpenAI's ``type=prompt`` form included) and
+    ``DELETE /v1/audio/voices/{name}`` (OpenAI's ``audio.voice.deleted``)."""
     triton, timeout = voice_list.triton, voice_list.timeout
 
     async def voice_call(fn, *args, param: str | None = None):
@@ -117,9 +175,15 @@ def add_voice_routes(
     @app.get("/v1/audio/voices")
     async def list_voices():
         try:
-            return {"voices": await voice_list.get()}
+            voices = await voice_list.get()
         except (TTSError, ConnectionError, TimeoutError) as e:
             raise from_tts_error(e) from None
+        return {"object": "list", "data": [voice_object(v) for v in voices], "voices": voices}
+
+    async def designed(voices_client: VoiceClient, fields) -> dict:
+        voice = await design_voice(tts, voices_client, fields)
+        voice_list.changed()
+        return voice_object(voice, "prompt", fields.get("instructions"))
 
     @app.post("/v1/audio/voices")
     async def add_voice(request: Request):
@@ -128,31 +192,39 @@ def add_voice_routes(
         raw = await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         if request.headers.get("content-type", "").startswith("application/json"):
-            designed = await design_voice(tts, voices_client, parse_json(raw))
-            voice_list.changed()
-            return designed
+            return await designed(voices_client, parse_json(raw))
         form = await request.form()  # parses the body read above
         if "instructions" in form:
-            if "file" in form:
+            if "file" in form or "audio_sample" in form:
                 raise APIError(400, "give either file (a recording) or instructions (to design a voice), not both",
                                "instructions")  # fmt: skip
-            designed = await design_voice(tts, voices_client, form)
-            voice_list.changed()
-            return designed
-        name, text, upload = form.get("name"), form.get("text", ""), form.get("file")
+            return await designed(voices_client, form)
+        if form.get("type") == "prompt" or "prompt" in form:  # OpenAI's voice from a text prompt
+            check_fields(form, PROMPT_FIELDS)
+            fields = {k: form[k] for k in ("name", "language", "seed") if k in form}
+            fields |= {"instructions": form.get("prompt"), "text": form.get("script_hint") or DESIGN_SAMPLE}
+            return await designed(voices_client, fields)
+        check_fields(form, AUDIO_FIELDS)
+        if form.get("type", "audio_sample") != "audio_sample":
+            raise APIError(400, f"type must be audio_sample or prompt, got {shown(form.get('type'))}", "type")
+        if "file" in form and "audio_sample" in form:
+            raise APIError(400, "give the recording once: audio_sample (OpenAI's name) or file", "audio_sample")
+        field = "audio_sample" if "audio_sample" in form else "file"
+        name, text, upload = form.get("name"), form.get("text", ""), form.get(field)
         if not isinstance(name, str) or not name:
             raise APIError(400, "name is required", "name")
         if not isinstance(text, str):
             raise APIError(400, "text (the transcript) must be a form field, not a file", "text")
         # bounded from the header before any decoding: the key is checked by the voices model, so this runs
         # for any Bearer header
-        audio, sr = await uploaded_audio(upload, decoding, "the reference recording")
-        return await voice_call(voices_client.add, name, audio, sr, text)
+        audio, sr = await uploaded_audio(upload, decoding, "the reference recording", field=field)
+        return voice_object(await voice_call(voices_client.add, name, audio, sr, text))
 
     @app.delete("/v1/audio/voices/{name}")
     async def remove_voice(name: str, request: Request):
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=admin_key(request))
-        return await voice_call(voices_client.remove, name, param="name")
+        await voice_call(voices_client.remove, name, param="name")
+        return {"id": name, "object": "audio.voice.deleted", "deleted": True}
 
 
 def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, body_timeout: float) -> None:

@@ -48,16 +48,18 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
     return request._body
 
 
-async def uploaded_audio(upload, decoding: asyncio.Semaphore, meaning: str, **decode) -> tuple[np.ndarray, int]:
-    """A form's ``file`` -> ((n,) float32 mono, rate): APIError 400 when it is missing, 413 over
-    MAX_UPLOAD_BYTES; decoded off the event loop, at most ``decoding``'s count at a time (concurrent
-    uploads must not multiply the peak). ``meaning``: the field's, for the message ("the recording to
-    edit"); ``decode``: :func:`decode_upload`'s limits and wording."""
+async def uploaded_audio(
+    upload, decoding: asyncio.Semaphore, meaning: str, field: str = "file", **decode
+) -> tuple[np.ndarray, int]:
+    """A form's ``field`` (``file``; OpenAI's voices call it ``audio_sample``) -> ((n,) float32 mono, rate):
+    APIError 400 when it is missing, 413 over MAX_UPLOAD_BYTES; decoded off the event loop, at most
+    ``decoding``'s count at a time (concurrent uploads must not multiply the peak). ``meaning``: the
+    field's, for the message ("the recording to edit"); ``decode``: :func:`decode_upload`'s limits and wording."""
     if upload is None or isinstance(upload, str):
-        raise APIError(400, f"file ({meaning}) is required", "file")
+        raise APIError(400, f"{field} ({meaning}) is required", field)
     data = await upload.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
-        raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", "file")
+        raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", field)
     async with decoding:
         return await asyncio.to_thread(decode_upload, data, **decode)
 

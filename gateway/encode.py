@@ -5,10 +5,16 @@ as soon as the codec emits them.
 length", as streaming WAV does), ``pcm_mulaw`` and ``pcm_alaw`` the same samples as G.711's 8-bit codes
 (:mod:`gateway.g711`); these four come at any rate of :data:`gateway.rates.RATES`. ``flac``, ``mp3``,
 ``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and muxed by FFmpeg through PyAV, at 24 kHz.
+
+``flac`` alone is written whole: its STREAMINFO header carries the total length, which a stream cannot
+know up front, and libsndfile refuses a FLAC that leaves it out (``soundfile.read``: "array is too big").
+FFmpeg rewrites the header at the end when its output is seekable, so the file is muxed into memory and
+sent once the utterance is done: the first byte waits for the last chunk (the whole synthesis time).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 
 import numpy as np
@@ -29,6 +35,7 @@ FORMATS = {
     "pcm_alaw": ("audio/PCMA", None, None),
 }
 G711 = {"pcm_mulaw": mulaw_encode, "pcm_alaw": alaw_encode}
+WHOLE = {"flac"}  # formats sent whole, once the utterance is done (see above)
 # bits per second for mono 24 kHz speech: FFmpeg's defaults would give MP3 32 kb/s, which smears it
 BIT_RATES = {"mp3": 64_000, "aac": 64_000, "opus": 32_000}
 
@@ -83,7 +90,7 @@ class Encoder:
             return
         import av
 
-        self.sink = _Sink()
+        self.sink = io.BytesIO() if response_format in WHOLE else _Sink()  # seekable: the header is rewritten
         self.out = av.open(self.sink, mode="w", format=container)
         self.stream = self.out.add_stream(codec, rate=SAMPLE_RATE, layout="mono")
         if response_format in BIT_RATES:
@@ -98,7 +105,7 @@ class Encoder:
             return self._samples(self.converter.push(audio))
         if audio.size:
             self._encode(audio)
-        return self.sink.take()
+        return b"" if self.format in WHOLE else self.sink.take()
 
     def _samples(self, audio: np.ndarray) -> bytes:
         """Raw formats: 16-bit PCM (after a WAV header, first) or its G.711 codes."""
@@ -130,4 +137,4 @@ class Encoder:
             return self._samples(self.converter.finish())
         self._encode(None)
         self.out.close()
-        return self.sink.take()
+        return self.sink.getvalue() if self.format in WHOLE else self.sink.take()

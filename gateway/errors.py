@@ -4,6 +4,8 @@ place where the server's error kinds (its in-band tags, read by the client) beco
 from __future__ import annotations
 
 import json
+import logging
+import time
 
 from fastapi.responses import Response
 
@@ -20,6 +22,14 @@ STATUSES = {
     NOT_FOUND: (404, "not_found_error"),
 }
 UNAVAILABLE_TYPE = STATUSES[UNAVAILABLE][1]  # also what an unreachable server is
+# What a client reads when Triton does not answer: the launcher starts the gateway with tritonserver, which
+# takes 5 to 90 s to load its models, and the supervisor restarts it after an incident. The transport's
+# own words ("failed to connect to all addresses; ... Connection refused") go to the gateway's log.
+STARTING = "server starting, retry shortly"
+RETRY_AFTER_SECONDS = 1
+log = logging.getLogger("gateway")
+LOG_EVERY_SECONDS = 10.0
+_logged = [-LOG_EVERY_SECONDS]  # when the last one was logged (time.monotonic)
 
 
 class APIError(Exception):
@@ -35,7 +45,7 @@ class APIError(Exception):
 
     def response(self) -> Response:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        headers = {"Retry-After": "1"} if self.status == 503 else {}
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if self.status == 503 else {}
         if self.close:
             headers["Connection"] = "close"
         # ASCII JSON: a field name or value sent with a lone surrogate ("\ud800") cannot be encoded as UTF-8
@@ -50,7 +60,11 @@ def from_tts_error(e: Exception, param: str | None = None) -> APIError:
         status, kind = STATUSES[e.kind]
         return APIError(status, str(e), param if status in (400, 404) else None, kind)
     if isinstance(e, ConnectionError):
-        return APIError(503, f"the TTS server is unavailable: {e}", kind=UNAVAILABLE_TYPE)
+        now = time.monotonic()
+        if now - _logged[0] >= LOG_EVERY_SECONDS:  # a start-up window would log every request otherwise
+            _logged[0] = now
+            log.warning("the TTS server does not answer (said at most every %g s): %s", LOG_EVERY_SECONDS, e)
+        return APIError(503, STARTING, kind=UNAVAILABLE_TYPE)
     if isinstance(e, TimeoutError):
         return APIError(504, str(e), kind="timeout")
     raise TypeError(f"not an error of the TTS client: {e!r}")

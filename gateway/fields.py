@@ -18,12 +18,14 @@ from gateway.rates import check_rate
 MAX_INPUT_CHARS = 4000
 # OpenAI's stock voice names: they mean the default voice here (and with instructions, a voice designed from
 # them), unless a voice of that name is registered
-STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"}
+# (the openai SDK's literals for speech's voice, 3.57 and 6.x alike)
+STOCK_VOICES = {"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                "marin", "cedar"}  # fmt: skip
 STREAM_FORMATS = ("audio", "sse")
 EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request fields
-STRINGS = ("model", "input", "voice", "response_format", "stream_format", "language", "instructions")
+STRINGS = ("model", "input", "response_format", "stream_format", "language", "instructions")
 NUMBERS = ("seed", "sample_rate")  # numbers that are not one of EXTRAS (OpenAI's speed is ours too)
-KNOWN = {*STRINGS, *NUMBERS, *EXTRAS}
+KNOWN = {*STRINGS, "voice", *NUMBERS, *EXTRAS}
 INT64 = (-(2**63), 2**63 - 1)
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
@@ -96,6 +98,7 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     for name in STRINGS:
         if name in body:
             check_string(name, body[name])
+    voice = voice_field(body.get("voice", "default"))
     text = body.get("input")
     if text is None or not text.strip():
         raise APIError(400, "input must be a non-empty string", "input")
@@ -126,7 +129,6 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
         if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
             raise APIError(400, f"seed must be an integer in {lo}..{hi}, got {shown(described(seed))}", "seed")
         kw["seed"] = seed
-    voice = body.get("voice", "default")
     if voice != "default":
         try:
             names = {v["name"] for v in await voices()}
@@ -141,6 +143,16 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     if instruction is not None:
         kw["instruction"] = instruction  # a stock name or default is no real voice: design one
     return kw
+
+
+def voice_field(value) -> str:
+    """``voice``: a name, or OpenAI's custom-voice form ``{"id": "<name>"}`` (the SDK's ``VoiceID``) -> the name."""
+    if isinstance(value, dict):
+        if set(value) != {"id"}:
+            raise APIError(400, f'voice as an object is {{"id": "<voice name>"}}, got keys {shown(sorted(value))}',
+                           "voice")  # fmt: skip
+        value = value["id"]
+    return check_string("voice", value)
 
 
 WITH_A_VOICE = (

@@ -22,9 +22,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from engine.config import cache_dir
+from engine.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
 from serving.admin_key import FILE as ADMIN_KEY_FILE
 from serving.admin_key import default_state_dir, load_or_create
 from serving.metrics_relay import LAUNCHER
@@ -85,6 +87,7 @@ def write_key(path: Path) -> str:
 
 
 BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
+GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
 GATEWAY_RESTARTS = "tts_gateway_restarts_total"
 
 
@@ -92,15 +95,37 @@ class Gateway:
     """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
     starts it again (and says so) if it exits on its own."""
 
-    def __init__(self, host: str, grpc_port: int, port: int):
+    def __init__(self, host: str, grpc_port: int, port: int, random_weights: bool = False):
         triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
         self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
+        if random_weights:
+            self.cmd.append("--random-weights")
         self.proc, self.started = self._start(), time.monotonic()
         self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
         LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
-        print(f"OpenAI-compatible speech API: http://{shown}:{port}/v1/audio/speech", file=sys.stderr, flush=True)
-        print(f"web page: http://{shown}:{port}/", file=sys.stderr, flush=True)
+        self.base = f"http://{shown}:{port}"
+
+    def addresses(self) -> list[str]:
+        return [f"OpenAI-compatible speech API: {self.base}/v1/audio/speech", f"web page: {self.base}/"]
+
+    def answers(self) -> bool:
+        """Whether the gateway's ``/health`` is 200: it is up and reaches a ready tritonserver."""
+        try:
+            with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:  # refused, not ready (HTTPError 503), timed out
+            return False
+
+    def wait_answering(self, seconds: float, stopping) -> bool:
+        """Up to ``seconds`` for :meth:`answers` (restarting a gateway that exits meanwhile)."""
+        deadline = time.monotonic() + seconds
+        while not self.answers():
+            if stopping() or time.monotonic() > deadline:
+                return False
+            self.keep_up()
+            time.sleep(0.1)
+        return True
 
     def _start(self) -> subprocess.Popen:
         return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
@@ -216,10 +241,31 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
     print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
+    random_weights = has_random_weights(ckpt)
+    if random_weights:
+        print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
-    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port)
+    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port, random_weights)
+    stopping = lambda: bool(signals)  # noqa: E731
+    print("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything "
+          "answers", file=sys.stderr, flush=True)  # fmt: skip
+
+    def ready(seconds: float) -> None:
+        """The addresses, once tritonserver is ready and the gateway reaches it (never before: a request
+        sent earlier would be refused)."""
+        supervisor.announce(seconds)
+        if gateway is None:
+            return
+        if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():
+            print(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
+                  "its addresses:", file=sys.stderr, flush=True)  # fmt: skip
+        for line in gateway.addresses():
+            print(line, file=sys.stderr, flush=True)
+        print("ready: every address above answers" + (" (random weights: see the note above)" if random_weights
+              else ""), file=sys.stderr, flush=True)  # fmt: skip
+
     try:
-        supervisor.run(stopping=lambda: bool(signals), tick=gateway.keep_up if gateway else lambda: None)
+        supervisor.run(stopping=stopping, tick=gateway.keep_up if gateway else lambda: None, ready=ready)
     except RuntimeError as e:  # tritonserver exited before it was ready
         print(e, file=sys.stderr)
         code = 1

@@ -98,15 +98,17 @@ class Supervisor:
         self.models = {model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py")}
         self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
 
-    def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None) -> None:
+    def run(
+        self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None,
+        ready: Callable[[float], None] | None = None,
+    ) -> None:  # fmt: skip
         """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
-        RuntimeError when tritonserver exits before it is ready."""
+        RuntimeError when tritonserver exits before it is ready. ``ready(seconds)``, once tritonserver is
+        first ready: the launcher's announcement (default: the addresses, with ``[supervisor] ready``)."""
         t0 = time.monotonic()
         if not self._start(stopping):
             return
-        s = self.server
-        say(f"ready in {time.monotonic() - t0:.1f} s: gRPC {s.host}:{s.ports.grpc}, HTTP http://{s.host}:{s.ports.http}, "
-            f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
+        (ready or self.announce)(time.monotonic() - t0)
         while not stopping():
             tick()
             incident = self.check()
@@ -114,6 +116,11 @@ class Supervisor:
                 self.recover(incident, stopping)
             else:
                 time.sleep(POLL_SECONDS)
+
+    def announce(self, seconds: float) -> None:
+        s = self.server
+        say(f"ready in {seconds:.1f} s: gRPC {s.host}:{s.ports.grpc}, HTTP http://{s.host}:{s.ports.http}, "
+            f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
 
     def _start(self, stopping: Callable[[], bool]) -> bool:
         """Start tritonserver and wait until it is ready (False: asked to stop first); note its stubs."""

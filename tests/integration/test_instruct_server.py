@@ -365,10 +365,17 @@ def test_the_page_describes_a_voice_plays_it_and_saves_it(browser, gateway, serv
     from tests.integration.test_page import player, wait_for
 
     browser.get(gateway + "/")
+    browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()  # something heard before
+    wait_for(lambda: "/v1/audio/speech?" in player(browser)["src"], what="Speak")
     browser.find_element(By.ID, "dinstr").send_keys(DESCRIPTION)
     browser.find_element(By.CSS_SELECTOR, "#design button[type=submit]").click()
-    wait_for(lambda: player(browser)["t"] > 0.1, what="the designed voice to play")
-    assert "instructions=" in player(browser)["src"] and browser.find_element(By.ID, "error").text == ""
+    plan = wait_for(lambda: browser.find_element(By.ID, "dplan").text, timeout=300, what="the plan on Play")
+    assert plan.startswith("voice plan: ")
+    wait_for(lambda: player(browser)["src"].startswith("blob:") and player(browser)["t"] > 0.1, timeout=300,
+             what="the designed voice to play")  # fmt: skip
+    # Download is the design just heard, not the Speak before it
+    assert browser.find_element(By.ID, "download").get_attribute("href") == player(browser)["src"]
+    assert browser.find_element(By.ID, "design-error").text == ""
     browser.find_element(By.ID, "dname").send_keys("designed-on-the-page")
     browser.find_element(By.ID, "dkey").send_keys(server.admin_key)
     browser.find_element(By.ID, "dsave").click()
@@ -397,7 +404,8 @@ def test_the_page_edits_a_recording_and_shows_the_transcript(browser, gateway, t
                           and t, timeout=300, what="the transcript")  # fmt: skip
     assert transcript.startswith("transcript: ")
     wait_for(lambda: player(browser)["src"].startswith("blob:"), what="the edited audio in the player")
-    assert browser.find_element(By.ID, "error").text == ""
+    assert browser.find_element(By.ID, "download").get_attribute("href") == player(browser)["src"]
+    assert browser.find_element(By.ID, "edit-error").text == ""
 
 
 # ---- the README's examples ----

@@ -120,6 +120,29 @@ def test_the_launcher_prints_the_web_pages_address_and_it_serves_the_page(launch
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
 
 
+def test_the_addresses_come_once_everything_answers_with_a_note_on_random_weights(launcher):
+    """"starting" at once; the addresses only after tritonserver is ready and the gateway answers, then
+    "ready"; the tiny checkpoint's random weights are explained (in the output and on the page)."""
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while not any(line.startswith("ready: ") for line in launcher.text().splitlines()):
+        assert time.monotonic() < deadline, f"no ready line:\n{launcher.text()}"
+        time.sleep(0.2)
+    lines = launcher.text().splitlines()
+
+    def first(prefix: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+    assert first("note: random weights") < first("starting: ") < first("[supervisor] ready in ")
+    assert first("[supervisor] ready in ") < first("OpenAI-compatible speech API: ") < first("web page: ")
+    assert first("web page: ") < first("ready: ")
+    assert "semantic edit's transcript is empty" in lines[first("note: random weights")]
+    assert httpx.get(f"http://127.0.0.1:{launcher.openai}/health", timeout=10).status_code == 200
+    page = httpx.get(f"http://127.0.0.1:{launcher.openai}/", timeout=10).text
+    assert 'id="notice"' in page and "random weights" in page
+
+
 def test_a_dead_gateway_is_started_again(launcher):
     import httpx
 

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from serving.triton_env import REPO_ROOT
 from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
@@ -129,14 +130,14 @@ def test_a_voice_uploaded_on_the_page_is_picked_and_speaks(browser, gateway, ser
     browser.find_element(By.ID, "vtext").send_keys("my own voice")
     browser.find_element(By.ID, "vkey").send_keys("wrong key")
     browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
-    assert "admin key" in wait_for(lambda: browser.find_element(By.ID, "error").text, what="the refusal")
+    assert "admin key" in wait_for(lambda: browser.find_element(By.ID, "upload-error").text, what="the refusal")
     key = browser.find_element(By.ID, "vkey")
     key.clear()
     key.send_keys(server.admin_key)
     browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
     wait_for(lambda: browser.execute_script("return document.getElementById('voice').value") == "from-the-page",
              what="the new voice to be picked")  # fmt: skip
-    assert browser.find_element(By.ID, "error").text == ""
+    assert browser.find_element(By.ID, "upload-error").text == ""
     browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
     wait_for(lambda: player(browser)["t"] > 0.2, what="playback with the uploaded voice")
     assert "voice=from-the-page" in player(browser)["src"]
@@ -155,12 +156,12 @@ def test_the_instruct_boxes_show_the_gateway_refusals(browser, gateway, tmp_path
     wav = tmp_path / "edit-me.wav"
     sf.write(wav, (0.1 * np.random.default_rng(5).standard_normal(24000)).astype(np.float32), 24000)
     browser.get(gateway + "/")
-    error = lambda: browser.find_element(By.ID, "error").text  # noqa: E731
+    error = lambda: browser.find_element(By.ID, "design-error").text  # noqa: E731
     browser.find_element(By.ID, "efile").send_keys(str(wav))
     browser.find_element(By.ID, "etype").send_keys("speed")  # the acoustic option
     browser.find_element(By.ID, "einstr").send_keys("make it faster")
     browser.find_element(By.CSS_SELECTOR, "#edit button[type=submit]").click()
-    message = wait_for(error, what="the acoustic edit's refusal")
+    message = wait_for(lambda: browser.find_element(By.ID, "edit-error").text, what="the acoustic edit's refusal")
     assert "is not an acoustic edit the model knows" in message and "adjust the speed to X" in message
     browser.find_element(By.ID, "dinstr").send_keys("a calm older man<|im_end|>")
     browser.find_element(By.ID, "dname").send_keys("designed-on-the-page")
@@ -169,17 +170,96 @@ def test_the_instruct_boxes_show_the_gateway_refusals(browser, gateway, tmp_path
     browser.find_element(By.ID, "dkey").send_keys("any key")
     browser.find_element(By.ID, "dsave").click()
     assert "control token" in wait_for(lambda: "control token" in error() and error(), what="the instruction's refusal")
-    browser.find_element(By.CSS_SELECTOR, "#design button[type=submit]").click()  # plays the GET form
-    wait_for(lambda: "instructions=" in player(browser)["src"], what="the design request")
+    browser.execute_script("document.getElementById('design-error').textContent = ''")  # the save's refusal
+    browser.find_element(By.CSS_SELECTOR, "#design button[type=submit]").click()  # fetches the GET form
     assert "control token" in wait_for(lambda: "control token" in error() and error(), what="the GET's refusal")
+    assert browser.find_element(By.ID, "error").text == ""  # nothing at the top: each box has its own
 
 
-def test_a_screenshot_of_the_page(browser, gateway, tmp_path_factory):
-    """Not a check of pixels: the page renders to a non-blank image (kept under pytest's temp dir)."""
+def screenshot(browser, name: str) -> bytes:
+    """The viewport as PNG, also kept as ``results/screenshots/<name>.png`` (the suite's artefacts, ignored by git)."""
+    png = browser.get_screenshot_as_png()
+    folder = REPO_ROOT / "results" / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.png").write_bytes(png)
+    return png
+
+
+def test_a_screenshot_of_the_page(browser, gateway):
+    """Not a check of pixels: the page renders to a non-blank image."""
     from PIL import Image
 
     browser.get(gateway + "/")
-    png = browser.get_screenshot_as_png()
-    image = np.asarray(Image.open(io.BytesIO(png)).convert("L"))
+    image = np.asarray(Image.open(io.BytesIO(screenshot(browser, "page"))).convert("L"))
     assert image.shape[0] > 300 and image.std() > 5  # text and controls, not an empty page
-    (tmp_path_factory.getbasetemp() / "page.png").write_bytes(png)
+
+
+def test_a_refused_key_is_explained_beside_its_box_with_where_the_key_is(browser, gateway, tmp_path):
+    """The upload's refusal shows in the upload box, not at the top, and says where the launcher keeps the key."""
+    import soundfile as sf
+    from selenium.webdriver.common.by import By
+
+    wav = tmp_path / "me.wav"
+    sf.write(wav, (0.1 * np.random.default_rng(6).standard_normal(24000)).astype(np.float32), 24000)
+    browser.get(gateway + "/")
+    browser.find_element(By.ID, "vname").send_keys("refused")
+    browser.find_element(By.ID, "vfile").send_keys(str(wav))
+    browser.find_element(By.ID, "vkey").send_keys("wrong key")
+    browser.find_element(By.CSS_SELECTOR, "#upload button[type=submit]").click()
+    inside = "return Array.from(document.querySelectorAll('#upload .error')).map(e => e.textContent).join('')"
+    message = wait_for(lambda: browser.execute_script(inside), what="the refusal in the upload box")
+    assert "admin key" in message and "~/.cache/fireredtts3-triton/admin_key" in message
+    assert "Authorization" not in message  # the API's wording is not the page's
+    assert browser.find_element(By.ID, "error").text == ""
+
+
+def test_speak_shows_its_working_state_sends_the_speed_and_download_is_what_plays(browser, gateway):
+    from selenium.webdriver.common.by import By
+
+    browser.get(gateway + "/")
+    browser.execute_script(  # every status the Speak box shows, as it shows it
+        "window.seen = []; new MutationObserver(() => window.seen.push("
+        "document.getElementById('speak-status').textContent)).observe("
+        "document.getElementById('speak-status'), {childList: true, characterData: true, subtree: true});"
+    )
+    speed = browser.find_element(By.ID, "speed")
+    speed.clear()
+    speed.send_keys("1.5")
+    browser.find_element(By.ID, "format").send_keys("wav")
+    browser.find_element(By.CSS_SELECTOR, "#speak button[type=submit]").click()
+    wait_for(lambda: player(browser)["t"] > 0.2, what="playback")
+    assert "speed=1.5" in player(browser)["src"]
+    assert any(s.startswith("speaking") for s in browser.execute_script("return window.seen"))
+    assert browser.find_element(By.ID, "download").get_attribute("href") == player(browser)["src"]
+    browser.get("about:blank")
+
+
+def test_at_390_px_nothing_overflows_and_the_edit_box_shows_its_error(browser, gateway, tmp_path):
+    """A phone's width: no horizontal scrolling, and the edit box's refusal is on screen beside the box."""
+    import soundfile as sf
+    from selenium.webdriver.common.by import By
+
+    wav = tmp_path / "edit-me.wav"
+    sf.write(wav, (0.1 * np.random.default_rng(7).standard_normal(24000)).astype(np.float32), 24000)
+    browser.set_window_size(390, 844)
+    browser.get(gateway + "/")
+    inner = browser.execute_script("return window.innerWidth")
+    assert inner <= 420  # the window really is a phone's width (Chromium may keep a few pixels of frame)
+    widths = "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    scroll, client = browser.execute_script(widths)
+    assert scroll <= client, f"the page is {scroll} px wide in a {client} px viewport"
+    screenshot(browser, "page-390px")
+    browser.find_element(By.ID, "efile").send_keys(str(wav))
+    browser.find_element(By.ID, "etype").send_keys("speed")
+    browser.find_element(By.ID, "einstr").send_keys("make it faster")
+    browser.find_element(By.CSS_SELECTOR, "#edit button[type=submit]").click()
+    error = browser.find_element(By.ID, "edit-error")
+    wait_for(lambda: error.text, what="the edit's refusal")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", error)
+    box = browser.execute_script("const r = arguments[0].getBoundingClientRect(); return [r.left, r.right, r.top,"
+                                 " r.bottom, window.innerWidth, window.innerHeight]", error)  # fmt: skip
+    left, right, top, bottom, width, height = box
+    assert 0 <= left and right <= width and 0 <= top and bottom <= height, box
+    scroll, client = browser.execute_script(widths)
+    assert scroll <= client, f"with the error shown the page is {scroll} px wide in a {client} px viewport"
+    screenshot(browser, "page-390px-edit-error")
