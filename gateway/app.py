@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.aio import AsyncTTSClient
 from client.request import TTSError
 from client.voices import VoiceClient
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
-from gateway.errors import UNAVAILABLE_TYPE, APIError, from_tts_error
+from gateway.errors import UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, design_voice
 from gateway.streaming import stream_response
@@ -39,6 +41,14 @@ def create_app(triton: str, timeout: float = 60.0, body_timeout: float = BODY_TI
     @app.exception_handler(APIError)
     async def api_error(_request, e: APIError):
         return e.response()
+
+    @app.exception_handler(StarletteHTTPException)  # Starlette's own: too many form fields, unknown route, ...
+    async def http_error(_request, e: StarletteHTTPException):
+        return from_http_error(e.status_code, str(e.detail), e.headers).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, e: RequestValidationError):
+        return from_http_error(422, str(e.errors())).response()
 
     decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
     add_page_routes(app, tts)
