@@ -333,10 +333,15 @@ def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
     assert before.size and np.array_equal(before, after)
 
 
-def test_a_design_with_a_wrong_key_registers_nothing(gateway):
+def test_a_design_with_a_wrong_key_registers_nothing(server, gateway):
+    def designs() -> float:  # tts requests so far: a design is one
+        return sum(v for k, v in server.metrics(("tts_requests_total",)).items())
+
     body = {"name": "not-mine", "instructions": DESCRIPTION, "text": "Hello.", "max_patches": 6}
+    before = designs()
     r = httpx.post(f"{gateway}/v1/audio/voices", json=body, headers={"Authorization": "Bearer wrong"}, timeout=300)
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", r.text
+    assert designs() == before  # the key is checked before the design runs
     names = [v["name"] for v in httpx.get(f"{gateway}/v1/audio/voices", timeout=30).json()["voices"]]
     assert "not-mine" not in names
 
