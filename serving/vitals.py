@@ -15,10 +15,10 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   within ``stall_seconds``, or tritonserver is wedged.
 
 - **leak**: admission places held (serving.admission: requests admitted and not yet answered) at every
-  poll while no model executes anything for ``stall_seconds``: requests that nothing will ever answer (a
-  BLS call Triton dropped), which hold their places for good and refuse everyone once they fill the gate.
-  Every admitted request is either waiting for a model that is executing, or queued where the progress
-  rule sees it.
+  poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
+  requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
+  and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
+  is executing, or queued where the progress rule sees it.
 
 A poll long after the one before (``pause_seconds``; normally POLL_SECONDS plus a metrics read) means the
 supervisor, or the whole machine, was paused: the processes it watches were most likely paused with it,
@@ -163,8 +163,8 @@ class Vitals:
     def _leak(self, seen: Observation) -> Incident | None:
         if not self.stall_seconds or seen.metrics is None:
             return None
-        if seen.held <= 0:
-            self._held = None
+        if seen.held <= 0 or any(v > 0 for v in seen.metrics.get(PENDING, {}).values()):
+            self._held = None  # nothing held, or requests queued: the progress rule watches those
             return None
         executed = sum(seen.metrics.get(EXECUTED, {}).values())
         if self._held is None or self._held[0] != executed:

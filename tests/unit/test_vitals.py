@@ -208,6 +208,13 @@ def test_places_held_while_any_model_executes_are_no_leak():
     assert run.run(120.0) is None
 
 
+def test_places_held_behind_queued_requests_are_the_progress_rules():
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held, run.pending["generator"] = 4, 1  # a wedged generator: a stall, not a leak
+    incident = run.run(40.0)
+    assert incident is not None and incident.model == "generator" and "(stalled)" in incident.how
+
+
 def test_the_leak_timer_restarts_when_the_places_are_given_back():
     run = Run(Vitals(MODELS, stall_seconds=30.0))
     run.held = 1
