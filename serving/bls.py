@@ -169,7 +169,8 @@ class ResponseStream:
                 if lost():
                     raise StreamFailed(UNAVAILABLE + LOST) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
+                    # unavailable: the stream went astray in the server (Triton dropped it unanswered); a retry may work
+                    raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry") from None
         self.pending = None
         return response
 
