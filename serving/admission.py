@@ -75,6 +75,14 @@ class Admission:
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
+    def clear(self) -> None:
+        """Set this model's count to 0 (at its start: a count left by a server that died is void)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            struct.pack_into("<q", self.map, 8 * self.index, 0)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
     def busy_message(self) -> str:
         held = self.total()
         return f"server busy: {held} requests are running or waiting (limit {self.capacity}); retry shortly"

@@ -31,6 +31,7 @@ class GeneratorSlots:
 
     def __init__(self, board: str | Path, model: str, slots: int):
         self.gate = Admission(board, model, slots, file=FILE)
+        self.gate.clear()  # one instance per model: slots a dead server held are nobody's (no deadlock on them)
         self.turn = asyncio.Lock()  # this process's waiters, first come first served
 
     async def take(self) -> None:

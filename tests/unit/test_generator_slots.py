@@ -33,8 +33,9 @@ def test_slots_are_shared_across_senders_and_come_back(tmp_path):
         with pytest.raises(asyncio.CancelledError):
             await waiting
         tts.give_back()
-        tts.give_back()
-        assert tts.held() == 0
+        assert tts.held() == 1
+        assert GeneratorSlots(tmp_path, "ensemble_generator", 2).held() == 1  # a new one keeps tts's slot
+        assert GeneratorSlots(tmp_path, "tts", 2).held() == 0  # a restarted tts: what the old one held is void
 
     asyncio.run(main())
 
