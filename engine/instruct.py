@@ -56,8 +56,9 @@ def check_edit_patches(patches: int) -> None:
     on the user's file, in samples at its rate (:func:`check_edit_length`): padding is ours, never the user's."""
     most = -(-int(instructions.MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES)
     if patches > most:
-        raise ValueError(f"the recording is {patches} patches ({patches * PATCH_SAMPLES / SAMPLE_RATE:.2f} s padded); an "
-                         f"edit takes at most {instructions.MAX_EDIT_SECONDS:g} s ({most} patches)")  # fmt: skip
+        padded = patches * PATCH_SAMPLES / SAMPLE_RATE
+        raise ValueError(f"the recording is {patches} patches ({padded:.2f} s padded); an edit takes at most "
+                         f"{instructions.MAX_EDIT_SECONDS:g} s ({most} patches)")  # fmt: skip
 
 
 def check_edit_length(samples: int, sample_rate: int, field: str = "recording") -> None:

@@ -169,8 +169,9 @@ class ResponseStream:
                 if lost():
                     raise StreamFailed(UNAVAILABLE + LOST) from None
                 if time.monotonic() > deadline:
-                    # unavailable: the stream went astray in the server (Triton dropped it unanswered); a retry may work
-                    raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry") from None
+                    # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
+                    late = f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry"
+                    raise TimeoutError(late) from None
         self.pending = None
         return response
 
@@ -200,7 +201,9 @@ NO_PROMPT = {
 class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, cancels: CancelBoard, model: str = "generator", slots: GeneratorSlots | None = None):
+    def __init__(
+        self, bls: BLS, cancels: CancelBoard, model: str = "generator", slots: GeneratorSlots | None = None
+    ):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.auth.Keys.generator_model);
         ``slots``: the generator's slots, one taken before a stream is sent (serving.generator_slots)."""
         self.bls, self.cancels, self.model, self.slots = bls, cancels, model, slots
@@ -266,8 +269,10 @@ class BLSGenerator:
             lost = self.cancels.consume_lost(stream_id)
             if lost or time.monotonic() > deadline:
                 unlinger(started)
-                why = LOST if lost else f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
-                raise StreamFailed(UNAVAILABLE + why)
+                if not lost:  # should the generator ever step it, it ends it at once
+                    self.cancels.mark(stream_id)
+                late = f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
+                raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
         return started.result()
 
     async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:

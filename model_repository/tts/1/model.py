@@ -54,8 +54,9 @@ class TritonPythonModel:
         self.waits = Waits("tts")
         bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters())
         cancels = CancelBoard(opts.cancel_dir or None)
-        slots = GeneratorSlots(cancels.dir, "tts", opts.slots)  # streams wait here, never in Triton's queue
-        self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels, keys.generator_model, slots), BLSVocoder(bls),
+        generator = BLSGenerator(bls, cancels, keys.generator_model,
+                                 GeneratorSlots(cancels.dir, "tts", opts.slots))  # streams wait here, not in Triton
+        self.orchestrator = Orchestrator(BLSPrompts(bls), generator, BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
