@@ -56,6 +56,10 @@ class VoiceClient:
     def remove(self, name: str) -> dict:
         return self._call("remove", name=name)
 
+    def check_key(self) -> None:
+        """Whether the server takes this client's admin key: an error (TTSError) if not, nothing done."""
+        self._call("check")
+
     def _call(self, action, name=None, audio=None, sample_rate=None, text=None):
         if self.protocol == "grpc":
             import tritonclient.grpc as tc

@@ -15,7 +15,7 @@ from engine.chatml import acoustic_edit_chatml, clone_chatml, design_chatml, sem
 from engine.checkpoint import PARTS, Models, load_models, precision_policy
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, SAMPLES_PER_LATENT
 from engine.generator import Generator, InstructInput
-from engine.instruct import DEFAULTS, EDITS, Task, check_edit_length
+from engine.instruct import DEFAULTS, EDITS, Task, check_edit_patches
 from engine.kv_cache import PAGE_SIZE, PagedCache, capacity_line, pages_for_memory
 from engine.layers.attention import select_attention
 from engine.models.campp import speaker_embedding
@@ -123,7 +123,7 @@ class FireRedTTS3:
             raise ValueError(f"the {task.value} task needs audio latents")
         patches = 0 if latents is None else latents.shape[0] // PATCH_SIZE
         if task in EDITS:
-            check_edit_length(patches * PATCH_SAMPLES, SAMPLE_RATE)
+            check_edit_patches(patches)
         if task is Task.DESIGN:
             chatml, fill = design_chatml(instruction, text), {}
         elif task is Task.CLONE:

@@ -16,6 +16,8 @@ import enum
 from dataclasses import dataclass
 
 from engine import instructions
+from engine.config import PATCH_SAMPLES
+from engine.protocol import SAMPLE_RATE
 from engine.text_sampling import DESIGN_SAMPLING, EDIT_SAMPLING, TextSampling
 
 
@@ -46,6 +48,17 @@ DEFAULTS: dict[Task, TaskDefaults] = {
     for t in Task
 }
 EDITS = tuple(Task(t) for t in instructions.EDITS)
+
+
+def check_edit_patches(patches: int) -> None:
+    """ValueError when latents of a recording to edit are more patches than the longest recording fills once
+    left-padded to whole patches (30 s: 187.5 patches, padded to 188). The recording's own limit is measured
+    on the user's file, in samples at its rate (:func:`check_edit_length`): padding is ours, never the user's."""
+    most = -(-int(instructions.MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES)
+    if patches > most:
+        padded = patches * PATCH_SAMPLES / SAMPLE_RATE
+        raise ValueError(f"the recording is {patches} patches ({padded:.2f} s padded); an edit takes at most "
+                         f"{instructions.MAX_EDIT_SECONDS:g} s ({most} patches)")  # fmt: skip
 
 
 def check_edit_length(samples: int, sample_rate: int, field: str = "recording") -> None:

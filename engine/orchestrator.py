@@ -136,6 +136,14 @@ def linger(coro) -> asyncio.Task:
     return task
 
 
+def unlinger(task: asyncio.Task) -> None:
+    """Stop waiting for ``task`` at the end of this request (one that will never end: a BLS call Triton
+    dropped); it stays alive, and referenced, until it ends."""
+    tasks = LINGERING.get()
+    if tasks is not None:
+        tasks.discard(task)
+
+
 def new_stream_id() -> int:
     """Random 63-bit ids: unguessable, never 0, and far from Triton's own sequence ids."""
     return secrets.randbits(63) | 1

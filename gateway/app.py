@@ -15,7 +15,9 @@ import uuid
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from client.aio import AsyncTTSClient
 from client.request import TTSError
@@ -23,7 +25,7 @@ from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
-from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_tts_error
+from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.streaming import stream_response
@@ -49,6 +51,14 @@ def create_app(
         return e.response()
 
     app.add_middleware(RequestIdMiddleware)
+    @app.exception_handler(StarletteHTTPException)  # Starlette's own: too many form fields, unknown route, ...
+    async def http_error(_request, e: StarletteHTTPException):
+        return from_http_error(e.status_code, str(e.detail), e.headers).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, e: RequestValidationError):
+        return from_http_error(422, str(e.errors())).response()
+
     decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
     add_page_routes(app, tts, RANDOM_WEIGHTS_NOTE if random_weights else None)
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)

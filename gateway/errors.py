@@ -37,15 +37,16 @@ class APIError(Exception):
 
     def __init__(
         self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-        close: bool = False,
+        close: bool = False, headers: dict[str, str] | None = None,
     ):  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
         self.close = close  # end the connection after answering (the rest of the request body is unwanted)
+        self.headers = dict(headers or {})  # more headers of the answer (Allow for a 405)
 
     def response(self) -> Response:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if self.status == 503 else {}
+        headers = {**self.headers, **({"Retry-After": str(RETRY_AFTER_SECONDS)} if self.status == 503 else {})}
         if self.close:
             headers["Connection"] = "close"
         # ASCII JSON: a field name or value sent with a lone surrogate ("\ud800") cannot be encoded as UTF-8
@@ -68,3 +69,10 @@ def from_tts_error(e: Exception, param: str | None = None) -> APIError:
     if isinstance(e, TimeoutError):
         return APIError(504, str(e), kind="timeout")
     raise TypeError(f"not an error of the TTS client: {e!r}")
+
+
+def from_http_error(status: int, message: str, headers: dict[str, str] | None = None) -> APIError:
+    """An error the web framework raised itself (a multipart body with too many fields, an unknown route or
+    method, a body that does not validate) -> the same answer in OpenAI's shape."""
+    kind = {404: "not_found_error"}.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return APIError(status, message, kind=kind, headers=headers)

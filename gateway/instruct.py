@@ -83,6 +83,7 @@ async def design_voice(tts: AsyncTTSClient, voices: VoiceClient, fields: Mapping
     seed = seed_field(fields.get("seed"))
     plans: list[str] = []
     try:  # one segment: the sample is one take of the voice
+        await asyncio.to_thread(voices.check_key)  # the admin's key first: nobody else's design runs
         audio = await tts.synthesize(text, instruction=instruction, language=language, seed=seed,
                                      parameters={"split_tokens": 0, "max_patches": patches},
                                      on_plan=plans.append)  # fmt: skip

@@ -24,17 +24,22 @@ class Admission:
     """Places for ``model`` out of ``capacity`` shared with the other admitters (``model`` None: a reader
     that only asks whether the gate is full)."""
 
-    def __init__(self, board: str | Path, model: str | None, capacity: int):
+    def __init__(self, board: str | Path, model: str | None, capacity: int, file: str = _FILE, create: bool = True):
+        """``file``: the counters' file in ``board``; ``create`` False: FileNotFoundError until a model made it."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.index, self.capacity = (None if model is None else ADMITTERS.index(model)), capacity
-        self.fd = os.open(Path(board) / _FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = os.open(Path(board) / file, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            if os.fstat(self.fd).st_size < _SIZE:
+            short = os.fstat(self.fd).st_size < _SIZE
+            if short and create:
                 os.ftruncate(self.fd, _SIZE)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
+        if short and not create:
+            os.close(self.fd)
+            raise FileNotFoundError(f"{file} is not made yet")
         self.map = mmap.mmap(self.fd, _SIZE)
 
     def counts(self) -> tuple[int, ...]:
@@ -67,6 +72,14 @@ class Admission:
         try:
             own = self.counts()[self.index]
             struct.pack_into("<q", self.map, 8 * self.index, max(0, own - 1))
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def clear(self) -> None:
+        """Set this model's count to 0 (at its start: a count left by a server that died is void)."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            struct.pack_into("<q", self.map, 8 * self.index, 0)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 

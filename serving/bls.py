@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from engine.orchestrator import Segment, linger
+from engine.orchestrator import Segment, linger, unlinger
 from engine.protocol import KINDS, LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.cancel import CancelBoard
+from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
 from serving.triton_io import bls_error, chunk_tensors, read_chunk, tensors
 
@@ -167,7 +169,9 @@ class ResponseStream:
                 if lost():
                     raise StreamFailed(UNAVAILABLE + LOST) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.model} sent nothing for {self.bls.timeout:.0f} s") from None
+                    # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
+                    late = f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry"
+                    raise TimeoutError(late) from None
         self.pending = None
         return response
 
@@ -197,11 +201,28 @@ NO_PROMPT = {
 class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, cancels: CancelBoard, model: str = "generator"):
-        """``model``: the generator's name in Triton (a secret of the run: serving.auth.Keys.generator_model)."""
-        self.bls, self.cancels, self.model = bls, cancels, model
+    def __init__(
+        self, bls: BLS, cancels: CancelBoard, model: str = "generator", slots: GeneratorSlots | None = None
+    ):  # fmt: skip
+        """``model``: the generator's name in Triton (a secret of the run: serving.auth.Keys.generator_model);
+        ``slots``: the generator's slots, one taken before a stream is sent (serving.generator_slots)."""
+        self.bls, self.cancels, self.model, self.slots = bls, cancels, model, slots
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        if self.slots is None:
+            async with contextlib.aclosing(self._stream(segment)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        await self.slots.take()
+        try:
+            async with contextlib.aclosing(self._stream(segment)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self.slots.give_back()
+
+    async def _stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         pb, p = self.bls.pb, segment.params
         values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
         if segment.task:  # FireRedTTS3-Instruct
@@ -214,7 +235,7 @@ class BLSGenerator:
         )  # fmt: skip
         started = self.bls.submit(request, decoupled=True)
         try:
-            responses = ResponseStream(self.bls, "generator", await asyncio.shield(started))
+            responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started))
         except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
             linger(self._cancel_once_started(segment.stream_id, started, request))
             raise
@@ -233,6 +254,26 @@ class BLSGenerator:
         finally:
             if not ended:  # shielded: cut short, it would drop the request before its stream ended
                 await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
+
+    async def _started(self, stream_id: int, started: asyncio.Task):
+        """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
+        when the generator lost the stream first, or nothing came within the timeout: Triton dropped the
+        request (a failed reschedule, "must specify the START flag") and will never answer it, so its
+        BLS call stops holding up this request's final response (:data:`LINGERING`); the task itself
+        stays alive (engine.orchestrator keeps it), with the request whose tensors Triton might read."""
+        deadline = time.monotonic() + self.bls.timeout
+        while not started.done():
+            await asyncio.wait({started}, timeout=LOST_POLL_SECONDS)  # a cancelled caller leaves ``started`` be
+            if started.done():
+                break
+            lost = self.cancels.consume_lost(stream_id)
+            if lost or time.monotonic() > deadline:
+                unlinger(started)
+                if not lost:  # should the generator ever step it, it ends it at once
+                    self.cancels.mark(stream_id)
+                late = f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
+                raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
+        return started.result()
 
     async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:
         try:

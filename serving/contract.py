@@ -229,7 +229,7 @@ VOCODER_OUTPUTS = (
 
 # ---- voices (named voice management; max_batch_size 0) ----
 VOICES_INPUTS = (
-    Spec("ACTION", "TYPE_STRING", (1,), doc="add | list | remove"),
+    Spec("ACTION", "TYPE_STRING", (1,), doc="add | list | remove | check (the admin key only)"),
     Spec("NAME", "TYPE_STRING", (1,), True, "voice name, [A-Za-z0-9_-]{1,64}"),
     Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "with add: the reference clip"),
     Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),

@@ -14,6 +14,7 @@ import numpy as np
 from engine import instructions
 from engine.audio import check_reference
 from engine.chunking import ChunkSchedule
+from engine.frontend.cleaning import clean
 from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
 from engine.params import (
@@ -63,10 +64,17 @@ def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
 
 
 def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
+    """A text field (TEXT, REF_TEXT, PROMPT_TEXT), which the tokenizer reads as text: besides its size, no
+    control token of the tokenizer (``<|eot|>``, ``<|sosp|>``, ...: they would become special ids), as sent
+    or once the front end has cleaned it (cleaning strips a zero-width space inside one, and it re-forms).
+    The same rule as Instruct's (:func:`engine.instructions.control_token_error`)."""
     if not isinstance(text, str) or (required and not text.strip()):
         raise ValueError(f"{field} must be a non-empty string")
     if len(text) > limit:
         raise ValueError(f"{field} is {len(text)} characters; the limit is {limit} (split long texts)")
+    problem = instructions.control_token_error(text) or instructions.control_token_error(clean(text))
+    if problem:
+        raise ValueError(f"{field} {problem}")
     return text
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from serving.admission import Admission
 from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
 from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STALL_SECONDS, Incident, Observation, Vitals, samples
 
@@ -97,6 +98,7 @@ class Supervisor:
         self.flags = RunFlags(self.run_dir)
         self.models = {model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py")}
         self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
+        self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
     def run(
         self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None,
@@ -133,6 +135,7 @@ class Supervisor:
             time.sleep(0.25)
         self.stubs = find_stubs(self.server.model_repository)
         self.vitals.reset()
+        self.gate = None  # a new server makes a new one
         return True
 
     def check(self) -> Incident | None:
@@ -170,7 +173,16 @@ class Supervisor:
                 metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED))
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
-        return Observation(time.monotonic(), dict(self.stubs), beats, metrics)
+        return Observation(time.monotonic(), dict(self.stubs), beats, metrics, self._held())
+
+    def _held(self) -> int:
+        """Admission places held now (0 before the server made its gate)."""
+        if self.gate is None:
+            try:
+                self.gate = Admission(self.run_dir / "cancel", None, 1, create=False)
+            except FileNotFoundError:
+                return 0
+        return self.gate.total()
 
     def recover(self, incident: Incident, stopping: Callable[[], bool]) -> None:
         """Fail tts's requests with the incident's message, then replace the whole tritonserver; for a dead

@@ -14,6 +14,12 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   holding every generator slot for sequences that never run again. The metrics port itself must answer
   within ``stall_seconds``, or tritonserver is wedged.
 
+- **leak**: admission places held (serving.admission: requests admitted and not yet answered) at every
+  poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
+  requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
+  and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
+  is executing, or queued where the progress rule sees it.
+
 A poll long after the one before (``pause_seconds``; normally POLL_SECONDS plus a metrics read) means the
 supervisor, or the whole machine, was paused: the processes it watches were most likely paused with it,
 so every timer starts over at that poll instead of counting the gap.
@@ -83,6 +89,7 @@ class Observation:
     stubs: dict[int, str]  # pid -> model of the stubs it watches
     beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
     metrics: dict[str, dict[str, float]] | None  # samples() of PENDING and EXECUTED; None: no answer
+    held: int = 0  # admission places held (serving.admission), by every entry point together
 
 
 @dataclass
@@ -100,10 +107,12 @@ class Vitals:
     # model -> (its and its callees' execution counts, since when) while it has requests waiting
     _waiting: dict[str, tuple[tuple[float, ...], float]] = field(default_factory=dict)
     _answered: float | None = None  # when the metrics port last answered (or supervision began)
+    _held: tuple[float, float] | None = None  # (all models' execution count, since when) while places are held
 
     def reset(self) -> None:
         """Forget everything: a new tritonserver."""
         self.pause, self._last, self._beats, self._waiting, self._answered = 0.0, None, {}, {}, None
+        self._held = None
 
     def observe(self, seen: Observation) -> Incident | None:
         at = seen.at
@@ -113,7 +122,8 @@ class Vitals:
             self._beats = {pid: (mtime, at) for pid, (mtime, _) in self._beats.items()}
             self._waiting = {model: (counts, at) for model, (counts, _) in self._waiting.items()}
             self._answered = at if self._answered is not None else None
-        return self._heartbeats(seen) or self._progress(seen)
+            self._held = None if self._held is None else (self._held[0], at)
+        return self._heartbeats(seen) or self._progress(seen) or self._leak(seen)
 
     def _heartbeats(self, seen: Observation) -> Incident | None:
         self._beats = {pid: beat for pid, beat in self._beats.items() if pid in seen.stubs}
@@ -148,4 +158,18 @@ class Vitals:
             elif (stalled := seen.at - last[1]) >= self.stall_seconds:
                 how = f"requests waiting ({pending[model]:.0f}), no execution for {stalled:.1f} s (stalled)"
                 return Incident(model, how, dead=False)
+        return None
+
+    def _leak(self, seen: Observation) -> Incident | None:
+        if not self.stall_seconds or seen.metrics is None:
+            return None
+        if seen.held <= 0 or any(v > 0 for v in seen.metrics.get(PENDING, {}).values()):
+            self._held = None  # nothing held, or requests queued: the progress rule watches those
+            return None
+        executed = sum(seen.metrics.get(EXECUTED, {}).values())
+        if self._held is None or self._held[0] != executed:
+            self._held = (executed, seen.at)
+        elif (idle := seen.at - self._held[1]) >= self.stall_seconds:
+            how = f"{seen.held} admission places held while no model executed for {idle:.1f} s (requests lost)"
+            return Incident("tts", how, dead=False)
         return None

@@ -28,6 +28,9 @@ from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
 from serving.live_streams import GONE
 
 UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
+# A chunk the generator sealed is genuine: a stream it belongs to that is gone here was dropped by the server
+# (the generator gave it up, or this table reaped it), which is no fault of the client's.
+DROPPED = "the server dropped this stream before its end (a generator or vocoder fault); retry"
 
 
 @dataclass
@@ -64,11 +67,13 @@ class VocoderGuard:
             if sid in self.opened:
                 return Decision(False, error=ValueError(UNKNOWN))
             if self.live_streams.state(sid) == GONE:
-                return Decision(False, error=ValueError(UNKNOWN))
+                return Decision(False, error=Unavailable(DROPPED))
             if len(streams) + opening >= self.max_streams and not self._make_room(streams):
                 return Decision(False, error=Unavailable(f"the vocoder holds its maximum of {self.max_streams} "
                                                          "generating streams; retry shortly"))  # fmt: skip
             self.opened.add(sid)
+        elif sid not in self.next_seq and sid not in streams:  # a later chunk of a stream this table let go
+            return Decision(False, error=Unavailable(DROPPED))
         elif self.next_seq.get(sid) != chunk.seq or len(chunk.prompt_latents):
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.last:

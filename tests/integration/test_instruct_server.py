@@ -103,6 +103,21 @@ def test_a_semantic_edit_sends_the_new_transcript_first(server, protocol):
     assert plans_of(again) == plans_of(seen) and np.array_equal(audio_of(again), audio_of(seen))
 
 
+def test_an_edit_of_exactly_30_s_is_taken(server):
+    """30 s is measured on the user's file: exactly 30.0 s at 16 kHz pads to 188 whole patches (30.08 s), which
+    were refused as "30.1 s" after encoding; then a legitimate stream sounds as before it."""
+    before = design(client(server))
+    recording = (0.1 * np.random.default_rng(30).standard_normal(30 * RATE)).astype(np.float32)
+    seen = events(lambda on_plan: client(server).edit(recording, RATE, ACOUSTIC, "acoustic", parameters=SHORT,
+                                                      on_plan=on_plan))  # fmt: skip
+    assert audio_of(seen).size
+    with pytest.raises(InvalidRequest, match="30 s"):  # one sample more is over, at the front door
+        client(server).synthesize(None, ref_audio=np.append(recording, 0.0), ref_sample_rate=RATE, task="acoustic_edit",
+                                  instruction=ACOUSTIC, parameters=SHORT)  # fmt: skip
+    after = design(client(server))
+    assert plans_of(after) == plans_of(before) and np.array_equal(audio_of(after), audio_of(before))
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_an_acoustic_edit_has_no_plan(server, protocol):
     seen = edit(client(server, protocol), ACOUSTIC, "acoustic")
@@ -336,10 +351,15 @@ def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
     assert before.size and np.array_equal(before, after)
 
 
-def test_a_design_with_a_wrong_key_registers_nothing(gateway):
+def test_a_design_with_a_wrong_key_registers_nothing(server, gateway):
+    def designs() -> float:  # tts requests so far: a design is one
+        return sum(v for k, v in server.metrics(("tts_requests_total",)).items())
+
     body = {"name": "not-mine", "instructions": DESCRIPTION, "text": "Hello.", "max_patches": 6}
+    before = designs()
     r = httpx.post(f"{gateway}/v1/audio/voices", json=body, headers={"Authorization": "Bearer wrong"}, timeout=300)
     assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", r.text
+    assert designs() == before  # the key is checked before the design runs
     names = [v["name"] for v in httpx.get(f"{gateway}/v1/audio/voices", timeout=30).json()["voices"]]
     assert "not-mine" not in names
 

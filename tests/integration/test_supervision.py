@@ -214,6 +214,32 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     return clients
 
 
+def test_admission_places_held_with_nothing_running_are_an_incident(launcher):
+    """A request nothing will ever answer (Triton dropped its BLS call) holds its admission place with
+    nothing queued and nothing executing; readiness stayed 200 and the supervisor silent while such
+    places piled up (24 of 40 after a 10-minute soak). Here the place is taken from outside, as a lost
+    request held it: the leak rule replaces the server after --stall-seconds, which frees it."""
+    from serving.admission import Admission
+
+    log_start = len(launcher.text())
+    watch = ReadyWatch(launcher)
+    gate = Admission(launcher.run_dir / "cancel", "tts", 1000)
+    assert gate.enter()
+    t0 = time.monotonic()
+    try:
+        deadline = t0 + STALL + 30  # the rule's time, and polls and metrics reads on a busy machine
+        while not (incident := [line for line in launcher.text()[log_start:].splitlines()
+                                if "[supervisor] tts: " in line and "admission places held" in line]):  # fmt: skip
+            assert time.monotonic() < deadline, launcher.text()[log_start:]
+            time.sleep(0.5)
+        assert time.monotonic() - t0 >= STALL
+        back = check_recovered(launcher, "tts", t0, watch)
+        assert Admission(launcher.run_dir / "cancel", None, 1).total() == 0  # the new server's gate is empty
+        print(f"leak: {incident[0]}; serving again after {back:.1f} s")
+    finally:
+        watch.stop()
+
+
 def test_a_generator_that_executes_nothing_is_found_by_its_progress(launcher):
     """Requests wait for a generator whose stub beats on but which Triton never asks to execute: the
     progress rule (pending requests, no execution for --stall-seconds) replaces the server."""

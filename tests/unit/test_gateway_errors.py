@@ -123,3 +123,27 @@ def test_an_unreachable_server_is_503_with_retry_after(unreachable):
     ):
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"]["type"] == "service_unavailable"
+
+
+def openai_error(r, status: int, kind: str) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["type"] == kind and body["error"]["message"], body
+    return body["error"]
+
+
+def test_a_form_with_too_many_fields_is_an_openai_400(unreachable):
+    """Starlette's own refusals (here its 1,000-field limit on a form) come in OpenAI's shape too."""
+    form = "&".join(f"f{i}=x" for i in range(1001))
+    r = unreachable.post("/v1/audio/edits", content=form, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert "fields" in openai_error(r, 400, "invalid_request_error")["message"].lower()
+    r = unreachable.post("/v1/audio/edits", files={f"f{i}": (None, "x") for i in range(1001)})
+    assert "fields" in openai_error(r, 400, "invalid_request_error")["message"].lower()
+
+
+def test_unknown_routes_and_methods_are_openai_errors(unreachable):
+    openai_error(unreachable.get("/v1/nothing-here"), 404, "not_found_error")
+    r = unreachable.put("/v1/audio/speech", json={})
+    openai_error(r, 405, "invalid_request_error")
+    assert r.headers.get("allow")  # the methods it takes, as Starlette says them

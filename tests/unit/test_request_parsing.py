@@ -94,7 +94,10 @@ def test_text_and_language(text, language):
     else:  # absent or auto: detected later; otherwise the canonical spelling of a known name
         assert got is None if not (language or "").strip() or language.strip().lower() == "auto" else got in LANGUAGES + DIALECTS
         assert got is None or got.lower() == language.strip().lower()
-    assert check_text(text or "", "REF_TEXT", required=False) == (text or "")
+    try:
+        assert check_text(text or "", "REF_TEXT", required=False) == (text or "")
+    except ValueError as e:  # only for a control token, which an oracle apart from it finds
+        assert str(e).startswith("REF_TEXT ") and ("<|" in text or "|>" in text or "<" in text), e
 
 
 class FakeTensor:
@@ -191,3 +194,34 @@ def test_speed_reaches_the_utterance():
             assert str(e).startswith("parameter speed "), e
         else:
             raise AssertionError(f"speed {bad!r} was accepted")
+
+
+CONTROL_TOKENS = ["<|eot|>", "<|im_start|>", "<|sosp|>", "<|image_pad|>", "<think>"]
+
+
+@given(st.sampled_from(CONTROL_TOKENS), st.text(max_size=20), st.text(max_size=20), st.integers(0, 12))
+@FAST
+def test_text_fields_never_carry_a_control_token(token, before, after, cut):
+    """As sent, or hidden by a zero-width space that cleaning strips (the token re-forms): refused, naming
+    the field (Base TEXT and REF_TEXT, tts_ensemble's TEXT and PROMPT_TEXT all pass check_text)."""
+    cut = min(cut, len(token) - 1)
+    for text in (before + token + after, before + token[:cut] + "\u200b" + token[cut:] + after):
+        for field in ("TEXT", "REF_TEXT", "PROMPT_TEXT"):
+            try:
+                check_text(text, field, required=False)
+            except ValueError as e:
+                assert str(e).startswith(field) and ("control token" in str(e) or "characters" in str(e)), e
+            else:
+                raise AssertionError(f"accepted {text!r} as {field}")
+
+
+def test_build_request_refuses_control_tokens_in_text_and_ref_text():
+    clip = np.zeros(8000, np.float32)
+    for text, ref_text, field in [("Say <|eot|>", "", "TEXT"), ("Hi.", "a <|sos\u200bp|> b", "REF_TEXT")]:
+        try:
+            build_request(text, None, clip, 8000, ref_text, None, None, {"normalize": False})
+        except ValueError as e:
+            assert str(e).startswith(field), e
+        else:
+            raise AssertionError(f"accepted {text!r} / {ref_text!r}")
+    assert build_request("x < y | z", None, clip, 8000, "a|b", None, None, None)[0].text == "x < y | z"

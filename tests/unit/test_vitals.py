@@ -54,6 +54,7 @@ class Run:
         self.executed = {m: 0.0 for m in MODELS}
         self.busy: set[str] = set()  # models that execute between polls
         self.metrics_answer = True
+        self.held = 0  # admission places held
 
     def step(self, seconds: float | None = None) -> Incident | None:
         self.at += self.poll if seconds is None else seconds
@@ -63,7 +64,7 @@ class Run:
         for model in self.busy:
             self.executed[model] += 1
         metrics = {PENDING: dict(self.pending), EXECUTED: dict(self.executed)} if self.metrics_answer else None
-        return self.vitals.observe(Observation(self.at, dict(STUBS), dict(self.mtimes), metrics))
+        return self.vitals.observe(Observation(self.at, dict(STUBS), dict(self.mtimes), metrics, self.held))
 
     def run(self, seconds: float) -> Incident | None:
         """Poll for ``seconds``; the first incident (and when), or None."""
@@ -187,6 +188,41 @@ def test_a_pause_restarts_the_stall_timers():
     assert run.step(12.0) is None and vitals.pause == pytest.approx(12.0)
     assert run.run(9.5) is None
     assert run.run(1.0).model == "generator"
+
+
+def test_places_held_while_nothing_executes_are_a_leak():
+    """Requests Triton dropped hold their admission places with nothing queued anywhere (16 voice designs
+    on 8 slots: 8 places held for good, readiness 200, pending 0)."""
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held = 8
+    incident = run.run(40.0)
+    assert incident is not None and incident.model == "tts" and "8 admission places held" in incident.how
+    assert not incident.dead and run.at >= 1000.0 + 30.0
+
+
+def test_places_held_while_any_model_executes_are_no_leak():
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held, run.busy = 8, {"generator"}
+    assert run.run(120.0) is None
+    run.busy, run.held = set(), 0  # all answered: an idle server holds nothing
+    assert run.run(120.0) is None
+
+
+def test_places_held_behind_queued_requests_are_the_progress_rules():
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held, run.pending["generator"] = 4, 1  # a wedged generator: a stall, not a leak
+    incident = run.run(40.0)
+    assert incident is not None and incident.model == "generator" and "(stalled)" in incident.how
+
+
+def test_the_leak_timer_restarts_when_the_places_are_given_back():
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held = 1
+    assert run.run(20.0) is None
+    run.held = 0
+    assert run.step() is None
+    run.held = 1
+    assert run.run(20.0) is None
 
 
 def test_a_silent_metrics_port_is_a_wedged_tritonserver():

@@ -22,6 +22,7 @@ from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
 from serving.bls import BLS, BLSGenerator, Waits, watch
 from serving.cancel import CancelBoard
+from serving.generator_slots import GeneratorSlots
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
 from serving.run_folder import RunFlags, start_heartbeat
@@ -51,7 +52,8 @@ class TritonPythonModel:
         self.waits = Waits("ensemble")
         cancels = CancelBoard(opts.cancel_dir or None)
         bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, self.keys.parameters())
-        self.generator = BLSGenerator(bls, cancels, self.keys.generator_model)
+        slots = GeneratorSlots(cancels.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
+        self.generator = BLSGenerator(bls, cancels, self.keys.generator_model, slots)
         self.admission = Admission(cancels.dir, "ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),

@@ -17,6 +17,7 @@ from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
+from serving.generator_slots import GeneratorSlots
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
@@ -53,7 +54,9 @@ class TritonPythonModel:
         self.waits = Waits("tts")
         bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters())
         cancels = CancelBoard(opts.cancel_dir or None)
-        self.orchestrator = Orchestrator(BLSPrompts(bls), BLSGenerator(bls, cancels, keys.generator_model), BLSVocoder(bls),
+        generator = BLSGenerator(bls, cancels, keys.generator_model,
+                                 GeneratorSlots(cancels.dir, "tts", opts.slots))  # streams wait here, not in Triton
+        self.orchestrator = Orchestrator(BLSPrompts(bls), generator, BLSVocoder(bls),
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).

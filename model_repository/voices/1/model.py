@@ -59,10 +59,14 @@ class TritonPythonModel:
                 action = string(pb, r, "ACTION", "")
                 if action == "list":
                     result = [v.__dict__ for v in self.store.list()]
-                elif action in ("add", "remove"):
-                    refusal = self.keys.admin_refusal(r.parameters(), action)
+                elif action in ("add", "remove", "check"):
+                    refusal = self.keys.admin_refusal(r.parameters(), "add" if action == "check" else action)
                     if refusal:
                         raise Refused(refusal)
+                    if action == "check":  # the admin key, before a caller does costly work (a voice design)
+                        result = {"admin": True}
+                        out.append(pb.InferenceResponse([bytes_tensor(pb, "RESULT", json.dumps(result), batch=False)]))
+                        continue
                     name = check_name(string(pb, r, "NAME", ""))
                     if action == "add":
                         result = self._add(r, name)
@@ -71,7 +75,7 @@ class TritonPythonModel:
                     else:
                         raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
                 else:
-                    raise ValueError(f"ACTION must be add, list or remove, got {action!r}")
+                    raise ValueError(f"ACTION must be add, list, remove or check, got {action!r}")
                 out.append(pb.InferenceResponse([bytes_tensor(pb, "RESULT", json.dumps(result), batch=False)]))
             except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
                 out.append(error_response(pb, e))
