@@ -34,6 +34,10 @@ from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
 from serving.live_streams import GONE
 
 UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
+# An ended stream that a key-less request opened is dropped once idle this long: tts_ensemble feeds the
+# vocoder as the generator makes chunks, so its last chunk follows the generator's end within
+# milliseconds; a stranger's late replay of a kept chunk 0 holds state no longer than this.
+PUBLIC_ENDED_IDLE_SECONDS = 2.0
 
 
 @dataclass
@@ -111,12 +115,18 @@ class VocoderGuard:
         return False
 
     def reap(self, streams: dict, idle_seconds: float, now: float | None = None) -> list[int]:
-        """Drop streams off the board (their consumer is gone) and streams idle for ``idle_seconds``;
-        forget used ids off the board. Returns the streams dropped."""
+        """Drop streams off the board (their consumer is gone), streams idle for ``idle_seconds`` and ended
+        key-less ones idle for :data:`PUBLIC_ENDED_IDLE_SECONDS`; forget used ids off the board. Returns
+        the streams dropped."""
         now = time.monotonic() if now is None else now
         live, ended = self.live_streams.snapshot()
         held = live | ended
-        dead = [i for i, s in streams.items() if i not in held or now - s.last_seen > idle_seconds]
+
+        def public_and_over(i: int, idle: float) -> bool:
+            return i in ended and i not in self.ours and idle > PUBLIC_ENDED_IDLE_SECONDS
+
+        dead = [i for i, s in streams.items()
+                if i not in held or now - s.last_seen > idle_seconds or public_and_over(i, now - s.last_seen)]  # fmt: skip
         for i in dead:
             self.forget(i, streams)
         self.opened &= held

@@ -15,7 +15,7 @@ from serving.admission import Admission
 from serving.auth import Keys
 from serving.cancel import CancelBoard
 from serving.live_streams import UNCLAIMED_SECONDS, LiveStreams
-from serving.vocoder_guard import UNKNOWN, VocoderGuard
+from serving.vocoder_guard import PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
 
 KEYS = Keys("k" * 64)
 PROMPT = np.ones((4, 64), np.float32)
@@ -133,6 +133,11 @@ def test_ended_streams_of_key_less_consumers_give_way(world):
         assert feed(guard, streams, chunks(sid)[0]).decode  # key-less, late: opened (the table has room)
     assert feed(guard, streams, chunks(ids[3])[0], trusted=True).decode  # full: one of the stranger's gives way
     assert ids[3] in streams and len(streams) == 3
+    for sid in streams:
+        streams[sid] = Held(100.0)
+    assert guard.reap(streams, idle_seconds=60, now=100.0 + PUBLIC_ENDED_IDLE_SECONDS / 2) == []
+    assert sorted(guard.reap(streams, idle_seconds=60, now=100.0 + 2 * PUBLIC_ENDED_IDLE_SECONDS)) == sorted(ids[1:3])
+    assert list(streams) == [ids[3]]  # tts's stream, generating, stays
 
 
 def test_a_stream_ended_long_ago_decodes_until_its_own_end(world):

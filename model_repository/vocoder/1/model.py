@@ -79,7 +79,10 @@ class TritonPythonModel:
         """Each request is a batch of chunks (serving.vocoder_batch); all of them decode together."""
         parsed, sizes, opening = [], [], 0  # per chunk: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
-            items = self._read(r, opening)
+            try:
+                items = self._read(r, opening)
+            except Exception as e:  # never leave a request unanswered
+                items = [("", RuntimeError(f"vocoder: {e}"))] * max(1, _batch(r))
             opening += sum(not isinstance(c, tuple) and bool(len(c.prompt_latents)) for c in items)  # streams opened
             parsed += items
             sizes.append(len(items))
