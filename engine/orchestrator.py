@@ -222,7 +222,7 @@ class Orchestrator:
     async def _segment(self, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str, str | None]]:
         """(audio, "", None) per chunk of one stream, then (its last audio, finish reason, None); a plan
         chunk gives (empty, "", its text) and never reaches the vocoder."""
-        vocoder_open = False
+        vocoder_ended = False  # the vocoder has had the stream's end (its last chunk)
         chunks = self.generator.stream(segment)
         try:
             async for chunk in chunks:
@@ -232,7 +232,7 @@ class Orchestrator:
                     yield np.zeros(0, np.float32), "", chunk.text
                     continue
                 audio = await self.vocoder.decode(chunk)
-                vocoder_open = not chunk.last
+                vocoder_ended = chunk.last
                 if chunk.failed:
                     raise StreamFailed(chunk.finish_reason)
                 yield audio.reshape(-1), chunk.finish_reason if chunk.last else "", None
@@ -241,13 +241,15 @@ class Orchestrator:
             raise StreamFailed(ERROR + "the generator stream ended without a last chunk")
         finally:
             # shielded: a caller cancelled again (or twice) must not cut the cleanup short
-            await asyncio.shield(linger(self._close(chunks, segment.stream_id, vocoder_open)))
+            await asyncio.shield(linger(self._close(chunks, segment.stream_id, vocoder_ended)))
 
-    async def _close(self, chunks: AsyncIterator[Chunk], stream_id: int, vocoder_open: bool) -> None:
+    async def _close(self, chunks: AsyncIterator[Chunk], stream_id: int, vocoder_ended: bool) -> None:
         try:
             await chunks.aclose()  # cancels the generator stream unless it ended
         finally:
-            if vocoder_open:
+            # Even a stream the vocoder never opened: the vocoder keeps an issued stream openable until
+            # its end arrives, however late (serving.live_streams), so every stream's end goes there.
+            if not vocoder_ended:
                 await self.vocoder.decode(end_chunk(stream_id))
 
 

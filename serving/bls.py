@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from engine.orchestrator import Segment, linger, unlinger
-from engine.protocol import KINDS, LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.cancel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
-from serving.triton_io import bls_error, chunk_tensors, read_chunk, tensors
+from serving.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LOST_POLL_SECONDS = 0.25
@@ -302,20 +302,6 @@ class BLSGenerator:
             log.warning("stream %x: %s after it was cancelled", stream_id, e)
             return
         self.cancels.clear(stream_id)  # the stream is over; a mark it did not consume is obsolete
-
-
-class BLSVocoder:
-    def __init__(self, bls: BLS):
-        self.bls = bls
-
-    async def decode(self, chunk: Chunk) -> np.ndarray:
-        outputs = [s.name for s in contract.VOCODER_OUTPUTS]
-        out = await self.bls.call("vocoder", chunk_tensors(self.bls.pb, chunk, specs=contract.VOCODER_INPUTS), outputs,
-                                   decoupled=True)  # fmt: skip
-        reason = contract.text_of(out["FINISH_REASON"])
-        if reason.startswith(KINDS) and reason != chunk.finish_reason:
-            raise StreamFailed(reason)
-        return out["AUDIO"].reshape(-1)
 
 
 def _final(responses):

@@ -220,12 +220,18 @@ GENERATOR_OUTPUTS = (
          "which never goes to the vocoder: the text it wrote before it speaks"),
 )
 
-# ---- vocoder (dynamic batching, one instance, state per STREAM_ID) ----
+# ---- vocoder (decoupled, its own engine thread, one instance, state per STREAM_ID) ----
+# A request is a batch of 1..max_batch_size chunks (rows), one final response answers all of them: the
+# ensemble sends each generator response as it comes (1 row); tts sends the chunks of many streams that
+# are due together (serving.vocoder_batch), rows of equal LATENTS and PROMPT_LATENTS lengths.
 VOCODER_INPUTS = tuple(s for s in GENERATOR_OUTPUTS if s.name != "TEXT")  # plan text never reaches the vocoder
 VOCODER_OUTPUTS = (
-    Spec("AUDIO", "TYPE_FP32", (-1,), doc="samples finished by this chunk"),
-    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc="the chunk's FINISH_REASON, passed on"),
+    Spec("AUDIO", "TYPE_FP32", (-1,), doc="samples finished by this chunk, then zeros up to the batch's longest"),
+    Spec("FINISH_REASON", "TYPE_STRING", (1,), doc="the chunk's FINISH_REASON, passed on, or why it was refused"),
+    Spec("SAMPLES", "TYPE_INT32", (1,), doc="how many of the row's AUDIO values are the chunk's"),
 )
+# what tts_ensemble streams of the vocoder's outputs (a row is a whole chunk there: no SAMPLES)
+VOCODER_ENSEMBLE_OUTPUTS = tuple(s for s in VOCODER_OUTPUTS if s.name in {e.name for e in ENSEMBLE_OUTPUTS})
 
 # ---- voices (named voice management; max_batch_size 0) ----
 VOICES_INPUTS = (

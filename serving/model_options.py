@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, ClassVar, Self
 if TYPE_CHECKING:
     from serving.options import ServeOptions
 
-# The vocoder's stream table holds every stream the generator can hold, and room for streams ending
-# (their last chunks may still be on the way while new streams open).
+# The vocoder's stream table holds a stream for every request admission lets in (slots + max_queue: each
+# has at most one stream open at a time, generating or ended with its chunks still on their way through a
+# backlogged consumer), and room besides (a stream whose consumer died waits for reaping).
 VOCODER_SPARE_STREAMS = 64
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -78,12 +79,13 @@ class TTSOptions(ModelOptions, _Gate):
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
     models: str  # the release's models served (serving.served; empty: what the checkpoint holds)
+    vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
-                   models=opts.models)  # fmt: skip
+                   models=opts.models, vocoder_batch=opts.vocoder_batch)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class VocoderOptions(ModelOptions):
     device: str  # torch device of the decoder
     run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
     cancel_dir: str  # cancellation marks and the live stream list (serving.cancel); empty: its default
-    max_streams: int  # streams holding decoder state at once (slots + VOCODER_SPARE_STREAMS)
+    max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
     idle_seconds: int  # a stream without a chunk for this long is reclaimed
     batch: int  # chunks decoded together by the engine thread
     queue_delay_us: int  # how long the engine thread gathers chunks of several streams
@@ -163,7 +165,7 @@ class VocoderOptions(ModelOptions):
     @classmethod
     def of(cls, opts: ServeOptions) -> VocoderOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   max_streams=opts.slots + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
+                   max_streams=opts.slots + opts.queue + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
                    batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us,
                    public_steps=opts.ensemble, synthetic_math=opts.synthetic_math)  # fmt: skip
 

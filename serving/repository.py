@@ -125,7 +125,7 @@ def ensemble() -> str:
         _step("prompt_encoder", prompt_in, prompt_out),
         _step("ensemble_generator", gen_in, gen_out),
         _step("vocoder", {s.name: gen_out[s.name] for s in contract.VOCODER_INPUTS},
-              {s.name: s.name for s in contract.VOCODER_OUTPUTS}),
+              {s.name: s.name for s in contract.VOCODER_ENSEMBLE_OUTPUTS}),
     ]  # fmt: skip
     return (
         "# Rendered by serving.repository from serving/contract.py; edit those, not this file.\n"

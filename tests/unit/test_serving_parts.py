@@ -73,7 +73,7 @@ def test_queue_bound_and_sealing_reach_the_models():
     assert "tts_ensemble" not in sealed and "ensemble_generator" not in sealed
     for name in ("prompt_encoder", "vocoder"):
         assert _param(sealed[name], "public_steps") == "0"
-    assert _param(models["vocoder"], "max_streams") == str(3 + 64)
+    assert _param(models["vocoder"], "max_streams") == str(3 + 12 + 64)  # slots + queue + spare
     with pytest.raises(ValueError, match="max_queue"):
         ServeOptions(max_queue=-2)
     with pytest.raises(ValueError, match="sequence_idle_seconds"):

@@ -14,8 +14,8 @@ from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
 from serving.admission import Admission
 from serving.auth import Keys
 from serving.cancel import CancelBoard
-from serving.live_streams import GRACE_SECONDS, LiveStreams
-from serving.vocoder_guard import UNKNOWN, VocoderGuard
+from serving.live_streams import UNCLAIMED_SECONDS, LiveStreams
+from serving.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
 
 KEYS = Keys("k" * 64)
 PROMPT = np.ones((4, 64), np.float32)
@@ -106,20 +106,73 @@ def test_a_chunk_whose_client_left_ends_both_streams(world):
     assert sid not in streams and board.is_marked(sid)  # the generator ends it at its next step
 
 
-def test_the_table_makes_room_only_from_streams_the_generator_left(world):
+def test_the_table_makes_room_only_from_streams_off_the_board(world):
     board, live, guard = world
     ids = [KEYS.new_stream_id() for _ in range(5)]
     live.sync(set(ids[:3]), now=0.0)
     streams: dict = {}
     for sid in ids[:3]:
-        assert feed(guard, streams, chunks(sid)[0]).decode
+        assert feed(guard, streams, chunks(sid)[0], trusted=True).decode  # tts's
     live.sync(set(ids[:3]) | {ids[3]}, now=1.0)
     d = guard.decide(chunks(ids[3])[0], streams)  # full, and every stream is generating: busy, not evicted
     assert not d.decode and "maximum of 3" in str(d.error) and error_kind(tagged(d.error))[0] == "unavailable: "
-    live.sync({ids[1], ids[2], ids[3]}, now=2.0)  # ids[0] ended: its place can be taken
+    live.sync({ids[1], ids[2], ids[3]}, now=2.0)  # ids[0] ended, but its last chunk has not come: owed to tts
+    assert not guard.decide(chunks(ids[3])[0], streams).decode
+    live.claim(ids[0])  # as if its consumer had passed its end on: off the board, its place can be taken
     assert feed(guard, streams, chunks(ids[3])[0]).decode
     assert set(streams) == {ids[1], ids[2], ids[3]}
-    assert guard.decide(chunks(ids[4])[0], streams).error is not None  # ids[4] is not generating
+    assert guard.decide(chunks(ids[4])[0], streams).error is not None  # ids[4] was never issued
+
+
+def test_ended_streams_of_key_less_consumers_give_way(world):
+    """Anyone may call ensemble_generator and keep its sealed chunks: such streams, once ended, can be
+    opened late but never keep a place from a stream that is generating or owed to tts."""
+    board, live, guard = world
+    ids = [KEYS.new_stream_id() for _ in range(4)]
+    live.sync(set(ids), now=0.0)
+    live.sync({ids[3]}, now=1.0)  # a stranger's three streams ended; their chunks were kept back
+    streams: dict = {}
+    for sid in ids[:3]:
+        assert feed(guard, streams, chunks(sid)[0]).decode  # key-less, late: opened (the table has room)
+    assert feed(guard, streams, chunks(ids[3])[0], trusted=True).decode  # full: one of the stranger's gives way
+    assert ids[3] in streams and len(streams) == 3
+    for sid in streams:
+        streams[sid] = Held(100.0)
+    assert guard.reap(streams, idle_seconds=60, now=100.0 + PUBLIC_ENDED_IDLE_SECONDS / 2) == []
+    assert sorted(guard.reap(streams, idle_seconds=60, now=100.0 + 2 * PUBLIC_ENDED_IDLE_SECONDS)) == sorted(ids[1:3])
+    assert list(streams) == [ids[3]]  # tts's stream, generating, stays
+
+
+def test_a_stream_ended_long_ago_decodes_until_its_own_end(world):
+    """A backlogged consumer passes a stream on long after the generator ended it: every chunk decodes,
+    in order, until the stream's last chunk; then the id is gone for good."""
+    board, live, guard = world
+    sid = KEYS.new_stream_id()
+    live.sync({sid}, now=0.0)
+    live.sync(set(), now=1.0)  # the generator made every chunk and ended it
+    live.sync(set(), now=UNCLAIMED_SECONDS - 1)  # the old 2 s grace is long over
+    streams: dict = {}
+    c0, c1, c2 = chunks(sid)
+    assert guard.reap(streams, idle_seconds=60, now=UNCLAIMED_SECONDS - 1) == []
+    assert feed(guard, streams, c0, trusted=True).decode
+    assert guard.reap(streams, idle_seconds=60, now=0.0) == [] and sid in streams
+    assert feed(guard, streams, c1).decode and feed(guard, streams, c2).decode
+    assert live.state(sid) == "gone"  # its end took it off the board
+    assert str(guard.decide(c0, streams).error) == UNKNOWN  # a replay: used
+    guard.reap(streams, idle_seconds=60)
+    # off the board, a sealed chunk cannot be told from one the server dropped: unavailable, nothing opened
+    assert sid not in guard.opened and str(guard.decide(c0, streams).error) == DROPPED and sid not in streams
+
+
+def test_a_stream_given_up_before_the_vocoder_opened_it_leaves_the_board(world):
+    board, live, guard = world
+    sid = KEYS.new_stream_id()
+    live.sync({sid}, now=0.0)
+    live.sync(set(), now=1.0)  # cancelled by its tts, which then sends the stream's end (unsealed)
+    assert guard.decide(end_chunk(sid, "cancelled"), {}).decode
+    assert live.state(sid) == "gone"
+    streams: dict = {}
+    assert str(guard.decide(chunks(sid)[0], streams).error) == DROPPED and not streams  # nothing opened
 
 
 def test_the_table_counts_streams_opening_in_the_same_batch(world):
@@ -130,7 +183,7 @@ def test_the_table_counts_streams_opening_in_the_same_batch(world):
     assert [x.decode for x in d] == [True, True, True, False]
 
 
-def test_reap_drops_streams_the_generator_forgot(world):
+def test_reap_drops_streams_off_the_board(world):
     board, live, guard = world
     a, b = KEYS.new_stream_id(), KEYS.new_stream_id()
     live.sync({a, b}, now=0.0)
@@ -138,9 +191,9 @@ def test_reap_drops_streams_the_generator_forgot(world):
     for sid in (a, b):
         feed(guard, streams, chunks(sid)[0])
         streams[sid] = Held(100.0)
-    live.sync({b}, now=0.0)  # a ended: within its grace its last chunk may still come
+    live.sync({b}, now=0.0)  # a ended: its last chunk may still come, however late
     assert guard.reap(streams, idle_seconds=60, now=101.0) == []
-    live.sync({b}, now=GRACE_SECONDS)
+    live.sync({b}, now=UNCLAIMED_SECONDS)  # nobody passed its end on in all that time: its consumer is gone
     assert guard.reap(streams, idle_seconds=60, now=101.0) == [a]
     assert guard.reap(streams, idle_seconds=60, now=200.0) == [b]  # idle
     assert a not in guard.opened
@@ -148,12 +201,17 @@ def test_reap_drops_streams_the_generator_forgot(world):
 
 def test_live_streams_follow_the_generator(tmp_path):
     writer, reader = LiveStreams(tmp_path), LiveStreams(tmp_path)
-    writer.sync({1, 2}, now=0.0)
-    assert (reader.state(1), reader.state(3)) == ("live", "gone")
+    writer.sync({1, 2, 3}, now=0.0)
+    assert (reader.state(1), reader.state(4)) == ("live", "gone")
     writer.sync({2}, now=1.0)
-    assert reader.state(1) == "ended" and reader.snapshot() == ({2}, {1})
-    writer.sync({2}, now=1.0 + GRACE_SECONDS)
-    assert reader.state(1) == "gone"
+    assert reader.state(1) == "ended" and reader.snapshot() == ({2}, {1, 3})
+    reader.claim(3)  # the vocoder had stream 3's end
+    reader.claim(2)  # a live stream stays listed
+    assert reader.snapshot() == ({2}, {1})
+    writer.sync({2}, now=UNCLAIMED_SECONDS)
+    assert reader.state(1) == "ended"
+    writer.sync({2}, now=1.0 + UNCLAIMED_SECONDS)
+    assert reader.state(1) == "gone" and writer.ended == {}
     writer.clear()
     assert reader.snapshot() == (set(), set())
 

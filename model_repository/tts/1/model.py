@@ -14,7 +14,7 @@ from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavaila
 from engine.text import TextTokenizer
 from serving.admission import Admission
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, BLSVocoder, PolledFlags, Waits, watch
+from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
@@ -22,6 +22,7 @@ from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
+from serving.vocoder_batch import BLSVocoder
 from serving.triton_io import (
     checkpoint_path,
     error_response,
@@ -56,7 +57,8 @@ class TritonPythonModel:
         cancels = CancelBoard(opts.cancel_dir or None)
         generator = BLSGenerator(bls, cancels, keys.generator_model,
                                  GeneratorSlots(cancels.dir, "tts", opts.slots))  # streams wait here, not in Triton
-        self.orchestrator = Orchestrator(BLSPrompts(bls), generator, BLSVocoder(bls),
+        vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
+        self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).

@@ -1,12 +1,13 @@
 """vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
 
 One instance; decoupled, with an engine thread (the vllm_backend pattern): ``execute`` queues each
-request and returns, and the engine thread takes whatever has queued (up to ``batch`` chunks, waiting
+request and returns, and the engine thread takes whatever has queued (up to ``batch`` requests, waiting
 ``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
-each request with one final response. Triton's dynamic batcher is not used: it drops a chunk whose
-ensemble client has gone, which leaves that tts_ensemble request in flight forever in Triton 2.51 and
-hides from us that the client left; here such a chunk is answered, and its stream ended
-(serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
+each request with one final response. A request carries one chunk (tts_ensemble) or a batch of them
+(tts: serving.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
+used: it drops a chunk whose ensemble client has gone, which leaves that tts_ensemble request in
+flight forever in Triton 2.51 and hides from us that the client left; here such a chunk is answered,
+and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
 """
 
 import queue
@@ -18,10 +19,10 @@ import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
 from serving.auth import Keys, Refused
-from serving.contract import VOCODER_OUTPUTS
 from serving.model_options import VocoderOptions
 from serving.run_folder import start_heartbeat
-from serving.triton_io import Throttled, load_model, read_chunk, setup_logging, tensors
+from serving.triton_io import Throttled, load_model, read_chunk, setup_logging
+from serving.vocoder_batch import answer, rows
 
 log = setup_logging("vocoder")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -75,42 +76,59 @@ class TritonPythonModel:
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
 
     def _process(self, requests) -> None:
-        parsed, opening = [], 0  # per request: a Chunk to decode, or (finish reason, error) to answer with
+        """Each request is a batch of chunks (serving.vocoder_batch); all of them decode together."""
+        parsed, sizes, opening = [], [], 0  # per chunk: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
             try:
-                item = self._read(r, opening)
-            except Exception as e:  # unreadable or refused: answered alone
-                item = ("", e if isinstance(e, Refused) else ValueError(f"vocoder: {e}"))
-            opening += not isinstance(item, tuple) and bool(len(item.prompt_latents))  # streams this batch opens
-            parsed.append(item)
+                items = self._read(r, opening)
+            except Exception as e:  # never leave a request unanswered
+                items = [("", RuntimeError(f"vocoder: {e}"))] * max(1, _batch(r))
+            opening += sum(not isinstance(c, tuple) and bool(len(c.prompt_latents)) for c in items)  # streams opened
+            parsed += items
+            sizes.append(len(items))
         try:
             outs = iter(self.service.process_many([c for c in parsed if not isinstance(c, tuple)]))
         except Exception as e:  # never leave a request unanswered
             log.exception("vocoder batch failed")
             outs = iter([RuntimeError(f"vocoder failed: {e}")] * len(parsed))
-        for r, item in zip(requests, parsed, strict=True):
+        results = []
+        for item in parsed:
             if isinstance(item, tuple):
-                reason, error = item
-                audio = None
+                (reason, error), audio = item, None
             else:
                 out, reason, error = next(outs), item.finish_reason, None
                 audio, error = (None, out) if isinstance(out, Exception) else (out, None)
             if error is not None:
                 self.refusals.warning("vocoder chunk refused or failed: %s", error)
                 reason = failure_reason(error)
-            values = {"AUDIO": np.zeros(0, np.float32) if audio is None else audio, "FINISH_REASON": reason}
-            r.get_response_sender().send(pb.InferenceResponse(tensors(pb, VOCODER_OUTPUTS, values)), flags=FINAL)
+            results.append((audio, reason))
+        for r, size in zip(requests, sizes, strict=True):
+            mine, results = results[:size], results[size:]
+            out = [pb.Tensor(name, value) for name, value in answer(mine).items()]
+            r.get_response_sender().send(pb.InferenceResponse(out), flags=FINAL)
         self.gauge.set(self.service.active)
 
-    def _read(self, request, opening: int):
-        """The request's chunk if the vocoder may decode it, else (finish reason, error) to answer with."""
-        trusted = self.keys.split(request.parameters())[1]
-        self.keys.admit(trusted, "vocoder")
-        chunk = read_chunk(lambda n: _input(request, n))
+    def _read(self, request, opening: int) -> list:
+        """Per chunk of the request: the chunk if the vocoder may decode it, else (finish reason, error)."""
+        try:
+            trusted = self.keys.split(request.parameters())[1]
+            self.keys.admit(trusted, "vocoder")
+            accessors = rows(lambda n: _input(request, n))
+        except Exception as e:  # unreadable or refused: every chunk of it answered so
+            error = e if isinstance(e, Refused) else ValueError(f"vocoder: {e}")
+            return [("", error)] * max(1, _batch(request))
         # only key-less chunks can come from an ensemble whose client left (ours are BLS requests)
         cancelled = not trusted and request.is_cancelled()
-        decision = self.guard.decide(chunk, self.service.streams, cancelled, opening)
-        return chunk if decision.decode else (decision.reason, decision.error)
+        items = []
+        for tensor in accessors:
+            try:
+                chunk = read_chunk(tensor)
+                decision = self.guard.decide(chunk, self.service.streams, cancelled, opening, trusted)
+                opening += decision.decode and bool(len(chunk.prompt_latents))
+                items.append(chunk if decision.decode else (decision.reason, decision.error))
+            except Exception as e:  # this chunk alone
+                items.append(("", ValueError(f"vocoder: {e}")))
+        return items
 
     def finalize(self):
         self.stopping.set()
@@ -130,6 +148,12 @@ def take(q: queue.SimpleQueue, most: int, delay: float, timeout: float) -> list:
         except queue.Empty:
             break
     return batch
+
+
+def _batch(request) -> int:
+    """The rows a request says it has (1 when even that is unreadable)."""
+    t = pb.get_input_tensor_by_name(request, "STREAM_ID")
+    return 1 if t is None or not t.as_numpy().ndim else len(t.as_numpy())
 
 
 def _input(request, name):
