@@ -85,6 +85,7 @@ PARAMETER_CASES = [
     Case("speed_garbage", "speed", parameters={"speed": "fast"}),
     Case("normalize_int", "normalize", parameters={"normalize": 1}),
     Case("normalize_text", "normalize", parameters={"normalize": "false"}),
+    Case("chunk_fixed_int", "chunk_fixed", parameters={"chunk_fixed": 1}),
     Case("unknown_parameter", "stepz", parameters={"stepz": 3}),
     Case("unicode_parameter", "stéps", parameters={"stéps": 3}),
     Case("parameter_null", "steps", parameters={"steps": None}, grpc=False),  # gRPC parameters cannot be null
