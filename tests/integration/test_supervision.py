@@ -42,6 +42,13 @@ def launcher(nostop_ckpt, tmp_path_factory):
     print(ln.text())
 
 
+@pytest.fixture(autouse=True)
+def serving(launcher):
+    """Each test starts from a server that answers: one whose incident is still being repaired when the
+    next test begins would fail that test for the wrong reason (and every test after it)."""
+    serving_again(launcher, time.monotonic())
+
+
 def test_a_generated_admin_key_is_private(launcher):
     from client.voices import VoiceClient
 
@@ -77,6 +84,16 @@ def check_recovered(launcher: Launcher, model: str, since: float, watch: ReadyWa
     return back
 
 
+def aborted(launcher: Launcher, log_start: int) -> bool:
+    """Whether tritonserver itself died (the supervisor says so within a poll or two of it)."""
+    deadline = time.monotonic() + 5 * POLL_SECONDS + 2
+    while time.monotonic() < deadline:
+        if "[supervisor] tritonserver: tritonserver exited" in launcher.text()[log_start:]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.parametrize(
     "model, sig",
     [
@@ -92,14 +109,20 @@ def test_a_failed_backend_fails_its_streams_and_the_server_comes_back(launcher, 
     assert stream.started.wait(30) and stream.error is None, stream.error
     pid = launcher.stubs()[model]
     watch = ReadyWatch(launcher)
+    log_start = len(launcher.text())
     t0 = time.monotonic()
     os.kill(pid, sig)
     try:
         assert stream.done.wait(FAIL_WITHIN), f"the stream had no answer {FAIL_WITHIN:.0f} s after the {sig.name}"
         assert stream.error is not None and str(stream.error), "the stream ended without a (named) error"
-        if model != "tts":  # tts's own clients see the connection drop, with no model to name
-            assert model in str(stream.error), stream.error
-        back = check_recovered(launcher, model, t0, watch)
+        named = model
+        if model != "tts" and model not in str(stream.error):
+            # A stub killed while it holds the Python backend's shared-memory lock makes tritonserver itself
+            # abort (boost::interprocess::lock_exception, docs/operations.md): every client's connection
+            # drops and the supervisor restarts the server as a whole. Anything else must name the model.
+            named = "tritonserver"
+            assert aborted(launcher, log_start), stream.error
+        back = check_recovered(launcher, named, t0, watch)
         print(f"{model} {sig.name}: stream failed {stream.ended - t0:.2f} s after ({stream.error}); "
               f"serving again after {back:.1f} s")  # fmt: skip
     finally:
@@ -336,7 +359,7 @@ def test_a_dead_voices_stub_lets_the_running_stream_finish_then_the_server_resta
 
 def test_sigterm_drains_streams_then_stops_leaving_nothing(launcher):
     client = launcher.client(timeout=30)
-    short = Stream(client, "Short enough to finish.", {**LONG, "max_patches": 60})
+    short = Stream(client, "Short enough to finish.", {**LONG, "max_patches": 24})  # ~2 s alone; DRAIN is 12
     long = Stream(client, "Too long to finish.", {**LONG, "steps": 100})  # 10x the flow steps: far past DRAIN
     assert short.started.wait(30) and long.started.wait(30)
     server, stubs = launcher.servers(), list(launcher.stubs().values())
