@@ -8,6 +8,7 @@ from engine.config import nostop
 from engine.random_checkpoint import make_checkpoint
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
+from tests.integration.helpers import gateway_for
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
@@ -38,3 +39,10 @@ def server(nostop_ckpt, tmp_path_factory):
     with srv:
         yield srv
     print(srv.log_tail(40))
+
+
+@pytest.fixture(scope="module")
+def gateway(server):
+    """The OpenAI-compatible gateway in front of the module's ``server`` (a module may serve its own)."""
+    with gateway_for(server) as url:
+        yield url

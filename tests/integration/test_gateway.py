@@ -16,17 +16,11 @@ import soxr
 
 from client import TTSClient
 from client.voices import VoiceClient
-from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
+from tests.integration.helpers import metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 # compared bit for bit: chunk sizes move float32 rounding, so fixed ones
 EXTRAS = {"seed": 7, "max_patches": 8, "chunk_first": 1, "chunk_next": 2, "chunk_fixed": True}
-
-
-@pytest.fixture(scope="module")
-def gateway(server):
-    with gateway_for(server) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,10 @@ import soxr
 
 from client import TTSClient
 from gateway.rates import QUALITY
-from tests.integration.helpers import gateway_for
 from tests.unit.test_g711 import mulaw_decode
 
 pytestmark = pytest.mark.integration
 EXTRAS = {"seed": 7, "max_patches": 8, "chunk_first": 1, "chunk_next": 2}  # 4 chunks, 8 patches
-
-
-@pytest.fixture(scope="module")
-def gateway(server):
-    with gateway_for(server) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -224,12 +224,6 @@ def test_a_design_cancelled_at_once_frees_its_slot(server):
 
 
 @pytest.fixture(scope="module")
-def gateway(server):
-    with gateway_for(server) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def sdk(gateway):
     from openai import OpenAI
 

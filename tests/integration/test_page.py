@@ -12,18 +12,12 @@ import numpy as np
 import pytest
 
 from serving.triton_env import REPO_ROOT
-from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
+from tests.integration.helpers import metrics, wait_gauges_zero
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 if not (CHROMIUM and CHROMEDRIVER):
     pytest.skip("no chromium/chromedriver: run `make test-browser` to install them", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def gateway(server):
-    with gateway_for(server) as url:
-        yield url
 
 
 def chromium(tmp_path):
