@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -24,11 +24,13 @@ from client.request import TTSError
 from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
+from gateway.agent_socket import SocketBounds, serve_socket
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.streaming import stream_response
+from gateway.text_streams import TextStreams, UnitStreams
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
@@ -37,11 +39,16 @@ DECODING_AT_ONCE = 2  # uploads decoded at the same time: each may take up to 60
 
 
 def create_app(
-    triton: str, timeout: float = 60.0, body_timeout: float = BODY_TIMEOUT, random_weights: bool = False
+    triton: str,
+    timeout: float = 60.0,
+    body_timeout: float = BODY_TIMEOUT,
+    random_weights: bool = False,
+    socket_bounds: SocketBounds | None = None,
 ) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
     stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
-    runs a random-weight checkpoint, and the web page says what that sounds like."""
+    runs a random-weight checkpoint, and the web page says what that sounds like; ``socket_bounds``: the
+    agent WebSocket's (:class:`gateway.agent_socket.SocketBounds`)."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)
@@ -51,6 +58,7 @@ def create_app(
         return e.response()
 
     app.add_middleware(RequestIdMiddleware)
+
     @app.exception_handler(StarletteHTTPException)  # Starlette's own: too many form fields, unknown route, ...
     async def http_error(_request, e: StarletteHTTPException):
         return from_http_error(e.status_code, str(e.detail), e.headers).response()
@@ -64,7 +72,19 @@ def create_app(
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
+    add_agent_routes(app, UnitStreams(tts), voice_list, socket_bounds or SocketBounds())
     return app
+
+
+def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds) -> None:
+    """``/tts/websocket``: Cartesia's TTS WebSocket for voice agents (docs/agents.md). The gateway has no API
+    keys of its own: the plugins' ``X-API-Key`` header (or ``?api_key=``) and ``cartesia_version`` are taken
+    and not checked, as the speech route takes any ``Authorization``."""
+    open_sockets = [0]  # agent sockets open now, bounded by bounds.sockets
+
+    @app.websocket("/tts/websocket")
+    async def agent_socket(ws: WebSocket):
+        await serve_socket(ws, open_text, voice_list.get, bounds, open_sockets)
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a caller's x-request-id that is echoed back as it came
@@ -146,7 +166,7 @@ def admin_key(request: Request) -> str:
 # In a user's words, with where the key is: the launcher prints the file's path at start ("admin key: ...").
 ADMIN_KEY_NEEDED = (
     "adding and removing voices needs the server's admin key: the launcher prints where it keeps it at start "
-    "(\"admin key: ...\", by default ~/.cache/fireredtts3-triton/admin_key); send it as Authorization: Bearer <key>"
+    '("admin key: ...", by default ~/.cache/fireredtts3-triton/admin_key); send it as Authorization: Bearer <key>'
 )
 AUDIO_FIELDS = {"name", "audio_sample", "file", "text", "consent", "type"}  # OpenAI's (SDK 3.57), and ours
 PROMPT_FIELDS = {"name", "prompt", "type", "model", "script_hint", "language", "seed"}

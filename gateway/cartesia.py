@@ -12,7 +12,8 @@ import base64
 import json
 from dataclasses import dataclass
 
-from engine.params import shown
+from engine import instructions
+from engine.params import SPEED, UTTERANCE_PARAMETERS, shown
 from engine.text import canonical_language
 from gateway.rates import RATES
 
@@ -50,6 +51,12 @@ class Generate:
     timestamps: bool  # add_timestamps: word timings wanted
     buffer_delay_ms: int | None  # max_buffer_delay_ms: 0 = speak each message now; None = the server's default
     flush: bool  # Cartesia's flush: true (neither plugin sends it)
+    speed: float | None = None  # generation_config.speed: our speed parameter (time-stretched, same pitch)
+    volume: float | None = None  # generation_config.volume: a gain on the samples, 0.5..2.0 as Cartesia's
+    # extensions (docs/agents.md): Instruct's voice design, our seed and utterance parameters
+    instructions: str | None = None  # a voice description: designs a voice (with a stock voice or default)
+    seed: int | None = None
+    parameters: dict | None = None  # engine.params.UTTERANCE_PARAMETERS by name, as /v1/audio/speech takes them
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,8 @@ def _options(body: dict, context_id: str) -> dict:
         if not isinstance(value, bool):
             fail(f"{name} must be true or false", name)
     return dict(
+        **_generation_config(body.get("generation_config"), fail),
+        **_extensions(body, fail),
         transcript=transcript,
         more=more,
         voice_id=voice["id"],
@@ -118,6 +127,65 @@ def _options(body: dict, context_id: str) -> dict:
         buffer_delay_ms=delay,
         flush=flags["flush"],
     )
+
+
+VOLUMES = (0.5, 2.0)  # Cartesia's range for generation_config.volume
+EXTENSION_PARAMETERS = {p.name: p for p in UTTERANCE_PARAMETERS if p.name != "speed"}  # speed: generation_config
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _generation_config(config, fail) -> dict:
+    """Cartesia's ``generation_config`` (sonic-3: speed, volume, emotion) -> speed and volume."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        fail("generation_config must be an object {speed, volume}", "generation_config")
+    if config.get("emotion"):
+        fail("generation_config.emotion is not supported: describe the voice in instructions (an extension, "
+             "docs/agents.md) instead", "generation_config.emotion")  # fmt: skip
+    out = {}
+    if config.get("speed") is not None:
+        try:
+            out["speed"] = SPEED.parse(config["speed"])
+        except ValueError as e:
+            fail(f"generation_config.speed: {e}", "generation_config.speed")
+    volume = config.get("volume")
+    if volume is not None:
+        lo, hi = VOLUMES
+        if isinstance(volume, bool) or not isinstance(volume, int | float) or not lo <= volume <= hi:
+            fail(f"generation_config.volume must be a number in {lo}..{hi}, got {shown(volume)}",
+                 "generation_config.volume")  # fmt: skip
+        out["volume"] = float(volume)
+    return out
+
+
+def _extensions(body: dict, fail) -> dict:
+    """Ours, not Cartesia's: ``instructions`` (design a voice), ``seed``, ``parameters`` {name: value}."""
+    out = {}
+    if body.get("instructions") is not None:
+        try:
+            out["instructions"] = instructions.check_instruction(body["instructions"], "instructions")
+        except ValueError as e:
+            fail(str(e), "instructions")
+    seed = body.get("seed")
+    if seed is not None:
+        lo, hi = SEED_RANGE
+        if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
+            fail(f"seed must be an integer in {lo}..{hi}, got {shown(seed)}", "seed")
+        out["seed"] = seed
+    given = body.get("parameters")
+    if given is not None:
+        if not isinstance(given, dict):
+            fail("parameters must be an object {name: value}", "parameters")
+        for name, value in given.items():
+            if name not in EXTENSION_PARAMETERS:
+                fail(f"parameters.{name} is unknown; known: {', '.join(EXTENSION_PARAMETERS)}", "parameters")
+            try:
+                EXTENSION_PARAMETERS[name].parse(value)
+            except ValueError as e:
+                fail(str(e), f"parameters.{name}")
+        out["parameters"] = dict(given)
+    return out
 
 
 def language(value, context_id: str | None = None) -> str | None:

@@ -23,6 +23,11 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.body import BODY_TIMEOUT
+from gateway.cartesia import MAX_MESSAGE_CHARS
+
+# A WebSocket frame larger than this closes the socket (1009) before it is read; a smaller one over
+# MAX_MESSAGE_CHARS characters gets the named error. UTF-8 takes up to 4 bytes a character.
+WS_MAX_BYTES = 4 * MAX_MESSAGE_CHARS + 4096
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = S
 
     return uvicorn.Config(
         create_app(triton, timeout, options.body_timeout, random_weights), host=host, port=port, log_level=log_level,
-        http=header_timeout_protocol(options.header_timeout), ws="none",  # no websocket routes
+        http=header_timeout_protocol(options.header_timeout), ws="wsproto", ws_max_size=WS_MAX_BYTES,
         timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.limit_concurrency,
     )  # fmt: skip
 
@@ -125,8 +130,9 @@ def in_thread(triton: str, random_weights: bool = False) -> Iterator[str]:
     with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(triton, "127.0.0.1", port, log_level="warning",
-                                          random_weights=random_weights))
+    server = uvicorn.Server(
+        uvicorn_config(triton, "127.0.0.1", port, log_level="warning", random_weights=random_weights)
+    )
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -1,0 +1,332 @@
+"""Cartesia's TTS WebSocket (``/tts/websocket``), as LiveKit's and Pipecat's Cartesia plugins speak it
+(docs/agents.md): many contexts on one socket, each a text stream (:mod:`gateway.text_streams`) whose
+audio goes back as base64 chunks in the asked encoding and rate, then ``done``.
+
+A message with ``max_buffer_delay_ms: 0`` (both plugins' default) is sent and flushed: one message, one
+segment boundary. Otherwise its text waits for a sentence end or the buffer delay (Cartesia's default 3 s
+without a new message), then is flushed. ``continue: false`` ends the context; a ``cancel`` (or the socket's
+close) cancels it at once: its stream stops and frees its slot, and nothing more is sent for it.
+
+Every refusal is an ``error`` reply naming what was refused (with the context when it could be read), then,
+for a context, its ``done``; nothing stays allocated for a refused or failed context. Bounds:
+:class:`SocketBounds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
+
+from client.request import TTSError
+from gateway import cartesia
+from gateway.cartesia import Cancel, Generate, ProtocolError, parse_message
+from gateway.errors import from_tts_error
+from gateway.fields import STOCK_VOICES, WITH_A_VOICE
+from gateway.socket_audio import RawOutput, seconds, word_times
+from gateway.text_streams import TextStreams
+
+DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's max_buffer_delay_ms when a message leaves it out
+
+
+@dataclass(frozen=True)
+class SocketBounds:
+    sockets: int = 64  # agent sockets open on the gateway at once
+    contexts: int = 8  # contexts open at once on one socket
+    context_chars: int = 20_000  # text one context takes in all (its transcripts' characters)
+    idle_seconds: float = 300.0  # a socket without a message for this long, and no context open, is closed
+    context_idle_seconds: float = 60.0  # a context waiting for more text (continue true) this long fails
+    messages_per_second: float = 50.0  # per socket, sustained
+    message_burst: int = 100  # per socket, at once
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not getattr(self, f.name) > 0:
+                raise ValueError(f"{f.name} must be > 0, got {getattr(self, f.name)}")
+
+
+# Refusals, by name (the error reply's text starts with them)
+TOO_MANY_SOCKETS = "too many sockets: the server has {n} agent sockets open; retry shortly"
+TOO_MANY_CONTEXTS = "too many contexts: a socket has at most {n} open at once; end or cancel one first"
+CONTEXT_TOO_LONG = "context text too long: a context takes at most {n} characters in all"
+TOO_FAST = "too many messages: a socket takes at most {rate:g} a second (bursts of {burst})"
+IDLE = "socket idle: no message for {s:g} s and no context open; closing"
+CONTEXT_IDLE = "context idle: no text for {s:g} s and no continue false; it is cancelled"
+BINARY = "binary frames are not read: send JSON text messages"
+ENDED = "context ended: it was sent continue false; send more text under a new context_id"
+TRY_AGAIN_LATER = 1013  # the WebSocket close code for "try again later"
+
+
+class Context:
+    """One context: its text stream, the task reading its audio, and what its replies need."""
+
+    def __init__(self, request: Generate, stream):
+        self.id, self.stream = request.context_id, stream
+        self.output = RawOutput(request.encoding, request.sample_rate, request.volume)
+        self.timestamps = request.timestamps
+        self.chars, self.ended, self.last_text = 0, False, time.monotonic()
+        self.flushes = 0  # flushes sent to the stream
+        self.flush_ids: dict[int, int] = {}  # stream flush number -> the client's flush_id (flush: true)
+        self.units: dict[int, str] = {}  # flush number -> the text sent before it (for timings)
+        self.pending = ""  # text sent since the last flush
+        self.samples = self.timed_samples = self.timed_units = 0  # 24 kHz samples; units already timed
+        self.reader: asyncio.Task | None = None
+        self.delay: asyncio.Task | None = None  # the buffer delay's flush, armed after unflushed text
+
+
+class AgentSocket:
+    """One client's socket: ``await run()`` until it closes (or idles out)."""
+
+    def __init__(self, ws, open_text: TextStreams, voices: Callable[[], Awaitable[list[dict]]],
+                 bounds: SocketBounds = SocketBounds()):  # fmt: skip
+        self.ws, self.open_text, self.voices, self.bounds = ws, open_text, voices, bounds
+        self.contexts: dict[str, Context] = {}
+        self.send_lock = asyncio.Lock()
+        self.closed = False
+        self.tokens, self.refilled = float(bounds.message_burst), time.monotonic()
+        self.last_message = time.monotonic()
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for ctx in list(self.contexts.values()):  # a closed socket cancels all its contexts
+                await self._drop(ctx)
+            if not self.closed:
+                self.closed = True
+                with contextlib.suppress(Exception):
+                    await self.ws.close()
+
+    async def send(self, reply: dict) -> None:
+        if self.closed:
+            return
+        async with self.send_lock:
+            try:
+                await self.ws.send_text(json.dumps(reply))
+            except Exception:  # noqa: BLE001 (the socket is gone: its receive loop ends it)
+                self.closed = True
+
+    # ---- messages ---------------------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                self.closed = True
+                return
+            self.last_message = time.monotonic()
+            text = message.get("text")
+            if text is None:
+                await self.send(cartesia.error(None, 400, BINARY))
+            elif not self._take_token():
+                await self._refuse(_readable_context(text), 429, TOO_FAST.format(
+                    rate=self.bounds.messages_per_second, burst=self.bounds.message_burst))  # fmt: skip
+            else:
+                await self._on_text(text)
+
+    def _take_token(self) -> bool:
+        now = time.monotonic()
+        rate, burst = self.bounds.messages_per_second, self.bounds.message_burst
+        self.tokens, self.refilled = min(burst, self.tokens + (now - self.refilled) * rate), now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    async def _on_text(self, text: str) -> None:
+        try:
+            request = parse_message(text)
+        except ProtocolError as e:
+            await self._refuse(e.context_id, 400, str(e))
+            return
+        ctx = self.contexts.get(request.context_id)
+        if isinstance(request, Cancel):
+            if ctx is not None:
+                await self._drop(ctx)
+            return
+        try:
+            if ctx is None:
+                ctx = await self._open(request)
+                if ctx is None:
+                    return
+            elif ctx.ended:
+                await self.send(cartesia.error(ctx.id, 400, ENDED))
+                return
+            await self._take(ctx, request)
+        except ProtocolError as e:
+            await self._refuse(request.context_id, 400, str(e))
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            answer = from_tts_error(e)
+            await self._refuse(request.context_id, answer.status, answer.message)
+
+    async def _open(self, request: Generate) -> Context | None:
+        if not request.more and not request.transcript.strip() and not request.flush:
+            await self.send(cartesia.done(request.context_id))  # an end with nothing to say
+            return None
+        if len(self.contexts) >= self.bounds.contexts:
+            raise ProtocolError(TOO_MANY_CONTEXTS.format(n=self.bounds.contexts), "context_id", request.context_id)
+        stream = await self.open_text(**await self._stream_fields(request))
+        ctx = self.contexts[request.context_id] = Context(request, stream)
+        ctx.reader = asyncio.create_task(self._read(ctx))
+        return ctx
+
+    async def _stream_fields(self, request: Generate) -> dict:
+        """The context's options -> the fields of ``AsyncTTSClient.stream`` (voices as the speech route names them)."""
+        out = {"language": request.language}
+        for name in ("seed", "speed", "parameters"):
+            if getattr(request, name) is not None:
+                out[name] = getattr(request, name)
+        voice = request.voice_id
+        if voice != "default":
+            if voice in {v["name"] for v in await self.voices()}:
+                if request.instructions is not None:
+                    raise ProtocolError(WITH_A_VOICE, "instructions", request.context_id)
+                out["voice_id"] = voice
+            elif voice not in STOCK_VOICES:
+                message = f"voice {voice!r} is not registered (GET /v1/audio/voices lists them)"
+                raise ProtocolError(message, "voice", request.context_id)
+        if request.instructions is not None:
+            out["instruction"] = request.instructions
+        return out
+
+    async def _take(self, ctx: Context, request: Generate) -> None:
+        ctx.chars += len(request.transcript)
+        if ctx.chars > self.bounds.context_chars:
+            await self._fail(ctx, 413, CONTEXT_TOO_LONG.format(n=self.bounds.context_chars))
+            return
+        ctx.last_text = time.monotonic()
+        flush = request.flush or request.buffer_delay_ms == 0 or not request.more
+        if request.transcript:
+            ctx.pending += request.transcript
+            await ctx.stream.send(request.transcript, flush=flush and request.more)
+            if flush and request.more:
+                self._flushed_text(ctx, request.flush)
+        elif request.flush and request.more:
+            await ctx.stream.send("", flush=True)
+            self._flushed_text(ctx, True)
+        if ctx.delay is not None:
+            ctx.delay.cancel()
+            ctx.delay = None
+        if not request.more:
+            ctx.ended = True
+            ctx.units[ctx.flushes + 1], ctx.pending = ctx.pending, ""  # the last unit
+            await ctx.stream.end()
+        elif not flush and ctx.pending:
+            delay = request.buffer_delay_ms if request.buffer_delay_ms is not None else DEFAULT_BUFFER_DELAY_MS
+            ctx.delay = asyncio.create_task(self._flush_later(ctx, delay / 1000))
+
+    def _flushed_text(self, ctx: Context, by_client: bool) -> None:
+        ctx.flushes += 1
+        ctx.units[ctx.flushes], ctx.pending = ctx.pending, ""
+        if by_client:
+            ctx.flush_ids[ctx.flushes] = len(ctx.flush_ids) + 1
+
+    async def _flush_later(self, ctx: Context, delay: float) -> None:
+        await asyncio.sleep(delay)
+        ctx.delay = None
+        if not ctx.ended and ctx.pending:
+            await ctx.stream.send("", flush=True)
+            self._flushed_text(ctx, False)
+
+    # ---- audio ------------------------------------------------------------------------------------------
+    async def _read(self, ctx: Context) -> None:
+        """The context's audio and markers -> its replies, then ``done`` (or ``error`` and ``done``)."""
+        try:
+            async for item in ctx.stream:
+                if hasattr(item, "audio"):
+                    ctx.samples += item.audio.size
+                    await self._chunk(ctx, ctx.output.push(item.audio))
+                else:
+                    await self._timed(ctx, item.n)
+                    if item.n in ctx.flush_ids:
+                        await self.send(cartesia.flush_done(ctx.id, ctx.flush_ids[item.n]))
+            await self._chunk(ctx, ctx.output.finish())
+            await self._timed(ctx, ctx.flushes + 1)
+            await self.send(cartesia.done(ctx.id))
+        except (TTSError, ConnectionError, TimeoutError) as e:
+            answer = from_tts_error(e)
+            await self.send(cartesia.error(ctx.id, answer.status, answer.message))
+            await self.send(cartesia.done(ctx.id))
+        finally:
+            if self.contexts.get(ctx.id) is ctx:
+                del self.contexts[ctx.id]
+                if ctx.delay is not None:
+                    ctx.delay.cancel()
+
+    async def _chunk(self, ctx: Context, data: bytes) -> None:
+        if data:
+            await self.send(cartesia.chunk(ctx.id, data, 1000 * seconds(ctx.samples)))
+
+    async def _timed(self, ctx: Context, n: int) -> None:
+        """Word timings of the units up to the ``n``-th, spread over the audio since the last timed unit."""
+        text = " ".join(ctx.units.pop(k, "") for k in range(ctx.timed_units + 1, n + 1))
+        words, start, end = word_times(text, seconds(ctx.timed_samples), seconds(ctx.samples))
+        ctx.timed_units, ctx.timed_samples = max(ctx.timed_units, n), ctx.samples
+        if words and ctx.timestamps:
+            await self.send(cartesia.timestamps(ctx.id, words, start, end))
+
+    # ---- ends -------------------------------------------------------------------------------------------
+    async def _drop(self, ctx: Context) -> None:
+        """Cancel a context now: its stream stops (slot and pages freed), nothing more is sent for it."""
+        if self.contexts.get(ctx.id) is ctx:
+            del self.contexts[ctx.id]
+        for task in (ctx.reader, ctx.delay):
+            if task is not None:
+                task.cancel()
+        await ctx.stream.cancel()
+
+    async def _fail(self, ctx: Context, status: int, message: str) -> None:
+        await self._drop(ctx)
+        await self.send(cartesia.error(ctx.id, status, message))
+        await self.send(cartesia.done(ctx.id))
+
+    async def _refuse(self, context_id: str | None, status: int, message: str) -> None:
+        """A refused message: its context (if open) fails; a context it would have opened gets error and done."""
+        ctx = self.contexts.get(context_id) if context_id is not None else None
+        if ctx is not None:
+            await self._fail(ctx, status, message)
+            return
+        await self.send(cartesia.error(context_id, status, message))
+        if context_id is not None:
+            await self.send(cartesia.done(context_id))
+
+    async def _watch(self) -> None:
+        """Returns when the socket has idled out; fails contexts left waiting for text."""
+        b = self.bounds
+        tick = min(1.0, b.idle_seconds / 4, b.context_idle_seconds / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if not self.contexts and now - self.last_message > b.idle_seconds:
+                await self.send(cartesia.error(None, 408, IDLE.format(s=b.idle_seconds)))
+                return
+            for ctx in list(self.contexts.values()):
+                if not ctx.ended and now - ctx.last_text > b.context_idle_seconds:
+                    await self._fail(ctx, 408, CONTEXT_IDLE.format(s=b.context_idle_seconds))
+
+
+def _readable_context(text: str) -> str | None:
+    """The context of a message refused before parsing (too many messages), when it can be read at all."""
+    try:
+        return parse_message(text).context_id
+    except ProtocolError as e:
+        return e.context_id
+
+
+async def serve_socket(ws, open_text: TextStreams, voices, bounds: SocketBounds, open_sockets: list[int]) -> None:
+    """Accept ``ws`` and run it, within the gateway's ``bounds.sockets`` (``open_sockets``: [count], shared)."""
+    await ws.accept()
+    if open_sockets[0] >= bounds.sockets:
+        await ws.send_text(json.dumps(cartesia.error(None, 503, TOO_MANY_SOCKETS.format(n=bounds.sockets))))
+        await ws.close(TRY_AGAIN_LATER)
+        return
+    open_sockets[0] += 1
+    try:
+        await AgentSocket(ws, open_text, voices, bounds).run()
+    finally:
+        open_sockets[0] -= 1
