@@ -1,0 +1,174 @@
+"""The agent WebSocket (/tts/websocket) through a real gateway and server, as a protocol-level client: the
+message sequences LiveKit's and Pipecat's Cartesia plugins send (tests/fixtures/cartesia_plugins.py:
+livekit-plugins-cartesia 1.8.9, pipecat-ai 1.14.0), with their handshakes, get audio and one done; a cancel
+mid-segment frees the slot and pages while another context on the socket finishes; refusals are named; and
+mu-law at 8 kHz decodes back to the tts model's audio within the codec's error.
+
+The one change to the plugins' messages: our ``parameters`` extension keeps each segment short (the test
+checkpoint never stops by itself, so a segment lasts max_patches).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+import soxr
+import websocket  # websocket-client: a plain synchronous client, nothing of the server's code
+
+from client import TTSClient
+from gateway.rates import QUALITY
+from tests.fixtures.cartesia_plugins import CONTEXT, HANDSHAKES, SCENARIOS
+from tests.integration.helpers import wait_gauges_zero
+from tests.unit.test_g711 import mulaw_decode
+
+pytestmark = pytest.mark.integration
+SHORT = {"max_patches": 4, "chunk_first": 1, "chunk_next": 2, "chunk_fixed": True}
+
+
+class Socket:
+    """One client socket: JSON out, JSON in (each receive waits at most ``timeout`` seconds)."""
+
+    def __init__(self, gateway: str, plugin: str = "livekit", timeout: float = 60.0):
+        hs = HANDSHAKES[plugin]
+        query = "&".join(f"{k}={v}" for k, v in hs.query.items())
+        url = gateway.replace("http", "ws", 1) + hs.path + (f"?{query}" if query else "")
+        self.ws = websocket.create_connection(url, header=hs.headers, timeout=timeout)
+
+    def send(self, message) -> None:
+        self.ws.send(message if isinstance(message, str) else json.dumps(message))
+
+    def receive(self) -> dict:
+        return json.loads(self.ws.recv())
+
+    def until_done(self, context_id: str) -> list[dict]:
+        replies = []
+        while not (replies and replies[-1]["type"] == "done" and replies[-1]["context_id"] == context_id):
+            replies.append(self.receive())
+        return replies
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def ours(message: dict, **changes) -> dict:
+    """A plugin's message for this server: the default voice, short segments."""
+    if "voice" in message:
+        message = {**message, "voice": {**message["voice"], "id": "default"}, "parameters": SHORT, "seed": 7}
+    return {**message, **changes}
+
+
+def audio_of(replies: list[dict], context_id: str = CONTEXT) -> bytes:
+    return b"".join(
+        base64.b64decode(r["data"]) for r in replies if r["type"] == "chunk" and r["context_id"] == context_id
+    )
+
+
+ENDING = [s for s in SCENARIOS if s.sends[-1].get("continue") is False and len({m["context_id"] for m in s.sends}) == 1]
+
+
+@pytest.mark.parametrize("scenario", ENDING[:1] + [s for s in ENDING if s.plugin == "pipecat"][:1],
+                         ids=lambda s: s.plugin)  # fmt: skip
+def test_a_plugins_reply_comes_back_as_audio_words_and_one_done(gateway, server, scenario):
+    sock = Socket(gateway, scenario.plugin)
+    try:
+        for message in scenario.sends:
+            sock.send(ours(message))
+        replies = sock.until_done(CONTEXT)
+    finally:
+        sock.close()
+    assert [r["type"] for r in replies].count("done") == 1 and all(r["context_id"] == CONTEXT for r in replies)
+    assert "error" not in [r["type"] for r in replies], replies
+    rate = scenario.sends[0]["output_format"]["sample_rate"]
+    sentences = [m["transcript"] for m in scenario.sends if m["transcript"].strip()]
+    # each sentence is one segment of 4 patches at 24 kHz, resampled to the asked rate
+    tts = TTSClient(f"127.0.0.1:{server.ports.grpc}")
+    whole = np.concatenate([tts.synthesize(s, seed=7, parameters=SHORT) for s in sentences])
+    got = np.frombuffer(audio_of(replies), "<i2")
+    # the same length, or less by the 50 ms cross-fades where the segments are one stream's
+    fades = (len(sentences) - 1) * rate // 20
+    assert round(whole.size * rate / 24000) - fades - 2 <= got.size <= round(whole.size * rate / 24000)
+    words = [w for r in replies if r["type"] == "timestamps" for w in r["word_timestamps"]["words"]]
+    assert words == " ".join(sentences).split()
+
+
+def test_mulaw_at_8_khz_decodes_back_to_the_tts_audio(gateway, server):
+    text = "Your call is important to us."
+    reference = TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize(text, seed=7, parameters=SHORT)
+    sock = Socket(gateway)
+    try:
+        out = {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}
+        sock.send(ours(SCENARIOS[0].sends[0], transcript=text, output_format=out, **{"continue": False}))
+        codes = np.frombuffer(audio_of(sock.until_done(CONTEXT)), np.uint8)
+    finally:
+        sock.close()
+    resampled = soxr.resample(np.clip(reference, -1, 1), 24000, 8000, quality=QUALITY)
+    decoded = mulaw_decode(codes) / 32767
+    assert decoded.size == resampled.size
+    assert np.sqrt(np.mean((decoded - resampled) ** 2)) < 0.02 * np.sqrt(np.mean(resampled**2))
+
+
+def test_cancel_mid_segment_frees_the_slot_while_another_context_finishes(gateway, server):
+    cancel = next(s for s in SCENARIOS if s.plugin == "pipecat" and "cancel" in s.sends[-1])
+    long = {"max_patches": 400, "chunk_first": 1, "chunk_next": 1, "chunk_fixed": True}
+    sock = Socket(gateway, "pipecat")
+    try:
+        sock.send(ours(cancel.sends[0], parameters=long))  # 400 patches: it is still speaking when cancelled
+        first = sock.receive()
+        assert first["type"] == "chunk" and first["context_id"] == CONTEXT
+        sock.send(ours(cancel.sends[0], context_id="second", **{"continue": False}))
+        sock.send(cancel.sends[1])
+        replies = sock.until_done("second")
+        later = [r for r in replies if r["context_id"] == CONTEXT]
+        assert not [r for r in later if r["type"] in ("done", "error")]
+        assert audio_of(replies, "second")
+        m = wait_gauges_zero(server)
+        assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+        assert m["tts_vocoder_active_streams"] == 0
+    finally:
+        sock.close()
+
+
+def test_closing_the_socket_cancels_its_contexts(gateway, server):
+    barge_in = next(s for s in SCENARIOS if s.plugin == "livekit" and "barge-in" in s.what)
+    sock = Socket(gateway, "livekit")
+    sock.send(ours(barge_in.sends[0], parameters={**SHORT, "max_patches": 400}))
+    assert sock.receive()["type"] == "chunk"
+    sock.close()  # LiveKit's barge-in: no cancel message, the socket goes
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+
+
+GOOD = ours(SCENARIOS[0].sends[0], context_id="c1", **{"continue": False})
+
+
+@pytest.mark.parametrize(
+    ("messages", "named", "context"),
+    [
+        (["{not json"], "a message must be a JSON object", ""),
+        (["x" * 70_000], "a message is at most 65536 characters", ""),
+        ([b"\x01\x02"], "binary frames are not read", ""),
+        ([{**GOOD, "voice": {"mode": "id", "id": "nobody"}}], "voice 'nobody' is not registered", "c1"),
+        ([{**GOOD, "output_format": {**GOOD["output_format"], "sample_rate": 11025}}], "sample_rate must be one of", "c1"),
+        ([{**GOOD, "parameters": {"max_patches": 0}}], "max_patches", "c1"),
+        ([{**GOOD, "transcript": "word " * 4001}], "context text too long", "c1"),
+        ([{**GOOD, "continue": True, "max_buffer_delay_ms": 5000, "context_id": f"c{i}"} for i in range(9)],
+         "too many contexts: a socket has at most 8", "c8"),
+        ([{"context_id": "gone", "cancel": True}] * 400, "too many messages: a socket takes at most 50", "gone"),
+    ],
+)  # fmt: skip
+def test_each_refusal_is_named_and_nothing_stays_allocated(gateway, server, messages, named, context):
+    sock = Socket(gateway)
+    try:
+        for m in messages:
+            sock.ws.send_binary(m) if isinstance(m, bytes) else sock.send(m)
+        reply = sock.receive()
+        while reply["type"] != "error":
+            reply = sock.receive()
+    finally:
+        sock.close()
+    assert named in reply["error"] and reply["context_id"] == context, reply
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
