@@ -127,6 +127,10 @@ def test_cancel_mid_segment_frees_the_slot_while_another_context_finishes(gatewa
         m = wait_gauges_zero(server)
         assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
         assert m["tts_vocoder_active_streams"] == 0
+        # and it never ends: no done (a stream left running would end with one)
+        sock.send(ours(cancel.sends[0], context_id="third", **{"continue": False}))
+        replies += sock.until_done("third")
+        assert not [r for r in replies if r["context_id"] == CONTEXT and r["type"] in ("done", "error")]
     finally:
         sock.close()
 
