@@ -30,6 +30,7 @@ from gateway.socket_audio import RawOutput, seconds, word_times
 from gateway.text_streams import TextStreams
 
 DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's max_buffer_delay_ms when a message leaves it out
+STOPPED_IDS_KEPT = 64  # cancelled or failed contexts whose late messages are ignored (the most recent ones)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ class AgentSocket:
                  bounds: SocketBounds = SocketBounds()):  # fmt: skip
         self.ws, self.open_text, self.voices, self.bounds = ws, open_text, voices, bounds
         self.contexts: dict[str, Context] = {}
+        # a cancelled or failed context's later messages (tokens already on their way) are dropped, not taken
+        # as a new context that would speak the rest of a sentence
+        self.stopped: dict[str, None] = {}
         self.send_lock = asyncio.Lock()
         self.closed = False
         self.tokens, self.refilled = float(bounds.message_burst), time.monotonic()
@@ -145,6 +149,8 @@ class AgentSocket:
             await self._refuse(e.context_id, 400, str(e))
             return
         ctx = self.contexts.get(request.context_id)
+        if request.context_id in self.stopped:
+            return
         if isinstance(request, Cancel):
             if ctx is not None:
                 await self._drop(ctx)
@@ -250,6 +256,7 @@ class AgentSocket:
             await self.send(cartesia.done(ctx.id))
         except (TTSError, ConnectionError, TimeoutError) as e:
             answer = from_tts_error(e)
+            self._stop(ctx.id)
             await self.send(cartesia.error(ctx.id, answer.status, answer.message))
             await self.send(cartesia.done(ctx.id))
         finally:
@@ -275,10 +282,16 @@ class AgentSocket:
         """Cancel a context now: its stream stops (slot and pages freed), nothing more is sent for it."""
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
+        self._stop(ctx.id)
         for task in (ctx.reader, ctx.delay):
             if task is not None:
                 task.cancel()
         await ctx.stream.cancel()
+
+    def _stop(self, context_id: str) -> None:
+        self.stopped[context_id] = None
+        while len(self.stopped) > STOPPED_IDS_KEPT:
+            del self.stopped[next(iter(self.stopped))]
 
     async def _fail(self, ctx: Context, status: int, message: str) -> None:
         await self._drop(ctx)
@@ -287,6 +300,8 @@ class AgentSocket:
 
     async def _refuse(self, context_id: str | None, status: int, message: str) -> None:
         """A refused message: its context (if open) fails; a context it would have opened gets error and done."""
+        if context_id in self.stopped:
+            return
         ctx = self.contexts.get(context_id) if context_id is not None else None
         if ctx is not None:
             await self._fail(ctx, status, message)

@@ -263,6 +263,17 @@ def test_text_after_the_end_is_refused_by_name():
     assert len(streams.opened) == 2 and streams.opened[0].cancelled  # the socket's close ended it
 
 
+def test_a_cancelled_or_failed_contexts_late_messages_are_dropped_not_spoken():
+    streams = FakeStreams(hold_first=True)
+    late = {**PCM24, "continue": True, "max_buffer_delay_ms": 0, "transcript": "rest of the sentence"}
+    replies = refusals([{**late, "context_id": "a"}, {"context_id": "a", "cancel": True}, {**late, "context_id": "a"},
+                        {**late, "context_id": "b", "transcript": "x" * 40}, {**late, "context_id": "b"}],
+                       streams, context_chars=30)  # fmt: skip
+    assert len(streams.opened) == 3  # a, b and "last": nothing opened for a's or b's late text
+    assert [(r["type"], r["context_id"]) for r in replies if r["type"] in ("error", "done")] == [
+        ("error", "b"), ("done", "b")]  # fmt: skip
+
+
 def test_idle_sockets_and_contexts_are_ended_by_name():
     streams = FakeStreams()
     with app_for(streams, idle_seconds=0.2, context_idle_seconds=0.2).websocket_connect("/tts/websocket") as ws:
