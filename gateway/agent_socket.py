@@ -8,8 +8,8 @@ without a new message), then is flushed. ``continue: false`` ends the context; a
 close) cancels it at once: its stream stops and frees its slot, and nothing more is sent for it.
 
 Every refusal is an ``error`` reply naming what was refused (with the context when it could be read), then,
-for a context, its ``done``; nothing stays allocated for a refused or failed context. Bounds:
-:class:`SocketBounds`.
+for a context, its ``done``; nothing stays allocated for a refused or failed context. Bounds and the
+refusals' names: :mod:`gateway.socket_bounds`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields
 
 from client.request import TTSError
 from gateway import cartesia
@@ -27,38 +26,23 @@ from gateway.cartesia import Cancel, Generate, ProtocolError, parse_message
 from gateway.errors import from_tts_error
 from gateway.fields import STOCK_VOICES, WITH_A_VOICE
 from gateway.socket_audio import RawOutput, seconds, word_times
+from gateway.socket_bounds import (
+    BINARY,
+    CONTEXT_IDLE,
+    CONTEXT_TOO_LONG,
+    ENDED,
+    IDLE,
+    TOO_FAST,
+    TOO_MANY_CONTEXTS,
+    TOO_MANY_SOCKETS,
+    TRY_AGAIN_LATER,
+    MessageRate,
+    SocketBounds,
+)  # fmt: skip
 from gateway.text_streams import TextStreams
 
 DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's max_buffer_delay_ms when a message leaves it out
 STOPPED_IDS_KEPT = 64  # cancelled or failed contexts whose late messages are ignored (the most recent ones)
-
-
-@dataclass(frozen=True)
-class SocketBounds:
-    sockets: int = 64  # agent sockets open on the gateway at once
-    contexts: int = 8  # contexts open at once on one socket
-    context_chars: int = 20_000  # text one context takes in all (its transcripts' characters)
-    idle_seconds: float = 300.0  # a socket without a message for this long, and no context open, is closed
-    context_idle_seconds: float = 60.0  # a context waiting for more text (continue true) this long fails
-    messages_per_second: float = 50.0  # per socket, sustained
-    message_burst: int = 100  # per socket, at once
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            if not getattr(self, f.name) > 0:
-                raise ValueError(f"{f.name} must be > 0, got {getattr(self, f.name)}")
-
-
-# Refusals, by name (the error reply's text starts with them)
-TOO_MANY_SOCKETS = "too many sockets: the server has {n} agent sockets open; retry shortly"
-TOO_MANY_CONTEXTS = "too many contexts: a socket has at most {n} open at once; end or cancel one first"
-CONTEXT_TOO_LONG = "context text too long: a context takes at most {n} characters in all"
-TOO_FAST = "too many messages: a socket takes at most {rate:g} a second (bursts of {burst})"
-IDLE = "socket idle: no message for {s:g} s and no context open; closing"
-CONTEXT_IDLE = "context idle: no text for {s:g} s and no continue false; it is cancelled"
-BINARY = "binary frames are not read: send JSON text messages"
-ENDED = "context ended: it was sent continue false; send more text under a new context_id"
-TRY_AGAIN_LATER = 1013  # the WebSocket close code for "try again later"
 
 
 class Context:
@@ -81,8 +65,7 @@ class Context:
 class AgentSocket:
     """One client's socket: ``await run()`` until it closes (or idles out)."""
 
-    def __init__(self, ws, open_text: TextStreams, voices: Callable[[], Awaitable[list[dict]]],
-                 bounds: SocketBounds = SocketBounds()):  # fmt: skip
+    def __init__(self, ws, open_text: TextStreams, voices: Callable[[], Awaitable[list[dict]]], bounds: SocketBounds):
         self.ws, self.open_text, self.voices, self.bounds = ws, open_text, voices, bounds
         self.contexts: dict[str, Context] = {}
         # a cancelled or failed context's later messages (tokens already on their way) are dropped, not taken
@@ -90,7 +73,7 @@ class AgentSocket:
         self.stopped: dict[str, None] = {}
         self.send_lock = asyncio.Lock()
         self.closed = False
-        self.tokens, self.refilled = float(bounds.message_burst), time.monotonic()
+        self.rate = MessageRate(bounds.messages_per_second, bounds.message_burst)
         self.last_message = time.monotonic()
 
     async def run(self) -> None:
@@ -127,20 +110,11 @@ class AgentSocket:
             text = message.get("text")
             if text is None:
                 await self.send(cartesia.error(None, 400, BINARY))
-            elif not self._take_token():
+            elif not self.rate.take():
                 await self._refuse(_readable_context(text), 429, TOO_FAST.format(
                     rate=self.bounds.messages_per_second, burst=self.bounds.message_burst))  # fmt: skip
             else:
                 await self._on_text(text)
-
-    def _take_token(self) -> bool:
-        now = time.monotonic()
-        rate, burst = self.bounds.messages_per_second, self.bounds.message_burst
-        self.tokens, self.refilled = min(burst, self.tokens + (now - self.refilled) * rate), now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
     async def _on_text(self, text: str) -> None:
         try:

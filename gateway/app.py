@@ -24,11 +24,12 @@ from client.request import TTSError
 from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
-from gateway.agent_socket import SocketBounds, serve_socket
+from gateway.agent_socket import serve_socket
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
+from gateway.socket_bounds import SocketBounds
 from gateway.streaming import stream_response
 from gateway.text_streams import TextStreams, UnitStreams
 
@@ -48,7 +49,7 @@ def create_app(
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
     stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
     runs a random-weight checkpoint, and the web page says what that sounds like; ``socket_bounds``: the
-    agent WebSocket's (:class:`gateway.agent_socket.SocketBounds`)."""
+    agent WebSocket's (:class:`gateway.socket_bounds.SocketBounds`)."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from client.request import ServerBusy
 from client.tts_client import Chunk
-from gateway import agent_socket as sock
+from gateway import cartesia, socket_bounds
 from gateway.app import add_agent_routes
 from gateway.rates import QUALITY
 from gateway.text_streams import Flushed
@@ -92,7 +92,7 @@ class Voices:
 
 def app_for(streams: FakeStreams, **bounds) -> TestClient:
     app = FastAPI()
-    add_agent_routes(app, streams, Voices(), sock.SocketBounds(**bounds))
+    add_agent_routes(app, streams, Voices(), socket_bounds.SocketBounds(**bounds))
     return TestClient(app)
 
 
@@ -245,7 +245,7 @@ def test_every_refusal_is_named_with_its_context_then_done_and_nothing_stays_ope
     errors = [r for r in replies if r["type"] == "error"]
     assert len(errors) == 1 and named in errors[0]["error"] and errors[0]["context_id"] == context, replies
     if context:
-        assert replies[replies.index(errors[0]) + 1] == {**sock.cartesia.done(context)}
+        assert replies[replies.index(errors[0]) + 1] == cartesia.done(context)
     assert all(s.cancelled or s.ended for s in streams.opened)
 
 
@@ -259,7 +259,7 @@ def test_text_after_the_end_is_refused_by_name():
     streams = FakeStreams(hold_first=True)
     replies = refusals([{**GOOD, "continue": True, "transcript": "A"}, {**GOOD, "transcript": ""},
                         {**GOOD, "transcript": "more"}], streams)  # fmt: skip
-    assert [r["error"] for r in replies if r["type"] == "error"] == [sock.ENDED]
+    assert [r["error"] for r in replies if r["type"] == "error"] == [socket_bounds.ENDED]
     assert len(streams.opened) == 2 and streams.opened[0].cancelled  # the socket's close ended it
 
 
@@ -291,7 +291,7 @@ def test_sockets_beyond_the_bound_are_refused_by_name():
         with client.websocket_connect("/tts/websocket") as second:
             refused = second.receive_json()
             closed = second.receive()
-            assert closed == {"type": "websocket.close", "code": sock.TRY_AGAIN_LATER, "reason": ""}
+            assert closed == {"type": "websocket.close", "code": socket_bounds.TRY_AGAIN_LATER, "reason": ""}
         first.send_text(json.dumps(GOOD))
         assert until_done(first, "c1")[0]["type"] == "chunk"
     assert refused["error"].startswith("too many sockets")
