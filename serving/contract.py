@@ -25,7 +25,6 @@ from engine.instructions import (
     TASK_DEFAULTS,
     TASKS,
 )
-from engine.frontend.text_in import RELEASES
 from engine.params import CFG, DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
 from engine.protocol import (
     CANCELLED,
@@ -133,8 +132,8 @@ TTS_INPUTS = (
     Spec("FLUSH", "TYPE_BOOL", (1,), True,
          "text-in streams (a request with a sequence id): speak the text sent so far now, as its own segment"),
     Spec("RELEASE", "TYPE_STRING", (1,), True,
-         f"text-in streams, first request: {' or '.join(f'`{r}`' for r in RELEASES)} (default `{DEFAULT_RELEASE}`): "
-         "a segment is also cut at each sentence end, or only at `FLUSH` and the end"),
+         "text-in streams, first request: `sentence` (the default: a segment is cut at each sentence end too) or "
+         "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
 # A text-in stream (a client's gRPC sequence to tts: serving.text_streams) holds one admission place for its
 # life; these bound what a stranger can make it hold. A piece's TEXT has MAX_TEXT_CHARS (serving.requests).

@@ -5,7 +5,10 @@ being sent, a cancel frees the slot and pages at once, and each bound is a named
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
 from serving.repository import ServeOptions, build
 from serving.requests import MAX_TEXT_CHARS
 from serving.triton_env import Ports, TritonServer
+from tests.docs import DOCS, README, ROOT, snippet
 from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration
@@ -186,3 +190,17 @@ def test_pieces_of_no_stream_and_a_reused_id_are_refused(url):
     with_voice = piece_request("tts", 98, "Hi", False, fields={"SEED": 3})
     start = piece_request("tts", 98, "", False, start=True, fields={"SEED": 3})
     assert "SEED: only the first request" in asyncio.run(go([start, with_voice]))
+
+
+@pytest.mark.parametrize("name, page", [("text-in-grpc", DOCS / "serving.md"), ("text-in-client", README)])
+def test_the_documented_snippets_run(name, page, url, tmp_path):
+    code = snippet(name, page)
+    assert "127.0.0.1:8001" in code
+    code = code.replace("127.0.0.1:8001", url)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    if name == "text-in-client":
+        assert (tmp_path / "streamed.wav").stat().st_size > 44
+    else:
+        assert int(done.stdout.split()[0]) > 0
