@@ -1,6 +1,10 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response."""
+every request ends with exactly one final response.
+
+A request with a sequence id is a piece of a text-in stream (serving.text_streams): the START request is
+admitted and carries the audio of the whole stream; each later one hands its TEXT over and is answered at
+once (END: the text is complete)."""
 
 import asyncio
 import contextlib
@@ -16,7 +20,10 @@ from serving.admission import Admission
 from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
-from serving.contract import TTS_OUTPUTS
+from engine.frontend.text_in import RELEASES
+from engine.params import shown
+from serving.contract import DEFAULT_RELEASE, TTS_OUTPUTS
+from serving.text_streams import TextStreams
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
@@ -35,6 +42,9 @@ from serving.triton_io import (
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+START, END = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+PIECE_INPUTS = {"TEXT", "FLUSH"}  # what a text-in stream's later requests may carry
+STREAMED = "(streamed)"  # a text-in stream's TEXT, for the checks that want one before the text has come
 
 
 def refuse(sender, message: str) -> None:
@@ -63,6 +73,7 @@ class TritonPythonModel:
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
         self.admission = Admission(cancels.dir, "tts", opts.capacity)
+        self.text_streams = TextStreams(opts.text_idle_seconds)
         self.in_flight = self.waiting = 0
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
@@ -84,6 +95,12 @@ class TritonPythonModel:
         await self.waits.serve(requests, self._serve)
 
     async def _serve(self, request):
+        # Up to the stream's start (or a piece handed over) nothing awaits: requests of one sequence are
+        # taken in the order they came, which is the order their tasks start in.
+        key = request.correlation_id()
+        if key and not request.flags() & START:
+            self._piece(request, key)
+            return
         sender = request.get_response_sender()
         refusal = self.flags.refusal()  # the launcher restarts or stops the server
         if refusal:
@@ -94,13 +111,44 @@ class TritonPythonModel:
             refuse(sender, self.admission.busy_message())
             return
         self._count(1, 1)
-        lingering: set = set()
-        LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+        stream = None
         try:
-            await self._serve_admitted(request, sender, lingering)
+            if key:  # a text-in stream: its first piece
+                try:
+                    stream = self.text_streams.start(key)
+                    self._add(stream, request)
+                except ValueError as e:
+                    self.outcome["error"].increment(1)
+                    sender.send(error_response(pb, tagged(e)), flags=FINAL)
+                    return
+            lingering: set = set()
+            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+            await self._serve_admitted(request, sender, lingering, stream)
         finally:
+            if stream is not None:
+                self.text_streams.close(stream)
             self.admission.leave()
             self._count(-1, 0)
+
+    def _piece(self, request, key) -> None:
+        """A text-in stream's later request: its piece handed over, answered at once (or refused)."""
+        sender = request.get_response_sender()
+        try:
+            extra = {t.name() for t in request.inputs()} - PIECE_INPUTS
+            if extra:
+                raise ValueError(f"{', '.join(sorted(extra))}: only the first request of a text-in stream (START) "
+                                 f"takes them; later ones carry {' and '.join(sorted(PIECE_INPUTS))}")  # fmt: skip
+            self._add(self.text_streams.get(key), request)
+        except ValueError as e:
+            sender.send(error_response(pb, tagged(e)), flags=FINAL)
+            return
+        sender.send(flags=FINAL)
+
+    def _add(self, stream, request) -> None:
+        flush = scalar(pb, request, "FLUSH", False)
+        if not isinstance(flush, bool):
+            raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")
+        stream.add(string(pb, request, "TEXT", ""), flush, bool(request.flags() & END))
 
     def _count(self, in_flight: int, waiting: int) -> None:
         self.in_flight += in_flight
@@ -108,8 +156,8 @@ class TritonPythonModel:
         self.in_flight_gauge.set(self.in_flight)
         self.waiting_gauge.set(self.waiting)
 
-    async def _serve_admitted(self, request, sender, lingering: set):
-        task = asyncio.ensure_future(self._stream(request, sender))
+    async def _serve_admitted(self, request, sender, lingering: set, stream):
+        task = asyncio.ensure_future(self._stream(request, sender, stream))
         broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.outcome["error"].increment(1)
@@ -133,11 +181,17 @@ class TritonPythonModel:
             self.outcome["ok"].increment(1)
             self.audio_seconds.increment(samples / SAMPLE_RATE)
 
-    async def _stream(self, request, sender):
-        """Run one request, sending all but the final piece; returns that piece and the samples in all."""
+    async def _stream(self, request, sender, stream):
+        """Run one request (``stream``: its text-in stream, or None), sending all but the final piece; returns
+        that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         try:
             text, ref_audio = string(pb, request, "TEXT", ""), get(pb, request, "REF_AUDIO", required=False)
+            if stream is not None:
+                text = STREAMED
+                release = string(pb, request, "RELEASE", DEFAULT_RELEASE)
+                if release not in RELEASES:
+                    raise ValueError(f"RELEASE must be one of {', '.join(RELEASES)}, got {shown(release)}")
             rate, ref_text = scalar(pb, request, "REF_SAMPLE_RATE", 0), string(pb, request, "REF_TEXT", "")
             voice_id = string(pb, request, "VOICE_ID", "")
             instruct = instruct_request(string(pb, request, "TASK", ""), string(pb, request, "INSTRUCTION", ""),
@@ -147,8 +201,14 @@ class TritonPythonModel:
                                              voice_id, scalar(pb, request, "SEED", None), request.parameters(),
                                              instruct)  # fmt: skip
             sent = 0
-            async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
+            run = (self.orchestrator.run(utterance, voice) if stream is None
+                   else self.orchestrator.run_text(utterance, voice, stream.read(), release))  # fmt: skip
+            async with contextlib.aclosing(run) as pieces:
                 async for piece in pieces:
+                    if piece.flushed:  # a text-in stream's flush is spoken
+                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"FLUSHED": piece.flushed},
+                                                                 batch=False)))  # fmt: skip
+                        continue
                     if piece.text is not None:  # Instruct's plan (maybe ""), in its own response before any audio
                         sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"PLAN_TEXT": piece.text},
                                                                  batch=False)))  # fmt: skip
