@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from client.request import TTSError
+from client.text_in import Flushed
 from gateway import cartesia
 from gateway.cartesia import Cancel, Generate, ProtocolError, parse_message
 from gateway.errors import from_tts_error
@@ -53,6 +54,7 @@ class Context:
         self.output = RawOutput(request.encoding, request.sample_rate, request.volume)
         self.timestamps = request.timestamps
         self.chars, self.ended, self.last_text = 0, False, time.monotonic()
+        self.cancelled = False  # dropped: nothing more is sent for it (its iteration may still end normally)
         self.flushes = 0  # flushes sent to the stream
         self.flush_ids: dict[int, int] = {}  # stream flush number -> the client's flush_id (flush: true)
         self.units: dict[int, str] = {}  # flush number -> the text sent before it (for timings)
@@ -180,15 +182,9 @@ class AgentSocket:
             await self._fail(ctx, 413, CONTEXT_TOO_LONG.format(n=self.bounds.context_chars))
             return
         ctx.last_text = time.monotonic()
-        flush = request.flush or request.buffer_delay_ms == 0 or not request.more
-        if request.transcript:
-            ctx.pending += request.transcript
-            await ctx.stream.send(request.transcript, flush=flush and request.more)
-            if flush and request.more:
-                self._flushed_text(ctx, request.flush)
-        elif request.flush and request.more:
-            await ctx.stream.send("", flush=True)
-            self._flushed_text(ctx, True)
+        flush = request.more and (request.flush or request.buffer_delay_ms == 0)
+        if request.transcript or flush:
+            await self._piece(ctx, request.transcript, flush, by_client=request.flush)
         if ctx.delay is not None:
             ctx.delay.cancel()
             ctx.delay = None
@@ -196,39 +192,50 @@ class AgentSocket:
             ctx.ended = True
             ctx.units[ctx.flushes + 1], ctx.pending = ctx.pending, ""  # the last unit
             await ctx.stream.end()
-        elif not flush and ctx.pending:
+        elif ctx.pending:
             delay = request.buffer_delay_ms if request.buffer_delay_ms is not None else DEFAULT_BUFFER_DELAY_MS
             ctx.delay = asyncio.create_task(self._flush_later(ctx, delay / 1000))
 
-    def _flushed_text(self, ctx: Context, by_client: bool) -> None:
-        ctx.flushes += 1
-        ctx.units[ctx.flushes], ctx.pending = ctx.pending, ""
-        if by_client:
-            ctx.flush_ids[ctx.flushes] = len(ctx.flush_ids) + 1
+    async def _piece(self, ctx: Context, text: str, flush: bool, by_client: bool = False) -> None:
+        try:
+            await ctx.stream.send(text, flush=flush)
+        except ValueError:  # the server ended the stream (an error, its idle bound): its reader says so
+            return
+        ctx.pending += text
+        if flush:
+            ctx.flushes += 1
+            ctx.units[ctx.flushes], ctx.pending = ctx.pending, ""
+            if by_client:
+                ctx.flush_ids[ctx.flushes] = len(ctx.flush_ids) + 1
 
     async def _flush_later(self, ctx: Context, delay: float) -> None:
         await asyncio.sleep(delay)
         ctx.delay = None
         if not ctx.ended and ctx.pending:
-            await ctx.stream.send("", flush=True)
-            self._flushed_text(ctx, False)
+            await self._piece(ctx, "", True)
 
     # ---- audio ------------------------------------------------------------------------------------------
     async def _read(self, ctx: Context) -> None:
         """The context's audio and markers -> its replies, then ``done`` (or ``error`` and ``done``)."""
         try:
             async for item in ctx.stream:
-                if hasattr(item, "audio"):
-                    ctx.samples += item.audio.size
-                    await self._chunk(ctx, ctx.output.push(item.audio))
-                else:
+                if ctx.cancelled:
+                    return
+                if isinstance(item, Flushed):
                     await self._timed(ctx, item.n)
                     if item.n in ctx.flush_ids:
                         await self.send(cartesia.flush_done(ctx.id, ctx.flush_ids[item.n]))
+                else:
+                    ctx.samples += item.audio.size
+                    await self._chunk(ctx, ctx.output.push(item.audio))
+            if ctx.cancelled:  # a cancelled text stream's iteration ends without an error
+                return
             await self._chunk(ctx, ctx.output.finish())
             await self._timed(ctx, ctx.flushes + 1)
             await self.send(cartesia.done(ctx.id))
         except (TTSError, ConnectionError, TimeoutError) as e:
+            if ctx.cancelled:
+                return
             answer = from_tts_error(e)
             self._stop(ctx.id)
             await self.send(cartesia.error(ctx.id, answer.status, answer.message))
@@ -254,6 +261,7 @@ class AgentSocket:
     # ---- ends -------------------------------------------------------------------------------------------
     async def _drop(self, ctx: Context) -> None:
         """Cancel a context now: its stream stops (slot and pages freed), nothing more is sent for it."""
+        ctx.cancelled = True
         if self.contexts.get(ctx.id) is ctx:
             del self.contexts[ctx.id]
         self._stop(ctx.id)

@@ -31,7 +31,7 @@ from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.socket_bounds import SocketBounds
 from gateway.streaming import stream_response
-from gateway.text_streams import TextStreams, UnitStreams
+from gateway.text_streams import TextStreams
 
 MODEL_ID = "fireredtts3"
 PAGE = Path(__file__).with_name("page.html")  # the web page at /: one file, no build step
@@ -73,7 +73,7 @@ def create_app(
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
-    add_agent_routes(app, UnitStreams(tts), voice_list, socket_bounds or SocketBounds())
+    add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds())
     return app
 
 

@@ -6,14 +6,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, fields
 
+from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, MAX_STREAM_CHARS
+
 
 @dataclass(frozen=True)
 class SocketBounds:
     sockets: int = 64  # agent sockets open on the gateway at once
     contexts: int = 8  # contexts open at once on one socket
-    context_chars: int = 20_000  # text one context takes in all (its transcripts' characters)
+    context_chars: int = MAX_STREAM_CHARS  # text one context takes in all: a text-in stream's, the server's bound
     idle_seconds: float = 300.0  # a socket without a message for this long, and no context open, is closed
-    context_idle_seconds: float = 60.0  # a context waiting for more text (continue true) this long fails
+    # a context waiting for more text (continue true) this long fails: the server's default for a text-in stream
+    context_idle_seconds: float = DEFAULT_TEXT_IDLE_SECONDS
     messages_per_second: float = 50.0  # per socket, sustained
     message_burst: int = 100  # per socket, at once
 

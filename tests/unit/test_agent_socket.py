@@ -15,11 +15,11 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from client.request import ServerBusy
+from client.text_in import Flushed
 from client.tts_client import Chunk
 from gateway import cartesia, socket_bounds
 from gateway.app import add_agent_routes
 from gateway.rates import QUALITY
-from gateway.text_streams import Flushed
 from tests.fixtures.cartesia_plugins import CONTEXT, SCENARIOS, VOICE_ID
 from tests.unit.test_g711 import mulaw_decode
 
@@ -67,7 +67,12 @@ class FakeStream:
         return self
 
     async def __anext__(self):
-        item = await self.out.get()
+        try:
+            item = await self.out.get()
+        except asyncio.CancelledError:
+            if self.cancelled:  # as client.text_in's stream does: a cancelled stream's iteration just ends
+                raise StopAsyncIteration from None
+            raise
         if item is _END:
             raise StopAsyncIteration
         if isinstance(item, Exception):
