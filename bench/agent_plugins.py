@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import time
 from importlib.metadata import version
 
@@ -93,7 +94,7 @@ async def livekit(gateway: str, rate: float, sample_rate: int) -> dict:
                      "first_audio_after_sentence_s": timeline.first_audio_after_each_sentence()}  # fmt: skip
 
 
-async def pipecat(gateway: str, rate: float, sample_rate: int) -> dict:
+async def pipecat(gateway: str, rate: float, sample_rate: int, token_mode: bool = False) -> dict:
     from pipecat.frames.frames import (
         EndFrame,
         ErrorFrame,
@@ -109,8 +110,10 @@ async def pipecat(gateway: str, rate: float, sample_rate: int) -> dict:
     from pipecat.pipeline.task import PipelineParams, PipelineTask
     from pipecat.processors.frame_processor import FrameProcessor
     from pipecat.services.cartesia.tts import CartesiaTTSService
+    from pipecat.services.tts_service import TextAggregationMode
 
-    result = {"plugin": f"pipecat-ai {version('pipecat-ai')}", "errors": []}
+    mode = TextAggregationMode.TOKEN if token_mode else None  # TOKEN: each token a message, no buffer delay 0
+    result = {"plugin": f"pipecat-ai {version('pipecat-ai')}" + (" TOKEN mode" if token_mode else ""), "errors": []}
     timeline, seen = Timeline(), {"frames": 0, "rates": set(), "samples": 0, "words": []}
     stopped = asyncio.Event()
 
@@ -131,7 +134,7 @@ async def pipecat(gateway: str, rate: float, sample_rate: int) -> dict:
             await self.push_frame(frame, direction)
 
     tts = CartesiaTTSService(api_key="unused", url=gateway.replace("http", "ws", 1) + "/tts/websocket",
-                             settings=CartesiaTTSService.Settings(voice="default"))  # fmt: skip
+                             settings=CartesiaTTSService.Settings(voice="default"), text_aggregation_mode=mode)  # fmt: skip
     task = PipelineTask(Pipeline([Watch(), tts, Watch()]), params=PipelineParams(audio_out_sample_rate=sample_rate))
 
     async def push(token: str) -> None:
@@ -255,9 +258,11 @@ def main() -> None:
     ap.add_argument("--livekit-rate", type=int, default=24000, help="LiveKit's sample_rate (its default)")
     ap.add_argument("--pipecat-rate", type=int, default=16000, help="the Pipecat pipeline's output rate")
     ap.add_argument("--barge-in", action="store_true", help="interrupt the first turn at its first audio")
+    ap.add_argument("--pipecat-token-mode", action="store_true", help="Pipecat sends each token as it comes")
     ap.add_argument("--metrics", help="the server's metrics URL: print its slot and page gauges at the end")
     args = ap.parse_args()
-    runs = {"livekit": (livekit, args.livekit_rate), "pipecat": (pipecat, args.pipecat_rate)}
+    token_mode = functools.partial(pipecat, token_mode=args.pipecat_token_mode)
+    runs = {"livekit": (livekit, args.livekit_rate), "pipecat": (token_mode, args.pipecat_rate)}
     if args.barge_in:
         runs = {"livekit": (livekit_barge_in, args.livekit_rate), "pipecat": (pipecat_barge_in, args.pipecat_rate)}
     for name in args.plugins.split(","):
