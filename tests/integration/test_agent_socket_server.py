@@ -20,7 +20,7 @@ import websocket  # websocket-client: a plain synchronous client, nothing of the
 
 from client import TTSClient
 from gateway.rates import QUALITY
-from tests.fixtures.cartesia_plugins import CONTEXT, HANDSHAKES, SCENARIOS
+from tests.fixtures.cartesia_plugins import CONTEXT, HANDSHAKES, SCENARIOS, SENTENCES, pipecat_generation
 from tests.integration.helpers import wait_gauges_zero
 from tests.unit.test_g711 import mulaw_decode
 
@@ -74,9 +74,13 @@ ENDING = [s for s in SCENARIOS if s.sends[-1].get("continue") is False and len({
 def test_a_plugins_reply_comes_back_as_audio_words_and_one_done(gateway, server, scenario):
     sock = Socket(gateway, scenario.plugin)
     try:
-        for message in scenario.sends:
+        sock.send(ours(scenario.sends[0]))
+        replies = [sock.receive()]
+        while replies[-1]["type"] != "chunk":  # the first sentence is heard before the next is sent
+            replies.append(sock.receive())
+        for message in scenario.sends[1:]:
             sock.send(ours(message))
-        replies = sock.until_done(CONTEXT)
+        replies += sock.until_done(CONTEXT)
     finally:
         sock.close()
     assert [r["type"] for r in replies].count("done") == 1 and all(r["context_id"] == CONTEXT for r in replies)
@@ -94,6 +98,30 @@ def test_a_plugins_reply_comes_back_as_audio_words_and_one_done(gateway, server,
     sentences = [t for t in texts if t.strip()]
     words = [w for r in replies if r["type"] == "timestamps" for w in r["word_timestamps"]["words"]]
     assert words == " ".join(sentences).split()
+
+
+def test_pipecats_token_mode_word_by_word_is_cut_at_sentence_ends(gateway, server):
+    """TOKEN mode: each token a message, no max_buffer_delay_ms; the server cuts at each sentence end."""
+    words = " ".join(SENTENCES).split()
+    pieces = [w if i == 0 else f" {w}" for i, w in enumerate(words)]
+    token = {k: v for k, v in pipecat_generation("", True).items() if k != "max_buffer_delay_ms"}
+    token["output_format"] = {**token["output_format"], "sample_rate": 24000}  # the model's rate, as it is
+    sock = Socket(gateway, "pipecat")
+    try:
+        for piece in pieces:
+            sock.send(ours(token, transcript=piece))
+        sock.send(ours(token, transcript="", **{"continue": False}))
+        replies = sock.until_done(CONTEXT)
+    finally:
+        sock.close()
+    assert "error" not in [r["type"] for r in replies], replies
+    tts = TTSClient(f"127.0.0.1:{server.ports.grpc}")
+    sentences = [tts.synthesize(s.strip(), language="English", seed=7, parameters=SHORT) for s in SENTENCES]
+    whole = tts.stream_text(pieces, language="English", seed=7, parameters=SHORT)
+    expected = np.concatenate([c.audio for c in whole])
+    got = np.frombuffer(audio_of(replies), "<i2")
+    assert got.size == expected.size == sum(a.size for a in sentences) - 2 * 1200  # 3 segments, 2 cross-fades
+    assert np.max(np.abs(got - np.round(np.clip(expected, -1, 1) * 32767))) <= 1
 
 
 def test_mulaw_at_8_khz_decodes_back_to_the_tts_audio(gateway, server):
