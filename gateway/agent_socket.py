@@ -317,13 +317,14 @@ def _readable_context(text: str) -> str | None:
 
 async def serve_socket(ws, open_text: TextStreams, voices, bounds: SocketBounds, open_sockets: list[int]) -> None:
     """Accept ``ws`` and run it, within the gateway's ``bounds.sockets`` (``open_sockets``: [count], shared)."""
-    await ws.accept()
     if open_sockets[0] >= bounds.sockets:
+        await ws.accept()
         await ws.send_text(json.dumps(cartesia.error(None, 503, TOO_MANY_SOCKETS.format(n=bounds.sockets))))
         await ws.close(TRY_AGAIN_LATER)
         return
-    open_sockets[0] += 1
+    open_sockets[0] += 1  # before the first await: the next connection sees it
     try:
+        await ws.accept()
         await AgentSocket(ws, open_text, voices, bounds).run()
     finally:
         open_sockets[0] -= 1

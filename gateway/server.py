@@ -94,12 +94,15 @@ def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
 
 
 def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = ServerOptions(),
-                   timeout: float = 60.0, log_level: str = "info", random_weights: bool = False) -> uvicorn.Config:  # fmt: skip
-    """The gateway for Triton's gRPC endpoint ``triton``, served on ``host:port``."""
+                   timeout: float = 60.0, log_level: str = "info", random_weights: bool = False,
+                   socket_bounds=None) -> uvicorn.Config:  # fmt: skip
+    """The gateway for Triton's gRPC endpoint ``triton``, served on ``host:port``; ``socket_bounds``: the agent
+    WebSocket's (``gateway.socket_bounds.SocketBounds``; None: its defaults)."""
     from gateway.app import create_app
 
+    app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds)
     return uvicorn.Config(
-        create_app(triton, timeout, options.body_timeout, random_weights), host=host, port=port, log_level=log_level,
+        app, host=host, port=port, log_level=log_level,
         http=header_timeout_protocol(options.header_timeout), ws="wsproto", ws_max_size=WS_MAX_BYTES,
         timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.limit_concurrency,
     )  # fmt: skip
@@ -123,16 +126,17 @@ def options(args: argparse.Namespace) -> ServerOptions:
 
 
 @contextlib.contextmanager
-def in_thread(triton: str, random_weights: bool = False) -> Iterator[str]:
+def in_thread(triton: str, random_weights: bool = False, socket_bounds=None) -> Iterator[str]:
     """The gateway in front of the Triton gRPC address ``triton``, served by a thread of this process on a
-    free loopback port, with the options ``python -m gateway`` has by default -> its base URL (tests and
-    benchmarks; the launcher runs ``python -m gateway`` as a process of its own)."""
+    free loopback port, with the options ``python -m gateway`` has by default (or the agent socket's
+    ``socket_bounds``) -> its base URL (tests and benchmarks; the launcher runs ``python -m gateway`` as a
+    process of its own)."""
     with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn_config(triton, "127.0.0.1", port, log_level="warning", random_weights=random_weights)
-    )
+    config = uvicorn_config(triton, "127.0.0.1", port, log_level="warning", random_weights=random_weights,
+                            socket_bounds=socket_bounds)  # fmt: skip
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

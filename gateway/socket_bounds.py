@@ -17,8 +17,9 @@ class SocketBounds:
     idle_seconds: float = 300.0  # a socket without a message for this long, and no context open, is closed
     # a context waiting for more text (continue true) this long fails: the server's default for a text-in stream
     context_idle_seconds: float = DEFAULT_TEXT_IDLE_SECONDS
-    messages_per_second: float = 50.0  # per socket, sustained
-    message_burst: int = 100  # per socket, at once
+    # per socket: Pipecat's TOKEN mode sends each LLM token as a message (fast LLMs stream 100-500 a second)
+    messages_per_second: float = 200.0  # sustained
+    message_burst: int = 1000  # at once
 
     def __post_init__(self) -> None:
         for f in fields(self):

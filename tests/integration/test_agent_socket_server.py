@@ -20,6 +20,8 @@ import websocket  # websocket-client: a plain synchronous client, nothing of the
 
 from client import TTSClient
 from gateway.rates import QUALITY
+from gateway.server import in_thread
+from gateway.socket_bounds import SocketBounds
 from tests.fixtures.cartesia_plugins import CONTEXT, HANDSHAKES, SCENARIOS, SENTENCES, pipecat_generation
 from tests.integration.helpers import wait_gauges_zero
 from tests.unit.test_g711 import mulaw_decode
@@ -190,7 +192,6 @@ GOOD = ours(SCENARIOS[0].sends[0], context_id="c1", **{"continue": False})
         ([{**GOOD, "transcript": "word " * 3201}], "context text too long", "c1"),
         ([{**GOOD, "continue": True, "max_buffer_delay_ms": 5000, "context_id": f"c{i}"} for i in range(9)],
          "too many contexts: a socket has at most 8", "c8"),
-        ([{"context_id": "gone", "cancel": True}] * 400, "too many messages: a socket takes at most 50", "gone"),
     ],
 )  # fmt: skip
 def test_each_refusal_is_named_and_nothing_stays_allocated(gateway, server, messages, named, context):
@@ -206,3 +207,61 @@ def test_each_refusal_is_named_and_nothing_stays_allocated(gateway, server, mess
     assert named in reply["error"] and reply["context_id"] == context, reply
     m = wait_gauges_zero(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+
+
+@pytest.fixture(scope="module")
+def tight(server):
+    """A gateway whose agent-socket bounds a test reaches in a second or two."""
+    bounds = SocketBounds(sockets=2, contexts=2, messages_per_second=1, message_burst=10, idle_seconds=1,
+                          context_idle_seconds=1)  # fmt: skip
+    with in_thread(f"127.0.0.1:{server.ports.grpc}", socket_bounds=bounds) as url:
+        yield url
+
+
+def test_too_many_messages_and_contexts_are_refused_by_name(tight, server):
+    sock = Socket(tight)
+    try:
+        held = {**GOOD, "continue": True, "max_buffer_delay_ms": 5000}
+        for i in range(3):
+            sock.send({**held, "context_id": f"c{i}"})
+        first = sock.receive()
+        for _ in range(10):
+            sock.send({"context_id": "gone", "cancel": True})
+        second = sock.receive()
+        while second["type"] != "error":
+            second = sock.receive()
+    finally:
+        sock.close()
+    assert first["error"].startswith("too many contexts: a socket has at most 2") and first["context_id"] == "c2"
+    assert second["error"].startswith("too many messages: a socket takes at most 1 a second")
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+
+
+def test_idle_contexts_and_sockets_are_ended_by_name(tight, server):
+    sock = Socket(tight)
+    try:
+        sock.send({**GOOD, "continue": True, "max_buffer_delay_ms": 5000, "transcript": "Waiting for"})
+        replies = [sock.receive() for _ in range(3)]
+        closed = sock.ws.recv_data()  # the close frame: (opcode, data)
+    finally:
+        sock.close()
+    assert [(r["type"], r["context_id"]) for r in replies] == [("error", "c1"), ("done", "c1"), ("error", "")]
+    assert replies[0]["error"].startswith("context idle") and replies[2]["error"].startswith("socket idle")
+    assert closed[0] == websocket.ABNF.OPCODE_CLOSE
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+
+
+def test_sockets_beyond_the_gateways_bound_are_refused_by_name(tight):
+    open_ = [Socket(tight), Socket(tight)]
+    try:
+        third = Socket(tight)
+        refused = third.receive()
+        closed = third.ws.recv_data()
+        third.close()
+    finally:
+        for sock in open_:
+            sock.close()
+    assert refused["error"].startswith("too many sockets: the server has 2") and refused["context_id"] == ""
+    assert closed[0] == websocket.ABNF.OPCODE_CLOSE and int.from_bytes(closed[1][:2], "big") == 1013
