@@ -5,9 +5,8 @@ request and returns, and the engine thread takes whatever has queued (up to ``ba
 ``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
 each request with one final response. A request carries one chunk (tts_ensemble) or a batch of them
 (tts: serving.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
-used: it drops a chunk whose ensemble client has gone, which leaves that tts_ensemble request in
-flight forever in Triton 2.51 and hides from us that the client left; here such a chunk is answered,
-and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
+used: it drops a chunk whose ensemble client has gone (docs/triton.md#T13); here such a chunk is
+answered, and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
 """
 
 import queue
