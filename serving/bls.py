@@ -242,7 +242,7 @@ class BLSGenerator:
                 self.bls.raise_for("generator", response)
                 if not response.output_tensors():
                     continue
-                chunk = read_chunk(lambda n: _output(pb, response, n))
+                chunk = read_chunk(lambda n, r=response: _output(pb, r, n))
                 ended = chunk.last
                 yield chunk
         finally:

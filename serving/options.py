@@ -137,7 +137,7 @@ def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
     """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
     launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
     values = {}
-    for flag, kw in flags():
+    for _flag, kw in flags():
         value = getattr(args, kw["dest"])
         if value is not None:
             values[kw["dest"]] = str(value) if isinstance(value, Path) else value

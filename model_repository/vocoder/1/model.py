@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
