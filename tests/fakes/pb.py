@@ -261,7 +261,7 @@ class FakeTriton:
     def __init__(self, timeout: float = 60.0):
         self.models: dict[str, _Served] = {}
         self.timeout = timeout
-        self.module = sys.modules[__name__]
+        self.loops: dict[int, tuple[asyncio.AbstractEventLoop, threading.Thread]] = {}
 
     def __enter__(self) -> FakeTriton:
         global _SERVER
@@ -270,6 +270,9 @@ class FakeTriton:
 
     def __exit__(self, *exc) -> None:
         global _SERVER
+        for loop, thread in self.loops.values():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
         for served in self.models.values():
             served.queue.put(None)
         for served in self.models.values():
@@ -294,6 +297,19 @@ class FakeTriton:
         """Answer BLS requests to ``name`` with ``model`` (loaded, or any object with ``execute``)."""
         self.models[name] = _Served(model, max_batch)
         return model
+
+    def execute(self, model, requests: list, timeout: float = 120.0):
+        """``model.execute(requests)`` as its stub runs it: an async execute on the model's own event
+        loop, which lives as long as this server (a stub's loop outlives its executes)."""
+        if not asyncio.iscoroutinefunction(model.execute):
+            return model.execute(requests)
+        if id(model) not in self.loops:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, daemon=True)
+            thread.start()
+            self.loops[id(model)] = (loop, thread)
+        loop = self.loops[id(model)][0]
+        return asyncio.run_coroutine_threadsafe(model.execute(requests), loop).result(timeout)
 
     def call(self, request: InferenceRequest, decoupled: bool):
         served = self.models.get(request.model_name)

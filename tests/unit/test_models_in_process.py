@@ -6,9 +6,7 @@ generator's outbox and RESCHEDULE)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from engine.params import GenerationParams
 from engine.protocol import FORBIDDEN, INVALID, LENGTH, STOP
 from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
 from serving.model_options import (
+    EnsembleGeneratorOptions,
     GeneratorOptions,
     PromptEncoderOptions,
     TTSOptions,
@@ -55,18 +54,15 @@ def triton(tiny_ckpt, tmp_path_factory):
             server.vocoder = server.serve("vocoder", load("vocoder", VocoderOptions.of(opts).parameters()), 64)
             server.voices = load("voices", VoicesOptions.of(opts).parameters())
             server.tts = load("tts", TTSOptions.of(opts).parameters())
-            server.loop = asyncio.new_event_loop()  # the stub's one event loop, for tts's async execute
-            thread = threading.Thread(target=server.loop.run_forever, daemon=True)
-            thread.start()
+            server.ensemble = load("ensemble_generator", EnsembleGeneratorOptions.of(opts).parameters())
             yield server
-            server.loop.call_soon_threadsafe(server.loop.stop)
-            thread.join(10)
             server.tts.finalize()
+            server.ensemble.finalize()
 
 
 def run_tts(server, inputs: dict, parameters: dict | None = None) -> fake.ResponseSender:
     request = fake.request(inputs, parameters)
-    asyncio.run_coroutine_threadsafe(server.tts.execute([request]), server.loop).result(120)
+    server.execute(server.tts, [request])
     return request.sender
 
 
@@ -201,3 +197,26 @@ def test_generator_reschedules_until_the_last_chunk_and_refuses_keyless(triton, 
     assert [len(o["LATENTS"].reshape(-1, 64)) for o in outs if len(o["LATENTS"].reshape(-1))] == [4] * 6
     assert outs[-1]["FINISH_REASON"].reshape(-1)[0].decode() == LENGTH
     assert not gen.host.service.live
+
+
+def test_ensemble_generator_relays_the_generators_chunks_and_fails_in_band(triton, model):
+    """tts_ensemble's middle step: the generator's chunks (through BLS) as its own responses, the last
+    one final; a bad input is a normal final response whose FINISH_REASON names it (docs/triton.md#T12)."""
+    prompt = model.encode_prompt(None)
+    inputs = {**{k: v[None] for k, v in strings(TEXT="Relayed words", LANGUAGE="English", PROMPT_TEXT="").items()},
+              "SEED": np.array([[4]], np.int64), "PROMPT_LATENTS": prompt.latents.numpy()[None],
+              "SPEAKER": prompt.speaker.numpy()[None]}  # fmt: skip
+    request = fake.request(inputs, {"max_patches": 6})
+    triton.execute(triton.ensemble, [request])
+    outs = request.sender.outputs()
+    assert request.sender.finals == 1 and request.sender.errors() == []
+    assert [bool(o["LAST"].reshape(-1)[0]) for o in outs] == [False] * (len(outs) - 1) + [True]
+    got = np.concatenate([o["LATENTS"].reshape(-1, 64) for o in outs])
+    ref = reference_latents(model, "Relayed words", GenerationParams(seed=4, max_patches=6), prompt)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref.numpy(), atol=1e-5)
+    bad = fake.request({**inputs, "SPEAKER": np.zeros((1, 3), np.float32)}, {"max_patches": 6})
+    triton.execute(triton.ensemble, [bad])
+    (out,) = bad.sender.outputs()
+    reason = out["FINISH_REASON"].reshape(-1)[0].decode()
+    assert bad.sender.finals == 1 and reason.startswith(INVALID) and "SPEAKER" in reason
