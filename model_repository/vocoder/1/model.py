@@ -29,8 +29,8 @@ REAP_EVERY_SECONDS = 1.0
 
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.streams import VocoderService
         from engine.synthetic import SyntheticVocoderService
+        from engine.vocoder_service import VocoderService
         from serving.cancel import CancelBoard
         from serving.live_streams import LiveStreams
         from serving.synthetic_math import announce
