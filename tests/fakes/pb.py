@@ -9,6 +9,8 @@ RESCHEDULE queued again without its START flag (the iterative sequence batcher, 
 Some of Triton's measured behaviours are checked here, so that a model breaking them fails a unit
 test: a second final response, ``is_cancelled()`` after the final response (docs/triton.md#T3) and
 float request parameters (docs/triton.md#T11) raise :class:`FakeTritonFault`.
+
+One file past 300 lines on purpose: it stands in for one module, which the models import whole.
 """
 
 from __future__ import annotations
