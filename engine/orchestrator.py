@@ -285,8 +285,8 @@ class Orchestrator:
                     yield piece
         finally:
             for task in (reader, prompt):
-                if task is not None and not task.done():
-                    task.cancel()
+                if task is not None:
+                    task.cancel()  # (a prompt never awaited, for a stream with nothing to say, may have failed)
                     with contextlib.suppress(BaseException):
                         await task
 
