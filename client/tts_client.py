@@ -170,7 +170,7 @@ class TTSClient:
                         return
                     send(piece, flush)
                 send("", end=True)
-            except Exception as e:  # raised by the reader below, which stops the stream
+            except Exception as e:  # noqa: BLE001 (raised by the reader below, which stops the stream)
                 failure.append(e)
                 q.put((None, None))
 

@@ -136,7 +136,7 @@ def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
                                  f"takes them; later ones carry {' and '.join(sorted(PIECE_INPUTS))}")  # fmt: skip
         flush = scalar(pb, request, "FLUSH", False)
         if not isinstance(flush, bool):
-            raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")
+            raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")  # noqa: TRY004 (invalid: input)
         streams.get(key).add(string(pb, request, "TEXT", ""), flush, end)
     except ValueError as e:
         return tagged(e)

@@ -18,13 +18,12 @@ from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
-from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
-from serving.vocoder_batch import BLSVocoder
+from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import (
     checkpoint_path,
     error_response,
@@ -34,6 +33,7 @@ from serving.triton_io import (
     string,
     tensors,
 )
+from serving.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
