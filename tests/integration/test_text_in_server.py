@@ -180,8 +180,9 @@ def test_an_idle_stream_is_closed_and_frees_its_place(url, text_server):
     free(text_server)
 
 
-def test_pieces_of_no_stream_and_a_reused_id_are_refused(url):
-    """A piece whose sequence was never started (or is taken) is refused by name; settings go on START only."""
+def test_a_piece_of_no_stream_and_settings_on_a_later_piece_are_refused(url):
+    """A piece whose sequence was never started is refused by name; settings go on START only (a START on an
+    open id: tests/unit/test_text_streams.py)."""
     from client.text_in import piece_request
 
     async def go(requests):
