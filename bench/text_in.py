@@ -127,8 +127,8 @@ def table(rows, rate: float, patches: int) -> str:
         return f"{1000 * statistics.median(values):.0f} / {1000 * max(values):.0f}"
 
     out = [f"{rate:g} words/s, {patches} patches a sentence, load {os.getloadavg()[0]:.1f} (1 min)", "",
-           "| way | sentence end -> its first audio, ms (median / max) | silence between sentences as heard, ms "
-           "(median / max) |", "|---|---|---|"]  # fmt: skip
+           ("| way | sentence end -> its first audio, ms (median / max) | silence between sentences as heard, ms "
+           "(median / max) |"), "|---|---|---|"]  # fmt: skip
     out += [f"| {name} | {ms(latency)} | {ms(gaps)} |" for name, latency, gaps in rows]
     return "\n".join(out)
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patches", type=int, default=15, help="patches (160 ms) a sentence lasts (default 15)")
     ap.add_argument("--rounds", type=int, default=2, help="replies spoken each way (default 2)")
     args = ap.parse_args(argv)
-    fields = dict(seed=1, parameters={"max_patches": args.patches})
+    fields = {"seed": 1, "parameters": {"max_patches": args.patches}}
     if args.url:
         rows = asyncio.run(run(args.url, args.words_per_second, fields, args.rounds))
     else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Self
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class AsyncTTSClient:
         self._client = None
         self._retired: set = set()  # channels dropped after a connection failure, closing in the background
 
-    async def __aenter__(self) -> AsyncTTSClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -149,7 +150,7 @@ class AsyncTTSClient:
             while not done:
                 try:
                     result, error = await asyncio.wait_for(anext(responses), self.timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise TimeoutError(f"no response from the server for {self.timeout:g} s") from None
                 except StopAsyncIteration:
                     done = True

@@ -20,6 +20,7 @@ import asyncio
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class AsyncTextStream:
             self.responses.cancel()
         self.requests.put_nowait(None)
 
-    async def __aenter__(self) -> AsyncTextStream:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -133,8 +134,9 @@ class AsyncTextStream:
             if error is not None:
                 await self.cancel()
                 raise self.client._failed(self.channel, error)
-            if is_final(result):
+            if is_final(result):  # the stream is over (all its audio, or its failure)
                 self.done = True
+                self.requests.put_nowait(None)
             raise_if_failed(result.as_numpy("FINISH_REASON"))
             flushed = result.as_numpy("FLUSHED")
             if flushed is not None and flushed.size:

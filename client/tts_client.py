@@ -170,7 +170,7 @@ class TTSClient:
                         return
                     send(piece, flush)
                 send("", end=True)
-            except Exception as e:  # raised by the reader below, which stops the stream
+            except Exception as e:  # noqa: BLE001 (raised by the reader below, which stops the stream)
                 failure.append(e)
                 q.put((None, None))
 
@@ -183,8 +183,7 @@ class TTSClient:
                 result, error = q.get()  # the server's idle bound ends a stream whose text stops coming
                 if failure:
                     raise failure[0]
-                if error is not None:
-                    done = True
+                if error is not None:  # the stream is cancelled below (the server may have ended it already)
                     raise grpc_error(error)
                 done = is_final(result)
                 raise_if_failed(result.as_numpy("FINISH_REASON"))

@@ -268,7 +268,7 @@ class Orchestrator:
                         cuts.put_nowait(flushes)
                 await cut(segmenter.end)
                 cuts.put_nowait(None)
-            except Exception as e:  # the consumer raises it, in order after what was cut before
+            except Exception as e:  # noqa: BLE001 (the consumer raises it, in order after what was cut before)
                 cuts.put_nowait(e)
 
         async def cut_segments():
@@ -285,8 +285,8 @@ class Orchestrator:
                     yield piece
         finally:
             for task in (reader, prompt):
-                if task is not None and not task.done():
-                    task.cancel()
+                if task is not None:
+                    task.cancel()  # (a prompt never awaited, for a stream with nothing to say, may have failed)
                     with contextlib.suppress(BaseException):
                         await task
 

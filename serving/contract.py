@@ -186,7 +186,7 @@ PROMPT_INPUTS = (
     # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not
     # in the generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its
     # orchestrator runs the front end itself. TEXT also keeps a silent-prompt request from being empty
-    # (Triton 2.51 fails an ensemble step that would get no inputs).
+    # (docs/triton.md#T12).
     Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak: cleaned and normalized into SPOKEN_TEXT"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True, "with TEXT; detected when absent or auto"),
 )

@@ -49,7 +49,7 @@ class ServeOptions:
     generator_async_steps: bool = True
     # Triton frees a sequence's candidate slot this long after its last request. A live stream is back
     # every step (so one generator step must take less than this), while a START that a client cancels
-    # while it waits in Triton's queue keeps its slot this long (Triton 2.51 sends no end for it).
+    # while it waits in Triton's queue keeps its slot this long (docs/triton.md#T10).
     sequence_idle_seconds: int = 30
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
     vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
@@ -142,7 +142,7 @@ def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
     """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
     launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
     values = {}
-    for flag, kw in flags():
+    for _flag, kw in flags():
         value = getattr(args, kw["dest"])
         if value is not None:
             values[kw["dest"]] = str(value) if isinstance(value, Path) else value

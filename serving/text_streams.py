@@ -15,10 +15,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Hashable
 
+from engine.frontend.text_in import RELEASES
 from engine.orchestrator import TextPiece
-from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
+from engine.params import shown
+from engine.protocol import tagged
+from serving.contract import DEFAULT_RELEASE, MAX_STREAM_CHARS, MAX_STREAM_PIECES
 from serving.requests import MAX_TEXT_CHARS, check_text
+from serving.triton_io import scalar, string
 
+PIECE_INPUTS = {"TEXT", "FLUSH"}  # what a stream's later requests may carry
+STREAMED = "(streamed)"  # a stream's TEXT for the request checks that want one before the text has come
 _TAIL = 32  # characters of earlier pieces checked with a piece: a control token split across two is caught
 
 
@@ -101,3 +107,45 @@ class TextStreams:
         """The stream's audio request is over: later pieces are refused."""
         if self.open.get(stream.key) is stream:
             del self.open[stream.key]
+
+
+def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[TextStream | None, str | None]:
+    """Open stream ``key`` with the piece of its START ``request`` -> (the stream, None), or (None, the
+    tagged error to answer it with; nothing is left open)."""
+    try:
+        stream = streams.start(key)
+    except ValueError as e:
+        return None, tagged(e)
+    error = take_piece(pb, streams, request, key)
+    if error:
+        streams.close(stream)
+        return None, error
+    return stream, None
+
+
+def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
+    """Hand the piece of ``request`` (``pb``: triton_python_backend_utils) to stream ``key``: its TEXT,
+    FLUSH and END flag. Returns None, or the tagged error to answer it with (the stream fails with it when
+    it broke a bound)."""
+    try:
+        end = bool(request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+        if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+            extra = {t.name() for t in request.inputs()} - PIECE_INPUTS
+            if extra:
+                raise ValueError(f"{', '.join(sorted(extra))}: only the first request of a text-in stream (START) "
+                                 f"takes them; later ones carry {' and '.join(sorted(PIECE_INPUTS))}")  # fmt: skip
+        flush = scalar(pb, request, "FLUSH", False)
+        if not isinstance(flush, bool):
+            raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")  # noqa: TRY004 (invalid: input)
+        streams.get(key).add(string(pb, request, "TEXT", ""), flush, end)
+    except ValueError as e:
+        return tagged(e)
+    return None
+
+
+def release_of(pb, request) -> str:
+    """The RELEASE of a stream's first request (ValueError naming it)."""
+    release = string(pb, request, "RELEASE", DEFAULT_RELEASE)
+    if release not in RELEASES:
+        raise ValueError(f"RELEASE must be {' or '.join(RELEASES)}, got {shown(release)}")
+    return release

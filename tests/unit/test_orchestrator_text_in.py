@@ -4,6 +4,8 @@ it, each segment as soon as it is cut, and sounds exactly as the whole text woul
 from __future__ import annotations
 
 import asyncio
+import itertools
+
 import numpy as np
 import pytest
 
@@ -70,7 +72,7 @@ def test_a_flush_mark_follows_the_audio_of_its_text(model):
     piece sizes change nothing."""
     p = Pipeline(model)
     cuts = [0, 5, 6, 19, 23, 39, 40, 52, 60, len(TEXT)]  # FIRST ends at 39
-    pieces = [TEXT[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    pieces = [TEXT[a:b] for a, b in itertools.pairwise(cuts)]
     utterance = Utterance("", params=PARAMS, schedule=FIXED, split_tokens=SPLIT)
     out = collect(p.orchestrator.run_text(utterance, None, source(pieces, flush_after=(4,))))
     marks = [i for i, piece in enumerate(out) if piece.flushed]
@@ -176,5 +178,9 @@ def test_a_stream_with_nothing_to_speak_ends_with_no_audio(model):
 def test_an_edit_takes_no_text_stream(model):
     p = Pipeline(model)
     with pytest.raises(ValueError, match="no text stream"):
-        collect(p.orchestrator.run_text(Utterance("", task="semantic_edit", instruction="Replace cats with dogs."), None, source([])))
+        collect(
+            p.orchestrator.run_text(
+                Utterance("", task="semantic_edit", instruction="Replace cats with dogs."), None, source([])
+            )
+        )
     assert p.live == (0, 0)

@@ -1,10 +1,7 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response.
-
-A request with a sequence id is a piece of a text-in stream (serving.text_streams): the START request is
-admitted and carries the audio of the whole stream; each later one hands its TEXT over and is answered at
-once (END: the text is complete)."""
+every request ends with exactly one final response. A request with a sequence id is a piece of a text-in
+stream (serving.text_streams): START is admitted and carries its audio, later pieces are answered at once."""
 
 import asyncio
 import contextlib
@@ -20,16 +17,13 @@ from serving.admission import Admission
 from serving.auth import Keys
 from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
-from engine.frontend.text_in import RELEASES
-from engine.params import shown
-from serving.contract import DEFAULT_RELEASE, TTS_OUTPUTS
-from serving.text_streams import TextStreams
+from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
-from serving.vocoder_batch import BLSVocoder
+from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import (
     checkpoint_path,
     error_response,
@@ -39,12 +33,11 @@ from serving.triton_io import (
     string,
     tensors,
 )
+from serving.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-START, END = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-PIECE_INPUTS = {"TEXT", "FLUSH"}  # what a text-in stream's later requests may carry
-STREAMED = "(streamed)"  # a text-in stream's TEXT, for the checks that want one before the text has come
+START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 
 
 def refuse(sender, message: str) -> None:
@@ -95,11 +88,11 @@ class TritonPythonModel:
         await self.waits.serve(requests, self._serve)
 
     async def _serve(self, request):
-        # Up to the stream's start (or a piece handed over) nothing awaits: requests of one sequence are
-        # taken in the order they came, which is the order their tasks start in.
+        # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
         key = request.correlation_id()
-        if key and not request.flags() & START:
-            self._piece(request, key)
+        if key and not request.flags() & START:  # a text-in stream's later piece: answered at once
+            error = take_piece(pb, self.text_streams, request, key)
+            request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
             return
         sender = request.get_response_sender()
         refusal = self.flags.refusal()  # the launcher restarts or stops the server
@@ -114,12 +107,10 @@ class TritonPythonModel:
         stream = None
         try:
             if key:  # a text-in stream: its first piece
-                try:
-                    stream = self.text_streams.start(key)
-                    self._add(stream, request)
-                except ValueError as e:
+                stream, error = start_stream(pb, self.text_streams, request, key)
+                if error:
                     self.outcome["error"].increment(1)
-                    sender.send(error_response(pb, tagged(e)), flags=FINAL)
+                    sender.send(error_response(pb, error), flags=FINAL)
                     return
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
@@ -129,26 +120,6 @@ class TritonPythonModel:
                 self.text_streams.close(stream)
             self.admission.leave()
             self._count(-1, 0)
-
-    def _piece(self, request, key) -> None:
-        """A text-in stream's later request: its piece handed over, answered at once (or refused)."""
-        sender = request.get_response_sender()
-        try:
-            extra = {t.name() for t in request.inputs()} - PIECE_INPUTS
-            if extra:
-                raise ValueError(f"{', '.join(sorted(extra))}: only the first request of a text-in stream (START) "
-                                 f"takes them; later ones carry {' and '.join(sorted(PIECE_INPUTS))}")  # fmt: skip
-            self._add(self.text_streams.get(key), request)
-        except ValueError as e:
-            sender.send(error_response(pb, tagged(e)), flags=FINAL)
-            return
-        sender.send(flags=FINAL)
-
-    def _add(self, stream, request) -> None:
-        flush = scalar(pb, request, "FLUSH", False)
-        if not isinstance(flush, bool):
-            raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")
-        stream.add(string(pb, request, "TEXT", ""), flush, bool(request.flags() & END))
 
     def _count(self, in_flight: int, waiting: int) -> None:
         self.in_flight += in_flight
@@ -188,10 +159,7 @@ class TritonPythonModel:
         try:
             text, ref_audio = string(pb, request, "TEXT", ""), get(pb, request, "REF_AUDIO", required=False)
             if stream is not None:
-                text = STREAMED
-                release = string(pb, request, "RELEASE", DEFAULT_RELEASE)
-                if release not in RELEASES:
-                    raise ValueError(f"RELEASE must be one of {', '.join(RELEASES)}, got {shown(release)}")
+                text, release = STREAMED, release_of(pb, request)
             rate, ref_text = scalar(pb, request, "REF_SAMPLE_RATE", 0), string(pb, request, "REF_TEXT", "")
             voice_id = string(pb, request, "VOICE_ID", "")
             instruct = instruct_request(string(pb, request, "TASK", ""), string(pb, request, "INSTRUCTION", ""),
@@ -205,13 +173,10 @@ class TritonPythonModel:
                    else self.orchestrator.run_text(utterance, voice, stream.read(), release))  # fmt: skip
             async with contextlib.aclosing(run) as pieces:
                 async for piece in pieces:
-                    if piece.flushed:  # a text-in stream's flush is spoken
-                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"FLUSHED": piece.flushed},
-                                                                 batch=False)))  # fmt: skip
-                        continue
-                    if piece.text is not None:  # Instruct's plan (maybe ""), in its own response before any audio
-                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"PLAN_TEXT": piece.text},
-                                                                 batch=False)))  # fmt: skip
+                    # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
+                    mark = {"FLUSHED": piece.flushed} if piece.flushed else {"PLAN_TEXT": piece.text}
+                    if piece.flushed or piece.text is not None:
+                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
                         continue
                     if waiting and piece.audio.size:
                         self.first_chunk.observe(time.perf_counter() - t0)
