@@ -149,8 +149,7 @@ class TritonServer:
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
             "--model-control-mode=none",  # every model of the repository loads at start; none later
-            # Stopping waits this long for the models to unload (the launcher drains streams before): after
-            # a client's START-less request Triton 2.51's sequence batcher never lets the generator unload.
+            # Stopping waits this long for the models to unload (the launcher drains streams before).
             "--exit-timeout-secs=5",
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",

@@ -10,8 +10,7 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   by the file's age, so that a wall-clock jump is no incident;
 - **progress**: a model with requests waiting (``nv_inference_pending_request_count`` > 0 at every poll)
   whose execution count (``nv_inference_exec_count``) has not changed for ``stall_seconds`` is stalled: a
-  stub whose main thread deadlocked while its heartbeat thread beats on, or Triton's sequence batcher
-  holding every generator slot for sequences that never run again. The metrics port itself must answer
+  stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
   within ``stall_seconds``, or tritonserver is wedged.
 
 - **leak**: admission places held (serving.admission: requests admitted and not yet answered) at every
