@@ -1,3 +1,3 @@
 """Benchmarks: ``python -m bench`` (streaming latency and throughput against concurrency; see
-``bench/__main__.py``), ``python -m bench.step_overhead`` (generator per-step overhead under Triton) and
+``bench/__main__.py``), ``python -m bench.step_overhead`` (the served generator's per-step overhead) and
 ``python -m bench.responsiveness`` (how quickly a server answers, against the bounds it is meant to keep)."""

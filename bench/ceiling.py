@@ -1,8 +1,8 @@
 """``python -m bench.ceiling``: the serving ceiling, the most concurrent streams that stay real time when
 the model itself costs nothing.
 
-It starts the real server (``tts``, ``prompt_encoder``, the ``generator`` under Triton's sequence
-batcher, the ``vocoder``, gRPC) with ``--synthetic-math`` (:mod:`engine.synthetic`: ready-made latents
+It starts the real server (``tts``, ``prompt_encoder``, the ``generator`` and its engine thread, the
+``vocoder``, gRPC) with ``--synthetic-math`` (:mod:`engine.synthetic`: ready-made latents
 and audio instead of the networks; the tiny checkpoint's prompt encoder stays real) and streams through
 the bundled client. At each level N it starts N streams at once, each of ``--patches`` patches, and
 judges each as a listener would: playing it from its first chunk on, that chunk the only buffer, a
@@ -22,8 +22,9 @@ schedule of 3, then 12 patches (``--chunk-fixed --chunk-next 12``) the second ch
 first one's 0.48 s: 12 patches at 4x real time; ``--chunk-first/--chunk-next 12`` ask for real time only.
 
 What each part costs, per level, from Triton's per-model statistics (``/v2/models/stats``: compute and
-queue time over the requests the model took: stream-steps for the generator, chunks for the vocoder),
-the generator's own step histogram (``tts_generator_step_seconds``) and the CPU time of every process
+queue time over the requests the model took: streams for the generator, chunks for the vocoder), the
+generator's own step histogram (``tts_generator_step_seconds``) and count of streams stepped
+(``tts_generator_stream_steps_total``: stream-steps, and their mean batch) and the CPU time of every process
 (``/proc``: tritonserver itself, each model's Python stub with its threads, and this client). The table
 goes to stdout, progress to stderr, all numbers to ``--json``.
 """
@@ -45,11 +46,13 @@ from bench.load import LevelResult, StreamResult, console_progress, one_stream, 
 from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
+from serving.options import MAX_SLOTS
 
 PATCHES_PER_SECOND = 6.25  # real time: one 160 ms patch per 160 ms
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Please hold the line, your call is important to us."]
 MODELS = ("tts", "prompt_encoder", "generator", "vocoder")
 STEP = "tts_generator_step_seconds"
+STREAM_STEPS = "tts_generator_stream_steps_total"  # streams stepped, summed over the steps
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Snapshot:
     stats: dict  # model -> {"executions", "requests", "compute_ns", "queue_ns"} (Triton's statistics)
     step_sum: float  # seconds in the generator's step histogram
     step_count: float  # steps it counted
+    stream_steps: float  # streams stepped, summed over those steps
     cpu: dict  # process ("tritonserver", a model's name, "client") -> CPU seconds
 
 
@@ -104,24 +108,29 @@ def server_cpu(server) -> dict:
 
 
 def snapshot(server) -> Snapshot:
-    metrics = server.metrics((STEP,))
+    metrics = server.metrics((STEP, STREAM_STEPS))
     cpu = server_cpu(server) | {"client": time.process_time()}
-    return Snapshot(model_stats(server), metrics.get(f"{STEP}_sum", 0.0), metrics.get(f"{STEP}_count", 0.0), cpu)
+    return Snapshot(model_stats(server), metrics.get(f"{STEP}_sum", 0.0), metrics.get(f"{STEP}_count", 0.0),
+                    metrics.get(STREAM_STEPS, 0.0), cpu)  # fmt: skip
 
 
 def costs(before: Snapshot, after: Snapshot) -> dict:
     """What one level cost: per stream-step (generator) and per chunk (vocoder, tts, client), in ms."""
     d = {m: {k: after.stats[m][k] - before.stats[m][k] for k in after.stats[m]} for m in MODELS}
     cpu = {k: after.cpu[k] - before.cpu.get(k, 0.0) for k in after.cpu}
-    stream_steps, chunks = max(1, d["generator"]["requests"]), max(1, d["vocoder"]["requests"])
+    stepped = after.stream_steps - before.stream_steps
+    stream_steps, chunks = max(1.0, stepped), max(1, d["vocoder"]["requests"])
     steps = max(1.0, after.step_count - before.step_count)
     return {
-        "stream_steps": d["generator"]["requests"],
+        "stream_steps": stepped,
+        "generator_steps": after.step_count - before.step_count,
         "generator_executes": d["generator"]["executions"],
         "chunks": d["vocoder"]["requests"],
-        "mean_batch": d["generator"]["requests"] / max(1, d["generator"]["executions"]),
+        "mean_batch": stepped / steps,
         "generator_step_ms": 1000 * (after.step_sum - before.step_sum) / steps,  # in-model, per batched step
-        "generator_ms_per_stream_step": {  # in-model step (histogram), whole execute and queue (Triton)
+        # in-model step (histogram); Triton's execute and queue time of the generator's requests (one per
+        # stream: what Triton spends per stream, spread over its steps)
+        "generator_ms_per_stream_step": {
             "step": 1000 * (after.step_sum - before.step_sum) / stream_steps,
             "execute": d["generator"]["compute_ns"] / 1e6 / stream_steps,
             "queue": d["generator"]["queue_ns"] / 1e6 / stream_steps,
@@ -226,20 +235,23 @@ def table(rows: list[dict], level: str = "concurrency") -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.ceiling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--start", type=int, default=8, help="the first level, in concurrent streams (default 8)")
-    ap.add_argument("--slots", type=int, default=256, help="generator slots: the highest level (default 256)")
+    ap.add_argument("--slots", type=int, default=512, help="generator slots: the highest level (default 512)")
     ap.add_argument("--bisect", type=int, default=2, help="levels run between the last pass and the first failure")
     ap.add_argument("--patches", type=int, default=48, help="patches per stream, 160 ms each (default 48)")
     add_chunk_options(ap)
-    ap.add_argument("--rate-start", type=float,
-                    help="open loop: the first level, in requests/s (Poisson arrivals; default: closed loop)")
+    ap.add_argument(
+        "--rate-start",
+        type=float,
+        help="open loop: the first level, in requests/s (Poisson arrivals; default: closed loop)",
+    )
     ap.add_argument("--rate-max", type=float, default=64.0, help="open loop: the highest rate, requests/s (default 64)")
     add_open_loop_options(ap)
     ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
-    if not 1 <= args.start <= args.slots <= 256:
-        ap.error("need 1 <= --start <= --slots <= 256")
+    if not 1 <= args.start <= args.slots <= MAX_SLOTS:
+        ap.error(f"need 1 <= --start <= --slots <= {MAX_SLOTS}")
     if args.rate_start is not None and not 0 < args.rate_start <= args.rate_max:
         ap.error("need 0 < --rate-start <= --rate-max")
     if args.duration <= 0 or args.drain_timeout < 0:

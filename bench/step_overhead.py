@@ -1,38 +1,31 @@
-"""Per-step overhead of the generator under Triton's iterative sequence batcher, against the same
-batched step called in-process. (Over 300 lines: one measurement taken four ways, in-process, through
-the sequence batcher, through the engine-thread variant and end to end, which share their set-up.)
+"""Per-step overhead of the served generator against the same batched step called in-process. (Over
+300 lines: one measurement taken three ways, in-process, through Triton and end to end, which share
+their set-up.)
 
 For every preset (nostop variants: the stop head never fires, so each stream runs exactly P patches)
 and every stream count N, it measures:
 
 - in-process: ``GeneratorService.step`` over N streams until all finish (the floor);
-- ``generator`` over gRPC: N concurrent streaming requests straight to the generator model (sequence
-  START only), wall time from the first request sent to the last final response; the model's
-  ``tts_generator_step_seconds`` histogram splits that into in-model step time and Triton overhead
-  (request release/reschedule round trip, admission, tensors, responses, gRPC);
-- engine thread (``--no-engine-thread`` to skip): the same generator behind the triton vllm_backend
-  pattern (a decoupled model whose ``execute`` only queues the request; a background thread owns the
-  batch and steps it), written into the rendered repository as ``generator_et`` at run time;
+- ``generator`` over gRPC: N concurrent streaming requests straight to the generator model (one
+  decoupled request per stream, stepped by the model's engine thread: serving.generator_host), wall
+  time from the first request sent to the last final response; the model's
+  ``tts_generator_step_seconds`` histogram splits that into in-model step time and the rest (admission,
+  tensors, responses, gRPC);
 - end to end (``--e2e``): N TTSClient streams through ``tts`` with chunk_first = chunk_next = P, so
   the vocoder runs once per stream (its time and the prompt encoder's are in this column too).
 
 Every ms/step figure is wall time / P (a batched step advances all N streams by one patch). The
 repetitions of all variants are interleaved (best kept) so that drifting machine load hits them alike.
-The generator runs its steps asynchronously as shipped (the step on its engine thread while Triton
-reschedules the requests, serving.generator_host); ``--sync-steps`` renders it stepping inside
-``execute`` for comparison. ``TTS_EXECUTE_PROFILE=<prefix>`` in the environment writes a breakdown
-of every execute (serving.execute_profile) to ``<prefix>.<pid>.txt``.
-Columns: "overhead" = wall - in-model step time (per stream: / N); "executes" and "batches" (Triton's
-statistics, count×batch size) show fragmentation: with ``max_queue_delay_microseconds: 0`` the batcher
-may dispatch a rescheduled request before the rest of the batch is back, and the split can persist for
-many steps; "lost vs in-process" = 1 - in-process/Triton (overhead plus fragmentation, but noisy across
-processes); "overhead share" = overhead / wall (same run, robust). ``--queue-delay-us D`` renders the
-generator with ``max_queue_delay_microseconds: D`` to try the batcher with a wait for rescheduled requests.
-Checkpoints, the model repository and server logs go to ``--work`` (default results/step_overhead,
-git-ignored). Usage::
+Columns: "overhead" = wall - in-model step time (per stream: / N); "steps" is the step histogram's
+count (P when every stream was batched from step 1; more when admissions split the first steps);
+"lost vs in-process" = 1 - in-process/Triton (noisy across processes); "overhead share" = overhead /
+wall (same run, robust). Until the generator left Triton's iterative sequence batcher, this bench also
+ran that path: 0.15 / 0.11 ms per stream per step at 64 / 256 streams against 0.01 ms for an engine
+thread. Checkpoints, the model repository and server logs go to ``--work`` (default
+results/step_overhead, git-ignored). Usage::
 
     .venv/bin/python -m bench.step_overhead [--presets tiny,small] [--streams 1,4,8] [--patches 48]
-        [--reps 2] [--e2e] [--no-engine-thread] [--queue-delay-us 500] [--sync-steps]
+        [--reps 2] [--e2e]
 """
 
 from __future__ import annotations
@@ -43,14 +36,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the server's stubs run with one
 
 import argparse
 import itertools
-import json
 import math
 import queue
-import re
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,32 +51,19 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from client.tts_client import TTSClient
+from engine.chunking import ChunkSchedule
 from engine.config import nostop
 from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
 from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
 from serving.auth import Keys
+from serving.options import MAX_SLOTS
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_patches = 6)
-ET_MODEL = "generator_et"
-MAX_SLOTS = 256  # serving.options.ServeOptions' bound; --slots beyond it widens the rendered generator only
-ET_METRIC = "bench_engine_thread_step_seconds"
-
-# The engine-thread variant (triton vllm_backend pattern), copied into the rendered repository as
-# ET_MODEL/1/model.py; it names its step histogram ET_METRIC.
-ET_MODEL_PY = Path(__file__).with_name("engine_thread_model.py")
-
-
-def et_config(opts: ServeOptions, gen_config: str) -> str:
-    """The generator's rendered config with the sequence batcher removed (no batching at all)."""
-    text = gen_config.replace('name: "generator"', f'name: "{ET_MODEL}"')
-    text = re.sub(r"sequence_batching \{.*?\n\}\n", "", text, flags=re.DOTALL)
-    assert "sequence_batching" not in text, text
-    return text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -97,11 +74,7 @@ class Row:
     inproc: float = float("nan")  # s per step
     triton: float = float("nan")  # s per step, wall / P
     in_model: float = float("nan")  # s per step, histogram sum / P
-    executes: float = float("nan")  # histogram count per run (P when all streams were batched from step 1)
-    et: float = float("nan")
-    et_in_model: float = float("nan")
-    et_executes: float = float("nan")
-    batches: str = ""  # generator executions by batch size, "count×size" (Triton statistics)
+    executes: float = float("nan")  # steps per run, histogram count (P when all streams were batched from step 1)
     e2e: float = float("nan")
     notes: list = field(default_factory=list)
 
@@ -129,7 +102,7 @@ class InProcess:
         t0 = time.perf_counter()
         for i, o in enumerate(owners):
             gp = GenerationParams(seed=1000 + i, steps=self.steps, max_patches=patches)
-            svc.admit(o, self.tokens, self.prompt, gp, (patches, patches))
+            svc.admit(o, self.tokens, self.prompt, gp, ChunkSchedule(patches, patches, fixed=True))
         live, k = owners, 0
         while live:
             out = svc.step(live)
@@ -138,15 +111,6 @@ class InProcess:
         dt = time.perf_counter() - t0
         assert k == patches, (k, patches)
         return dt
-
-
-def batch_counts(srv: TritonServer, model: str) -> dict[int, int]:
-    """batch size -> executions so far, from Triton's statistics extension."""
-    url = f"http://127.0.0.1:{srv.ports.http}/v2/models/{model}/stats"
-    request = urllib.request.Request(url, headers={"admin-key": srv.triton_key})  # statistics are restricted
-    with urllib.request.urlopen(request, timeout=10) as r:
-        stats = json.loads(r.read())["model_stats"][0]
-    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
 
 
 class GeneratorClient:
@@ -239,34 +203,11 @@ def e2e_run(srv: TritonServer, n: int, P: int, steps: int) -> float:
 
 def measure(ck: Path, preset: str, rows: dict, args) -> None:
     """Start a server for ``ck`` and, per stream count, interleave the repetitions of every variant
-    (in-process, generator, engine thread, e2e) so that drifting machine load hits them alike."""
+    (in-process, generator, e2e) so that drifting machine load hits them alike."""
     work = args.work / f"triton-{preset}"
     work.mkdir(parents=True, exist_ok=True)
-    opts = ServeOptions(checkpoint=str(ck), slots=min(args.slots, MAX_SLOTS), max_len=args.max_len,
-                        cancel_dir=str(work / "cancel"), generator_async_steps=not args.sync_steps)  # fmt: skip
+    opts = ServeOptions(checkpoint=str(ck), slots=args.slots, max_len=args.max_len, cancel_dir=str(work / "cancel"))
     repo = build(work / "model_repository", opts)
-    if args.slots > MAX_SLOTS:  # past what the launcher serves: the generator alone, rendered wider here
-        cfg = repo / "generator" / "config.pbtxt"
-        text, k = re.subn(rf"(max_batch_size: |max_candidate_sequences: |key: \"slots\" value {{ string_value: \"){MAX_SLOTS}\b",
-                          rf"\g<1>{args.slots}", cfg.read_text())  # fmt: skip
-        assert k == 3, f"generator config: {k} of 3 slot counts found"
-        cfg.write_text(text)
-    if args.queue_delay_us is not None:  # experiment: let the batcher wait for rescheduled requests
-        cfg = repo / "generator" / "config.pbtxt"
-        text, k = re.subn(
-            r"max_queue_delay_microseconds: \d+",
-            f"max_queue_delay_microseconds: {args.queue_delay_us}",
-            cfg.read_text(),
-        )
-        assert k == 1, "generator config has no max_queue_delay_microseconds"
-        cfg.write_text(text)
-    if args.engine_thread:
-        d = repo / ET_MODEL
-        (d / "1").mkdir(parents=True)
-        (d / "config.pbtxt").write_text(et_config(opts, (repo / "generator" / "config.pbtxt").read_text()))
-        code = ET_MODEL_PY.read_text()
-        assert f'METRIC = "{ET_METRIC}"' in code, f"{ET_MODEL_PY.name} no longer names its histogram {ET_METRIC}"
-        (d / "1" / "model.py").write_text(code)
     local = InProcess(ck, args.slots, args.max_len, args.steps)
     srv = TritonServer(repo, work, Ports.free(), log_path=work / "tritonserver.log")
     if srv.log_path.exists():
@@ -274,12 +215,11 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
     P, steps = args.patches, args.steps
 
     def served(gc, model, metric, n, patches):
-        m0, b0 = srv.metrics(("tts_", "bench_")), batch_counts(srv, model)
+        m0 = srv.metrics(("tts_",))
         wall = gc.run(model, n, patches, steps)
-        m1, b1 = srv.metrics(("tts_", "bench_")), batch_counts(srv, model)
+        m1 = srv.metrics(("tts_",))
         s, c = (m1.get(f"{metric}_{k}", float("nan")) - m0.get(f"{metric}_{k}", 0.0) for k in ("sum", "count"))
-        sizes = {b: k - b0.get(b, 0) for b, k in sorted(b1.items(), reverse=True) if k - b0.get(b, 0)}
-        return wall, s, c, sizes
+        return wall, s, c
 
     with srv:
         gc = GeneratorClient(srv, local.model)
@@ -288,30 +228,21 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
                 row = rows[(preset, n)]
                 local.run(n, WARM)
                 gc.run(srv.generator_model, n, WARM, steps)
-                if args.engine_thread:
-                    gc.run(ET_MODEL, n, WARM, steps)
                 if args.e2e:
                     e2e_run(srv, n, WARM, steps)
-                res: dict[str, list] = {"local": [], "gen": [], "et": [], "e2e": []}
+                res: dict[str, list] = {"local": [], "gen": [], "e2e": []}
                 for _ in range(args.reps):
                     res["local"].append(local.run(n, P))
                     res["gen"].append(served(gc, srv.generator_model, "tts_generator_step_seconds", n, P))
-                    if args.engine_thread:
-                        res["et"].append(served(gc, ET_MODEL, ET_METRIC, n, P))
                     if args.e2e:
                         res["e2e"].append(e2e_run(srv, n, P, steps))
                 row.inproc = min(res["local"]) / P
-                wall, s, c, sizes = min(res["gen"], key=lambda x: x[0])
+                wall, s, c = min(res["gen"], key=lambda x: x[0])
                 row.triton, row.in_model, row.executes = wall / P, s / P, c
-                row.batches = " ".join(f"{k}×{b}" for b, k in sizes.items())
-                if res["et"]:
-                    wall, s, c, _ = min(res["et"], key=lambda x: x[0])
-                    row.et, row.et_in_model, row.et_executes = wall / P, s / P, c
                 if res["e2e"]:
                     row.e2e = min(res["e2e"]) / P
                 print(f"  {preset} N={n}: in-process {row.inproc * 1e3:.2f} ms/step, triton {row.triton * 1e3:.2f} "
-                      f"(in-model {row.in_model * 1e3:.2f}, {row.executes:.0f} executes), engine-thread "
-                      f"{row.et * 1e3:.2f} (in-model {row.et_in_model * 1e3:.2f}), batches {row.batches}, e2e {row.e2e * 1e3:.2f}; "
+                      f"(in-model {row.in_model * 1e3:.2f}, {row.executes:.0f} steps), e2e {row.e2e * 1e3:.2f}; "
                       f"load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
         finally:
             gc.close()
@@ -325,26 +256,14 @@ def table(rows: list[Row], args) -> str:
         return "–" if math.isnan(x) else f"{x * 100:.1f}%"
 
     head = ["preset", "streams", "in-process ms/step", "Triton ms/step", "in-model ms/step",
-            "overhead ms/step (per stream)", "executes", "batches (count×size)", "lost vs in-process", "overhead share"]  # fmt: skip
-    if args.engine_thread:
-        head += ["engine-thread ms/step", "engine-thread overhead ms/step (per stream)", "engine-thread executes",
-                 "engine-thread lost vs in-process", "engine-thread overhead share"]  # fmt: skip
+            "overhead ms/step (per stream)", "steps", "lost vs in-process", "overhead share"]  # fmt: skip
     if args.e2e:
         head += ["tts e2e ms/step"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         over = r.triton - r.in_model
         cells = [r.preset, str(r.n), ms(r.inproc), ms(r.triton), ms(r.in_model), f"{ms(over)} ({ms(over / r.n)})",
-                 f"{r.executes:.0f}", r.batches or "–", pct(1 - r.inproc / r.triton), pct(over / r.triton)]  # fmt: skip
-        if args.engine_thread:
-            eo = r.et - r.et_in_model
-            cells += [
-                ms(r.et),
-                f"{ms(eo)} ({ms(eo / r.n)})",
-                f"{r.et_executes:.0f}",
-                pct(1 - r.inproc / r.et),
-                pct(eo / r.et),
-            ]
+                 f"{r.executes:.0f}", pct(1 - r.inproc / r.triton), pct(over / r.triton)]  # fmt: skip
         if args.e2e:
             cells += [ms(r.e2e)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -361,19 +280,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10, help="Euler steps of the flow head")
     ap.add_argument("--work", type=Path, default=REPO / "results" / "step_overhead")
-    ap.add_argument(
-        "--queue-delay-us",
-        type=int,
-        default=None,
-        help="override the generator's sequence-batcher max_queue_delay_microseconds (rendered: 0)",
-    )
-    ap.add_argument("--sync-steps", action="store_true", help="the generator steps inside execute (not async)")
-    ap.add_argument("--no-engine-thread", dest="engine_thread", action="store_false")
     ap.add_argument("--e2e", action="store_true", help="also N TTSClient streams through tts (vocoder included)")
     args = ap.parse_args(argv)
     args.streams = [int(x) for x in args.streams.split(",")]
-    if max(args.streams) > args.slots:
-        ap.error("every stream count must fit in --slots")
+    if not max(args.streams) <= args.slots <= MAX_SLOTS:
+        ap.error(f"every stream count must fit in --slots, at most {MAX_SLOTS}")
     torch.set_num_threads(1)
     rows: dict = {}
     t_start = time.perf_counter()
@@ -385,8 +296,7 @@ def main(argv=None) -> int:
         measure(ck, preset, rows, args)
     print()
     print(f"P = {args.patches} patches per stream, {args.steps} flow steps, slots = {args.slots}, torch threads 1, "
-          f"best of {args.reps}; {'sync' if args.sync_steps else 'async'} steps; generator max_queue_delay_microseconds "
-          f"{'rendered' if args.queue_delay_us is None else args.queue_delay_us}; {os.cpu_count()} CPUs; {time.perf_counter() - t_start:.0f} s")  # fmt: skip
+          f"best of {args.reps}; {os.cpu_count()} CPUs; {time.perf_counter() - t_start:.0f} s")  # fmt: skip
     print()
     print(table(list(rows.values()), args))
     return 0

@@ -9,8 +9,8 @@ first chunk left, as if playback began the moment it left) and cuts the gathered
 
 - when they reach ``cap`` (fewer, larger chunks: fewer vocoder calls), or
 - when waiting one more step could leave the listener with less than :attr:`Margin.seconds`: the next
-  step, the step by which a chunk lags behind its step (serving.generator_host sends a step's chunks
-  with the stream's next request), one step of jitter, and a floor for the vocoder and transport.
+  step, a step by which a chunk may lag behind its step (a spare since serving.generator_host sends a
+  chunk as soon as its step ends), one step of jitter, and a floor for the vocoder and transport.
 
 Guarantee: a stream whose generation keeps up (every step shorter than the 160 ms of audio it adds,
 r < 1, and within 1.5 times the running estimate of a step) and whose chunks reach the client within

@@ -26,7 +26,7 @@ from serving.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LOST_POLL_SECONDS = 0.25
-LOST = "the generator lost this stream: Triton stopped scheduling it (a Triton 2.51 fault); retry"
+LOST = "the generator lost this stream: its responses could not be sent; retry"
 
 
 class Waits:

@@ -63,7 +63,7 @@ class CancelBoard:
             self._listed_mtime = mtime
         return self._marked
 
-    # The other direction: the generator gave a stream up (Triton stopped scheduling its request), and
+    # The other direction: the generator gave a stream up (its responses could not be sent), and
     # tts, waiting for that stream's next chunk, ends it with an error instead of waiting for a timeout.
     def _lost_path(self, stream_id: int) -> str:
         return os.path.join(self.dir, f"{LOST}{int(stream_id)}")

@@ -201,7 +201,7 @@ SPOKEN_OUTPUTS = (  # what the generator is asked to say, for tts_ensemble ("" w
 )
 PROMPT_OUTPUTS = VOICE_PROMPT_OUTPUTS + SPOKEN_OUTPUTS
 
-# ---- generator (decoupled, iterative sequence batcher; one request = one stream; internal key only) ----
+# ---- generator (decoupled, its own engine thread; one request = one stream; internal key only) ----
 # Generation settings arrive as request parameters (GENERATION_PARAMETERS): tts and ensemble_generator
 # set them on their BLS requests. ensemble_generator, tts_ensemble's generation step, takes the same
 # inputs and sends the same outputs (it passes the generator's chunks on).

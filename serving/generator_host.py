@@ -1,45 +1,58 @@
-"""What the generator model keeps between executes, Triton's request objects aside.
+"""The generator model's engine: one thread that steps every live stream, Triton's request objects aside.
 
-:class:`GeneratorHost` holds the model's :class:`~engine.streams.GeneratorService` (and so its
-:class:`~engine.scheduler.Scheduler`), the side channels (cancellation marks, the vocoder's list of live
-streams), the keys that seal every chunk, the metrics, and a timer thread that frees orphaned streams
-between executes. ``model_repository/generator/1/model.py`` only turns requests into its calls and
-its chunks into responses. One lock: executes, the step thread and the timer never interleave.
+The triton vllm_backend pattern: a stream is one long-lived decoupled request, and Triton schedules
+nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
+new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
+ends the streams whose callers asked to stop (cancellation marks, serving.cancel), admits the streams
+that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
+chunk through its request's response sender, the last one with the FINAL flag. So admission (the
+parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton: the
+iterative sequence batcher's release-and-reschedule cost 0.11-0.15 ms per stream per step and split
+the live streams into batches of 10-25 (bench/step_overhead.py, bench.ceiling).
 
-Asynchronous steps (vLLM v1's async scheduling, within what Triton 2.51's Python backend allows): an
-execute hands its step to one engine thread (:meth:`launch`) and returns, its requests released with
-RESCHEDULE, so that Triton's own work per request (release, reschedule, the next batch's input copies
-and request objects: 25 ms of every step at 256 streams, against 2 ms in our execute) overlaps the
-step instead of following it. The backend reads the release flags when ``execute`` returns and a
-response must go out on a request Triton still holds, so a step's chunks wait in :attr:`outbox` and
-go out with the stream's next request (:meth:`take`), in the next execute, as soon as the step is done
-(:meth:`settle`); a stream that ended in that step has its request released then, after its last
-response, as before.
+Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
+channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
+its last chunk, a refusal, or a cancel (a stream cancelled before it got a slot is answered too).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import itertools
 import logging
+import queue
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from engine.protocol import Chunk, end_chunk, failure_reason
-from engine.scheduler import ORPHAN_SECONDS, PAUSE_SECONDS
+from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from serving.auth import Keys
 from serving.cancel import CancelBoard
 from serving.generator_metrics import GeneratorMetrics
 from serving.live_streams import LiveStreams
 from serving.model_options import GeneratorOptions
 from serving.run_folder import start_heartbeat
-from serving.triton_io import load_model
+from serving.triton_io import Throttled, load_model
 
 log = logging.getLogger("generator")
+IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)
+SWEEP_EVERY_SECONDS = 30.0  # stale cancellation marks are swept this often
+
+
+@dataclass
+class Arrival:
+    """A new stream, parsed by ``execute``; the engine thread admits it when a slot is free."""
+
+    stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
+    inputs: tuple  # serving.triton_io.stream_request's parse of its tensors and parameters
+    sender: object  # its response sender: every chunk of the stream goes out through it
 
 
 class GeneratorHost:
-    def __init__(self, pb, opts: GeneratorOptions):
+    """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
+    a response (FINAL with the last one); it raises when the response cannot go out."""
+
+    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None]):
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
         from serving.synthetic_math import announce
@@ -57,31 +70,111 @@ class GeneratorHost:
         self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
         self.live_streams.clear()
         self.keys = Keys.from_env("generator")  # never key-less
-        self.lock, self.stopping = threading.Lock(), threading.Event()
         self.metrics = GeneratorMetrics(pb, self.service)
-        self.async_steps = opts.async_steps
-        self.outbox: dict[int, tuple[float, list[Chunk]]] = {}  # stream -> (since, chunks for its next request)
-        self.engine = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="generator-step")
-        self.in_flight: concurrent.futures.Future | None = None
-        self.mark = lambda section: None  # the step thread's sections, timed by serving.execute_profile
-        threading.Thread(target=self._check_forever, name="generator-attendance", daemon=True).start()
+        self.send = send
+        self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
+        self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
+        self.senders: dict[int, object] = {}  # live stream -> its response sender (engine thread only)
+        self.send_failures = Throttled(log)
+        self.stopping = threading.Event()
+        self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
+        self.engine.start()
         log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
 
-    def cancel(self, stream_id: int) -> Chunk:
-        """End a live stream whose client left -> its sealed last chunk."""
-        self.cancels.consume(stream_id)
-        return self.keys.seal(self.service.cancel(stream_id))
+    def submit(self, arrival: Arrival) -> None:
+        """From ``execute``: the stream is admitted between two steps, in arrival order."""
+        self.arrivals.put(arrival)
 
-    def admit(self, stream_id: int, inputs: tuple) -> None:
-        """Start a stream from its parsed inputs (``serving.triton_io.stream_request``), listed for the
-        vocoder before its first chunk goes out (the vocoder opens listed streams only)."""
+    # ---- the engine thread ----
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
+        while not self.stopping.is_set():
+            try:
+                self._take(wait=not self.service.live and not self.waiting)
+                self._cancel_marked()
+                self._admit()
+                if self.service.live:
+                    self._step()
+                self.live_streams.sync(self.service.live)  # ended streams' grace runs out between steps too
+                self.metrics.update()
+                if time.monotonic() >= next_sweep:
+                    self.cancels.sweep()
+                    next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
+            except Exception:  # never let the thread die: every live stream would wait forever
+                log.exception("generator engine iteration failed")
+                time.sleep(IDLE_WAIT_SECONDS)
+
+    def _take(self, wait: bool) -> None:
+        """Move what ``execute`` queued to :attr:`waiting` (waiting a little for it when idle); one that
+        names a live stream is refused at once, and the live stream is left alone."""
+        try:
+            if wait:
+                self._arrived(self.arrivals.get(timeout=IDLE_WAIT_SECONDS))
+            while True:
+                self._arrived(self.arrivals.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _arrived(self, a: Arrival) -> None:
+        if a.stream_id in self.service.live:
+            self._deliver(0, a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
+        else:
+            self.waiting.append(a)
+
+    def _cancel_marked(self) -> None:
+        """End the streams whose callers asked to (live or still waiting for a slot), each with its
+        cancelled last chunk."""
+        marked = self.cancels.marked()
+        if not marked:
+            return
+        for stream_id in [i for i in self.service.live if i in marked]:
+            self.cancels.consume(stream_id)
+            self._deliver(stream_id, self.senders.pop(stream_id), self.keys.seal(self.service.cancel(stream_id)))
+        if any(a.stream_id in marked for a in self.waiting):
+            kept = deque()
+            for a in self.waiting:
+                if a.stream_id in marked and a.stream_id not in self.service.live:
+                    self.cancels.consume(a.stream_id)
+                    self._deliver(a.stream_id, a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
+                else:
+                    kept.append(a)
+            self.waiting = kept
+
+    def _admit(self) -> None:
+        """Admit waiting streams in arrival order while slots are free, then list them for the vocoder
+        (which opens listed streams only) before their first chunk goes out."""
+        admitted = False
+        while self.waiting and self.service.free:
+            a = self.waiting.popleft()
+            decision = self.scheduler.admission(a.stream_id, True, time.monotonic())
+            try:
+                if decision.why:  # refused: no id, or the id of a live stream (which is left alone)
+                    raise ValueError(decision.why)
+                self._start(a.stream_id, a.inputs)
+            except Exception as e:  # bad input fails this request only; it never held a slot
+                if not isinstance(e, ValueError):
+                    log.exception("could not start a stream")
+                self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
+                continue
+            self.senders[a.stream_id] = a.sender
+            admitted = True
+        if admitted:
+            self.live_streams.sync(self.service.live)
+
+    def _start(self, stream_id: int, inputs: tuple) -> None:
         from engine.generator import InstructInput
 
         if isinstance(inputs[0], InstructInput):
             self.service.admit_instruct(stream_id, *inputs)
         else:
             self.service.admit(stream_id, *inputs)
-        self.live_streams.sync(self.service.live)
+
+    def _step(self) -> None:
+        """One step of every live stream; each chunk that is due goes out at once."""
+        for stream_id, chunk in self.step(list(self.service.live)).items():
+            if chunk is not None:
+                sender = self.senders.pop(stream_id) if chunk.last else self.senders[stream_id]
+                self._deliver(stream_id, sender, chunk)
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
@@ -93,81 +186,30 @@ class GeneratorHost:
             out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
             for i in stream_ids:
                 self.service.drop(i)
-        self.metrics.step.observe(time.perf_counter() - t0)
+        self.metrics.stepped(time.perf_counter() - t0, len(stream_ids))
         return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
 
-    def launch(self, stream_ids: list[int]) -> None:
-        """Step ``stream_ids`` (their chunks go to the outbox), then :meth:`after`: on the engine thread,
-        which takes :attr:`lock` once the execute lets it go; without ``async_steps``, now (the caller
-        holds the lock)."""
-        if self.async_steps:
-            self.in_flight = self.engine.submit(self._locked_step, list(stream_ids))
-        else:
-            self._step_and_after(stream_ids)
-
-    def settle(self) -> None:
-        """Wait for the step in flight (call without :attr:`lock`): after it, :meth:`take` has its chunks."""
-        if self.in_flight is not None:
-            self.in_flight.result()
-            self.in_flight = None
-
-    def take(self, stream_id: int) -> list[Chunk]:
-        """The chunks waiting for the stream's next request (sent now), oldest first."""
-        return self.outbox.pop(stream_id, (0.0, []))[1]
-
-    def _locked_step(self, stream_ids: list[int]) -> None:
-        with self.lock:
-            try:
-                self._step_and_after(stream_ids)
-            except Exception:  # the next execute must still run: its streams are freed as orphans
-                log.exception("generator step thread failed")
-
-    def _step_and_after(self, stream_ids: list[int]) -> None:
-        self.mark("start")
-        out = self.step(stream_ids) if stream_ids else {}
-        self.mark(f"step of {len(stream_ids)}")
-        now = time.monotonic()
-        for stream_id, chunk in out.items():
-            if chunk is not None:
-                self.outbox.setdefault(stream_id, (now, []))[1].append(chunk)
-        self.after(stream_ids)  # after the step: a slow step orphans nobody
-        self.mark("after")
-
-    def after(self, present: list[int] | None) -> None:
-        """After an execute that held ``present`` (None: between executes): free the streams whose requests
-        stopped coming (their tts is told at once, serving.bls), update the vocoder's list and the gauges."""
-        for stream_id in self.scheduler.orphans(present, time.monotonic()):
-            log.warning("freed the slot of a stream Triton no longer schedules (its request was dropped)")
-            self.service.drop(stream_id)
-            self.cancels.mark_lost(stream_id)
-        self.live_streams.sync(self.service.live)  # ended streams' grace runs out between executes too
-        if present is None:  # chunks whose request Triton stopped bringing back (client gone)
-            now = time.monotonic()
-            for stream_id in [i for i, (t, _) in self.outbox.items() if now - t > ORPHAN_SECONDS]:
-                if stream_id not in self.service.live:
-                    del self.outbox[stream_id]
-        self.metrics.update()
-
-    def _check_forever(self) -> None:
-        last = time.monotonic()
-        for tick in itertools.count(1):
-            if self.stopping.wait(1.0):
-                return
-            with self.lock:
-                if time.monotonic() - last > PAUSE_SECONDS:  # the machine was paused: nobody was away
-                    self.scheduler.resume(time.monotonic())
-                self.after(None)
-                if tick % 30 == 0:
-                    self.scheduler.forget_deferred(time.monotonic())
-            last = time.monotonic()
-            if tick % 30 == 0:
-                self.cancels.sweep()
+    def _deliver(self, stream_id: int, sender, chunk: Chunk) -> None:
+        """Send ``chunk``; a live stream whose response cannot go out is ended (its caller is gone) and
+        marked lost, so that a caller still waiting hears of it (serving.bls)."""
+        try:
+            self.send(sender, chunk)
+        except Exception as e:  # noqa: BLE001 (any failure to send: the stream's caller is gone)
+            self.send_failures.warning("generator: a response could not be sent (%s); its stream ends", e)
+            if stream_id and self.service.drop(stream_id):
+                self.senders.pop(stream_id, None)
+                self.cancels.mark_lost(stream_id)
 
     def close(self) -> None:
+        """Stop the engine thread, then end every stream it held or had not admitted yet."""
         self.stopping.set()
-        self.settle()
-        self.engine.shutdown(wait=True)
-        with self.lock:
-            for stream_id in list(self.service.live):
-                self.service.drop(stream_id)
-            self.live_streams.clear()
+        self.engine.join(30)
+        self._take(wait=False)
+        bye = failure_reason(Unavailable("the generator is shutting down; retry"))
+        for stream_id in list(self.service.live):
+            self.service.drop(stream_id)
+            self._deliver(0, self.senders.pop(stream_id), self.keys.seal(end_chunk(stream_id, bye)))
+        for a in self.waiting:
+            self._deliver(0, a.sender, end_chunk(a.stream_id, bye))
+        self.waiting.clear()
+        self.live_streams.clear()

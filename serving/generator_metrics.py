@@ -1,8 +1,8 @@
 """The generator model's Prometheus metrics, kept in step with its :class:`~engine.streams.GeneratorService`.
 
-Slots in use and served (use / capacity = utilisation), the step time, the paged KV cache (pages, pages
-holding positions, streams waiting for pages) and the attention path with the reason FlashInfer is not
-used. Triton keeps a metric only while its object lives, so every one is held here.
+Slots in use and served (use / capacity = utilisation), the step time, the streams stepped (over the
+steps: the mean batch), the paged KV cache (pages, pages holding positions, streams waiting for pages)
+and the attention path with the reason FlashInfer is not used. Triton keeps a metric only while its object lives, so every one is held here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ class GeneratorMetrics:
             "slots": pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE),
             "step": pb.MetricFamily("tts_generator_step_seconds", "wall time of one batched generator step",
                                     pb.MetricFamily.HISTOGRAM),
+            "stream_steps": pb.MetricFamily("tts_generator_stream_steps_total",
+                                            "streams stepped, summed over the generator's steps (/ steps: mean batch)",
+                                            pb.MetricFamily.COUNTER),
             "pages": pb.MetricFamily("tts_kv_pages", "pages of the backbone's KV cache", pb.MetricFamily.GAUGE),
             "in_use": pb.MetricFamily("tts_kv_pages_in_use", "KV-cache pages holding positions of live streams",
                                       pb.MetricFamily.GAUGE),
@@ -29,6 +32,7 @@ class GeneratorMetrics:
         }  # fmt: skip
         self.active, self.slots = self.families["active"].Metric(), self.families["slots"].Metric()
         self.step = self.families["step"].Metric(buckets=STEP_BUCKETS)
+        self.stream_steps = self.families["stream_steps"].Metric()
         self.pages, self.in_use = self.families["pages"].Metric(), self.families["in_use"].Metric()
         self.waiting = self.families["waiting"].Metric()
         self.slots.set(service.slots)
@@ -37,6 +41,11 @@ class GeneratorMetrics:
         self.attention = None
         self.shown: tuple[int, int, int] | None = None  # (active, in use, waiting) as last set
         self.update()
+
+    def stepped(self, seconds: float, streams: int) -> None:
+        """One batched step of ``streams`` streams took ``seconds``."""
+        self.step.observe(seconds)
+        self.stream_steps.increment(streams)
 
     def update(self) -> None:
         """After admissions, steps and drops: the gauges follow the service. Set only when they change

@@ -140,14 +140,13 @@ class GeneratorOptions(ModelOptions):
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
     models: str  # the release's models to load (serving.served; empty: what the checkpoint holds)
-    async_steps: bool  # steps run on the engine thread while Triton reschedules (serving.generator_host)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> GeneratorOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
                    attention=opts.attention, synthetic_math=opts.synthetic_math,
-                   async_steps=opts.generator_async_steps, models=opts.models)  # fmt: skip
+                   models=opts.models)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ from serving.contract import DEFAULT_TEXT_IDLE_SECONDS
 # A folder's path (a str; empty: the default the field's comment names). Its fields' defaults are plain
 # strings: ruff's RUF009 cannot tell, hence the noqa on them.
 Folder = NewType("Folder", str)
+# The most generator slots a server may have. The engine thread steps them all each step (the KV cache's
+# size is the real bound: slots x max_len positions unless kv_memory_gb says otherwise).
+MAX_SLOTS = 1024
 
 
 def option(default, help: str, choices: tuple | None = None):
@@ -40,17 +43,6 @@ class ServeOptions:
     )
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
-    # How long the sequence batcher waits for rescheduled streams before stepping: with 0 it often
-    # stepped a split batch (17 of 63 steps ran one stream alone, small preset, 8 slots); 500 us kept
-    # the batch whole at no measurable cost (bench/step_overhead.py).
-    generator_queue_delay_us: int = 500
-    # An execute launches its step on the generator's engine thread and returns, so that Triton's own
-    # work per request overlaps the step (serving.generator_host); False: the step runs inside execute.
-    generator_async_steps: bool = True
-    # Triton frees a sequence's candidate slot this long after its last request. A live stream is back
-    # every step (so one generator step must take less than this), while a START that a client cancels
-    # while it waits in Triton's queue keeps its slot this long (docs/triton.md#T10).
-    sequence_idle_seconds: int = 30
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
     vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
     vocoder_idle_seconds: int = 60  # vocoder state without a chunk for this long is reclaimed
@@ -78,8 +70,8 @@ class ServeOptions:
                                   "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
 
     def __post_init__(self) -> None:
-        if not 1 <= self.slots <= 256:
-            raise ValueError(f"slots must be in 1..256, got {self.slots}")
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {self.slots}")
         if self.max_len < 64:
             raise ValueError("max_len must be >= 64")
         if not self.voice_store_max_gb > 0:
@@ -98,8 +90,6 @@ class ServeOptions:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:
             raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
-        if not 5 <= self.sequence_idle_seconds <= 3600:
-            raise ValueError(f"sequence_idle_seconds must be in 5..3600, got {self.sequence_idle_seconds}")
 
     @property
     def queue(self) -> int:

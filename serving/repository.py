@@ -69,11 +69,10 @@ def render(opts: ServeOptions) -> dict[str, str]:
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(EnsembleGeneratorOptions.of(opts))
     )
+    # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.generator_host)
     gen = (
-        f'name: "generator"\n{header}max_batch_size: {opts.slots}\nmodel_transaction_policy {{ decoupled: true }}\n'
-        + "sequence_batching {\n  iterative_sequence: true\n"
-        + f"  oldest {{ max_candidate_sequences: {opts.slots}  max_queue_delay_microseconds: {opts.generator_queue_delay_us} }}\n"
-        + f"  max_sequence_idle_microseconds: {opts.sequence_idle_seconds * 1_000_000}\n}}\n"
+        f'name: "generator"\n{header}max_batch_size: 1\n'
+        + "model_transaction_policy { decoupled: true }\n"
         + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(GeneratorOptions.of(opts))

@@ -27,7 +27,17 @@ from typing import TYPE_CHECKING
 
 from serving.admission import Admission
 from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
-from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STALL_SECONDS, Incident, Observation, Vitals, samples
+from serving.vitals import (
+    EXECUTED,
+    IN_FLIGHT,
+    PENDING,
+    STALL_SECONDS,
+    STEPPED,
+    Incident,
+    Observation,
+    Vitals,
+    samples,
+)
 
 if TYPE_CHECKING:  # the stubs import this module: keep their imports light
     from serving.triton_env import TritonServer
@@ -169,7 +179,7 @@ class Supervisor:
         metrics = None
         if self.stall_seconds:
             try:
-                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED))
+                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED, STEPPED))
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
         return Observation(time.monotonic(), dict(self.stubs), beats, metrics, self._held())

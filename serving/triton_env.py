@@ -148,8 +148,7 @@ class TritonServer:
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
             "--model-control-mode=none",  # every model of the repository loads at start; none later
-            # Stopping waits this long for the models to unload (the launcher drains streams before): a
-            # generator that a START-less request holds never unloads (docs/triton.md#T9).
+            # Stopping waits this long for the models to unload (the launcher drains streams before).
             "--exit-timeout-secs=5",
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",

@@ -10,15 +10,15 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   by the file's age, so that a wall-clock jump is no incident;
 - **progress**: a model with requests waiting (``nv_inference_pending_request_count`` > 0 at every poll)
   whose execution count (``nv_inference_exec_count``) has not changed for ``stall_seconds`` is stalled: a
-  stub whose main thread deadlocked while its heartbeat thread beats on, or Triton's sequence batcher
-  holding every generator slot for sequences that never run again. The metrics port itself must answer
+  stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
   within ``stall_seconds``, or tritonserver is wedged.
 
 - **leak**: admission places held (serving.admission: requests admitted and not yet answered) at every
   poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
   requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
   and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
-  is executing, or queued where the progress rule sees it.
+  is executing (the generator's steps, ``STEPPED``, count as executing), or queued where the progress
+  rule sees it. A generator whose engine thread stops stepping is found here.
 
 A poll long after the one before (``pause_seconds``; normally POLL_SECONDS plus a metrics read) means the
 supervisor, or the whole machine, was paused: the processes it watches were most likely paused with it,
@@ -39,6 +39,9 @@ STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it i
 STALL_SECONDS = 30.0
 PAUSE_SECONDS = 2.0  # a gap between two polls longer than this is a pause (polls are ~0.5-1 s apart)
 PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_count"
+# The generator's own progress: its streams are one request each, stepped by its engine thread, so its
+# execution count moves only when a stream arrives; its steps count here (serving.generator_metrics).
+STEPPED = "tts_generator_stream_steps_total"
 IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight")  # a drain waits for their sum: 0
 # A model whose execute waits on another's (voices registers a voice through prompt_encoder, synchronously)
 # is making progress while that one executes.
@@ -88,7 +91,7 @@ class Observation:
     at: float  # time.monotonic() when it looked
     stubs: dict[int, str]  # pid -> model of the stubs it watches
     beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
-    metrics: dict[str, dict[str, float]] | None  # samples() of PENDING and EXECUTED; None: no answer
+    metrics: dict[str, dict[str, float]] | None  # samples() of PENDING, EXECUTED and STEPPED; None: no answer
     held: int = 0  # admission places held (serving.admission), by every entry point together
 
 
@@ -166,7 +169,7 @@ class Vitals:
         if seen.held <= 0 or any(v > 0 for v in seen.metrics.get(PENDING, {}).values()):
             self._held = None  # nothing held, or requests queued: the progress rule watches those
             return None
-        executed = sum(seen.metrics.get(EXECUTED, {}).values())
+        executed = sum(seen.metrics.get(EXECUTED, {}).values()) + sum(seen.metrics.get(STEPPED, {}).values())
         if self._held is None or self._held[0] != executed:
             self._held = (executed, seen.at)
         elif (idle := seen.at - self._held[1]) >= self.stall_seconds:

@@ -5,6 +5,7 @@ answered on its own."""
 from __future__ import annotations
 
 import queue
+import secrets
 import time
 
 import numpy as np
@@ -12,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from serving import contract
-from serving.vocoder_batch import request_values
 from serving.triton_io import read_chunk
+from serving.vocoder_batch import request_values
 from tests.integration.helpers import SILENT, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
@@ -21,22 +22,22 @@ pytestmark = pytest.mark.integration
 OLD_GRACE_SECONDS = 2.0  # what an ended stream had before the vocoder refused it; the generator's timer ticks each 1 s
 
 
-def _stream(server, model: str, requests: list[tuple[dict, dict]], ends: int) -> list:
+def _stream(server, model: str, requests: list[tuple[dict, dict]], ends: int, **kw) -> list:
     """``requests`` ((inputs, parameters) each) on one gRPC stream -> the responses, read until ``ends``
-    of them ended a request (a generator's LAST, or each vocoder answer)."""
+    of them ended a request (a generator's LAST, or each vocoder answer). ``kw``: async_stream_infer's."""
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
         for values, parameters in requests:
             inputs = []
-            for spec in (contract.GENERATOR_INPUTS if model != "vocoder" else contract.VOCODER_INPUTS):
+            for spec in contract.GENERATOR_INPUTS if model != "vocoder" else contract.VOCODER_INPUTS:
                 if spec.name in values:
                     # vocoder requests come batched (request_values); a generator request is one
                     arr = np.asarray(values[spec.name]) if model == "vocoder" else spec.array(values[spec.name])[None]
                     inputs.append(grpcclient.InferInput(spec.name, list(arr.shape), spec.datatype))
                     inputs[-1].set_data_from_numpy(arr)
-            client.async_stream_infer(model, inputs, parameters=parameters)
+            client.async_stream_infer(model, inputs, parameters=parameters, **kw)
         out = []
         while ends:
             result, error = got.get(timeout=60)
@@ -51,9 +52,12 @@ def _stream(server, model: str, requests: list[tuple[dict, dict]], ends: int) ->
 
 
 def _generate(server, patches: int) -> list:
-    """A stream of ``patches`` patches, one a chunk, straight from the generator, as tts gets it."""
+    """A stream of ``patches`` patches, one a chunk, straight from the generator, as tts gets it (its id
+    63 random bits, as tts's are)."""
     params = {"max_patches": patches, "chunk_first": 1, "chunk_next": 1, "internal_key": server.internal_key}
-    responses = _stream(server, server.generator_model, [(SILENT, params)], ends=1)
+    stream_id = secrets.randbits(62) | (1 << 62)
+    responses = _stream(server, server.generator_model, [(SILENT, params)], ends=1, sequence_id=stream_id,
+                        sequence_start=True)  # fmt: skip
     return [read_chunk(r.as_numpy) for r in responses if r.as_numpy("STREAM_ID") is not None]
 
 

@@ -44,14 +44,17 @@ def counters(executions, requests, compute_ns, queue_ns) -> dict:
 
 def test_costs_are_per_stream_step_and_per_chunk():
     zero = {m: counters(0, 0, 0, 0) for m in MODELS}
-    before = Snapshot(zero, 1.0, 10, {"tritonserver": 5.0, "generator": 1.0, "vocoder": 2.0, "tts": 3.0, "client": 0.5})
-    # 40 executes stepped 400 stream-steps in 0.2 s of execute (0.08 s of it the step itself); 50 chunks
-    stats = {**zero, "generator": counters(40, 400, 200_000_000, 400_000_000), "vocoder": counters(50, 50, 5e6, 1e7)}
+    cpu = {"tritonserver": 5.0, "generator": 1.0, "vocoder": 2.0, "tts": 3.0, "client": 0.5}
+    before = Snapshot(zero, 1.0, 10, 100, cpu)
+    # 20 streams (20 generator requests: 0.2 s of execute, 0.4 s queued) stepped 400 times in 40 batched steps
+    # (0.08 s in the step itself); 50 chunks
+    stats = {**zero, "generator": counters(20, 20, 200_000_000, 400_000_000), "vocoder": counters(50, 50, 5e6, 1e7)}
     after = Snapshot(
-        stats, 1.08, 50, {"tritonserver": 5.4, "generator": 1.2, "vocoder": 2.1, "tts": 3.5, "client": 0.6}
+        stats, 1.08, 50, 500, {"tritonserver": 5.4, "generator": 1.2, "vocoder": 2.1, "tts": 3.5, "client": 0.6}
     )
     c = costs(before, after)
-    assert (c["stream_steps"], c["generator_executes"], c["chunks"], c["mean_batch"]) == (400, 40, 50, 10)
+    assert (c["stream_steps"], c["generator_steps"], c["chunks"], c["mean_batch"]) == (400, 40, 50, 10)
+    assert c["generator_executes"] == 20
     assert c["generator_step_ms"] == pytest.approx(2.0)  # 80 ms over 40 steps
     assert c["generator_ms_per_stream_step"] == pytest.approx({"step": 0.2, "execute": 0.5, "queue": 1.0})
     assert c["vocoder_ms_per_chunk"] == pytest.approx({"execute": 0.1, "queue": 0.2})

@@ -28,7 +28,9 @@ def test_committed_configs_match_the_contract():
 def test_rendered_repository_has_every_tensor(tmp_path):
     repo = build(tmp_path / "repo", ServeOptions(checkpoint="/ck", slots=3))
     gen = (repo / "generator" / "config.pbtxt").read_text()
-    assert "max_candidate_sequences: 3" in gen and "iterative_sequence: true" in gen
+    # one decoupled request per stream, stepped by the model's engine thread: no Triton batcher
+    assert "decoupled: true" in gen and "sequence_batching" not in gen and "dynamic_batching" not in gen
+    assert _param(gen, "slots") == "3"
     for spec in contract.GENERATOR_INPUTS + contract.GENERATOR_OUTPUTS:
         assert f'name: "{spec.name}"' in gen
     model = (repo / "tts" / "config.pbtxt").read_text()
@@ -43,7 +45,6 @@ def test_rendered_repository_has_every_tensor(tmp_path):
     # no Triton batcher in front of the vocoder: it drops chunks of a cancelled ensemble (its own engine batches)
     voc = (repo / "vocoder" / "config.pbtxt").read_text()
     assert "decoupled: true" in voc and "dynamic_batching" not in voc and "sequence_batching" not in voc
-    assert "max_sequence_idle_microseconds: 30000000" in gen
 
 
 def test_voice_store_cap_reaches_the_prompt_encoder():
@@ -77,8 +78,9 @@ def test_queue_bound_and_sealing_reach_the_models():
     assert _param(models["vocoder"], "max_streams") == str(3 + 12 + 64)  # slots + queue + spare
     with pytest.raises(ValueError, match="max_queue"):
         ServeOptions(max_queue=-2)
-    with pytest.raises(ValueError, match="sequence_idle_seconds"):
-        ServeOptions(sequence_idle_seconds=1)
+    with pytest.raises(ValueError, match="slots must be in 1..1024"):
+        ServeOptions(slots=1025)
+    assert _param(render(ServeOptions(slots=1024))["generator"], "slots") == "1024"
 
 
 def test_vocoder_refuses_new_streams_beyond_its_bound(model):

@@ -11,7 +11,7 @@ import pytest
 
 from serving.run_folder import RunFlags
 from serving.supervise import DEFERRABLE, Supervisor
-from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, Incident, Observation, Vitals, samples
+from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STEPPED, Incident, Observation, Vitals, samples
 
 MODELS = frozenset({"tts", "generator", "vocoder", "prompt_encoder", "voices"})
 STUBS = {101: "tts", 102: "generator", 103: "vocoder", 104: "prompt_encoder", 105: "voices"}
@@ -206,6 +206,28 @@ def test_places_held_while_any_model_executes_are_no_leak():
     assert run.run(120.0) is None
     run.busy, run.held = set(), 0  # all answered: an idle server holds nothing
     assert run.run(120.0) is None
+
+
+def test_places_held_while_the_generator_steps_are_no_leak_and_a_stuck_engine_is():
+    """The generator takes each stream's one request at once and steps it on its engine thread: streams
+    that only generate (no chunk due, no vocoder call) move no execution count, only its steps counter."""
+    run = Run(Vitals(MODELS, stall_seconds=30.0))
+    run.held, steps = 4, 0.0
+    for _ in range(240):  # 120 s of stepping
+        steps += 10
+        run.at += run.poll
+        metrics = {PENDING: dict(run.pending), EXECUTED: dict(run.executed), STEPPED: {"": steps}}
+        assert run.vitals.observe(Observation(run.at, dict(STUBS), dict(run.mtimes), metrics, run.held)) is None
+        for pid in STUBS:
+            run.mtimes[pid] += 500_000_000
+    incident = None
+    for _ in range(80):  # the engine thread stops stepping: a leak after stall_seconds
+        run.at += run.poll
+        metrics = {PENDING: dict(run.pending), EXECUTED: dict(run.executed), STEPPED: {"": steps}}
+        incident = incident or run.vitals.observe(Observation(run.at, dict(STUBS), dict(run.mtimes), metrics, 4))
+        for pid in STUBS:
+            run.mtimes[pid] += 500_000_000
+    assert incident is not None and incident.model == "tts" and "4 admission places held" in incident.how
 
 
 def test_places_held_behind_queued_requests_are_the_progress_rules():
