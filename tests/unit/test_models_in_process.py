@@ -161,10 +161,10 @@ def test_vocoder_guard_answers_every_forged_chunk_once(triton):
     assert triton.vocoder.service.active == 0
 
 
-def test_generator_reschedules_until_the_last_chunk_and_refuses_keyless(triton, model):
-    """The generator's execute driven by hand, as the sequence batcher would: a START request is
-    rescheduled every step, its chunks go out with its next request (the outbox), and the response
-    that ends the stream is the only final one. A key-less request is refused at once."""
+def test_generator_streams_one_request_to_its_last_chunk_and_refuses_keyless(triton, model):
+    """The generator's execute as Triton calls it: one request per stream, released at once; the engine
+    thread steps it and sends its chunks through the request's sender, the response that ends the stream
+    being the only final one. A key-less request is refused at once."""
     gen = triton.generator
     sid = 0x1234567
     prompt = model.encode_prompt(None)
@@ -177,16 +177,9 @@ def test_generator_reschedules_until_the_last_chunk_and_refuses_keyless(triton, 
     request = fake.request(inputs, {INTERNAL_PARAMETER: KEY, "max_patches": 6, "chunk_fixed": True,
                                     "chunk_first": 1, "chunk_next": 1},
                            correlation_id=sid, flags=fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)  # fmt: skip
-    executes = 0
-    while not request.sender.closed.is_set():
-        assert executes < 20
-        request.release_flags = fake.TRITONSERVER_REQUEST_RELEASE_ALL
-        gen.execute([request])
-        executes += 1
-        if not request.sender.closed.is_set():
-            assert request.release_flags == fake.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-            request._flags &= ~fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START  # Triton drops it on reschedule
-    gen.host.settle()
+    gen.execute([request])
+    assert request.release_flags != fake.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE  # never back in a batch
+    assert request.sender.closed.wait(60)
     assert request.sender.finals == 1 and request.sender.errors() == []
     outs = request.sender.outputs()
     assert [o["LAST"].reshape(-1)[0] for o in outs] == [False] * (len(outs) - 1) + [True]
