@@ -2,7 +2,7 @@
 (tests/fakes/pb.py): the real model.py files and engine on the tiny checkpoint, BLS calls answered by
 the other models loaded beside them. No tritonserver: these run in seconds, and reach the paths that
 the integration tests only reach through a live server (the vocoder's guard, tts's BLS calls, the
-generator's outbox and RESCHEDULE)."""
+generator's one request per stream, stepped by its engine thread)."""
 
 from __future__ import annotations
 
