@@ -71,10 +71,12 @@ def busy_ports(host: str, ports: Ports, openai: int | None = None) -> list[str]:
 
 
 def run_folder(parent: Path | None) -> Path:
-    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``."""
+    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``, mode 0700 (its model repository and logs
+    name the generator's secret model name)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, mode=0o700)
+    path.chmod(0o700)  # whatever the umask
     return path
 
 

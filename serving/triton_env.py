@@ -30,7 +30,8 @@ NGC_ROOT = Path("/opt/tritonserver")
 # Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
 # loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
 # unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
-RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics")  # statistics name models
+# statistics name every model; a model's config is its own (the generator's is under its secret name)
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 
@@ -182,7 +183,9 @@ class TritonServer:
             self.relay = MetricsRelay(self.host, self.ports.metrics, source, self.generator_model)
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
-        log = open(self.log_path, "ab")
+        # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        os.fchmod(log.fileno(), 0o600)
         env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key),
                                    **self.extra_env})  # fmt: skip
         self.proc = subprocess.Popen(
