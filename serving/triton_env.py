@@ -112,7 +112,8 @@ class TritonServer:
     model_repository: Path
     work_dir: Path
     ports: Ports = field(default_factory=Ports)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # Triton's HTTP and gRPC ports listen here
+    metrics_host: str | None = None  # the metrics relay listens here (None: ``host``)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
@@ -180,7 +181,7 @@ class TritonServer:
         self._hide_generator()
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
-            self.relay = MetricsRelay(self.host, self.ports.metrics, source, self.generator_model)
+            self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
