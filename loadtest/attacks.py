@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # the server's state is the soak's business: report and go on
             answer = f"{type(e).__name__}: {e}"
         shown = answer if isinstance(answer, str) else sorted({str(a)[:90] for a in answer})
-        print(f"[attacks] {name} ({time.monotonic() - t0:.1f} s): {shown}", flush=True)
+        at = time.strftime("%H:%M:%S")
+        print(f"[attacks] {name} ({time.monotonic() - t0:.1f} s, ended {at}): {shown}", flush=True)
         k += 1
         time.sleep(args.every)
     return 0

@@ -118,7 +118,7 @@ if [ -s "$out/failures.txt" ]; then sort "$out/failures.txt" | uniq -c | sort -r
 tail -1 "$out/cancellers.log"
 if [ -n "$attacks_pid" ]; then  # what the attacks were answered, by attack
     echo "attacks: $(grep -c '^\[attacks\]' "$out/attacks.log") replayed"
-    sed -n 's/^\[attacks\] \([a-z_]*\) ([0-9.]* s): /\1: /p' "$out/attacks.log" | sort | uniq -c | sort -rn | head -12
+    sed -n 's/^\[attacks\] \([a-z_]*\) ([^)]*): /\1: /p' "$out/attacks.log" | sort | uniq -c | sort -rn | head -16
 fi
 grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || true
 echo "RSS at end: $(rss)"
