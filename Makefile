@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q
 TORCH := torch==2.13.0
 
-.PHONY: install serve test test-browser browser-deps unit integration static bench bench-gpu clean
+.PHONY: install serve test lint test-browser browser-deps unit integration static bench bench-gpu clean
 
 install: $(TEST_STAMP)
 
@@ -45,7 +45,12 @@ test: $(TEST_STAMP)
 	-@$(MAKE) -s browser-deps 2>/dev/null
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  echo "NOTE: no chromium/chromedriver here: the browser tests are skipped (make test-browser installs them)"
+	$(PY) -m ruff check --quiet .
 	$(PY) -m pytest -q tests
+
+# ruff's rules (pyproject [tool.ruff.lint]) on the whole tree; `make test` runs it first
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check .
 
 test-browser: $(TEST_STAMP) browser-deps
 	$(PY) -m pytest -q -m browser tests/integration/test_page.py

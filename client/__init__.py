@@ -4,6 +4,7 @@
 """
 
 from client.aio import AsyncTTSClient
+from client.text_in import AsyncTextStream, Flushed
 from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
 from client.tts_client import (
     Chunk,
@@ -20,7 +21,9 @@ from engine.protocol import SAMPLE_RATE
 __all__ = [
     "SAMPLE_RATE",
     "AsyncTTSClient",
+    "AsyncTextStream",
     "Chunk",
+    "Flushed",
     "Forbidden",
     "InvalidRequest",
     "NotFound",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Self
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from client.request import (
     request_fields,
     with_speed,
 )
+from client.text_in import AsyncTextStream
 from client.tts_client import Chunk, _host_port
 
 RECONNECT_FIRST_MS = 100  # the channel's first retry of a refused connection
@@ -50,7 +52,7 @@ class AsyncTTSClient:
         self._client = None
         self._retired: set = set()  # channels dropped after a connection failure, closing in the background
 
-    async def __aenter__(self) -> AsyncTTSClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -148,7 +150,7 @@ class AsyncTTSClient:
             while not done:
                 try:
                     result, error = await asyncio.wait_for(anext(responses), self.timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise TimeoutError(f"no response from the server for {self.timeout:g} s") from None
                 except StopAsyncIteration:
                     done = True
@@ -175,6 +177,63 @@ class AsyncTTSClient:
         if isinstance(exc, ConnectionError):
             self._unreachable(client)
         return exc
+
+    async def open_text(
+        self,
+        language: str | None = None,
+        ref_audio: np.ndarray | None = None,
+        ref_sample_rate: int | None = None,
+        ref_text: str | None = None,
+        voice_id: str | None = None,
+        seed: int | None = None,
+        parameters: dict | None = None,
+        instruction: str | None = None,
+        task: str | None = None,
+        on_plan: Callable[[str], None] | None = None,
+        speed: float | None = None,
+        release: str | None = None,
+    ) -> AsyncTextStream:
+        """Open a text-in stream (:mod:`client.text_in`): ``await ts.send(text, flush=False)``, ``await
+        ts.end()``, ``await ts.cancel()``, ``async for item in ts`` (:class:`Chunk` and :class:`Flushed`).
+        The fields are :meth:`stream`'s; ``release``: ``sentence`` (the server's default: a segment is also
+        cut at each sentence end) or ``flush`` (only at flushes and the end). The request goes out now: the
+        server admits the stream and encodes the voice while the text is still being written."""
+        fields = request_fields(None, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
+                                task)  # fmt: skip
+        if release is not None:
+            fields["RELEASE"] = release
+        return AsyncTextStream(self, fields, with_speed(parameters, speed), on_plan)
+
+    async def stream_text(self, pieces, flush: bool = False, **fields) -> AsyncIterator[Chunk]:
+        """The audio of a text sent as ``pieces`` (an iterable or async iterable of str, read as they come),
+        as it is made; ``flush``: flush after every piece; ``fields``: as :meth:`open_text`. Leaving early
+        cancels the stream on the server."""
+        text_stream = await self.open_text(**fields)
+
+        async def feed():
+            try:
+                if hasattr(pieces, "__aiter__"):
+                    async for piece in pieces:
+                        await text_stream.send(piece, flush)
+                else:
+                    for piece in pieces:
+                        await text_stream.send(piece, flush)
+                        await asyncio.sleep(0)
+            except BaseException:
+                await text_stream.cancel()  # the iteration ends; the error is raised from here
+                raise
+            await text_stream.end()
+
+        feeder = asyncio.ensure_future(feed())
+        try:
+            async for item in text_stream:
+                if isinstance(item, Chunk):
+                    yield item
+            await feeder  # its error, if any
+        finally:
+            if not feeder.done():
+                feeder.cancel()
+            await text_stream.cancel()
 
     def edit(self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw):
         """``recording`` edited as ``instruction`` says, streamed (see :meth:`client.TTSClient.edit`)."""

@@ -20,7 +20,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
@@ -65,6 +65,9 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
 
     syn = ap.add_argument_group("synthesize (the default when no command is given)")
     syn.add_argument("--text", help="text to speak; '-' reads it from stdin")
+    syn.add_argument("--lines", action="store_true",
+                     help="with --text -: a text-in stream (gRPC, --model tts): each line of stdin is sent as it is "
+                          "read and spoken at once, while later lines are still coming")  # fmt: skip
     syn.add_argument("--language", help="language or dialect name (server default: detected from the text)")
     voice = syn.add_mutually_exclusive_group()
     voice.add_argument("--voice-id", help="a voice registered on the server")
@@ -117,13 +120,15 @@ def main(argv: list[str] | None = None, commands: dict[str, Command] | None = No
         ap.error("--timeout must be > 0")
     if args.model != "tts" and (args.instruction, args.task, args.edit) != (None, None, None):
         ap.error("--instruction, --task and --edit need --model tts (FireRedTTS3-Instruct is not in tts_ensemble)")
+    if args.lines and (args.text != "-" or args.protocol != "grpc" or args.model != "tts" or args.edit):
+        ap.error("--lines streams stdin (--text -) to --model tts over gRPC, and speaks no --edit")
     if args.edit is not None:
         text, request = None, _edit_request(ap, args)
     else:
         text, request = _speak_request(ap, args)
     request["parameters"] = {p.name: getattr(args, p.name) for p in TTS_PARAMETERS if getattr(args, p.name) is not None}
     client = TTSClient(args.url or "127.0.0.1", args.protocol, timeout=args.timeout, model=args.model)
-    return synthesize(client, text, request, args.out, quiet=args.quiet)
+    return synthesize(client, text, request, args.out, quiet=args.quiet, lines=sys.stdin if args.lines else None)
 
 
 def _speak_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict]:
@@ -142,7 +147,7 @@ def _speak_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tup
         ap.error(f"--task {CLONE} needs --ref-audio or --voice-id")
     if args.task == DESIGN and args.instruction is None:
         ap.error(f"--task {DESIGN} needs --instruction")
-    text = sys.stdin.read().strip() if args.text == "-" else args.text
+    text = None if args.lines else sys.stdin.read().strip() if args.text == "-" else args.text
     request = {"language": args.language, "voice_id": args.voice_id, "ref_text": args.ref_text, "seed": args.seed,
                "instruction": args.instruction, "task": args.task}  # fmt: skip
     if args.ref_audio is not None:
@@ -171,8 +176,10 @@ def _read(ap: argparse.ArgumentParser, flag: str, path: str):
         ap.error(f"cannot read {flag} {path}: {e}")
 
 
-def synthesize(client: TTSClient, text: str | None, request: dict, out: str, quiet: bool = False) -> int:
-    """Stream into ``out`` ('-': stdout as s16le); returns the exit status."""
+def synthesize(client: TTSClient, text: str | None, request: dict, out: str, quiet: bool = False,
+               lines: Iterable[str] | None = None) -> int:  # fmt: skip
+    """Stream into ``out`` ('-': stdout as s16le); returns the exit status. ``lines``: the text, as a text-in
+    stream whose every line is flushed (``text`` is then not read)."""
     try:
         sink = _PcmSink(sys.stdout.buffer) if out == "-" else WavWriter(out)
     except OSError as e:
@@ -181,9 +188,9 @@ def synthesize(client: TTSClient, text: str | None, request: dict, out: str, qui
     progress = _Progress(sys.stderr, enabled=not quiet)
     try:
         # the plan text arrives before the first chunk, so it is printed above the progress line
-        with contextlib.closing(
-            client.stream(text, **request, on_plan=progress.plan)
-        ) as chunks:  # closing early cancels the request
+        chunks = (client.stream(text, **request, on_plan=progress.plan) if lines is None
+                  else client.stream_text(lines, flush=True, **request, on_plan=progress.plan))  # fmt: skip
+        with contextlib.closing(chunks):  # closing early cancels the request
             for chunk in chunks:
                 sink.write(chunk.audio)
                 progress.chunk(chunk)

@@ -18,7 +18,7 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -128,6 +128,74 @@ class TTSClient:
         """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+    def stream_text(self, pieces: Iterable[str], flush: bool = False, release: str | None = None,
+                    **kw) -> Iterator[Chunk]:  # fmt: skip
+        """The audio of a text sent as ``pieces`` (read as they come, on a thread of their own: an LLM's
+        tokens, stdin's lines), as a text-in stream (gRPC only; see :mod:`client.text_in`). ``flush``: flush
+        after every piece; ``release``: ``sentence`` (the server's default) or ``flush``; ``kw``: the
+        fields of :meth:`stream`. Leaving early cancels the stream on the server."""
+        from client.text_in import piece_request, sequence_id
+
+        if self.protocol != "grpc":
+            raise ValueError("text-in streams need gRPC (HTTP generate_stream carries no sequence id)")
+        on_plan = kw.pop("on_plan", None)
+        parameters = with_speed(kw.pop("parameters", None), kw.pop("speed", None))
+        fields = request_fields(None, **kw)
+        if release is not None:
+            fields["RELEASE"] = release
+        return self._text_stream(pieces, flush, fields, parameters, on_plan, piece_request, sequence_id())
+
+    def _text_stream(self, pieces, flush, fields, parameters, on_plan, piece_request, sequence) -> Iterator[Chunk]:
+        import threading
+
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(f"{self.host}:{self.port}")
+        q: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: q.put((result, error)), stream_timeout=self.stream_timeout)
+        stop, failure = threading.Event(), []
+
+        def send(text: str, flush_now: bool = False, **flags) -> None:
+            request = piece_request(self.model, sequence, text, flush_now, tc=grpcclient, **flags)
+            client.async_stream_infer(request["model_name"], request["inputs"], sequence_id=sequence,
+                                      sequence_start=request["sequence_start"],
+                                      sequence_end=request["sequence_end"],
+                                      parameters=request.get("parameters"))  # fmt: skip
+
+        def feed() -> None:
+            try:
+                for piece in pieces:
+                    if stop.is_set():
+                        return
+                    send(piece, flush)
+                send("", end=True)
+            except Exception as e:  # noqa: BLE001 (raised by the reader below, which stops the stream)
+                failure.append(e)
+                q.put((None, None))
+
+        t0 = time.perf_counter()
+        done = False
+        try:
+            send("", start=True, fields=fields, parameters=parameters)
+            threading.Thread(target=feed, daemon=True, name="tts-text-in").start()
+            while not done:
+                result, error = q.get()  # the server's idle bound ends a stream whose text stops coming
+                if failure:
+                    raise failure[0]
+                if error is not None:  # the stream is cancelled below (the server may have ended it already)
+                    raise grpc_error(error)
+                done = is_final(result)
+                raise_if_failed(result.as_numpy("FINISH_REASON"))
+                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+                    on_plan(plan)
+                audio = result.as_numpy("AUDIO")
+                if audio is not None and audio.size:
+                    yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+        finally:
+            stop.set()
+            client.stop_stream(cancel_requests=not done)
+            client.close()
 
     def _grpc(self, fields: dict, parameters: dict, on_plan) -> Iterator[Chunk]:
         import tritonclient.grpc as grpcclient

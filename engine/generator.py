@@ -2,9 +2,8 @@
 backbone position (prefill for new streams, one token for the rest) and then, per (core, phase) group in
 one batched call, either picks a text token (Instruct's text phase) or makes one patch (the flow head).
 
-Per stream the state is small (positions, the last 3 backbone states, the last 8 latents, RNGs), so a
-stream's output depends only on its own inputs and seed, never on who shares the batch.
-Slot bookkeeping (which slot a request owns) is the caller's; this module only reads ``Stream.slot``.
+A stream's state (:mod:`engine.generator_state`) is small, so its output depends only on its own inputs
+and seed, never on who shares the batch. Slots are the caller's; this module only reads ``Stream.slot``.
 The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`: a stream reserves the pages it may
 need (:meth:`Generator.reserve`, or the scheduler through the cache's ``blocks``) and gives them back
 when it ends. Any cache with the same interface works (the tests' per-slot reference cache does).
@@ -18,79 +17,14 @@ import torch
 
 from engine.block_manager import NoPagesYet
 from engine.chatml import AUDIO_SOS_ID, LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS, TEXT_EOT_ID
-from engine.config import PATCH_SIZE, REDAE_SCALE
+from engine.config import REDAE_SCALE
+from engine.generator_state import InstructInput, Phase, StepResult, Stream, TextStep, check_prompt, new_rng
 from engine.kv_cache import PagedCache
 from engine.layers.attention import AttentionFallback
 from engine.models.core import FireRedTTS3Core, cosine_schedule
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
-from engine.scheduler import Phase
-from engine.text_sampling import TextSampling, choose, host_ids, text_generator
-
-
-@dataclass(frozen=True)
-class InstructInput:
-    """What an Instruct stream starts from (:meth:`engine.fireredtts3.FireRedTTS3.instruct_input` builds it).
-
-    Latents are RedAE's, unscaled: the generator scales them by ``REDAE_SCALE`` as the model expects.
-    """
-
-    tokens: list[int]  # the task's ChatML ids, placeholders included
-    latents_in: torch.Tensor | None = None  # (4N, 64) the recording to edit; one LATENT_IN_ID per patch
-    latents_out: torch.Tensor | None = None  # (4P, 64) the cloning prompt; one LATENT_OUT_ID per patch
-    sampling: TextSampling | None = None  # the text phase's token choice; None: no text phase
-
-    @property
-    def prompt_patches(self) -> int:
-        return 0 if self.latents_out is None else self.latents_out.shape[0] // PATCH_SIZE
-
-
-@dataclass
-class Stream:
-    """One request's generation state. Created by :meth:`Generator.new_stream` (Base) or
-    :meth:`Generator.new_instruct_stream` (Instruct)."""
-
-    slot: int
-    tokens: torch.Tensor  # (1, T) prompt token ids (Instruct: the ChatML ids)
-    prompt: VoicePrompt | None  # Base's voice prompt; None for Instruct
-    params: GenerationParams
-    rng: torch.Generator  # CPU: the flow's noise (on a CPU model the text draws too: the reference's one RNG)
-    text_rng: torch.Generator | None = None  # the text phase's draws, on the device (text_generator)
-    model: str = "base"  # which core: "base" or "instruct"
-    phase: Phase = Phase.AUDIO
-    instruct: InstructInput | None = None
-    position: int = 0  # next backbone position (= cached tokens)
-    patches: int = 0  # patches generated so far
-    finished: bool = False
-    next_input: torch.Tensor | None = None  # (1, 1, hidden) backbone input of the next decode
-    cond: torch.Tensor | None = None  # (1, 3, hidden) last 3 backbone states, zero-padded
-    history: torch.Tensor | None = None  # (1, 8, 64) last clean latents (Instruct: scaled)
-    spk_dit: torch.Tensor | None = None  # (1, speaker_dim)
-    text_ids: list[int] = field(default_factory=list)  # the text phase's tokens so far (not <|eot|>)
-    closing: int = 0  # text phase: 0 picking tokens, 1 feeding the last one, 2 feeding <|sosp|>
-
-    @property
-    def prefilled(self) -> bool:
-        return self.next_input is not None or self.finished
-
-    def prefix_length(self) -> int:
-        if self.instruct is not None:
-            return self.tokens.shape[1]
-        return 1 + self.tokens.shape[1] + self.prompt.num_patches
-
-    def positions_needed(self) -> int:
-        """Cache positions this stream may ever use: its prefix, the text phase's tokens and <|sosp|>
-        (at most MAX_TEXT_TOKENS + 1), one per patch."""
-        text = MAX_TEXT_TOKENS + 1 if self.instruct is not None and self.instruct.sampling is not None else 0
-        return self.prefix_length() + text + self.params.max_patches
-
-
-@dataclass
-class StepResult:
-    latents: torch.Tensor | None  # (4, 64) float32 of the new patch (RedAE's scale), None if none this step
-    finished: bool
-    reason: str = ""  # "stop" (stop head), "length" (max_patches) when finished
-    text_ids: list[int] | None = None  # the whole text plan, in the step that picked its last token
+from engine.text_sampling import choose, host_ids, text_generator
 
 
 @dataclass
@@ -158,17 +92,8 @@ class Generator:
             ValueError: bad input, the Base model not loaded, or a stream that could never fit this cache.
             NoPagesYet: (``reserve`` only) it fits, but not while the live streams hold their pages.
         """
-        core = self._core("base")
-
-        if prompt.num_patches < 1:
-            raise ValueError("the voice prompt has no audio patches")
-        if prompt.speaker.numel() != core.cfg.spk_in_dim:
-            raise ValueError(
-                f"the speaker embedding has {prompt.speaker.numel()} values; expected {core.cfg.spk_in_dim}"
-            )
-        if not (torch.isfinite(prompt.latents).all() and torch.isfinite(prompt.speaker).all()):
-            raise ValueError("the voice prompt has non-finite values")
-        s = Stream(slot=slot, tokens=self._tokens(tokens), prompt=prompt, params=params, rng=_rng(params))
+        check_prompt(prompt, self._core("base").cfg.spk_in_dim)
+        s = Stream(slot=slot, tokens=self._tokens(tokens), prompt=prompt, params=params, rng=new_rng(params))
         return self._checked(s, reserve)
 
     def new_instruct_stream(
@@ -181,17 +106,8 @@ class Generator:
         """
         self._core("instruct")
         tokens = self._tokens(given.tokens)
-        for token_id, latents in ((LATENT_IN_ID, given.latents_in), (LATENT_OUT_ID, given.latents_out)):
-            patches = 0 if latents is None else latents.shape[0] // PATCH_SIZE
-            if latents is not None and (latents.ndim != 2 or latents.shape[0] % PATCH_SIZE or latents.shape[1] != 64):
-                raise ValueError(f"latents must be (4N, 64), got {tuple(latents.shape)}")
-            if latents is not None and not torch.isfinite(latents).all():
-                raise ValueError("the latents have non-finite values")
-            if given.tokens.count(token_id) != patches:
-                raise ValueError(
-                    f"the ChatML ids hold {given.tokens.count(token_id)} placeholders for {patches} patches"
-                )
-        rng, text = _rng(params), given.sampling is not None  # text: a text phase, drawn on the device
+        given.check()
+        rng, text = new_rng(params), given.sampling is not None  # text: a text phase, drawn on the device
         s = Stream(slot, tokens, None, params, rng, text_generator(self.device, rng) if text else None, "instruct",
                    Phase.TEXT if text else Phase.AUDIO, given)  # fmt: skip
         return self._checked(s, reserve)
@@ -277,7 +193,7 @@ class Generator:
         if not rows:
             return
         core = self.instruct
-        picking = [i for i in rows if streams[i].closing == 0]
+        picking = [i for i in rows if streams[i].text_step is TextStep.PICK]
         if picking:
             logits, pickers = core.text_logits(torch.cat([hidden[i] for i in picking])), [streams[i] for i in picking]
             ids = choose(logits, [s.text_ids for s in pickers], [s.instruct.sampling for s in pickers],
@@ -290,14 +206,14 @@ class Generator:
                 if token != TEXT_EOT_ID:
                     s.text_ids.append(token)
                 done = token == TEXT_EOT_ID or len(s.text_ids) >= MAX_TEXT_TOKENS
-                s.closing = int(done)
+                s.text_step = TextStep.FEED_LAST if done else TextStep.PICK
                 results[i] = StepResult(None, False, text_ids=list(s.text_ids) if done else None)
         for i in rows:
             s = streams[i]
             if results[i] is not None:
                 continue
-            if s.closing == 1:  # fed the plan's last token (<|eot|>, or the cap's last): next <|sosp|>
-                s.next_input, s.closing = self._embed(core, torch.tensor([AUDIO_SOS_ID])), 2
+            if s.text_step is TextStep.FEED_LAST:  # fed the plan's last token: next <|sosp|>
+                s.next_input, s.text_step = self._embed(core, torch.tensor([AUDIO_SOS_ID])), TextStep.FEED_SOS
             else:  # fed <|sosp|>; the reference's audio loop then feeds <|sosp|> AGAIN as its first input
                 # (its input variable still holds it), so the audio phase starts from the same input
                 s.phase = Phase.AUDIO
@@ -383,7 +299,3 @@ class Generator:
             t_span=self._t_span(steps),
             cfg_weight=torch.tensor([streams[i].params.cfg for i in group]).to(self.device, non_blocking=True),
         )
-
-
-def _rng(params: GenerationParams) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(params.seed & 0xFFFF_FFFF_FFFF_FFFF)

@@ -1,6 +1,6 @@
 """In-process implementations of the orchestrator's interfaces (offline synthesis, tests, benchmarks).
 
-They run the same :class:`~engine.streams.GeneratorService` and :class:`~engine.streams.VocoderService`
+They run the same :class:`~engine.streams.GeneratorService` and :class:`~engine.vocoder_service.VocoderService`
 as the ``generator`` and ``vocoder`` Triton models, so offline audio equals streamed audio by
 construction; the tests compare both against an independent whole-utterance decode.
 """
@@ -18,7 +18,8 @@ from engine.generator import Stream
 from engine.orchestrator import Orchestrator, Segment
 from engine.prompt import VoicePrompt
 from engine.protocol import Chunk, end_chunk, failure_reason
-from engine.streams import GeneratorService, VocoderService
+from engine.streams import GeneratorService
+from engine.vocoder_service import VocoderService
 
 
 class LocalPrompts:

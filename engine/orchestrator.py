@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.chunking import ChunkSchedule
 from engine.frontend import prepare
+from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import (
     ACOUSTIC_EDIT,
     CLONE,
@@ -84,6 +85,24 @@ class Piece:
     final: bool = False
     finish_reason: str = ""
     text: str | None = None  # the plan text (maybe ""), on its own piece; None: not the plan
+    flushed: int = 0  # a text stream's n-th flush is spoken (see Orchestrator.run_text), on its own piece
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of a text-in utterance's text, as it arrives (:meth:`Orchestrator.run_text`)."""
+
+    text: str
+    flush: bool = False  # cut a segment after this piece (the flushes are counted from 1)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A segment's text as the front end cut it, in its language."""
+
+    text: str
+    language: str
+    last: bool = False  # the utterance's last segment (a text stream knows its last only at its end)
 
 
 INSTRUCT_TASKS = tuple(t for t in TASKS if t != SPEAK)
@@ -99,6 +118,20 @@ def checked_instruction(task: str, instruction: str) -> str:
     if task == ACOUSTIC_EDIT:
         return check_acoustic_edit(instruction)
     return check_instruction(instruction)
+
+
+def _checked(utterance: Utterance) -> Utterance:
+    """``utterance`` with its task spelled as the generator takes it ("" for Base) and its instruction checked."""
+    u = utterance
+    if u.task == SPEAK:  # Base, as ""
+        u = replace(u, task="")
+    if u.task:
+        u = replace(u, instruction=checked_instruction(u.task, u.instruction))
+    return u
+
+
+async def _ready(value):
+    return value
 
 
 class PromptEncoder(Protocol):
@@ -175,11 +208,7 @@ class Orchestrator:
 
     async def _pieces(self, utterance: Utterance, voice: Any) -> AsyncIterator[Piece]:
         """The utterance's pieces at the speed the model speaks."""
-        u = utterance
-        if u.task == SPEAK:  # Base, as ""
-            u = replace(u, task="")
-        if u.task:
-            u = replace(u, instruction=checked_instruction(u.task, u.instruction))
+        u = _checked(utterance)
         if u.task in EDITS:  # the whole recording is edited: no text, one stream
             texts, language = [""], ""
         else:
@@ -190,14 +219,94 @@ class Orchestrator:
             )
             texts, language = prepared.segments, prepared.language
         prompt = None if u.task == DESIGN else await self.prompts.encode(voice)
+
+        async def cuts():
+            for i, text in enumerate(texts):
+                yield Cut(text, language, last=i == len(texts) - 1)
+
+        async with contextlib.aclosing(self._spoken(u, _ready(prompt), cuts())) as pieces:
+            async for piece in pieces:
+                yield piece
+
+    def run_text(
+        self, utterance: Utterance, voice: Any, pieces: AsyncIterator[TextPiece], release: str = "flush"
+    ) -> AsyncIterator[Piece]:
+        """A text-in utterance: its text arrives as ``pieces`` (the stream's end is the end of the text;
+        ``utterance.text`` is not read), cut into segments by :class:`engine.frontend.text_in.TextInSegmenter`
+        (``release``: ``"flush"`` or ``"sentence"``) with the utterance's front-end settings. Each segment
+        starts generating as soon as it is cut and the one before it has been generated, while later text
+        still arrives. After all audio of the text up to the n-th flush, a piece with ``flushed`` n (no
+        audio) follows; the last 50 ms of that audio come with the next segment, cross-faded into it, or
+        with the final piece. The audio equals :meth:`run`'s for a text that the front end cuts into the same
+        segments (same seed, voice and cross-fade), with a fixed chunk schedule (the deadline rule sizes
+        chunks by the clock). Raises as :meth:`run`, and whatever ``pieces`` raises (closing everything)."""
+        out = self._text_pieces(utterance, voice, pieces, release)
+        return out if utterance.speed == 1.0 else stretched(out, utterance.speed)
+
+    async def _text_pieces(self, utterance, voice, pieces: AsyncIterator[TextPiece], release: str):
+        u = _checked(utterance)
+        if u.task in EDITS:
+            raise ValueError(f"TASK {u.task} edits a recording and takes no text stream")
+        segmenter = TextInSegmenter(u.language, self.count_tokens, u.split_tokens, u.normalize,
+                                    u.params.max_patches, release)  # fmt: skip
+        cuts: asyncio.Queue = asyncio.Queue()  # Cut, a flush count, an exception, or None (the end)
+
+        async def read() -> None:
+            flushes = 0
+
+            async def cut(release_call, *args) -> None:
+                # on a thread: a unit's front end (wetext) takes a while, and the event loop serves others
+                for text in await asyncio.to_thread(release_call, *args):
+                    cuts.put_nowait(Cut(text, segmenter.language))
+
+            try:
+                async for piece in pieces:
+                    await cut(segmenter.push, piece.text)
+                    if piece.flush:
+                        await cut(segmenter.flush)
+                        flushes += 1
+                        cuts.put_nowait(flushes)
+                await cut(segmenter.end)
+                cuts.put_nowait(None)
+            except Exception as e:  # noqa: BLE001 (the consumer raises it, in order after what was cut before)
+                cuts.put_nowait(e)
+
+        async def cut_segments():
+            while (item := await cuts.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+
+        reader = asyncio.ensure_future(read())
+        prompt = None if u.task == DESIGN else asyncio.ensure_future(self.prompts.encode(voice))  # meanwhile
+        try:
+            async with contextlib.aclosing(self._spoken(u, prompt, cut_segments())) as out:
+                async for piece in out:
+                    yield piece
+        finally:
+            for task in (reader, prompt):
+                if task is not None:
+                    task.cancel()  # (a prompt never awaited, for a stream with nothing to say, may have failed)
+                    with contextlib.suppress(BaseException):
+                        await task
+
+    async def _spoken(self, u: Utterance, prompt, cuts: AsyncIterator[Cut | int]) -> AsyncIterator[Piece]:
+        """The audio of ``cuts`` (segments in speaking order, and flush counts) joined with the cross-fade,
+        then the final piece. ``prompt``: an awaitable of the voice prompt (None: none), awaited at the first
+        segment. A segment that is not ``last`` holds back the fade's samples; the last is known only at the
+        end for a text stream, where they come with the final piece (the same samples either way)."""
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         # the listener: `sent` seconds of audio since `began` (the first audio out; None: none yet), as if
         # playback began then and never stalled (engine.chunking's clock, at this end of the pipeline)
-        began, sent = None, 0.0
-        for i, segment_text in enumerate(texts):
-            more = i < len(texts) - 1
+        began, sent, i = None, 0.0, 0
+        async for cut in cuts:
+            if isinstance(cut, int):  # all audio of the text up to flush `cut` is out (but the held fade)
+                yield Piece(np.zeros(0, np.float32), flushed=cut)
+                continue
+            if i == 0 and prompt is not None:
+                prompt = await prompt
             held = 0.0 if began is None else sent - (self.clock() - began)
-            segment = Segment(self.stream_ids(), segment_text, language, prompt, u.params,
+            segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
                               segment_schedule(i, u.schedule, held), u.task, u.instruction)  # fmt: skip
             joiner.start_segment()
             async with contextlib.aclosing(self._segment(segment)) as pieces:
@@ -206,16 +315,17 @@ class Orchestrator:
                         if i == 0:
                             yield Piece(np.zeros(0, np.float32), text=text)
                         continue
-                    out = joiner.push(audio, more)
+                    out = joiner.push(audio, not cut.last)
                     if reason:
                         reasons.append(reason)
-                    if more or not reason:
+                    if not cut.last or not reason:
                         if out.size:
                             began = self.clock() if began is None else began
                             sent += out.size / SAMPLE_RATE
                             yield Piece(out)
                     else:
                         tail = out  # the last segment's tail goes out with the final piece
+            i += 1
         reason = LENGTH if LENGTH in reasons else STOP
         yield Piece(np.concatenate([tail, joiner.finish()]), final=True, finish_reason=reason)
 
@@ -261,7 +371,7 @@ async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator
     stretch = TimeStretch(speed)
     async with contextlib.aclosing(pieces):
         async for piece in pieces:
-            if piece.text is not None:  # the plan: no audio to stretch
+            if piece.text is not None or piece.flushed:  # the plan, a flush mark: no audio to stretch
                 yield piece
                 continue
             audio = await asyncio.to_thread(stretch.push, piece.audio)

@@ -1,9 +1,7 @@
 """The protocol every process speaks: signal facts, error kinds, finish reasons, and the generator -> vocoder chunk.
 
 Error kinds are carried in-band, as the first words of every error message and failure reason.
-Triton 2.51's HTTP ``generate`` answers every model error with 400, BLS reports every code as INTERNAL,
-and a gRPC stream error has a message but no code, so a status code cannot say whose fault an error
-is. Every error is therefore tagged once where it arises (:func:`tagged`) and read once at each edge
+A status code cannot say whose fault an error is (docs/triton.md#T1). Every error is therefore tagged once where it arises (:func:`tagged`) and read once at each edge
 (:func:`error_kind`: the client library, the OpenAI gateway).
 
 Imports numpy only (nothing of torch, the text front end, serving or Triton): the client, the gateway

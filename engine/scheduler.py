@@ -19,7 +19,8 @@ streams that ended.
   few batches ran, is gone: the caller frees it. After a pause of the whole machine (:meth:`resume`)
   absence counts from then on.
 
-Every stream has a :class:`Phase`: the generator's step is the same for all rows of a phase.
+A stream's phase (text or audio) is not the scheduler's: it lives on the stream
+(:class:`engine.generator_state.Phase`).
 """
 
 from __future__ import annotations
@@ -34,13 +35,6 @@ MISSED_EXECUTES, MISSED_SECONDS = 3, 0.5
 ORPHAN_SECONDS = 10.0  # also without batches in between (the caller checks on a timer)
 PAUSE_SECONDS = 3.0  # a 1 s timer tick this late means the whole machine stopped (a VM pause): see resume()
 DEFERRED_SECONDS = 60.0  # a deferred stream whose client left never comes back: forgotten after this
-
-
-class Phase(enum.Enum):
-    """What a stream's next step makes."""
-
-    AUDIO = "audio"  # speech patches (Base; Instruct after its text)
-    TEXT = "text"  # text tokens before the speech (Instruct's voice design and semantic edit)
 
 
 class Action(enum.Enum):
@@ -67,7 +61,6 @@ class StreamState:
     stream_id: int
     slot: int  # its page-table row; also the row of its generation state
     positions: int  # KV-cache positions it reserves: prompt + max_patches
-    phase: Phase = Phase.AUDIO
     waiting: bool = True  # admitted, its pages not reserved yet: not stepped
     seen: float | None = None  # when a batch last had its request (None: not yet counted)
     missed: int = 0  # batches in a row without it
@@ -113,7 +106,7 @@ class Scheduler:
             raise RuntimeError(f"all {self.slots} generator slots are in use")
         return self.free[0]
 
-    def admit(self, stream_id: int, positions: int, phase: Phase = Phase.AUDIO) -> StreamState:
+    def admit(self, stream_id: int, positions: int) -> StreamState:
         """Give ``stream_id`` the next slot; it runs as soon as the pages for ``positions`` are reserved
         (now, unless the pool is short or an older stream waits). ValueError when it can never fit (nothing
         is kept), RuntimeError when no slot is free."""
@@ -121,21 +114,10 @@ class Scheduler:
         if self.blocks is not None:
             self.blocks.check_fits(positions)
         self.free.popleft()
-        state = self.streams[stream_id] = StreamState(stream_id, slot, positions, phase)
+        state = self.streams[stream_id] = StreamState(stream_id, slot, positions)
         self.queue.append(stream_id)
         self._start_waiting()
         return state
-
-    def set_phase(self, stream_id: int, phase: Phase) -> None:
-        """The stream's next steps make ``phase`` (KeyError for one that is not live)."""
-        self.streams[stream_id].phase = phase
-
-    def phases(self) -> dict[Phase, int]:
-        """Live streams per phase (waiting ones included)."""
-        counts = dict.fromkeys(Phase, 0)
-        for state in self.streams.values():
-            counts[state.phase] += 1
-        return counts
 
     def finish(self, stream_id: int) -> bool:
         """Free the stream's slot and pages (ended, cancelled or failed). False if it was not live."""

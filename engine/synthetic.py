@@ -7,7 +7,7 @@ scheduler, chunking, tensors, gRPC, the client) runs for real and costs what it 
   encoder. Streams are checked, admitted, reserve and release KV-cache pages and are chunked as with
   the real generator; each step gives every stream the same ready-made patch and a stream ends after
   ``max_patches`` (reason "length"; the stop head is not consulted).
-- :class:`SyntheticVocoderService`: a :class:`~engine.streams.VocoderService` whose decoder returns
+- :class:`SyntheticVocoderService`: a :class:`~engine.vocoder_service.VocoderService` whose decoder returns
   ready-made samples, 960 per latent (3840 per patch), and nothing at the end of a stream, so that a
   stream of P patches gives exactly P x 3840 samples (what the real decoder gives in total). Its
   stream table (start, unknown stream, end, idle reaping) is the real one.
@@ -27,7 +27,7 @@ from engine.config import PATCH_SAMPLES, SAMPLES_PER_LATENT
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import Generator, StepResult, Stream
 from engine.protocol import LENGTH, SAMPLE_RATE
-from engine.streams import VocoderService
+from engine.vocoder_service import VocoderService
 
 BANNER = "SYNTHETIC MATH: ready-made latents and audio instead of the model (benchmarks only, no speech)"
 TONE_HZ, TONE_LEVEL = 220.0, 0.05  # the ready-made audio: a quiet tone, plainly not speech

@@ -132,7 +132,7 @@ class Keys:
     def generator_model(self) -> str:
         """The name under which Triton serves the generator: a secret of the run, derived from the internal
         key, so that no client can address it (a client that reaches Triton's sequence batcher can hold
-        its slots: a START it cancels while waiting keeps one, Triton 2.51 never ends that sequence).
+        its slots: docs/triton.md#T9, #T10).
         Plain ``generator`` without a key (a tritonserver that serving.serve did not start)."""
         if not self.internal:
             return GENERATOR

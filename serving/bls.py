@@ -32,10 +32,7 @@ LOST = "the generator lost this stream: Triton stopped scheduling it (a Triton 2
 
 class Waits:
     """The thread pool for every blocking BLS wait of an async model (iterating a decoupled stream, and
-    ``async_exec`` itself, which uses the event loop's default executor): with the default one
-    (min(32, cores + 4) threads) six requests waiting for a generator slot held every thread, and
-    running streams' vocoder calls queued behind them (longest chunk gap 72 ms alone, 757 ms with 8
-    waiting; 71 ms with this pool)."""
+    ``async_exec`` itself, which uses the event loop's default executor: docs/triton.md#T5)."""
 
     def __init__(self, name: str):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix=f"{name}-bls")
@@ -55,7 +52,7 @@ class Waits:
 
 CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
 # request.is_cancelled() is a round trip to Triton's process: all of a stub's running requests together
-# ask at most this often (256 streams: each every 0.26 s, one generator step on this 2-core machine)
+# ask at most this often (256 streams: each every 0.26 s, about one generator step on 2 cores)
 CANCEL_CHECKS_PER_SECOND = 1000
 _watching = 0  # requests in watch() now: the stub's one event loop runs them all
 
@@ -87,9 +84,8 @@ async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | Non
     A client that leaves cancels the task (again each poll: Python 3.11's ``wait_for`` can swallow one
     cancellation). Returns None once all is over, so that the caller sends the final response; or, at
     once, the launcher's message when the server is about to be replaced (the task cancelled). The final
-    response must come after the last ``is_cancelled()`` (asked once it has gone out, tritonserver 2.51
-    crashes), and after the cleanup: sent earlier, the BLS requests still running for this request went
-    astray (the generator read TEXT of 3209585762 bytes and Triton dropped other clients' streams)."""
+    response must come after the last ``is_cancelled()`` (docs/triton.md#T3), and after the cleanup, whose
+    BLS requests must outlive their tasks (docs/triton.md#T4)."""
     global _watching
     _watching += 1
     try:
@@ -117,9 +113,7 @@ class BLS:
 
     def submit(self, request, **kw) -> asyncio.Task:
         """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
-        awaits it shielded). Cut short, the stub freed the request while its thread still sent it: the
-        generator read TEXT of 3209585762 bytes; and a dropped decoupled response iterator makes Triton
-        drop the request, so the generator kept the stream's slot (both seen with clients leaving early)."""
+        awaits it shielded): a request cut short is freed while Triton still reads it (docs/triton.md#T4)."""
 
         async def run():
             return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
@@ -255,7 +249,7 @@ class BLSGenerator:
                 self.bls.raise_for("generator", response)
                 if not response.output_tensors():
                     continue
-                chunk = read_chunk(lambda n: _output(pb, response, n))
+                chunk = read_chunk(lambda n, r=response: _output(pb, r, n))
                 ended = chunk.last
                 yield chunk
         finally:
@@ -291,10 +285,8 @@ class BLSGenerator:
     async def _cancel(self, stream_id: int, responses: ResponseStream, request) -> None:
         """Ask the generator to end the stream (it does so at its next step) and wait for that.
 
-        ``request`` is held until then: Triton reads its input tensors, which live in this stub's shared
-        memory, at every step of the stream. Let go earlier (a cleanup cut short by a second cancel),
-        they were freed under a live stream: Triton silently dropped it and the streams batched with it,
-        and new requests' tensors came out garbled (TEXT of 3209585762 bytes)."""
+        ``request`` is held until then: Triton reads its input tensors at every step of the stream
+        (docs/triton.md#T4)."""
         self.cancels.mark(stream_id)
         try:
             while True:

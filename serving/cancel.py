@@ -1,8 +1,7 @@
 """Cancellation side channel to the ``generator``, from ``tts``, ``ensemble_generator`` and the ``vocoder``.
 
-Triton 2.51's Python backend cannot cancel a BLS request it started, and an ensemble does not pass its
-client's cancellation to a composing model that is already running, so a stream whose client left
-would keep its generator slot until the utterance ends. Instead the stream's id is marked in a private
+Triton cannot cancel a BLS request or a running ensemble step (docs/triton.md#T6), so a stream whose
+client left would keep its generator slot until the utterance ends. Instead the stream's id is marked in a private
 per-server directory (tmpfs where available): ``tts`` marks the streams of a cancelled request,
 ``ensemble_generator`` those of a cancelled direct caller, and the ``vocoder`` a ``tts_ensemble`` stream
 whose client left (Triton hands the vocoder that stream's later chunks already cancelled). The

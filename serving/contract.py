@@ -102,6 +102,8 @@ FINISH_REASONS = (
     f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>`, `{UNAVAILABLE}<message>` or `{ERROR}<message>`"
 )
 
+DEFAULT_RELEASE = "sentence"  # a text-in stream's segments: cut at sentence ends too (engine.frontend.text_in)
+
 # ---- tts: the public front door (decoupled, BLS orchestration, max_batch_size 0) ----
 # What Base takes (tts_ensemble takes exactly these) ...
 BASE_INPUTS = (
@@ -127,7 +129,17 @@ TTS_INPUTS = (
          f"a voice description (voice design: with `TEXT` and no voice) or the edit's instruction; at most "
          f"{MAX_INSTRUCTION_CHARS} characters"),
     Spec("TASK", "TYPE_STRING", (1,), True, f"{', '.join(f'`{t}`' for t in TASKS)}; default `{SPEAK}`"),
+    Spec("FLUSH", "TYPE_BOOL", (1,), True,
+         "text-in streams (a request with a sequence id): speak the text sent so far now, as its own segment"),
+    Spec("RELEASE", "TYPE_STRING", (1,), True,
+         "text-in streams, first request: `sentence` (the default: a segment is cut at each sentence end too) or "
+         "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
+# A text-in stream (a client's gRPC sequence to tts: serving.text_streams) holds one admission place for its
+# life; these bound what a stranger can make it hold. A piece's TEXT has MAX_TEXT_CHARS (serving.requests).
+MAX_STREAM_CHARS = 16_000  # text of one stream, all its pieces together (four whole-text requests)
+MAX_STREAM_PIECES = 2_000  # requests of one stream
+DEFAULT_TEXT_IDLE_SECONDS = 30  # the longest wait for a stream's next piece (serving.options: --text-idle-seconds)
 TTS_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,),
@@ -135,6 +147,9 @@ TTS_OUTPUTS = (
     Spec("PLAN_TEXT", "TYPE_STRING", (1,),
          doc=f"`{DESIGN}` and `{SEMANTIC_EDIT}` only: the voice-attribute plan / the rewritten transcript, once, in "
              "its own response (no `AUDIO`) before the first audio"),
+    Spec("FLUSHED", "TYPE_INT32", (1,),
+         doc="text-in streams: n, in its own response (no `AUDIO`), once the audio of the text up to the n-th "
+             "`FLUSH` has been sent (but its last 50 ms, which are cross-faded into what follows)"),
 )  # fmt: skip
 # How TASK, INSTRUCTION, TEXT and the voice combine (serving.requests.instruct_request checks it):
 # task -> (which model, what it needs, what it refuses, what it does)
@@ -171,7 +186,7 @@ PROMPT_INPUTS = (
     # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not
     # in the generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its
     # orchestrator runs the front end itself. TEXT also keeps a silent-prompt request from being empty
-    # (Triton 2.51 fails an ensemble step that would get no inputs).
+    # (docs/triton.md#T12).
     Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak: cleaned and normalized into SPOKEN_TEXT"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True, "with TEXT; detected when absent or auto"),
 )

@@ -1,11 +1,7 @@
 """Generator slots, handed out before a stream is sent to the generator (by ``tts`` and ``ensemble_generator``).
 
-A stream that waits for a slot in Triton's sequence batcher can be lost there: once it has waited longer
-than ``max_sequence_idle``, the generator's first reschedule of it may fail (a race with Triton's idle
-reaper: "must specify the START flag on the first request of the sequence", Triton 2.51), Triton drops
-the request and never answers it, and the BLS call that sent it waits forever (16 voice designs on 8
-slots: 8 admission places held for good). So a
-stream waits here instead, in the process that will send it, and goes to the generator only when one of
+A stream that waits for a slot in Triton's sequence batcher can be lost there (docs/triton.md#T14), and
+the BLS call that sent it waits forever. So a stream waits here instead, in the process that will send it, and goes to the generator only when one of
 its ``slots`` is free: the sequence batcher's backlog stays empty, and how long a stream may wait is
 bounded by the admission gate (serving.admission), not by Triton's idle timer.
 

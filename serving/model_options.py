@@ -80,12 +80,14 @@ class TTSOptions(ModelOptions, _Gate):
     max_queue: int  # requests that may wait for a slot beyond the running ones
     models: str  # the release's models served (serving.served; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
+    text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.text_streams)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
-                   models=opts.models, vocoder_batch=opts.vocoder_batch)  # fmt: skip
+                   models=opts.models, vocoder_batch=opts.vocoder_batch,
+                   text_idle_seconds=opts.text_idle_seconds)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NewType
 
 from engine.layers.attention import ATTENTION_CHOICES
+from serving.contract import DEFAULT_TEXT_IDLE_SECONDS
 
 # A folder's path (a str; empty: the default the field's comment names). Its fields' defaults are plain
 # strings: ruff's RUF009 cannot tell, hence the noqa on them.
@@ -48,7 +49,7 @@ class ServeOptions:
     generator_async_steps: bool = True
     # Triton frees a sequence's candidate slot this long after its last request. A live stream is back
     # every step (so one generator step must take less than this), while a START that a client cancels
-    # while it waits in Triton's queue keeps its slot this long (Triton 2.51 sends no end for it).
+    # while it waits in Triton's queue keeps its slot this long (docs/triton.md#T10).
     sequence_idle_seconds: int = 30
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
     vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
@@ -62,6 +63,8 @@ class ServeOptions:
     models: str = option("", "the release's models to serve: base, instruct or base,instruct (default: those the "
                          "checkpoint folder holds)")  # fmt: skip
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
+    text_idle_seconds: float = option(float(DEFAULT_TEXT_IDLE_SECONDS), "a text-in stream that sends no text for "
+                                      "this long is closed, its place freed")  # fmt: skip
     cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
     run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
@@ -93,6 +96,8 @@ class ServeOptions:
         parse_models(self.models)  # ValueError names a model that is not one
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
+        if not 0 < self.text_idle_seconds <= 3600:
+            raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
         if not 5 <= self.sequence_idle_seconds <= 3600:
             raise ValueError(f"sequence_idle_seconds must be in 5..3600, got {self.sequence_idle_seconds}")
 
@@ -137,7 +142,7 @@ def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
     """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
     launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
     values = {}
-    for flag, kw in flags():
+    for _flag, kw in flags():
         value = getattr(args, kw["dest"])
         if value is not None:
             values[kw["dest"]] = str(value) if isinstance(value, Path) else value

@@ -1,8 +1,7 @@
 """Supervision of the tritonserver the launcher runs (:mod:`serving.serve`).
 
-Triton 2.51 handles a Python-backend stub that dies or hangs badly: a dead generator left its clients
-waiting 120 s for an empty error and refused new requests until a manual reload; a dead tts stub left
-its clients waiting forever; readiness stayed 200 throughout. So every stub beats a heartbeat file and
+Triton does not restart a Python-backend stub that dies or hangs, and stays ready (docs/triton.md#T15):
+a dead generator left its clients waiting 120 s for an empty error, a dead tts stub forever. So every stub beats a heartbeat file and
 exits when its tritonserver is gone (stub side: :mod:`serving.run_folder`), and the launcher watches the
 stub processes, the heartbeats and the models' progress on Triton's metrics port (:class:`Supervisor`;
 the rules: :mod:`serving.vitals`). On an incident it fails the tts requests in flight with a message

@@ -27,10 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
 # Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
 # any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
-# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
-# loads code: the server runs with --model-control-mode=none, where Triton 2.51 refuses every load and
-# unload (HTTP 503 / gRPC UNAVAILABLE), and sets neither log_file nor trace_file over the network (501).
-# statistics name every model; a model's config is its own (the generator's is under its secret name)
+# Triton prefixes gRPC keys). Statistics name every model and a model's config is its own (the generator's is
+# under its secret name): both need the key too. Inference, health and metadata stay open. No key
+# loads code: the server runs with --model-control-mode=none (docs/triton.md#T16).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
@@ -151,8 +150,8 @@ class TritonServer:
             f"--model-repository={self.model_repository}",
             f"--backend-directory={install.backend_dir}",
             "--model-control-mode=none",  # every model of the repository loads at start; none later
-            # Stopping waits this long for the models to unload (the launcher drains streams before): after
-            # a client's START-less request Triton 2.51's sequence batcher never lets the generator unload.
+            # Stopping waits this long for the models to unload (the launcher drains streams before): a
+            # generator that a START-less request holds never unloads (docs/triton.md#T9).
             "--exit-timeout-secs=5",
             f"--http-address={self.host}",
             f"--grpc-address={self.host}",

@@ -122,7 +122,7 @@ def scrub(message: str) -> str:
 def error_response(pb, error: BaseException | str):
     """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
     see :func:`engine.protocol.tagged`): clients and the gateway read the kind from the message,
-    since Triton 2.51's HTTP generate answers every error with 400 and BLS reports every code as INTERNAL.
+    since status codes do not survive Triton (docs/triton.md#T1).
     The status code follows the kind for the clients that see it (gRPC unary calls)."""
     message = scrub(tagged(error) if isinstance(error, BaseException) else error)
     kind = error_kind(message)[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -134,10 +135,10 @@ def test_no_key_loads_code_or_unloads_a_model(server, protocol):
                 assert refused.value.status() == "StatusCode.UNAVAILABLE", refused.value
         finally:
             client.close()
-    time.sleep(1)  # a load would have run the code by now
-    assert not PWNED.exists() and not Path("/tmp/tts-test-log").exists() and not Path("/tmp/tts-test-trace").exists()
     _after_admin_attempts(server)
     assert TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize("Still here", parameters={"max_patches": 4}).size
+    # checked after a whole request has been served since: a load would have run the code by then
+    assert not PWNED.exists() and not Path("/tmp/tts-test-log").exists() and not Path("/tmp/tts-test-trace").exists()
 
 
 def test_the_triton_key_opens_the_admin_apis_and_the_voices_key_does_not(server):
@@ -432,10 +433,16 @@ def test_running_and_waiting_streams_all_end(server):
     url = f"127.0.0.1:{server.ports.grpc}"
     params = {"max_patches": 30, "chunk_first": 1, "chunk_next": 1}
 
+    running = [threading.Event() for _ in range(4)]  # set at each running stream's first chunk
+
     def one(i):
         if i < 4:
-            return list(TTSClient(url, timeout=120).stream(f"Running {i}", seed=i, parameters=params))
-        time.sleep(0.5)  # after the running ones took the slots
+            chunks = []
+            for chunk in TTSClient(url, timeout=120).stream(f"Running {i}", seed=i, parameters=params):
+                chunks.append(chunk)
+                running[i].set()
+            return chunks
+        assert all(e.wait(120) for e in running), "a running stream sent no audio"  # they hold the slots now
         return list(TTSClient(url, timeout=120).stream(f"Waiting {i}", seed=i, parameters={"max_patches": 3}))
 
     results = in_parallel(one, 12, timeout=300)

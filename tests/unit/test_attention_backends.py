@@ -133,7 +133,7 @@ def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(model):
     torch.manual_seed(0)
     lens = [5, 12, 1]
     for cache in (fi, sd):
-        for s, n in enumerate(lens):
+        for s in range(len(lens)):
             cache.reserve(s, 64)
     for s, n in enumerate(lens):  # the same prompts in both
         k, v = torch.randn(2, 1, cfg.num_kv_heads, n, cfg.head_dim)

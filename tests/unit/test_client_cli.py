@@ -62,7 +62,7 @@ def test_server_error_exits_1_with_its_message_and_no_file(tmp_path, capsys):
 def test_request_options_reach_the_client(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_synthesize(client, text, request, out, quiet=False):
+    def fake_synthesize(client, text, request, out, quiet=False, lines=None):
         seen.update(url=(client.host, client.port, client.protocol), text=text, request=request, out=out)
         return 0
 
@@ -97,6 +97,34 @@ def test_usage_errors_exit_2(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+class FakeTextClient(FakeClient):
+    """Records the pieces a text-in stream sends, read as the audio streams."""
+
+    def stream_text(self, pieces, flush=False, on_plan=None, **kw):
+        self.calls.append((list(pieces), flush, kw))
+        return self.stream(None, on_plan)
+
+
+def test_lines_of_stdin_are_a_text_in_stream_each_line_flushed(tmp_path, monkeypatch):
+    fake = FakeTextClient(CHUNKS)
+    monkeypatch.setattr("client.cli.TTSClient", lambda *a, **kw: fake)
+    monkeypatch.setattr("sys.stdin", io.StringIO("First line.\nSecond line\n"))
+    out = tmp_path / "lines.wav"
+    assert main(["--text", "-", "--lines", "--seed", "3", "--out", str(out), "-q"]) == 0
+    pieces, flush, kw = fake.calls[0]
+    assert pieces == ["First line.\n", "Second line\n"] and flush and kw["seed"] == 3
+    with wave.open(str(out)) as r:
+        assert r.getnframes() == sum(c.size for c in CHUNKS)
+
+
+@pytest.mark.parametrize("argv", [["--text", "Hi", "--lines"], ["--text", "-", "--lines", "--protocol", "http"],
+                                  ["--text", "-", "--lines", "--model", "tts_ensemble"]])  # fmt: skip
+def test_lines_need_stdin_grpc_and_tts(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out", "a.wav"])
+    assert e.value.code == 2 and "--lines streams stdin" in capsys.readouterr().err
+
+
 def test_subcommands_plug_in_and_synthesize_stays_the_default(monkeypatch):
     """The shape a `voices` group will take: `python -m client --url U voices add NAME --audio A --text T`."""
     ran = []
@@ -123,7 +151,7 @@ def run_main(monkeypatch, argv):
     """main(argv) with synthesize replaced: (exit status, what synthesize was given)."""
     seen = {}
 
-    def fake_synthesize(client, text, request, out, quiet=False):
+    def fake_synthesize(client, text, request, out, quiet=False, lines=None):
         seen.update(text=text, request=request, out=out, model=client.model)
         return 0
 

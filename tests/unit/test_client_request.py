@@ -81,7 +81,10 @@ def test_the_kind_tag_picks_the_exception_and_is_not_in_the_message(message, cls
 
 def test_finish_reasons_that_are_no_failure():
     for reason in ("stop", "length", "cancelled", "", None, np.array([], dtype=np.object_), "server busy: no tag"):
-        raise_if_failed(reason)
+        assert raise_if_failed(reason) is None
+    for reason in ("invalid: stop", b"invalid: stop", np.array([[b"invalid: stop"]], dtype=np.object_)):
+        with pytest.raises(InvalidRequest, match="stop"):  # the same words with a kind tag are a failure
+            raise_if_failed(reason)
 
 
 def test_the_public_names():

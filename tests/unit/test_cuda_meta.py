@@ -20,13 +20,14 @@ from bench.device_audit import CPU_SCALAR, D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, D
 from bench.gpu import random_model
 from bench.step_syncs import STOP_ROW_BYTES, TEXT_ROW_BYTES
 from engine.checkpoint import precision_policy
-from engine.fireredtts3 import FireRedTTS3
 from engine.chunking import ChunkSchedule
+from engine.fireredtts3 import FireRedTTS3
+from engine.generator_state import Phase
 from engine.params import GenerationParams
 from engine.protocol import SAMPLE_RATE, Chunk
-from engine.scheduler import Phase
-from engine.streams import GeneratorService, VocoderService
+from engine.streams import GeneratorService
 from engine.text import TextTokenizer, write_tiny_tokenizer
+from engine.vocoder_service import VocoderService
 
 BF16, FP32 = torch.bfloat16, torch.float32
 STREAMS, STEPS = 4, 3

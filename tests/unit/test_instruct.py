@@ -14,11 +14,12 @@ from engine.checkpoint import CheckpointError, load_models
 from engine.chunking import ChunkSchedule
 from engine.config import SAMPLES_PER_LATENT
 from engine.fireredtts3 import FireRedTTS3
+from engine.generator_state import Phase
 from engine.params import GenerationParams
 from engine.protocol import CANCELLED
-from engine.scheduler import Phase
-from engine.streams import GeneratorService, VocoderService
+from engine.streams import GeneratorService
 from engine.synthesize import instruct_run
+from engine.vocoder_service import VocoderService
 
 SOS, EOT, IMAGE_PAD, VIDEO_PAD = 151669, 151677, 151655, 151656  # the real Qwen3 / FireRed ids
 RATE = 24_000
@@ -164,7 +165,7 @@ def _drive(svc: GeneratorService, admit_at: dict[int, int], admit) -> tuple[dict
         for sid, at in admit_at.items():
             if at == step:
                 admit(svc, sid)
-        counts = svc.scheduler.phases()
+        counts = svc.phases()
         mixed |= counts[Phase.TEXT] > 0 and counts[Phase.AUDIO] > 0
         for sid, chunk in svc.step(list(svc.live)).items():
             if chunk is not None:
@@ -203,6 +204,22 @@ def test_mixed_base_and_instruct_streams_equal_their_solo_runs(model):
         )
         torch.testing.assert_close(latents(got), latents(want), atol=1e-4, rtol=1e-4)  # batch-size rounding
     assert together.active == 0 and together.gen.cache.pages_in_use == 0
+
+
+def test_phases_are_read_from_the_streams_and_change_only_when_a_plan_ends(model):
+    svc, base = GeneratorService(model, 3, 1024), model.encode_prompt(None)
+    svc.admit_instruct(1, _input(model, "design"), _params("design"))
+    svc.admit(2, model.tokens("Spoken at once.", "English", base), base, _params("base"))
+    assert svc.phases() == {Phase.AUDIO: 1, Phase.TEXT: 1}
+    plan = None
+    while plan is None:
+        assert svc.live[1].state.phase is Phase.TEXT and svc.phases()[Phase.TEXT] == 1
+        plan = next((c.text for c in [svc.step([1, 2]).get(1)] if c is not None and c.plan), None)
+    while svc.live[1].state.phase is Phase.TEXT:  # the plan's last token, then <|sosp|>, are fed
+        svc.step([1])
+    assert svc.phases() == {Phase.AUDIO: 2, Phase.TEXT: 0}
+    svc.drop(2)
+    assert svc.phases() == {Phase.AUDIO: 1, Phase.TEXT: 0}
 
 
 def test_a_stream_cancelled_in_its_text_phase_frees_its_slot_and_pages(model):

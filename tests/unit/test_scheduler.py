@@ -18,7 +18,6 @@ from engine.scheduler import (
     MISSED_SECONDS,
     ORPHAN_SECONDS,
     Action,
-    Phase,
     Scheduler,
 )
 
@@ -87,20 +86,6 @@ def test_slots_go_in_order_and_a_freed_slot_is_reused_last():
     s.finish(7)
     assert list(s.free) == [1, 0]
     assert s.admit(11, 10).slot == 1
-    assert s.streams[11].phase is Phase.AUDIO
-
-
-def test_a_stream_keeps_its_phase_until_told_and_the_phases_are_counted():
-    s = Scheduler(3)
-    s.admit(1, 10, Phase.TEXT)
-    s.admit(2, 10)
-    assert s.phases() == {Phase.AUDIO: 1, Phase.TEXT: 1}
-    s.set_phase(1, Phase.AUDIO)
-    assert s.streams[1].phase is Phase.AUDIO and s.phases() == {Phase.AUDIO: 2, Phase.TEXT: 0}
-    s.finish(1)
-    assert s.phases()[Phase.AUDIO] == 1
-    with pytest.raises(KeyError):
-        s.set_phase(1, Phase.TEXT)
 
 
 def test_a_stream_that_fits_later_waits_in_order_and_is_never_passed():

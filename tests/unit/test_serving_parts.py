@@ -8,7 +8,8 @@ import pytest
 from engine.chunking import ChunkSchedule
 from engine.params import DEFAULT_SCHEDULE, GenerationParams, Parameter, parse_parameters
 from engine.protocol import CANCELLED, Chunk, end_chunk
-from engine.streams import GeneratorService, VocoderService
+from engine.streams import GeneratorService
+from engine.vocoder_service import VocoderService
 from serving import contract
 from serving.cancel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render

@@ -8,8 +8,9 @@ import pytest
 
 from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
-from engine.streams import GeneratorService, VocoderService
+from engine.streams import GeneratorService
 from engine.synthetic import SyntheticFireRedTTS3, SyntheticVocoderService, ready_patch
+from engine.vocoder_service import VocoderService
 from serving.model_options import GeneratorOptions, VocoderOptions
 from serving.options import ServeOptions
 from tests.generation import check_disjoint

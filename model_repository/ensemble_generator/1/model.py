@@ -93,7 +93,7 @@ class TritonPythonModel:
 
     async def _watch(self, request, sender, lingering: set) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response
-        (after the last is_cancelled(): asking once the final response is out crashes Triton 2.51)."""
+        (after the last is_cancelled(): docs/triton.md#T3)."""
         stream_id = self.keys.new_stream_id()
         task = asyncio.ensure_future(self._relay(request, sender, stream_id))
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)

@@ -1,6 +1,7 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response."""
+every request ends with exactly one final response. A request with a sequence id is a piece of a text-in
+stream (serving.text_streams): START is admitted and carries its audio, later pieces are answered at once."""
 
 import asyncio
 import contextlib
@@ -22,7 +23,7 @@ from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
-from serving.vocoder_batch import BLSVocoder
+from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import (
     checkpoint_path,
     error_response,
@@ -32,9 +33,11 @@ from serving.triton_io import (
     string,
     tensors,
 )
+from serving.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 
 
 def refuse(sender, message: str) -> None:
@@ -63,6 +66,7 @@ class TritonPythonModel:
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
         self.admission = Admission(cancels.dir, "tts", opts.capacity)
+        self.text_streams = TextStreams(opts.text_idle_seconds)
         self.in_flight = self.waiting = 0
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
@@ -84,6 +88,12 @@ class TritonPythonModel:
         await self.waits.serve(requests, self._serve)
 
     async def _serve(self, request):
+        # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
+        key = request.correlation_id()
+        if key and not request.flags() & START:  # a text-in stream's later piece: answered at once
+            error = take_piece(pb, self.text_streams, request, key)
+            request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
+            return
         sender = request.get_response_sender()
         refusal = self.flags.refusal()  # the launcher restarts or stops the server
         if refusal:
@@ -94,11 +104,20 @@ class TritonPythonModel:
             refuse(sender, self.admission.busy_message())
             return
         self._count(1, 1)
-        lingering: set = set()
-        LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+        stream = None
         try:
-            await self._serve_admitted(request, sender, lingering)
+            if key:  # a text-in stream: its first piece
+                stream, error = start_stream(pb, self.text_streams, request, key)
+                if error:
+                    self.outcome["error"].increment(1)
+                    sender.send(error_response(pb, error), flags=FINAL)
+                    return
+            lingering: set = set()
+            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+            await self._serve_admitted(request, sender, lingering, stream)
         finally:
+            if stream is not None:
+                self.text_streams.close(stream)
             self.admission.leave()
             self._count(-1, 0)
 
@@ -108,8 +127,8 @@ class TritonPythonModel:
         self.in_flight_gauge.set(self.in_flight)
         self.waiting_gauge.set(self.waiting)
 
-    async def _serve_admitted(self, request, sender, lingering: set):
-        task = asyncio.ensure_future(self._stream(request, sender))
+    async def _serve_admitted(self, request, sender, lingering: set, stream):
+        task = asyncio.ensure_future(self._stream(request, sender, stream))
         broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.outcome["error"].increment(1)
@@ -133,11 +152,14 @@ class TritonPythonModel:
             self.outcome["ok"].increment(1)
             self.audio_seconds.increment(samples / SAMPLE_RATE)
 
-    async def _stream(self, request, sender):
-        """Run one request, sending all but the final piece; returns that piece and the samples in all."""
+    async def _stream(self, request, sender, stream):
+        """Run one request (``stream``: its text-in stream, or None), sending all but the final piece; returns
+        that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         try:
             text, ref_audio = string(pb, request, "TEXT", ""), get(pb, request, "REF_AUDIO", required=False)
+            if stream is not None:
+                text, release = STREAMED, release_of(pb, request)
             rate, ref_text = scalar(pb, request, "REF_SAMPLE_RATE", 0), string(pb, request, "REF_TEXT", "")
             voice_id = string(pb, request, "VOICE_ID", "")
             instruct = instruct_request(string(pb, request, "TASK", ""), string(pb, request, "INSTRUCTION", ""),
@@ -147,11 +169,14 @@ class TritonPythonModel:
                                              voice_id, scalar(pb, request, "SEED", None), request.parameters(),
                                              instruct)  # fmt: skip
             sent = 0
-            async with contextlib.aclosing(self.orchestrator.run(utterance, voice)) as pieces:
+            run = (self.orchestrator.run(utterance, voice) if stream is None
+                   else self.orchestrator.run_text(utterance, voice, stream.read(), release))  # fmt: skip
+            async with contextlib.aclosing(run) as pieces:
                 async for piece in pieces:
-                    if piece.text is not None:  # Instruct's plan (maybe ""), in its own response before any audio
-                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"PLAN_TEXT": piece.text},
-                                                                 batch=False)))  # fmt: skip
+                    # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
+                    mark = {"FLUSHED": piece.flushed} if piece.flushed else {"PLAN_TEXT": piece.text}
+                    if piece.flushed or piece.text is not None:
+                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
                         continue
                     if waiting and piece.audio.size:
                         self.first_chunk.observe(time.perf_counter() - t0)

@@ -5,16 +5,14 @@ request and returns, and the engine thread takes whatever has queued (up to ``ba
 ``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
 each request with one final response. A request carries one chunk (tts_ensemble) or a batch of them
 (tts: serving.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
-used: it drops a chunk whose ensemble client has gone, which leaves that tts_ensemble request in
-flight forever in Triton 2.51 and hides from us that the client left; here such a chunk is answered,
-and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
+used: it drops a chunk whose ensemble client has gone (docs/triton.md#T13); here such a chunk is
+answered, and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
 """
 
 import queue
 import threading
 import time
 
-import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
@@ -31,8 +29,8 @@ REAP_EVERY_SECONDS = 1.0
 
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.streams import VocoderService
         from engine.synthetic import SyntheticVocoderService
+        from engine.vocoder_service import VocoderService
         from serving.cancel import CancelBoard
         from serving.live_streams import LiveStreams
         from serving.synthetic_math import announce

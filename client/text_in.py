@@ -1,0 +1,150 @@
+"""Text in, audio out: one utterance whose text is sent piece by piece as it is written (an LLM's tokens),
+over a gRPC stream to ``tts`` as a Triton sequence (a random sequence id, START on the first request, END
+on the last, one request per piece). The server speaks each segment as soon as its text is complete
+(a sentence end, a flush) while later text still comes; the audio arrives on the same stream.
+
+    ts = await client.open_text(voice_id="alice", seed=7)
+    await ts.send("Hello there. ")
+    await ts.send("How are", flush=False)
+    await ts.send(" you?", flush=True)
+    await ts.end()
+    async for item in ts:        # Chunk ..., Flushed(1), Chunk ...
+        ...
+
+:meth:`AsyncTextStream.cancel` (barge-in) stops the server's generation and frees its slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Self
+
+import numpy as np
+
+from client.request import grpc_inputs, is_final, plan_text, raise_if_failed
+from client.tts_client import Chunk
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """All audio of the text up to the ``n``-th ``send(..., flush=True)`` has been yielded (n = 1, 2, ...),
+    but its last 50 ms, which the server cross-fades into the next segment (they come with it, or at the end)."""
+
+    n: int
+
+
+def sequence_id() -> int:
+    """A random sequence id: another client cannot guess it (a START on a live id is refused)."""
+    return secrets.randbits(63) | 1
+
+
+def piece_request(model: str, sequence: int, text: str, flush: bool, start: bool = False, end: bool = False,
+                  fields: dict | None = None, parameters: dict | None = None, tc=None) -> dict:  # fmt: skip
+    """One request of a text-in stream, as ``stream_infer`` takes it (the first carries ``fields``: the
+    voice, seed, ..., and the request ``parameters``)."""
+    values = {**(fields or {}), "TEXT": text}
+    if flush:
+        values["FLUSH"] = True
+    request = {"model_name": model, "inputs": grpc_inputs(values, tc, model=model), "sequence_id": sequence,
+               "sequence_start": start, "sequence_end": end}  # fmt: skip
+    if parameters:
+        request["parameters"] = parameters
+    return request
+
+
+class AsyncTextStream:
+    """One text-in stream (:meth:`client.AsyncTTSClient.open_text` opens it). ``send`` and ``end`` may be
+    called from one task while another iterates; iterating yields :class:`client.Chunk` and :class:`Flushed`
+    and ends once all audio is out after :meth:`end`; errors are the client's (:mod:`client.tts_client`)."""
+
+    def __init__(self, client, fields: dict, parameters: dict, on_plan=None):
+        self.client, self.model = client, client.model
+        self.sequence = sequence_id()
+        self.on_plan = on_plan
+        self.flushes = 0
+        self.ended = self.done = False
+        self.requests: asyncio.Queue = asyncio.Queue()  # stream_infer's dicts; None: no more
+        self.requests.put_nowait(piece_request(self.model, self.sequence, "", False, start=True, fields=fields,
+                                               parameters=parameters))  # fmt: skip
+        self.channel = client._channel()
+        self.t0 = time.perf_counter()
+        self.responses = self.channel.stream_infer(self._requests(), stream_timeout=client.stream_timeout)
+
+    async def _requests(self):
+        while (request := await self.requests.get()) is not None:
+            yield request
+
+    async def send(self, text: str, flush: bool = False) -> None:
+        """One piece of the text (may be ""); ``flush``: speak what was sent so far now, as its own segment
+        (a :class:`Flushed` follows its audio)."""
+        if self.ended or self.done:
+            raise ValueError("the text stream has ended")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        self.requests.put_nowait(piece_request(self.model, self.sequence, text, flush))
+        self.flushes += bool(flush)
+
+    async def end(self) -> None:
+        """No more text: the rest is spoken, then the iteration ends."""
+        if self.ended or self.done:
+            return
+        self.ended = True
+        self.requests.put_nowait(piece_request(self.model, self.sequence, "", False, end=True))
+        self.requests.put_nowait(None)  # the request side half-closes; the server ends after the audio
+
+    async def cancel(self) -> None:
+        """Barge-in: the server stops generating (within a step) and frees the stream's slot; the
+        iteration ends."""
+        if not self.done:
+            self.done = True
+            self.responses.cancel()
+        self.requests.put_nowait(None)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.cancel()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Chunk | Flushed:
+        import grpc
+
+        while not self.done:
+            try:  # before end() the server's idle bound, not this client's timeout, limits the wait
+                timeout = self.client.timeout if self.ended else None
+                result, error = await asyncio.wait_for(anext(self.responses), timeout)
+            except TimeoutError:
+                await self.cancel()
+                raise TimeoutError(f"no response from the server for {self.client.timeout:g} s") from None
+            except StopAsyncIteration:
+                break
+            except (grpc.RpcError, asyncio.CancelledError) as e:
+                if self.done:  # cancelled by us
+                    break
+                await self.cancel()
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                raise self.client._failed(self.channel, e) from None
+            if error is not None:
+                await self.cancel()
+                raise self.client._failed(self.channel, error)
+            if is_final(result):  # the stream is over (all its audio, or its failure)
+                self.done = True
+                self.requests.put_nowait(None)
+            raise_if_failed(result.as_numpy("FINISH_REASON"))
+            flushed = result.as_numpy("FLUSHED")
+            if flushed is not None and flushed.size:
+                return Flushed(int(flushed.reshape(-1)[0]))
+            if self.on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+                self.on_plan(plan)
+            audio = result.as_numpy("AUDIO")
+            if audio is not None and audio.size:
+                return Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - self.t0)
+        self.done = True
+        raise StopAsyncIteration

@@ -1,0 +1,222 @@
+"""Every Triton model's ``initialize``/``execute`` in-process, under the fake ``triton_python_backend_utils``
+(tests/fakes/pb.py): the real model.py files and engine on the tiny checkpoint, BLS calls answered by
+the other models loaded beside them. No tritonserver: these run in seconds, and reach the paths that
+the integration tests only reach through a live server (the vocoder's guard, tts's BLS calls, the
+generator's outbox and RESCHEDULE)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.params import GenerationParams
+from engine.protocol import FORBIDDEN, INVALID, LENGTH, STOP
+from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
+from serving.model_options import (
+    EnsembleGeneratorOptions,
+    GeneratorOptions,
+    PromptEncoderOptions,
+    TTSOptions,
+    VocoderOptions,
+    VoicesOptions,
+)
+from serving.options import ServeOptions
+from serving.vocoder_batch import request_values
+from tests.fakes import pb as fake
+from tests.reference import reference_audio, reference_latents, spoken
+
+KEY, ADMIN = "k" * 64, "the-admin-key"
+TEXT = np.object_
+
+
+def strings(**values) -> dict[str, np.ndarray]:
+    return {k: np.array([v.encode()], TEXT) for k, v in values.items()}
+
+
+@pytest.fixture(scope="module")
+def triton(tiny_ckpt, tmp_path_factory):
+    """The five models of the tts pipeline, loaded as Triton would load them, under the run's keys."""
+    work = tmp_path_factory.mktemp("in_process")
+    opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"),
+                        voice_dir=str(work / "voices"), vocoder_queue_delay_us=0)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        fake.install(mp)
+        mp.setenv(INTERNAL_KEY_ENV, KEY)
+        mp.setenv(ADMIN_DIGEST_ENV, Keys.digest(ADMIN))
+        with fake.FakeTriton() as server:
+            load = server.load
+            server.prompt_encoder = server.serve("prompt_encoder", load("prompt_encoder",
+                                                 PromptEncoderOptions.of(opts).parameters()))  # fmt: skip
+            server.generator = server.serve(Keys(KEY).generator_model,
+                                            load("generator", GeneratorOptions.of(opts).parameters()))  # fmt: skip
+            server.vocoder = server.serve("vocoder", load("vocoder", VocoderOptions.of(opts).parameters()), 64)
+            server.voices = load("voices", VoicesOptions.of(opts).parameters())
+            server.tts = load("tts", TTSOptions.of(opts).parameters())
+            server.ensemble = load("ensemble_generator", EnsembleGeneratorOptions.of(opts).parameters())
+            yield server
+            server.tts.finalize()
+            server.ensemble.finalize()
+
+
+def run_tts(server, inputs: dict, parameters: dict | None = None) -> fake.ResponseSender:
+    request = fake.request(inputs, parameters)
+    server.execute(server.tts, [request])
+    return request.sender
+
+
+def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
+    inputs = {**strings(TEXT="Hello in process"), "SEED": np.array([5], np.int64)}
+    sender = run_tts(triton, inputs, {"max_patches": 6})
+    assert sender.finals == 1 and sender.sent[-1][1] == fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert sender.errors() == []
+    outputs = sender.outputs()
+    assert len(outputs) >= 2  # streamed: audio before the final response
+    got = np.concatenate([o["AUDIO"] for o in outputs if "AUDIO" in o])
+    ref = reference_audio(model, spoken(model, "Hello in process"), GenerationParams(seed=5, max_patches=6))
+    assert got.shape == ref.shape == (6 * 3840,)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert outputs[-1]["FINISH_REASON"][0].decode() in (LENGTH, STOP)
+    assert not triton.generator.host.service.live
+    assert triton.vocoder.service.active == 0
+
+
+def test_tts_bad_input_ends_with_one_final_error_naming_it(triton):
+    sender = run_tts(triton, {**strings(TEXT="fine"), "SEED": np.array([1], np.int64)}, {"max_patches": "six"})
+    assert sender.finals == 1 and len(sender.sent) == 1
+    (error,) = sender.errors()
+    assert error.startswith(INVALID) and "max_patches" in error
+    assert sender.sent[0][0].error().code() == fake.TritonError.INVALID_ARG
+
+
+def test_tts_unknown_voice_is_invalid_naming_the_voice(triton):
+    sender = run_tts(triton, strings(TEXT="fine", VOICE_ID="nobody_here"))
+    (error,) = sender.errors()
+    assert sender.finals == 1 and error.startswith(INVALID) and "nobody_here" in error
+
+
+def test_prompt_encoder_encodes_as_offline_and_refuses_by_name(triton, model):
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(16000)).astype(np.float32)
+    given = {"REF_AUDIO": audio[None], "REF_SAMPLE_RATE": np.array([[16000]], np.int32),
+             **{k: v[None] for k, v in strings(REF_TEXT="a reference").items()}}  # fmt: skip
+    ours = {INTERNAL_PARAMETER: KEY}
+    (response,) = triton.prompt_encoder.execute([fake.request(given, ours)])
+    out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    expected = model.encode_prompt(audio, 16000, "a reference")
+    np.testing.assert_allclose(out["PROMPT_LATENTS"][0], expected.latents.numpy(), atol=1e-5)
+    np.testing.assert_allclose(out["SPEAKER"][0], expected.speaker.numpy(), atol=1e-5)
+    both = {**given, "VOICE_ID": np.array([[b"x"]], TEXT)}
+    keyless = {**given, "REGISTER_NAME": np.array([[b"mine"]], TEXT)}
+    answers = triton.prompt_encoder.execute([fake.request(both, ours), fake.request(keyless)])
+    messages = [r.error().message() for r in answers]
+    assert messages[0].startswith(INVALID) and "VOICE_ID" in messages[0]
+    assert messages[1].startswith(FORBIDDEN) and "voices model" in messages[1]
+
+
+def test_voices_add_list_remove_through_prompt_encoder(triton):
+    def voices(action: str, admin: bool = True, **more):
+        request = fake.request({**{k: v[None] for k, v in strings(ACTION=action, **more).items()}},
+                               {"admin_key": ADMIN} if admin else {})  # fmt: skip
+        (response,) = triton.voices.execute([request])
+        if response.has_error():
+            return response.error().message()
+        return json.loads(fake.get_output_tensor_by_name(response, "RESULT").as_numpy()[0])
+
+    audio = (0.1 * np.random.default_rng(1).standard_normal(8000)).astype(np.float32)
+    add = fake.request({**{k: v[None] for k, v in strings(ACTION="add", NAME="alice").items()},
+                        "REF_AUDIO": audio[None], "REF_SAMPLE_RATE": np.array([[16000]], np.int32)},
+                       {"admin_key": ADMIN})  # fmt: skip
+    (added,) = triton.voices.execute([add])
+    assert not added.has_error(), added.error() and added.error().message()
+    assert "alice" in [v["name"] for v in voices("list")]
+    assert voices("remove", admin=False, NAME="alice").startswith(FORBIDDEN)
+    assert voices("remove", NAME="alice") == {"name": "alice", "removed": True}
+    assert "alice" not in [v["name"] for v in voices("list")]
+
+
+def test_vocoder_guard_answers_every_forged_chunk_once(triton):
+    """Chunks the generator never made (unsealed ids, key-less or ours) decode nothing: each request
+    gets one final response whose rows name why."""
+    from engine.protocol import Chunk
+
+    chunks = [Chunk(stream_id=7 + i, latents=np.zeros((4, 64), np.float32),
+                    prompt_latents=np.zeros((4, 64), np.float32), last=False, finish_reason="", seq=0, seal=123)
+              for i in range(2)]  # fmt: skip
+    inputs = dict(request_values(chunks))
+    requests = [fake.request(inputs, {INTERNAL_PARAMETER: KEY}), fake.request(inputs),
+                fake.request(inputs, {INTERNAL_PARAMETER: "wrong"})]  # fmt: skip
+    triton.vocoder.execute(requests)
+    for r in requests:
+        assert r.sender.closed.wait(30)
+        assert r.sender.finals == 1 and len(r.sender.sent) == 1
+    for r in requests[:2]:
+        (out,) = r.sender.outputs()
+        assert out["SAMPLES"].reshape(-1).tolist() == [0, 0]
+        reasons = [v.decode() for v in out["FINISH_REASON"].reshape(-1)]
+        assert all(reason.startswith("invalid:") and "unknown stream" in reason for reason in reasons), reasons
+    (out,) = requests[2].sender.outputs()  # a wrong key is key-less: the ensemble's steps are public
+    assert out["SAMPLES"].reshape(-1).tolist() == [0, 0]
+    assert triton.vocoder.service.active == 0
+
+
+def test_generator_reschedules_until_the_last_chunk_and_refuses_keyless(triton, model):
+    """The generator's execute driven by hand, as the sequence batcher would: a START request is
+    rescheduled every step, its chunks go out with its next request (the outbox), and the response
+    that ends the stream is the only final one. A key-less request is refused at once."""
+    gen = triton.generator
+    sid = 0x1234567
+    prompt = model.encode_prompt(None)
+    inputs = {**strings(TEXT="Generated here", LANGUAGE="English", PROMPT_TEXT=prompt.text),
+              "SEED": np.array([3], np.int64), "PROMPT_LATENTS": prompt.latents.numpy(),
+              "SPEAKER": prompt.speaker.numpy()}  # fmt: skip
+    keyless = fake.request(inputs, {}, correlation_id=sid + 1, flags=fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+    gen.execute([keyless])
+    assert keyless.sender.finals == 1 and keyless.sender.errors()[0].startswith(FORBIDDEN)
+    request = fake.request(inputs, {INTERNAL_PARAMETER: KEY, "max_patches": 6, "chunk_fixed": True,
+                                    "chunk_first": 1, "chunk_next": 1},
+                           correlation_id=sid, flags=fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)  # fmt: skip
+    executes = 0
+    while not request.sender.closed.is_set():
+        assert executes < 20
+        request.release_flags = fake.TRITONSERVER_REQUEST_RELEASE_ALL
+        gen.execute([request])
+        executes += 1
+        if not request.sender.closed.is_set():
+            assert request.release_flags == fake.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+            request._flags &= ~fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START  # Triton drops it on reschedule
+    gen.host.settle()
+    assert request.sender.finals == 1 and request.sender.errors() == []
+    outs = request.sender.outputs()
+    assert [o["LAST"].reshape(-1)[0] for o in outs] == [False] * (len(outs) - 1) + [True]
+    got = np.concatenate([o["LATENTS"].reshape(-1, 64) for o in outs])
+    ref = reference_latents(model, "Generated here", GenerationParams(seed=3, max_patches=6), prompt)
+    assert got.shape == ref.shape == (6 * 4, 64)  # 6 patches of 4 latents: a chunk each
+    np.testing.assert_allclose(got, ref.numpy(), atol=1e-5)
+    assert [len(o["LATENTS"].reshape(-1, 64)) for o in outs if len(o["LATENTS"].reshape(-1))] == [4] * 6
+    assert outs[-1]["FINISH_REASON"].reshape(-1)[0].decode() == LENGTH
+    assert not gen.host.service.live
+
+
+def test_ensemble_generator_relays_the_generators_chunks_and_fails_in_band(triton, model):
+    """tts_ensemble's middle step: the generator's chunks (through BLS) as its own responses, the last
+    one final; a bad input is a normal final response whose FINISH_REASON names it (docs/triton.md#T12)."""
+    prompt = model.encode_prompt(None)
+    inputs = {**{k: v[None] for k, v in strings(TEXT="Relayed words", LANGUAGE="English", PROMPT_TEXT="").items()},
+              "SEED": np.array([[4]], np.int64), "PROMPT_LATENTS": prompt.latents.numpy()[None],
+              "SPEAKER": prompt.speaker.numpy()[None]}  # fmt: skip
+    request = fake.request(inputs, {"max_patches": 6})
+    triton.execute(triton.ensemble, [request])
+    outs = request.sender.outputs()
+    assert request.sender.finals == 1 and request.sender.errors() == []
+    assert [bool(o["LAST"].reshape(-1)[0]) for o in outs] == [False] * (len(outs) - 1) + [True]
+    got = np.concatenate([o["LATENTS"].reshape(-1, 64) for o in outs])
+    ref = reference_latents(model, "Relayed words", GenerationParams(seed=4, max_patches=6), prompt)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref.numpy(), atol=1e-5)
+    bad = fake.request({**inputs, "SPEAKER": np.zeros((1, 3), np.float32)}, {"max_patches": 6})
+    triton.execute(triton.ensemble, [bad])
+    (out,) = bad.sender.outputs()
+    reason = out["FINISH_REASON"].reshape(-1)[0].decode()
+    assert bad.sender.finals == 1 and reason.startswith(INVALID) and "SPEAKER" in reason
