@@ -26,6 +26,7 @@ from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.agent_socket import serve_socket
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
+from gateway.budget import DEFAULT_BOUNDS, Bounds, Budgets, ReleaseHolds
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
@@ -45,12 +46,15 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT,
     random_weights: bool = False,
     socket_bounds: SocketBounds | None = None,
+    bounds: Bounds = DEFAULT_BOUNDS,
 ) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
     stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
     runs a random-weight checkpoint, and the web page says what that sounds like; ``socket_bounds``: the
-    agent WebSocket's (:class:`gateway.socket_bounds.SocketBounds`)."""
+    agent WebSocket's (:class:`gateway.socket_bounds.SocketBounds`); ``bounds``: what the requests in
+    flight may hold together (:mod:`gateway.budget`) and a stream's unsent audio."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
+    app.state.budgets = Budgets(bounds)
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)
 
@@ -58,6 +62,7 @@ def create_app(
     async def api_error(_request, e: APIError):
         return e.response()
 
+    app.add_middleware(ReleaseHolds)  # what a request took from app.state.budgets, given back once it is over
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(StarletteHTTPException)  # Starlette's own: too many form fields, unknown route, ...
@@ -248,7 +253,7 @@ def add_voice_routes(
             raise APIError(400, "text (the transcript) must be a form field, not a file", "text")
         # bounded from the header before any decoding: the key is checked by the voices model, so this runs
         # for any Bearer header
-        audio, sr = await uploaded_audio(upload, decoding, "the reference recording", field=field)
+        audio, sr = await uploaded_audio(upload, decoding, "the reference recording", field=field, request=request)
         return voice_object(await voice_call(voices_client.add, name, audio, sr, text))
 
     @app.delete("/v1/audio/voices/{name}")
@@ -261,17 +266,18 @@ def add_voice_routes(
 def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, body_timeout: float) -> None:
     """``POST /v1/audio/speech`` (a JSON body) and ``GET /v1/audio/speech`` (the same fields as a query)."""
 
-    async def speak(body: dict):
+    async def speak(body: dict, request: Request):
         kw = await speech_request(body, voice_list.get)
         return await stream_response(tts.stream, kw, body.get("response_format") or "mp3",
-                                     body.get("stream_format") or "audio", body.get("sample_rate"))  # fmt: skip
+                                     body.get("stream_format") or "audio", body.get("sample_rate"),
+                                     request.app.state.budgets.bounds.unsent_seconds, request.scope)  # fmt: skip
 
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
         """The same as POST with the fields as query parameters (what an audio element can ask for)."""
-        return await speak(from_query(request.query_params))
+        return await speak(from_query(request.query_params), request)
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
         too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
-        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)))
+        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)), request)

@@ -30,6 +30,10 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:  # (uvicorn refuses a malformed one)
         raise APIError(413, too_big, close=True)
+    budget = budgets(request).uploads if budgets(request) else None
+    declared = int(length) if length.isdigit() else None
+    if budget is not None and declared is not None:
+        budget.take(request.scope, declared)  # the whole body it announced, before reading any of it
     parts = []
 
     async def read() -> None:
@@ -38,6 +42,8 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
             size += len(part)
             if size > limit:
                 raise APIError(413, too_big, close=True)
+            if budget is not None and declared is None:  # a chunked body: taken as it comes
+                budget.take(request.scope, len(part))
             parts.append(part)
 
     try:
@@ -49,19 +55,46 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
 
 
 async def uploaded_audio(
-    upload, decoding: asyncio.Semaphore, meaning: str, field: str = "file", **decode
+    upload, decoding: asyncio.Semaphore, meaning: str, field: str = "file", request: Request | None = None, **decode
 ) -> tuple[np.ndarray, int]:
     """A form's ``field`` (``file``; OpenAI's voices call it ``audio_sample``) -> ((n,) float32 mono, rate):
     APIError 400 when it is missing, 413 over MAX_UPLOAD_BYTES; decoded off the event loop, at most
-    ``decoding``'s count at a time (concurrent uploads must not multiply the peak). ``meaning``: the
-    field's, for the message ("the recording to edit"); ``decode``: :func:`decode_upload`'s limits and wording."""
+    ``decoding``'s count at a time (concurrent uploads must not multiply the peak), and only if what it
+    decodes to fits the gateway's total for decoded audio (``request``'s app's :class:`Budgets`; 503
+    beyond). ``meaning``: the field's, for the message ("the recording to edit"); ``decode``:
+    :func:`decode_upload`'s limits and wording."""
     if upload is None or isinstance(upload, str):
         raise APIError(400, f"{field} ({meaning}) is required", field)
     data = await upload.read(MAX_UPLOAD_BYTES + 1)
     if len(data) > MAX_UPLOAD_BYTES:
         raise APIError(413, f"the upload is over {MAX_UPLOAD_BYTES // 2**20} MB", field)
+    if request is not None and budgets(request):
+        seconds = decode.get("seconds", MAX_REFERENCE_SECONDS)
+        budgets(request).decoded.take(request.scope, decoded_bytes(data, seconds))
     async with decoding:
         return await asyncio.to_thread(decode_upload, data, **decode)
+
+
+def budgets(request: Request):
+    """The app's :class:`gateway.budget.Budgets`, if it has them."""
+    return getattr(request.app.state, "budgets", None)
+
+
+def decoded_bytes(data: bytes, seconds: float) -> int:
+    """What :func:`decode_upload` may hold for ``data``: float32 mono of its length from the header, at most
+    ``seconds`` (the whole ``seconds`` when the header leaves the length out); 0 for what is not audio
+    (refused before decoding)."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 (not audio: decode_upload says so, at no cost)
+        return 0
+    lo, hi = REFERENCE_RATES
+    limit = int(seconds * info.samplerate)
+    if not lo <= info.samplerate <= hi or info.channels > MAX_UPLOAD_CHANNELS or limit < info.frames < UNKNOWN_FRAMES:
+        return 0  # refused from its header
+    return 4 * (info.frames if 0 <= info.frames < UNKNOWN_FRAMES else limit)
 
 
 def decode_upload(

@@ -137,8 +137,9 @@ def add_edit_routes(app: FastAPI, tts: AsyncTTSClient, decoding: asyncio.Semapho
             except ValueError as e:
                 raise APIError(400, str(e), name) from None
             parameters[name] = value
-        audio, rate = await uploaded_audio(form.get("file"), decoding, "the recording to edit",
+        audio, rate = await uploaded_audio(form.get("file"), decoding, "the recording to edit", request=request,
                                            seconds=MAX_EDIT_SECONDS, what="a recording to edit")  # fmt: skip
         kw = {"recording": audio, "sample_rate": rate, "instruction": instruction, "kind": kind, "seed": seed,
               "parameters": parameters}  # fmt: skip
-        return await stream_response(tts.edit, kw, fmt, stream_format)
+        return await stream_response(tts.edit, kw, fmt, stream_format, None,
+                                     request.app.state.budgets.bounds.unsent_seconds, request.scope)  # fmt: skip

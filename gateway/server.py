@@ -23,8 +23,15 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.body import BODY_TIMEOUT
+from gateway.budget import Bounds
 from gateway.cartesia import MAX_MESSAGE_CHARS
+from gateway.streaming import ABORT
 
+# Each connection's kernel send buffer (Linux doubles it for its bookkeeping). Left to autotuning it grew to
+# 2.8 MB on loopback for a client that did not read: 58 s of 24 kHz PCM held below the gateway's own
+# bound on unsent audio (gateway.streaming). 64 KB still carries 640 KB/s at 100 ms round trips, several
+# times the fattest audio format (96 KB/s).
+SEND_BUFFER_BYTES = 64 * 1024
 # A WebSocket frame larger than this closes the socket (1009) before it is read; a smaller one over
 # MAX_MESSAGE_CHARS characters gets the named error. UTF-8 takes up to 4 bytes a character.
 WS_MAX_BYTES = 4 * MAX_MESSAGE_CHARS + 4096
@@ -36,6 +43,7 @@ class ServerOptions:
     keep_alive_timeout: float = 5.0  # seconds a connection may sit idle between requests
     body_timeout: float = BODY_TIMEOUT  # seconds for a request's body, once its headers are in
     limit_concurrency: int = 256  # connections open (or requests running) before new requests get 503
+    bounds: Bounds = Bounds()  # totals over the requests in flight, and each stream's unsent audio
 
     def __post_init__(self) -> None:
         for name in ("header_timeout", "keep_alive_timeout", "body_timeout", "limit_concurrency"):
@@ -56,10 +64,15 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # what a client that stops reading leaves in our kernel (see SEND_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm_header_timer()
 
     def handle_events(self) -> None:
         super().handle_events()
+        if self.scope is not None:  # a request's routes may cut its connection (gateway.streaming.Unsent)
+            self.scope.setdefault("extensions", {}).setdefault(ABORT, self.transport.abort)
         # A request whose headers are in is owed a response (h11: our side must send one); a body still
         # coming is read_capped's to bound.
         if self.conn.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY):
@@ -100,7 +113,7 @@ def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = S
     WebSocket's (``gateway.socket_bounds.SocketBounds``; None: its defaults)."""
     from gateway.app import create_app
 
-    app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds)
+    app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds, options.bounds)
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level,
         http=header_timeout_protocol(options.header_timeout), ws="wsproto", ws_max_size=WS_MAX_BYTES,
@@ -119,24 +132,33 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="seconds a request body (JSON or upload) has to arrive in; then 408")  # fmt: skip
     ap.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
                     help="connections open or requests running at once; beyond, new requests get 503")  # fmt: skip
+    ap.add_argument("--max-upload-mb-in-flight", type=float, default=d.bounds.upload_bytes / 2**20,
+                    help="MB of request bodies all requests in flight may hold together; beyond, 503")  # fmt: skip
+    ap.add_argument("--max-decoded-mb-in-flight", type=float, default=d.bounds.decoded_bytes / 2**20,
+                    help="MB of decoded uploads (float32 audio) all requests in flight may hold; beyond, 503")  # fmt: skip
+    ap.add_argument("--max-unsent-seconds", type=float, default=d.bounds.unsent_seconds,
+                    help="seconds of audio a stream's client may leave untaken; beyond, the stream is ended")  # fmt: skip
 
 
 def options(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(args.header_timeout, args.keep_alive_timeout, args.body_timeout, args.limit_concurrency)
+    bounds = Bounds(int(args.max_upload_mb_in_flight * 2**20), int(args.max_decoded_mb_in_flight * 2**20),
+                    args.max_unsent_seconds)  # fmt: skip
+    return ServerOptions(args.header_timeout, args.keep_alive_timeout, args.body_timeout, args.limit_concurrency,
+                         bounds)  # fmt: skip
 
 
 @contextlib.contextmanager
-def in_thread(triton: str, random_weights: bool = False, socket_bounds=None) -> Iterator[str]:
+def in_thread(triton: str, random_weights: bool = False, socket_bounds=None,
+              options: ServerOptions = ServerOptions()) -> Iterator[str]:  # fmt: skip
     """The gateway in front of the Triton gRPC address ``triton``, served by a thread of this process on a
-    free loopback port, with the options ``python -m gateway`` has by default (or the agent socket's
-    ``socket_bounds``) -> its base URL (tests and benchmarks; the launcher runs ``python -m gateway`` as a
+    free loopback port, with ``options`` (by default those of ``python -m gateway``) and the agent socket's
+    ``socket_bounds`` -> its base URL (tests and benchmarks; the launcher runs ``python -m gateway`` as a
     process of its own)."""
     with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn_config(triton, "127.0.0.1", port, log_level="warning", random_weights=random_weights,
-                            socket_bounds=socket_bounds)  # fmt: skip
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(triton, "127.0.0.1", port, options, log_level="warning",
+                                          random_weights=random_weights, socket_bounds=socket_bounds))
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -1,6 +1,7 @@
 """The open-door attacks, replayable against a running server (no key; loopback only):
 
-    python -m loadtest.attacks --url 127.0.0.1:8001 [--minutes 10] [--every 5] [--only vocoder_bomb,...]
+    python -m loadtest.attacks --url 127.0.0.1:8001 [--gateway http://127.0.0.1:8080] [--minutes 10] [--every 5]
+                               [--only vocoder_bomb,...]
 
 Each attack is one function that sends what an unauthenticated client could, at the smallest size that
 showed the effect before it was fixed, and returns what the server answered (the tests in
@@ -9,6 +10,10 @@ real load). Before the fix: a 4,000-row vocoder chunk stalled every stream 3.4 s
 80-stream vocoder table locked everyone out; START requests cancelled while they waited, or a request
 without START on a live sequence id, took Triton's generator slots until they silently stopped serving;
 abandoned tts_ensemble streams held every slot for up to max_patches.
+Issue 30's (the last four need the gateway): bursts of voice designs past max_sequence_idle leaked admission
+places for good; references at odd rates (8009, 12007, 191999 Hz) cost gigabytes to resample; gRPC streams
+whose client never reads kept their audio in tritonserver; 128 concurrent 19 MB uploads took the gateway
+to 7.8 GB; HTTP clients that stop reading kept their slots.
 """
 
 from __future__ import annotations
@@ -196,22 +201,164 @@ def prompt_bomb(url: str, seconds: float = 61.0) -> str:
         client.close()
 
 
+DESIGN_INSTRUCTION = ("a calm older man with a slightly hoarse voice, speaking slowly and warmly " * 7)[:500]
+
+
+def design_burst(url: str, designs: int = 12, max_patches: int = 200) -> list[str]:
+    """``designs`` voice designs with a 500-character instruction at once (more than the slots: the rest
+    wait, longer than max_sequence_idle on a busy server) -> what each was answered."""
+    from client import TTSClient
+
+    def one(_):
+        try:
+            audio = TTSClient(url, timeout=300).synthesize("Hello there.", instruction=DESIGN_INSTRUCTION,
+                                                           parameters={"max_patches": max_patches})  # fmt: skip
+            return f"audio ({audio.size} samples)"
+        except Exception as e:  # noqa: BLE001 (busy is a fair answer; no answer is not)
+            return f"{type(e).__name__}: {str(e)[:80]}"
+
+    return in_threads(one, designs)
+
+
+def odd_rates(url: str, rates: tuple[int, ...] = (8009, 12007, 191999)) -> list[str]:
+    """A 1 s reference at each of ``rates`` (a windowed-sinc kernel of (24000/g) x (rate/g) cost 4 to 18 GB)."""
+    from client import TTSClient
+
+    answers = []
+    for rate in rates:
+        t0 = time.monotonic()
+        try:
+            ref = (0.1 * np.sin(np.arange(rate) * 0.05)).astype(np.float32)
+            audio = TTSClient(url, timeout=120).synthesize("An odd rate.", ref_audio=ref, ref_sample_rate=rate,
+                                                           ref_text="x", parameters={"max_patches": 6})  # fmt: skip
+            answers.append(f"{rate} Hz: audio in {time.monotonic() - t0:.1f} s ({audio.size} samples)")
+        except Exception as e:  # noqa: BLE001 (the answer is the finding)
+            answers.append(f"{rate} Hz: {type(e).__name__}: {str(e)[:80]}")
+    return answers
+
+
+def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: int = 400) -> str:
+    """``streams`` tts streams over gRPC whose client never reads, held open ``seconds``, then cancelled."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from client.request import grpc_inputs, request_fields
+
+    fields = request_fields("Nobody reads this.", None, None, None, None, None, 1, None, None)
+    request = _get_inference_request("tts", grpc_inputs(fields), "", "", None, 0, False, False, 0, None,
+                                     {"max_patches": max_patches, "chunk_first": 1, "chunk_next": 1})  # fmt: skip
+    hold = threading.Event()
+
+    def requests():
+        yield request
+        hold.wait()
+
+    with grpc.insecure_channel(url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelStreamInfer(requests()) for _ in range(streams)]
+        time.sleep(seconds)
+        for call in calls:
+            call.cancel()
+        hold.set()
+    return f"{streams} unread streams held {seconds:g} s, then cancelled"
+
+
+GATEWAY: list[str] = []  # the gateway's base URL, if --gateway is given (the attacks below need it)
+
+
+def gateway_not_reading(_url: str, streams: int = 4, seconds: float = 20.0) -> str:
+    """``streams`` speech requests over HTTP whose client never reads (a small receive window)."""
+    import json
+    import socket
+    from urllib.parse import urlsplit
+
+    if not GATEWAY:
+        return "skipped: no --gateway"
+    address = urlsplit(GATEWAY[0])
+    body = json.dumps({"input": "Nobody reads this.", "response_format": "pcm", "max_patches": 400}).encode()
+    head = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    socks = []
+    for _ in range(streams):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((address.hostname, address.port))
+        sock.sendall(head + body)
+        socks.append(sock)
+    time.sleep(seconds)
+    got = []
+    for sock in socks:
+        sock.settimeout(5)
+        n = 0
+        try:
+            while data := sock.recv(65536):
+                n += len(data)
+        except OSError:  # reset (the gateway cut it) or still open after 5 s
+            pass
+        got.append(n)
+        sock.close()
+    return f"{streams} unread HTTP streams; bytes they could read after {seconds:g} s: {got}"
+
+
+def big_uploads(_url: str, uploads: int = 16, megabytes: int = 19) -> list[str]:
+    """``uploads`` concurrent edit uploads of ``megabytes`` each, without a key -> their statuses."""
+    import httpx
+
+    if not GATEWAY:
+        return ["skipped: no --gateway"]
+    data = bytes(megabytes * 2**20)
+
+    def one(_):
+        try:
+            r = httpx.post(f"{GATEWAY[0]}/v1/audio/edits", data={"type": "acoustic", "instructions": "x"},
+                           files={"file": ("a.wav", data)}, timeout=120)  # fmt: skip
+            return f"{r.status_code}"
+        except Exception as e:  # noqa: BLE001 (the answer is the finding)
+            return f"{type(e).__name__}"
+
+    return in_threads(one, uploads)
+
+
+def in_threads(fn: Callable[[int], str], n: int) -> list[str]:
+    """``fn(i)`` for i < n on threads of their own -> their answers."""
+    answers: list[str] = [""] * n
+
+    def run(i):
+        answers[i] = fn(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
 ATTACKS: dict[str, Callable[[str], object]] = {
     "vocoder_bomb": vocoder_bomb,
     "vocoder_table": lambda url: vocoder_table(url, 8),
     "generator_direct": lambda url: generator_direct(url, rounds=10),
     "ensemble_flood": lambda url: ensemble_flood(url, 8, 300),
     "prompt_bomb": prompt_bomb,
+    "design_burst": design_burst,
+    "odd_rates": odd_rates,
+    "not_reading": not_reading,
+    "gateway_not_reading": gateway_not_reading,
+    "big_uploads": big_uploads,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.attacks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="127.0.0.1:8001", help="Triton's gRPC address")
+    ap.add_argument("--gateway", help="the OpenAI gateway's base URL (http://host:port), for the attacks on it")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--every", type=float, default=5.0, help="seconds between attacks")
     ap.add_argument("--only", default=",".join(ATTACKS), help="comma-separated attacks: " + ", ".join(ATTACKS))
     args = ap.parse_args(argv)
+    if args.gateway:
+        GATEWAY.append(args.gateway.rstrip("/"))
     names = [n for n in args.only.split(",") if n]
     unknown = sorted(set(names) - set(ATTACKS))
     if unknown:
@@ -225,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # the server's state is the soak's business: report and go on
             answer = f"{type(e).__name__}: {e}"
         shown = answer if isinstance(answer, str) else sorted({str(a)[:90] for a in answer})
-        print(f"[attacks] {name} ({time.monotonic() - t0:.1f} s): {shown}", flush=True)
+        at = time.strftime("%H:%M:%S")
+        print(f"[attacks] {name} ({time.monotonic() - t0:.1f} s, ended {at}): {shown}", flush=True)
         k += 1
         time.sleep(args.every)
     return 0

@@ -6,7 +6,8 @@
 #
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
 #                    [--attacks SECONDS] [-- more launcher options, e.g. --slots 16]
-# --attacks: a second process replays the open-door attacks (loadtest/attacks.py) every SECONDS meanwhile.
+# --attacks: a second process replays the open-door attacks (loadtest/attacks.py, the gateway's included)
+# every SECONDS meanwhile. The gate (admission places and generator slots held) must be 0 at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -28,10 +29,11 @@ if [ -z "$checkpoint" ]; then
     checkpoint=$($PY -c "import sys; from engine.random_checkpoint import cached_checkpoint; from engine.config import cache_dir
 print(cached_checkpoint(sys.argv[1], cache_dir() / 'checkpoints' / f'{sys.argv[1]}-seed0'))" "$preset")
 fi
-read -r http grpc metrics < <($PY -c "from serving.triton_env import Ports; p = Ports.free(); print(p.http, p.grpc, p.metrics)")
+read -r http grpc metrics openai < <($PY -c "from serving.triton_env import Ports, free_port
+p = Ports.free(); print(p.http, p.grpc, p.metrics, free_port())")
 
 $PY -m serving.serve --checkpoint "$checkpoint" --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" \
-    --work-dir "$out/runs" "$@" >"$out/launcher.log" 2>&1 &
+    --openai-port "$openai" --work-dir "$out/runs" "$@" >"$out/launcher.log" 2>&1 &
 launcher=$!
 trap 'kill -TERM $launcher 2>/dev/null || true; wait $launcher || true' EXIT
 echo "soak: $checkpoint, $minutes min, $users users + $cancellers cancelling clients; files in $out"
@@ -86,7 +88,8 @@ EOF
 cancellers_pid=$!
 attacks_pid=""
 if [ "$attacks" != 0 ]; then
-    $PY -m loadtest.attacks --url "127.0.0.1:$grpc" --minutes "$minutes" --every "$attacks" >"$out/attacks.log" 2>&1 &
+    $PY -m loadtest.attacks --url "127.0.0.1:$grpc" --gateway "http://127.0.0.1:$openai" --minutes "$minutes" \
+        --every "$attacks" >"$out/attacks.log" 2>&1 &
     attacks_pid=$!
 fi
 
@@ -115,14 +118,21 @@ if [ -s "$out/failures.txt" ]; then sort "$out/failures.txt" | uniq -c | sort -r
 tail -1 "$out/cancellers.log"
 if [ -n "$attacks_pid" ]; then  # what the attacks were answered, by attack
     echo "attacks: $(grep -c '^\[attacks\]' "$out/attacks.log") replayed"
-    sed -n 's/^\[attacks\] \([a-z_]*\) ([0-9.]* s): /\1: /p' "$out/attacks.log" | sort | uniq -c | sort -rn | head -12
+    sed -n 's/^\[attacks\] \([a-z_]*\) ([^)]*): /\1: /p' "$out/attacks.log" | sort | uniq -c | sort -rn | head -16
 fi
 grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || true
 echo "RSS at end: $(rss)"
 echo "after the load:"
 gauges | sed 's/^/  /'
+gate() {  # admission places and generator slots held now (serving.admission), from the run folder
+    $PY -c "import sys; from pathlib import Path; from serving.admission import Admission
+board = next(Path(sys.argv[1]).glob('*/cancel'))
+print(Admission(board, None, 1, create=False).total(), Admission(board, None, 1, file='generator_slots', create=False).total())" "$out/runs"
+}
+read -r places slots_held < <(gate)
+echo "  gate: $places admission places held, $slots_held generator slots held"
 grep -h '\[supervisor\]' "$out/launcher.log" | grep -v 'ready in' || true  # incidents, if any
 failures=$($PY -c "import json, sys; print(sum(s['num_failures'] for s in json.load(open(sys.argv[1]))))" "$out/locust.json")
 leaks=$(gauges | awk '$2 != 0' | wc -l)
 cancel_errors=$(grep -c '^error: ' "$out/cancellers.log" || true)
-[ "$failures" = 0 ] && [ "$leaks" = 0 ] && [ "$cancel_errors" = 0 ]
+[ "$failures" = 0 ] && [ "$leaks" = 0 ] && [ "$cancel_errors" = 0 ] && [ "$places" = 0 ] && [ "$slots_held" = 0 ]

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from engine.orchestrator import Segment, linger, unlinger
-from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed, Unavailable, error_kind
 from serving import contract
 from serving.cancel import CancelBoard
 from serving.generator_slots import GeneratorSlots
@@ -26,6 +26,7 @@ from serving.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LOST_POLL_SECONDS = 0.25
+DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its stub died
 LOST = "the generator lost this stream: its responses could not be sent; retry"
 
 
@@ -106,8 +107,9 @@ class BLS:
     """What the three clients share: ``pb``, the timeout, the thread pool for stream iteration and the
     request parameters that mark a request as ours (:class:`serving.auth.Keys`)."""
 
-    def __init__(self, pb, timeout: float, pool, parameters: dict[str, str] | None = None):
+    def __init__(self, pb, timeout: float, pool, parameters: dict[str, str] | None = None, flags=None):
         self.pb, self.timeout, self.pool, self.parameters = pb, timeout, pool, dict(parameters or {})
+        self.flags = flags  # serving.run_folder.RunFlags: a call to a model whose stub died ends at once
 
     def submit(self, request, **kw) -> asyncio.Task:
         """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
@@ -133,10 +135,15 @@ class BLS:
             response = await request.async_exec(decoupled=decoupled)
             return await loop.run_in_executor(self.pool, _final, response) if decoupled else response
 
-        try:
-            response = await asyncio.wait_for(asyncio.shield(linger(exchange())), self.timeout)
-        except TimeoutError:
-            raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s") from None
+        task, deadline = linger(exchange()), time.monotonic() + self.timeout
+        while not task.done():  # left to run whatever happens here (the request must outlive its exchange)
+            if (left := deadline - time.monotonic()) <= 0:
+                raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s")
+            await asyncio.wait({task}, timeout=min(left, DEAD_POLL_SECONDS))
+            # a stub that died mid-request never answers it; the launcher says so (serving.supervise)
+            if not task.done() and self.flags is not None and (dead := self.flags.dead(model)):
+                raise Unavailable(error_kind(dead)[1])
+        response = task.result()
         self.raise_for(model, response)
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
 

@@ -137,9 +137,12 @@ def ensemble() -> str:
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:
-    """Write a complete model repository to ``dest`` (replacing it)."""
+    """Write a complete model repository to ``dest`` (replacing it), readable by this user only: the launcher
+    renames the generator's folder to its secret model name (serving.auth.Keys.generator_model)."""
     if dest.exists():
         shutil.rmtree(dest)
+    dest.mkdir(parents=True, mode=0o700)
+    dest.chmod(0o700)  # whatever the umask
     for name, text in render(opts).items():
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "config.pbtxt").write_text(text)

@@ -68,6 +68,20 @@ class RunFlags:
         except FileNotFoundError:
             return None
 
+    def dead(self, model: str) -> str | None:
+        """The message for a request waiting on ``model`` when its stub has died (the launcher restarts the
+        server once the running streams end, but that request would not get its answer before)."""
+        if not self.dir:
+            return None
+        try:
+            with open(os.path.join(self.dir, f"dead.{model}")) as f:
+                return f.read() or f"unavailable: {model} backend died; retry shortly"
+        except FileNotFoundError:
+            return None
+
+    def set_dead(self, model: str, message: str) -> None:
+        self._write(os.path.join(self.dir, f"dead.{model}"), message)
+
     def refusal(self) -> str | None:
         """Why a new request is refused now, if it is."""
         return self.broken() or self.draining()
@@ -85,5 +99,5 @@ class RunFlags:
         os.replace(tmp, path)
 
     def clear(self) -> None:
-        for path in (self._broken, self._draining):
+        for path in (self._broken, self._draining, *Path(self.dir).glob("dead.*")):
             Path(path).unlink(missing_ok=True)

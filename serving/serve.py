@@ -52,29 +52,33 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def busy_ports(host: str, ports: Ports, openai: int | None = None) -> list[str]:
-    """Every port that cannot be bound on ``host``, each with the option that moves it (they are held open
-    together, so a port given twice is busy too)."""
-    named = [("HTTP", ports.http, "--http-port"), ("gRPC", ports.grpc, "--grpc-port"),
-             ("metrics", ports.metrics, "--metrics-port")]  # fmt: skip
+def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: str | None = None) -> list[str]:
+    """Every port that cannot be bound, each with the option that moves it (they are held open together, so
+    a port given twice is busy too): Triton's HTTP and gRPC on ``triton_host`` (default ``host``), the
+    metrics and OpenAI ports on ``host``."""
+    triton_host = triton_host or host
+    named = [("HTTP", ports.http, "--http-port", triton_host), ("gRPC", ports.grpc, "--grpc-port", triton_host),
+             ("metrics", ports.metrics, "--metrics-port", host)]  # fmt: skip
     busy = []
     with contextlib.ExitStack() as stack:
-        for name, port, option in named + ([("OpenAI", openai, "--openai-port")] if openai else []):
-            family, kind, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        for name, port, option, at in named + ([("OpenAI", openai, "--openai-port", host)] if openai else []):
+            family, kind, _, _, addr = socket.getaddrinfo(at, port, type=socket.SOCK_STREAM)[0]
             s = stack.enter_context(socket.socket(family, kind))
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT leftover is no obstacle
             try:
                 s.bind(addr)
             except OSError as e:
-                busy.append(f"{name} port {port} on {host} is busy ({e.strerror}): move it with {option}")
+                busy.append(f"{name} port {port} on {at} is busy ({e.strerror}): move it with {option}")
     return busy
 
 
 def run_folder(parent: Path | None) -> Path:
-    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``."""
+    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``, mode 0700 (its model repository and logs
+    name the generator's secret model name)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
-    path.mkdir(parents=True)
+    path.mkdir(parents=True, mode=0o700)
+    path.chmod(0o700)  # whatever the umask
     return path
 
 
@@ -95,8 +99,11 @@ class Gateway:
     """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
     starts it again (and says so) if it exits on its own."""
 
-    def __init__(self, host: str, grpc_port: int, port: int, random_weights: bool = False):
-        triton = f"{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{grpc_port}"
+    def __init__(self, host: str, grpc_port: int, port: int, random_weights: bool = False,
+                 triton_host: str | None = None):  # fmt: skip
+        """``triton_host``: where Triton's gRPC port listens (default ``host``)."""
+        triton_host = triton_host or host
+        triton = f"{'127.0.0.1' if triton_host in ('0.0.0.0', '::') else triton_host}:{grpc_port}"
         self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
         if random_weights:
             self.cmd.append("--random-weights")
@@ -160,7 +167,11 @@ class Gateway:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serving.serve", description=__doc__.split("\n\n")[0])
     add_arguments(ap)  # the server's options (serving.options.ServeOptions)
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default="127.0.0.1", help="where the ports listen (see --triton-host)")
+    ap.add_argument("--triton-host", help="where Triton's own HTTP and gRPC ports listen (default: --host). "
+                    "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay, which "
+                    "bound what a client may send and hold (Triton 2.51 takes gRPC messages up to 2 GB and keeps "
+                    "idle HTTP connections open)")  # fmt: skip
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
@@ -195,11 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"cannot read --admin-key-file: {e}")
     if admin_key == "":
         ap.error("the admin key is empty")
-    if not is_loopback(args.host) and admin_key is None and not args.insecure:
+    triton_host = args.triton_host or args.host
+    if not (is_loopback(args.host) and is_loopback(triton_host)) and admin_key is None and not args.insecure:
         ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port)
+    busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port, triton_host)
     if busy:  # before anything is written: a running server's files stay as they are
         print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 2
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)  # fmt: skip
     opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
-    server = TritonServer(repo, work, ports, host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
+    server = TritonServer(repo, work, ports, host=triton_host, metrics_host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
                           triton_key=triton_key)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
     signals = []
@@ -245,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if random_weights:
         print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
-    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port, random_weights)
+    gateway = None if args.no_openai else Gateway(args.host, ports.grpc, args.openai_port, random_weights, triton_host)
     stopping = lambda: bool(signals)  # noqa: E731
     print("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything "
           "answers", file=sys.stderr, flush=True)  # fmt: skip

@@ -200,8 +200,10 @@ class Supervisor:
         if incident.dead and incident.model in DEFERRABLE:
             say(f"{incident.model}: {incident.how}; restarting tritonserver once the running streams end "
                 f"(within {self.drain_seconds:g} s)")  # fmt: skip
-            self.flags.set_draining(f"unavailable: {incident.model} backend died; the server restarts once the "
-                                    "running streams end, retry shortly")  # fmt: skip
+            message = (f"unavailable: {incident.model} backend died; the server restarts once the running streams "
+                       "end, retry shortly")  # fmt: skip
+            self.flags.set_dead(incident.model, message)  # a request waiting on it is answered now
+            self.flags.set_draining(message)
             worse = []  # a death that breaks the running streams ends the wait
 
             def hurry() -> bool:

@@ -27,9 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
 # Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
 # any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
-# Triton prefixes gRPC keys). Inference, health, metadata, model config and statistics stay open. No key
+# Triton prefixes gRPC keys). Statistics name every model and a model's config is its own (the generator's is
+# under its secret name): both need the key too. Inference, health and metadata stay open. No key
 # loads code: the server runs with --model-control-mode=none (docs/triton.md#T16).
-RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics")  # statistics name models
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
 
@@ -110,7 +111,8 @@ class TritonServer:
     model_repository: Path
     work_dir: Path
     ports: Ports = field(default_factory=Ports)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # Triton's HTTP and gRPC ports listen here
+    metrics_host: str | None = None  # the metrics relay listens here (None: ``host``)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
@@ -177,10 +179,12 @@ class TritonServer:
         self._hide_generator()
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
-            self.relay = MetricsRelay(self.host, self.ports.metrics, source, self.generator_model)
+            self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
-        log = open(self.log_path, "ab")
+        # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        os.fchmod(log.fileno(), 0o600)
         env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key),
                                    **self.extra_env})  # fmt: skip
         self.proc = subprocess.Popen(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 
@@ -105,12 +106,25 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
     return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
 
 
+# The generator's secret model name (serving.auth.Keys.generator_model), as Triton's own messages may carry it
+# ("Stub process 'generator-<hex>_0_0' is not healthy."): no client may read it.
+SECRET_NAME = re.compile(r"generator-[0-9a-f]{32}")
+# Triton 2.51's untagged words for a request to a model whose stub has died (the launcher restarts the server):
+# the only sign of it a BLS caller gets, with code INTERNAL.
+STUB_DEAD = "is not healthy"
+
+
+def scrub(message: str) -> str:
+    """``message`` with the generator's secret name replaced by ``generator``."""
+    return SECRET_NAME.sub("generator", message)
+
+
 def error_response(pb, error: BaseException | str):
     """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
     see :func:`engine.protocol.tagged`): clients and the gateway read the kind from the message,
     since status codes do not survive Triton (docs/triton.md#T1).
     The status code follows the kind for the clients that see it (gRPC unary calls)."""
-    message = tagged(error) if isinstance(error, BaseException) else error
+    message = scrub(tagged(error) if isinstance(error, BaseException) else error)
     kind = error_kind(message)[0]
     code = {INVALID: pb.TritonError.INVALID_ARG, UNAVAILABLE: pb.TritonError.UNAVAILABLE,
             NOT_FOUND: pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
@@ -123,8 +137,11 @@ def bls_error(pb, model: str, response) -> Exception | None:
     if not response.has_error():
         return None
     error = response.error()
-    kind, message = error_kind(error.message())
-    if not error.message().startswith(KINDS) and error.code() == pb.TritonError.UNAVAILABLE:
+    text = scrub(error.message())
+    kind, message = error_kind(text)
+    if not text.startswith(KINDS) and STUB_DEAD in text:
+        return Unavailable(f"{model} backend is not healthy; the server restarts it, retry shortly")
+    if not text.startswith(KINDS) and error.code() == pb.TritonError.UNAVAILABLE:
         kind = UNAVAILABLE  # Triton's own refusal, untagged (a full queue: "Exceeds maximum queue size")
     if kind == INVALID:
         return ValueError(message)

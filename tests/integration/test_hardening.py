@@ -520,3 +520,22 @@ def test_a_new_stream_waits_while_slots_triton_dropped_are_freed(server):
     for t in victims:
         t.join(60)
     assert wait_gauges_zero(server, 30)["tts_generator_active_slots"] == 0
+
+
+def test_the_generator_name_stays_in_the_run_private_files(server):
+    """Its config needs the Triton key, the files that name it are this user's only, and the metrics port
+    calls it ``generator`` (issue 30, item 5)."""
+    secret = server.generator_model
+    for model in (secret, "tts"):  # every model's config is restricted: the generator's names it
+        assert http(server, "GET", f"/v2/models/{model}/config")[0] == 403
+    status, text = http(server, "GET", f"/v2/models/{secret}/config", headers={"admin-key": server.triton_key})
+    assert status == 200 and secret in text
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+    try:
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.get_model_config(secret)
+    finally:
+        client.close()
+    assert server.log_path.stat().st_mode & 0o777 == 0o600 and secret in server.log_path.read_text(errors="replace")
+    assert server.model_repository.stat().st_mode & 0o777 == 0o700
+    assert secret not in server.metrics_text() and 'model="generator"' in server.metrics_text()

@@ -51,7 +51,7 @@ class TritonPythonModel:
         self.keys = Keys.from_env("ensemble_generator")
         self.waits = Waits("ensemble")
         cancels = CancelBoard(opts.cancel_dir or None)
-        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, self.keys.parameters())
+        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(cancels.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
         self.generator = BLSGenerator(bls, cancels, self.keys.generator_model, slots)
         self.admission = Admission(cancels.dir, "ensemble_generator", opts.capacity)

@@ -56,7 +56,7 @@ class TritonPythonModel:
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.waits = Waits("tts")
-        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters())
+        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters(), self.flags)
         cancels = CancelBoard(opts.cancel_dir or None)
         generator = BLSGenerator(bls, cancels, keys.generator_model,
                                  GeneratorSlots(cancels.dir, "tts", opts.slots))  # streams wait here, not in Triton

@@ -1,0 +1,46 @@
+"""The metrics relay is open to anyone who reaches its port: its connections are bounded in number and in
+time (issue 30: 72 slow connections stayed open 100 s and the launcher's threads went from 2 to 70)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from serving.metrics_relay import MetricsRelay
+
+
+class Page(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'nv_inference_count{model="generator-secret"} 1\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_idle_connections_are_bounded_in_number_and_time():
+    source = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=source.serve_forever, daemon=True).start()
+    relay = MetricsRelay("127.0.0.1", 0, f"http://127.0.0.1:{source.server_address[1]}/metrics",
+                         "generator-secret", max_connections=4, connection_seconds=1.0)  # fmt: skip
+    port = relay.server_address[1]
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]  # send nothing
+        for s in idle:
+            s.settimeout(30)
+        # every one is closed without an answer: 6 at once (past the 4 taken), the 4 once their second is over
+        assert [s.recv(100) for s in idle] == [b""] * 10
+        assert threading.active_count() < 10  # no thread per connection left behind
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            page = r.read().decode()
+        assert 'model="generator"' in page and "secret" not in page  # it still relays, name hidden
+        for s in idle:
+            s.close()
+    finally:
+        relay.close()
+        source.shutdown()

@@ -1,0 +1,99 @@
+"""The generator's secret model name never reaches a client, and a model whose stub died answers the calls
+waiting on it at once (issue 30, item 5): Triton's own messages are scrubbed and a dead stub's words
+become ``unavailable:``; the launcher's ``dead.<model>`` flag ends a BLS call that would never be answered."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import pytest
+
+from engine.orchestrator import LINGERING
+from engine.protocol import Unavailable
+from serving.auth import Keys
+from serving.bls import BLS
+from serving.run_folder import RunFlags
+from serving.triton_io import bls_error, error_response
+
+SECRET = Keys("ab" * 32).generator_model
+
+
+class PB:
+    """Enough of triton_python_backend_utils for an error response."""
+
+    class TritonError:
+        INTERNAL, UNAVAILABLE, INVALID_ARG, NOT_FOUND = range(4)
+
+        def __init__(self, message, code=0):
+            self._message, self._code = message, code
+
+        def message(self):
+            return self._message
+
+        def code(self):
+            return self._code
+
+    class InferenceResponse:
+        def __init__(self, error=None):
+            self._error = error
+
+        def has_error(self):
+            return self._error is not None
+
+        def error(self):
+            return self._error
+
+
+def test_the_secret_name_is_what_the_scrub_looks_for():
+    assert SECRET.startswith("generator-") and SECRET != "generator"
+
+
+def test_a_dead_stub_is_unavailable_and_unnamed():
+    response = PB.InferenceResponse(PB.TritonError(f"Stub process '{SECRET}_0_0' is not healthy.", 0))
+    error = bls_error(PB, "generator", response)
+    assert isinstance(error, Unavailable) and SECRET not in str(error) and "generator" in str(error)
+
+
+def test_no_error_response_carries_the_secret_name():
+    for message in (f"error: generator: failed in {SECRET}", RuntimeError(f"{SECRET} exploded")):
+        sent = error_response(PB, message)
+        assert SECRET not in sent.error().message() and "generator" in sent.error().message()
+    untagged = bls_error(PB, "generator", PB.InferenceResponse(PB.TritonError(f"odd: {SECRET}", 0)))
+    assert SECRET not in str(untagged)
+
+
+def test_dead_flags_are_per_model_and_cleared(tmp_path):
+    flags = RunFlags(tmp_path)
+    assert flags.dead("prompt_encoder") is None
+    flags.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry")
+    assert flags.dead("prompt_encoder").startswith("unavailable: ") and flags.dead("voices") is None
+    flags.clear()
+    assert flags.dead("prompt_encoder") is None
+
+
+def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
+    flags = RunFlags(tmp_path)
+    never = asyncio.Event()
+
+    class Request:  # an InferenceRequest whose stub died: async_exec never returns
+        def __init__(self, **kw):
+            pass
+
+        async def async_exec(self, decoupled=False):
+            await never.wait()
+
+    pb = types.SimpleNamespace(InferenceRequest=Request)
+
+    async def main():
+        LINGERING.set(set())
+        bls = BLS(pb, timeout=60.0, pool=None, flags=flags)
+        call = asyncio.create_task(bls.call("prompt_encoder", [], ["X"]))
+        await asyncio.sleep(0.5)
+        assert not call.done()  # it waits while the model lives
+        flags.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
+        with pytest.raises(Unavailable, match="prompt_encoder backend died"):
+            await asyncio.wait_for(call, 10)  # well before the 60 s timeout
+        never.set()
+
+    asyncio.run(main())
