@@ -75,6 +75,7 @@ def step_syncs(
     gen = model.generator(n, 1 + len(tokens) + prompt.num_patches + steps, attention=attention)
     params = GenerationParams(seed=0, steps=flow_steps, min_patches=steps, max_patches=steps)
     streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
+    reserve_pages(gen, streams)
     return _audited(model, gen, streams, steps)
 
 
@@ -95,7 +96,15 @@ def instruct_step_syncs(
     prompt = torch.zeros(2 * 4, model.models.instruct.cfg.redae_dim)
     audio = [InstructInput(tokens + [LATENT_OUT_ID] * 2, latents_out=prompt)] * audio_rows
     streams = [gen.new_instruct_stream(i, given, params) for i, given in enumerate(text + audio)]
+    reserve_pages(gen, streams)
     return _audited(model, gen, streams, steps)
+
+
+def reserve_pages(gen, streams: list) -> None:
+    """A bare generator's caller reserves its streams' pages (the server's scheduler does it there)."""
+    for s in streams:
+        if not gen.cache.blocks.reserve(s.slot, s.positions_needed()):
+            raise RuntimeError("the KV-cache pool is too small for these streams")
 
 
 def _audited(model: FireRedTTS3, gen, streams: list, steps: int) -> list[StepSyncs]:

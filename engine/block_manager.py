@@ -20,10 +20,6 @@ def pages_for(positions: int, page_size: int = PAGE_SIZE) -> int:
     return -(-positions // page_size)
 
 
-class NoPagesYet(RuntimeError):
-    """The stream fits the pool, but not while the live streams hold their pages: it must wait."""
-
-
 class BlockManager:
     """Page reservations and page lists of ``slots`` page-table rows over a pool of ``num_pages`` pages.
 

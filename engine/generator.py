@@ -4,9 +4,9 @@ one batched call, either picks a text token (Instruct's text phase) or makes one
 
 A stream's state (:mod:`engine.generator_state`) is small, so its output depends only on its own inputs
 and seed, never on who shares the batch. Slots are the caller's; this module only reads ``Stream.slot``.
-The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`: a stream reserves the pages it may
-need (:meth:`Generator.reserve`, or the scheduler through the cache's ``blocks``) and gives them back
-when it ends. Any cache with the same interface works (the tests' per-slot reference cache does).
+The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`. A stream's pages are reserved before
+it runs and given back when it ends by the caller (:class:`~engine.scheduler.Scheduler`, the one reservation
+path), never here. Any cache with the same interface works (the tests' per-slot reference cache does).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.block_manager import NoPagesYet
 from engine.chatml import AUDIO_SOS_ID, LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS, TEXT_EOT_ID
 from engine.config import REDAE_SCALE
 from engine.generator_state import InstructInput, Phase, StepResult, Stream, TextStep, check_prompt, new_rng
@@ -83,26 +82,21 @@ class Generator:
             raise ValueError(f"the {model} model is not loaded on this server")
         return core
 
-    def new_stream(
-        self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams, reserve: bool = True
-    ) -> Stream:
-        """A checked Base stream in ``slot``; with ``reserve`` its cache pages are reserved too.
+    def new_stream(self, slot: int, tokens: list[int], prompt: VoicePrompt, params: GenerationParams) -> Stream:
+        """A checked Base stream in ``slot`` (its cache pages are the caller's to reserve).
 
         Raises:
-            ValueError: bad input, the Base model not loaded, or a stream that could never fit this cache.
-            NoPagesYet: (``reserve`` only) it fits, but not while the live streams hold their pages.
+            ValueError: bad input, the Base model not loaded, or a stream longer than the cache's rows.
         """
         check_prompt(prompt, self._core("base").cfg.spk_in_dim)
         s = Stream(slot=slot, tokens=self._tokens(tokens), prompt=prompt, params=params, rng=new_rng(params))
-        return self._checked(s, reserve)
+        return self._checked(s)
 
-    def new_instruct_stream(
-        self, slot: int, given: InstructInput, params: GenerationParams, reserve: bool = True
-    ) -> Stream:
+    def new_instruct_stream(self, slot: int, given: InstructInput, params: GenerationParams) -> Stream:
         """A checked Instruct stream in ``slot`` (in its text phase when ``given.sampling`` is set).
 
         Raises:
-            ValueError / NoPagesYet: as :meth:`new_stream`.
+            ValueError: as :meth:`new_stream`.
         """
         self._core("instruct")
         tokens = self._tokens(given.tokens)
@@ -110,7 +104,7 @@ class Generator:
         rng, text = new_rng(params), given.sampling is not None  # text: a text phase, drawn on the device
         s = Stream(slot, tokens, None, params, rng, text_generator(self.device, rng) if text else None, "instruct",
                    Phase.TEXT if text else Phase.AUDIO, given)  # fmt: skip
-        return self._checked(s, reserve)
+        return self._checked(s)
 
     def _tokens(self, tokens: list[int]) -> torch.Tensor:
         vocab = self._any.cfg.backbone.vocab_size
@@ -118,25 +112,14 @@ class Generator:
             raise ValueError(f"token ids must be non-empty and in 0..{vocab - 1}")
         return torch.tensor([tokens], dtype=torch.long).to(self.device, non_blocking=True)
 
-    def _checked(self, s: Stream, reserve: bool) -> Stream:
+    def _checked(self, s: Stream) -> Stream:
         need = s.positions_needed()
         if need > self.cache.max_len:
             raise ValueError(
                 f"prompt of {s.prefix_length()} positions plus up to {s.params.max_patches} patches needs {need} "
                 f"cache positions; this server has {self.cache.max_len} (shorten the text or reference audio)"
             )
-        self.cache.check_fits(need)
-        if reserve and not self.reserve(s):
-            raise NoPagesYet(f"the KV cache has no room for {need} more positions until a stream ends")
         return s
-
-    def reserve(self, s: Stream) -> bool:
-        """Reserve the cache pages ``s`` may ever need; False when they are not free now."""
-        return self.cache.reserve(s.slot, s.positions_needed())
-
-    def release(self, s: Stream) -> None:
-        """Give back ``s``'s pages (finished, cancelled or failed). Its slot may then take a new stream."""
-        self.cache.release(s.slot)
 
     def _backbone(self, core: FireRedTTS3Core, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
         """``core``'s backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""

@@ -136,10 +136,10 @@ class PagedCache:
     Page 0 is a zero page that is never handed out (it backs the padding a batch gathers).
 
     Which slot holds which pages, and which pages each slot was promised, is :attr:`blocks`
-    (:class:`~engine.block_manager.BlockManager`, plain ints): a stream first *reserves* the pages it may
-    ever need (prompt + ``max_patches``), so a live stream can never run out mid-utterance; pages are
-    taken only as the stream grows (:meth:`batch`, which writes them into the page table) and all go
-    back when it ends. The memory used follows the real lengths; admission follows the reservations.
+    (:class:`~engine.block_manager.BlockManager`, plain ints): the scheduler first *reserves* the pages a
+    stream may ever need (prompt + ``max_patches``), so a live stream can never run out mid-utterance;
+    pages are taken only as the stream grows (:meth:`batch`, which writes them into the page table) and
+    all go back when it ends. The memory used follows the real lengths; admission follows the reservations.
 
     ``slots`` is the number of page-table rows (streams at once); ``max_len`` the longest stream. The
     default pool (``num_pages`` None) holds ``slots`` streams of ``max_len`` positions.
@@ -192,18 +192,6 @@ class PagedCache:
     @property
     def pages_in_use(self) -> int:
         return self.blocks.pages_in_use
-
-    def check_fits(self, positions: int) -> None:
-        """ValueError when a stream of ``positions`` could never be served by this cache."""
-        self.blocks.check_fits(positions)
-
-    def reserve(self, slot: int, positions: int) -> bool:
-        """Promise ``slot`` the pages for ``positions``; False (nothing changed) when they are not free now."""
-        return self.blocks.reserve(slot, positions)
-
-    def release(self, slot: int) -> None:
-        """Return the slot's pages and reservation (a stream ended, was cancelled or failed)."""
-        self.blocks.release(slot)
 
     def batch(self, slots: list[int], starts: list[int], length: int):
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.

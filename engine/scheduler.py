@@ -10,14 +10,8 @@ streams that ended.
 - **Pages** (:class:`~engine.block_manager.BlockManager`): a stream reserves every KV-cache page it may
   need before it runs. One that fits the pool but not now is admitted *waiting*; :meth:`schedule` starts
   waiting streams in arrival order as pages come back, never one ahead of an older one.
-- **Requests** (:meth:`decide`, then :meth:`admission` for new ones): what a request means for the
-  streams we hold. A queueing server (Triton's sequence batcher) may think a slot is free before our
-  stream in it is gone; such a new stream is told to WAIT (rescheduled, sent nothing) and is remembered
-  as *deferred*, because it comes back without its START flag.
-- **Attendance** (:meth:`orphans`): every live stream comes back in the very next batch; one missing from
-  ``MISSED_EXECUTES`` batches in a row (and ``MISSED_SECONDS``), or absent ``ORPHAN_SECONDS`` however
-  few batches ran, is gone: the caller frees it. After a pause of the whole machine (:meth:`resume`)
-  absence counts from then on.
+- **Requests** (:meth:`refusal`): a new stream needs an id of its own; the caller (the generator's
+  engine thread) admits new streams only while a slot is free.
 
 A stream's phase (text or audio) is not the scheduler's: it lives on the stream
 (:class:`engine.generator_state.Phase`).
@@ -25,33 +19,10 @@ A stream's phase (text or audio) is not the scheduler's: it lives on the stream
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from dataclasses import dataclass
 
 from engine.block_manager import BlockManager
-
-MISSED_EXECUTES, MISSED_SECONDS = 3, 0.5
-ORPHAN_SECONDS = 10.0  # also without batches in between (the caller checks on a timer)
-PAUSE_SECONDS = 3.0  # a 1 s timer tick this late means the whole machine stopped (a VM pause): see resume()
-DEFERRED_SECONDS = 60.0  # a deferred stream whose client left never comes back: forgotten after this
-
-
-class Action(enum.Enum):
-    """What to do with one request."""
-
-    STEP = "step"  # a live stream: step it (maybe not now: see StepPlan.waiting)
-    CANCEL = "cancel"  # a live stream whose client left: end it now, with a cancelled last chunk
-    NEW = "new"  # not a live stream's next step: authenticate it, then ask admission()
-    ADMIT = "admit"  # a new stream and a free slot: build its state, then admit()
-    WAIT = "wait"  # a new stream while every slot is ours: reschedule it, send nothing
-    REFUSE = "refuse"  # answer with an error (Decision.why), keep nothing
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    why: str = ""  # REFUSE: the message for the request's sender (bad input)
 
 
 @dataclass
@@ -62,8 +33,6 @@ class StreamState:
     slot: int  # its page-table row; also the row of its generation state
     positions: int  # KV-cache positions it reserves: prompt + max_patches
     waiting: bool = True  # admitted, its pages not reserved yet: not stepped
-    seen: float | None = None  # when a batch last had its request (None: not yet counted)
-    missed: int = 0  # batches in a row without it
 
 
 @dataclass(frozen=True)
@@ -76,7 +45,7 @@ class StepPlan:
 
 
 class Scheduler:
-    """Slots, page reservations and the waiting queue of up to ``slots`` streams.
+    """Slots, page reservations and the page queue of up to ``slots`` streams.
 
     ``blocks`` is the KV cache's page bookkeeping; None for a cache whose rows already hold ``max_len``
     (every stream that fits a row starts at once).
@@ -91,7 +60,6 @@ class Scheduler:
         self.free: deque[int] = deque(range(slots))
         self.streams: dict[int, StreamState] = {}
         self.queue: deque[int] = deque()  # waiting for pages, oldest first
-        self.deferred: dict[int, float] = {}  # new streams told to WAIT -> since when
 
     # -- streams --------------------------------------------------------------------------------------
     @property
@@ -152,53 +120,10 @@ class Scheduler:
         return started
 
     # -- requests -------------------------------------------------------------------------------------
-    def decide(self, stream_id: int, start: bool, cancelled: bool = False) -> Decision:
-        """A request for ``stream_id`` (``start``: it opens a sequence; ``cancelled``: its client asked to
-        stop). Live streams' next steps need no authentication; everything else is NEW."""
-        if stream_id in self.streams and not start:
-            return Decision(Action.CANCEL if cancelled else Action.STEP)
-        return Decision(Action.NEW)
-
-    def admission(self, stream_id: int, start: bool, now: float) -> Decision:
-        """An authenticated NEW request -> ADMIT, WAIT or REFUSE."""
+    def refusal(self, stream_id: int) -> str:
+        """Why a new stream with ``stream_id`` cannot be admitted (the message for its sender), or ""."""
         if not stream_id:
-            return Decision(Action.REFUSE, "a generator stream needs a correlation id")
-        if stream_id in self.streams:  # a START on a live id: the live stream is left alone
-            return Decision(Action.REFUSE, "this correlation id is in use")
-        if not self.free:
-            # The queueing server thinks a slot is free: one of ours is gone and is freed within
-            # MISSED_SECONDS (see orphans). Until then the new stream waits; it comes back without START.
-            if start:
-                self.deferred[stream_id] = now
-            return Decision(Action.WAIT)
-        if not (start or self.deferred.pop(stream_id, None) is not None):
-            return Decision(Action.REFUSE, "this stream is not live (a new stream must start a sequence)")
-        return Decision(Action.ADMIT)
-
-    def forget_deferred(self, now: float, max_age: float = DEFERRED_SECONDS) -> None:
-        """Drop deferred streams older than ``max_age`` seconds (their clients left)."""
-        self.deferred = {i: t for i, t in self.deferred.items() if now - t <= max_age}
-
-    # -- attendance -----------------------------------------------------------------------------------
-    def orphans(self, present: list[int] | None, now: float) -> list[int]:
-        """After a batch that held ``present`` (None: a check between batches) -> the live streams whose
-        requests stopped coming. The caller frees them (:meth:`finish`)."""
-        here = set(present) if present is not None else set()
-        gone = []
-        for state in self.streams.values():
-            if state.stream_id in here:
-                state.seen, state.missed = now, 0
-                continue
-            if state.seen is None:
-                state.seen = now
-            state.missed += present is not None
-            absent = now - state.seen
-            if (state.missed >= MISSED_EXECUTES and absent >= MISSED_SECONDS) or absent >= ORPHAN_SECONDS:
-                gone.append(state.stream_id)
-        return gone
-
-    def resume(self, now: float) -> None:
-        """After a pause of the whole machine: nobody was away, absence counts from ``now``."""
-        for state in self.streams.values():
-            if state.seen is not None:
-                state.seen = now
+            return "a generator stream needs a correlation id"
+        if stream_id in self.streams:  # the live stream with this id is left alone
+            return "this correlation id is in use"
+        return ""

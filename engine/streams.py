@@ -94,7 +94,7 @@ class GeneratorService:
         """Give ``stream_id`` a slot and a stream (waiting for cache pages if the pool is short now).
         Raises ValueError for bad input or a stream the pool can never hold (nothing is kept then)."""
         slot = self.scheduler.next_slot(stream_id)
-        state = self.gen.new_stream(slot, tokens, prompt, params, reserve=False)
+        state = self.gen.new_stream(slot, tokens, prompt, params)
         self._admitted(stream_id, state, prompt.latents.float().numpy(), schedule)
 
     def admit_instruct(
@@ -108,7 +108,7 @@ class GeneratorService:
         that ends the plan, before its first audio chunk.
         """
         slot = self.scheduler.next_slot(stream_id)
-        state = self.gen.new_instruct_stream(slot, given, params, reserve=False)
+        state = self.gen.new_instruct_stream(slot, given, params)
         out = given.latents_out
         latents = np.zeros((0, LATENT_DIM), np.float32) if out is None else out.float().cpu().numpy()
         self._admitted(stream_id, state, latents, schedule)

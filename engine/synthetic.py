@@ -42,7 +42,7 @@ def ready_patch(patch_size: int = 4, dim: int = 64) -> torch.Tensor:
 class SyntheticGenerator(Generator):
     """A :class:`~engine.generator.Generator` whose step is bookkeeping only (same interface, same cache).
 
-    :meth:`new_stream`, :meth:`reserve` and :meth:`release` are the real ones (validation and pages);
+    :meth:`new_stream` is the real one (validation; the scheduler reserves and releases the pages);
     :meth:`step` advances positions and pages as the real step does and returns :func:`ready_patch`.
     """
 

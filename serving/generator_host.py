@@ -146,10 +146,9 @@ class GeneratorHost:
         admitted = False
         while self.waiting and self.service.free:
             a = self.waiting.popleft()
-            decision = self.scheduler.admission(a.stream_id, True, time.monotonic())
             try:
-                if decision.why:  # refused: no id, or the id of a live stream (which is left alone)
-                    raise ValueError(decision.why)
+                if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
+                    raise ValueError(why)
                 self._start(a.stream_id, a.inputs)
             except Exception as e:  # bad input fails this request only; it never held a slot
                 if not isinstance(e, ValueError):

@@ -35,6 +35,8 @@ def generate_together(gen: Generator, model, n: int, slot_of=lambda i, n: n - 1 
             length = 5 + 7 * step
             params = GenerationParams(seed=step, max_patches=length, min_patches=length)
             streams.append(gen.new_stream(slot_of(step, n), toks, prompt, params))
+            if isinstance(gen.cache, PagedCache):
+                assert gen.cache.blocks.reserve(streams[-1].slot, streams[-1].positions_needed())
         live = [s for s in streams if not s.finished]
         if not live and len(streams) == n:
             break
@@ -45,7 +47,7 @@ def generate_together(gen: Generator, model, n: int, slot_of=lambda i, n: n - 1 
             check_disjoint(gen.cache)
             for s in streams:
                 if s.finished and gen.cache.blocks.reserved[s.slot]:
-                    gen.release(s)
+                    gen.cache.blocks.release(s.slot)
     return [torch.stack(o) for o in outs]
 
 

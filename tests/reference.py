@@ -18,6 +18,7 @@ def reference_latents(model, text: str, params: GenerationParams, prompt=None, l
     tokens = model.tokens(text, language, prompt)
     gen = model.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
     stream = gen.new_stream(0, tokens, prompt, params)
+    assert gen.cache.blocks.reserve(0, stream.positions_needed())  # the default pool holds a whole row
     out = []
     while not stream.finished:
         r = gen.step([stream])[0]

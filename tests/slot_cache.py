@@ -28,17 +28,6 @@ class SlotCache:
     def device(self) -> torch.device:
         return self.k.device
 
-    def check_fits(self, positions: int) -> None:
-        if positions > self.max_len:
-            raise ValueError(f"{positions} positions exceed the cache length {self.max_len}")
-
-    def reserve(self, slot: int, positions: int) -> bool:
-        self.check_fits(positions)
-        return True
-
-    def release(self, slot: int) -> None:
-        pass
-
     def fall_back(self, reason: str, error: BaseException | None = None) -> None:
         raise RuntimeError("the per-slot cache has no other attention path to fall back to") from error
 

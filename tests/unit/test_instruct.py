@@ -119,6 +119,7 @@ def test_a_text_phase_ends_and_hands_over_to_audio(model):
     gen = model.generator(1, 1024)
     given = _input(model, "design")
     s = gen.new_instruct_stream(0, given, _params("design"))
+    assert gen.cache.blocks.reserve(0, s.positions_needed())
     assert s.phase is Phase.TEXT
     plan, steps = None, 0
     while s.phase is Phase.TEXT:

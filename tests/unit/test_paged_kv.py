@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.block_manager import NoPagesYet, pages_for
+from engine.block_manager import pages_for
 from engine.chunking import ChunkSchedule
 from engine.generator import Generator
 from engine.kv_cache import PagedCache, bytes_per_position, pages_for_memory, typical_positions
 from engine.params import GenerationParams
+from engine.scheduler import Scheduler
 from engine.streams import GeneratorService
 from tests.generation import check_disjoint, generate_together, run_to_end
 from tests.slot_cache import SlotCache
@@ -24,7 +25,7 @@ def _cache(model, slots=2, max_len=64, num_pages=None, page_size=4):
 def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(model):
     cfg = model.core.cfg.backbone
     cache = _cache(model, slots=2, max_len=20, num_pages=6, page_size=4)
-    assert cache.reserve(1, 9)  # 3 pages promised, none taken yet
+    assert cache.blocks.reserve(1, 9)  # 3 pages promised, none taken yet
     assert cache.pages_in_use == 0 and cache.blocks.pages_available == 3
     k = torch.randn(1, cfg.num_kv_heads, 3, cfg.head_dim)
     view = cache.batch([1], [0], 3)
@@ -44,9 +45,9 @@ def test_pages_are_taken_as_a_stream_grows_across_page_boundaries(model):
     with pytest.raises(RuntimeError, match="reservation"):
         cache.batch([1], [9], 4)  # 13 positions: past the 3 pages it reserved
     check_disjoint(cache)
-    cache.release(1)
+    cache.blocks.release(1)
     assert cache.pages_in_use == 0 and cache.blocks.committed == 0
-    assert cache.reserve(1, 2)  # the next stream in row 1: its table is its own page, then zero pages
+    assert cache.blocks.reserve(1, 2)  # the next stream in row 1: its table is its own page, then zero pages
     cache.batch([1], [0], 2)
     assert cache.table[1].tolist() == [cache.blocks.pages[1][0], 0, 0, 0, 0]
 
@@ -80,17 +81,22 @@ def test_paged_generation_is_bit_identical_to_the_per_slot_cache(model, n):
     assert paged.cache.pages_in_use == 0 and paged.cache.blocks.committed == 0
 
 
-def test_generator_refuses_a_stream_the_pool_can_never_hold(model):
+def test_a_stream_the_pool_can_never_hold_is_refused_and_one_that_fits_later_waits(model):
     gen = Generator(model.core, _cache(model, slots=2, max_len=512, num_pages=3, page_size=16))
+    scheduler = Scheduler(2, gen.cache.blocks)
     prompt = model.encode_prompt(None)
     toks = model.tokens("Hello", "English", prompt)
+    big = gen.new_stream(0, toks, prompt, GenerationParams(max_patches=100))
     with pytest.raises(ValueError, match="KV-cache pages of 16 positions; the whole pool has 3"):
-        gen.new_stream(0, toks, prompt, GenerationParams(max_patches=100))
+        scheduler.admit(7, big.positions_needed())
+    assert scheduler.active == 0 and gen.cache.blocks.committed == 0
     a = gen.new_stream(0, toks, prompt, GenerationParams(max_patches=20))
-    with pytest.raises(NoPagesYet):
-        gen.new_stream(1, toks, prompt, GenerationParams(max_patches=20))
-    gen.release(a)
-    gen.new_stream(1, toks, prompt, GenerationParams(max_patches=20))
+    assert pages_for(a.positions_needed(), 16) == 2  # two of the three pages: a second one must wait
+    scheduler.admit(1, a.positions_needed())
+    scheduler.admit(2, a.positions_needed())
+    assert scheduler.schedule([1, 2]).waiting == [2]
+    scheduler.finish(1)
+    assert scheduler.schedule([2]).started == [2]
 
 
 def _service(model, slots, kv_pages):

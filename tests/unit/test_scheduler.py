@@ -12,14 +12,7 @@ import sys
 import pytest
 
 from engine.block_manager import BlockManager
-from engine.scheduler import (
-    DEFERRED_SECONDS,
-    MISSED_EXECUTES,
-    MISSED_SECONDS,
-    ORPHAN_SECONDS,
-    Action,
-    Scheduler,
-)
+from engine.scheduler import Scheduler
 
 
 def test_scheduling_imports_no_torch():
@@ -131,84 +124,17 @@ def test_an_unknown_stream_cannot_be_scheduled():
 # -- what a request means ------------------------------------------------------------------------------
 
 
-def test_live_streams_step_or_cancel_and_everything_else_is_new():
+def test_a_new_stream_on_a_live_id_is_refused_and_the_live_stream_is_left_alone():
     s = Scheduler(2)
     s.admit(5, 10)
-    assert s.decide(5, start=False).action is Action.STEP
-    assert s.decide(5, start=False, cancelled=True).action is Action.CANCEL
-    assert s.decide(5, start=True).action is Action.NEW  # a START on a live id: authenticated first
-    assert s.decide(6, start=True).action is Action.NEW
-    assert s.decide(6, start=False).action is Action.NEW
+    assert s.refusal(5) == "this correlation id is in use"
+    assert list(s.streams) == [5] and s.streams[5].slot == 0 and s.active == 1
 
 
-def test_a_start_on_a_live_id_is_refused_and_the_live_stream_is_left_alone():
+def test_a_new_stream_needs_an_id_and_a_freed_id_is_admissible_again():
     s = Scheduler(2)
-    s.admit(5, 10)
-    d = s.admission(5, start=True, now=0.0)
-    assert d.action is Action.REFUSE and d.why == "this correlation id is in use"
-    assert s.decide(5, start=False).action is Action.STEP and s.active == 1
-
-
-def test_a_new_stream_without_start_or_id_is_refused():
-    s = Scheduler(2)
-    d = s.admission(9, start=False, now=0.0)
-    assert d.action is Action.REFUSE and "must start a sequence" in d.why
-    assert s.admission(0, start=True, now=0.0).why == "a generator stream needs a correlation id"
-    assert s.admission(9, start=True, now=0.0).action is Action.ADMIT
-
-
-def test_a_start_rescheduled_while_our_slots_are_full_is_admitted_when_it_returns_without_start():
-    s = Scheduler(1)
-    s.admit(1, 10)  # Triton freed this slot already (its request was dropped): we have not yet
-    assert s.admission(2, start=True, now=0.0).action is Action.WAIT
-    assert s.admission(2, start=False, now=0.1).action is Action.WAIT  # still full: still waits
-    s.finish(1)
-    assert s.admission(2, start=False, now=0.2).action is Action.ADMIT  # no START flag this time
-    s.admit(2, 10)
-    s.finish(2)
-    assert s.admission(2, start=False, now=0.3).action is Action.REFUSE  # admitted once only
-
-
-def test_deferred_starts_are_forgotten_after_their_client_is_long_gone():
-    s = Scheduler(1)
-    s.admit(1, 10)
-    s.admission(2, start=True, now=0.0)
-    s.admission(3, start=True, now=50.0)
-    s.forget_deferred(now=DEFERRED_SECONDS + 1)
-    assert list(s.deferred) == [3]
-    s.finish(1)
-    assert s.admission(2, start=False, now=61.0).action is Action.REFUSE
-    assert s.admission(3, start=False, now=61.0).action is Action.ADMIT
-
-
-# -- attendance ----------------------------------------------------------------------------------------
-
-
-def test_a_stream_triton_stopped_handing_us_is_found_by_batches_or_by_time():
-    s = Scheduler(3)
-    for i in (1, 2):
-        s.admit(i, 10)
-    assert s.orphans([1, 2], now=0.0) == []
-    for k in range(MISSED_EXECUTES - 1):  # a few batches without stream 2, but not long enough
-        assert s.orphans([1], now=0.1 * k) == []
-    assert s.orphans([1], now=0.2) == []  # 3 batches, but only 0.2 s
-    assert s.orphans([1], now=MISSED_SECONDS) == [2]
-    s.finish(2)
-    assert s.orphans(None, now=MISSED_SECONDS + ORPHAN_SECONDS - 0.1) == []  # no batches in between
-    assert s.orphans(None, now=MISSED_SECONDS + ORPHAN_SECONDS) == [1]
-
-
-def test_a_pause_of_the_whole_machine_orphans_nobody():
-    s = Scheduler(1)
-    s.admit(1, 10)
-    assert s.orphans([1], now=0.0) == []
-    s.resume(now=100.0)  # the machine stopped 100 s: nobody was away
-    assert s.orphans(None, now=100.0 + ORPHAN_SECONDS - 0.1) == []
-    assert s.orphans(None, now=100.0 + ORPHAN_SECONDS) == [1]
-
-
-def test_a_new_stream_is_counted_from_its_first_check():
-    s = Scheduler(2)
-    s.admit(1, 10)
-    assert s.orphans(None, now=50.0) == []  # admitted between checks: absence counts from now
-    assert s.orphans(None, now=50.0 + ORPHAN_SECONDS) == [1]
+    assert s.refusal(0) == "a generator stream needs a correlation id"
+    assert s.refusal(9) == ""
+    s.admit(9, 10)
+    s.finish(9)
+    assert s.refusal(9) == ""

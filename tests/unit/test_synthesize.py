@@ -125,6 +125,7 @@ def test_batched_streams_equal_solo_runs(model):
         if step < len(texts):  # a new stream joins at every step
             toks = model.tokens(texts[step], "English", prompt)
             streams.append(gen.new_stream(3 - step, toks, prompt, GenerationParams(seed=seeds[step])))
+            assert gen.cache.blocks.reserve(streams[-1].slot, streams[-1].positions_needed())
         live = [s for s in streams if not s.finished]
         if not live and len(streams) == len(texts):
             break
