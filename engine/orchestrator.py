@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from engine.chunking import ChunkSchedule
-from engine.frontend import prepare
+from engine.frontend import Prepared, prepare
 from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import (
     ACOUSTIC_EDIT,
@@ -156,6 +156,8 @@ class Vocoder(Protocol):
 LINGERING: contextvars.ContextVar[set | None] = contextvars.ContextVar("lingering", default=None)
 
 
+PREPARED_KEPT = 512  # texts whose front-end result an orchestrator keeps (the least recently used goes)
+
 _ALIVE: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
 
 
@@ -195,6 +197,9 @@ class Orchestrator:
         """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts."""
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
         self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
+        # the front end's results for recent texts: prepare() is a pure function of its arguments here
+        # (count_tokens is this orchestrator's), ~2 ms of CPU per short text; a failure is not kept
+        self.prepared: dict[tuple, Prepared] = {}
 
     def run(self, utterance: Utterance, voice: Any = None) -> AsyncIterator[Piece]:
         """Yield the utterance's audio as it is made, at ``utterance.speed``; the last piece is ``final``.
@@ -214,9 +219,15 @@ class Orchestrator:
         else:
             # Before the prompt, so that unspeakable text fails fast; on a thread: wetext takes a while on
             # long texts, and the event loop serves every other request meanwhile.
-            prepared = await asyncio.to_thread(
-                prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
-            )
+            key = (u.text, u.language, u.split_tokens, u.normalize, u.params.max_patches)
+            prepared = self.prepared.pop(key, None)
+            if prepared is None:
+                prepared = await asyncio.to_thread(
+                    prepare, u.text, u.language, self.count_tokens, u.split_tokens, u.normalize, u.params.max_patches
+                )
+            self.prepared[key] = prepared  # the most recent last
+            while len(self.prepared) > PREPARED_KEPT:
+                del self.prepared[next(iter(self.prepared))]
             texts, language = prepared.segments, prepared.language
         prompt = None if u.task == DESIGN else await self.prompts.encode(voice)
 

@@ -178,10 +178,24 @@ class ResponseStream:
 
 
 class BLSPrompts:
+    """The prompt encoder over BLS. The default voice (no reference, no voice id, no reference text) is the
+    checkpoint's silent prompt, the same for every request of the server's life: it is asked for once and
+    kept (one BLS round trip per request fewer); every other voice is asked for each time (a voice id's
+    prompt may change as the voice is registered again). A failed call is not kept."""
+
     def __init__(self, bls: BLS):
         self.bls = bls
+        self.default: dict | None = None  # the default voice's prompt, once the encoder has answered
 
     async def encode(self, voice: Voice) -> dict:
+        if voice.ref_audio is None and not voice.voice_id and not voice.ref_text:
+            if self.default is None:
+                prompt = await self._encode(voice)  # copied: kept for good, not tied to the response's memory
+                self.default = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in prompt.items()}
+            return self.default
+        return await self._encode(voice)
+
+    async def _encode(self, voice: Voice) -> dict:
         values = {"REF_TEXT": voice.ref_text, "VOICE_ID": voice.voice_id}
         if voice.ref_audio is not None:
             values |= {"REF_AUDIO": voice.ref_audio, "REF_SAMPLE_RATE": voice.ref_sample_rate}

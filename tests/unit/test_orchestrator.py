@@ -220,3 +220,31 @@ def test_a_later_segment_starts_from_what_the_listener_holds(model, clock_step):
         held = heard / SAMPLE_RATE if clock_step == 0 else 0.0
         assert heard > 0 and schedule.buffered == pytest.approx(held)
         assert dataclasses.replace(schedule, buffered=0.0) == utterance.schedule
+
+
+def test_the_front_end_runs_once_per_text_and_its_failures_again(model, monkeypatch):
+    """The front end's result is kept per text and settings (a pure function): a repeated reply skips it,
+    with the same audio; text with nothing to speak fails every time."""
+    import engine.orchestrator as orchestrator
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0])
+        return orchestrator_prepare(*args)
+
+    orchestrator_prepare = orchestrator.prepare
+    monkeypatch.setattr(orchestrator, "prepare", counted)
+    p = Pipeline(model)
+    params = GenerationParams(seed=2, min_patches=3, max_patches=3)
+    first = collect(p.orchestrator.run(Utterance("Kept once", params=params)))
+    again = collect(p.orchestrator.run(Utterance("Kept once", params=params)))
+    np.testing.assert_array_equal(np.concatenate([x.audio for x in first]), np.concatenate([x.audio for x in again]))
+    assert calls == ["Kept once"]
+    collect(p.orchestrator.run(Utterance("Kept once", params=params, split_tokens=0)))  # other settings: again
+    assert calls == ["Kept once"] * 2
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            collect(p.orchestrator.run(Utterance(" \u200b ", params=params)))
+    assert calls == ["Kept once"] * 2 + [" \u200b "] * 2
+    assert p.live == (0, 0)

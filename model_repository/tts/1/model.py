@@ -19,6 +19,7 @@ from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
+from serving.metric_batch import MetricBatch
 from serving.model_options import TTSOptions
 from serving.requests import build_request, instruct_request
 from serving.run_folder import RunFlags, start_heartbeat
@@ -67,7 +68,7 @@ class TritonPythonModel:
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
         self.admission = Admission(cancels.dir, "tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds)
-        self.in_flight = self.waiting = 0
+        self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch()  # metrics: sent once per loop turn
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.gauges = [
@@ -100,7 +101,7 @@ class TritonPythonModel:
             refuse(sender, refusal)
             return
         if not self.admission.enter():
-            self.outcome["busy"].increment(1)
+            self.metrics.increment(self.outcome["busy"], 1)
             refuse(sender, self.admission.busy_message())
             return
         self._count(1, 1)
@@ -109,7 +110,7 @@ class TritonPythonModel:
             if key:  # a text-in stream: its first piece
                 stream, error = start_stream(pb, self.text_streams, request, key)
                 if error:
-                    self.outcome["error"].increment(1)
+                    self.metrics.increment(self.outcome["error"], 1)
                     sender.send(error_response(pb, error), flags=FINAL)
                     return
             lingering: set = set()
@@ -124,23 +125,23 @@ class TritonPythonModel:
     def _count(self, in_flight: int, waiting: int) -> None:
         self.in_flight += in_flight
         self.waiting += waiting
-        self.in_flight_gauge.set(self.in_flight)
-        self.waiting_gauge.set(self.waiting)
+        self.metrics.set(self.in_flight_gauge, self.in_flight)
+        self.metrics.set(self.waiting_gauge, self.waiting)
 
     async def _serve_admitted(self, request, sender, lingering: set, stream):
         task = asyncio.ensure_future(self._stream(request, sender, stream))
         broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
-            self.outcome["error"].increment(1)
+            self.metrics.increment(self.outcome["error"], 1)
             refuse(sender, broken)
             return
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
-            self.outcome["cancelled"].increment(1)
+            self.metrics.increment(self.outcome["cancelled"], 1)
             sender.send(flags=FINAL)
         except Exception as e:
-            self.outcome["error"].increment(1)
+            self.metrics.increment(self.outcome["error"], 1)
             message = e.reason if isinstance(e, StreamFailed) else tagged(e)
             if not message.startswith(INVALID):
                 log.error("request failed: %s", message,
@@ -149,8 +150,8 @@ class TritonPythonModel:
         else:
             values = {"AUDIO": final.audio, "FINISH_REASON": final.finish_reason}
             sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, values, batch=False)), flags=FINAL)
-            self.outcome["ok"].increment(1)
-            self.audio_seconds.increment(samples / SAMPLE_RATE)
+            self.metrics.increment(self.outcome["ok"], 1)
+            self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
     async def _stream(self, request, sender, stream):
         """Run one request (``stream``: its text-in stream, or None), sending all but the final piece; returns

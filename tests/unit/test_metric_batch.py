@@ -1,0 +1,108 @@
+"""serving.metric_batch and serving.bls.BLSPrompts: the tts stub's round trips to Triton's process per
+request (metric updates, the default voice's prompt) are fewer, with the same values."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from serving.bls import BLSPrompts
+from serving.metric_batch import MetricBatch
+from serving.requests import Voice
+
+
+class Metric:
+    def __init__(self):
+        self.value, self.calls = 0.0, 0
+
+    def increment(self, amount):
+        self.value += amount
+        self.calls += 1
+
+    def set(self, value):
+        self.value = value
+        self.calls += 1
+
+
+def test_one_turns_updates_go_out_once_per_metric_with_the_same_values():
+    ok, audio, gauge = Metric(), Metric(), Metric()
+
+    async def turn():
+        batch = MetricBatch()
+        for _ in range(64):  # 64 requests ending in one turn of the loop
+            batch.increment(ok, 1)
+            batch.increment(audio, 0.5)
+            batch.set(gauge, 3)
+        batch.set(gauge, 2)
+        assert (ok.calls, audio.calls, gauge.calls) == (0, 0, 0)  # not before the turn ends
+        await asyncio.sleep(0)
+        assert (ok.value, audio.value, gauge.value) == (64, 32.0, 2)
+        assert (ok.calls, audio.calls, gauge.calls) == (1, 1, 1)
+        batch.set(gauge, 2)  # the value it has: not sent again
+        batch.increment(ok, 0)
+        await asyncio.sleep(0)
+        assert (ok.calls, gauge.calls) == (1, 1)
+        batch.set(gauge, 0)
+        await asyncio.sleep(0)
+        assert (gauge.value, gauge.calls) == (0, 2)
+
+    asyncio.run(turn())
+
+
+def test_without_a_running_loop_updates_go_out_at_once():
+    batch, counter = MetricBatch(), Metric()
+    batch.increment(counter, 2)
+    assert counter.value == 2
+
+
+class Encoder:
+    """BLSPrompts' BLS: counts the calls, fails when told to."""
+
+    def __init__(self):
+        self.calls, self.fail = 0, False
+
+    async def encode(self, voice):
+        self.calls += 1
+        if self.fail:
+            raise TimeoutError("prompt_encoder did not answer within 30 s")
+        return {"PROMPT_LATENTS": np.ones((2, 3), np.float32), "SPEAKER": np.ones(4, np.float32), "PROMPT_TEXT": ""}
+
+
+def prompts(encoder: Encoder) -> BLSPrompts:
+    p = BLSPrompts(bls=None)
+    p._encode = encoder.encode  # the BLS call itself
+    return p
+
+
+def test_the_default_voice_is_encoded_once_and_other_voices_every_time():
+    encoder = Encoder()
+    p = prompts(encoder)
+
+    async def run():
+        first = await p.encode(Voice())
+        again = await p.encode(Voice())
+        np.testing.assert_array_equal(first["PROMPT_LATENTS"], again["PROMPT_LATENTS"])
+        assert encoder.calls == 1
+        for voice in (Voice(voice_id="alice"), Voice(ref_audio=np.zeros(10, np.float32), ref_sample_rate=24000),
+                      Voice(ref_text="no audio: the encoder refuses it")):  # fmt: skip
+            await p.encode(voice)
+            await p.encode(voice)
+        assert encoder.calls == 7
+
+    asyncio.run(run())
+
+
+def test_a_failed_default_voice_call_is_not_kept():
+    encoder = Encoder()
+    encoder.fail = True
+    p = prompts(encoder)
+
+    async def run():
+        with pytest.raises(TimeoutError, match="prompt_encoder"):
+            await p.encode(Voice())
+        encoder.fail = False
+        await p.encode(Voice())
+        await p.encode(Voice())
+        assert encoder.calls == 2
+
+    asyncio.run(run())
