@@ -7,7 +7,8 @@
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
 #                    [--attacks SECONDS] [-- more launcher options, e.g. --slots 16]
 # --attacks: a second process replays the open-door attacks (loadtest/attacks.py, the gateway's included)
-# every SECONDS meanwhile. The gate (admission places and generator slots held) must be 0 at the end.
+# every SECONDS meanwhile. The gate (admission places and generator slots held) must be 0 at the end, and
+# the supervisor must have logged no incident (a restart hides its failures behind a recovered gate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
         --cancellers) cancellers=$2; shift 2 ;;
         --attacks) attacks=$2; shift 2 ;;
         --) shift; break ;;
-        *) sed -n '2,9p' "$0"; exit 2 ;;
+        *) sed -n '2,11p' "$0"; exit 2 ;;
     esac
 done
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
@@ -135,4 +136,6 @@ grep -h '\[supervisor\]' "$out/launcher.log" | grep -v 'ready in' || true  # inc
 failures=$($PY -c "import json, sys; print(sum(s['num_failures'] for s in json.load(open(sys.argv[1]))))" "$out/locust.json")
 leaks=$(gauges | awk '$2 != 0' | wc -l)
 cancel_errors=$(grep -c '^error: ' "$out/cancellers.log" || true)
-[ "$failures" = 0 ] && [ "$leaks" = 0 ] && [ "$cancel_errors" = 0 ] && [ "$places" = 0 ] && [ "$slots_held" = 0 ]
+incidents=$(grep -h '\[supervisor\]' "$out/launcher.log" | grep -vc 'ready in' || true)  # a restart is a failure
+[ "$failures" = 0 ] && [ "$leaks" = 0 ] && [ "$cancel_errors" = 0 ] && [ "$places" = 0 ] && [ "$slots_held" = 0 ] \
+    && [ "$incidents" = 0 ]
