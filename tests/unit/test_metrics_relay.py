@@ -30,12 +30,13 @@ def test_idle_connections_are_bounded_in_number_and_time():
                          "generator-secret", max_connections=4, connection_seconds=1.0)  # fmt: skip
     port = relay.server_address[1]
     try:
+        threads = threading.active_count()  # this process's, other tests' included (a fake Triton's pools)
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]  # send nothing
         for s in idle:
             s.settimeout(30)
         # every one is closed without an answer: 6 at once (past the 4 taken), the 4 once their second is over
         assert [s.recv(100) for s in idle] == [b""] * 10
-        assert threading.active_count() < 10  # no thread per connection left behind
+        assert threading.active_count() <= threads + 1  # no thread per connection left behind
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
             page = r.read().decode()
         assert 'model="generator"' in page and "secret" not in page  # it still relays, name hidden
