@@ -27,13 +27,11 @@ from client.request import (
     grpc_error,
     grpc_inputs,
     is_final,
-    plan_text,
-    raise_if_failed,
     request_fields,
     with_speed,
 )
 from client.text_in import AsyncTextStream
-from client.tts_client import Chunk, _host_port
+from client.tts_client import Chunk, _host_port, chunk_of
 
 RECONNECT_FIRST_MS = 100  # the channel's first retry of a refused connection
 RECONNECT_MAX_MS = 1000  # and its longest wait between retries (gRPC's default: 120 s)
@@ -162,12 +160,9 @@ class AsyncTTSClient:
                     done = True
                     raise self._failed(client, error)
                 done = is_final(result)
-                raise_if_failed(result.as_numpy("FINISH_REASON"))
-                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
-                    on_plan(plan)
-                audio = result.as_numpy("AUDIO")
-                if audio is not None and audio.size:
-                    yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+                chunk = chunk_of(result, on_plan, t0)
+                if chunk is not None:
+                    yield chunk
         finally:
             if not done:
                 responses.cancel()

@@ -22,10 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Self
 
-import numpy as np
 
-from client.request import grpc_inputs, is_final, plan_text, raise_if_failed
-from client.tts_client import Chunk
+from client.request import grpc_inputs, is_final, raise_if_failed
+from client.tts_client import Chunk, chunk_of
 
 
 @dataclass(frozen=True)
@@ -141,10 +140,8 @@ class AsyncTextStream:
             flushed = result.as_numpy("FLUSHED")
             if flushed is not None and flushed.size:
                 return Flushed(int(flushed.reshape(-1)[0]))
-            if self.on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
-                self.on_plan(plan)
-            audio = result.as_numpy("AUDIO")
-            if audio is not None and audio.size:
-                return Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - self.t0)
+            chunk = chunk_of(result, self.on_plan, self.t0)
+            if chunk is not None:
+                return chunk
         self.done = True
         raise StopAsyncIteration

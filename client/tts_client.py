@@ -56,6 +56,18 @@ class Chunk:
     arrival: float  # seconds since the request was sent
 
 
+def chunk_of(result, on_plan, t0: float) -> Chunk | None:
+    """One gRPC stream response -> its audio as a :class:`Chunk` (None when it carries none); a failure in
+    its FINISH_REASON raised (:func:`client.request.raise_if_failed`); its plan text to ``on_plan``."""
+    raise_if_failed(result.as_numpy("FINISH_REASON"))
+    if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+        on_plan(plan)
+    audio = result.as_numpy("AUDIO")
+    if audio is None or not audio.size:
+        return None
+    return Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+
+
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
     u = urlsplit(url if "://" in url else f"//{url}")
     return u.hostname or "127.0.0.1", u.port or default_port
@@ -186,12 +198,9 @@ class TTSClient:
                 if error is not None:  # the stream is cancelled below (the server may have ended it already)
                     raise grpc_error(error)
                 done = is_final(result)
-                raise_if_failed(result.as_numpy("FINISH_REASON"))
-                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
-                    on_plan(plan)
-                audio = result.as_numpy("AUDIO")
-                if audio is not None and audio.size:
-                    yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+                chunk = chunk_of(result, on_plan, t0)
+                if chunk is not None:
+                    yield chunk
         finally:
             stop.set()
             client.stop_stream(cancel_requests=not done)
@@ -222,12 +231,9 @@ class TTSClient:
                     done = True
                     raise grpc_error(error)
                 done = is_final(result)
-                raise_if_failed(result.as_numpy("FINISH_REASON"))
-                if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
-                    on_plan(plan)
-                audio = result.as_numpy("AUDIO")
-                if audio is not None and audio.size:
-                    yield Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+                chunk = chunk_of(result, on_plan, t0)
+                if chunk is not None:
+                    yield chunk
         finally:
             client.stop_stream(cancel_requests=not done)
             client.close()
