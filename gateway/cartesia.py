@@ -16,6 +16,7 @@ from engine import instructions
 from engine.params import SPEED, UTTERANCE_PARAMETERS, shown
 from engine.text import canonical_language
 from gateway.rates import RATES
+from serving.contract import SEED_RANGE, is_seed
 
 ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")  # Cartesia's output_format.encoding
 MAX_MESSAGE_CHARS = 64 * 1024  # a text message: a sentence or a token, with the options around it
@@ -131,7 +132,6 @@ def _options(body: dict, context_id: str) -> dict:
 
 VOLUMES = (0.5, 2.0)  # Cartesia's range for generation_config.volume
 EXTENSION_PARAMETERS = {p.name: p for p in UTTERANCE_PARAMETERS if p.name != "speed"}  # speed: generation_config
-SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 def _generation_config(config, fail) -> dict:
@@ -169,9 +169,8 @@ def _extensions(body: dict, fail) -> dict:
             fail(str(e), "instructions")
     seed = body.get("seed")
     if seed is not None:
-        lo, hi = SEED_RANGE
-        if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
-            fail(f"seed must be an integer in {lo}..{hi}, got {shown(seed)}", "seed")
+        if not is_seed(seed):
+            fail(f"seed must be an integer in {SEED_RANGE[0]}..{SEED_RANGE[1]}, got {shown(seed)}", "seed")
         out["seed"] = seed
     given = body.get("parameters")
     if given is not None:

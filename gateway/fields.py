@@ -14,8 +14,8 @@ from engine.params import UTTERANCE_PARAMETERS, shown
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
 from gateway.rates import check_rate
+from serving.contract import MAX_TEXT_CHARS, SEED_RANGE, is_seed
 
-MAX_INPUT_CHARS = 4000
 # OpenAI's stock voice names: they mean the default voice here (and with instructions, a voice designed from
 # them), unless a voice of that name is registered
 # (the openai SDK's literals for speech's voice, 3.57 and 6.x alike)
@@ -26,7 +26,6 @@ EXTRAS = {p.name: p for p in UTTERANCE_PARAMETERS}  # our parameters, as request
 STRINGS = ("model", "input", "response_format", "stream_format", "language", "instructions")
 NUMBERS = ("seed", "sample_rate")  # numbers that are not one of EXTRAS (OpenAI's speed is ours too)
 KNOWN = {*STRINGS, "voice", *NUMBERS, *EXTRAS}
-INT64 = (-(2**63), 2**63 - 1)
 JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 
@@ -102,8 +101,8 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     text = body.get("input")
     if text is None or not text.strip():
         raise APIError(400, "input must be a non-empty string", "input")
-    if len(text) > MAX_INPUT_CHARS:
-        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_INPUT_CHARS}", "input")
+    if len(text) > MAX_TEXT_CHARS:  # the server's TEXT limit, told as this field
+        raise APIError(400, f"input is {len(text)} characters; the limit is {MAX_TEXT_CHARS}", "input")
     fmt = body.get("response_format", "mp3")
     if fmt not in FORMATS:
         raise APIError(400, f"response_format must be one of {sorted(FORMATS)}, got {shown(fmt)}", "response_format")
@@ -125,9 +124,8 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     kw = {"text": text, "parameters": parameters, "language": body.get("language")}
     if "seed" in body:
         seed = body["seed"]
-        lo, hi = INT64
-        if isinstance(seed, bool) or not isinstance(seed, int) or not lo <= seed <= hi:
-            raise APIError(400, f"seed must be an integer in {lo}..{hi}, got {shown(described(seed))}", "seed")
+        if not is_seed(seed):
+            raise APIError(400, seed_message(described(seed)), "seed")
         kw["seed"] = seed
     if voice != "default":
         try:
@@ -143,6 +141,12 @@ async def speech_request(body: dict, voices: Callable[[], Awaitable[list[dict]]]
     if instruction is not None:
         kw["instruction"] = instruction  # a stock name or default is no real voice: design one
     return kw
+
+
+def seed_message(value) -> str:
+    """The 400 message for a ``seed`` that is not the server's SEED (:func:`serving.contract.is_seed`)."""
+    lo, hi = SEED_RANGE
+    return f"seed must be an integer in {lo}..{hi}, got {shown(value)}"
 
 
 def voice_field(value) -> str:

@@ -23,10 +23,10 @@ from engine.protocol import MAX_REFERENCE_SECONDS, SAMPLE_RATE
 from gateway.body import MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
-from gateway.fields import EXTRAS, INT64, STREAM_FORMATS, check_string, from_query, instruction_field
+from gateway.fields import EXTRAS, STREAM_FORMATS, check_string, from_query, instruction_field, seed_message
 from gateway.streaming import stream_response
+from serving.contract import VOICE_NAME, is_seed
 
-NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the voices model's rule, checked before a voice is designed
 MAX_SAMPLE_CHARS = 300  # the sample sentence a designed voice speaks once, to become its reference
 # The sample is one segment cut at the longest reference the voices model keeps (375 patches of 160 ms).
 MAX_SAMPLE_PATCHES = int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES
@@ -41,9 +41,8 @@ def seed_field(value) -> int | None:
         return None
     if isinstance(value, str) and INTEGER.fullmatch(value):
         value = int(value)
-    lo, hi = INT64
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise APIError(400, f"seed must be an integer in {lo}..{hi}, got {shown(value)}", "seed")
+    if not is_seed(value):
+        raise APIError(400, seed_message(value), "seed")
     return value
 
 
@@ -59,8 +58,8 @@ async def design_voice(tts: AsyncTTSClient, voices: VoiceClient, fields: Mapping
     returns it, plus ``plan``: the voice attributes the model worked out."""
     check_fields(fields, DESIGN_FIELDS)
     name = fields.get("name")
-    if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise APIError(400, f"name must match [A-Za-z0-9_-]{{1,64}}, got {shown(name)}", "name")
+    if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):  # the voices model's rule, checked first
+        raise APIError(400, f"name must match {VOICE_NAME.pattern}, got {shown(name)}", "name")
     instruction = instruction_field(fields.get("instructions"))
     if instruction is None:
         raise APIError(400, "instructions (the voice description) are required to design a voice", "instructions")

@@ -8,6 +8,7 @@ models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,17 @@ MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.
 SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's size
 # ... and the latents of the longest recording an Instruct edit takes (whole patches)
 MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
+
+# What a client's request may carry, checked where it enters (tts, the gateway) by these same values:
+MAX_TEXT_CHARS = 4000  # TEXT (the gateway's ``input``): characters before the front end (long texts: split)
+VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # VOICE_ID, the voices model's NAME: safe as a file name
+SEED_RANGE = (-(2**63), 2**63 - 1)  # SEED: an int64 (bool is no seed)
+
+
+def is_seed(value) -> bool:
+    """Whether ``value`` is a seed a request may carry: an int (not a bool) in :data:`SEED_RANGE`."""
+    return isinstance(value, int) and not isinstance(value, bool) and SEED_RANGE[0] <= value <= SEED_RANGE[1]
+
 
 # Triton config type -> (datatype on the wire, numpy dtype)
 _TYPES = {
@@ -231,8 +243,13 @@ GENERATOR_OUTPUTS = (
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,), doc=f'"" until LAST, then {FINISH_REASONS}'),
     Spec("SEAL", "TYPE_UINT64", (2,), doc="the chunk's index in its stream and the generator's MAC over the chunk"),
-    Spec("TEXT", "TYPE_STRING", (1,), doc='"" but on an Instruct stream\'s plan response (not LAST, no LATENTS), '
-         "which never goes to the vocoder: the text it wrote before it speaks"),
+    Spec(
+        "TEXT",
+        "TYPE_STRING",
+        (1,),
+        doc='"" but on an Instruct stream\'s plan response (not LAST, no LATENTS), '
+        "which never goes to the vocoder: the text it wrote before it speaks",
+    ),
 )
 
 # ---- vocoder (decoupled, its own engine thread, one instance, state per STREAM_ID) ----
@@ -251,7 +268,7 @@ VOCODER_ENSEMBLE_OUTPUTS = tuple(s for s in VOCODER_OUTPUTS if s.name in {e.name
 # ---- voices (named voice management; max_batch_size 0) ----
 VOICES_INPUTS = (
     Spec("ACTION", "TYPE_STRING", (1,), doc="add | list | remove | check (the admin key only)"),
-    Spec("NAME", "TYPE_STRING", (1,), True, "voice name, [A-Za-z0-9_-]{1,64}"),
+    Spec("NAME", "TYPE_STRING", (1,), True, f"voice name, {VOICE_NAME.pattern}"),
     Spec("REF_AUDIO", "TYPE_FP32", (-1,), True, "with add: the reference clip"),
     Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
     Spec("REF_TEXT", "TYPE_STRING", (1,), True),

@@ -40,7 +40,8 @@ from engine.config import cache_dir
 from engine.prompt import VoicePrompt
 from engine.protocol import SAMPLE_RATE
 from engine.resample import resample
-from serving.requests import NAME_RE, check_name
+from serving.contract import VOICE_NAME
+from serving.requests import check_name
 from serving.voice_files import (
     FORMAT_VERSION,
     PROMPT_SUFFIX,
@@ -306,7 +307,7 @@ class VoiceStore:
         out = []
         for s_path in sorted((self.root / "named").glob("*" + SOURCE_SUFFIX)):
             name = s_path.name[: -len(SOURCE_SUFFIX)]
-            if not NAME_RE.fullmatch(name):
+            if not VOICE_NAME.fullmatch(name):
                 continue
             try:
                 text, seconds = source_info(s_path)
