@@ -107,13 +107,22 @@ class Stream:
     def prefix_length(self) -> int:
         if self.instruct is not None:
             return self.tokens.shape[1]
-        return 1 + self.tokens.shape[1] + self.prompt.num_patches
+        return base_prefix(self.tokens.shape[1], self.prompt.num_patches)
 
     def positions_needed(self) -> int:
-        """Cache positions this stream may ever use: its prefix, the text phase's tokens and <|sosp|>
-        (at most MAX_TEXT_TOKENS + 1), one per patch."""
-        text = MAX_TEXT_TOKENS + 1 if self.instruct is not None and self.instruct.sampling is not None else 0
-        return self.prefix_length() + text + self.params.max_patches
+        writes_text = self.instruct is not None and self.instruct.sampling is not None
+        return positions_needed(self.prefix_length(), writes_text, self.params.max_patches)
+
+
+def base_prefix(tokens: int, prompt_patches: int) -> int:
+    """A Base stream's prefill length in positions: the speaker, ``tokens`` text tokens, the prompt's patches."""
+    return 1 + tokens + prompt_patches
+
+
+def positions_needed(prefix: int, writes_text: bool, max_patches: int) -> int:
+    """Cache positions a stream may ever use: its ``prefix``, the text phase's tokens and <|sosp|> (at most
+    MAX_TEXT_TOKENS + 1, for an Instruct task that ``writes_text``), one per patch."""
+    return prefix + (MAX_TEXT_TOKENS + 1 if writes_text else 0) + max_patches
 
 
 @dataclass

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
-from engine.chatml import MAX_TEXT_TOKENS
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import Stream
+from engine.generator_state import base_prefix, positions_needed
 from engine.orchestrator import Orchestrator, Segment
 from engine.prompt import VoicePrompt
 from engine.protocol import Chunk, end_chunk, failure_reason
@@ -70,12 +70,12 @@ class LocalGenerator:
                     segment.task, segment.instruction, segment.text, None if prompt is None else prompt.latents,
                     "" if prompt is None else prompt.text,
                 )  # fmt: skip
-                text = MAX_TEXT_TOKENS + 1 if given.sampling is not None else 0
-                service = self._service(len(given.tokens) + text + segment.params.max_patches)
+                need = positions_needed(len(given.tokens), given.sampling is not None, segment.params.max_patches)
+                service = self._service(need)
                 service.admit_instruct(segment.stream_id, given, segment.params, segment.schedule)
             else:
                 tokens = self.model.tokens(segment.text, segment.language, prompt)
-                need = 1 + len(tokens) + prompt.num_patches + segment.params.max_patches
+                need = positions_needed(base_prefix(len(tokens), prompt.num_patches), False, segment.params.max_patches)
                 service = self._service(need)
                 service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
             if self.on_admit is not None:
