@@ -192,3 +192,18 @@ TASK_DEFAULTS = {
     SEMANTIC_EDIT: TaskDefaults(1234, 1.2),
     ACOUSTIC_EDIT: TaskDefaults(1234, 1.2),
 }
+
+
+def task_instruction(task: str, instruction: str, field: str = "instruction") -> str:
+    """The instruction an Instruct ``task`` gives the model, checked and stripped: an acoustic edit's from
+    the templates (:func:`check_acoustic_edit`), a design's or a semantic edit's free text
+    (:func:`check_instruction`); cloning takes none, so "" (what it was given is not read).
+
+    Raises:
+        ValueError: naming ``field`` (an unknown task: naming the task).
+    """
+    if task not in TASK_DEFAULTS:
+        raise ValueError(f"unknown Instruct task {task!r}; choose from {list(TASK_DEFAULTS)}")
+    if task == CLONE:
+        return ""
+    return (check_acoustic_edit if task == ACOUSTIC_EDIT else check_instruction)(instruction, field)

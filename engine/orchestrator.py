@@ -20,7 +20,7 @@ import contextvars
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,16 +28,7 @@ import numpy as np
 from engine.chunking import ChunkSchedule
 from engine.frontend import Prepared, prepare
 from engine.frontend.text_in import TextInSegmenter
-from engine.instructions import (
-    ACOUSTIC_EDIT,
-    CLONE,
-    DESIGN,
-    EDITS,
-    SPEAK,
-    TASKS,
-    check_acoustic_edit,
-    check_instruction,
-)
+from engine.instructions import DESIGN, EDITS
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -46,7 +37,10 @@ from engine.time_stretch import TimeStretch
 
 @dataclass(frozen=True)
 class Utterance:
-    """What to say and how (the voice is passed separately, in whatever form the prompt encoder takes)."""
+    """What to say and how (the voice is passed separately, in whatever form the prompt encoder takes).
+
+    Built where a request enters (``serving.requests.parse_request``, :func:`engine.synthesize.instruct_run`)
+    from checked values; the orchestrator takes it as it is."""
 
     text: str
     language: str | None = None  # None or "auto": detected from the text
@@ -55,8 +49,8 @@ class Utterance:
     split_tokens: int = DEFAULT_SPLIT_TOKENS  # 0: one segment
     normalize: bool = True  # wetext text normalization (cleaning and splitting run regardless)
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
-    task: str = ""  # "" or "speak": Base; else an Instruct task (engine.instructions.TASKS)
-    instruction: str = ""  # Instruct: the voice description or the edit instruction
+    task: str = ""  # "": Base; else an Instruct task (engine.instructions.TASK_DEFAULTS' keys)
+    instruction: str = ""  # Instruct: the checked, stripped instruction (engine.instructions.task_instruction)
 
 
 @dataclass(frozen=True)
@@ -103,31 +97,6 @@ class Cut:
     text: str
     language: str
     last: bool = False  # the utterance's last segment (a text stream knows its last only at its end)
-
-
-INSTRUCT_TASKS = tuple(t for t in TASKS if t != SPEAK)
-
-
-def checked_instruction(task: str, instruction: str) -> str:
-    """The instruction a task sends the model (stripped); ValueError naming the field otherwise. Cloning
-    takes none (the model's cloning input has no place for one): it is ignored there."""
-    if task not in INSTRUCT_TASKS:
-        raise ValueError(f"unknown Instruct task {task!r}; choose from {list(INSTRUCT_TASKS)}")
-    if task == CLONE:
-        return ""
-    if task == ACOUSTIC_EDIT:
-        return check_acoustic_edit(instruction)
-    return check_instruction(instruction)
-
-
-def _checked(utterance: Utterance) -> Utterance:
-    """``utterance`` with its task spelled as the generator takes it ("" for Base) and its instruction checked."""
-    u = utterance
-    if u.task == SPEAK:  # Base, as ""
-        u = replace(u, task="")
-    if u.task:
-        u = replace(u, instruction=checked_instruction(u.task, u.instruction))
-    return u
 
 
 async def _ready(value):
@@ -213,7 +182,7 @@ class Orchestrator:
 
     async def _pieces(self, utterance: Utterance, voice: Any) -> AsyncIterator[Piece]:
         """The utterance's pieces at the speed the model speaks."""
-        u = _checked(utterance)
+        u = utterance
         if u.task in EDITS:  # the whole recording is edited: no text, one stream
             texts, language = [""], ""
         else:
@@ -255,7 +224,7 @@ class Orchestrator:
         return out if utterance.speed == 1.0 else stretched(out, utterance.speed)
 
     async def _text_pieces(self, utterance, voice, pieces: AsyncIterator[TextPiece], release: str):
-        u = _checked(utterance)
+        u = utterance
         if u.task in EDITS:
             raise ValueError(f"TASK {u.task} edits a recording and takes no text stream")
         segmenter = TextInSegmenter(u.language, self.count_tokens, u.split_tokens, u.normalize,

@@ -22,6 +22,7 @@ from engine.chunking import ChunkSchedule
 from engine.fireredtts3 import FireRedTTS3
 from engine.frontend.language import use_lid_model
 from engine.instruct import DEFAULTS, EDITS, Task, check_edit_length
+from engine.instructions import task_instruction
 from engine.local import local_orchestrator
 from engine.orchestrator import Utterance
 from engine.params import (
@@ -166,6 +167,7 @@ def instruct_run(
         if task in EDITS:
             check_edit_length(len(audio), sample_rate)
         voice = VoicePrompt(model.encode_latents(audio, sample_rate), torch.zeros(0), prompt_text)
+    instruction = task_instruction(task.value, instruction)  # this entry point's check: the orchestrator trusts it
     orchestrator = local_orchestrator(model)
     streams, latents = [], {}
     orchestrator.generator.on_admit = lambda segment, state: streams.append((segment.stream_id, state))

@@ -1,12 +1,13 @@
-"""Parsing and validating what clients send, without Triton: the ``tts`` request, its Instruct task, and
-a generator stream.
+"""A ``tts`` request checked once, where it enters: :func:`parse_request` turns its inputs as read off the
+wire (:class:`TTSInputs`) into a :class:`SpeechRequest`, a frozen value the orchestrator and the generator
+streams it opens take as it is (they check nothing of it again). Also the checks the other entry points
+share (a text field, a language, a seed, a voice name, a reference clip) and a generator stream's settings.
 
-Every error is a ValueError that names the input or parameter as the client spelled it.
+Every error is a ValueError that names the input or parameter as the client spelled it. No Triton here.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +29,24 @@ from engine.params import (
 )
 from engine.text import canonical_language
 from serving.auth import parameter_dict
-from serving.contract import TTS_PARAMETERS
+from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, is_seed
 
-MAX_TEXT_CHARS = 4000
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+@dataclass(frozen=True)
+class TTSInputs:
+    """A ``tts`` request's inputs and parameters as they came (``serving.triton_io.tts_inputs``), unchecked:
+    absent inputs are "" (strings), None (REF_AUDIO, SEED) or 0 (REF_SAMPLE_RATE)."""
+
+    text: str | None = ""  # TEXT; a text-in stream's is serving.text_streams.STREAMED
+    language: str | None = ""  # LANGUAGE
+    ref_audio: np.ndarray | None = None  # REF_AUDIO, as sent
+    ref_sample_rate: int | None = 0  # REF_SAMPLE_RATE (Hz)
+    ref_text: str | None = ""  # REF_TEXT
+    voice_id: str | None = ""  # VOICE_ID
+    seed: int | None = None  # SEED
+    parameters: str | dict | None = None  # the request parameters (JSON text inside Triton's Python stub)
+    task: str | None = ""  # TASK ("" or "speak": Base, unless INSTRUCTION is given)
+    instruction: str | None = ""  # INSTRUCTION
 
 
 @dataclass(frozen=True)
@@ -79,15 +94,16 @@ def check_text(text: str | None, field: str = "TEXT", required: bool = True, lim
 
 
 def check_seed(seed, field: str = "SEED") -> int | None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63):
+    """A seed (:func:`serving.contract.is_seed`), or None when absent."""
+    if seed is not None and not is_seed(seed):
         raise ValueError(f"{field} must be an int64, got {seed!r}")
     return seed
 
 
 def check_name(name: str, field: str = "NAME") -> str:
-    """A voice name: [A-Za-z0-9_-]{1,64}, safe as a file name."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise ValueError(f"{field}: voice name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+    """A voice name (:data:`serving.contract.VOICE_NAME`), safe as a file name."""
+    if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
+        raise ValueError(f"{field}: voice name must match {VOICE_NAME.pattern}, got {name!r}")
     return name
 
 
@@ -99,43 +115,6 @@ def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
     """
     audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
     return audio, int(sample_rate)
-
-
-def build_request(
-    text: str | None,
-    language: str | None,
-    ref_audio: np.ndarray | None,
-    ref_sample_rate: int | None,
-    ref_text: str | None,
-    voice_id: str | None,
-    seed: int | None,
-    parameters: str | dict | None,
-    instruct: InstructRequest | None = None,
-) -> tuple[Utterance, Voice]:
-    """Validate one ``tts`` request -> what to say and in which voice. ``instruct``: its Instruct task
-    (:func:`instruct_request`, already checked), whose defaults fill in the seed and ``cfg``; the edits
-    speak no text (their REF_AUDIO is the recording)."""
-    seed, parameters = with_task_defaults(instruct, seed, parameters)
-    editing = instruct is not None and instruct.task in EDITS
-    text = "" if editing else check_text(text)
-    language = check_language(language)
-    ref_text = check_text(ref_text or "", "REF_TEXT", required=False)
-    if ref_audio is not None:
-        if voice_id:
-            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
-        ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
-    elif ref_text:
-        raise ValueError("REF_TEXT was given without REF_AUDIO")
-    elif ref_sample_rate:
-        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
-    if voice_id:
-        check_name(voice_id, "VOICE_ID")
-    values = request_parameters(parameters)
-    params, schedule = generation_params(check_seed(seed), values)
-    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
-    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
-                          values["speed"], task, instruction)  # fmt: skip
-    return utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or "")
 
 
 def generation_request(
@@ -171,25 +150,68 @@ WITH_A_VOICE = (
 )
 
 
-def instruct_request(
-    task: str | None,
-    instruction: str | None,
-    text: str | None,
-    ref_audio: np.ndarray | None,
-    ref_sample_rate: int | None,
-    ref_text: str | None,
-    voice_id: str | None,
-) -> InstructRequest | None:
+@dataclass(frozen=True)
+class SpeechRequest:
+    """One ``tts`` request, checked (:func:`parse_request`): the orchestrator runs ``utterance`` in
+    ``voice`` as they are, and nothing after it checks them again."""
+
+    utterance: Utterance  # text, language, GenerationParams (seed, steps, cfg, max_patches), chunk schedule,
+    # split_tokens, normalize, speed, and the Instruct task ("": Base) and its stripped instruction
+    voice: Voice  # REF_AUDIO (float32, checked) and its rate, REF_TEXT, or VOICE_ID; all empty: a silent prompt
+    instruct: InstructRequest | None = None  # the Instruct task as asked (None: Base), for the served-model check
+
+
+def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
+    """Check one ``tts`` request -> what to say and in which voice; ValueError naming the input at fault.
+
+    The Instruct rules first (:func:`instruct_request`), then ``served.check`` (a
+    :class:`serving.served.ServedModels`, if given: whether this server runs the model the request needs),
+    then the inputs' own checks. An Instruct task's defaults fill in the seed and ``cfg`` the client did
+    not give; the edits speak no text (their REF_AUDIO is the recording)."""
+    instruct = instruct_request(inputs)
+    if served is not None:
+        served.check(instruct)
+    seed, parameters = with_task_defaults(instruct, inputs.seed, inputs.parameters)
+    text = "" if instruct is not None and instruct.task in EDITS else check_text(inputs.text)
+    language = check_language(inputs.language)
+    ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
+    ref_audio, ref_sample_rate, voice_id = inputs.ref_audio, inputs.ref_sample_rate, inputs.voice_id
+    if ref_audio is not None:
+        if voice_id:
+            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
+    elif ref_text:
+        raise ValueError("REF_TEXT was given without REF_AUDIO")
+    elif ref_sample_rate:
+        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
+    if voice_id:
+        check_name(voice_id, "VOICE_ID")
+    values = request_parameters(parameters)
+    params, schedule = generation_params(check_seed(seed), values)
+    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
+    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
+                          values["speed"], task, instruction)  # fmt: skip
+    return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""), instruct)
+
+
+def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     """Check how TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task,
     or None for Base (TASK ``speak`` without INSTRUCTION). The rules are ``serving.contract.TASK_RULES``.
 
     An absent input is None or "" (an INSTRUCTION of spaces is given, and empty). The voice's own checks
     (REF_AUDIO's samples, REF_TEXT without REF_AUDIO, VOICE_ID's spelling, TEXT's length) are
-    :func:`build_request`'s; for the edits this checks the recording and its length here.
+    :func:`parse_request`'s; for the edits this checks the recording and its length here.
 
     Raises:
         ValueError: naming the input at fault.
     """
+    task, instruction, text = inputs.task, inputs.instruction, inputs.text
+    ref_audio, ref_sample_rate, ref_text, voice_id = (
+        inputs.ref_audio,
+        inputs.ref_sample_rate,
+        inputs.ref_text,
+        inputs.voice_id,
+    )
     task = SPEAK if task is None or task == "" else task
     if task not in TASKS:
         raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
@@ -240,7 +262,7 @@ def _edit(task, instruction, text, ref_audio, ref_sample_rate, ref_text, voice_i
 def with_task_defaults(request: InstructRequest | None, seed: int | None, parameters: str | dict | None):
     """The seed and request parameters of a ``tts`` request with its Instruct task's defaults filled in
     where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for design, ...)
-    -> (seed, parameters as a dict), for :func:`build_request`. Base's (None) are returned as they are."""
+    -> (seed, parameters as a dict), for :func:`parse_request`. Base's (None) are returned as they are."""
     given = parameter_dict(parameters)
     if request is None:
         return seed, given

@@ -17,7 +17,7 @@ from engine.frontend.language import detect_language
 from engine.params import GENERATOR_PARAMETERS
 from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract
-from serving.requests import MAX_TEXT_CHARS, check_language, check_text, generation_request
+from serving.requests import MAX_TEXT_CHARS, TTSInputs, generation_request
 
 SPOKEN_TEXT_CHARS = 4 * MAX_TEXT_CHARS  # what the generator takes: a text after the front end
 
@@ -99,6 +99,23 @@ def string(pb, request, name: str, default: str | None = None) -> str | None:
         return contract.text_of(arr)
     except UnicodeDecodeError:
         raise ValueError(f"{name} is not valid UTF-8") from None
+
+
+def tts_inputs(pb, request, text: str | None = None) -> TTSInputs:
+    """A ``tts`` request's inputs and parameters, read once (:func:`serving.requests.parse_request` checks
+    them); ``text``: what stands for TEXT (a text-in stream's, whose text comes in later pieces)."""
+    return TTSInputs(
+        text=string(pb, request, "TEXT", "") if text is None else text,
+        language=string(pb, request, "LANGUAGE", ""),
+        ref_audio=get(pb, request, "REF_AUDIO", required=False),
+        ref_sample_rate=scalar(pb, request, "REF_SAMPLE_RATE", 0),
+        ref_text=string(pb, request, "REF_TEXT", ""),
+        voice_id=string(pb, request, "VOICE_ID", ""),
+        seed=scalar(pb, request, "SEED", None),
+        parameters=request.parameters(),
+        task=string(pb, request, "TASK", ""),
+        instruction=string(pb, request, "INSTRUCTION", ""),
+    )
 
 
 def bytes_tensor(pb, name: str, text: str, batch: bool = True):
@@ -205,38 +222,60 @@ def read_chunk(tensor):
 
 
 def stream_request(pb, request, model, parameters: str | dict | None = None):
-    """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule); ValueError naming
-    the input for bad input. ``parameters``: the request's, if already read (default: all of them).
-    TEXT is spoken as given: tts and tts_ensemble's prompt_encoder have run the front end on it. Used by
-    the generator model (and the benchmark's engine-thread variant)."""
-    import torch
+    """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule), or for an Instruct
+    stream (InstructInput, GenerationParams, chunk schedule). ``parameters``: the request's, if already read
+    (default: all of them). Used by the generator model (and the benchmark's engine-thread variant).
 
-    from engine.prompt import VoicePrompt
-
+    Only the pipeline reaches the generator (its name is the run's secret): ``tts``, which checked its
+    client's request once (:func:`serving.requests.parse_request`), and ``tts_ensemble``'s
+    ensemble_generator, which checks its own. So TEXT (spoken as given: the front end has run on it),
+    LANGUAGE, TASK and INSTRUCTION are taken as they come; what is checked here is what the generator
+    itself needs: the size of every tensor before anything is copied, and that it runs the model asked for.
+    """
     task = string(pb, request, "TASK", "")
     if task:
         return _instruct_request(pb, request, model, task, parameters)
     if "base" not in model.models.cores:
         raise ValueError("this server does not run FireRedTTS3-Base: it runs only " + ", ".join(model.models.cores))
-    # normalized text: numbers read out make it several times what the client sent ("2024" -> "twenty
-    # twenty four"); the client's own text was held to MAX_TEXT_CHARS before the front end
-    text = check_text(string(pb, request, "TEXT"), limit=SPOKEN_TEXT_CHARS)
-    language = check_language(string(pb, request, "LANGUAGE", "")) or detect_language(text)
-    given = request.parameters() if parameters is None else parameters
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
-    rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
-    latents = rows.astype(np.float32)
+    text = _spoken_text(pb, request)
+    language = string(pb, request, "LANGUAGE", "") or detect_language(text)
+    params, schedule = _settings(pb, request, parameters)
+    latents = _prompt_rows(pb, request).astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
     speaker = speaker.astype(np.float32)
-    text_of_prompt = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
+    prompt = _voice_prompt(latents, speaker, string(pb, request, "PROMPT_TEXT", ""))
+    return model.tokens(text, language, prompt), prompt, params, schedule
+
+
+def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -> str:
+    """A text after the front end, bounded: numbers read out make it several times what the client sent
+    ("2024" -> "twenty twenty four"; the client's own text was held to MAX_TEXT_CHARS)."""
+    text = string(pb, request, field, default)
+    if len(text) > SPOKEN_TEXT_CHARS:
+        raise ValueError(f"{field} is {len(text)} characters; the limit is {SPOKEN_TEXT_CHARS}")
+    return text
+
+
+def _settings(pb, request, parameters):
+    given = request.parameters() if parameters is None else parameters
+    return generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
+
+
+def _prompt_rows(pb, request) -> np.ndarray:
+    return latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
+
+
+def _voice_prompt(latents: np.ndarray, speaker: np.ndarray, text: str):
+    import torch
+
+    from engine.prompt import VoicePrompt
+
     try:
-        latents_t = torch.from_numpy(latents)
-        prompt = VoicePrompt(latents_t, torch.from_numpy(speaker), text_of_prompt)
+        return VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker), text)
     except ValueError as e:
         raise ValueError(f"PROMPT_LATENTS: {e}") from None
-    return model.tokens(text, language, prompt), prompt, params, schedule
 
 
 def _instruct_request(pb, request, model, task: str, parameters):
@@ -245,27 +284,13 @@ def _instruct_request(pb, request, model, task: str, parameters):
 
     from engine import instructions
 
-    if task not in instructions.TASKS or task == instructions.SPEAK:
-        raise ValueError(f"TASK must be one of {', '.join(t for t in instructions.TASKS if t != instructions.SPEAK)}")
     if "instruct" not in model.models.cores:
         raise ValueError(f"TASK {task} needs FireRedTTS3-Instruct, which this server does not run (start it with "
                          "--models base,instruct on a checkpoint that has fireredtts3_instruct/)")  # fmt: skip
-    instruction = string(pb, request, "INSTRUCTION", "")
-    if task == instructions.ACOUSTIC_EDIT:
-        instruction = instructions.check_acoustic_edit(instruction, "INSTRUCTION")
-    elif task in (instructions.DESIGN, instructions.SEMANTIC_EDIT):
-        instruction = instructions.check_instruction(instruction, "INSTRUCTION")
-    elif instruction:
-        raise ValueError(f"TASK {task} takes no INSTRUCTION")
-    text = string(pb, request, "TEXT", "")
-    if task in instructions.EDITS:
-        if text:
-            raise ValueError(f"TASK {task} takes no TEXT")
-    else:
-        text = instructions.check_spoken_text(check_text(text, limit=SPOKEN_TEXT_CHARS), "TEXT")
-    given = request.parameters() if parameters is None else parameters
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
-    rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
+    instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
+    text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
+    params, schedule = _settings(pb, request, parameters)
+    rows = _prompt_rows(pb, request)
     if task == instructions.DESIGN:
         if len(rows):
             raise ValueError(f"TASK {task} takes no PROMPT_LATENTS: it designs the voice")
@@ -278,7 +303,5 @@ def _instruct_request(pb, request, model, task: str, parameters):
         latents = torch.from_numpy(rows.astype(np.float32))
         if not torch.isfinite(latents).all():
             raise ValueError("PROMPT_LATENTS has non-finite values")
-    prompt_text = string(pb, request, "PROMPT_TEXT", "") if task == instructions.CLONE else ""
-    if prompt_text:
-        prompt_text = instructions.check_spoken_text(check_text(prompt_text, "PROMPT_TEXT"), "PROMPT_TEXT")
+    prompt_text = _spoken_text(pb, request, "PROMPT_TEXT", "").strip() if task == instructions.CLONE else ""
     return model.instruct_input(task, instruction, text, latents, prompt_text), params, schedule

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.instructions import ACOUSTIC_TEMPLATES, MAX_INSTRUCTION_CHARS
-from serving.requests import InstructRequest, build_request, instruct_request, with_task_defaults
+from serving.requests import InstructRequest, TTSInputs, instruct_request, parse_request, with_task_defaults
 
 RATE = 16000
 CLIP = np.zeros(RATE, np.float32)  # 1 s of silence
@@ -19,7 +19,7 @@ INPUTS = ("TASK", "INSTRUCTION", "TEXT", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TE
 def ask(task=None, instruction=None, text="Hello.", audio=None, rate=None, ref_text=None, voice_id=None):
     if audio is not None and rate is None:
         rate = RATE
-    return instruct_request(task, instruction, text, audio, rate, ref_text, voice_id)
+    return instruct_request(TTSInputs(text, None, audio, rate, ref_text, voice_id, task=task, instruction=instruction))
 
 
 @pytest.mark.parametrize(
@@ -90,12 +90,12 @@ def test_refused_combinations_name_the_input(kw, field, words):
 
 def test_thirty_seconds_is_the_edit_limit_at_any_rate():
     for rate in (8000, 24000, 44100):
-        edit = instruct_request("acoustic_edit", "adjust the volume to 0.5", "", np.zeros(30 * rate, np.float32),
-                                rate, None, None)  # fmt: skip
+        edit = instruct_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate, task="acoustic_edit",
+                                          instruction="adjust the volume to 0.5"))  # fmt: skip
         assert edit == InstructRequest("acoustic_edit", "adjust the volume to 0.5")
         with pytest.raises(ValueError, match="REF_AUDIO is 30.0 s"):  # one sample over
-            instruct_request("acoustic_edit", "adjust the volume to 0.5", "", np.zeros(30 * rate + 1, np.float32),
-                             rate, None, None)  # fmt: skip
+            instruct_request(TTSInputs("", None, np.zeros(30 * rate + 1, np.float32), rate, task="acoustic_edit",
+                                       instruction="adjust the volume to 0.5"))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -105,15 +105,19 @@ def test_thirty_seconds_is_the_edit_limit_at_any_rate():
 def test_the_release_defaults_reach_the_generation_settings(task, seed, cfg):
     """The release's seed and cfg per task (core.py) when the client gives none; the client's otherwise."""
     request = InstructRequest(task, "")
-    utterance, _ = build_request("Hi.", None, None, None, None, None, *with_task_defaults(request, None, None))
+    utterance = parse_request(
+        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(request, None, None))
+    ).utterance
     assert (utterance.params.seed, utterance.params.cfg) == (seed, cfg)
     given_seed, given = with_task_defaults(request, 7, '{"cfg": 3.5, "steps": 4}')
-    utterance, _ = build_request("Hi.", None, None, None, None, None, given_seed, given)
+    utterance = parse_request(TTSInputs("Hi.", None, None, None, None, None, given_seed, given)).utterance
     assert (utterance.params.seed, utterance.params.cfg, utterance.params.steps) == (7, 3.5, 4)
 
 
 def test_base_keeps_its_defaults():
-    utterance, _ = build_request("Hi.", None, None, None, None, None, *with_task_defaults(None, None, None))
+    utterance = parse_request(
+        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(None, None, None))
+    ).utterance
     assert (utterance.params.seed, utterance.params.cfg) == (1234, 2.0)
 
 
@@ -126,7 +130,9 @@ audio = st.none() | st.sampled_from([CLIP, np.full(RATE, 2.0, np.float32), np.ze
        texts, audio, st.none() | st.sampled_from([RATE, 0, -1, 10**12]), texts, texts)  # fmt: skip
 def test_any_combination_is_a_task_or_an_error_naming_an_input(task, instruction, text, audio, rate, ref_text, voice):
     try:
-        result = instruct_request(task, instruction, text, audio, rate, ref_text, voice)
+        result = instruct_request(
+            TTSInputs(text, None, audio, rate, ref_text, voice, task=task, instruction=instruction)
+        )
     except ValueError as e:
         assert any(name in str(e) for name in INPUTS), str(e)
         return

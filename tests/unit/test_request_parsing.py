@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 from engine.audio import MAX_REFERENCE_PEAK, MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from engine.text import DIALECTS, LANGUAGES
 from serving.contract import TTS_PARAMETERS
-from serving.requests import build_request, check_language, check_ref_audio, check_text, request_parameters
+from serving.requests import TTSInputs, check_language, check_ref_audio, check_text, parse_request, request_parameters
 from serving.triton_io import string
 
 SPECS = {p.name: p for p in TTS_PARAMETERS}
@@ -29,6 +29,12 @@ scalars = (
 json_values = st.recursive(scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=4), v, max_size=3),
                            max_leaves=6)  # fmt: skip
 keys = st.sampled_from(sorted(SPECS)) | st.text(max_size=10)
+
+
+def build_request(*inputs):
+    """A ``tts`` request's (utterance, voice) from its inputs in :class:`TTSInputs`' order, as tts parses it."""
+    speech = parse_request(TTSInputs(*inputs))
+    return speech.utterance, speech.voice
 
 
 def names(key: str, message: str) -> bool:

@@ -13,11 +13,17 @@ from engine.vocoder_service import VocoderService
 from serving import contract
 from serving.cancel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render
-from serving.requests import build_request, request_parameters
+from serving.requests import TTSInputs, parse_request, request_parameters
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 
 EMPTY = np.zeros((0, 64), np.float32)
+
+
+def build_request(*inputs):
+    """A ``tts`` request's (utterance, voice) from its inputs in :class:`TTSInputs`' order, as tts parses it."""
+    speech = parse_request(TTSInputs(*inputs))
+    return speech.utterance, speech.voice
 
 
 def test_committed_configs_match_the_contract():

@@ -21,19 +21,11 @@ from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.metric_batch import MetricBatch
 from serving.model_options import TTSOptions
-from serving.requests import build_request, instruct_request
+from serving.requests import parse_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
 from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
-from serving.triton_io import (
-    checkpoint_path,
-    error_response,
-    get,
-    scalar,
-    setup_logging,
-    string,
-    tensors,
-)
+from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors, tts_inputs
 from serving.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
@@ -158,20 +150,13 @@ class TritonPythonModel:
         that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         try:
-            text, ref_audio = string(pb, request, "TEXT", ""), get(pb, request, "REF_AUDIO", required=False)
-            if stream is not None:
-                text, release = STREAMED, release_of(pb, request)
-            rate, ref_text = scalar(pb, request, "REF_SAMPLE_RATE", 0), string(pb, request, "REF_TEXT", "")
-            voice_id = string(pb, request, "VOICE_ID", "")
-            instruct = instruct_request(string(pb, request, "TASK", ""), string(pb, request, "INSTRUCTION", ""),
-                                        text, ref_audio, rate, ref_text, voice_id)  # fmt: skip
-            self.served.check(instruct)
-            utterance, voice = build_request(text, string(pb, request, "LANGUAGE", ""), ref_audio, rate, ref_text,
-                                             voice_id, scalar(pb, request, "SEED", None), request.parameters(),
-                                             instruct)  # fmt: skip
+            inputs = tts_inputs(pb, request, None if stream is None else STREAMED)
+            release = None if stream is None else release_of(pb, request)
+            speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
+            utterance = speech.utterance
             sent = 0
-            run = (self.orchestrator.run(utterance, voice) if stream is None
-                   else self.orchestrator.run_text(utterance, voice, stream.read(), release))  # fmt: skip
+            run = (self.orchestrator.run(utterance, speech.voice) if stream is None
+                   else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release))  # fmt: skip
             async with contextlib.aclosing(run) as pieces:
                 async for piece in pieces:
                     # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
