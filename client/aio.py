@@ -17,19 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Self
+from collections.abc import AsyncIterator
+from typing import Self, Unpack
 
 import numpy as np
 
-from client.request import (
-    edit_task,
-    grpc_error,
-    grpc_inputs,
-    is_final,
-    request_fields,
-    with_speed,
-)
+from client.request import RequestSettings, TTSRequest, edit_task, grpc_error, grpc_inputs, is_final
 from client.text_in import AsyncTextStream
 from client.tts_client import Chunk, _host_port, chunk_of
 
@@ -108,31 +101,17 @@ class AsyncTTSClient:
                 self._unreachable(client)
             raise error from None
 
-    async def stream(
-        self,
-        text: str | None,
-        language: str | None = None,
-        ref_audio: np.ndarray | None = None,
-        ref_sample_rate: int | None = None,
-        ref_text: str | None = None,
-        voice_id: str | None = None,
-        seed: int | None = None,
-        parameters: dict | None = None,
-        instruction: str | None = None,
-        task: str | None = None,
-        on_plan: Callable[[str], None] | None = None,
-        speed: float | None = None,
-    ) -> AsyncIterator[Chunk]:
-        """Chunks as the server sends them (see :meth:`client.TTSClient.stream`: ``on_plan`` gets the plan
-        text before the first chunk; ``speed`` is the ``speed`` parameter)."""
+    async def stream(self, text: str | None, **settings: Unpack[RequestSettings]) -> AsyncIterator[Chunk]:
+        """Chunks as the server sends them (``settings``: as :meth:`client.TTSClient.stream`'s; ``on_plan``
+        gets the plan text before the first chunk; ``speed`` is the ``speed`` parameter)."""
         import grpc  # here, not at import time: `import client` stays light (and gevent-agnostic)
 
-        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
-                                task)  # fmt: skip
+        tts_request = TTSRequest.of(text, settings)
+        on_plan = tts_request.on_plan
         request = {
             "model_name": self.model,
-            "inputs": grpc_inputs(fields, model=self.model),
-            "parameters": with_speed(parameters, speed),
+            "inputs": grpc_inputs(tts_request.fields, model=self.model),
+            "parameters": tts_request.parameters,
         }
 
         async def one_request():
@@ -173,37 +152,23 @@ class AsyncTTSClient:
             self._unreachable(client)
         return exc
 
-    async def open_text(
-        self,
-        language: str | None = None,
-        ref_audio: np.ndarray | None = None,
-        ref_sample_rate: int | None = None,
-        ref_text: str | None = None,
-        voice_id: str | None = None,
-        seed: int | None = None,
-        parameters: dict | None = None,
-        instruction: str | None = None,
-        task: str | None = None,
-        on_plan: Callable[[str], None] | None = None,
-        speed: float | None = None,
-        release: str | None = None,
-    ) -> AsyncTextStream:
+    async def open_text(self, *, release: str | None = None, **settings: Unpack[RequestSettings]) -> AsyncTextStream:
         """Open a text-in stream (:mod:`client.text_in`): ``await ts.send(text, flush=False)``, ``await
         ts.end()``, ``await ts.cancel()``, ``async for item in ts`` (:class:`Chunk` and :class:`Flushed`).
-        The fields are :meth:`stream`'s; ``release``: ``sentence`` (the server's default: a segment is also
+        ``settings``: :meth:`stream`'s; ``release``: ``sentence`` (the server's default: a segment is also
         cut at each sentence end) or ``flush`` (only at flushes and the end). The request goes out now: the
         server admits the stream and encodes the voice while the text is still being written."""
-        fields = request_fields(None, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
-                                task)  # fmt: skip
-        if release is not None:
-            fields["RELEASE"] = release
-        return AsyncTextStream(self, fields, with_speed(parameters, speed), on_plan)
+        request = TTSRequest.of(None, settings)
+        fields = request.fields if release is None else {**request.fields, "RELEASE": release}
+        return AsyncTextStream(self, fields, request.parameters, request.on_plan)
 
-    async def stream_text(self, pieces, flush: bool = False, **fields) -> AsyncIterator[Chunk]:
+    async def stream_text(
+        self, pieces, flush: bool = False, release: str | None = None, **settings: Unpack[RequestSettings]
+    ) -> AsyncIterator[Chunk]:
         """The audio of a text sent as ``pieces`` (an iterable or async iterable of str, read as they come),
-        as it is made; ``flush``: flush after every piece; ``fields``: as :meth:`open_text`. Leaving early
-        cancels the stream on the server."""
-        text_stream = await self.open_text(**fields)
+        as it is made; ``flush``: flush after every piece; ``release`` and ``settings``: as :meth:`open_text`.
+        Leaving early cancels the stream on the server."""
+        text_stream = await self.open_text(release=release, **settings)
 
         async def feed():
             try:
@@ -230,12 +195,13 @@ class AsyncTTSClient:
                 feeder.cancel()
             await text_stream.cancel()
 
-    def edit(self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw):
+    def edit(self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic",
+             **kw: Unpack[RequestSettings]):  # fmt: skip
         """``recording`` edited as ``instruction`` says, streamed (see :meth:`client.TTSClient.edit`)."""
         return self.stream(None, ref_audio=recording, ref_sample_rate=sample_rate, instruction=instruction,
                            task=edit_task(kind), **kw)  # fmt: skip
 
-    async def synthesize(self, text: str | None, **kw) -> np.ndarray:
+    async def synthesize(self, text: str | None, **kw: Unpack[RequestSettings]) -> np.ndarray:
         """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio async for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)

@@ -7,6 +7,9 @@ protocols send exactly the same fields.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -63,28 +66,59 @@ def server_error(message: str) -> TTSError:
     return ERRORS[kind](text)
 
 
-def request_fields(
-    text: str | None,
-    language: str | None = None,
-    ref_audio: np.ndarray | None = None,
-    ref_sample_rate: int | None = None,
-    ref_text: str | None = None,
-    voice_id: str | None = None,
-    seed: int | None = None,
-    instruction: str | None = None,
-    task: str | None = None,
-) -> dict:
-    """Input name -> value for the inputs that are given (``None`` means: leave it to the server's default).
+class RequestSettings(TypedDict, total=False):
+    """Every setting of one ``tts`` request but its text, all optional (absent or None: the server's default):
+    the keywords of ``TTSClient.stream`` / ``synthesize`` / ``stream_text`` / ``edit`` and of
+    ``AsyncTTSClient.stream`` / ``synthesize`` / ``open_text`` / ``stream_text`` / ``edit``, written once here."""
 
-    ``ref_audio`` is mono float samples in [-1, 1], shape (n,), at ``ref_sample_rate`` Hz (for an edit:
-    the recording to edit). ``instruction`` and ``task``: FireRedTTS3-Instruct's (``TASK`` in the contract).
-    """
-    fields = {"TEXT": text, "LANGUAGE": language, "REF_TEXT": ref_text, "VOICE_ID": voice_id, "SEED": seed,
-              "INSTRUCTION": instruction, "TASK": task}  # fmt: skip
-    if ref_audio is not None:
-        fields["REF_AUDIO"] = np.asarray(ref_audio, np.float32).reshape(-1)
-        fields["REF_SAMPLE_RATE"] = ref_sample_rate
-    return {k: v for k, v in fields.items() if v is not None}
+    language: str | None  # LANGUAGE: a language or dialect name; detected from the text when absent
+    ref_audio: np.ndarray | None  # REF_AUDIO: (n,) mono float in [-1, 1] (an edit's: the recording to edit)
+    ref_sample_rate: int | None  # REF_SAMPLE_RATE of ref_audio, in Hz
+    ref_text: str | None  # REF_TEXT: the transcript of ref_audio
+    voice_id: str | None  # VOICE_ID: a registered voice (instead of ref_audio)
+    seed: int | None  # SEED
+    parameters: dict | None  # the request parameters (serving.contract.TTS_PARAMETERS: steps, cfg, ...)
+    instruction: str | None  # INSTRUCTION (FireRedTTS3-Instruct): with no voice, designs one
+    task: str | None  # TASK: ``clone`` for Instruct cloning, the edits' (see edit_task)
+    on_plan: Callable[[str], None] | None  # called with PLAN_TEXT (a design's plan, an edit's new transcript)
+    speed: float | None  # the ``speed`` parameter, as a keyword (1.0: as the model speaks)
+
+
+SETTINGS = tuple(RequestSettings.__annotations__)
+# setting -> the input it fills (ref_audio and ref_sample_rate go together, below)
+INPUTS = {"language": "LANGUAGE", "ref_text": "REF_TEXT", "voice_id": "VOICE_ID", "seed": "SEED",
+          "instruction": "INSTRUCTION", "task": "TASK"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TTSRequest:
+    """One ``tts`` request as every client sends it (:meth:`of`): gRPC and HTTP, sync and asyncio, one
+    request or a text-in stream's first."""
+
+    fields: dict  # input name -> value, the given ones (grpc_inputs, http_body)
+    parameters: dict  # the request parameters, speed included
+    on_plan: Callable[[str], None] | None = None
+
+    @classmethod
+    def of(cls, text: str | None, settings: Mapping) -> TTSRequest:
+        """``text`` (None: none, as for the edits and text-in streams) and :class:`RequestSettings`; a
+        TypeError names a keyword that is not one, as Python does for a function's."""
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise TypeError(
+                f"unexpected keyword argument {unknown[0]!r}; the request settings are {', '.join(SETTINGS)}"
+            )
+        fields = {"TEXT": text} | {name: settings.get(key) for key, name in INPUTS.items()}
+        if settings.get("ref_audio") is not None:
+            fields["REF_AUDIO"] = np.asarray(settings["ref_audio"], np.float32).reshape(-1)
+            fields["REF_SAMPLE_RATE"] = settings.get("ref_sample_rate")
+        fields = {k: v for k, v in fields.items() if v is not None}
+        return cls(fields, with_speed(settings.get("parameters"), settings.get("speed")), settings.get("on_plan"))
+
+
+def request_fields(text: str | None, **settings: Unpack[RequestSettings]) -> dict:
+    """Input name -> value for the inputs that are given (``None`` means: leave it to the server's default)."""
+    return TTSRequest.of(text, settings).fields
 
 
 def with_speed(parameters: dict | None, speed: float | None) -> dict:

@@ -18,8 +18,9 @@ import http.client
 import json
 import queue
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Unpack
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -39,9 +40,9 @@ from client.request import (
     is_final,
     plan_text,
     raise_if_failed,
-    request_fields,
+    RequestSettings,
+    TTSRequest,
     server_error,
-    with_speed,
 )
 
 __all__ = [
@@ -97,66 +98,48 @@ class TTSClient:
         self.stream_timeout = stream_timeout or 10 * timeout
         self.host, self.port = _host_port(url, 8001 if protocol == "grpc" else 8000)
 
-    def stream(
-        self,
-        text: str | None,
-        language: str | None = None,
-        ref_audio: np.ndarray | None = None,
-        ref_sample_rate: int | None = None,
-        ref_text: str | None = None,
-        voice_id: str | None = None,
-        seed: int | None = None,
-        parameters: dict | None = None,
-        instruction: str | None = None,
-        task: str | None = None,
-        on_plan: Callable[[str], None] | None = None,
-        speed: float | None = None,
-    ) -> Iterator[Chunk]:
-        """Chunks as the server sends them; ``parameters`` are the tts request parameters
-        (``serving.contract.TTS_PARAMETERS``: steps, cfg, ..., speed). ``ref_audio``: (n,) float in [-1, 1].
-        ``speed``: the speaking rate (1.0 as the model speaks; the ``speed`` parameter, as a keyword).
+    def stream(self, text: str | None, **settings: Unpack[RequestSettings]) -> Iterator[Chunk]:
+        """Chunks as the server sends them. ``settings``: :class:`client.request.RequestSettings` (the voice,
+        seed, request ``parameters``, ``speed``, Instruct's ``instruction`` and ``task``, ``on_plan``).
 
         ``instruction`` with no voice designs one (FireRedTTS3-Instruct); ``task`` is the contract's TASK
         (``clone`` for Instruct cloning; :meth:`edit` for the edits). ``on_plan`` is called with the
         plan text (a designed voice's attributes, a semantic edit's new transcript) when it arrives,
         before the first chunk."""
-        fields = request_fields(text, language, ref_audio, ref_sample_rate, ref_text, voice_id, seed, instruction,
-                                task)  # fmt: skip
-        parameters = with_speed(parameters, speed)
+        request = TTSRequest.of(text, settings)
         if self.protocol == "grpc":
-            return self._grpc(fields, parameters, on_plan)
-        return self._http(fields, parameters, on_plan)
+            return self._grpc(request.fields, request.parameters, request.on_plan)
+        return self._http(request.fields, request.parameters, request.on_plan)
 
     def edit(
-        self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic", **kw
-    ) -> Iterator[Chunk]:
+        self, recording: np.ndarray, sample_rate: int, instruction: str, kind: str = "semantic",
+        **kw: Unpack[RequestSettings],
+    ) -> Iterator[Chunk]:  # fmt: skip
         """Stream ``recording`` ((n,) float in [-1, 1], at most 30 s) edited as ``instruction`` says:
         ``kind`` ``semantic`` changes its words ("Replace 'cats' with 'dogs'."; ``on_plan`` gets the new
         transcript), ``acoustic`` its speed, pitch or volume (the model's templates). ``kw``: as :meth:`stream`."""
         return self.stream(None, ref_audio=recording, ref_sample_rate=sample_rate, instruction=instruction,
                            task=edit_task(kind), **kw)  # fmt: skip
 
-    def synthesize(self, text: str | None, **kw) -> np.ndarray:
+    def synthesize(self, text: str | None, **kw: Unpack[RequestSettings]) -> np.ndarray:
         """The whole utterance as one array, shape (n,) float32 at 24 kHz."""
         chunks = [c.audio for c in self.stream(text, **kw)]
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
     def stream_text(self, pieces: Iterable[str], flush: bool = False, release: str | None = None,
-                    **kw) -> Iterator[Chunk]:  # fmt: skip
+                    **settings: Unpack[RequestSettings]) -> Iterator[Chunk]:  # fmt: skip
         """The audio of a text sent as ``pieces`` (read as they come, on a thread of their own: an LLM's
         tokens, stdin's lines), as a text-in stream (gRPC only; see :mod:`client.text_in`). ``flush``: flush
-        after every piece; ``release``: ``sentence`` (the server's default) or ``flush``; ``kw``: the
-        fields of :meth:`stream`. Leaving early cancels the stream on the server."""
+        after every piece; ``release``: ``sentence`` (the server's default) or ``flush``; ``settings``: as
+        :meth:`stream`'s. Leaving early cancels the stream on the server."""
         from client.text_in import piece_request, sequence_id
 
         if self.protocol != "grpc":
             raise ValueError("text-in streams need gRPC (HTTP generate_stream carries no sequence id)")
-        on_plan = kw.pop("on_plan", None)
-        parameters = with_speed(kw.pop("parameters", None), kw.pop("speed", None))
-        fields = request_fields(None, **kw)
-        if release is not None:
-            fields["RELEASE"] = release
-        return self._text_stream(pieces, flush, fields, parameters, on_plan, piece_request, sequence_id())
+        request = TTSRequest.of(None, settings)
+        fields = request.fields if release is None else {**request.fields, "RELEASE": release}
+        return self._text_stream(pieces, flush, fields, request.parameters, request.on_plan, piece_request,
+                                 sequence_id())  # fmt: skip
 
     def _text_stream(self, pieces, flush, fields, parameters, on_plan, piece_request, sequence) -> Iterator[Chunk]:
         import threading

@@ -245,7 +245,7 @@ def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: 
 
     from client.request import grpc_inputs, request_fields
 
-    fields = request_fields("Nobody reads this.", None, None, None, None, None, 1, None, None)
+    fields = request_fields("Nobody reads this.", seed=1)
     request = _get_inference_request("tts", grpc_inputs(fields), "", "", None, 0, False, False, 0, None,
                                      {"max_patches": max_patches, "chunk_first": 1, "chunk_next": 1})  # fmt: skip
     hold = threading.Event()
