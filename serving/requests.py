@@ -16,11 +16,12 @@ from engine import instructions
 from engine.audio import check_reference
 from engine.chunking import ChunkSchedule
 from engine.frontend.cleaning import clean
-from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
+from engine.instructions import CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
 from engine.params import (
     BUFFERED_MS,
     GENERATION_PARAMETERS,
+    GENERATOR_PARAMETERS,
     GenerationParams,
     Parameter,
     generation_params,
@@ -126,13 +127,25 @@ def generation_request(
 
 
 def generator_parameters(params: GenerationParams, schedule: ChunkSchedule) -> dict[str, int | str | bool]:
-    """The request parameters of a generator stream (GENERATOR_PARAMETERS, which :func:`generation_request`
+    """The request parameters of a generator stream (GENERATOR_PARAMETERS, which :func:`stream_settings`
     reads back); floats as their text: BLS requests cannot carry floats (they do carry bools). The seed
     travels as SEED; what the listener holds (a later text segment's) as whole milliseconds, if any."""
     given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
              "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
     buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
     return given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
+
+
+def stream_settings(seed: int | None, given: dict) -> tuple[GenerationParams, ChunkSchedule]:
+    """A generator stream's SEED and request parameters as the pipeline wrote them (:func:`generator_parameters`,
+    or ensemble_generator's :func:`generation_request`) -> (GenerationParams, chunk schedule), read back
+    without checking the ranges again: they were checked where the request entered, and only requests that
+    carry the internal key reach the generator. An absent one is its default; an unknown one, a bug here."""
+    given = dict(given)
+    values = {p.name: p.type(given.pop(p.name, p.default)) for p in GENERATOR_PARAMETERS}
+    if given:
+        raise ValueError(f"unknown generator parameters: {sorted(given)}")
+    return generation_params(seed, values)
 
 
 @dataclass(frozen=True)
@@ -237,7 +250,7 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
                          "it designs one from INSTRUCTION")  # fmt: skip
     if ref_text:
         raise ValueError("REF_TEXT was given for voice design, which takes no recording")
-    return InstructRequest(DESIGN, instructions.check_instruction(instruction, "INSTRUCTION"))
+    return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
 
 
 def _edit(task, instruction, text, ref_audio, ref_sample_rate, ref_text, voice_id) -> InstructRequest:
@@ -255,8 +268,7 @@ def _edit(task, instruction, text, ref_audio, ref_sample_rate, ref_text, voice_i
     if audio.size > MAX_EDIT_SECONDS * rate:
         raise ValueError(f"REF_AUDIO is {audio.size / rate:.1f} s long; TASK {task} edits at most "
                          f"{MAX_EDIT_SECONDS:g} s")  # fmt: skip
-    check = instructions.check_acoustic_edit if task == ACOUSTIC_EDIT else instructions.check_instruction
-    return InstructRequest(task, check(instruction, "INSTRUCTION"))
+    return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
 
 
 def with_task_defaults(request: InstructRequest | None, seed: int | None, parameters: str | dict | None):

@@ -14,10 +14,10 @@ import time
 import numpy as np
 
 from engine.frontend.language import detect_language
-from engine.params import GENERATOR_PARAMETERS
 from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
 from serving import contract
-from serving.requests import MAX_TEXT_CHARS, TTSInputs, generation_request
+from serving.auth import parameter_dict
+from serving.requests import MAX_TEXT_CHARS, TTSInputs, stream_settings
 
 SPOKEN_TEXT_CHARS = 4 * MAX_TEXT_CHARS  # what the generator takes: a text after the front end
 
@@ -259,8 +259,8 @@ def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -
 
 
 def _settings(pb, request, parameters):
-    given = request.parameters() if parameters is None else parameters
-    return generation_request(scalar(pb, request, "SEED", None), given, GENERATOR_PARAMETERS)
+    given = parameter_dict(request.parameters() if parameters is None else parameters)
+    return stream_settings(scalar(pb, request, "SEED", None), given)
 
 
 def _prompt_rows(pb, request) -> np.ndarray:

@@ -21,7 +21,7 @@ from serving.model_options import (
 )
 from serving.options import ServeOptions, add_arguments, from_arguments
 from serving.repository import render
-from serving.requests import generation_request, generator_parameters
+from serving.requests import generation_request, generator_parameters, stream_settings
 from tests.docs import pages
 
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
@@ -128,9 +128,14 @@ def test_generator_parameters_read_back_as_given():
     assert set(given) == {p.name for p in GENERATION_PARAMETERS}
     assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9, "chunk_fixed": True}
     assert generation_request(7, given) == (params, ChunkSchedule(2, 9, fixed=True))
+    assert stream_settings(7, given) == (params, ChunkSchedule(2, 9, fixed=True))  # the generator's read
     # a later text segment's: what the listener holds, in whole milliseconds, for the generator only
     given = generator_parameters(params, ChunkSchedule(2, 9, buffered=1.2345))
     assert given["buffered_ms"] == 1234 and not given["chunk_fixed"]
     assert generation_request(7, given, GENERATOR_PARAMETERS)[1] == ChunkSchedule(2, 9, buffered=1.234)
+    assert stream_settings(7, given) == (params, ChunkSchedule(2, 9, buffered=1.234))
+    assert stream_settings(None, {}) == (GenerationParams(1234, 10, 2.0, max_patches=400), ChunkSchedule(3, 24))
+    with pytest.raises(ValueError, match="unknown generator parameters"):
+        stream_settings(7, {**given, "max_patch": 3})
     with pytest.raises(ValueError, match="unknown request parameters"):  # a client cannot send it
         generation_request(7, given)
