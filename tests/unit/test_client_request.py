@@ -12,7 +12,15 @@ from tritonclient.utils import InferenceServerException
 
 import client
 from client import AsyncTTSClient, Forbidden, InvalidRequest, NotFound, ServerBusy, TTSClient, TTSError
-from client.request import grpc_error, grpc_inputs, http_body, raise_if_failed, request_fields, server_error
+from client.request import (
+    TTSRequest,
+    grpc_error,
+    grpc_inputs,
+    http_body,
+    raise_if_failed,
+    request_fields,
+    server_error,
+)
 from client.voices import VoiceClient
 from serving.triton_env import free_port
 
@@ -22,6 +30,42 @@ def test_fields_leave_out_what_is_not_given():
     f = request_fields("Hi", language="French", ref_audio=[0.1, 0.2], ref_sample_rate=16000, ref_text="r", seed=0)
     assert set(f) == {"TEXT", "LANGUAGE", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TEXT", "SEED"}
     assert f["REF_AUDIO"].dtype == np.float32 and f["SEED"] == 0  # seed 0 is a seed, not "absent"
+
+
+def test_every_setting_reaches_its_input_or_parameter():
+    """The eleven settings of every call, written out by hand here: each lands in its input, the request
+    parameters (speed among them) or the plan callback."""
+    plan = print
+    request = TTSRequest.of(
+        "Hi", dict(language="German", ref_audio=[0.5], ref_sample_rate=16000, ref_text="r", voice_id="v", seed=3,
+                   parameters={"steps": 4}, instruction="calm", task="clone", on_plan=plan, speed=1.5),
+    )  # fmt: skip
+    assert {k: v for k, v in request.fields.items() if k != "REF_AUDIO"} == {
+        "TEXT": "Hi", "LANGUAGE": "German", "REF_SAMPLE_RATE": 16000, "REF_TEXT": "r", "VOICE_ID": "v", "SEED": 3,
+        "INSTRUCTION": "calm", "TASK": "clone",
+    }  # fmt: skip
+    assert request.fields["REF_AUDIO"].tolist() == [0.5]
+    assert request.parameters == {"steps": 4, "speed": 1.5} and request.on_plan is plan
+
+
+def test_an_unknown_setting_is_refused_by_every_call_before_anything_is_sent():
+    with pytest.raises(TypeError, match="'voice'.*language, ref_audio"):
+        TTSRequest.of("Hi", {"voice": "alice"})
+    port = free_port()  # nothing listens there: a call that got as far as sending would fail otherwise
+    tts, atts = TTSClient(f"127.0.0.1:{port}"), AsyncTTSClient(f"127.0.0.1:{port}")
+    for call in (lambda: tts.stream("Hi", voice="a"), lambda: tts.synthesize("Hi", voice="a"),
+                 lambda: tts.stream_text(["Hi"], voice="a"), lambda: tts.edit(np.zeros(3), 8000, "x", voice="a")):  # fmt: skip
+        with pytest.raises(TypeError, match="'voice'"):
+            call()
+
+    async def calls():
+        for make in (lambda: atts.open_text(voice="a"), lambda: atts.synthesize("Hi", voice="a"),
+                     lambda: anext(atts.stream("Hi", voice="a")), lambda: anext(atts.stream_text(["Hi"], voice="a"))):  # fmt: skip
+            with pytest.raises(TypeError, match="'voice'"):
+                await make()
+        await atts.close()
+
+    asyncio.run(calls())
 
 
 def test_grpc_inputs_types_and_shapes():
