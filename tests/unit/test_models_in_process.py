@@ -82,6 +82,23 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
     assert triton.vocoder.service.active == 0
 
 
+def test_tts_instruct_design_makes_the_offline_plan_and_audio(triton, model):
+    """An Instruct request checked once, by tts (the generator takes its task, instruction and text as tts
+    sends them): the plan and audio of offline synthesis for the same request, instruction spaces and all."""
+    from engine.synthesize import instruct_run
+
+    sender = run_tts(triton, strings(TEXT="Designed here.", INSTRUCTION="  a calm older man "), {"max_patches": 6})
+    assert sender.finals == 1 and sender.errors() == []
+    outputs = sender.outputs()
+    plans = [o["PLAN_TEXT"].reshape(-1)[0].decode() for o in outputs if "PLAN_TEXT" in o]
+    got = np.concatenate([o["AUDIO"] for o in outputs if "AUDIO" in o])
+    offline = instruct_run(model, "design", "Designed here.", "  a calm older man ", max_patches=6)
+    assert plans == [offline.plan_text]
+    assert got.shape == offline.audio.shape and got.size > 0
+    np.testing.assert_allclose(got, offline.audio, atol=1e-5)
+    assert not triton.generator.host.service.live
+
+
 def test_tts_bad_input_ends_with_one_final_error_naming_it(triton):
     sender = run_tts(triton, {**strings(TEXT="fine"), "SEED": np.array([1], np.int64)}, {"max_patches": "six"})
     assert sender.finals == 1 and len(sender.sent) == 1
