@@ -44,7 +44,7 @@ class Arrival:
     """A new stream, parsed by ``execute``; the engine thread admits it when a slot is free."""
 
     stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
-    inputs: tuple  # serving.triton_io.stream_request's parse of its tensors and parameters
+    inputs: tuple  # serving.request_inputs.stream_request's parse of its tensors and parameters
     sender: object  # its response sender: every chunk of the stream goes out through it
 
 

@@ -16,7 +16,8 @@ from engine.protocol import Chunk, end_chunk, failure_reason
 from serving.auth import Refused
 from serving.generator_host import Arrival, GeneratorHost
 from serving.model_options import GeneratorOptions
-from serving.triton_io import chunk_tensors, error_response, setup_logging, stream_request
+from serving.request_inputs import stream_request
+from serving.triton_io import chunk_tensors, error_response, setup_logging
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL

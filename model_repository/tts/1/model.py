@@ -21,11 +21,12 @@ from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.metric_batch import MetricBatch
 from serving.model_options import TTSOptions
+from serving.request_inputs import tts_inputs
 from serving.requests import parse_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
 from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
-from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors, tts_inputs
+from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
