@@ -218,20 +218,14 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     Raises:
         ValueError: naming the input at fault.
     """
-    task, instruction, text = inputs.task, inputs.instruction, inputs.text
-    ref_audio, ref_sample_rate, ref_text, voice_id = (
-        inputs.ref_audio,
-        inputs.ref_sample_rate,
-        inputs.ref_text,
-        inputs.voice_id,
-    )
-    task = SPEAK if task is None or task == "" else task
+    task = SPEAK if inputs.task is None or inputs.task == "" else inputs.task
     if task not in TASKS:
         raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
+    instruction, text, ref_text = inputs.instruction, inputs.text, inputs.ref_text
     given = instruction is not None and instruction != ""
-    has_voice = ref_audio is not None or bool(voice_id)
+    has_voice = inputs.ref_audio is not None or bool(inputs.voice_id)
     if task in EDITS:
-        return _edit(task, instruction if given else None, text, ref_audio, ref_sample_rate, ref_text, voice_id)
+        return _edit(task, instruction if given else None, inputs)
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
     if task == CLONE:
@@ -253,18 +247,18 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
 
 
-def _edit(task, instruction, text, ref_audio, ref_sample_rate, ref_text, voice_id) -> InstructRequest:
-    if voice_id:
+def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequest:
+    if inputs.voice_id:
         raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
-    if ref_audio is None:
+    if inputs.ref_audio is None:
         raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
-    if text is not None and text != "":
+    if inputs.text is not None and inputs.text != "":
         raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
-    if ref_text:
+    if inputs.ref_text:
         raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
     if instruction is None:
         raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
-    audio, rate = check_ref_audio(ref_audio, ref_sample_rate)
+    audio, rate = check_ref_audio(inputs.ref_audio, inputs.ref_sample_rate)
     if audio.size > MAX_EDIT_SECONDS * rate:
         raise ValueError(f"REF_AUDIO is {audio.size / rate:.1f} s long; TASK {task} edits at most "
                          f"{MAX_EDIT_SECONDS:g} s")  # fmt: skip
