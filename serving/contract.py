@@ -4,6 +4,8 @@
 the BLS calls and the client read and write through them, and a test checks the tables in docs/serving.md
 against them (``python -m serving.contract`` prints those tables). Shapes exclude the batch dimension of
 models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`engine.params`.
+Past 300 lines on purpose: every model's tensors, and what a client's request may carry, in one table
+a reader (and the docs' test) can hold side by side.
 """
 
 from __future__ import annotations
