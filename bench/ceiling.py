@@ -4,7 +4,9 @@ the model itself costs nothing.
 It starts the real server (``tts``, ``prompt_encoder``, the ``generator`` and its engine thread, the
 ``vocoder``, gRPC) with ``--synthetic-math`` (:mod:`engine.synthetic`: ready-made latents
 and audio instead of the networks; the tiny checkpoint's prompt encoder stays real) and streams through
-the bundled client. At each level N it starts N streams at once, each of ``--patches`` patches, and
+the bundled asyncio client from a process of its own (:mod:`bench.aio_load`: one event loop, one gRPC
+channel; ``--client threads``: a thread and a channel per stream in this process, which at hundreds of
+streams costs more CPU than the server it measures). At each level N it starts N streams at once, each of ``--patches`` patches, and
 judges each as a listener would: playing it from its first chunk on, that chunk the only buffer, a
 chunk that comes after the audio before it has run out is an underrun (``bench.load.worst_gap``). A
 level passes when no stream fails and none underruns; every stream was then at least real time (6.25
