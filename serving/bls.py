@@ -228,16 +228,17 @@ class ResponseStream:
         return response
 
     async def _wait(self, deadline: float, lost: Callable[[], bool]):
-        while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(self.pending), lost_poll_seconds(_reading))
-            except TimeoutError:
-                if lost():
-                    raise StreamFailed(UNAVAILABLE + LOST) from None
-                if time.monotonic() > deadline:
-                    # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
-                    late = f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry"
-                    raise TimeoutError(late) from None
+        # asyncio.wait leaves the read be when it times out or is cancelled (no shield, no exception per poll)
+        while not self.pending.done():
+            await asyncio.wait({self.pending}, timeout=lost_poll_seconds(_reading))
+            if self.pending.done():
+                break
+            if lost():
+                raise StreamFailed(UNAVAILABLE + LOST)
+            if time.monotonic() > deadline:
+                # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
+                raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry")
+        return self.pending.result()
 
 
 class BLSPrompts:
