@@ -133,8 +133,7 @@ class TritonPythonModel:
         broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
-            await responses.final(error_response(pb, Unavailable(broken)), FINAL)
-            return
+            return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
@@ -189,8 +188,8 @@ class TritonPythonModel:
                             log.warning("a segment reached max_patches (%d); its text may be cut",
                                         utterance.params.max_patches)  # fmt: skip
                         return piece, sent
-                    audio = pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False))
-                    await responses.send(audio)  # on a thread: the event loop serves other streams meanwhile
+                    chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
+                    await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
         finally:
             if waiting:
                 self._count(0, -1)
