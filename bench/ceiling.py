@@ -4,7 +4,9 @@ the model itself costs nothing.
 It starts the real server (``tts``, ``prompt_encoder``, the ``generator`` and its engine thread, the
 ``vocoder``, gRPC) with ``--synthetic-math`` (:mod:`engine.synthetic`: ready-made latents
 and audio instead of the networks; the tiny checkpoint's prompt encoder stays real) and streams through
-the bundled client. At each level N it starts N streams at once, each of ``--patches`` patches, and
+the bundled asyncio client from a process of its own (:mod:`bench.aio_load`: one event loop, one gRPC
+channel; ``--client threads``: a thread and a channel per stream in this process, which at hundreds of
+streams costs more CPU than the server it measures). At each level N it starts N streams at once, each of ``--patches`` patches, and
 judges each as a listener would: playing it from its first chunk on, that chunk the only buffer, a
 chunk that comes after the audio before it has run out is an underrun (``bench.load.worst_gap``). A
 level passes when no stream fails and none underruns; every stream was then at least real time (6.25
@@ -32,6 +34,7 @@ goes to stdout, progress to stderr, all numbers to ``--json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.aio_load import LoadProcess
 from bench.load import LevelResult, StreamResult, console_progress, one_stream, run_level
 from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
 from bench.request_options import add_chunk_options, chunk_parameters
@@ -107,9 +111,10 @@ def server_cpu(server) -> dict:
     return out
 
 
-def snapshot(server) -> Snapshot:
+def snapshot(server, load: LoadProcess | None = None) -> Snapshot:
+    """``load``: the load process, whose CPU counts as the client's with this one's."""
     metrics = server.metrics((STEP, STREAM_STEPS))
-    cpu = server_cpu(server) | {"client": time.process_time()}
+    cpu = server_cpu(server) | {"client": time.process_time() + (cpu_seconds(load.pid) if load else 0.0)}
     return Snapshot(model_stats(server), metrics.get(f"{STEP}_sum", 0.0), metrics.get(f"{STEP}_count", 0.0),
                     metrics.get(STREAM_STEPS, 0.0), cpu)  # fmt: skip
 
@@ -146,20 +151,30 @@ def costs(before: Snapshot, after: Snapshot) -> dict:
     }
 
 
-def measure(server, client: TTSClient, n: int, request: dict) -> dict:
-    """n streams at once -> the level's row (listener summary, costs, passed)."""
-    before = snapshot(server)
-    level: LevelResult = run_level(client, n, n, TEXTS, request, progress=console_progress(n))
-    return judged(level.summary(), level.streams, costs(before, snapshot(server)))
+def measure(server, client: TTSClient | LoadProcess, n: int, request: dict) -> dict:
+    """n streams at once -> the level's row (listener summary, costs, passed). ``client``: the load process
+    (one asyncio loop, :mod:`bench.aio_load`) or a client for a thread per stream (:mod:`bench.load`)."""
+    load = client if isinstance(client, LoadProcess) else None
+    before = snapshot(server, load)
+    if load:
+        level: LevelResult = load.level(n, n, TEXTS, request)
+    else:
+        level = run_level(client, n, n, TEXTS, request, progress=console_progress(n))
+    return judged(level.summary(), level.streams, costs(before, snapshot(server, load)))
 
 
-def measure_rate(server, client: TTSClient, rate: float, args: argparse.Namespace, request: dict) -> dict:
+def measure_rate(server, client: TTSClient | LoadProcess, rate: float, args: argparse.Namespace,
+                 request: dict) -> dict:  # fmt: skip
     """Poisson arrivals at ``rate`` requests/s for ``args.duration`` s -> the level's row, as :func:`measure`."""
     arrivals = poisson_arrivals(rate, args.duration, args.seed, tuple(TEXTS))
-    before = snapshot(server)
-    level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
-                     console_progress(f"rate {rate:g}/s"))  # fmt: skip
-    return judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server)))
+    load = client if isinstance(client, LoadProcess) else None
+    before = snapshot(server, load)
+    if load:
+        level = load.rate(arrivals, rate, args.duration, request, args.drain_timeout)
+    else:
+        level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
+                         console_progress(f"rate {rate:g}/s"))  # fmt: skip
+    return judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server, load)))
 
 
 def judged(summary: dict, streams: Sequence[StreamResult], cost: dict) -> dict:
@@ -248,6 +263,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_open_loop_options(ap)
     ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
+    ap.add_argument("--client", choices=["aio", "threads"], default="aio",
+                    help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
+                    "(default), or a thread and a channel per stream in this process")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
@@ -269,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     request = {"parameters": params}
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
-    with local_server(args.preset, args.slots, max_len=256, synthetic_math=True) as server:
-        client = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=args.timeout)
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True))
+        url = f"127.0.0.1:{server.ports.grpc}"
+        client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
         if warm.error:
             print(f"error: the warm-up stream failed: {warm.error}", file=sys.stderr)
@@ -280,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}", file=sys.stderr)
             return 1
 
+        if args.client == "aio":
+            client = stack.enter_context(LoadProcess(url, args.timeout))
+
         def passed(n) -> bool:
+            print(f"  {n:g} {unit}: starting", file=sys.stderr, flush=True)
             row = measure_rate(server, client, n, args, request) if open_loop else measure(server, client, n, request)
             rows.append(row)
             verdict = "pass" if row["passed"] else "FAIL"
@@ -308,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
-        f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, client on the same machine), "
+        f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
+        "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
     )
     print()

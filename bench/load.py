@@ -107,29 +107,51 @@ class LevelResult:
         return {"summary": self.summary(), "streams": [asdict(s) for s in self.streams]}
 
 
+class Listener:
+    """One stream as a listener hears it, fed chunk by chunk: what :func:`one_stream` and
+    :func:`bench.aio_load.one_stream` (the asyncio client's) both judge a stream by."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.first: float | None = None  # the first chunk's arrival, s after t0
+        self.samples, self.arrivals, self.seconds = 0, [], []
+
+    def heard(self, chunk) -> None:
+        """``chunk``: a :class:`client.Chunk` (its arrival measured from when the request was sent)."""
+        self.first = chunk.arrival if self.first is None else self.first
+        self.samples += chunk.audio.size
+        if chunk.audio.size:  # an empty chunk brings nothing to play
+            self.arrivals.append(chunk.arrival)
+            self.seconds.append(chunk.audio.size / SAMPLE_RATE)
+
+    def ended(self) -> None:
+        if self.first is None:
+            raise RuntimeError("the stream ended without audio")
+
+    def result(self, error: BaseException | None = None) -> StreamResult:
+        total, audio = time.perf_counter() - self.t0, self.samples / SAMPLE_RATE
+        if error is not None:
+            return StreamResult(self.first, total, audio, f"{type(error).__name__}: {error}",
+                                failure=failure_kind(error))  # fmt: skip
+        return StreamResult(self.first, total, audio, None, worst_gap(self.arrivals, self.seconds))
+
+
 def one_stream(
     client: TTSClient, text: str, seed: int, request: dict, cancel: threading.Event | None = None
 ) -> StreamResult:
     """Stream ``text`` and time it as a listener hears it. ``request``: :meth:`TTSClient.stream`'s other
     keyword arguments. ``cancel``, once set, ends the stream at its next chunk as a timeout (leaving the
     loop closes the client's stream, which cancels the request on the server)."""
-    t0 = time.perf_counter()
-    first, samples, arrivals, seconds = None, 0, [], []
+    listener = Listener()
     try:
         for chunk in client.stream(text, seed=seed, **request):
             if cancel is not None and cancel.is_set():
                 raise TimeoutError("still streaming when the benchmark stopped waiting")
-            first = chunk.arrival if first is None else first
-            samples += chunk.audio.size
-            if chunk.audio.size:  # an empty chunk brings nothing to play
-                arrivals.append(chunk.arrival)
-                seconds.append(chunk.audio.size / SAMPLE_RATE)
-        if first is None:
-            raise RuntimeError("the stream ended without audio")
+            listener.heard(chunk)
+        listener.ended()
     except Exception as e:  # a failed stream is a data point (an error), not the end of the benchmark
-        error = f"{type(e).__name__}: {e}"
-        return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, error, failure=failure_kind(e))
-    return StreamResult(first, time.perf_counter() - t0, samples / SAMPLE_RATE, None, worst_gap(arrivals, seconds))
+        return listener.result(e)
+    return listener.result()
 
 
 def run_level(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,9 +26,13 @@ from serving.requests import Voice, generator_parameters
 from serving.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
-LOST_POLL_SECONDS = 0.25
+LOST_POLL_SECONDS = 0.25  # how often a stream waiting for the generator asks whether it was lost
+# ... and all of them together at most this often (each asks by a wake-up of the event loop, a timeout and a
+# file check: 512 streams every 0.25 s cost ~0.03 ms of CPU per stream-step); 512 streams: each every 1.3 s
+LOST_CHECKS_PER_SECOND = 400
 DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its stub died
 LOST = "the generator lost this stream: its responses could not be sent; retry"
+SEND_THREADS = 8  # threads that send a model's responses (Waits.sends)
 
 
 class Waits:
@@ -36,6 +41,9 @@ class Waits:
 
     def __init__(self, name: str):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix=f"{name}-bls")
+        # response sends (:class:`Responses`): apart, so that streams blocked reading the pool's threads
+        # never hold them up; each takes a round trip, so a few overlap
+        self.sends = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix=f"{name}-send")
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, requests, serve_one) -> None:
@@ -48,18 +56,57 @@ class Waits:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.sends.shutdown(wait=False, cancel_futures=True)
 
 
 CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
-# request.is_cancelled() is a round trip to Triton's process: all of a stub's running requests together
-# ask at most this often (256 streams: each every 0.26 s, about one generator step on 2 cores)
-CANCEL_CHECKS_PER_SECOND = 1000
+# request.is_cancelled() is a round trip to Triton's process (~0.5 ms, the event loop blocked meanwhile, and
+# CPU in both processes): all of a stub's running requests together ask at most this often. 512 streams:
+# each every 2.6 s, the longest a slot stays held after its client left; 1,000 a second cost a 2-core
+# machine ~0.1 ms of CPU per stream-step at 128 streams and half of tts's event loop.
+CANCEL_CHECKS_PER_SECOND = 200
 _watching = 0  # requests in watch() now: the stub's one event loop runs them all
 
 
 def cancel_poll_seconds(watching: int) -> float:
     """How often each of ``watching`` running requests asks whether its client left."""
     return max(CANCEL_POLL_SECONDS, watching / CANCEL_CHECKS_PER_SECOND)
+
+
+class Responses:
+    """A request's response sender whose ``send`` runs on a pool thread: the round trip to Triton's process
+    (~1 ms, the GIL released) no longer holds up the event loop, and the sends of different requests
+    overlap. One request's sends go out one at a time, in order (each awaited before the next), and a
+    send once started is finished before its caller sees a cancellation: a final response can never
+    overtake a chunk still being sent (:meth:`final` waits for it)."""
+
+    def __init__(self, sender, pool):
+        self.sender, self.pool = sender, pool
+        self.sending: asyncio.Future | None = None
+
+    async def send(self, response=None, flags: int = 0) -> None:
+        loop = asyncio.get_running_loop()
+        self.sending = loop.run_in_executor(self.pool, functools.partial(self.sender.send, response, flags=flags))
+        await finished(self.sending)
+
+    async def final(self, response=None, flags: int = 0) -> None:
+        """``send`` after the send in flight, if any, has ended (what it raised is its caller's)."""
+        if self.sending is not None and not self.sending.done():
+            await asyncio.wait({self.sending})
+        await self.send(response, flags)
+
+
+async def finished(future: asyncio.Future):
+    """``await future``, which runs on a thread; a cancellation meanwhile is raised once it has ended."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return future.result()
 
 
 class PolledFlags:
@@ -148,6 +195,14 @@ class BLS:
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
 
 
+_reading = 0  # streams waiting in ResponseStream.next now (the stub's one event loop runs them all)
+
+
+def lost_poll_seconds(reading: int) -> float:
+    """How often each of ``reading`` streams waiting for a response asks whether it was lost."""
+    return max(LOST_POLL_SECONDS, reading / LOST_CHECKS_PER_SECOND)
+
+
 class ResponseStream:
     """A decoupled BLS response iterator, read on a thread. At most one ``next`` runs at a time: a read
     cut short (timeout, cancellation) is resumed by the following one, never started twice."""
@@ -158,23 +213,32 @@ class ResponseStream:
 
     async def next(self, lost: Callable[[], bool] = lambda: False):
         """The next response, None at the end of the stream. StreamFailed as soon as ``lost()`` says the
-        model has given the stream up (checked every LOST_POLL_SECONDS while waiting)."""
+        model has given the stream up (checked every LOST_POLL_SECONDS while waiting, less often when many
+        streams wait: :func:`lost_poll_seconds`)."""
         if self.pending is None:
             self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, self.responses, None)
         deadline = time.monotonic() + self.bls.timeout
-        while True:
-            try:
-                response = await asyncio.wait_for(asyncio.shield(self.pending), LOST_POLL_SECONDS)
-                break
-            except TimeoutError:
-                if lost():
-                    raise StreamFailed(UNAVAILABLE + LOST) from None
-                if time.monotonic() > deadline:
-                    # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
-                    late = f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry"
-                    raise TimeoutError(late) from None
+        global _reading
+        _reading += 1
+        try:
+            response = await self._wait(deadline, lost)
+        finally:
+            _reading -= 1
         self.pending = None
         return response
+
+    async def _wait(self, deadline: float, lost: Callable[[], bool]):
+        # asyncio.wait leaves the read be when it times out or is cancelled (no shield, no exception per poll)
+        while not self.pending.done():
+            await asyncio.wait({self.pending}, timeout=lost_poll_seconds(_reading))
+            if self.pending.done():
+                break
+            if lost():
+                raise StreamFailed(UNAVAILABLE + LOST)
+            if time.monotonic() > deadline:
+                # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
+                raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry")
+        return self.pending.result()
 
 
 class BLSPrompts:

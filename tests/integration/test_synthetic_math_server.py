@@ -48,6 +48,24 @@ def test_streams_get_their_patches_of_ready_made_audio(synthetic):
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
+def test_the_benchmarks_load_process_streams_whole_utterances(synthetic):
+    """bench.ceiling's load (bench.aio_load, a process of its own): three streams on two slots, each complete
+    with its patches' audio; the open loop's stream too, with its arrival."""
+    from bench.aio_load import LoadProcess
+    from bench.openloop import Arrival
+
+    request = {"parameters": {"max_patches": 12}}
+    with LoadProcess(f"127.0.0.1:{synthetic.ports.grpc}", timeout=60) as load:
+        level = load.level(3, 3, ["One.", "Two."], request)
+        rate = load.rate([Arrival(0.0, "Three.", 7)], 1.0, 0.1, request, drain_timeout=60)
+    streams = [*level.streams, *(s.result for s in rate.streams)]
+    assert [s.error for s in streams] == [None] * 4
+    assert [round(s.audio * 24000) for s in streams] == [12 * PATCH_SAMPLES] * 4
+    assert all(s.first_chunk is not None and s.first_chunk <= s.total for s in streams)
+    assert rate.streams[0].arrival.seed == 7
+    wait_gauges_zero(synthetic)
+
+
 def test_the_server_says_it_is_synthetic(synthetic):
     m = synthetic.metrics(("tts_synthetic_math",))
     assert m == {'tts_synthetic_math{model="generator"}': 1.0, 'tts_synthetic_math{model="vocoder"}': 1.0}

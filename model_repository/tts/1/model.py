@@ -15,7 +15,7 @@ from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavaila
 from engine.text import TextTokenizer
 from serving.admission import Admission
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Waits, watch
+from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Responses, Waits, watch
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
@@ -108,7 +108,7 @@ class TritonPythonModel:
                     return
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
-            await self._serve_admitted(request, sender, lingering, stream)
+            await self._serve_admitted(request, Responses(sender, self.waits.sends), lingering, stream)
         finally:
             if stream is not None:
                 self.text_streams.close(stream)
@@ -121,32 +121,31 @@ class TritonPythonModel:
         self.metrics.set(self.in_flight_gauge, self.in_flight)
         self.metrics.set(self.waiting_gauge, self.waiting)
 
-    async def _serve_admitted(self, request, sender, lingering: set, stream):
-        task = asyncio.ensure_future(self._stream(request, sender, stream))
+    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream):
+        task = asyncio.ensure_future(self._stream(request, responses, stream))
         broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
-            refuse(sender, broken)
-            return
+            return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
             self.metrics.increment(self.outcome["cancelled"], 1)
-            sender.send(flags=FINAL)
+            await responses.final(flags=FINAL)
         except Exception as e:
             self.metrics.increment(self.outcome["error"], 1)
             message = e.reason if isinstance(e, StreamFailed) else tagged(e)
             if not message.startswith(INVALID):
                 log.error("request failed: %s", message,
                           exc_info=not isinstance(e, StreamFailed | TimeoutError | Unavailable))  # fmt: skip
-            sender.send(error_response(pb, message), flags=FINAL)
+            await responses.final(error_response(pb, message), FINAL)
         else:
             values = {"AUDIO": final.audio, "FINISH_REASON": final.finish_reason}
-            sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, values, batch=False)), flags=FINAL)
+            await responses.final(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, values, batch=False)), FINAL)
             self.metrics.increment(self.outcome["ok"], 1)
             self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
-    async def _stream(self, request, sender, stream):
+    async def _stream(self, request, responses: Responses, stream):
         """Run one request (``stream``: its text-in stream, or None), sending all but the final piece; returns
         that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
@@ -163,7 +162,7 @@ class TritonPythonModel:
                     # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
                     mark = {"FLUSHED": piece.flushed} if piece.flushed else {"PLAN_TEXT": piece.text}
                     if piece.flushed or piece.text is not None:
-                        sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
+                        await responses.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
                         continue
                     if waiting and piece.audio.size:
                         self.first_chunk.observe(time.perf_counter() - t0)
@@ -175,7 +174,8 @@ class TritonPythonModel:
                             log.warning("a segment reached max_patches (%d); its text may be cut",
                                         utterance.params.max_patches)  # fmt: skip
                         return piece, sent
-                    sender.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)))
+                    chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
+                    await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
         finally:
             if waiting:
                 self._count(0, -1)
