@@ -206,7 +206,7 @@ def test_mixed_base_and_instruct_streams_equal_their_solo_runs(model):
             jobs[sid][0] in ("design", "semantic_edit")
         )
         torch.testing.assert_close(latents(got), latents(want), atol=1e-4, rtol=1e-4)  # batch-size rounding
-    assert together.active == 0 and together.gen.cache.pages_in_use == 0
+    assert together.active == 0 and together.scheduler.blocks.pages_in_use == 0
 
 
 def test_phases_are_read_from_the_streams_and_change_only_when_a_plan_ends(model):
@@ -229,9 +229,9 @@ def test_a_stream_cancelled_in_its_text_phase_frees_its_slot_and_pages(model):
     svc = GeneratorService(model, 2, 1024)
     svc.admit_instruct(3, _input(model, "design"), _params("design"))
     svc.step([3])
-    assert svc.live[3].state.phase is Phase.TEXT and svc.gen.cache.pages_in_use > 0
+    assert svc.live[3].state.phase is Phase.TEXT and svc.scheduler.blocks.pages_in_use > 0
     assert svc.cancel(3).finish_reason == CANCELLED
-    assert svc.active == 0 and svc.gen.cache.pages_in_use == 0 and sorted(svc.free) == [0, 1]
+    assert svc.active == 0 and svc.scheduler.blocks.pages_in_use == 0 and sorted(svc.free) == [0, 1]
 
 
 # -- offline ---------------------------------------------------------------------------------------------
