@@ -71,6 +71,14 @@ class Launcher:
         except OSError:
             return 0
 
+    def first_start(self) -> float:
+        """Seconds its first tritonserver took to get ready, as the launcher measured and printed them
+        (``[supervisor] ready in X s``): what a restart costs on this machine, at its load now."""
+        for line in self.text().splitlines():
+            if line.startswith("[supervisor] ready in "):
+                return float(line.removeprefix("[supervisor] ready in ").partition(" s")[0])
+        raise AssertionError(f"the launcher did not say how long its start took:\n{self.text()}")
+
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         while self.ready_status() != 200:
@@ -134,7 +142,7 @@ def gone(pids, timeout: float) -> bool:
 @dataclass
 class Stream:
     """One tts stream on its own thread: ``started`` is set at its first chunk; then ``error`` (None:
-    finished) and ``ended`` (monotonic time) once it is over."""
+    finished) and ``ended`` (monotonic time) once it is over. ``times``: when each chunk came (monotonic)."""
 
     client: TTSClient
     text: str
@@ -143,6 +151,7 @@ class Stream:
     started: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     chunks: int = 0
+    times: list[float] = field(default_factory=list)
     error: BaseException | None = None
     ended: float = 0.0
 
@@ -152,6 +161,7 @@ class Stream:
     def _run(self) -> None:
         try:
             for _ in self.client.stream(self.text, parameters=self.parameters, **self.kw):
+                self.times.append(time.monotonic())
                 self.chunks += 1
                 self.started.set()
         except Exception as e:  # the test looks at it
