@@ -16,7 +16,7 @@ from pathlib import Path
 
 from client import TTSClient
 from serving.supervise import find_stubs, is_alive
-from serving.triton_env import REPO_ROOT, Ports, free_port
+from serving.triton_env import READY_TIMEOUT, REPO_ROOT, Ports, free_port
 
 
 def children(pid: int, name: str) -> list[int]:
@@ -79,7 +79,7 @@ class Launcher:
                 return float(line.removeprefix("[supervisor] ready in ").partition(" s")[0])
         raise AssertionError(f"the launcher did not say how long its start took:\n{self.text()}")
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while self.ready_status() != 200:
             assert self.proc.poll() is None, f"the launcher exited:\n{self.text()}"
