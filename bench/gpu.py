@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.step_syncs import describe, instruct_step_syncs, reserve_pages, step_syncs
+from bench.step_syncs import describe, instruct_step_syncs, planned, step_syncs
 from engine.checkpoint import Models, RedAE, count_parameters, precision_policy
 from engine.config import PATCH_SAMPLES, PRESETS
 from engine.fireredtts3 import FireRedTTS3
@@ -129,10 +129,10 @@ def generate(model: FireRedTTS3, patches: int, seed: int = 7) -> tuple[torch.Ten
     tokens, prompt = typical_stream(model, seed)
     gen = model.generator(1, len(tokens) + 1 + prompt.num_patches + patches, attention="sdpa")
     s = gen.new_stream(0, tokens, prompt, GenerationParams(seed=seed, min_patches=patches, max_patches=patches))
-    reserve_pages(gen, [s])
+    step = planned(gen, [s])
     out = []
     while not s.finished:
-        r = gen.step([s])[0]
+        r = step([s])[0]
         if r.latents is not None:
             out.append(r.latents)
     lat = torch.cat(out).float().cpu()
@@ -183,18 +183,18 @@ def time_steps(model: FireRedTTS3, n: int, attention: str, steps: int, flow_step
     gen = model.generator(n, max_len, attention=attention)
     params = GenerationParams(seed=0, steps=flow_steps, min_patches=total, max_patches=total)
     streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
-    reserve_pages(gen, streams)
+    step = planned(gen, streams)
     _sync(dev)
     t0 = time.perf_counter()
-    gen.step(streams)  # every stream's prefill (one at a time), then its first patch
+    step(streams)  # every stream's prefill (one at a time), then its first patch
     _sync(dev)
     prefill = time.perf_counter() - t0
     for _ in range(2):  # warm-up
-        gen.step(streams)
+        step(streams)
     _sync(dev)
     t0 = time.perf_counter()
     for _ in range(steps):
-        gen.step(streams)
+        step(streams)
     _sync(dev)
     step_ms = 1000 * (time.perf_counter() - t0) / steps
     peak = torch.cuda.max_memory_allocated(dev) / (1 << 30) if dev.type == "cuda" else float("nan")

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from bench.device_audit import D2H, H2D_ASYNC, H2D_BLOCKING, SYNC, DeviceAudit
+from engine.block_manager import BlockManager
 from engine.chatml import LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import InstructInput
 from engine.params import GenerationParams
 from engine.prompt import VoicePrompt
+from engine.scheduler import Scheduler
 from engine.text_sampling import DESIGN_SAMPLING, EDIT_SAMPLING
 
 STEP_BUDGET = 1  # the stop probabilities' .tolist(): whether a stream stops decides its flow call
@@ -75,8 +78,7 @@ def step_syncs(
     gen = model.generator(n, 1 + len(tokens) + prompt.num_patches + steps, attention=attention)
     params = GenerationParams(seed=0, steps=flow_steps, min_patches=steps, max_patches=steps)
     streams = [gen.new_stream(i, tokens, prompt, params) for i in range(n)]
-    reserve_pages(gen, streams)
-    return _audited(model, gen, streams, steps)
+    return _audited(model, planned(gen, streams), streams, steps)
 
 
 @torch.inference_mode()
@@ -96,22 +98,33 @@ def instruct_step_syncs(
     prompt = torch.zeros(2 * 4, model.models.instruct.cfg.redae_dim)
     audio = [InstructInput(tokens + [LATENT_OUT_ID] * 2, latents_out=prompt)] * audio_rows
     streams = [gen.new_instruct_stream(i, given, params) for i, given in enumerate(text + audio)]
-    reserve_pages(gen, streams)
-    return _audited(model, gen, streams, steps)
+    return _audited(model, planned(gen, streams), streams, steps)
 
 
-def reserve_pages(gen, streams: list) -> None:
-    """A bare generator's caller reserves its streams' pages (the server's scheduler does it there)."""
+def planned(gen, streams: list) -> Callable[[list], list]:
+    """A bare generator's streams, built in slots 0..n-1, under a :class:`Scheduler` that owns the cache's
+    pages, as the server's :class:`~engine.streams.GeneratorService` runs them -> a step function over
+    some of the streams (each step's plan hands its pages to ``gen.step``)."""
+    c = gen.cache
+    scheduler = Scheduler(c.slots, BlockManager(c.slots, c.max_len, c.num_pages, c.page_size))
+    ids = {}
     for s in streams:
-        if not gen.cache.blocks.reserve(s.slot, s.positions_needed()):
-            raise RuntimeError("the KV-cache pool is too small for these streams")
+        state = scheduler.admit(len(ids) + 1, s.positions_needed(), s.prefix_length())
+        if state.waiting or state.slot != s.slot:
+            raise RuntimeError("the streams must be in slots 0..n-1 of a pool that holds them all")
+        ids[id(s)] = state.stream_id
+
+    def step(some: list) -> list:
+        return gen.step(some, scheduler.schedule([ids[id(s)] for s in some]).pages)
+
+    return step
 
 
-def _audited(model: FireRedTTS3, gen, streams: list, steps: int) -> list[StepSyncs]:
+def _audited(model: FireRedTTS3, step: Callable[[list], list], streams: list, steps: int) -> list[StepSyncs]:
     out = []
     for _ in range(steps):
         with cuda_sync_warnings(model.device) as cuda, DeviceAudit(model.device) as audit:
-            gen.step(streams)
+            step(streams)
         out.append(
             StepSyncs(audit.count(SYNC), audit.count(D2H), audit.count(H2D_BLOCKING), audit.count(H2D_ASYNC),
                       audit.d2h_bytes(), None if cuda is None else len(cuda), audit.report())

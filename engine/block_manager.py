@@ -1,9 +1,9 @@
 """The backbone's KV-cache pages as bookkeeping over ints: which pages each slot holds and has been promised.
 
-No torch: the tensors live in :class:`~engine.kv_cache.PagedCache`, which asks this object for pages as a
-stream grows and writes them into its page table. :class:`~engine.scheduler.Scheduler` decides with it who
-may start (a stream first *reserves* every page it may ever need, so a live stream never runs out
-mid-utterance) and gives a stream's pages back when it ends.
+No torch: the tensors live in :class:`~engine.kv_cache.PagedCache`. :class:`~engine.scheduler.Scheduler`
+owns this object: it decides with it who may start (a stream first *reserves* every page it may ever
+need, so a live stream never runs out mid-utterance), takes the pages each step's keys need (its plan
+carries them to the cache's page table) and gives a stream's pages back when it ends.
 
 Pages are numbered 1..num_pages; page 0 is the cache's zero page, never handed out (it backs padding).
 """
@@ -20,6 +20,17 @@ def pages_for(positions: int, page_size: int = PAGE_SIZE) -> int:
     return -(-positions // page_size)
 
 
+def pool_pages(slots: int, max_len: int, num_pages: int | None = None, page_size: int = PAGE_SIZE) -> int:
+    """The pool's size in pages: ``num_pages``, or by default ``slots`` streams of ``max_len`` positions."""
+    if slots < 1 or max_len < 1 or page_size < 1:
+        raise ValueError("slots, max_len and page_size must be positive")
+    if num_pages is None:
+        num_pages = slots * pages_for(max_len, page_size)
+    if num_pages < 1:
+        raise ValueError(f"the KV cache pool needs at least one page, got {num_pages}")
+    return num_pages
+
+
 class BlockManager:
     """Page reservations and page lists of ``slots`` page-table rows over a pool of ``num_pages`` pages.
 
@@ -28,18 +39,12 @@ class BlockManager:
     """
 
     def __init__(self, slots: int, max_len: int, num_pages: int | None = None, page_size: int = PAGE_SIZE):
-        if slots < 1 or max_len < 1 or page_size < 1:
-            raise ValueError("slots, max_len and page_size must be positive")
+        self.num_pages = pool_pages(slots, max_len, num_pages, page_size)
         self.slots, self.max_len, self.page_size = slots, max_len, page_size
         self.pages_per_stream = pages_for(max_len, page_size)
-        if num_pages is None:
-            num_pages = slots * self.pages_per_stream
-        if num_pages < 1:
-            raise ValueError(f"the KV cache pool needs at least one page, got {num_pages}")
-        self.num_pages = num_pages
         self.pages: list[list[int]] = [[] for _ in range(slots)]  # pages each slot holds, in position order
         self.reserved = [0] * slots  # pages promised to each slot (held or not yet)
-        self.free_pages: deque[int] = deque(range(1, num_pages + 1))  # FIFO: a freed page is reused last
+        self.free_pages: deque[int] = deque(range(1, self.num_pages + 1))  # FIFO: a freed page is reused last
 
     @property
     def committed(self) -> int:

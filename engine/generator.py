@@ -4,9 +4,10 @@ one batched call, either picks a text token (Instruct's text phase) or makes one
 
 A stream's state (:mod:`engine.generator_state`) is small, so its output depends only on its own inputs
 and seed, never on who shares the batch. Slots are the caller's; this module only reads ``Stream.slot``.
-The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`. A stream's pages are reserved before
-it runs and given back when it ends by the caller (:class:`~engine.scheduler.Scheduler`, the one reservation
-path), never here. Any cache with the same interface works (the tests' per-slot reference cache does).
+The backbone's keys live in a :class:`~engine.kv_cache.PagedCache`. A stream's pages are reserved, taken
+step by step and given back by the caller's :class:`~engine.scheduler.Scheduler` (the one owner of the
+pages), never here: :meth:`Generator.step` is handed the plan's new pages. Any cache with the same
+interface works (the tests' per-slot reference cache, which needs no pages, does).
 """
 
 from __future__ import annotations
@@ -139,11 +140,14 @@ class Generator:
         return self._t_spans[steps]
 
     @torch.inference_mode()
-    def step(self, streams: list[Stream]) -> list[StepResult]:
+    def step(self, streams: list[Stream], pages: dict[int, list[tuple[int, int]]] | None = None) -> list[StepResult]:
         """Advance each stream by one backbone position: a patch (audio phase) or a text token (text
-        phase). Streams must be live and own distinct slots."""
+        phase). Streams must be live and own distinct slots; ``pages`` are the step plan's new KV-cache
+        pages (:attr:`engine.scheduler.StepPlan.pages`), written into the page table first."""
         if len({s.slot for s in streams}) != len(streams):
             raise ValueError("two streams share a slot")
+        if pages:
+            self.cache.assign(pages)
         hidden: dict[int, torch.Tensor] = {}  # index -> (1, hidden) newest backbone state
         old = [i for i, s in enumerate(streams) if s.prefilled]
         for i, s in enumerate(streams):

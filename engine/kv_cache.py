@@ -5,7 +5,8 @@
 - :class:`PagedCache`: the backbone's cache as a pool of pages with a page table per stream (what the
   server uses): memory follows the streams' real lengths; a step hands the stack a view over the pages
   of the streams it runs (:class:`PagedBatch` for SDPA, a planned FlashInfer step on CUDA).
-- Page bookkeeping (reservations, which pages a slot holds) is :mod:`engine.block_manager`, without torch.
+- Page bookkeeping (reservations, which pages a slot holds) is :mod:`engine.block_manager`, without torch,
+  owned by the scheduler; the cache only writes the pages each step's plan took into its page table.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 import torch
 
-from engine.block_manager import PAGE_SIZE, BlockManager, pages_for
+from engine.block_manager import PAGE_SIZE, pages_for, pool_pages
 from engine.config import Qwen3Config
 from engine.layers.attention import window_mask
 
@@ -135,11 +136,12 @@ class PagedCache:
     Layout (FlashInfer's "NHD"): ``k``/``v`` of shape (layers, pages + 1, page_size, Hkv, head_dim).
     Page 0 is a zero page that is never handed out (it backs the padding a batch gathers).
 
-    Which slot holds which pages, and which pages each slot was promised, is :attr:`blocks`
-    (:class:`~engine.block_manager.BlockManager`, plain ints): the scheduler first *reserves* the pages a
-    stream may ever need (prompt + ``max_patches``), so a live stream can never run out mid-utterance;
-    pages are taken only as the stream grows (:meth:`batch`, which writes them into the page table) and
-    all go back when it ends. The memory used follows the real lengths; admission follows the reservations.
+    Which slot holds which pages, and which pages each slot was promised, is the scheduler's
+    (:class:`~engine.scheduler.Scheduler` and its :class:`~engine.block_manager.BlockManager`, plain
+    ints): it *reserves* the pages a stream may ever need (prompt + ``max_patches``), takes them as the
+    stream grows, one step's worth in each plan, and gives them all back when it ends. The cache writes
+    each plan's new pages into its page table (:meth:`assign`) and refuses a forward over positions
+    whose pages it was not given (:meth:`batch`). The memory used follows the real lengths.
 
     ``slots`` is the number of page-table rows (streams at once); ``max_len`` the longest stream. The
     default pool (``num_pages`` None) holds ``slots`` streams of ``max_len`` positions.
@@ -150,14 +152,14 @@ class PagedCache:
         page_size: int = PAGE_SIZE, attention=None,
     ):  # fmt: skip
         self.cfg = cfg
-        self.blocks = BlockManager(slots, max_len, num_pages, page_size)
+        self.num_pages = pool_pages(slots, max_len, num_pages, page_size)
         self.slots, self.max_len, self.page_size = slots, max_len, page_size
-        self.num_pages = self.blocks.num_pages
         shape = (cfg.num_layers, self.num_pages + 1, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        # host copy of blocks.pages, 0 (the zero page) past each slot's pages
-        self.table = torch.zeros(slots, self.blocks.pages_per_stream, dtype=torch.long)
+        # on the host: each slot's pages in position order, 0 (the zero page) past them
+        self.table = torch.zeros(slots, pages_for(max_len, page_size), dtype=torch.long)
+        self.held = [0] * slots  # pages in each slot's row of the table
         self.attention = "sdpa"
         self.attention_fallback_reason = ""
         self._flashinfer = None
@@ -184,30 +186,40 @@ class PagedCache:
         note_fallback(reason, error)
         self.attention, self.attention_fallback_reason, self._flashinfer = "sdpa", reason, None
 
-    # -- pages (bookkeeping in self.blocks) -------------------------------------------------------------
+    # -- pages (the scheduler's; the page table here) ----------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.k.device
 
-    @property
-    def pages_in_use(self) -> int:
-        return self.blocks.pages_in_use
+    def assign(self, pages: dict[int, list[tuple[int, int]]]) -> None:
+        """Write a step plan's new pages (:attr:`engine.scheduler.StepPlan.pages`: slot -> (page-table
+        index, page) pairs) into the page table. Index 0 starts a new stream in its row: nothing of the
+        last one's pages is left."""
+        for s, new in pages.items():
+            for index, page in new:
+                if index == 0:
+                    self.table[s].zero_()
+                elif index != self.held[s]:
+                    raise ValueError(f"slot {s}: page index {index} given after {self.held[s]} pages")
+                self.table[s, index] = page
+                self.held[s] = index + 1
 
     def batch(self, slots: list[int], starts: list[int], length: int):
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.
 
-        Takes the pages the new keys need, then builds the step's page metadata once for all layers.
+        The pages for those keys must be in the page table already (:meth:`assign`); builds the step's
+        page metadata once for all layers.
         """
         for s, p in zip(slots, starts):
             if not 0 <= s < self.slots:
                 raise IndexError(f"slot {s} out of range 0..{self.slots - 1}")
             if p + length > self.max_len:
                 raise ValueError(f"slot {s}: {p + length} positions exceed the cache length {self.max_len}")
-        for s, p in zip(slots, starts):
-            for index, page in self.blocks.grow(s, p + length):
-                if index == 0:  # a new stream in this row: nothing of the last one's table is left
-                    self.table[s].zero_()
-                self.table[s, index] = page
+            if pages_for(p + length, self.page_size) > self.held[s]:
+                raise RuntimeError(
+                    f"slot {s}: positions up to {p + length} need {pages_for(p + length, self.page_size)} pages; "
+                    f"its row of the page table has {self.held[s]} (the step's plan assigns them)"
+                )
         if self._flashinfer is not None:
             try:
                 return self._flashinfer.batch(self, slots, starts, length)

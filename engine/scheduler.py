@@ -7,9 +7,11 @@ streams that ended.
 
 - **Slots**: a stream holds one from :meth:`admit` to :meth:`finish`; free slots are a FIFO queue (a
   just-freed row is the last to be reused).
-- **Pages** (:class:`~engine.block_manager.BlockManager`): a stream reserves every KV-cache page it may
-  need before it runs. One that fits the pool but not now is admitted *waiting*; :meth:`schedule` starts
-  waiting streams in arrival order as pages come back, never one ahead of an older one.
+- **Pages** (:class:`~engine.block_manager.BlockManager`, which the scheduler owns): a stream reserves
+  every KV-cache page it may need before it runs. One that fits the pool but not now is admitted
+  *waiting*; :meth:`schedule` starts waiting streams in arrival order as pages come back, never one ahead
+  of an older one, and takes the pages each running stream's step writes (its prefix on its first step,
+  one position on each later one): the :class:`StepPlan` carries them to the cache's page table.
 - **Requests** (:meth:`refusal`): a new stream needs an id of its own; the caller (the generator's
   engine thread) admits new streams only while a slot is free.
 
@@ -32,6 +34,8 @@ class StreamState:
     stream_id: int
     slot: int  # its page-table row; also the row of its generation state
     positions: int  # KV-cache positions it reserves: prompt + max_patches
+    prefix: int  # positions its first step writes (the prompt); every later step writes one
+    length: int = 0  # positions it holds after its last planned step
     waiting: bool = True  # admitted, its pages not reserved yet: not stepped
 
 
@@ -42,13 +46,14 @@ class StepPlan:
     run: list[int]  # stream ids to step, in the order asked, each RUNNING
     waiting: list[int]  # asked for but still waiting for pages: no chunk this step
     started: list[int]  # of ``run``: streams that got their pages in this plan
+    pages: dict[int, list[tuple[int, int]]]  # slot -> (page-table index, page) taken for this step's keys
 
 
 class Scheduler:
     """Slots, page reservations and the page queue of up to ``slots`` streams.
 
-    ``blocks`` is the KV cache's page bookkeeping; None for a cache whose rows already hold ``max_len``
-    (every stream that fits a row starts at once).
+    ``blocks`` is the KV cache's page bookkeeping, owned here; None for a cache whose rows already hold
+    ``max_len`` (every stream that fits a row starts at once, and plans carry no pages).
     """
 
     def __init__(self, slots: int, blocks: BlockManager | None = None):
@@ -74,15 +79,17 @@ class Scheduler:
             raise RuntimeError(f"all {self.slots} generator slots are in use")
         return self.free[0]
 
-    def admit(self, stream_id: int, positions: int) -> StreamState:
+    def admit(self, stream_id: int, positions: int, prefix: int) -> StreamState:
         """Give ``stream_id`` the next slot; it runs as soon as the pages for ``positions`` are reserved
-        (now, unless the pool is short or an older stream waits). ValueError when it can never fit (nothing
-        is kept), RuntimeError when no slot is free."""
+        (now, unless the pool is short or an older stream waits); its first step writes ``prefix``
+        positions. ValueError when it can never fit (nothing is kept), RuntimeError when no slot is free."""
+        if not 0 < prefix <= positions:
+            raise ValueError(f"a stream's prefix of {prefix} positions must be in 1..{positions}")
         slot = self.next_slot(stream_id)
         if self.blocks is not None:
             self.blocks.check_fits(positions)
         self.free.popleft()
-        state = self.streams[stream_id] = StreamState(stream_id, slot, positions)
+        state = self.streams[stream_id] = StreamState(stream_id, slot, positions, prefix)
         self.queue.append(stream_id)
         self._start_waiting()
         return state
@@ -100,13 +107,22 @@ class Scheduler:
         return True
 
     def schedule(self, stream_ids: list[int]) -> StepPlan:
-        """The plan for one step over the live ``stream_ids`` (KeyError for one that is not live)."""
+        """The plan for one step over the live ``stream_ids`` (KeyError for one that is not live): who
+        runs, and the pages each running stream takes for the keys this step writes. The caller runs
+        every stream of ``run`` exactly once."""
         started = set(self._start_waiting())
         states = [self.streams[i] for i in stream_ids]
+        running = [s for s in states if not s.waiting]
+        pages = {}
+        for s in running:
+            s.length = s.prefix if s.length == 0 else s.length + 1
+            if self.blocks is not None and (new := self.blocks.grow(s.slot, s.length)):
+                pages[s.slot] = new
         return StepPlan(
-            run=[s.stream_id for s in states if not s.waiting],
+            run=[s.stream_id for s in running],
             waiting=[s.stream_id for s in states if s.waiting],
             started=[s.stream_id for s in states if s.stream_id in started],
+            pages=pages,
         )
 
     def _start_waiting(self) -> list[int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.block_manager import BlockManager
 from engine.chunking import ChunkClock, ChunkSchedule
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import InstructInput, Stream
@@ -40,9 +41,11 @@ class GeneratorStream:
 class GeneratorService:
     """Streams keyed by stream id, stepped together by one batched :class:`~engine.generator.Generator`.
 
-    Who holds a slot, who waits for KV-cache pages and who steps is :attr:`scheduler`
-    (:class:`~engine.scheduler.Scheduler`, plain ints); this class holds the tensors: each stream's
-    generation state and the latents of the chunk it is gathering.
+    Who holds a slot, who waits for KV-cache pages, who steps and which pages each step writes is
+    :attr:`scheduler` (:class:`~engine.scheduler.Scheduler`, plain ints), which owns the page
+    bookkeeping (:class:`~engine.block_manager.BlockManager`, built here to the generator's cache);
+    this class holds the tensors: each stream's generation state and the latents of the chunk it is
+    gathering.
 
     No free slot: :meth:`admit` raises RuntimeError (the caller keeps the stream queued, as Triton's
     sequence batcher does). A free slot but not enough free KV-cache pages: the stream is admitted
@@ -62,7 +65,8 @@ class GeneratorService:
         self.model = model
         self.slots = slots
         self.gen = model.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
-        self.scheduler = Scheduler(slots, getattr(self.gen.cache, "blocks", None))
+        cache = self.gen.cache
+        self.scheduler = Scheduler(slots, BlockManager(cache.slots, cache.max_len, cache.num_pages, cache.page_size))
         self.live: dict[int, GeneratorStream] = {}
         self.clock = clock
 
@@ -124,7 +128,7 @@ class GeneratorService:
         self.admit_instruct(stream_id, given, params, schedule)
 
     def _admitted(self, stream_id: int, state: Stream, latents: np.ndarray, schedule: ChunkSchedule) -> None:
-        self.scheduler.admit(stream_id, state.positions_needed())
+        self.scheduler.admit(stream_id, state.positions_needed(), state.prefix_length())
         self.live[stream_id] = GeneratorStream(stream_id, state, latents, ChunkClock(schedule, self.clock()))
 
     def drop(self, stream_id: int) -> bool:
@@ -147,7 +151,7 @@ class GeneratorService:
         plan = self.scheduler.schedule(stream_ids)
         out: dict[int, Chunk | None] = dict.fromkeys(plan.waiting)
         streams = [self.live[i] for i in plan.run]
-        results = self.gen.step([s.state for s in streams]) if streams else []
+        results = self.gen.step([s.state for s in streams], plan.pages) if streams else []
         now = self.clock()
         for s, r in zip(streams, results, strict=True):
             if r.latents is not None:

@@ -42,8 +42,9 @@ def ready_patch(patch_size: int = 4, dim: int = 64) -> torch.Tensor:
 class SyntheticGenerator(Generator):
     """A :class:`~engine.generator.Generator` whose step is bookkeeping only (same interface, same cache).
 
-    :meth:`new_stream` is the real one (validation; the scheduler reserves and releases the pages);
-    :meth:`step` advances positions and pages as the real step does and returns :func:`ready_patch`.
+    :meth:`new_stream` is the real one (validation; the scheduler reserves, takes and releases the pages);
+    :meth:`step` writes the plan's pages into the page table and advances positions as the real step
+    does, and returns :func:`ready_patch`.
     """
 
     def __post_init__(self) -> None:
@@ -52,15 +53,16 @@ class SyntheticGenerator(Generator):
         self.placeholder = torch.zeros(1, 1, 1)  # a prefilled stream's next input (never read here)
 
     @torch.inference_mode()
-    def step(self, streams: list[Stream]) -> list[StepResult]:
+    def step(self, streams: list[Stream], pages: dict[int, list[tuple[int, int]]] | None = None) -> list[StepResult]:
         """Advance each stream by one patch: (4, 64) ready-made latents; finished after max_patches."""
         if len({s.slot for s in streams}) != len(streams):
             raise ValueError("two streams share a slot")
+        if pages:
+            self.cache.assign(pages)
         results = []
         for s in streams:
             # the positions the real step writes: the prefix on a stream's first step, then one per step
             s.position = s.prefix_length() if not s.prefilled else s.position + 1
-            self.cache.blocks.grow(s.slot, s.position)
             s.next_input = self.placeholder
             s.patches += 1
             s.finished = s.patches >= s.params.max_patches

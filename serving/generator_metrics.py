@@ -36,7 +36,7 @@ class GeneratorMetrics:
         self.pages, self.in_use = self.families["pages"].Metric(), self.families["in_use"].Metric()
         self.waiting = self.families["waiting"].Metric()
         self.slots.set(service.slots)
-        self.pages.set(getattr(service.gen.cache, "num_pages", 0))
+        self.pages.set(service.scheduler.blocks.num_pages)
         self.attention_shown: tuple[str, str] | None = None
         self.attention = None
         self.shown: tuple[int, int, int] | None = None  # (active, in use, waiting) as last set
@@ -51,7 +51,7 @@ class GeneratorMetrics:
         """After admissions, steps and drops: the gauges follow the service. Set only when they change
         (each set is a round trip to Triton's process, and this runs after every step)."""
         s = self.service
-        now = (s.active, getattr(s.gen.cache, "pages_in_use", 0), len(s.waiting))
+        now = (s.active, s.scheduler.blocks.pages_in_use, len(s.waiting))
         before, self.shown = self.shown or (None, None, None), now
         for gauge, value, old in zip((self.active, self.in_use, self.waiting), now, before, strict=True):
             if value != old:

@@ -92,6 +92,7 @@ def write_key(path: Path) -> str:
 
 BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
 GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
+GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
 GATEWAY_RESTARTS = "tts_gateway_restarts_total"
 
 
@@ -159,7 +160,7 @@ class Gateway:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(5)
+            self.proc.wait(GATEWAY_STOP_SECONDS)
         except subprocess.TimeoutExpired:
             self.proc.kill()
 

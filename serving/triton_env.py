@@ -33,6 +33,7 @@ NGC_ROOT = Path("/opt/tritonserver")
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+READY_TIMEOUT = 180.0  # seconds a starting tritonserver may take to answer ready (loading every model)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class TritonServer:
         except OSError:
             return False
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.is_ready():

@@ -10,6 +10,7 @@ import torch
 
 from engine.config import SAMPLES_PER_LATENT
 from engine.params import GenerationParams
+from tests.generation import Planned
 
 
 def reference_latents(model, text: str, params: GenerationParams, prompt=None, language: str = "English"):
@@ -18,10 +19,11 @@ def reference_latents(model, text: str, params: GenerationParams, prompt=None, l
     tokens = model.tokens(text, language, prompt)
     gen = model.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
     stream = gen.new_stream(0, tokens, prompt, params)
-    assert gen.cache.blocks.reserve(0, stream.positions_needed())  # the default pool holds a whole row
+    planned = Planned(gen)
+    planned.admit(stream)  # the default pool holds a whole row
     out = []
     while not stream.finished:
-        r = gen.step([stream])[0]
+        r = planned.step([stream])[0]
         if r.latents is not None:
             out.append(r.latents)
     return torch.cat(out)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from client import TTSClient
 from serving.supervise import find_stubs, is_alive
-from serving.triton_env import REPO_ROOT, Ports, free_port
+from serving.triton_env import READY_TIMEOUT, REPO_ROOT, Ports, free_port
 
 
 def children(pid: int, name: str) -> list[int]:
@@ -71,7 +71,15 @@ class Launcher:
         except OSError:
             return 0
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def first_start(self) -> float:
+        """Seconds its first tritonserver took to get ready, as the launcher measured and printed them
+        (``[supervisor] ready in X s``): what a restart costs on this machine, at its load now."""
+        for line in self.text().splitlines():
+            if line.startswith("[supervisor] ready in "):
+                return float(line.removeprefix("[supervisor] ready in ").partition(" s")[0])
+        raise AssertionError(f"the launcher did not say how long its start took:\n{self.text()}")
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while self.ready_status() != 200:
             assert self.proc.poll() is None, f"the launcher exited:\n{self.text()}"
@@ -134,7 +142,7 @@ def gone(pids, timeout: float) -> bool:
 @dataclass
 class Stream:
     """One tts stream on its own thread: ``started`` is set at its first chunk; then ``error`` (None:
-    finished) and ``ended`` (monotonic time) once it is over."""
+    finished) and ``ended`` (monotonic time) once it is over. ``times``: when each chunk came (monotonic)."""
 
     client: TTSClient
     text: str
@@ -143,6 +151,7 @@ class Stream:
     started: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     chunks: int = 0
+    times: list[float] = field(default_factory=list)
     error: BaseException | None = None
     ended: float = 0.0
 
@@ -152,6 +161,7 @@ class Stream:
     def _run(self) -> None:
         try:
             for _ in self.client.stream(self.text, parameters=self.parameters, **self.kw):
+                self.times.append(time.monotonic())
                 self.chunks += 1
                 self.started.set()
         except Exception as e:  # the test looks at it

@@ -132,9 +132,8 @@ def test_one_layer_through_the_double_equals_sdpa_on_gathered_pages(model):
     sd = PagedCache(cfg, 3, 64, "cpu", torch.float32, None, 4)
     torch.manual_seed(0)
     lens = [5, 12, 1]
-    for cache in (fi, sd):
-        for s in range(len(lens)):
-            cache.blocks.reserve(s, 64)
+    for cache in (fi, sd):  # each row's 64 positions: pages 1-16, 17-32, 33-48
+        cache.assign({s: [(i, 16 * s + i + 1) for i in range(16)] for s in range(len(lens))})
     for s, n in enumerate(lens):  # the same prompts in both
         k, v = torch.randn(2, 1, cfg.num_kv_heads, n, cfg.head_dim)
         for cache in (fi, sd):
@@ -258,7 +257,7 @@ def test_real_flashinfer_matches_sdpa_on_gpu():
         q = torch.randn(1, cfg.num_heads, n, cfg.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
         k, v = torch.randn(2, 1, cfg.num_kv_heads, n, cfg.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
         for cache in (fi, sd):
-            cache.blocks.reserve(s, 256)
+            cache.assign({s: [(i, 16 * s + i + 1) for i in range(16)]})  # its 256 positions
             view = cache.batch([s], [0], n)
             outs[id(cache)].append(attention.get_backend().attend(q, *view.update(3, k, v), view.mask()))
     q = torch.randn(4, cfg.num_heads, 1, cfg.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)

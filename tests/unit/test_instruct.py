@@ -20,6 +20,7 @@ from engine.protocol import CANCELLED
 from engine.streams import GeneratorService
 from engine.synthesize import instruct_run
 from engine.vocoder_service import VocoderService
+from tests.generation import Planned
 
 SOS, EOT, IMAGE_PAD, VIDEO_PAD = 151669, 151677, 151655, 151656  # the real Qwen3 / FireRed ids
 RATE = 24_000
@@ -119,11 +120,12 @@ def test_a_text_phase_ends_and_hands_over_to_audio(model):
     gen = model.generator(1, 1024)
     given = _input(model, "design")
     s = gen.new_instruct_stream(0, given, _params("design"))
-    assert gen.cache.blocks.reserve(0, s.positions_needed())
+    planned = Planned(gen)
+    planned.admit(s)
     assert s.phase is Phase.TEXT
     plan, steps = None, 0
     while s.phase is Phase.TEXT:
-        r = gen.step([s])[0]
+        r = planned.step([s])[0]
         steps += 1
         assert r.latents is None and not r.finished
         plan = r.text_ids if r.text_ids is not None else plan
@@ -136,7 +138,7 @@ def test_a_text_phase_ends_and_hands_over_to_audio(model):
     assert torch.equal(s.next_input[0, 0], sos)
     latents = []
     while not s.finished:
-        r = gen.step([s])[0]
+        r = planned.step([s])[0]
         if r.latents is not None:
             latents.append(r.latents)
     assert 6 <= len(latents) <= 8 and s.text_ids == plan
@@ -204,7 +206,7 @@ def test_mixed_base_and_instruct_streams_equal_their_solo_runs(model):
             jobs[sid][0] in ("design", "semantic_edit")
         )
         torch.testing.assert_close(latents(got), latents(want), atol=1e-4, rtol=1e-4)  # batch-size rounding
-    assert together.active == 0 and together.gen.cache.pages_in_use == 0
+    assert together.active == 0 and together.scheduler.blocks.pages_in_use == 0
 
 
 def test_phases_are_read_from_the_streams_and_change_only_when_a_plan_ends(model):
@@ -227,9 +229,9 @@ def test_a_stream_cancelled_in_its_text_phase_frees_its_slot_and_pages(model):
     svc = GeneratorService(model, 2, 1024)
     svc.admit_instruct(3, _input(model, "design"), _params("design"))
     svc.step([3])
-    assert svc.live[3].state.phase is Phase.TEXT and svc.gen.cache.pages_in_use > 0
+    assert svc.live[3].state.phase is Phase.TEXT and svc.scheduler.blocks.pages_in_use > 0
     assert svc.cancel(3).finish_reason == CANCELLED
-    assert svc.active == 0 and svc.gen.cache.pages_in_use == 0 and sorted(svc.free) == [0, 1]
+    assert svc.active == 0 and svc.scheduler.blocks.pages_in_use == 0 and sorted(svc.free) == [0, 1]
 
 
 # -- offline ---------------------------------------------------------------------------------------------

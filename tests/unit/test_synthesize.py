@@ -16,6 +16,7 @@ from engine.local import local_orchestrator
 from engine.orchestrator import Utterance
 from engine.params import GenerationParams
 from engine.synthesize import stream_audio, synthesize
+from tests.generation import Planned
 from tests.reference import reference_audio, reference_latents, reference_long
 
 
@@ -120,16 +121,17 @@ def test_batched_streams_equal_solo_runs(model):
     solo = [_gen_latents(model, t, s) for t, s in zip(texts, seeds)]
     prompt = model.encode_prompt(None)
     gen = model.generator(slots=4, max_len=512)
+    planned = Planned(gen)
     streams, outs = [], [[] for _ in texts]
     for step in range(1000):
         if step < len(texts):  # a new stream joins at every step
             toks = model.tokens(texts[step], "English", prompt)
             streams.append(gen.new_stream(3 - step, toks, prompt, GenerationParams(seed=seeds[step])))
-            assert gen.cache.blocks.reserve(streams[-1].slot, streams[-1].positions_needed())
+            planned.admit(streams[-1])
         live = [s for s in streams if not s.finished]
         if not live and len(streams) == len(texts):
             break
-        for s, r in zip(live, gen.step(live)):
+        for s, r in zip(live, planned.step(live)):
             if r.latents is not None:
                 outs[streams.index(s)].append(r.latents)
     for i in range(len(texts)):

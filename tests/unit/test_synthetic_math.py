@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.block_manager import pages_for
 from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.streams import GeneratorService
@@ -36,7 +37,7 @@ def run(svc: GeneratorService, model, streams=STREAMS) -> dict[int, list]:
         for i, c in svc.step(list(svc.live)).items():
             if c is not None:
                 chunks[i].append(c)
-        check_disjoint(svc.gen.cache)
+        check_disjoint(svc.scheduler.blocks, svc.gen.cache)
     return chunks
 
 
@@ -52,12 +53,13 @@ def test_synthetic_streams_chunk_and_end_as_the_real_generator(model):
     for (patches, _), cs in zip(STREAMS, synthetic.values(), strict=True):
         assert sum(len(c.latents) for c in cs) == 4 * patches
         assert all(np.array_equal(p, ready_patch().numpy()) for c in cs for p in c.latents.reshape(-1, 4, 64))
-    assert synthetic_svc.active == 0 and synthetic_svc.gen.cache.pages_in_use == 0
+    assert synthetic_svc.active == 0 and synthetic_svc.scheduler.blocks.pages_in_use == 0
     assert sorted(synthetic_svc.free) == [0, 1, 2, 3]
 
 
 def test_synthetic_generator_holds_pages_as_the_real_one(model):
-    """After every step a live stream holds as many KV-cache pages as it would with the real model."""
+    """After every step a live stream holds as many KV-cache pages as it would with the real model, and
+    as many as the positions its generator state has written need."""
     held = {}
     for name, m in (("real", model), ("synthetic", SyntheticFireRedTTS3(model))):
         svc, prompt = GeneratorService(m, slots=2, max_len=512), m.encode_prompt(None)
@@ -66,7 +68,9 @@ def test_synthetic_generator_holds_pages_as_the_real_one(model):
         held[name] = []
         while svc.live:
             svc.step([1])
-            held[name].append(svc.gen.cache.pages_in_use)
+            if svc.live:
+                assert svc.scheduler.blocks.pages_in_use == pages_for(svc.live[1].state.position, 16)
+            held[name].append(svc.scheduler.blocks.pages_in_use)
     assert held["synthetic"] == held["real"] and max(held["real"]) > 1
 
 
