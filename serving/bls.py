@@ -23,6 +23,7 @@ from serving import contract
 from serving.cancel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
+from serving.retired_iterators import RETIRED
 from serving.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
@@ -138,7 +139,7 @@ async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | Non
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=cancel_poll_seconds(_watching))
-            if not task.done() and request.is_cancelled():
+            if not task.done() and RETIRED.is_cancelled(request):
                 task.cancel()
             if not task.done() and (broken := flags.broken()):
                 task.cancel()
@@ -147,6 +148,8 @@ async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | Non
         _watching -= 1
     while lingering:
         await asyncio.wait(set(lingering))
+    if RETIRED.held:  # the iterators this request's streams left (docs/triton.md#T18): let go of them now
+        RETIRED.is_cancelled(request)
     return None
 
 
@@ -179,8 +182,13 @@ class BLS:
         loop = asyncio.get_running_loop()
 
         async def exchange():  # this frame keeps the request alive until its response is in
-            response = await request.async_exec(decoupled=decoupled)
-            return await loop.run_in_executor(self.pool, _final, response) if decoupled else response
+            if not decoupled:
+                return await request.async_exec()
+            responses = await request.async_exec(decoupled=True)
+            try:
+                return await loop.run_in_executor(self.pool, _final, responses)
+            finally:
+                RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
 
         task, deadline = linger(exchange()), time.monotonic() + self.timeout
         while not task.done():  # left to run whatever happens here (the request must outlive its exchange)
@@ -239,6 +247,10 @@ class ResponseStream:
                 # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
                 raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry")
         return self.pending.result()
+
+    def close(self) -> None:
+        """The stream is no longer read: its iterator is let go of once the stub has (docs/triton.md#T18)."""
+        RETIRED.retire(self.responses, self.pending)
 
 
 class BLSPrompts:
@@ -333,6 +345,8 @@ class BLSGenerator:
         finally:
             if not ended:  # shielded: cut short, it would drop the request before its stream ended
                 await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
+            else:
+                responses.close()
 
     async def _started(self, stream_id: int, started: asyncio.Task):
         """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
@@ -378,6 +392,8 @@ class BLSGenerator:
         except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
             log.warning("stream %x: %s after it was cancelled", stream_id, e)
             return
+        finally:
+            responses.close()
         self.cancels.clear(stream_id)  # the stream is over; a mark it did not consume is obsolete
 
 

@@ -5,7 +5,8 @@ A ``tts`` request updated its gauges and counters about ten times; requests that
 (a generator step's streams) updated the same metrics in the same turn of the event loop. Here the
 updates of one turn are summed (counters) or superseded (gauges) and sent once, at the end of the turn,
 and a gauge is not sent again at the value it already has. Values are the same as sent one by one, a
-turn later at most. No Triton.
+turn later at most. A gauge moves by ``increment`` (the difference from the value last sent), never by
+``set``: Triton 2.51's ``Metric.set`` keeps the GIL through its round trip (docs/triton.md#T19). No Triton.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class MetricBatch:
     def __init__(self):
         self.adds: dict = {}  # metric -> amount not sent yet
         self.values: dict = {}  # gauge -> value not sent yet
-        self.sent: dict = {}  # gauge -> the value last sent
+        self.sent: dict = {}  # gauge -> its value in Triton (0 until one is sent)
         self.scheduled = False
 
     def increment(self, metric, amount: float) -> None:
@@ -50,6 +51,6 @@ class MetricBatch:
             if amount:
                 metric.increment(amount)
         for gauge, value in values.items():
-            if self.sent.get(gauge) != value:
-                gauge.set(value)
+            if delta := value - self.sent.get(gauge, 0):  # a Triton metric starts at 0
+                gauge.increment(delta)
                 self.sent[gauge] = value

@@ -8,7 +8,8 @@ loaded callee on that model's own thread, the way Triton does: a batch of queued
 RESCHEDULE queued again without its START flag (the iterative sequence batcher, docs/triton.md#T9).
 Some of Triton's measured behaviours are checked here, so that a model breaking them fails a unit
 test: a second final response, ``is_cancelled()`` after the final response (docs/triton.md#T3) and
-float request parameters (docs/triton.md#T11) raise :class:`FakeTritonFault`.
+float request parameters (docs/triton.md#T11) raise :class:`FakeTritonFault`, and a decoupled BLS response
+iterator that its model let go of before the stub's table did (docs/triton.md#T18) fails the server's exit.
 
 One file past 300 lines on purpose: it stands in for one module, which the models import whole.
 """
@@ -22,6 +23,7 @@ import queue
 import sys
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +161,8 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         if self.sender.closed.is_set():
             raise FakeTritonFault("is_cancelled() after the final response: tritonserver 2.51 crashes")
+        if not self.cancelled and _SERVER is not None:  # a round trip through the stub's queue
+            _SERVER.let_go()
         return self.cancelled
 
     def set_release_flags(self, flags: int) -> None:
@@ -205,8 +209,8 @@ class Metric:
 class _Responses:
     """A decoupled BLS call's response iterator: blocks for each response, ends after the final one."""
 
-    def __init__(self, sender: ResponseSender, timeout: float):
-        self.sender, self.timeout, self.done = sender, timeout, False
+    def __init__(self, sender: ResponseSender, timeout: float, server: FakeTriton | None):
+        self.sender, self.timeout, self.done, self.server = sender, timeout, False, server
 
     def __iter__(self):
         return self
@@ -219,6 +223,8 @@ class _Responses:
         except queue.Empty:
             raise FakeTritonFault(f"no response within {self.timeout} s") from None
         self.done = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if self.done and self.server is not None:  # a decoupled call's: in the stub's table
+            self.server.releasing(self)
         return response
 
 
@@ -264,6 +270,25 @@ class FakeTriton:
         self.models: dict[str, _Served] = {}
         self.timeout = timeout
         self.loops: dict[int, tuple[asyncio.AbstractEventLoop, threading.Thread]] = {}
+        # The stub's table of decoupled BLS iterators (docs/triton.md#T18): one whose final response was read
+        # is let go of at the next is_cancelled() round trip (the latest Triton may); its model must still
+        # hold it then. Models share one table here (each stub has its own): a lenient stand-in.
+        self.table: list[weakref.ref] = []
+        self.table_lock = threading.Lock()
+        self.faults: list[str] = []
+
+    def releasing(self, responses: _Responses) -> None:
+        with self.table_lock:
+            self.table.append(weakref.ref(responses))
+
+    def let_go(self) -> None:
+        with self.table_lock:
+            table, self.table = self.table, []
+        if any(ref() is None for ref in table):
+            self.faults.append(
+                "a decoupled BLS response iterator was let go of before the stub's table let go "
+                "of it: Triton 2.51 frees it without the GIL (docs/triton.md#T18)"
+            )
 
     def __enter__(self) -> FakeTriton:
         global _SERVER
@@ -282,6 +307,9 @@ class FakeTriton:
             if hasattr(served.model, "finalize"):
                 served.model.finalize()
         _SERVER = None
+        self.let_go()
+        if self.faults:
+            raise FakeTritonFault(self.faults[0])
 
     @staticmethod
     def load(folder: str, parameters: dict[str, str]):
@@ -323,7 +351,7 @@ class FakeTriton:
             flags=request.flags(), parameters=json.loads(request.parameters() or "{}"),
         )  # fmt: skip
         served.queue.put(delivered)
-        responses = _Responses(delivered.sender, self.timeout)
+        responses = _Responses(delivered.sender, self.timeout, self if decoupled else None)
         if decoupled:
             return responses
         response = next(responses)

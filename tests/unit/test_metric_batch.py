@@ -20,8 +20,7 @@ class Metric:
         self.calls += 1
 
     def set(self, value):
-        self.value = value
-        self.calls += 1
+        raise AssertionError("Metric.set keeps the stub's GIL through its round trip (docs/triton.md#T19)")
 
 
 def test_one_turns_updates_go_out_once_per_metric_with_the_same_values():
@@ -43,6 +42,10 @@ def test_one_turns_updates_go_out_once_per_metric_with_the_same_values():
         await asyncio.sleep(0)
         assert (ok.calls, gauge.calls) == (1, 1)
         batch.set(gauge, 0)
+        await asyncio.sleep(0)
+        assert (gauge.value, gauge.calls) == (0, 2)
+        batch.set(gauge, 5)
+        batch.set(gauge, 0)  # back to the value Triton has within the turn: nothing to send
         await asyncio.sleep(0)
         assert (gauge.value, gauge.calls) == (0, 2)
 

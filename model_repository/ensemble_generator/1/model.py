@@ -89,7 +89,7 @@ class TritonPythonModel:
 
     def _count(self, delta: int) -> None:
         self.in_flight += delta
-        self.in_flight_gauge.set(self.in_flight)
+        self.in_flight_gauge.increment(delta)  # not set(): it keeps the GIL through its round trip (T19)
 
     async def _watch(self, request, sender, lingering: set) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response

@@ -1,0 +1,77 @@
+"""serving.retired_iterators: a retired BLS response iterator is let go of only after an ``is_cancelled()``
+that went through the stub's queue (returned False) began after it was retired (docs/triton.md#T18)."""
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+from serving.retired_iterators import RetiredIterators
+
+
+class Iterator:  # stands in for the stub's ResponseIterator: all that matters is who holds it
+    pass
+
+
+class Request:
+    def __init__(self, answers):
+        self.answers = list(answers)  # what each is_cancelled() returns; an exception class is raised
+
+    def is_cancelled(self):
+        answer = self.answers.pop(0)
+        if isinstance(answer, type):
+            raise answer("the stub's queue failed")
+        return answer
+
+
+def retired_one(retired: RetiredIterators, reading=None) -> weakref.ref:
+    iterator = Iterator()
+    retired.retire(iterator, reading)
+    return weakref.ref(iterator)
+
+
+def test_let_go_after_a_round_trip_that_returned_false():
+    retired = RetiredIterators()
+    ref = retired_one(retired)
+    gc.collect()
+    assert ref() is not None  # held: the stub may still hold it too
+    assert retired.is_cancelled(Request([False])) is False
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize("answer", [True, RuntimeError])
+def test_held_when_the_answer_may_not_have_gone_through_the_queue(answer):
+    retired = RetiredIterators()
+    ref = retired_one(retired)
+    request = Request([answer, False])
+    if isinstance(answer, type):
+        with pytest.raises(RuntimeError) as raised:
+            retired.is_cancelled(request)
+        del raised  # its traceback holds the call's frame, and so the iterator
+    else:
+        assert retired.is_cancelled(request) is True  # cached by the stub once True: no round trip
+    gc.collect()
+    assert ref() is not None
+    retired.is_cancelled(request)
+    gc.collect()
+    assert ref() is None
+
+
+def test_an_iterator_still_read_is_held_from_the_end_of_its_read():
+    async def scenario():
+        retired = RetiredIterators()
+        reading = asyncio.get_running_loop().create_future()
+        ref = retired_one(retired, reading)
+        retired.is_cancelled(Request([False]))  # began before the read ended: lets go of nothing of it
+        gc.collect()
+        assert ref() is not None and not retired.held  # not held by ``retired`` yet: by the read's callback
+        reading.set_result(None)  # the final read: the stub queues its own release now
+        await asyncio.sleep(0)
+        assert len(retired.held) == 1
+        retired.is_cancelled(Request([False]))
+        gc.collect()
+        assert ref() is None
+
+    asyncio.run(scenario())
