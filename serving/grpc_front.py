@@ -6,15 +6,15 @@ a 3.3 GB peak; 20 streams whose client never reads held 6-7 of 8 slots for 150 s
 their audio until the connection closed). The front holds the bounds of :class:`FrontLimits`, each a
 launcher flag, and answers a call past one with a gRPC status that names it:
 
-- messages are forwarded as raw bytes (no decoding: the hop costs a copy, docs/serving.md has figures);
-  a message larger than ``max_message_mb`` is refused by gRPC itself (RESOURCE_EXHAUSTED) before Triton
-  sees a byte of it;
+- messages are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
+  docs/operations.md); a message larger than ``max_message_mb`` is refused by gRPC itself
+  (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
 - connections, streams per connection, calls, idle connections and unfinished handshakes are bounded by
   gRPC's own server options (:meth:`FrontLimits.server_options`);
 - the front reads Triton's responses as they come (so tritonserver never keeps them), and a stream whose
   client does not take them is ended once ``max_unsent_mb`` wait, or once it has taken none for
   ``max_unsent_seconds`` while they wait (a slow reader that keeps taking meets only the first): its
-  Triton call is cancelled (``tts`` frees its slot at once) and the client's stream ends with
+  Triton call is cancelled (``tts`` frees its slot at its next step) and the client's stream ends with
   RESOURCE_EXHAUSTED naming the bound. gRPC cannot send a status behind data the client does not read: a
   client that reads again within CUT_GRACE gets the status; one that never does keeps only what gRPC
   holds for its stream (one response and the flow-control window) until it closes its connection.
