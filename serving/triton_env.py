@@ -19,11 +19,14 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
 from serving.front_limits import FrontLimits
-from serving.grpc_front import GrpcFront
 from serving.metrics_relay import MetricsRelay
+
+if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
+    from serving.grpc_front import GrpcFront
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
@@ -199,6 +202,8 @@ class TritonServer:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
             self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
         if self.grpc_front and self.front is None:  # it outlives restarts, as the relay does
+            from serving.grpc_front import GrpcFront
+
             self.front = GrpcFront(self.grpc_host, self.ports.grpc, self.triton_grpc, self.grpc_front).start()
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
