@@ -237,8 +237,11 @@ def odd_rates(url: str, rates: tuple[int, ...] = (8009, 12007, 191999)) -> list[
     return answers
 
 
-def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: int = 400) -> str:
-    """``streams`` tts streams over gRPC whose client never reads, held open ``seconds``, then cancelled."""
+def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: int = 400,
+                until: threading.Event | None = None) -> str:  # fmt: skip
+    """``streams`` tts streams over gRPC whose client never reads, held open ``seconds`` (or ``until`` it is
+    set), then cancelled. Against Triton's own port they keep their slots all that time; the gRPC front
+    (serving.grpc_front) ends them once their unsent audio passes its bound."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
     from tritonclient.grpc._utils import _get_inference_request
@@ -257,11 +260,14 @@ def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: 
     with grpc.insecure_channel(url, options=[("grpc.http2.bdp_probe", 0)]) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         calls = [stub.ModelStreamInfer(requests()) for _ in range(streams)]
-        time.sleep(seconds)
+        if until:
+            until.wait()
+        else:
+            time.sleep(seconds)
         for call in calls:
             call.cancel()
         hold.set()
-    return f"{streams} unread streams held {seconds:g} s, then cancelled"
+    return f"{streams} unread streams held {'until told' if until else f'{seconds:g} s'}, then cancelled"
 
 
 GATEWAY: list[str] = []  # the gateway's base URL, if --gateway is given (the attacks below need it)

@@ -130,7 +130,8 @@ class Supervisor:
 
     def announce(self, seconds: float) -> None:
         s = self.server
-        say(f"ready in {seconds:.1f} s: gRPC {s.host}:{s.ports.grpc}, HTTP http://{s.host}:{s.ports.http}, "
+        front = " (the bounded front)" if s.grpc_front else ""
+        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front}, HTTP http://{s.host}:{s.ports.http}, "
             f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
 
     def _start(self, stopping: Callable[[], bool]) -> bool:

@@ -19,9 +19,14 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from serving.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
+from serving.front_limits import FrontLimits
 from serving.metrics_relay import MetricsRelay
+
+if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
+    from serving.grpc_front import GrpcFront
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
@@ -128,6 +133,12 @@ class TritonServer:
     # Triton's own metrics page, on loopback: the metrics port is a relay that does not name the generator
     triton_metrics_port: int = field(default_factory=lambda: free_port())
     relay: MetricsRelay | None = None
+    # With limits, ``ports.grpc`` is the bounded gRPC front (serving.grpc_front) on ``front_host`` (None:
+    # ``metrics_host`` or ``host``), and Triton's own gRPC listens on loopback at ``triton_grpc_port``.
+    grpc_front: FrontLimits | None = None
+    front_host: str | None = None
+    triton_grpc_port: int = field(default_factory=lambda: free_port())
+    front: GrpcFront | None = None
 
     @property
     def generator_model(self) -> str:
@@ -145,6 +156,16 @@ class TritonServer:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         return f"[{host}]" if ":" in host else host
 
+    @property
+    def grpc_host(self) -> str:
+        """Where ``ports.grpc`` listens: the front's host, or Triton's."""
+        return (self.front_host or self.metrics_host or self.host) if self.grpc_front else self.host
+
+    @property
+    def triton_grpc(self) -> str:
+        """Triton's own gRPC address, as this machine reaches it (behind the front, when there is one)."""
+        return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
+
     def command(self, install: TritonInstall) -> list[str]:
         return [
             str(install.binary),
@@ -154,10 +175,10 @@ class TritonServer:
             # Stopping waits this long for the models to unload (the launcher drains streams before).
             "--exit-timeout-secs=5",
             f"--http-address={self.host}",
-            f"--grpc-address={self.host}",
+            f"--grpc-address={'127.0.0.1' if self.grpc_front else self.host}",
             "--metrics-address=127.0.0.1",
             f"--http-port={self.ports.http}",
-            f"--grpc-port={self.ports.grpc}",
+            f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
             f"--metrics-port={self.triton_metrics_port}",
             "--backend-config=python,shm-default-byte-size=67108864",
             "--backend-config=python,shm-growth-byte-size=16777216",
@@ -181,6 +202,10 @@ class TritonServer:
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
             self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
+        if self.grpc_front and self.front is None:  # it outlives restarts, as the relay does
+            from serving.grpc_front import GrpcFront
+
+            self.front = GrpcFront(self.grpc_host, self.ports.grpc, self.triton_grpc, self.grpc_front).start()
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
@@ -259,6 +284,9 @@ class TritonServer:
         if self.relay is not None:
             self.relay.close()
             self.relay = None
+        if self.front is not None:
+            self.front.close()
+            self.front = None
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -31,7 +31,9 @@ OPERATOR_KEY = f"operator-{os.urandom(12).hex()}"
 def launcher(tiny_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launcher")
     (tmp / "key").write_text(OPERATOR_KEY + "\n")
-    with Launcher.start(tiny_ckpt, tmp, "--slots", "2", "--admin-key-file", str(tmp / "key")) as ln:
+    # the gRPC port is the bounded front (serving.grpc_front): every gRPC call below goes through it
+    args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on")
+    with Launcher.start(tiny_ckpt, tmp, *args) as ln:
         ln.wait_ready()
         yield ln
 
@@ -51,6 +53,7 @@ def test_serves_from_a_run_folder_of_its_own_with_a_private_triton_key(launcher)
     assert speech.status_code == 200 and len(speech.content) == 2 * audio.size
     run, text = launcher.run_dir, launcher.text()
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{launcher.proc.pid}", run.name) and "ready in" in text
+    assert f"gRPC 127.0.0.1:{launcher.ports.grpc} (the bounded front)," in text
     assert not (run / "admin_key").exists()  # the operator gave one
     key_file = run / "triton_admin_key"
     assert f"Triton admin key (repository index, shared memory, logging, trace): {key_file}" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+from serving.front_limits import FrontLimits, front_wanted
 from serving.serve import busy_ports
 from serving.triton_env import Ports, TritonInstall, TritonServer, free_port
 
@@ -26,3 +27,28 @@ def test_the_command_binds_triton_to_its_host(tmp_path):
     command = server.command(install)
     assert "--http-address=127.0.0.1" in command and "--grpc-address=127.0.0.1" in command
     assert "--metrics-address=127.0.0.1" in command  # Triton's own page: only the relay reads it
+
+
+def test_with_the_grpc_front_triton_grpc_listens_on_a_private_loopback_port(tmp_path):
+    server = TritonServer(tmp_path / "repo", tmp_path, Ports(1, 2, 3), host="0.0.0.0", grpc_front=FrontLimits())
+    command = server.command(TritonInstall(tmp_path / "tritonserver", tmp_path / "backends", ()))
+    assert "--grpc-address=127.0.0.1" in command and f"--grpc-port={server.triton_grpc_port}" in command
+    assert "--grpc-port=2" not in command and server.triton_grpc_port != 2
+    assert "--http-address=0.0.0.0" in command  # the HTTP port is not the front's business
+    assert server.triton_grpc == f"127.0.0.1:{server.triton_grpc_port}" and server.grpc_host == "0.0.0.0"
+
+
+def test_the_front_is_on_by_default_only_where_triton_grpc_would_be_public():
+    assert front_wanted("auto", True) and not front_wanted("auto", False)
+    assert front_wanted("on", False) and not front_wanted("off", True)
+
+
+def test_the_grpc_port_is_checked_where_the_front_listens():
+    ports = Ports(free_port(), free_port(), free_port())
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.2", ports.grpc))
+        held.listen()
+        assert busy_ports("127.0.0.1", ports, triton_host="127.0.0.1", front_host="127.0.0.3") == []
+        busy = busy_ports("127.0.0.3", ports, triton_host="127.0.0.1", front_host="127.0.0.2")
+        assert len(busy) == 1 and busy[0].startswith(f"gRPC port {ports.grpc} on 127.0.0.2 is busy")

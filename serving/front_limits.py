@@ -1,0 +1,103 @@
+"""The bounds of the gRPC front (:mod:`serving.grpc_front`), written once: :class:`FrontLimits`, its launcher
+flags (``--grpc-front-max-message-mb`` for ``max_message_mb``) and when the launcher puts the front in
+place (``--grpc-front auto|on|off``)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field, fields, replace
+
+FRONT_MODES = ("auto", "on", "off")
+PREFIX = "grpc_front_"  # the flags' dest prefix
+
+
+def default_max_message_mb() -> float:
+    """The largest legitimate request, with room for its other inputs: the longest reference
+    (MAX_REFERENCE_SECONDS) at the highest rate taken, as float32 samples, plus 1 MiB: 44.9 MiB."""
+    from engine.audio import REFERENCE_RATES
+    from engine.protocol import MAX_REFERENCE_SECONDS
+
+    return math.ceil((MAX_REFERENCE_SECONDS * REFERENCE_RATES[1] * 4 + 2**20) / 2**20 * 10) / 10
+
+
+def bound(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    max_message_mb: float = bound(0.0, "largest request message in MiB; larger: RESOURCE_EXHAUSTED before Triton "
+                                  "sees it (default 0: the longest reference at the highest rate, 44.9 MiB)")  # fmt: skip
+    max_calls: int = bound(0, "calls in progress at once, all connections together; more: RESOURCE_EXHAUSTED "
+                           "(default 0: 2 x (slots + queue) + 32)")  # fmt: skip
+    max_connections: int = bound(512, "open connections; more are closed at once")
+    max_streams_per_connection: int = bound(64, "HTTP/2 streams (calls) one connection may have open")
+    idle_seconds: float = bound(300.0, "a connection with no call for this long is closed (clients reconnect)")
+    handshake_seconds: float = bound(10.0, "a connection that has not finished its HTTP/2 handshake by then is closed")
+    keepalive_seconds: float = bound(60.0, "the front pings each connection this often; no answer in 20 s closes it")
+    max_unsent_mb: float = bound(8.0, "responses of one stream its client has not taken, in MiB (8 MiB: 87 s of "
+                                 "24 kHz float32 audio); past it the stream is ended, its slot freed")  # fmt: skip
+    max_unsent_seconds: float = bound(20.0, "how long a stream's client may take nothing while responses wait for "
+                                      "it; then the stream is ended, its slot freed")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for name in ("max_message_mb", "max_calls", "idle_seconds", "handshake_seconds", "keepalive_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_connections", "max_streams_per_connection"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.max_unsent_mb > 0 and self.max_unsent_seconds > 0):
+            raise ValueError("max_unsent_mb and max_unsent_seconds must be > 0")
+
+    def for_places(self, places: int) -> FrontLimits:
+        """``max_calls`` 0 resolved for a server with ``places`` admission places (slots + queue): each
+        stream holds one call, and as many again may be refused as busy beside health and metadata calls."""
+        return self if self.max_calls else replace(self, max_calls=2 * places + 32)
+
+    @property
+    def message_bytes(self) -> int:
+        return int((self.max_message_mb or default_max_message_mb()) * 2**20)
+
+    @property
+    def unsent_bytes(self) -> int:
+        return int(self.max_unsent_mb * 2**20)
+
+    def server_options(self) -> list[tuple[str, int]]:
+        """gRPC server options for these bounds (``max_calls`` goes to the server itself)."""
+        ms = lambda seconds: max(1, int(seconds * 1000))  # noqa: E731
+        return [
+            ("grpc.max_receive_message_length", self.message_bytes),
+            ("grpc.max_send_message_length", -1),  # what Triton answers is bounded by the contract
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+            ("grpc.max_connection_idle_ms", ms(self.idle_seconds)),
+            ("grpc.server_handshake_timeout_ms", ms(self.handshake_seconds)),
+            ("grpc.keepalive_time_ms", ms(self.keepalive_seconds)),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.max_metadata_size", 16 * 1024),
+            ("grpc.so_reuseport", 0),  # a second server on the port is an error, not a silent share
+        ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc-front", choices=FRONT_MODES, default="auto",
+                        help="the bounded gRPC front on --grpc-port, with Triton's own gRPC on a private loopback "
+                             "port (serving.grpc_front); auto: on when Triton's gRPC would otherwise be reachable "
+                             "from other machines (a non-loopback --triton-host, or --host without it)")  # fmt: skip
+    for f in fields(FrontLimits):
+        kind = type(f.default)
+        help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
+        metavar = "MB" if f.name.endswith("_mb") else "SECONDS" if f.name.endswith("_seconds") else "N"
+        parser.add_argument("--grpc-front-" + f.name.replace("_", "-"), dest=PREFIX + f.name, type=kind,
+                            default=f.default, metavar=metavar, help=help)  # fmt: skip
+
+
+def from_arguments(args: argparse.Namespace, places: int) -> FrontLimits:
+    """Parsed flags -> FrontLimits for a server of ``places`` (ValueError if one is out of range)."""
+    return FrontLimits(**{f.name: getattr(args, PREFIX + f.name) for f in fields(FrontLimits)}).for_places(places)
+
+
+def front_wanted(mode: str, triton_reachable_from_outside: bool) -> bool:
+    return mode == "on" or (mode == "auto" and triton_reachable_from_outside)
