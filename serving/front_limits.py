@@ -1,6 +1,8 @@
-"""The bounds of the gRPC front (:mod:`serving.grpc_front`), written once: :class:`FrontLimits`, its launcher
-flags (``--grpc-front-max-message-mb`` for ``max_message_mb``) and when the launcher puts the front in
-place (``--grpc-front auto|on|off``)."""
+"""The bounds of the fronts, written once: :class:`FrontLimits` for the gRPC front (:mod:`serving.grpc_front`)
+and :class:`HttpFrontLimits` for the HTTP front (:mod:`serving.http_front`), their launcher flags
+(``--grpc-front-max-message-mb`` for ``FrontLimits.max_message_mb``, ``--http-front-max-body-mb`` for
+``HttpFrontLimits.max_body_mb``) and when the launcher puts a front in place (``--grpc-front`` and
+``--http-front``, each ``auto|on|off``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 
 FRONT_MODES = ("auto", "on", "off")
 PREFIX = "grpc_front_"  # the flags' dest prefix
+HTTP_PREFIX = "http_front_"
 
 
 def default_max_message_mb() -> float:
@@ -81,22 +84,74 @@ class FrontLimits:
         ]
 
 
+@dataclass(frozen=True)
+class HttpFrontLimits:
+    max_body_mb: float = bound(0.0, "largest request body in MiB (Content-Length, or a chunked body as it "
+                               "streams); larger: 413 before Triton sees it (default 0: as --grpc-front-max-message-mb, "
+                               "the longest reference at the highest rate as binary float32, 44.9 MiB)")  # fmt: skip
+    max_header_kb: float = bound(16.0, "largest request head (request line and headers) in KiB; larger: 431")
+    header_seconds: float = bound(10.0, "a request head not complete this long after its connection opened (or "
+                                  "after its first byte on a kept-alive connection) closes the connection")  # fmt: skip
+    idle_seconds: float = bound(60.0, "a kept-alive connection with no request for this long is closed, as is one "
+                                "whose request body stops coming for as long")  # fmt: skip
+    max_connections: int = bound(512, "open connections; more get 503 and are closed")
+    max_unsent_mb: float = bound(8.0, "a response its client has not taken, in MiB; past it the connection is "
+                                 "closed, and Triton's request with it")  # fmt: skip
+    max_unsent_seconds: float = bound(20.0, "how long a client may take nothing while its response waits; then "
+                                      "the connection is closed, and Triton's request with it")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if not self.max_body_mb >= 0:
+            raise ValueError(f"max_body_mb must be >= 0, got {self.max_body_mb}")
+        for name in ("max_header_kb", "header_seconds", "idle_seconds", "max_unsent_mb", "max_unsent_seconds"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+
+    @property
+    def body_bytes(self) -> int:
+        return int((self.max_body_mb or default_max_message_mb()) * 2**20)
+
+    @property
+    def header_bytes(self) -> int:
+        return int(self.max_header_kb * 1024)
+
+    @property
+    def unsent_bytes(self) -> int:
+        return int(self.max_unsent_mb * 2**20)
+
+
+def _add_bounds(parser: argparse.ArgumentParser, limits: type, flag: str, prefix: str) -> None:
+    for f in fields(limits):
+        kind = type(f.default)
+        help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
+        metavar = ("MB" if f.name.endswith("_mb") else "KB" if f.name.endswith("_kb")
+                   else "SECONDS" if f.name.endswith("_seconds") else "N")  # fmt: skip
+        parser.add_argument(f"--{flag}-" + f.name.replace("_", "-"), dest=prefix + f.name, type=kind,
+                            default=f.default, metavar=metavar, help=help)  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-front", choices=FRONT_MODES, default="auto",
                         help="the bounded gRPC front on --grpc-port, with Triton's own gRPC on a private loopback "
                              "port (serving.grpc_front); auto: on when Triton's gRPC would otherwise be reachable "
                              "from other machines (a non-loopback --triton-host, or --host without it)")  # fmt: skip
-    for f in fields(FrontLimits):
-        kind = type(f.default)
-        help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
-        metavar = "MB" if f.name.endswith("_mb") else "SECONDS" if f.name.endswith("_seconds") else "N"
-        parser.add_argument("--grpc-front-" + f.name.replace("_", "-"), dest=PREFIX + f.name, type=kind,
-                            default=f.default, metavar=metavar, help=help)  # fmt: skip
+    _add_bounds(parser, FrontLimits, "grpc-front", PREFIX)
+    parser.add_argument("--http-front", choices=FRONT_MODES, default="auto",
+                        help="the bounded HTTP front on --http-port, with Triton's own HTTP on a private loopback "
+                             "port (serving.http_front); auto: as --grpc-front")  # fmt: skip
+    _add_bounds(parser, HttpFrontLimits, "http-front", HTTP_PREFIX)
 
 
 def from_arguments(args: argparse.Namespace, places: int) -> FrontLimits:
     """Parsed flags -> FrontLimits for a server of ``places`` (ValueError if one is out of range)."""
     return FrontLimits(**{f.name: getattr(args, PREFIX + f.name) for f in fields(FrontLimits)}).for_places(places)
+
+
+def http_from_arguments(args: argparse.Namespace) -> HttpFrontLimits:
+    """Parsed flags -> HttpFrontLimits (ValueError if one is out of range)."""
+    return HttpFrontLimits(**{f.name: getattr(args, HTTP_PREFIX + f.name) for f in fields(HttpFrontLimits)})
 
 
 def front_wanted(mode: str, triton_reachable_from_outside: bool) -> bool:

@@ -1,0 +1,179 @@
+"""serving.http_front against a stand-in upstream (http.server on loopback): what it forwards, what it
+refuses before the upstream sees it, and what it does with a client that never finishes its head or never
+reads. The real path, tritonserver behind the front, is tests/integration/test_http_front.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from serving.front_limits import HttpFrontLimits
+from serving.http_front import HttpFront, forwarded_headers
+from serving.triton_env import free_port
+
+CHUNK = 32 * 1024
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.server.seen.append((self.path, dict(self.headers)))
+        if self.headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while (size := int(self.rfile.readline().strip(), 16)) > 0:
+                body += self.rfile.read(size)
+                self.rfile.readline()
+            self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path == "/stream":  # chunks until the client is gone
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            try:
+                for i in range(int(body or b"0") or 10**9):
+                    data = (f"data: {i}\n\n".encode()).ljust(CHUNK if not body else 0, b" ")
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                    self.server.sent += 1
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                self.server.gone.set()
+            return
+        out = json.dumps({"path": self.path, "bytes": len(body), "probe": self.headers.get("x-probe")}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    server.seen, server.sent, server.gone = [], 0, threading.Event()
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def front(upstream):
+    limits = HttpFrontLimits(max_body_mb=1, max_header_kb=4, header_seconds=1, idle_seconds=2, max_connections=4,
+                             max_unsent_mb=2, max_unsent_seconds=1)  # fmt: skip
+    f = HttpFront("127.0.0.1", free_port(), upstream.server_address, limits).start()
+    yield f
+    f.close()
+
+
+def post(front, path, body=b"", headers=None, conn=None):
+    conn = conn or http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    chunked = "transfer-encoding" in (headers or {})
+    conn.request("POST", path, body=body, headers=headers or {}, encode_chunked=chunked)
+    r = conn.getresponse()
+    return r.status, r.read(), conn
+
+
+def wait_closed(sock: socket.socket, seconds: float) -> bool:
+    """True if the front closes ``sock`` within ``seconds`` (EOF or reset)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_forwards_requests_on_a_kept_alive_connection(front, upstream):
+    status, body, conn = post(front, "/echo", b"x" * 1000, {"x-probe": "mine", "connection": "keep-alive, x-hop",
+                                                             "x-hop": "dropped"})  # fmt: skip
+    assert status == 200 and json.loads(body) == {"path": "/echo", "bytes": 1000, "probe": "mine"}
+    status, body, _ = post(front, "/again", b"y" * 10, conn=conn)  # the same connection
+    assert status == 200 and json.loads(body)["bytes"] == 10
+    path, headers = upstream.seen[-2]
+    assert "x-hop" not in {k.lower() for k in headers}  # named by Connection: hop-by-hop
+    conn.close()
+
+
+def test_chunked_body_is_forwarded_and_counted(front):
+    status, body, conn = post(front, "/echo", iter([b"a" * 5000, b"b" * 5000]), {"transfer-encoding": "chunked"})
+    assert status == 200 and json.loads(body)["bytes"] == 10000
+    status, body, conn = post(front, "/echo", iter([b"a" * 2**19] * 3), {"transfer-encoding": "chunked"})
+    assert status == 413 and "--http-front-max-body-mb" in json.loads(body)["error"]
+
+
+def test_oversized_body_gets_413_before_upstream(front, upstream):
+    before = len(upstream.seen)
+    status, body, _ = post(front, "/echo", b"z" * (2**20 + 1))
+    assert status == 413 and "--http-front-max-body-mb" in json.loads(body)["error"]
+    assert len(upstream.seen) == before
+
+
+def test_large_head_gets_431(front):
+    status, body, _ = post(front, "/echo", b"", {"x-big": "h" * 8000})
+    assert status == 431 and "--http-front-max-header-kb" in json.loads(body)["error"]
+
+
+def test_unfinished_head_is_closed(front, upstream):
+    before = len(upstream.seen)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\n")  # never the blank line
+        assert wait_closed(s, 10)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:  # kept alive, then idle
+        s.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        assert wait_closed(s, 10)
+    assert len(upstream.seen) == before + 1
+
+
+def test_stream_arrives_chunk_by_chunk(front):
+    conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    conn.request("POST", "/stream", body=b"3")
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("transfer-encoding") == "chunked"
+    assert r.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+def test_client_that_never_reads_is_cut(front, upstream):
+    cuts = front.cuts
+    upstream.gone.clear()
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.sendall(b"POST /stream HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        assert upstream.gone.wait(20)  # the upstream's response ended with the connection
+    assert front.cuts == cuts + 1
+    status, body, _ = post(front, "/echo", b"ok")  # the front still serves
+    assert status == 200
+
+
+def test_connections_past_the_bound_get_503(front):
+    socks = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(4)]
+    try:
+        time.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", front.port))
+        extra.settimeout(5)
+        assert extra.recv(1000).startswith(b"HTTP/1.1 503")
+        extra.close()
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_forwarded_headers_drop_hop_by_hop():
+    headers = [(b"Connection", b"close, X-A"), (b"x-a", b"1"), (b"te", b"trailers"), (b"x-b", b"2"),
+               (b"transfer-encoding", b"chunked"), (b"admin-key", b"k")]  # fmt: skip
+    assert forwarded_headers(headers) == [(b"x-b", b"2"), (b"admin-key", b"k")]
+    assert forwarded_headers(headers, keep_framing=True)[-1] == (b"transfer-encoding", b"chunked")
