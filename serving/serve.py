@@ -32,6 +32,7 @@ from serving.admin_key import default_state_dir, load_or_create
 from serving.front_limits import add_arguments as add_front_arguments
 from serving.front_limits import from_arguments as front_limits
 from serving.front_limits import front_wanted
+from serving.front_limits import http_from_arguments as http_front_limits
 from serving.metrics_relay import LAUNCHER
 from serving.options import add_arguments, from_arguments
 from serving.repository import build
@@ -56,12 +57,13 @@ def is_loopback(host: str) -> bool:
 
 
 def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: str | None = None,
-               front_host: str | None = None) -> list[str]:  # fmt: skip
+               front_host: str | None = None, http_front_host: str | None = None) -> list[str]:  # fmt: skip
     """Every port that cannot be bound, each with the option that moves it (they are held open together, so
     a port given twice is busy too): Triton's HTTP and gRPC on ``triton_host`` (default ``host``; the gRPC
-    port on ``front_host`` when the gRPC front holds it), the metrics and OpenAI ports on ``host``."""
+    port on ``front_host`` when the gRPC front holds it, the HTTP port on ``http_front_host`` when the HTTP
+    front does), the metrics and OpenAI ports on ``host``."""
     triton_host = triton_host or host
-    named = [("HTTP", ports.http, "--http-port", triton_host),
+    named = [("HTTP", ports.http, "--http-port", http_front_host or triton_host),
              ("gRPC", ports.grpc, "--grpc-port", front_host or triton_host),
              ("metrics", ports.metrics, "--metrics-port", host)]  # fmt: skip
     busy = []
@@ -172,17 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap)  # the server's options (serving.options.ServeOptions)
     ap.add_argument("--host", default="127.0.0.1", help="where the ports listen (see --triton-host)")
     ap.add_argument("--triton-host", help="where Triton's own HTTP and gRPC ports listen (default: --host). "
-                    "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the gRPC "
-                    "front with --grpc-front on), which "
+                    "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the "
+                    "fronts with --grpc-front/--http-front on), which "
                     "bound what a client may send and hold (Triton 2.51 takes gRPC messages up to 2 GB and keeps "
                     "idle HTTP connections open)")  # fmt: skip
-    ap.add_argument("--http-port", type=int, default=8000)
+    ap.add_argument("--http-port", type=int, default=8000, help="HTTP: the bounded front when it is on "
+                    "(--http-front), else Triton's own")  # fmt: skip
     ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC: the bounded front when it is on "
                     "(--grpc-front), else Triton's own")  # fmt: skip
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
-    add_front_arguments(ap)  # --grpc-front and its bounds (serving.front_limits)
+    add_front_arguments(ap)  # --grpc-front, --http-front and their bounds (serving.front_limits)
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
     key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: the one kept in "
@@ -218,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
     ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
     front = front_wanted(args.grpc_front, not is_loopback(triton_host))
+    http_front = front_wanted(args.http_front, not is_loopback(triton_host))
     busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port, triton_host,
-                      args.host if front else None)  # fmt: skip
+                      args.host if front else None, args.host if http_front else None)  # fmt: skip
     if busy:  # before anything is written: a running server's files stay as they are
         print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
         return 2
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # checked before the run folder is made
         opts = from_arguments(args, checkpoint=str(ckpt), voice_dir=str(voice_dir))
         limits = front_limits(args, opts.slots + opts.queue) if front else None
+        http_limits = http_front_limits(args) if http_front else None
     except ValueError as e:
         ap.error(str(e))
     if os.geteuid() == 0:
@@ -256,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
     server = TritonServer(repo, work, ports, host=triton_host, metrics_host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
-                          triton_key=triton_key, grpc_front=limits)  # fmt: skip
+                          triton_key=triton_key, grpc_front=limits, http_front=http_limits)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
     signals = []
     signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))

@@ -131,7 +131,9 @@ class Supervisor:
     def announce(self, seconds: float) -> None:
         s = self.server
         front = " (the bounded front)" if s.grpc_front else ""
-        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front}, HTTP http://{s.host}:{s.ports.http}, "
+        http_front = " (the bounded front)" if s.http_front else ""
+        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front}, HTTP http://{s.http_host}:{s.ports.http}"
+            f"{http_front}, "
             f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
 
     def _start(self, stopping: Callable[[], bool]) -> bool:

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
-from serving.front_limits import FrontLimits
+from serving.front_limits import FrontLimits, HttpFrontLimits
 from serving.metrics_relay import MetricsRelay
 
 if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
     from serving.grpc_front import GrpcFront
+    from serving.http_front import HttpFront
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_ROOT = Path("/opt/tritonserver")
@@ -139,6 +140,11 @@ class TritonServer:
     front_host: str | None = None
     triton_grpc_port: int = field(default_factory=lambda: free_port())
     front: GrpcFront | None = None
+    # With http limits, ``ports.http`` is the bounded HTTP front (serving.http_front) on ``front_host`` (as
+    # above), and Triton's own HTTP listens on loopback at ``triton_http_port``.
+    http_front: HttpFrontLimits | None = None
+    triton_http_port: int = field(default_factory=lambda: free_port())
+    http_proxy: HttpFront | None = None
 
     @property
     def generator_model(self) -> str:
@@ -162,6 +168,16 @@ class TritonServer:
         return (self.front_host or self.metrics_host or self.host) if self.grpc_front else self.host
 
     @property
+    def http_host(self) -> str:
+        """Where ``ports.http`` listens: the front's host, or Triton's."""
+        return (self.front_host or self.metrics_host or self.host) if self.http_front else self.host
+
+    @property
+    def triton_http(self) -> str:
+        """Triton's own HTTP address (host:port), as this machine reaches it (behind the front, when there is one)."""
+        return f"127.0.0.1:{self.triton_http_port}" if self.http_front else f"{self.local_host}:{self.ports.http}"
+
+    @property
     def triton_grpc(self) -> str:
         """Triton's own gRPC address, as this machine reaches it (behind the front, when there is one)."""
         return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
@@ -174,10 +190,10 @@ class TritonServer:
             "--model-control-mode=none",  # every model of the repository loads at start; none later
             # Stopping waits this long for the models to unload (the launcher drains streams before).
             "--exit-timeout-secs=5",
-            f"--http-address={self.host}",
+            f"--http-address={'127.0.0.1' if self.http_front else self.host}",
             f"--grpc-address={'127.0.0.1' if self.grpc_front else self.host}",
             "--metrics-address=127.0.0.1",
-            f"--http-port={self.ports.http}",
+            f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
             f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
             f"--metrics-port={self.triton_metrics_port}",
             "--backend-config=python,shm-default-byte-size=67108864",
@@ -206,6 +222,11 @@ class TritonServer:
             from serving.grpc_front import GrpcFront
 
             self.front = GrpcFront(self.grpc_host, self.ports.grpc, self.triton_grpc, self.grpc_front).start()
+        if self.http_front and self.http_proxy is None:
+            from serving.http_front import HttpFront
+
+            upstream = ("127.0.0.1", self.triton_http_port)
+            self.http_proxy = HttpFront(self.http_host, self.ports.http, upstream, self.http_front).start()
         install = find_triton(self.work_dir)
         self.log_path = self.log_path or self.work_dir / "tritonserver.log"
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
@@ -225,7 +246,7 @@ class TritonServer:
         if self.proc.poll() is not None:
             raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
         try:
-            with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.http}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.triton_http}/v2/health/ready", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
@@ -287,6 +308,9 @@ class TritonServer:
         if self.front is not None:
             self.front.close()
             self.front = None
+        if self.http_proxy is not None:
+            self.http_proxy.close()
+            self.http_proxy = None
 
     def __enter__(self) -> TritonServer:
         self.start()
