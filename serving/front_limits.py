@@ -88,7 +88,7 @@ class FrontLimits:
 class HttpFrontLimits:
     max_body_mb: float = bound(0.0, "largest request body in MiB (Content-Length, or a chunked body as it "
                                "streams); larger: 413 before Triton sees it (default 0: as --grpc-front-max-message-mb, "
-                               "the longest reference at the highest rate as binary float32, 44.9 MiB)")  # fmt: skip
+                               "the longest reference at the highest rate as binary float32)")  # fmt: skip
     max_header_kb: float = bound(16.0, "largest request head (request line and headers) in KiB; larger: 431")
     header_seconds: float = bound(10.0, "a request head not complete this long after its connection opened (or "
                                   "after its first byte on a kept-alive connection) closes the connection")  # fmt: skip

@@ -210,6 +210,8 @@ class _Client:
                 self.send(type(event)(status_code=event.status_code, headers=forwarded_headers(event.headers),
                                       reason=event.reason))  # fmt: skip
             elif isinstance(event, h11.Data):
+                if self.writer.transport.is_closing():  # the client left: so does Triton's request
+                    raise Closed
                 self.send(event)
                 if self.unsent() > limits.unsent_bytes:
                     self.front.cut(self, "bytes")

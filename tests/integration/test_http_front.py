@@ -54,7 +54,6 @@ def still_serving(server, front) -> None:
     assert np.array_equal(np.concatenate(via_front), np.concatenate(direct))
 
 
-
 def test_triton_http_is_on_loopback_behind_the_front(server):
     assert server.triton_http == f"127.0.0.1:{server.triton_http_port}"
     assert server.triton_http_port != server.ports.http

@@ -159,6 +159,17 @@ def test_client_that_never_reads_is_cut(front, upstream):
     assert status == 200
 
 
+def test_a_client_that_leaves_ends_the_upstream_response(front, upstream):
+    upstream.gone.clear()
+    conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    conn.request("POST", "/stream", body=b"")
+    r = conn.getresponse()
+    assert r.read1(100).startswith(b"data: 0")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    assert upstream.gone.wait(20)
+
+
 def test_connections_past_the_bound_get_503(front):
     socks = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(4)]
     try:
