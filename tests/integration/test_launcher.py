@@ -31,8 +31,9 @@ OPERATOR_KEY = f"operator-{os.urandom(12).hex()}"
 def launcher(tiny_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launcher")
     (tmp / "key").write_text(OPERATOR_KEY + "\n")
-    # the gRPC port is the bounded front (serving.grpc_front): every gRPC call below goes through it
-    args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on")
+    # the gRPC and HTTP ports are the bounded fronts (serving.grpc_front, serving.http_front): every gRPC and
+    # HTTP call below goes through them
+    args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on", "--http-front", "on")
     with Launcher.start(tiny_ckpt, tmp, *args) as ln:
         ln.wait_ready()
         yield ln
@@ -54,6 +55,7 @@ def test_serves_from_a_run_folder_of_its_own_with_a_private_triton_key(launcher)
     run, text = launcher.run_dir, launcher.text()
     assert re.fullmatch(rf"\d{{8}}T\d{{6}}Z-{launcher.proc.pid}", run.name) and "ready in" in text
     assert f"gRPC 127.0.0.1:{launcher.ports.grpc} (the bounded front)," in text
+    assert f"HTTP http://127.0.0.1:{launcher.ports.http} (the bounded front)," in text
     assert not (run / "admin_key").exists()  # the operator gave one
     key_file = run / "triton_admin_key"
     assert f"Triton admin key (repository index, shared memory, logging, trace): {key_file}" in text

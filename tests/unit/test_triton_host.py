@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from serving.front_limits import FrontLimits, front_wanted
+from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.serve import busy_ports
 from serving.triton_env import Ports, TritonInstall, TritonServer, free_port
 
@@ -38,6 +38,15 @@ def test_with_the_grpc_front_triton_grpc_listens_on_a_private_loopback_port(tmp_
     assert server.triton_grpc == f"127.0.0.1:{server.triton_grpc_port}" and server.grpc_host == "0.0.0.0"
 
 
+def test_with_the_http_front_triton_http_listens_on_a_private_loopback_port(tmp_path):
+    server = TritonServer(tmp_path / "repo", tmp_path, Ports(1, 2, 3), host="0.0.0.0", http_front=HttpFrontLimits())
+    command = server.command(TritonInstall(tmp_path / "tritonserver", tmp_path / "backends", ()))
+    assert "--http-address=127.0.0.1" in command and f"--http-port={server.triton_http_port}" in command
+    assert "--http-port=1" not in command and server.triton_http_port != 1
+    assert "--grpc-address=0.0.0.0" in command and "--grpc-port=2" in command  # no gRPC front asked for
+    assert server.triton_http == f"127.0.0.1:{server.triton_http_port}" and server.http_host == "0.0.0.0"
+
+
 def test_the_front_is_on_by_default_only_where_triton_grpc_would_be_public():
     assert front_wanted("auto", True) and not front_wanted("auto", False)
     assert front_wanted("on", False) and not front_wanted("off", True)
@@ -52,3 +61,14 @@ def test_the_grpc_port_is_checked_where_the_front_listens():
         assert busy_ports("127.0.0.1", ports, triton_host="127.0.0.1", front_host="127.0.0.3") == []
         busy = busy_ports("127.0.0.3", ports, triton_host="127.0.0.1", front_host="127.0.0.2")
         assert len(busy) == 1 and busy[0].startswith(f"gRPC port {ports.grpc} on 127.0.0.2 is busy")
+
+
+def test_the_http_port_is_checked_where_the_http_front_listens():
+    ports = Ports(free_port(), free_port(), free_port())
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.2", ports.http))
+        held.listen()
+        assert busy_ports("127.0.0.1", ports, triton_host="127.0.0.1", http_front_host="127.0.0.3") == []
+        busy = busy_ports("127.0.0.3", ports, triton_host="127.0.0.1", http_front_host="127.0.0.2")
+        assert len(busy) == 1 and busy[0].startswith(f"HTTP port {ports.http} on 127.0.0.2 is busy")
