@@ -36,6 +36,16 @@ class Handler(BaseHTTPRequestHandler):
             self.rfile.readline()
         else:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.path == "/gated":  # one event, the next only once the test has seen the first
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for i in range(2):
+                data = f"data: {i}\n\n".encode() if i == 0 or self.server.gate.wait(10) else b"data: late\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
         if self.path == "/stream":  # chunks until the client is gone
             self.send_response(200)
             self.send_header("transfer-encoding", "chunked")
@@ -61,7 +71,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def upstream():
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    server.seen, server.sent, server.gone = [], 0, threading.Event()
+    server.seen, server.sent, server.gone, server.gate = [], 0, threading.Event(), threading.Event()
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
@@ -145,6 +155,17 @@ def test_stream_arrives_chunk_by_chunk(front):
     r = conn.getresponse()
     assert r.status == 200 and r.getheader("transfer-encoding") == "chunked"
     assert r.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+def test_each_event_is_passed_on_as_it_comes(front, upstream):
+    """The second event is sent only once the client has read the first through the front: a front that
+    held the response back would get ``late`` instead."""
+    conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=30)
+    conn.request("POST", "/gated", body=b"")
+    r = conn.getresponse()
+    assert r.read1(100) == b"data: 0\n\n"
+    upstream.gate.set()
+    assert r.read() == b"data: 1\n\n"
 
 
 def test_client_that_never_reads_is_cut(front, upstream):
