@@ -57,7 +57,7 @@ def legit_audio(server) -> np.ndarray:
 
 def raw_stream(url: str) -> list[bytes]:
     """A tts stream's responses as the bytes on the wire (ModelInferResponse messages)."""
-    fields = request_fields(LEGIT["text"], None, None, None, None, None, LEGIT["seed"], None, None)
+    fields = request_fields(LEGIT["text"], seed=LEGIT["seed"])
     request = _get_inference_request("tts", grpc_inputs(fields), "", "", None, 0, False, False, 0, None,
                                      LEGIT["parameters"])  # fmt: skip
     with grpc.insecure_channel(url) as channel:
@@ -104,7 +104,7 @@ def test_a_text_in_stream_and_unary_calls_pass_through(server, front):
 
 def test_a_message_past_the_bound_is_refused_and_the_server_serves_on(server, front, legit_audio):
     big = np.zeros(int(LIMITS.message_bytes / 4) + 1024, np.float32)  # just past the bound as float32 samples
-    fields = request_fields("Too big.", None, big, 24000, "ref", None, 1, None, None)
+    fields = request_fields("Too big.", ref_audio=big, ref_sample_rate=24000, ref_text="ref", seed=1)
     client = grpcclient.InferenceServerClient(front)
     with pytest.raises(InferenceServerException) as e:
         client.infer("tts", grpc_inputs(fields))
