@@ -282,6 +282,7 @@ class HttpFront:
             self.loop.call_later(1.0, writer.transport.abort)
             return
         client = _Client(self, reader, writer)
+        client.task = asyncio.current_task()
         self.clients.add(client)
         try:
             await client.run()
@@ -309,9 +310,12 @@ class HttpFront:
         async def stop():
             self.reaper.cancel()
             self.server.close()
-            for client in list(self.clients):
+            tasks = [client.task for client in self.clients]
+            for client in list(self.clients):  # each handler then ends by itself, at its next read
                 client.close_upstream()
                 client.writer.transport.abort()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
 
         if self.thread.is_alive():
             asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
