@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -109,6 +110,22 @@ def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> d
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
+
+
+SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
+
+
+def remove_orphan_segments(shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the Python backend's segments left by servers whose starting process is gone without
+    stopping them (a test run or launcher killed by SIGKILL: neither ``stop`` nor the launcher's watchdog
+    ran). A segment whose owner still runs is never touched. Returns the names removed."""
+    removed = []
+    for segment in shm_dir.glob("tts*_*"):
+        owner = SHM_OWNER.match(segment.name)
+        if owner and not Path(f"/proc/{owner[1]}").exists():
+            segment.unlink(missing_ok=True)
+            removed.append(segment.name)
+    return removed
 
 
 @dataclass
@@ -214,6 +231,7 @@ class TritonServer:
             plain.rename(hidden)
 
     def start(self) -> TritonServer:
+        remove_orphan_segments()
         self._hide_generator()
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"

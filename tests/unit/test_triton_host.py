@@ -3,6 +3,7 @@ relay, which bound what a client may send and hold)."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
@@ -72,3 +73,22 @@ def test_the_http_port_is_checked_where_the_http_front_listens():
         assert busy_ports("127.0.0.1", ports, triton_host="127.0.0.1", http_front_host="127.0.0.3") == []
         busy = busy_ports("127.0.0.3", ports, triton_host="127.0.0.1", http_front_host="127.0.0.2")
         assert len(busy) == 1 and busy[0].startswith(f"HTTP port {ports.http} on 127.0.0.2 is busy")
+
+
+def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
+    """A server whose starting process was killed (SIGKILL: no stop, no watchdog) leaves its /dev/shm
+    segments; the next server's start removes them, and never those of a process still running."""
+    import subprocess
+    import sys
+
+    from serving.triton_env import remove_orphan_segments
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"tts{gone.pid}_8001_abc"
+    live = tmp_path / f"tts{os.getpid()}_8001_def"
+    other = tmp_path / "not_ours"
+    for path in (dead, live, other):
+        path.write_bytes(b"x")
+    assert remove_orphan_segments(tmp_path) == [dead.name]
+    assert not dead.exists() and live.exists() and other.exists()
