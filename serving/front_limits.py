@@ -38,14 +38,18 @@ class FrontLimits:
     max_streams_per_connection: int = bound(64, "HTTP/2 streams (calls) one connection may have open")
     idle_seconds: float = bound(300.0, "a connection with no call for this long is closed (clients reconnect)")
     handshake_seconds: float = bound(10.0, "a connection that has not finished its HTTP/2 handshake by then is closed")
-    keepalive_seconds: float = bound(60.0, "the front pings each connection this often; no answer in 20 s closes it")
+    keepalive_seconds: float = bound(60.0, "the front pings each connection that has a call in progress this "
+                                     "often (one without a call meets idle-seconds)")  # fmt: skip
+    keepalive_timeout_seconds: float = bound(20.0, "a ping (keepalive or gRPC's own) not answered in this long closes "
+                                             "the connection and ends its calls")  # fmt: skip
     max_unsent_mb: float = bound(8.0, "responses of one stream its client has not taken, in MiB (8 MiB: 87 s of "
                                  "24 kHz float32 audio); past it the stream is ended, its slot freed")  # fmt: skip
     max_unsent_seconds: float = bound(20.0, "how long a stream's client may take nothing while responses wait for "
                                       "it; then the stream is ended, its slot freed")  # fmt: skip
 
     def __post_init__(self) -> None:
-        for name in ("max_message_mb", "max_calls", "idle_seconds", "handshake_seconds", "keepalive_seconds"):
+        for name in ("max_message_mb", "max_calls", "idle_seconds", "handshake_seconds", "keepalive_seconds",
+                     "keepalive_timeout_seconds"):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_connections", "max_streams_per_connection"):
@@ -78,7 +82,10 @@ class FrontLimits:
             ("grpc.max_connection_idle_ms", ms(self.idle_seconds)),
             ("grpc.server_handshake_timeout_ms", ms(self.handshake_seconds)),
             ("grpc.keepalive_time_ms", ms(self.keepalive_seconds)),
-            ("grpc.keepalive_timeout_ms", 20_000),
+            # gRPC 1.85 closes a connection whose ping goes unanswered after ping_timeout_ms (default 60 s),
+            # whatever keepalive_timeout_ms says (measured): both get the bound
+            ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_seconds)),
+            ("grpc.http2.ping_timeout_ms", ms(self.keepalive_timeout_seconds)),
             ("grpc.max_metadata_size", 16 * 1024),
             ("grpc.so_reuseport", 0),  # a second server on the port is an error, not a silent share
         ]

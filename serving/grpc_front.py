@@ -9,8 +9,9 @@ launcher flag, and answers a call past one with a gRPC status that names it:
 - messages are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
   docs/operations.md); a message larger than ``max_message_mb`` is refused by gRPC itself
   (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
-- connections, streams per connection, calls, idle connections and unfinished handshakes are bounded by
-  gRPC's own server options (:meth:`FrontLimits.server_options`);
+- connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
+  pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
+  test in tests/unit/test_grpc_front_standin.py);
 - the front reads Triton's responses as they come (so tritonserver never keeps them), and a stream whose
   client does not take them is ended once ``max_unsent_mb`` wait, or once it has taken none for
   ``max_unsent_seconds`` while they wait (a slow reader that keeps taking meets only the first): its

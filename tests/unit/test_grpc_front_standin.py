@@ -5,6 +5,7 @@ tritonserver behind the front, is tests/integration/test_grpc_front.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 
@@ -20,7 +21,7 @@ CHUNK = 32 * 1024  # bytes of each streamed response of the stand-in
 
 class Upstream:
     """A stand-in for Triton's gRPC service: ServerLive echoes its request and the ``x-probe`` metadata it
-    got, ModelInfer fails NOT_FOUND, ModelStreamInfer sends CHUNK-byte responses until cancelled."""
+    got, ModelInfer fails NOT_FOUND, ModelReady waits for :meth:`release`, ModelStreamInfer sends CHUNK-byte responses until cancelled."""
 
     def __init__(self):
         self.port = free_port()
@@ -28,16 +29,26 @@ class Upstream:
         self.metadata: list[tuple] = []
         self.cancelled = threading.Event()
         self.sent = 0
+        self.held = 0  # ModelReady calls waiting for release()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
 
     async def _start(self):
+        self.released = asyncio.Event()
         async def live(request, context):
             self.metadata.append(tuple(context.invocation_metadata()))
             return b"echo:" + request
 
         async def infer(request, context):
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+
+        async def hold(request, context):
+            self.held += 1
+            try:
+                await self.released.wait()
+            finally:
+                self.held -= 1
+            return b"released"
 
         async def stream(requests, context):
             await requests.__anext__()
@@ -51,11 +62,19 @@ class Upstream:
 
         handlers = {"ServerLive": grpc.unary_unary_rpc_method_handler(live),
                     "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
+                    "ModelReady": grpc.unary_unary_rpc_method_handler(hold),
                     "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream)}  # fmt: skip
         self.server = grpc.aio.server()
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
+
+    def release(self) -> None:
+        """End the ModelReady calls waiting (and let the next ones through)."""
+        self.loop.call_soon_threadsafe(self.released.set)
+
+    def hold_again(self) -> None:
+        self.loop.call_soon_threadsafe(self.released.clear)
 
     def close(self):
         asyncio.run_coroutine_threadsafe(self.server.stop(0), self.loop).result(10)
@@ -160,3 +179,200 @@ def test_the_default_message_bound_takes_the_longest_reference():
     with pytest.raises(ValueError, match="max_connections"):
         FrontLimits(max_connections=0)
     assert FrontLimits().for_places(40).max_calls == 112 and FrontLimits(max_calls=5).for_places(40).max_calls == 5
+
+
+# ---- the connection bounds, each at a small size: what a client sees ----
+BOUNDED = FrontLimits(max_connections=2, max_streams_per_connection=2, max_calls=3, idle_seconds=2.0,
+                      handshake_seconds=1.0, keepalive_seconds=1.0, keepalive_timeout_seconds=1.0)  # fmt: skip
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SETTINGS, SETTINGS_ACK = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00", b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+PING, GOAWAY = 6, 7
+
+
+@pytest.fixture
+def bounded():
+    """A front with BOUNDED in front of a stand-in of its own (ModelReady calls hold until released)."""
+    upstream = Upstream()
+    front = GrpcFront("127.0.0.1", free_port(), f"127.0.0.1:{upstream.port}", BOUNDED).start()
+    yield front, upstream
+    upstream.release()
+    front.close(grace=0)
+    upstream.close()
+
+
+def connection(address: str) -> grpc.Channel:
+    """A channel of its own: one TCP connection (channels to one address otherwise share one)."""
+    return grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def held(channel: grpc.Channel, upstream: Upstream, n: int) -> list[grpc.Future]:
+    """``n`` more ModelReady calls on ``channel``, once the upstream holds them."""
+    before = upstream.held
+    calls = [method(channel, "ModelReady").future(b"", timeout=60) for _ in range(n)]
+    wait_until(lambda: upstream.held == before + n, f"the upstream holds {upstream.held} calls, not {before + n}")
+    return calls
+
+
+def wait_until(done, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def frames_until_closed(sock: socket.socket, acknowledge: bool, seconds: float = 30.0) -> list[tuple[int, int, bytes]]:
+    """The HTTP/2 frames (type, flags, payload) the front sends on ``sock`` until it closes it (AssertionError
+    if it is still open after ``seconds``); its SETTINGS acknowledged if ``acknowledge``."""
+    sock.settimeout(seconds)
+    data, frames = b"", []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        except TimeoutError:
+            raise AssertionError(f"still open after {seconds:g} s; frames: {frames}") from None
+        if not chunk:
+            return frames
+        data += chunk
+        while len(data) >= 9 and len(data) >= 9 + (size := int.from_bytes(data[:3], "big")):
+            frames.append((data[3], data[4], data[9 : 9 + size]))
+            if acknowledge and data[3] == 4 and not data[4] & 1:
+                sock.sendall(SETTINGS_ACK)
+            data = data[9 + size :]
+
+
+def goaway_text(frames) -> bytes:
+    (payload,) = [p for kind, _, p in frames if kind == GOAWAY]
+    return payload[8:]  # after the last stream id and the error code
+
+
+def test_a_connection_past_max_connections_is_closed_and_one_comes_free_when_one_ends(bounded):
+    f, upstream = bounded
+    first, second = connection(f.address), connection(f.address)
+    calls = held(first, upstream, 1) + held(second, upstream, 1)  # two connections, each busy (not idle)
+    with connection(f.address) as third:
+        with pytest.raises(grpc.RpcError) as e:
+            method(third, "ServerLive")(b"x", timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+    upstream.release()
+    assert [c.result() for c in calls] == [b"released"] * 2
+    first.close()
+
+    def a_new_connection_is_served() -> bool:
+        with connection(f.address) as channel:
+            try:
+                return method(channel, "ServerLive")(b"y", timeout=5) == b"echo:y"
+            except grpc.RpcError:  # the front has not yet seen the first one go
+                return False
+
+    wait_until(a_new_connection_is_served, "no connection came free after one closed")
+    second.close()
+
+
+def test_a_call_past_max_streams_per_connection_waits_for_one_to_end(bounded):
+    """HTTP/2 MAX_CONCURRENT_STREAMS: the client holds its third call back (nothing is refused) until one of
+    the two open on that connection ends; another connection is served meanwhile."""
+    f, upstream = bounded
+    with connection(f.address) as channel, connection(f.address) as other:
+        calls = held(channel, upstream, 2)
+        third = method(channel, "ServerLive").future(b"3", timeout=60)
+        assert method(other, "ServerLive")(b"other", timeout=30) == b"echo:other"
+        time.sleep(0.5)  # a third stream let through would be answered in this time: the upstream answers at once
+        assert not third.done() and len(upstream.metadata) == 1  # only the other connection's call got there
+        upstream.release()
+        assert [c.result() for c in calls] == [b"released"] * 2
+        assert third.result() == b"echo:3"
+
+
+def test_a_call_past_max_calls_is_refused(bounded):
+    f, upstream = bounded
+    with connection(f.address) as channel, connection(f.address) as other:
+        calls = held(channel, upstream, 2) + held(other, upstream, 1)
+        with pytest.raises(grpc.RpcError) as e:
+            method(other, "ServerLive")(b"x", timeout=30)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+        upstream.release()
+        assert [c.result() for c in calls] == [b"released"] * 3
+        assert method(other, "ServerLive")(b"x", timeout=30) == b"echo:x"  # the count went down
+
+
+def test_a_connection_that_never_sends_the_http2_preface_is_closed(bounded):
+    f, upstream = bounded
+    with socket.create_connection(("127.0.0.1", int(f.address.rpartition(":")[2]))) as sock:
+        sock.sendall(PREFACE[:10])  # a start, never finished
+        frames = frames_until_closed(sock, acknowledge=False)
+    assert b"handshake" in goaway_text(frames), frames  # the handshake bound (1 s), before the idle one (2 s)
+
+
+def test_an_idle_connection_is_closed(bounded):
+    f, upstream = bounded
+    with socket.create_connection(("127.0.0.1", int(f.address.rpartition(":")[2]))) as sock:
+        sock.sendall(PREFACE + SETTINGS)  # a complete handshake, then no call
+        frames = frames_until_closed(sock, acknowledge=True)
+    assert b"idle" in goaway_text(frames), frames
+    with connection(f.address) as channel:  # a client's channel: the call, then idle, then a new connection
+        assert method(channel, "ServerLive")(b"1", timeout=30) == b"echo:1"
+        wait_until(lambda: channel._channel.check_connectivity_state(False) == 0, "the channel is still connected")
+        assert method(channel, "ServerLive")(b"2", timeout=30) == b"echo:2"  # it reconnects by itself
+
+
+class Relay:
+    """A TCP relay between one client and the front that drops the client's ping acknowledgements (a peer
+    gone silent but for its calls) when ``answer_pings`` is False; ``pings``: those the front sent."""
+
+    def __init__(self, target: tuple[str, int], answer_pings: bool):
+        self.target, self.answer_pings, self.pings = target, answer_pings, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()  # the front closed its side
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        client, _ = self.listener.accept()
+        front = socket.create_connection(self.target)
+        threading.Thread(target=self._pipe, args=(client, front, True), daemon=True).start()
+        self._pipe(front, client, False)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        data, skip = b"", len(PREFACE) if from_client else 0
+        while True:
+            try:
+                chunk = src.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                if not from_client:
+                    self.closed.set()
+                for s in (src, dst):
+                    s.close()
+                return
+            data, out = data + chunk, b""
+            if skip:
+                out, data, skip = data[:skip], data[skip:], max(0, skip - len(data))
+            while len(data) >= 9 and len(data) >= 9 + (size := int.from_bytes(data[:3], "big")):
+                frame, data = data[: 9 + size], data[9 + size :]
+                self.pings += not from_client and frame[3] == PING and not frame[4] & 1
+                if not (from_client and frame[3] == PING and frame[4] & 1 and not self.answer_pings):
+                    out += frame
+            try:
+                dst.sendall(out)
+            except OSError:
+                return
+
+
+@pytest.mark.parametrize("answer_pings", [True, False], ids=["answered", "unanswered"])
+def test_keepalive_pings_a_busy_connection_and_closes_it_when_they_go_unanswered(bounded, answer_pings):
+    f, upstream = bounded
+    relay = Relay(("127.0.0.1", int(f.address.rpartition(":")[2])), answer_pings)
+    with grpc.insecure_channel(relay.address) as channel:
+        (call,) = held(channel, upstream, 1)
+        if answer_pings:  # pinged every keepalive_seconds, and kept
+            wait_until(lambda: relay.pings >= 3, f"{relay.pings} pings")
+            assert not relay.closed.is_set()
+            upstream.release()
+            assert call.result() == b"released"
+        else:  # closed keepalive_timeout_seconds after the ping, its call ended and the upstream's cancelled
+            assert relay.closed.wait(30)
+            assert call.exception(30).code() == grpc.StatusCode.UNAVAILABLE
+            wait_until(lambda: upstream.held == 0, "the upstream's call was not cancelled")
