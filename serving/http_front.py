@@ -223,6 +223,8 @@ class _Client:
                 raise Closed
 
     async def upstream(self):
+        if self.up is not None and self.up[0].at_eof():  # Triton closed it since the last request (it restarted)
+            self.close_upstream()
         if self.up is None:
             host, port = self.front.upstream
             try:

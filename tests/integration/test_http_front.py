@@ -93,3 +93,15 @@ def test_unfinished_head_is_closed_and_the_server_serves_on(server, front):
         except ConnectionResetError:
             pass
     still_serving(server, front)
+
+
+def test_expect_100_continue_reaches_tritons_100_through_the_front(server):
+    """curl sends ``Expect: 100-continue`` before a body over 1 MiB and waits for Triton's ``100 Continue``."""
+    body = json.dumps({"text_input": "x"}).encode()
+    with socket.create_connection(("127.0.0.1", server.ports.http)) as s:
+        s.settimeout(30)
+        s.sendall(b"POST /v2/models/tts/generate HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\n"
+                  b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))  # fmt: skip
+        assert s.recv(1000).startswith(b"HTTP/1.1 100 ")
+        s.sendall(body)
+        assert s.recv(1000).startswith(b"HTTP/1.1 400 ")  # Triton read the body: the request lacks inputs

@@ -1,16 +1,20 @@
 """`python -m serving.serve`: serves from a run folder of its own with a per-run Triton key (the operator's
 admin key on no command line), warns when run as root, refuses busy ports and an exposed host without a key
-before writing anything, and takes tritonserver and its stubs with it when killed. (SIGTERM and restarts:
-test_supervision.py.) The last test kills the module's launcher."""
+before writing anything, and takes tritonserver and its stubs with it when killed; a stream through the
+fronts ends with an error at once when tritonserver or the launcher is killed, and the fronts serve the
+restarted tritonserver. (SIGTERM and restarts: test_supervision.py.) The last test kills the module's
+launcher."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from client.request import http_body, request_fields
 from serving.triton_env import ADMIN_HEADER, REPO_ROOT, Ports
 from tests.integration.launcher import Launcher, gone
 
@@ -25,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 OPERATOR_KEY = f"operator-{os.urandom(12).hex()}"
+FAIL_WITHIN = 30.0  # seconds: a stream through a front ends this soon after what serves it is killed (a hang: never)
+RESTART_WITHIN = 300.0  # seconds: the supervisor's new tritonserver is ready (a start took 105 s under load)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +39,10 @@ def launcher(tiny_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launcher")
     (tmp / "key").write_text(OPERATOR_KEY + "\n")
     # the gRPC and HTTP ports are the bounded fronts (serving.grpc_front, serving.http_front): every gRPC and
-    # HTTP call below goes through them
-    args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on", "--http-front", "on")
+    # HTTP call below goes through them; the HTTP front's idle bound is RESTART_WITHIN, so that a kept-alive
+    # client connection outlives a tritonserver restart
+    args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on", "--http-front", "on",
+            "--http-front-idle-seconds", str(RESTART_WITHIN))  # fmt: skip
     with Launcher.start(tiny_ckpt, tmp, *args) as ln:
         ln.wait_ready()
         yield ln
@@ -178,12 +187,77 @@ def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+class HeldStream:
+    """A text-in stream through the gRPC front, on a thread, whose text never ends until ``release``: it runs
+    for as long as the test wants whatever the checkpoint. ``started``: its first chunk came; ``done``: it
+    ended, with ``error`` (None: it finished)."""
+
+    def __init__(self, launcher: Launcher):
+        self.release, self.started, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.ended = 0.0
+        threading.Thread(target=self._run, args=(launcher.client(timeout=60),), daemon=True).start()
+
+    def _pieces(self):
+        yield "A stream that is still running. "
+        self.release.wait(120)
+
+    def _run(self, client) -> None:
+        try:
+            for _ in client.stream_text(self._pieces(), flush=True, seed=1, parameters={"max_patches": 4}):
+                self.started.set()
+        except Exception as e:  # the test looks at it
+            self.error = e
+        self.ended = time.monotonic()
+        self.done.set()
+
+
+def http_stream(launcher: Launcher, conn: http.client.HTTPConnection | None = None):
+    """A short generate_stream through the HTTP front (on ``conn``, kept alive, if given) -> (status, its body)."""
+    conn = conn or http.client.HTTPConnection("127.0.0.1", launcher.ports.http, timeout=60)
+    body = http_body(request_fields("Through the HTTP front.", seed=1), {"max_patches": 4})
+    conn.request("POST", "/v2/models/tts/generate_stream", body=body, headers={"content-type": "application/json"})
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def test_a_killed_tritonserver_ends_the_streams_through_the_fronts_at_once_and_they_serve_after_the_restart(launcher):
+    """SIGKILL of tritonserver under a running stream: the front ends it with an error within FAIL_WITHIN (not
+    a hang); the supervisor starts a new tritonserver, and both fronts serve it, a kept-alive HTTP client
+    connection of the old one's included."""
+    kept = http.client.HTTPConnection("127.0.0.1", launcher.ports.http, timeout=60)
+    assert http_stream(launcher, kept)[0] == 200
+    stream = HeldStream(launcher)
+    assert stream.started.wait(60) and not stream.done.is_set(), stream.error
+    (server,) = launcher.servers()
+    os.kill(server, signal.SIGKILL)
+    killed = time.monotonic()
+    assert stream.done.wait(FAIL_WITHIN), f"the stream through the front still hangs {FAIL_WITHIN} s after the kill"
+    assert stream.error is not None
+    print(f"tritonserver SIGKILL: the stream through the gRPC front ended {stream.ended - killed:.2f} s later: "
+          f"{type(stream.error).__name__}: {stream.error}")  # fmt: skip
+    stream.release.set()
+    deadline = time.monotonic() + RESTART_WITHIN
+    while launcher.servers() in ([], [server]) or launcher.ready_status() != 200:
+        assert time.monotonic() < deadline, f"no new tritonserver ready:\n{launcher.text()}"
+        time.sleep(0.25)
+    print(f"ready again {time.monotonic() - killed:.1f} s after the kill")
+    assert launcher.client().synthesize("After the restart.", seed=1, parameters={"max_patches": 4}).size > 0
+    status, body = http_stream(launcher, kept)  # the client's connection outlived the old tritonserver
+    assert status == 200 and body.startswith(b"data: "), (status, body[:300])
+    kept.close()
+
+
 def test_a_killed_launcher_takes_tritonserver_and_its_stubs_with_it(launcher):
     servers, stubs = launcher.servers(), list(launcher.stubs().values())
     assert len(servers) == 1 and len(stubs) == 6  # every Python model's (tts_ensemble has none)
+    stream = HeldStream(launcher)  # running through the gRPC front, which dies with the launcher
+    assert stream.started.wait(60) and not stream.done.is_set(), stream.error
     launcher.proc.send_signal(signal.SIGKILL)
     launcher.proc.wait(10)
     t0 = time.monotonic()
+    assert stream.done.wait(FAIL_WITHIN) and stream.error is not None, "the stream hangs after the launcher's kill"
+    print(f"launcher SIGKILL: the stream through the front ended {stream.ended - t0:.2f} s later: {stream.error}")
     assert gone(servers, 5), "tritonserver outlived its launcher"
     assert gone(stubs, 5), "stubs outlived their tritonserver"
     deadline = time.monotonic() + 5  # the launcher's watchdog removes its shared memory

@@ -209,3 +209,50 @@ def test_forwarded_headers_drop_hop_by_hop():
                (b"transfer-encoding", b"chunked"), (b"admin-key", b"k")]  # fmt: skip
     assert forwarded_headers(headers) == [(b"x-b", b"2"), (b"admin-key", b"k")]
     assert forwarded_headers(headers, keep_framing=True)[-1] == (b"transfer-encoding", b"chunked")
+
+
+def test_expect_100_continue_gets_the_upstreams_100_or_the_bound_before_any_body(front, upstream):
+    """A client that waits for ``100 Continue`` before its body: it gets the upstream's 100 through the front,
+    then the answer; a body past the bound gets 413 at once, before the client sent a byte of it."""
+    head = b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.settimeout(30)
+        s.sendall(head % 5)
+        assert s.recv(1000) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(b"hello")
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += s.recv(1000)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'"bytes": 5, "probe": null}')
+    before = len(upstream.seen)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.settimeout(30)
+        s.sendall(head % (2**20 + 1))
+        assert s.recv(1000).startswith(b"HTTP/1.1 413 ")
+    assert len(upstream.seen) == before
+
+
+def test_a_body_that_stops_coming_is_closed_after_idle_seconds(front):
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"x" * 10)  # 90 bytes short
+        assert wait_closed(s, 30)
+
+
+def test_a_kept_alive_client_is_served_after_the_upstream_closed_the_fronts_connection(front):
+    """Triton restarted between two requests of a kept-alive client: the front's connection to it is gone,
+    and the next request goes on a new one (not on the dead one, which would end the client's with a reset)."""
+    status, _, conn = post(front, "/echo", b"1")
+    assert status == 200
+    (client,) = [c for c in front.clients if c.up is not None]
+    front.loop.call_soon_threadsafe(client.up[1].transport.abort)  # what Triton's end looks like to the front
+    wait_until_true(lambda: client.up is None or client.up[0].at_eof())
+    status, body, _ = post(front, "/echo", b"22", conn=conn)
+    assert status == 200 and json.loads(body)["bytes"] == 2
+    conn.close()
+
+
+def wait_until_true(done, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
