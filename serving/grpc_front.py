@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import threading
 import time
 
 import grpc
@@ -38,6 +37,7 @@ import grpc.aio
 
 from engine.protocol import INVALID
 from serving.front_limits import FrontLimits
+from serving.front_loop import FrontLoop
 from serving.metrics_relay import LAUNCHER
 
 SERVICE = "inference.GRPCInferenceService"
@@ -98,23 +98,17 @@ class _Outbox:
         return now - self.writing_since if self.writing_since else 0.0
 
 
-class GrpcFront:
+class GrpcFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``), run on
     an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
 
     def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
+        super().__init__("grpc-front")
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-front", daemon=True)
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
         self.ended = 0  # streams ended by the unsent bound
         LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
                      "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
-
-    def start(self) -> GrpcFront:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-        return self
 
     async def _start(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.upstream, options=UPSTREAM_OPTIONS)
@@ -132,7 +126,6 @@ class GrpcFront:
         if not self.server.add_insecure_port(self.address):
             raise OSError(f"the gRPC front cannot listen on {self.address}")
         await self.server.start()
-        self.reaper = asyncio.ensure_future(self._reap())
 
     # ---- unary calls: one message each way ----
     def _unary(self, upstream):
@@ -212,26 +205,20 @@ class GrpcFront:
         _log.warning("ended a gRPC stream whose client did not read: %.1f MiB waiting, nothing taken for %.0f s",
                      waiting / 2**20, stalled)  # fmt: skip
 
-    async def _reap(self) -> None:
-        """Every 0.5 s: end the streams whose client has taken nothing for ``max_unsent_seconds``; drop the
-        handler of a cut stream whose client still takes nothing CUT_GRACE seconds later (gRPC keeps the
-        call until the connection closes, but it no longer counts against ``max_calls``)."""
-        while True:
-            await asyncio.sleep(0.5)
-            now = time.monotonic()
-            for outbox, call in list(self.streams):
-                if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
-                    self._cut(outbox, call)
-                elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
-                    outbox.handler.cancel()
+    def _reap(self, now: float) -> None:
+        """End the streams whose client has taken nothing for ``max_unsent_seconds``; drop the handler of a
+        cut stream whose client still takes nothing CUT_GRACE seconds later (gRPC keeps the call until the
+        connection closes, but it no longer counts against ``max_calls``)."""
+        for outbox, call in list(self.streams):
+            if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
+                self._cut(outbox, call)
+            elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
+                outbox.handler.cancel()
 
     def close(self, grace: float = 1.0) -> None:
-        async def stop():
-            self.reaper.cancel()
-            await self.server.stop(grace)
-            await self.channel.close()
+        """Stop; calls in progress get ``grace`` seconds to end."""
+        self._close(self._stop(grace), grace + 10)
 
-        if self.thread.is_alive():
-            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(grace + 10)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
+    async def _stop(self, grace: float) -> None:
+        await self.server.stop(grace)
+        await self.channel.close()

@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 
 import h11
 
 from engine.protocol import INVALID
 from serving.front_limits import HttpFrontLimits
+from serving.front_loop import FrontLoop
 from serving.metrics_relay import LAUNCHER
 
 CUT_COUNTER = "tts_http_front_responses_cut_total"  # responses cut by the unsent bound
@@ -249,29 +249,22 @@ class _Client:
         return now - self.progress[1]
 
 
-class HttpFront:
+class HttpFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's HTTP at ``upstream`` (host, port) on loopback, run
     on an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
 
     def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
+        super().__init__("http-front")
         self.host, self.port, self.upstream = host, port, upstream
         self.upstream_host = f"{upstream[0]}:{upstream[1]}"
         self.limits = limits or HttpFrontLimits()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="http-front", daemon=True)
         self.clients: set[_Client] = set()
         self.cuts = 0  # responses cut by the unsent bound
         LAUNCHER.add(CUT_COUNTER, "HTTP responses the front cut because their client did not take them "
                      "(--http-front-max-unsent-mb / -seconds)")  # fmt: skip
 
-    def start(self) -> HttpFront:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
-        return self
-
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
-        self.reaper = asyncio.ensure_future(self._reap())
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.clients) >= self.limits.max_connections:
@@ -297,29 +290,22 @@ class HttpFront:
         _log.warning("cut an HTTP response its client did not take (%s; %.1f MiB waiting)", why,
                      client.unsent() / 2**20)  # fmt: skip
 
-    async def _reap(self) -> None:
-        """Every 0.5 s: close the connections whose client has taken nothing for ``max_unsent_seconds``."""
-        while True:
-            await asyncio.sleep(0.5)
-            now = time.monotonic()
-            for client in list(self.clients):
-                if client.stalled(now) > self.limits.max_unsent_seconds:
-                    self.cut(client, f"nothing taken for {self.limits.max_unsent_seconds:g} s")
-                    client.close_upstream()
-                    client.writer.transport.abort()
-
-    def close(self) -> None:
-        async def stop():
-            self.reaper.cancel()
-            self.server.close()
-            tasks = [client.task for client in self.clients]
-            for client in list(self.clients):  # each handler then ends by itself, at its next read
+    def _reap(self, now: float) -> None:
+        """Close the connections whose client has taken nothing for ``max_unsent_seconds``."""
+        for client in list(self.clients):
+            if client.stalled(now) > self.limits.max_unsent_seconds:
+                self.cut(client, f"nothing taken for {self.limits.max_unsent_seconds:g} s")
                 client.close_upstream()
                 client.writer.transport.abort()
-            if tasks:
-                await asyncio.wait(tasks, timeout=5)
 
-        if self.thread.is_alive():
-            asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(5)
+    def close(self) -> None:
+        self._close(self._stop(), 10)
+
+    async def _stop(self) -> None:
+        self.server.close()
+        tasks = [client.task for client in self.clients]
+        for client in list(self.clients):  # each handler then ends by itself, at its next read
+            client.close_upstream()
+            client.writer.transport.abort()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)

@@ -29,10 +29,8 @@ from engine.config import cache_dir
 from engine.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
 from serving.admin_key import FILE as ADMIN_KEY_FILE
 from serving.admin_key import default_state_dir, load_or_create
+from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.front_limits import add_arguments as add_front_arguments
-from serving.front_limits import from_arguments as front_limits
-from serving.front_limits import front_wanted
-from serving.front_limits import http_from_arguments as http_front_limits
 from serving.metrics_relay import LAUNCHER
 from serving.options import add_arguments, from_arguments
 from serving.repository import build
@@ -233,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
     try:  # checked before the run folder is made
         opts = from_arguments(args, checkpoint=str(ckpt), voice_dir=str(voice_dir))
-        limits = front_limits(args, opts.slots + opts.queue) if front else None
-        http_limits = http_front_limits(args) if http_front else None
+        limits = FrontLimits.from_flags(args).for_places(opts.slots + opts.queue) if front else None
+        http_limits = HttpFrontLimits.from_flags(args) if http_front else None
     except ValueError as e:
         ap.error(str(e))
     if os.geteuid() == 0:

@@ -1,14 +1,21 @@
 """What the integration tests share besides fixtures: gauges read from a server, work in parallel, the
-gateway in front of a server, the inputs of a generator request that carries no voice."""
+gateway in front of a server, the inputs of a generator request that carries no voice, a server behind
+the fronts."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
 from serving.contract import LATENT_DIM
+from serving.front_limits import FrontLimits, HttpFrontLimits
+from serving.repository import ServeOptions, build
+from serving.triton_env import Ports, TritonServer
 
 # A generator request without a voice: silent prompt latents, a zero speaker embedding.
 SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, LATENT_DIM), np.float32),
@@ -55,3 +62,21 @@ def gateway_for(server):
     from gateway.server import in_thread
 
     return in_thread(f"127.0.0.1:{server.ports.grpc}")
+
+
+# A legitimate stream for the fronts' tests: a few chunks, the same audio each time
+LEGIT = {"text": "A legitimate stream.", "seed": 11,
+         "parameters": {"max_patches": 6, "chunk_first": 2, "chunk_fixed": True}}  # fmt: skip
+
+
+@contextmanager
+def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
+                  http_front: HttpFrontLimits | None = None) -> Iterator[TritonServer]:  # fmt: skip
+    """A tritonserver of 2 slots and 2 waiting places behind the fronts given (serving.grpc_front,
+    serving.http_front), its files in ``work``; Triton's own ports stay reachable on loopback."""
+    opts = ServeOptions(checkpoint=str(ckpt), slots=2, max_queue=2, max_len=1024, cancel_dir=str(work / "cancel"),
+                        voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
+    server = TritonServer(build(work / "model_repository", opts), work, Ports.free(), grpc_front=grpc_front,
+                          http_front=http_front)  # fmt: skip
+    with server:
+        yield server

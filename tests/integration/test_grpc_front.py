@@ -24,24 +24,16 @@ from client.request import grpc_inputs, request_fields
 from loadtest import attacks
 from serving.front_limits import FrontLimits
 from serving.grpc_front import ENDED_COUNTER
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from tests.integration.helpers import LEGIT, behind_fronts
 
 pytestmark = pytest.mark.integration
 LIMITS = FrontLimits(max_message_mb=2.0, max_unsent_mb=0.25, max_unsent_seconds=10.0)
 START_WITHIN = 10.0  # seconds: a legitimate stream's first chunk after an attack (it takes ~0.1 s here)
-LEGIT = {"text": "A legitimate stream.", "seed": 11,
-         "parameters": {"max_patches": 6, "chunk_first": 2, "chunk_fixed": True}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def server(nostop_ckpt, tmp_path_factory):
-    work = tmp_path_factory.mktemp("grpc-front")
-    opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_queue=2, max_len=1024,
-                        cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"),
-                        run_dir=str(work))  # fmt: skip
-    srv = TritonServer(build(work / "model_repository", opts), work, Ports.free(), grpc_front=LIMITS)
-    with srv:
+    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("grpc-front"), grpc_front=LIMITS) as srv:
         yield srv
 
 

@@ -18,23 +18,15 @@ from tritonclient.utils import InferenceServerException
 
 from client import TTSClient
 from serving.front_limits import HttpFrontLimits
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from tests.integration.helpers import LEGIT, behind_fronts
 
 pytestmark = pytest.mark.integration
 LIMITS = HttpFrontLimits(max_body_mb=2.0, header_seconds=3.0)
-LEGIT = {"text": "A legitimate stream.", "seed": 11,
-         "parameters": {"max_patches": 6, "chunk_first": 2, "chunk_fixed": True}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def server(nostop_ckpt, tmp_path_factory):
-    work = tmp_path_factory.mktemp("http-front")
-    opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_queue=2, max_len=1024,
-                        cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"),
-                        run_dir=str(work))  # fmt: skip
-    srv = TritonServer(build(work / "model_repository", opts), work, Ports.free(), http_front=LIMITS)
-    with srv:
+    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("http-front"), http_front=LIMITS) as srv:
         yield srv
 
 

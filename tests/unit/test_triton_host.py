@@ -3,10 +3,14 @@ relay, which bound what a client may send and hold)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 
+import pytest
+
 from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
+from serving.front_limits import add_arguments as add_front_arguments
 from serving.serve import busy_ports
 from serving.triton_env import Ports, TritonInstall, TritonServer, free_port
 
@@ -46,6 +50,20 @@ def test_with_the_http_front_triton_http_listens_on_a_private_loopback_port(tmp_
     assert "--http-port=1" not in command and server.triton_http_port != 1
     assert "--grpc-address=0.0.0.0" in command and "--grpc-port=2" in command  # no gRPC front asked for
     assert server.triton_http == f"127.0.0.1:{server.triton_http_port}" and server.http_host == "0.0.0.0"
+
+
+def test_each_front_bound_is_a_launcher_flag_checked_against_its_rule():
+    parser = argparse.ArgumentParser()
+    add_front_arguments(parser)
+    args = parser.parse_args(["--grpc-front-keepalive-timeout-seconds", "3", "--http-front-max-connections", "7"])
+    assert FrontLimits.from_flags(args) == FrontLimits(keepalive_timeout_seconds=3.0)
+    assert HttpFrontLimits.from_flags(args) == HttpFrontLimits(max_connections=7)
+    assert FrontLimits().max_connections == 512 and HttpFrontLimits().idle_seconds == 60.0  # the documented defaults
+    for flag, value in (("--grpc-front-max-streams-per-connection", "0"), ("--grpc-front-idle-seconds", "nan"),
+                        ("--http-front-max-unsent-mb", "0"), ("--http-front-max-body-mb", "-1")):  # fmt: skip
+        bad = parser.parse_args([flag, value])
+        with pytest.raises(ValueError, match=flag.partition("-front-")[2].replace("-", "_")):
+            (FrontLimits if flag.startswith("--grpc") else HttpFrontLimits).from_flags(bad)
 
 
 def test_the_front_is_on_by_default_only_where_triton_grpc_would_be_public():
