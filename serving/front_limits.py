@@ -78,7 +78,7 @@ class FrontLimits(_Bounds):
                                      "then is closed")  # fmt: skip
     keepalive_seconds: float = bound(60.0, ">= 0", "the front pings each connection that has a call in progress "
                                      "this often (one without a call meets idle-seconds)")  # fmt: skip
-    keepalive_timeout_seconds: float = bound(20.0, ">= 0", "a ping (keepalive or gRPC's own) not answered in this "
+    keepalive_timeout_seconds: float = bound(20.0, "> 0", "a ping (keepalive or gRPC's own) not answered in this "
                                              "long closes the connection and ends its calls")  # fmt: skip
     max_unsent_mb: float = bound(8.0, "> 0", "responses of one stream its client has not taken, in MiB (8 MiB: 87 s "
                                  "of 24 kHz float32 audio); past it the stream is ended, its slot freed")  # fmt: skip

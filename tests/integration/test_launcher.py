@@ -253,11 +253,12 @@ def test_a_killed_launcher_takes_tritonserver_and_its_stubs_with_it(launcher):
     assert len(servers) == 1 and len(stubs) == 6  # every Python model's (tts_ensemble has none)
     stream = HeldStream(launcher)  # running through the gRPC front, which dies with the launcher
     assert stream.started.wait(60) and not stream.done.is_set(), stream.error
+    killed = time.monotonic()
     launcher.proc.send_signal(signal.SIGKILL)
     launcher.proc.wait(10)
     t0 = time.monotonic()
     assert stream.done.wait(FAIL_WITHIN) and stream.error is not None, "the stream hangs after the launcher's kill"
-    print(f"launcher SIGKILL: the stream through the front ended {stream.ended - t0:.2f} s later: {stream.error}")
+    print(f"launcher SIGKILL: the stream through the front ended {stream.ended - killed:.2f} s later: {stream.error}")
     assert gone(servers, 5), "tritonserver outlived its launcher"
     assert gone(stubs, 5), "stubs outlived their tritonserver"
     deadline = time.monotonic() + 5  # the launcher's watchdog removes its shared memory

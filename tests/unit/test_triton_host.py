@@ -60,7 +60,8 @@ def test_each_front_bound_is_a_launcher_flag_checked_against_its_rule():
     assert HttpFrontLimits.from_flags(args) == HttpFrontLimits(max_connections=7)
     assert FrontLimits().max_connections == 512 and HttpFrontLimits().idle_seconds == 60.0  # the documented defaults
     for flag, value in (("--grpc-front-max-streams-per-connection", "0"), ("--grpc-front-idle-seconds", "nan"),
-                        ("--http-front-max-unsent-mb", "0"), ("--http-front-max-body-mb", "-1")):  # fmt: skip
+                        ("--grpc-front-keepalive-timeout-seconds", "0"), ("--http-front-max-unsent-mb", "0"),
+                        ("--http-front-max-body-mb", "-1")):  # fmt: skip
         bad = parser.parse_args([flag, value])
         with pytest.raises(ValueError, match=flag.partition("-front-")[2].replace("-", "_")):
             (FrontLimits if flag.startswith("--grpc") else HttpFrontLimits).from_flags(bad)
