@@ -21,6 +21,7 @@ class FrontLoop:
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.reaper: asyncio.Future | None = None  # the check, once the front has started
 
     def start(self) -> Self:
         """Run ``_start()`` on the front's loop and return the front once it has (its error raised here)."""
@@ -41,7 +42,8 @@ class FrontLoop:
         """Cancel the reaper and run ``stop`` (within ``timeout`` s), then end the loop and its thread."""
 
         async def stopping() -> None:
-            self.reaper.cancel()
+            if self.reaper is not None:
+                self.reaper.cancel()
             await stop
 
         if not self.thread.is_alive():
