@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +28,7 @@ from engine.chunking import ChunkSchedule
 from engine.frontend import Prepared, prepare
 from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import DESIGN, EDITS
+from engine.lifetime import linger
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -119,33 +119,7 @@ class Vocoder(Protocol):
         """One chunk -> (n,) float32 samples finished by it (the rest of the stream with ``last``)."""
 
 
-# Work that outlives a cancelled caller (a stream's cleanup, a request on its way): a caller that must
-# know when all of it is over (tts may release its request only then, since BLS requests it made still
-# read that request's memory) sets a set here, and every such task of its context is added to it.
-LINGERING: contextvars.ContextVar[set | None] = contextvars.ContextVar("lingering", default=None)
-
-
 PREPARED_KEPT = 512  # texts whose front-end result an orchestrator keeps (the least recently used goes)
-
-_ALIVE: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
-
-
-def linger(coro) -> asyncio.Task:
-    """Run ``coro`` to its end even if whoever awaits it is cancelled; tracked in :data:`LINGERING`."""
-    task = asyncio.ensure_future(coro)
-    for tasks in (_ALIVE, LINGERING.get()):
-        if tasks is not None:
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    return task
-
-
-def unlinger(task: asyncio.Task) -> None:
-    """Stop waiting for ``task`` at the end of this request (one that will never end: a BLS call Triton
-    dropped); it stays alive, and referenced, until it ends."""
-    tasks = LINGERING.get()
-    if tasks is not None:
-        tasks.discard(task)
 
 
 def new_stream_id() -> int:

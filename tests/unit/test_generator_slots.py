@@ -8,9 +8,10 @@ import asyncio
 
 import pytest
 
-from engine.orchestrator import LINGERING, linger
+from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
-from serving.bls import BLS, BLSGenerator
+from serving.bls import BLS
+from serving.bls_adapters import BLSGenerator
 from serving.cancel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 

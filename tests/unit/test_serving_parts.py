@@ -384,7 +384,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
                 await asyncio.sleep(10)
             finally:  # a cleanup that outlives the cancelled task, as the orchestrator's does
                 done = asyncio.ensure_future(asyncio.wait_for(cleanup.wait(), 1))
-                lingering.add(done)  # as engine.orchestrator.linger tracks it: gone from the set once over
+                lingering.add(done)  # as engine.lifetime.linger tracks it: gone from the set once over
                 done.add_done_callback(lingering.discard)
 
         task = asyncio.ensure_future(stream())

@@ -15,17 +15,20 @@ import contextlib
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import LINGERING, Segment
+from engine.lifetime import LINGERING
+from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
 from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
-from serving.bls import BLS, BLSGenerator, Waits, watch
+from serving.bls import BLS, watch
+from serving.bls_adapters import BLSGenerator
 from serving.cancel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
 from serving.run_folder import RunFlags, start_heartbeat
+from serving.stub_threads import Waits
 from serving.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,

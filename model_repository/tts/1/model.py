@@ -10,12 +10,14 @@ import time
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.orchestrator import LINGERING, Orchestrator
+from engine.lifetime import LINGERING
+from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
 from serving.admission import Admission
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Responses, Waits, watch
+from serving.bls import BLS, PolledFlags, watch
+from serving.bls_adapters import BLSGenerator, BLSPrompts
 from serving.cancel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
@@ -25,6 +27,7 @@ from serving.request_inputs import tts_inputs
 from serving.requests import parse_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
+from serving.stub_threads import Responses, Waits
 from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.vocoder_batch import BLSVocoder
@@ -107,7 +110,7 @@ class TritonPythonModel:
                     sender.send(error_response(pb, error), flags=FINAL)
                     return
             lingering: set = set()
-            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
+            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
             await self._serve_admitted(request, Responses(sender, self.waits.sends), lingering, stream)
         finally:
             if stream is not None:
