@@ -312,7 +312,7 @@ class Orchestrator:
             await chunks.aclose()  # cancels the generator stream unless it ended
         finally:
             # Even a stream the vocoder never opened: the vocoder keeps an issued stream openable until
-            # its end arrives, however late (serving.live_streams), so every stream's end goes there.
+            # its end arrives, however late (serving.side_channel), so every stream's end goes there.
             if not vocoder_ended:
                 await self.vocoder.decode(end_chunk(stream_id))
 

@@ -16,7 +16,7 @@ from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
 from serving.triton_io import read_chunk, tensors

@@ -3,7 +3,7 @@
 The triton vllm_backend pattern: a stream is one long-lived decoupled request, and Triton schedules
 nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
 new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
-ends the streams whose callers asked to stop (cancellation marks, serving.cancel), admits the streams
+ends the streams whose callers asked to stop (cancellation marks, serving.side_channel), admits the streams
 that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
 chunk through its request's response sender, the last one with the FINAL flag. So admission (the
 parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton: the
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from serving.auth import Keys
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.generator_metrics import GeneratorMetrics
-from serving.live_streams import LiveStreams
+from serving.side_channel import LiveStreams
 from serving.model_options import GeneratorOptions
 from serving.run_folder import start_heartbeat
 from serving.triton_io import Throttled, load_model

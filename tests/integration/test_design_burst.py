@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from client import TTSClient
-from serving.admission import Admission
+from serving.side_channel import Admission
 from serving.generator_slots import FILE as SLOTS_FILE
 from serving.repository import ServeOptions, build
 from serving.triton_env import Ports, TritonServer

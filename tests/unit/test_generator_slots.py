@@ -12,7 +12,7 @@ from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
 from serving.bls import BLS
 from serving.bls_adapters import BLSGenerator
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 
 

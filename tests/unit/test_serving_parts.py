@@ -11,7 +11,7 @@ from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
 from serving import contract
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render
 from serving.requests import TTSInputs, parse_request, request_parameters
 from tests.generation import run_to_end

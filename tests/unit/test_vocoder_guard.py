@@ -1,5 +1,5 @@
 """What the vocoder accepts from anyone (serving.vocoder_guard), the seals that decide it (serving.auth),
-the live-stream folder it reads (serving.live_streams) and the shared admission gate (serving.admission).
+the live-stream folder it reads (serving.side_channel) and the shared admission gate (serving.side_channel).
 No Triton, no model."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
-from serving.admission import Admission
+from serving.side_channel import Admission
 from serving.auth import Keys
-from serving.cancel import CancelBoard
-from serving.live_streams import UNCLAIMED_SECONDS, LiveStreams
+from serving.side_channel import CancelBoard
+from serving.side_channel import UNCLAIMED_SECONDS, LiveStreams
 from serving.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
 
 KEYS = Keys("k" * 64)

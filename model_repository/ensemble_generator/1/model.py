@@ -1,6 +1,6 @@
 """ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
 
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.admission),
+It takes the generator's inputs, passes the admission gate that tts also answers to (serving.side_channel),
 runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
 the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
 client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
@@ -19,11 +19,11 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
-from serving.admission import Admission
+from serving.side_channel import Admission
 from serving.auth import Keys, parameter_dict
 from serving.bls import BLS, watch
 from serving.bls_adapters import BLSGenerator
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request

@@ -12,9 +12,9 @@ import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.protocol import Unavailable
-from serving.admission import Admission
+from serving.side_channel import Admission
 from serving.auth import Keys, Refused
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.model_options import PromptEncoderOptions
 from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.run_folder import start_heartbeat

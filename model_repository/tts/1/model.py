@@ -14,11 +14,11 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
-from serving.admission import Admission
+from serving.side_channel import Admission
 from serving.auth import Keys
 from serving.bls import BLS, PolledFlags, watch
 from serving.bls_adapters import BLSGenerator, BLSPrompts
-from serving.cancel import CancelBoard
+from serving.side_channel import CancelBoard
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.metric_batch import MetricBatch
@@ -61,7 +61,7 @@ class TritonPythonModel:
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
-        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
+        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.side_channel).
         self.admission = Admission(cancels.dir, "tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds)
         self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch()  # metrics: sent once per loop turn

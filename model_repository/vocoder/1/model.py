@@ -31,8 +31,8 @@ class TritonPythonModel:
     def initialize(self, args):
         from engine.synthetic import SyntheticVocoderService
         from engine.vocoder_service import VocoderService
-        from serving.cancel import CancelBoard
-        from serving.live_streams import LiveStreams
+        from serving.side_channel import CancelBoard
+        from serving.side_channel import LiveStreams
         from serving.synthetic_math import announce
         from serving.vocoder_guard import VocoderGuard
 
