@@ -1,5 +1,5 @@
 """The BLS transport of an async model (``tts``, ``ensemble_generator``): calls and streams to the other
-Triton models, and the watch over a running request (its client, the launcher's flags).
+Triton models, and the watch over a running request (its client, the launcher's flags: :func:`watch_request`).
 
 ``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub. Every call
 has a timeout whose error names the model. A decoupled BLS stream is iterated on a thread (``next``
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine.lifetime import linger
+from engine.lifetime import CANCEL_POLL_SECONDS, linger, watch
 from engine.protocol import UNAVAILABLE, StreamFailed, Unavailable, error_kind
 from serving.retired_iterators import RETIRED
 from serving.triton_io import bls_error
@@ -28,23 +28,9 @@ DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its
 LOST = "the generator lost this stream: its responses could not be sent; retry"
 
 
-CANCEL_POLL_SECONDS = 0.05  # how often a running request checks whether its client went away
-# request.is_cancelled() is a round trip to Triton's process (~0.5 ms, the event loop blocked meanwhile, and
-# CPU in both processes): all of a stub's running requests together ask at most this often. 512 streams:
-# each every 2.6 s, the longest a slot stays held after its client left; 1,000 a second cost a 2-core
-# machine ~0.1 ms of CPU per stream-step at 128 streams and half of tts's event loop.
-CANCEL_CHECKS_PER_SECOND = 200
-_watching = 0  # requests in watch() now: the stub's one event loop runs them all
-
-
-def cancel_poll_seconds(watching: int) -> float:
-    """How often each of ``watching`` running requests asks whether its client left."""
-    return max(CANCEL_POLL_SECONDS, watching / CANCEL_CHECKS_PER_SECOND)
-
-
 class PolledFlags:
     """The launcher's ``broken`` flag (serving.run_folder.RunFlags) as every running request of a model
-    polls it in :func:`watch`: read from its file at most once per ``seconds`` for all of them (256
+    polls it in :func:`watch_request`: read from its file at most once per ``seconds`` for all of them (256
     streams polled one open() each, 5,000 a second). Used from one event loop only."""
 
     def __init__(self, flags, seconds: float = CANCEL_POLL_SECONDS):
@@ -58,31 +44,16 @@ class PolledFlags:
         return self.value
 
 
-async def watch(task: asyncio.Task, request, flags, lingering: set) -> str | None:
-    """Wait for ``task``, which serves ``request``, and for the cleanup it leaves (``lingering``).
-
-    A client that leaves cancels the task (again each poll: Python 3.11's ``wait_for`` can swallow one
-    cancellation). Returns None once all is over, so that the caller sends the final response; or, at
-    once, the launcher's message when the server is about to be replaced (the task cancelled). The final
-    response must come after the last ``is_cancelled()`` (docs/triton.md#T3), and after the cleanup, whose
-    BLS requests must outlive their tasks (docs/triton.md#T4)."""
-    global _watching
-    _watching += 1
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=cancel_poll_seconds(_watching))
-            if not task.done() and RETIRED.is_cancelled(request):
-                task.cancel()
-            if not task.done() and (broken := flags.broken()):
-                task.cancel()
-                return broken
-    finally:
-        _watching -= 1
-    while lingering:
-        await asyncio.wait(set(lingering))
-    if RETIRED.held:  # the iterators this request's streams left (docs/triton.md#T18): let go of them now
+async def watch_request(task: asyncio.Task, request, flags, lingering: set) -> str | None:
+    """:func:`engine.lifetime.watch` for a Triton ``request`` served by ``task``: its client's leaving is
+    ``request.is_cancelled()``, asked through :data:`RETIRED` (docs/triton.md#T18), the server's breaking
+    ``flags.broken()`` (:class:`PolledFlags` or ``serving.run_folder.RunFlags``). The caller sends the
+    final response after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the
+    cleanup, whose BLS requests must outlive their tasks (docs/triton.md#T4)."""
+    broken = await watch(task, lambda: RETIRED.is_cancelled(request), flags.broken, lingering)
+    if broken is None and RETIRED.held:  # the iterators this request's streams left (T18): let go of them now
         RETIRED.is_cancelled(request)
-    return None
+    return broken
 
 
 class BLS:

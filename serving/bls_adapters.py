@@ -16,7 +16,7 @@ from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
-from serving.side_channel import CancelBoard
+from serving.side_channel import SideChannel
 from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
 from serving.triton_io import read_chunk, tensors
@@ -64,11 +64,11 @@ class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
     def __init__(
-        self, bls: BLS, cancels: CancelBoard, model: str = "generator", slots: GeneratorSlots | None = None
+        self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None
     ):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.auth.Keys.generator_model);
         ``slots``: the generator's slots, one taken before a stream is sent (serving.generator_slots)."""
-        self.bls, self.cancels, self.model, self.slots = bls, cancels, model, slots
+        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         if self.slots is None:
@@ -104,7 +104,7 @@ class BLSGenerator:
         ended = False
         try:
             while not ended:
-                response = await responses.next(lambda: self.cancels.consume_lost(segment.stream_id))
+                response = await responses.next(lambda: self.channel.take_lost(segment.stream_id))
                 if response is None:
                     return  # the orchestrator reports a stream that ended without a last chunk
                 self.bls.raise_for("generator", response)
@@ -123,18 +123,18 @@ class BLSGenerator:
         """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
         when the generator lost the stream first, or nothing came within the timeout: Triton dropped the
         request (a failed reschedule, "must specify the START flag") and will never answer it, so its
-        BLS call stops holding up this request's final response (:data:`LINGERING`); the task itself
-        stays alive (engine.orchestrator keeps it), with the request whose tensors Triton might read."""
+        BLS call stops holding up this request's final response (``engine.lifetime.LINGERING``); the task itself
+        stays alive (engine.lifetime keeps it), with the request whose tensors Triton might read."""
         deadline = time.monotonic() + self.bls.timeout
         while not started.done():
             await asyncio.wait({started}, timeout=LOST_POLL_SECONDS)  # a cancelled caller leaves ``started`` be
             if started.done():
                 break
-            lost = self.cancels.consume_lost(stream_id)
+            lost = self.channel.take_lost(stream_id)
             if lost or time.monotonic() > deadline:
                 unlinger(started)
                 if not lost:  # should the generator ever step it, it ends it at once
-                    self.cancels.mark(stream_id)
+                    self.channel.mark_cancelled(stream_id)
                 late = f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
                 raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
         return started.result()
@@ -150,10 +150,10 @@ class BLSGenerator:
 
         ``request`` is held until then: Triton reads its input tensors at every step of the stream
         (docs/triton.md#T4)."""
-        self.cancels.mark(stream_id)
+        self.channel.mark_cancelled(stream_id)
         try:
             while True:
-                response = await responses.next(lambda: self.cancels.consume_lost(stream_id))
+                response = await responses.next(lambda: self.channel.take_lost(stream_id))
                 if response is None or response.has_error():
                     break
                 if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:
@@ -165,7 +165,7 @@ class BLSGenerator:
             return
         finally:
             responses.close()
-        self.cancels.clear(stream_id)  # the stream is over; a mark it did not consume is obsolete
+        self.channel.unmark_cancelled(stream_id)  # the stream is over; a mark it did not consume is obsolete
 
 
 def _output(pb, response, name: str):

@@ -1,49 +1,53 @@
-"""The run's side channel: one private folder of small files through which the stubs of one server tell
-each other about streams (``tts``, ``ensemble_generator``, ``generator``, ``vocoder``; the launcher reads
-the admission counts). Three parts, each with its own files in the folder:
+"""The run's side channel: one private folder of small files (tmpfs where available) through which the
+stubs of one server tell each other about streams, where Triton has no way to (docs/triton.md#T6, #T13).
+A restart of the server clears it with the run folder. :class:`SideChannel` is its one API:
 
-Cancellation and lost marks (:class:`CancelBoard`).
-Cancellation side channel to the ``generator``, from ``tts``, ``ensemble_generator`` and the ``vocoder``.
+============================  ==========================================  ======================================
+file                          written by                                  read by
+============================  ==========================================  ======================================
+``cancel-<id>``               tts, ensemble_generator, vocoder            generator (once per step), removed by
+                              (:meth:`~SideChannel.mark_cancelled`)       it when acted on, else by the marker
+``lost-<id>``                 generator (:meth:`~SideChannel.mark_lost`)  tts waiting for that stream's chunk
+``live/<id>``,                generator (:meth:`LiveStreams.sync`)        vocoder (:meth:`LiveStreams.state`),
+``live/ended-<id>``                                                       which removes ``ended-`` (``claim``)
+``admission``                 tts, ensemble_generator                     every admitter, prompt_encoder, the
+                              (:meth:`~SideChannel.gate`)                 launcher (leaks: serving.vitals)
+``generator_slots``           tts, ensemble_generator (serving.generator_slots, the same :class:`Admission`)
+============================  ==========================================  ======================================
 
-Triton cannot cancel a BLS request or a running ensemble step (docs/triton.md#T6), so a stream whose
-client left would keep its generator slot until the utterance ends. Instead the stream's id is marked in a private
-per-server directory (tmpfs where available): ``tts`` marks the streams of a cancelled request,
-``ensemble_generator`` those of a cancelled direct caller, and the ``vocoder`` a ``tts_ensemble`` stream
-whose client left (Triton hands the vocoder that stream's later chunks already cancelled). The
-generator reads the marks once per step (one ``stat`` of the directory, a listing only when it
-changed) and ends a marked stream within one step. The generator removes a mark it acts on; the marker
-removes one the stream ended without seeing; marks left behind are swept once they are a minute old.
+Cancellation. Triton cannot cancel a BLS request or a running ensemble step (docs/triton.md#T6), so a
+stream whose client left would keep its generator slot until the utterance ends. Instead its id is marked:
+``tts`` marks the streams of a cancelled request, ``ensemble_generator`` those of a cancelled direct caller,
+and the ``vocoder`` a ``tts_ensemble`` stream whose client left (Triton hands the vocoder that stream's later
+chunks already cancelled). The generator reads the marks once per step (one ``stat`` of the folder, a
+listing only when it changed) and ends a marked stream within one step. The generator removes a mark it
+acts on; the marker removes one the stream ended without seeing; marks left behind are swept
+(:meth:`SideChannel.sweep`) once they are a minute old. The other direction, ``lost``: the generator gave
+a stream up (its responses could not be sent), and tts, waiting for that stream's next chunk, ends it
+with an error instead of waiting for a timeout.
 
-Live streams (:class:`LiveStreams`).
-Which generator streams the vocoder must accept, written by the ``generator`` and the ``vocoder``.
+Live streams. The vocoder is reachable by any client (it is a step of ``tts_ensemble``), and a vocoder
+stream holds decoder state. So it opens a stream only for a chunk of a stream the generator issued and
+whose end the vocoder has not seen yet, and when its table is full it makes room only by evicting streams
+that are off this board: the table can never be filled by streams that are not owed to a consumer. The
+generator marks each stream it admits as a file ``live/<id>`` and, once the stream ends, renames it
+``ended-<id>``: its chunks are still on their way to the vocoder, however long its consumer takes to
+pass them on (a backlogged ``tts`` can be seconds behind the generator, and a stream's chunk 0 may reach
+the vocoder after the generator made its last chunk). The vocoder removes ``ended-<id>`` when the
+stream's end reaches it (its last chunk, the ending chunk tts sends for a stream it gave up, or a chunk
+whose ensemble client left); the generator removes what is still unclaimed :data:`UNCLAIMED_SECONDS`
+after the end, a backstop for consumers that died. So the board holds at most the streams generating
+plus the streams whose consumer has not finished them, and every consumer holds an admitted request.
+The generator writes only when streams start or end, the vocoder reads only when a stream opens or its
+table needs room and writes once per stream.
 
-The vocoder is reachable by any client (it is a step of ``tts_ensemble``), and a vocoder stream holds
-decoder state. So it opens a stream only for a chunk of a stream the generator issued and whose end the
-vocoder has not seen yet, and when its table is full it makes room only by evicting streams that are
-off this board: the table can never be filled by streams that are not owed to a consumer.
+Admission. ``slots`` streams generate and ``max_queue`` more may wait for a slot; a request beyond that
+is refused at once as busy, whichever entry point (``tts``, ``ensemble_generator``) it came to. The two
+run in separate processes, so the count lives in a shared file: one 8-byte counter per admitting model,
+read and written under an exclusive ``flock``. A request holds its place from admission to its end.
 
-The generator marks each stream it admits as a file ``<id>`` in ``<board>/live/`` and, once the stream
-ends, renames it ``ended-<id>``: its chunks are still on their way to the vocoder, however long its
-consumer takes to pass them on (a backlogged ``tts`` can be seconds behind the generator, and a stream's
-chunk 0 may reach the vocoder after the generator made its last chunk). The vocoder removes
-``ended-<id>`` when the stream's end reaches it (:meth:`LiveStreams.claim`: its last chunk, the
-ending chunk tts sends for a stream it gave up, or a chunk whose ensemble client left); the generator
-removes what is still unclaimed :data:`UNCLAIMED_SECONDS` after the end, a backstop for consumers that
-died. So the board holds at most the streams generating plus the streams whose consumer has not
-finished them, and every consumer holds an admitted request (:mod:`serving.side_channel`).
-
-One folder of small files: the generator writes only when streams start or end, the vocoder reads only
-when a stream opens or its table needs room and writes once per stream, and both are cleared with the
-run folder on a restart.
-
-Admission (:class:`Admission`).
-One admission gate for every entry point that starts generation (``tts`` and ``ensemble_generator``).
-
-``slots`` streams generate and ``max_queue`` more may wait for a slot; a request beyond that is refused
-at once as busy, whichever model it came to. The two models run in separate processes, so the count
-lives in a small shared file (in the run's private cancellation folder): one 8-byte counter per
-admitting model, read and written under an exclusive ``flock``. A request holds its place from
-admission to its end; a restart of the server clears the file with the run folder.
+One file rather than three modules: the folder, its sweep and its file helpers are one subject, and
+every stub that uses one part opens the same folder (~280 lines, most of them this description).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ CANCEL, LOST = "cancel-", "lost-"
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
 # last change may have missed a mark made in the same tick, so the next check lists it again.
 _TIMESTAMP_SLACK_NS = 50_000_000
+ADMISSION = "admission"  # the admission gate's counters
 
 
 def default_dir() -> Path:
@@ -68,52 +73,63 @@ def default_dir() -> Path:
     return Path(base) / f"fireredtts3-cancel-{os.getuid()}"
 
 
-class CancelBoard:
+class SideChannel:
+    """The run's side-channel folder, as one process sees it (``directory`` None: :func:`default_dir`).
+    Stream ids are ints only: an id never names another path."""
+
     def __init__(self, directory: str | Path | None = None):
         self.dir = Path(directory) if directory else default_dir()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._listed_mtime: int | None = None
         self._marked: set[int] = set()
+        self.live = LiveStreams(self.dir)  # live/ended streams: the generator -> the vocoder
 
-    def _path(self, stream_id: int) -> str:
-        return os.path.join(self.dir, f"{CANCEL}{int(stream_id)}")  # ints only: an id never names another path
+    def _path(self, prefix: str, stream_id: int) -> str:
+        return os.path.join(self.dir, f"{prefix}{int(stream_id)}")
 
-    def mark(self, stream_id: int) -> None:
-        _touch(self._path(stream_id))
+    # ---- cancelled: tts, ensemble_generator, vocoder -> the generator ----
+    def mark_cancelled(self, stream_id: int) -> None:
+        """The stream's caller left: the generator ends it at its next step."""
+        _touch(self._path(CANCEL, stream_id))
 
-    def is_marked(self, stream_id: int) -> bool:
-        return os.path.exists(self._path(stream_id))
+    def is_cancelled(self, stream_id: int) -> bool:
+        return os.path.exists(self._path(CANCEL, stream_id))
 
-    def clear(self, stream_id: int) -> None:
-        _remove(self._path(stream_id))
+    def unmark_cancelled(self, stream_id: int) -> None:
+        """The stream ended without seeing its mark: the mark is obsolete."""
+        _remove(self._path(CANCEL, stream_id))
 
-    def consume(self, stream_id: int) -> bool:
+    def take_cancelled(self, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
         self._marked.discard(stream_id)
-        return _remove(self._path(stream_id))
+        return _remove(self._path(CANCEL, stream_id))
 
-    def marked(self) -> set[int]:
-        """The ids marked for cancellation: a ``stat`` of the directory, and a listing only when it changed
-        (the generator asks once per step, for all its streams)."""
+    def cancelled(self) -> set[int]:
+        """The ids marked cancelled: a ``stat`` of the folder, and a listing only when it changed (the
+        generator asks once per step, for all its streams)."""
         mtime = os.stat(self.dir).st_mtime_ns
         if mtime != self._listed_mtime or time.time_ns() - mtime < _TIMESTAMP_SLACK_NS:
             self._marked = {int(n[len(CANCEL) :]) for n in os.listdir(self.dir) if n.startswith(CANCEL)}
             self._listed_mtime = mtime
         return self._marked
 
-    # The other direction: the generator gave a stream up (its responses could not be sent), and
-    # tts, waiting for that stream's next chunk, ends it with an error instead of waiting for a timeout.
-    def _lost_path(self, stream_id: int) -> str:
-        return os.path.join(self.dir, f"{LOST}{int(stream_id)}")
-
+    # ---- lost: the generator -> tts ----
     def mark_lost(self, stream_id: int) -> None:
-        _touch(self._lost_path(stream_id))
+        """The generator gave the stream up (its responses could not be sent)."""
+        _touch(self._path(LOST, stream_id))
 
-    def consume_lost(self, stream_id: int) -> bool:
-        return _remove(self._lost_path(stream_id))
+    def take_lost(self, stream_id: int) -> bool:
+        """Whether the stream was lost; the mark is removed."""
+        return _remove(self._path(LOST, stream_id))
+
+    # ---- admitted: tts, ensemble_generator (readers: prompt_encoder, the launcher) ----
+    def gate(self, model: str | None, capacity: int, file: str = ADMISSION) -> Admission:
+        """The shared counter ``file`` of this folder (:class:`Admission`)."""
+        return Admission(self.dir, model, capacity, file=file)
 
     def sweep(self, max_age: float = 60.0) -> int:
-        """Remove marks older than ``max_age`` seconds (a live stream acts on its mark within one step)."""
+        """Remove cancelled and lost marks older than ``max_age`` seconds (a live stream acts on its mark
+        within one step); the live board sweeps itself (:meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
         for entry in os.scandir(self.dir):
             if not entry.name.startswith((CANCEL, LOST)):
@@ -148,6 +164,8 @@ LIVE, GONE = "live", "gone"  # states (an ended stream not yet claimed is ENDED[
 
 
 class LiveStreams:
+    """The board of live and ended streams, ``<folder>/live/`` (see the module's description)."""
+
     def __init__(self, board: str | Path):
         self.dir = Path(board) / "live"
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -208,15 +226,14 @@ class LiveStreams:
 
 
 ADMITTERS = ("tts", "ensemble_generator")  # one counter each, in this order
-_FILE = "admission"
 _SIZE = 8 * len(ADMITTERS)
 
 
 class Admission:
-    """Places for ``model`` out of ``capacity`` shared with the other admitters (``model`` None: a reader
+    """A shared counter file of the folder (``admission``, ``generator_slots``). Places for ``model`` out of ``capacity`` shared with the other admitters (``model`` None: a reader
     that only asks whether the gate is full)."""
 
-    def __init__(self, board: str | Path, model: str | None, capacity: int, file: str = _FILE, create: bool = True):
+    def __init__(self, board: str | Path, model: str | None, capacity: int, file: str = ADMISSION, create: bool = True):
         """``file``: the counters' file in ``board``; ``create`` False: FileNotFoundError until a model made it."""
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")

@@ -1,6 +1,6 @@
 """The threads an async model's blocking calls into Triton run on (``tts``, ``ensemble_generator``).
 
-:class:`Waits` holds every blocking BLS wait of a stub (docs/triton.md#T5) and the sends of its own
+:class:`StubThreads` holds every blocking BLS wait of a stub (docs/triton.md#T5) and the sends of its own
 responses (:class:`Responses`), so that neither holds up the event loop.
 """
 
@@ -10,12 +10,13 @@ import asyncio
 import concurrent.futures
 import functools
 
-SEND_THREADS = 8  # threads that send a model's responses (Waits.sends)
+SEND_THREADS = 8  # threads that send a model's responses (StubThreads.sends)
 
 
-class Waits:
-    """The thread pool for every blocking BLS wait of an async model (iterating a decoupled stream, and
-    ``async_exec`` itself, which uses the event loop's default executor: docs/triton.md#T5)."""
+class StubThreads:
+    """An async model's two thread pools: ``pool`` for every blocking BLS wait (iterating a decoupled
+    stream, and ``async_exec`` itself, which uses the event loop's default executor: docs/triton.md#T5),
+    ``sends`` for its response sends (:class:`Responses`)."""
 
     def __init__(self, name: str):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix=f"{name}-bls")
@@ -39,7 +40,7 @@ class Waits:
 
 class Responses:
     """A request's response sender whose ``send`` runs on a pool thread: the round trip to Triton's process
-    (~1 ms, the GIL released) no longer holds up the event loop, and the sends of different requests
+    (docs/triton.md#T20) no longer holds up the event loop, and the sends of different requests
     overlap. One request's sends go out one at a time, in order (each awaited before the next), and a
     send once started is finished before its caller sees a cancellation: a final response can never
     overtake a chunk still being sent (:meth:`final` waits for it)."""

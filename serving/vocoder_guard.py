@@ -54,8 +54,9 @@ class Decision:
 
 
 class VocoderGuard:
-    def __init__(self, keys, live_streams, cancels, max_streams: int):
-        self.keys, self.live_streams, self.cancels, self.max_streams = keys, live_streams, cancels, max_streams
+    def __init__(self, keys, channel, max_streams: int):
+        """``channel``: the run's :class:`serving.side_channel.SideChannel` (its live board, its cancel marks)."""
+        self.keys, self.channel, self.live_streams, self.max_streams = keys, channel, channel.live, max_streams
         self.next_seq: dict[int, int] = {}  # open stream -> the seq its next chunk must have
         self.opened: set[int] = set()  # ids whose stream was opened (single use), while the board lists them
         self.ours: set[int] = set()  # open streams that a request with the internal key opened (tts's)
@@ -69,7 +70,7 @@ class VocoderGuard:
         ends_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
         if cancelled:  # the ensemble's client left: nothing to decode for anybody
             if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
-                self.cancels.mark(sid)  # the generator ends the stream at its next step
+                self.channel.mark_cancelled(sid)  # the generator ends the stream at its next step
             self.forget(sid, streams)
             self.live_streams.claim(sid)
             return Decision(False, CANCELLED)
