@@ -5,10 +5,11 @@ sentence grouping, normalization), encodes the voice prompt, runs each text segm
 stream whose chunks go through the vocoder, cross-fades the segments, plays the result at the requested
 speed (:mod:`engine.time_stretch`, as it streams), and reports why the utterance ended. It owns
 cancellation and cleanup: however the caller stops (closing the iterator, task cancellation, an error
-anywhere), every generator stream it opened is closed and every vocoder stream it started is ended.
+anywhere), every generator stream it opened is closed and every vocoder stream it started is ended
+(the cleanup lingers past a cancelled caller: :mod:`engine.lifetime`).
 
 Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
-BLS calls to the Triton models (``serving.bls``, the ``tts`` model). The ``tts_ensemble`` entry point
+BLS calls to the Triton models (``serving.bls_adapters``, the ``tts`` model). The ``tts_ensemble`` entry point
 speaks the same generator -> vocoder protocol (:class:`engine.protocol.Chunk`) without this class. No torch, no Triton.
 """
 

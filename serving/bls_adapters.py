@@ -122,9 +122,9 @@ class BLSGenerator:
     async def _started(self, stream_id: int, started: asyncio.Task):
         """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
         when the generator lost the stream first, or nothing came within the timeout: Triton dropped the
-        request (a failed reschedule, "must specify the START flag") and will never answer it, so its
-        BLS call stops holding up this request's final response (``engine.lifetime.LINGERING``); the task itself
-        stays alive (engine.lifetime keeps it), with the request whose tensors Triton might read."""
+        request and will never answer it (docs/triton.md#T14), so its BLS call stops holding up this
+        request's final response (``engine.lifetime.unlinger``); the task itself stays alive (engine.lifetime
+        keeps it), with the request whose tensors Triton might read (docs/triton.md#T4)."""
         deadline = time.monotonic() + self.bls.timeout
         while not started.done():
             await asyncio.wait({started}, timeout=LOST_POLL_SECONDS)  # a cancelled caller leaves ``started`` be

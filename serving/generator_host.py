@@ -6,9 +6,8 @@ new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread,
 ends the streams whose callers asked to stop (cancellation marks, serving.side_channel), admits the streams
 that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
 chunk through its request's response sender, the last one with the FINAL flag. So admission (the
-parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton: the
-iterative sequence batcher's release-and-reschedule cost 0.11-0.15 ms per stream per step and split
-the live streams into batches of 10-25 (bench/step_overhead.py, bench.ceiling).
+parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
+(docs/triton.md#T21, #T17).
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
