@@ -16,9 +16,9 @@ from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
-from serving.side_channel import SideChannel
 from serving.generator_slots import GeneratorSlots
 from serving.requests import Voice, generator_parameters
+from serving.side_channel import SideChannel
 from serving.triton_io import read_chunk, tensors
 
 log = logging.getLogger("tts")

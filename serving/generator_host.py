@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from serving.auth import Keys
 from serving.generator_metrics import GeneratorMetrics
-from serving.side_channel import SideChannel
 from serving.model_options import GeneratorOptions
 from serving.run_folder import start_heartbeat
+from serving.side_channel import SideChannel
 from serving.triton_io import Throttled, load_model
 
 log = logging.getLogger("generator")

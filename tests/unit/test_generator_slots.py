@@ -12,8 +12,8 @@ from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
 from serving.bls import BLS
 from serving.bls_adapters import BLSGenerator
-from serving.side_channel import SideChannel
 from serving.generator_slots import GeneratorSlots
+from serving.side_channel import SideChannel
 
 
 def test_slots_are_shared_across_senders_and_come_back(tmp_path):

@@ -11,9 +11,9 @@ from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
 from serving import contract
-from serving.side_channel import SideChannel
 from serving.repository import SOURCE, ServeOptions, build, render
 from serving.requests import TTSInputs, parse_request, request_parameters
+from serving.side_channel import SideChannel
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 

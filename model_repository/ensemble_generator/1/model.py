@@ -22,11 +22,11 @@ from serving import contract
 from serving.auth import Keys, parameter_dict
 from serving.bls import BLS, watch_request
 from serving.bls_adapters import BLSGenerator
-from serving.side_channel import SideChannel
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
 from serving.run_folder import RunFlags, start_heartbeat
+from serving.side_channel import SideChannel
 from serving.stub_threads import StubThreads
 from serving.triton_io import (
     SPOKEN_TEXT_CHARS,

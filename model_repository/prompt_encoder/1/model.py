@@ -13,10 +13,10 @@ import triton_python_backend_utils as pb
 from engine import frontend
 from engine.protocol import Unavailable
 from serving.auth import Keys, Refused
-from serving.side_channel import SideChannel
 from serving.model_options import PromptEncoderOptions
 from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.run_folder import start_heartbeat
+from serving.side_channel import SideChannel
 from serving.triton_io import (
     bytes_tensor,
     error_response,

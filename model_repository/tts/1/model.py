@@ -17,7 +17,6 @@ from engine.text import TextTokenizer
 from serving.auth import Keys
 from serving.bls import BLS, PolledFlags, watch_request
 from serving.bls_adapters import BLSGenerator, BLSPrompts
-from serving.side_channel import SideChannel
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.metric_batch import MetricBatch
@@ -26,6 +25,7 @@ from serving.request_inputs import tts_inputs
 from serving.requests import parse_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
+from serving.side_channel import SideChannel
 from serving.stub_threads import Responses, StubThreads
 from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors
