@@ -5,10 +5,11 @@ sentence grouping, normalization), encodes the voice prompt, runs each text segm
 stream whose chunks go through the vocoder, cross-fades the segments, plays the result at the requested
 speed (:mod:`engine.time_stretch`, as it streams), and reports why the utterance ended. It owns
 cancellation and cleanup: however the caller stops (closing the iterator, task cancellation, an error
-anywhere), every generator stream it opened is closed and every vocoder stream it started is ended.
+anywhere), every generator stream it opened is closed and every vocoder stream it started is ended
+(the cleanup lingers past a cancelled caller: :mod:`engine.lifetime`).
 
 Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
-BLS calls to the Triton models (``serving.bls``, the ``tts`` model). The ``tts_ensemble`` entry point
+BLS calls to the Triton models (``serving.bls_adapters``, the ``tts`` model). The ``tts_ensemble`` entry point
 speaks the same generator -> vocoder protocol (:class:`engine.protocol.Chunk`) without this class. No torch, no Triton.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +29,7 @@ from engine.chunking import ChunkSchedule
 from engine.frontend import Prepared, prepare
 from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import DESIGN, EDITS
+from engine.lifetime import linger
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, segment_schedule
@@ -119,33 +120,7 @@ class Vocoder(Protocol):
         """One chunk -> (n,) float32 samples finished by it (the rest of the stream with ``last``)."""
 
 
-# Work that outlives a cancelled caller (a stream's cleanup, a request on its way): a caller that must
-# know when all of it is over (tts may release its request only then, since BLS requests it made still
-# read that request's memory) sets a set here, and every such task of its context is added to it.
-LINGERING: contextvars.ContextVar[set | None] = contextvars.ContextVar("lingering", default=None)
-
-
 PREPARED_KEPT = 512  # texts whose front-end result an orchestrator keeps (the least recently used goes)
-
-_ALIVE: set[asyncio.Task] = set()  # the event loop keeps only weak references to tasks
-
-
-def linger(coro) -> asyncio.Task:
-    """Run ``coro`` to its end even if whoever awaits it is cancelled; tracked in :data:`LINGERING`."""
-    task = asyncio.ensure_future(coro)
-    for tasks in (_ALIVE, LINGERING.get()):
-        if tasks is not None:
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-    return task
-
-
-def unlinger(task: asyncio.Task) -> None:
-    """Stop waiting for ``task`` at the end of this request (one that will never end: a BLS call Triton
-    dropped); it stays alive, and referenced, until it ends."""
-    tasks = LINGERING.get()
-    if tasks is not None:
-        tasks.discard(task)
 
 
 def new_stream_id() -> int:
@@ -338,7 +313,7 @@ class Orchestrator:
             await chunks.aclose()  # cancels the generator stream unless it ended
         finally:
             # Even a stream the vocoder never opened: the vocoder keeps an issued stream openable until
-            # its end arrives, however late (serving.live_streams), so every stream's end goes there.
+            # its end arrives, however late (serving.side_channel), so every stream's end goes there.
             if not vocoder_ended:
                 await self.vocoder.decode(end_chunk(stream_id))
 

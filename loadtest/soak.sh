@@ -125,8 +125,8 @@ grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || t
 echo "RSS at end: $(rss)"
 echo "after the load:"
 gauges | sed 's/^/  /'
-gate() {  # admission places and generator slots held now (serving.admission), from the run folder
-    $PY -c "import sys; from pathlib import Path; from serving.admission import Admission
+gate() {  # admission places and generator slots held now (serving.side_channel), from the run folder
+    $PY -c "import sys; from pathlib import Path; from serving.side_channel import Admission
 board = next(Path(sys.argv[1]).glob('*/cancel'))
 print(Admission(board, None, 1, create=False).total(), Admission(board, None, 1, file='generator_slots', create=False).total())" "$out/runs"
 }

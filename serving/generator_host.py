@@ -3,12 +3,11 @@
 The triton vllm_backend pattern: a stream is one long-lived decoupled request, and Triton schedules
 nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
 new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
-ends the streams whose callers asked to stop (cancellation marks, serving.cancel), admits the streams
+ends the streams whose callers asked to stop (cancellation marks, serving.side_channel), admits the streams
 that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
 chunk through its request's response sender, the last one with the FINAL flag. So admission (the
-parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton: the
-iterative sequence batcher's release-and-reschedule cost 0.11-0.15 ms per stream per step and split
-the live streams into batches of 10-25 (bench/step_overhead.py, bench.ceiling).
+parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
+(docs/triton.md#T21, #T17).
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
@@ -27,11 +26,10 @@ from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from serving.auth import Keys
-from serving.cancel import CancelBoard
 from serving.generator_metrics import GeneratorMetrics
-from serving.live_streams import LiveStreams
 from serving.model_options import GeneratorOptions
 from serving.run_folder import start_heartbeat
+from serving.side_channel import SideChannel
 from serving.triton_io import Throttled, load_model
 
 log = logging.getLogger("generator")
@@ -66,9 +64,8 @@ class GeneratorHost:
         self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
                                         attention=opts.attention)  # fmt: skip
         self.scheduler = self.service.scheduler
-        self.cancels = CancelBoard(opts.cancel_dir or None)
-        self.live_streams = LiveStreams(self.cancels.dir)  # read by the vocoder
-        self.live_streams.clear()
+        self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
+        self.channel.live.clear()
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
         self.send = send
@@ -95,10 +92,10 @@ class GeneratorHost:
                 self._admit()
                 if self.service.live:
                     self._step()
-                self.live_streams.sync(self.service.live)  # ended streams' grace runs out between steps too
+                self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
                 self.metrics.update()
                 if time.monotonic() >= next_sweep:
-                    self.cancels.sweep()
+                    self.channel.sweep()
                     next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
             except Exception:  # never let the thread die: every live stream would wait forever
                 log.exception("generator engine iteration failed")
@@ -124,17 +121,17 @@ class GeneratorHost:
     def _cancel_marked(self) -> None:
         """End the streams whose callers asked to (live or still waiting for a slot), each with its
         cancelled last chunk."""
-        marked = self.cancels.marked()
+        marked = self.channel.cancelled()
         if not marked:
             return
         for stream_id in [i for i in self.service.live if i in marked]:
-            self.cancels.consume(stream_id)
+            self.channel.take_cancelled(stream_id)
             self._deliver(stream_id, self.senders.pop(stream_id), self.keys.seal(self.service.cancel(stream_id)))
         if any(a.stream_id in marked for a in self.waiting):
             kept = deque()
             for a in self.waiting:
                 if a.stream_id in marked and a.stream_id not in self.service.live:
-                    self.cancels.consume(a.stream_id)
+                    self.channel.take_cancelled(a.stream_id)
                     self._deliver(a.stream_id, a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
                 else:
                     kept.append(a)
@@ -158,7 +155,7 @@ class GeneratorHost:
             self.senders[a.stream_id] = a.sender
             admitted = True
         if admitted:
-            self.live_streams.sync(self.service.live)
+            self.channel.live.sync(self.service.live)
 
     def _start(self, stream_id: int, inputs: tuple) -> None:
         from engine.generator import InstructInput
@@ -197,7 +194,7 @@ class GeneratorHost:
             self.send_failures.warning("generator: a response could not be sent (%s); its stream ends", e)
             if stream_id and self.service.drop(stream_id):
                 self.senders.pop(stream_id, None)
-                self.cancels.mark_lost(stream_id)
+                self.channel.mark_lost(stream_id)
 
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""
@@ -211,4 +208,4 @@ class GeneratorHost:
         for a in self.waiting:
             self._deliver(0, a.sender, end_chunk(a.stream_id, bye))
         self.waiting.clear()
-        self.live_streams.clear()
+        self.channel.live.clear()

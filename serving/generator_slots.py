@@ -3,10 +3,10 @@
 A stream that waits for a slot in Triton's sequence batcher can be lost there (docs/triton.md#T14), and
 the BLS call that sent it waits forever. So a stream waits here instead, in the process that will send it, and goes to the generator only when one of
 its ``slots`` is free: the sequence batcher's backlog stays empty, and how long a stream may wait is
-bounded by the admission gate (serving.admission), not by Triton's idle timer.
+bounded by the admission gate (serving.side_channel), not by Triton's idle timer.
 
 The count is shared by both senders through a file in the run's cancellation folder, as the admission
-gate's is (the same :class:`~serving.admission.Admission`, with ``slots`` places). A sender takes a slot
+gate's is (the same :class:`~serving.side_channel.Admission`, with ``slots`` places). A sender takes a slot
 before it sends a stream and gives it back once the generator has ended it (its last chunk, a cancel
 answered, or the stream lost).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from serving.admission import Admission
+from serving.side_channel import Admission
 
 FILE = "generator_slots"
 POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free slot
@@ -24,7 +24,7 @@ POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free 
 
 class GeneratorSlots:
     """``slots`` places shared by every process that sends streams to the generator; ``model`` is this one
-    (one of :data:`serving.admission.ADMITTERS`)."""
+    (one of :data:`serving.side_channel.ADMITTERS`)."""
 
     def __init__(self, board: str | Path, model: str, slots: int):
         self.gate = Admission(board, model, slots, file=FILE)

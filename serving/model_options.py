@@ -65,7 +65,7 @@ class _Gate:
 
     @property
     def capacity(self) -> int:
-        """Requests running or waiting at once, tts and tts_ensemble together (serving.admission)."""
+        """Requests running or waiting at once, tts and tts_ensemble together (serving.side_channel)."""
         return self.slots + self.max_queue
 
 
@@ -74,7 +74,7 @@ class TTSOptions(ModelOptions, _Gate):
     MODEL = "tts"
     checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the admission gate (serving.cancel); empty: its default
+    cancel_dir: str  # cancellation marks and the admission gate (serving.side_channel); empty: its default
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
@@ -96,7 +96,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the prompt encoder and CAM++
     run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
-    cancel_dir: str  # where the admission gate lives (serving.admission); empty: serving.cancel's default
+    cancel_dir: str  # where the admission gate lives (serving.side_channel); empty: serving.side_channel's default
     voice_dir: str  # the voice store (empty: serving.voice_store.default_dir())
     max_anonymous_voices: int  # LRU bound of anonymous reference prompts kept on disk
     voice_store_max_gb: float  # bound on the voice store's files (1 GB = 1e9 bytes)
@@ -116,7 +116,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
 class EnsembleGeneratorOptions(ModelOptions, _Gate):
     MODEL = "ensemble_generator"
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the admission gate (serving.cancel); empty: its default
+    cancel_dir: str  # cancellation marks and the admission gate (serving.side_channel); empty: its default
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
@@ -133,7 +133,7 @@ class GeneratorOptions(ModelOptions):
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the backbone
     run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the live stream list (serving.cancel); empty: its default
+    cancel_dir: str  # cancellation marks and the live stream list (serving.side_channel); empty: its default
     slots: int  # streams stepped together (batch rows)
     max_len: int  # backbone positions per stream
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
@@ -155,7 +155,7 @@ class VocoderOptions(ModelOptions):
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the decoder
     run_dir: str  # the launcher's run folder (serving.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the live stream list (serving.cancel); empty: its default
+    cancel_dir: str  # cancellation marks and the live stream list (serving.side_channel); empty: its default
     max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
     idle_seconds: int  # a stream without a chunk for this long is reclaimed
     batch: int  # chunks decoded together by the engine thread

@@ -57,7 +57,7 @@ class ServeOptions:
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
     text_idle_seconds: float = option(float(DEFAULT_TEXT_IDLE_SECONDS), "a text-in stream that sends no text for "
                                       "this long is closed, its place freed")  # fmt: skip
-    cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: serving.cancel.default_dir())
+    cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: serving.side_channel.default_dir())
     run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats and flags (serving.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)")  # fmt: skip

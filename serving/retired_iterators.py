@@ -1,11 +1,7 @@
 """Decoupled BLS response iterators, let go of only after Triton's stub has let go of them (docs/triton.md#T18).
 
-In Triton 2.51's Python stub the ``ResponseIterator`` of a decoupled BLS call has two owners: the Python code
-that reads it and the stub's table of open BLS streams. Reading the final response queues the table's release
-on the stub's stub-to-parent thread, which holds no GIL. When that release is the last reference, the iterator
-is destroyed on that thread, and with it every response it kept, whose tensors drop their NumPy arrays without
-the GIL: the Python heap is corrupted and the stub dies later, anywhere (``pymalloc_alloc``,
-``malloc_consolidate(): unaligned fastbin chunk detected``) or stops answering.
+The stub's table of open BLS streams lets go of a decoupled call's ``ResponseIterator`` on its stub-to-parent thread,
+without the GIL; were that the last reference, the heap would be corrupted (docs/triton.md#T18).
 
 That thread serves its queue in order, and ``request.is_cancelled()`` waits for its own turn in the same queue.
 So once such a call, begun after an iterator was retired, has been answered by the queue (it returned False: a

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.admission import Admission
 from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
+from serving.side_channel import Admission
 from serving.vitals import (
     EXECUTED,
     IN_FLIGHT,

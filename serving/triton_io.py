@@ -106,8 +106,8 @@ def bytes_tensor(pb, name: str, text: str, batch: bool = True):
 # The generator's secret model name (serving.auth.Keys.generator_model), as Triton's own messages may carry it
 # ("Stub process 'generator-<hex>_0_0' is not healthy."): no client may read it.
 SECRET_NAME = re.compile(r"generator-[0-9a-f]{32}")
-# Triton 2.51's untagged words for a request to a model whose stub has died (the launcher restarts the server):
-# the only sign of it a BLS caller gets, with code INTERNAL.
+# Triton's untagged words for a request to a model whose stub has died (docs/triton.md#T15; the launcher
+# restarts the server): the only sign of it a BLS caller gets, with code INTERNAL (docs/triton.md#T1).
 STUB_DEAD = "is not healthy"
 
 

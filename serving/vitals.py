@@ -13,7 +13,7 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
   within ``stall_seconds``, or tritonserver is wedged.
 
-- **leak**: admission places held (serving.admission: requests admitted and not yet answered) at every
+- **leak**: admission places held (serving.side_channel: requests admitted and not yet answered) at every
   poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
   requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
   and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
@@ -92,7 +92,7 @@ class Observation:
     stubs: dict[int, str]  # pid -> model of the stubs it watches
     beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
     metrics: dict[str, dict[str, float]] | None  # samples() of PENDING, EXECUTED and STEPPED; None: no answer
-    held: int = 0  # admission places held (serving.admission), by every entry point together
+    held: int = 0  # admission places held (serving.side_channel), by every entry point together
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.orchestrator import linger
+from engine.lifetime import linger
 from engine.protocol import KINDS, Chunk, StreamFailed
 from serving import contract
 

@@ -6,15 +6,15 @@ generator made, once, in order, for streams the generator holds:
 - a chunk that decodes must carry the generator's seal (:meth:`serving.auth.Keys.sealed`) and be the
   next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt latents,
   which Instruct's design and edits leave empty), only while the generator's board lists the stream
-  (:mod:`serving.live_streams`: generating, or ended with its end not yet here, however late its
+  (:mod:`serving.side_channel`: generating, or ended with its end not yet here, however late its
   consumer is), and only once (an id is remembered as opened while the board lists it, and the board
   forgets it when its end arrives here);
 - a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
   nobody can guess, and decodes nothing;
 - a stream's end (its last chunk, sealed or ending only) takes it off the board
-  (:meth:`~serving.live_streams.LiveStreams.claim`);
+  (:meth:`~serving.side_channel.LiveStreams.claim`);
 - a chunk whose ensemble client has gone (Triton hands the vocoder such chunks already cancelled) ends
-  the vocoder stream and asks the generator to end the stream too (:mod:`serving.cancel`), so an
+  the vocoder stream and asks the generator to end the stream too (:mod:`serving.side_channel`), so an
   abandoned ensemble stream stops generating within a step of its next chunk;
 - the table holds at most ``max_streams`` streams; a new stream that finds it full takes the place of
   one off the board, else of an ended one that a key-less request opened (least recently fed first), and
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
-from serving.live_streams import GONE
+from serving.side_channel import GONE
 
 UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
 # A chunk the generator sealed is genuine: a stream it belongs to that is gone here was dropped by the server
@@ -54,8 +54,9 @@ class Decision:
 
 
 class VocoderGuard:
-    def __init__(self, keys, live_streams, cancels, max_streams: int):
-        self.keys, self.live_streams, self.cancels, self.max_streams = keys, live_streams, cancels, max_streams
+    def __init__(self, keys, channel, max_streams: int):
+        """``channel``: the run's :class:`serving.side_channel.SideChannel` (its live board, its cancel marks)."""
+        self.keys, self.channel, self.live_streams, self.max_streams = keys, channel, channel.live, max_streams
         self.next_seq: dict[int, int] = {}  # open stream -> the seq its next chunk must have
         self.opened: set[int] = set()  # ids whose stream was opened (single use), while the board lists them
         self.ours: set[int] = set()  # open streams that a request with the internal key opened (tts's)
@@ -69,7 +70,7 @@ class VocoderGuard:
         ends_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
         if cancelled:  # the ensemble's client left: nothing to decode for anybody
             if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
-                self.cancels.mark(sid)  # the generator ends the stream at its next step
+                self.channel.mark_cancelled(sid)  # the generator ends the stream at its next step
             self.forget(sid, streams)
             self.live_streams.claim(sid)
             return Decision(False, CANCELLED)

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from client import TTSClient
-from serving.admission import Admission
 from serving.generator_slots import FILE as SLOTS_FILE
 from serving.repository import ServeOptions, build
+from serving.side_channel import Admission
 from serving.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel
 from tests.reference import snr_db

@@ -98,7 +98,7 @@ def alone(model, seed: int) -> list:
 def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
     ids = [101, 102, 103, 104, 105]
     senders = {i: Sender(broken=i == 104) for i in ids}
-    host.cancels.mark(105)  # its caller left before it got one of the 2 slots
+    host.channel.mark_cancelled(105)  # its caller left before it got one of the 2 slots
     for i in ids:
         host.submit(Arrival(i, inputs(model, seed=i), senders[i]))
     deadline = time.monotonic() + 30
@@ -122,7 +122,7 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
         got, expected = (np.concatenate([c.latents for c in x]) for x in (chunks, want))
         np.testing.assert_allclose(got, expected, atol=1e-5)
     assert [c.finish_reason for c in senders[105].chunks] == [CANCELLED]
-    assert host.cancels.consume_lost(104) and not senders[104].chunks  # its tts hears it was lost
+    assert host.channel.take_lost(104) and not senders[104].chunks  # its tts hears it was lost
     if duplicate.chunks[-1].finish_reason not in (LENGTH, STOP):  # 101 was still live: refused, 101 undisturbed
         assert duplicate.finals() == 1 and "in use" in duplicate.chunks[-1].finish_reason
     assert not host.service.live and len(host.service.free) == 2 and not host.senders and not host.waiting
@@ -138,7 +138,7 @@ def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
     while not sender.chunks:
         assert time.monotonic() < deadline
         time.sleep(0.001)
-    host.cancels.mark(7)
+    host.channel.mark_cancelled(7)
     assert sender.done.wait(30)
     assert sender.finals() == 1 and sender.chunks[-1].finish_reason == CANCELLED
     assert sum(len(c.latents) for c in sender.chunks) < 400  # ended early, not at max_patches

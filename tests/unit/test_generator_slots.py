@@ -8,11 +8,12 @@ import asyncio
 
 import pytest
 
-from engine.orchestrator import LINGERING, linger
+from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
-from serving.bls import BLS, BLSGenerator
-from serving.cancel import CancelBoard
+from serving.bls import BLS
+from serving.bls_adapters import BLSGenerator
 from serving.generator_slots import GeneratorSlots
+from serving.side_channel import SideChannel
 
 
 def test_slots_are_shared_across_senders_and_come_back(tmp_path):
@@ -44,7 +45,7 @@ def test_slots_are_shared_across_senders_and_come_back(tmp_path):
 def test_a_generator_request_that_never_answers_fails_as_unavailable(tmp_path, how):
     """Triton dropped it unanswered (its reschedule failed): the generator marks it lost, or nothing comes
     within the BLS timeout; either way the caller is told, and its final response no longer waits for it."""
-    board, stream_id = CancelBoard(tmp_path), 12345
+    board, stream_id = SideChannel(tmp_path), 12345
 
     async def main():
         generator = BLSGenerator(BLS(None, timeout=0.5 if how == "timeout" else 60.0, pool=None), board)

@@ -1,4 +1,4 @@
-"""serving.metric_batch and serving.bls.BLSPrompts: the tts stub's round trips to Triton's process per
+"""serving.metric_batch and serving.bls_adapters.BLSPrompts: the tts stub's round trips to Triton's process per
 request (metric updates, the default voice's prompt) are fewer, with the same values."""
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from serving.bls import BLSPrompts
+from serving.bls_adapters import BLSPrompts
 from serving.metric_batch import MetricBatch
 from serving.requests import Voice
 

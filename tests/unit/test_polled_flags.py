@@ -31,7 +31,7 @@ def test_a_flag_set_later_is_seen_once_the_interval_is_over():
 
 
 def test_cancellation_polls_stay_within_their_budget_at_any_concurrency():
-    from serving.bls import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS, cancel_poll_seconds
+    from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS, cancel_poll_seconds
 
     assert cancel_poll_seconds(1) == CANCEL_POLL_SECONDS  # a few streams: as often as ever
     for watching in (1, 8, 50, 51, 256, 1024):

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from engine.orchestrator import LINGERING
+from engine.lifetime import LINGERING
 from engine.protocol import Unavailable
 from serving.auth import Keys
 from serving.bls import BLS

@@ -11,9 +11,9 @@ from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
 from serving import contract
-from serving.cancel import CancelBoard
 from serving.repository import SOURCE, ServeOptions, build, render
 from serving.requests import TTSInputs, parse_request, request_parameters
+from serving.side_channel import SideChannel
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 
@@ -242,46 +242,46 @@ def test_vocoder_reaps_idle_streams(model):
     assert voc.reap() == [3] and voc.active == 0
 
 
-def test_cancel_board_sweeps_old_marks(tmp_path):
+def test_side_channel_sweeps_old_marks(tmp_path):
     import os
 
-    board = CancelBoard(tmp_path / "marks")
-    board.mark(1)
-    board.mark(2)
+    board = SideChannel(tmp_path / "marks")
+    board.mark_cancelled(1)
+    board.mark_cancelled(2)
     old = os.path.join(board.dir, "cancel-1")
     os.utime(old, (0, 0))
     (board.dir / "admission").write_bytes(bytes(16))  # other files of the folder are not marks
     os.utime(board.dir / "admission", (0, 0))
     assert board.sweep(60) == 1
-    assert not board.is_marked(1) and board.is_marked(2) and (board.dir / "admission").exists()
+    assert not board.is_cancelled(1) and board.is_cancelled(2) and (board.dir / "admission").exists()
 
 
-def test_cancel_board_lists_marks_once_per_change(tmp_path):
-    board = CancelBoard(tmp_path / "marks")
-    assert board.marked() == set()
-    board.mark(7)
-    board.mark(9)
-    assert board.marked() == {7, 9}
-    assert board.consume(7) and board.marked() == {9}
-    other = CancelBoard(tmp_path / "marks")  # another process's view: its listing follows the folder
-    assert other.marked() == {9}
-    board.mark(11)
-    assert other.marked() == {9, 11}
+def test_side_channel_lists_marks_once_per_change(tmp_path):
+    board = SideChannel(tmp_path / "marks")
+    assert board.cancelled() == set()
+    board.mark_cancelled(7)
+    board.mark_cancelled(9)
+    assert board.cancelled() == {7, 9}
+    assert board.take_cancelled(7) and board.cancelled() == {9}
+    other = SideChannel(tmp_path / "marks")  # another process's view: its listing follows the folder
+    assert other.cancelled() == {9}
+    board.mark_cancelled(11)
+    assert other.cancelled() == {9, 11}
 
 
-def test_cancel_board(tmp_path):
-    b = CancelBoard(tmp_path / "c")
+def test_side_channel(tmp_path):
+    b = SideChannel(tmp_path / "c")
     assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
-    assert not b.is_marked(5) and not b.consume(5)
-    b.mark(5)
-    assert b.is_marked(5)
-    assert b.consume(5) and not b.is_marked(5)
-    b.mark(6)
-    b.clear(6)
-    b.clear(6)
-    assert not b.is_marked(6)
+    assert not b.is_cancelled(5) and not b.take_cancelled(5)
+    b.mark_cancelled(5)
+    assert b.is_cancelled(5)
+    assert b.take_cancelled(5) and not b.is_cancelled(5)
+    b.mark_cancelled(6)
+    b.unmark_cancelled(6)
+    b.unmark_cancelled(6)
+    assert not b.is_cancelled(6)
     with pytest.raises(ValueError):
-        b.mark("../etc")
+        b.mark_cancelled("../etc")
 
 
 def test_stop_head_reason(model):
@@ -361,7 +361,7 @@ def test_kv_cache_and_attention_options_reach_the_generator():
 def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
     import asyncio
 
-    from serving.bls import watch
+    from serving.bls import watch_request as watch
 
     class Request:
         cancelled = False
@@ -384,7 +384,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
                 await asyncio.sleep(10)
             finally:  # a cleanup that outlives the cancelled task, as the orchestrator's does
                 done = asyncio.ensure_future(asyncio.wait_for(cleanup.wait(), 1))
-                lingering.add(done)  # as engine.orchestrator.linger tracks it: gone from the set once over
+                lingering.add(done)  # as engine.lifetime.linger tracks it: gone from the set once over
                 done.add_done_callback(lingering.discard)
 
         task = asyncio.ensure_future(stream())

@@ -1,5 +1,5 @@
 """What the vocoder accepts from anyone (serving.vocoder_guard), the seals that decide it (serving.auth),
-the live-stream folder it reads (serving.live_streams) and the shared admission gate (serving.admission).
+the live-stream folder it reads (serving.side_channel) and the shared admission gate (serving.side_channel).
 No Triton, no model."""
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
-from serving.admission import Admission
 from serving.auth import Keys
-from serving.cancel import CancelBoard
-from serving.live_streams import UNCLAIMED_SECONDS, LiveStreams
+from serving.side_channel import UNCLAIMED_SECONDS, Admission, LiveStreams, SideChannel
 from serving.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
 
 KEYS = Keys("k" * 64)
@@ -37,9 +35,8 @@ def chunks(sid: int, n: int = 3) -> list[Chunk]:
 
 @pytest.fixture
 def world(tmp_path):
-    board = CancelBoard(tmp_path / "board")
-    live = LiveStreams(board.dir)
-    return board, live, VocoderGuard(KEYS, live, board, max_streams=3)
+    board = SideChannel(tmp_path / "board")
+    return board, board.live, VocoderGuard(KEYS, board, max_streams=3)
 
 
 def feed(guard, streams, chunk, **kw):
@@ -103,7 +100,7 @@ def test_a_chunk_whose_client_left_ends_both_streams(world):
     feed(guard, streams, c0)
     d = guard.decide(c1, streams, cancelled=True)
     assert not d.decode and d.reason == "cancelled"
-    assert sid not in streams and board.is_marked(sid)  # the generator ends it at its next step
+    assert sid not in streams and board.is_cancelled(sid)  # the generator ends it at its next step
 
 
 def test_the_table_makes_room_only_from_streams_off_the_board(world):

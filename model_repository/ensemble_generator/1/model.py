@@ -1,6 +1,6 @@
 """ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
 
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.admission),
+It takes the generator's inputs, passes the admission gate that tts also answers to (serving.side_channel),
 runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
 the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
 client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
@@ -15,17 +15,19 @@ import contextlib
 
 import triton_python_backend_utils as pb
 
-from engine.orchestrator import LINGERING, Segment
+from engine.lifetime import LINGERING
+from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
-from serving.admission import Admission
 from serving.auth import Keys, parameter_dict
-from serving.bls import BLS, BLSGenerator, Waits, watch
-from serving.cancel import CancelBoard
+from serving.bls import BLS, watch_request
+from serving.bls_adapters import BLSGenerator
 from serving.generator_slots import GeneratorSlots
 from serving.model_options import EnsembleGeneratorOptions
 from serving.requests import check_language, check_text, generation_request
 from serving.run_folder import RunFlags, start_heartbeat
+from serving.side_channel import SideChannel
+from serving.stub_threads import StubThreads
 from serving.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,
@@ -49,12 +51,12 @@ class TritonPythonModel:
         start_heartbeat(opts.run_dir, "ensemble_generator")
         self.flags = RunFlags(opts.run_dir)
         self.keys = Keys.from_env("ensemble_generator")
-        self.waits = Waits("ensemble")
-        cancels = CancelBoard(opts.cancel_dir or None)
-        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, self.keys.parameters(), self.flags)
-        slots = GeneratorSlots(cancels.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
-        self.generator = BLSGenerator(bls, cancels, self.keys.generator_model, slots)
-        self.admission = Admission(cancels.dir, "ensemble_generator", opts.capacity)
+        self.threads = StubThreads("ensemble")
+        channel = SideChannel(opts.cancel_dir or None)
+        bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
+        slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
+        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots)
+        self.admission = channel.gate("ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
             pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
@@ -64,7 +66,7 @@ class TritonPythonModel:
         self.in_flight_gauge, self.in_flight = self.families[1].Metric(), 0
 
     async def execute(self, requests):
-        await self.waits.serve(requests, self._serve)
+        await self.threads.serve(requests, self._serve)
 
     async def _serve(self, request):
         sender = request.get_response_sender()
@@ -89,7 +91,7 @@ class TritonPythonModel:
 
     def _count(self, delta: int) -> None:
         self.in_flight += delta
-        self.in_flight_gauge.increment(delta)  # not set(): it keeps the GIL through its round trip (T19)
+        self.in_flight_gauge.increment(delta)  # not set(): docs/triton.md#T19
 
     async def _watch(self, request, sender, lingering: set) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response
@@ -97,7 +99,7 @@ class TritonPythonModel:
         stream_id = self.keys.new_stream_id()
         task = asyncio.ensure_future(self._relay(request, sender, stream_id))
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
-        broken = await watch(task, request, self.flags, lingering)
+        broken = await watch_request(task, request, self.flags, lingering)
         if broken:
             with contextlib.suppress(BaseException):
                 await task
@@ -127,7 +129,7 @@ class TritonPythonModel:
         raise StreamFailed("error: the generator stream ended without a last chunk")
 
     def finalize(self):
-        self.waits.shutdown()
+        self.threads.shutdown()
 
 
 def finish(sender, chunk: Chunk) -> None:

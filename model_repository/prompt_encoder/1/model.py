@@ -12,12 +12,11 @@ import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.protocol import Unavailable
-from serving.admission import Admission
 from serving.auth import Keys, Refused
-from serving.cancel import CancelBoard
 from serving.model_options import PromptEncoderOptions
 from serving.requests import check_language, check_name, check_ref_audio, check_text
 from serving.run_folder import start_heartbeat
+from serving.side_channel import SideChannel
 from serving.triton_io import (
     bytes_tensor,
     error_response,
@@ -47,7 +46,7 @@ class TritonPythonModel:
         self.keys = Keys.from_env("prompt_encoder", opts.public_steps)
         # tts_ensemble's first step: a busy server refuses it here, before any encoding (the place itself
         # is taken by ensemble_generator, the step that generates)
-        self.admission = Admission(CancelBoard(opts.cancel_dir or None).dir, None, opts.capacity)
+        self.admission = SideChannel(opts.cancel_dir or None).gate(None, opts.capacity)
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),

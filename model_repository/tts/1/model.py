@@ -10,13 +10,13 @@ import time
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.orchestrator import LINGERING, Orchestrator
+from engine.lifetime import LINGERING
+from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
-from serving.admission import Admission
 from serving.auth import Keys
-from serving.bls import BLS, BLSGenerator, BLSPrompts, PolledFlags, Responses, Waits, watch
-from serving.cancel import CancelBoard
+from serving.bls import BLS, PolledFlags, watch_request
+from serving.bls_adapters import BLSGenerator, BLSPrompts
 from serving.contract import TTS_OUTPUTS
 from serving.generator_slots import GeneratorSlots
 from serving.metric_batch import MetricBatch
@@ -25,6 +25,8 @@ from serving.request_inputs import tts_inputs
 from serving.requests import parse_request
 from serving.run_folder import RunFlags, start_heartbeat
 from serving.served import ServedModels
+from serving.side_channel import SideChannel
+from serving.stub_threads import Responses, StubThreads
 from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.vocoder_batch import BLSVocoder
@@ -49,17 +51,17 @@ class TritonPythonModel:
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
         keys = Keys.from_env("tts")
-        self.waits = Waits("tts")
-        bls = BLS(pb, opts.bls_timeout_seconds, self.waits.pool, keys.parameters(), self.flags)
-        cancels = CancelBoard(opts.cancel_dir or None)
-        generator = BLSGenerator(bls, cancels, keys.generator_model,
-                                 GeneratorSlots(cancels.dir, "tts", opts.slots))  # streams wait here, not in Triton
+        self.threads = StubThreads("tts")
+        bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
+        channel = SideChannel(opts.cancel_dir or None)
+        generator = BLSGenerator(bls, channel, keys.generator_model,
+                                 GeneratorSlots(channel.dir, "tts", opts.slots))  # streams wait here, not in Triton
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
-        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.admission).
-        self.admission = Admission(cancels.dir, "tts", opts.capacity)
+        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.side_channel).
+        self.admission = channel.gate("tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds)
         self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch()  # metrics: sent once per loop turn
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
@@ -79,7 +81,7 @@ class TritonPythonModel:
         )
 
     async def execute(self, requests):
-        await self.waits.serve(requests, self._serve)
+        await self.threads.serve(requests, self._serve)
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
@@ -107,8 +109,8 @@ class TritonPythonModel:
                     sender.send(error_response(pb, error), flags=FINAL)
                     return
             lingering: set = set()
-            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.orchestrator
-            await self._serve_admitted(request, Responses(sender, self.waits.sends), lingering, stream)
+            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
+            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream)
         finally:
             if stream is not None:
                 self.text_streams.close(stream)
@@ -123,7 +125,7 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, responses: Responses, lingering: set, stream):
         task = asyncio.ensure_future(self._stream(request, responses, stream))
-        broken = await watch(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
+        broken = await watch_request(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
@@ -182,4 +184,4 @@ class TritonPythonModel:
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
-        self.waits.shutdown()
+        self.threads.shutdown()

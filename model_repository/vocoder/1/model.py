@@ -31,8 +31,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from engine.synthetic import SyntheticVocoderService
         from engine.vocoder_service import VocoderService
-        from serving.cancel import CancelBoard
-        from serving.live_streams import LiveStreams
+        from serving.side_channel import SideChannel
         from serving.synthetic_math import announce
         from serving.vocoder_guard import VocoderGuard
 
@@ -42,8 +41,7 @@ class TritonPythonModel:
         self.service = service(load_model(opts, parts=("decoder",)), opts.idle_seconds, max_streams=opts.max_streams)
         self.synthetic = announce(pb, log, "vocoder") if opts.synthetic_math else None
         self.keys = Keys.from_env("vocoder", opts.public_steps)
-        cancels = CancelBoard(opts.cancel_dir or None)
-        self.guard = VocoderGuard(self.keys, LiveStreams(cancels.dir), cancels, opts.max_streams)
+        self.guard = VocoderGuard(self.keys, SideChannel(opts.cancel_dir or None), opts.max_streams)
         self.batch, self.delay = opts.batch, opts.queue_delay_us / 1e6
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
