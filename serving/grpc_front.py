@@ -1,9 +1,7 @@
 """A bounded gRPC front for Triton: standard ``tritonclient.grpc`` clients talk to it unchanged, and it
 forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on loopback.
 
-Triton 2.51's gRPC listener bounds nothing a stranger controls (measured: a 1 GB message to ``tts`` gave
-a 3.3 GB peak; 20 streams whose client never reads held 6-7 of 8 slots for 150 s, tritonserver keeping
-their audio until the connection closed). The front holds the bounds of :class:`FrontLimits`, each a
+Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of :class:`FrontLimits`, each a
 launcher flag, and answers a call past one with a gRPC status that names it:
 
 - messages are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,

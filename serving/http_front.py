@@ -1,9 +1,7 @@
 """A bounded HTTP/1.1 front for Triton's HTTP port: standard clients (``tritonclient.http``, curl) talk to it
 unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both ways.
 
-Triton 2.51's HTTP listener bounds nothing a stranger controls (measured: a 200 MB JSON body to
-``generate`` gave a 3.6 GB peak; 200 connections that never finished their headers stayed open 120 s).
-The front holds the bounds of :class:`serving.front_limits.HttpFrontLimits`, each a launcher flag:
+Triton's HTTP listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of :class:`serving.front_limits.HttpFrontLimits`, each a launcher flag:
 
 - a request head larger than ``max_header_kb`` gets 431, one not complete ``header_seconds`` after the
   connection opened (or after its first byte, on a kept-alive connection) is closed: Triton never sees it;

@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--triton-host", help="where Triton's own HTTP and gRPC ports listen (default: --host). "
                     "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the "
                     "fronts with --grpc-front/--http-front on), which "
-                    "bound what a client may send and hold (Triton 2.51 takes gRPC messages up to 2 GB and keeps "
-                    "idle HTTP connections open)")  # fmt: skip
+                    "bound what a client may send and hold (Triton's own ports do not: docs/triton.md#T22)")  # fmt: skip
     ap.add_argument("--http-port", type=int, default=8000, help="HTTP: the bounded front when it is on "
                     "(--http-front), else Triton's own")  # fmt: skip
     ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC: the bounded front when it is on "
