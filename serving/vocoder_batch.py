@@ -32,12 +32,15 @@ OUTPUTS = [s.name for s in contract.VOCODER_OUTPUTS]
 
 
 def request_values(chunks: list[Chunk]) -> dict[str, np.ndarray]:
-    """The vocoder's inputs for ``chunks`` (equal latents and prompt latents lengths), one row each."""
+    """The vocoder's inputs for ``chunks`` (equal latents and prompt latents lengths), one row each: the
+    arrays ``Spec.array`` makes per chunk, stacked, built a column at a time (a chunk's own arrays, six
+    per chunk, cost ~40 us of tts's event loop)."""
+    n = len(chunks)
     columns = {"STREAM_ID": [c.stream_id for c in chunks], "LATENTS": [c.latents for c in chunks],
                "PROMPT_LATENTS": [c.prompt_latents for c in chunks], "LAST": [c.last for c in chunks],
-               "FINISH_REASON": [c.finish_reason for c in chunks],
+               "FINISH_REASON": [[c.finish_reason.encode("utf-8")] for c in chunks],
                "SEAL": [(c.seq, c.seal) for c in chunks]}  # fmt: skip
-    return {s.name: np.stack([s.array(v) for v in columns[s.name]]) for s in contract.VOCODER_INPUTS}
+    return {s.name: np.array(columns[s.name], s.numpy_dtype).reshape(n, *s.dims) for s in contract.VOCODER_INPUTS}
 
 
 def rows(tensor: Callable[[str], np.ndarray | None]) -> list[Callable[[str], np.ndarray | None]]:

@@ -58,6 +58,24 @@ def test_rows_read_back_the_chunks_they_were_made_of():
         rows({**values, "LAST": values["LAST"][:1]}.get)
 
 
+def test_request_values_are_each_chunks_own_tensors_stacked():
+    """The column-at-a-time build gives exactly the arrays of the spec's per-chunk conversion, stacked."""
+    rng = np.random.default_rng(0)
+    for rows_, prompt in [(4, 0), (0, 0), (1, 22), (12, 0)]:
+        chunks = [Chunk(int(rng.integers(1, 2**63)), rng.standard_normal((rows_, 64)).astype(np.float32),
+                        rng.standard_normal((prompt, 64)).astype(np.float32), last=bool(i % 2),
+                        finish_reason=["", "stop", "invalid: \u00e9t\u00e9"][i % 3], seq=i, seal=2**64 - 1 - i)
+                  for i in range(5)]  # fmt: skip
+        got = request_values(chunks)
+        for spec in contract.VOCODER_INPUTS:
+            one = {"STREAM_ID": lambda c: c.stream_id, "LATENTS": lambda c: c.latents,
+                   "PROMPT_LATENTS": lambda c: c.prompt_latents, "LAST": lambda c: c.last,
+                   "FINISH_REASON": lambda c: c.finish_reason, "SEAL": lambda c: (c.seq, c.seal)}[spec.name]  # fmt: skip
+            expected = np.stack([spec.array(one(c)) for c in chunks])
+            assert got[spec.name].dtype == expected.dtype and got[spec.name].shape == expected.shape, spec.name
+            assert (got[spec.name] == expected).all(), spec.name
+
+
 def test_answers_pad_audio_and_say_each_rows_length():
     out = answer([(np.ones(3, np.float32), ""), (None, "invalid: no"), (np.ones(1, np.float32), "length")])
     assert out["AUDIO"].shape == (3, 3) and out["SAMPLES"].reshape(-1).tolist() == [3, 0, 1]
