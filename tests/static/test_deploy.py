@@ -316,7 +316,7 @@ def declared_metrics() -> dict[str, str]:
     """Metric families the Python models declare: name -> COUNTER / GAUGE / HISTOGRAM."""
     pattern = re.compile(r'MetricFamily\(\s*"(\w+)"\s*,\s*"[^"]*"\s*,\s*\w+\.MetricFamily\.(\w+)')
     found = {}
-    for path in sorted([*(ROOT / "model_repository").glob("*/1/model.py"), *(ROOT / "serving").glob("*.py")]):
+    for path in sorted([*(ROOT / "model_repository").glob("*/1/model.py"), *(ROOT / "serving").rglob("*.py")]):
         found.update(pattern.findall(path.read_text()))
     assert "tts_first_chunk_seconds" in found, "no MetricFamily declarations found in model_repository"
     return found

@@ -50,25 +50,34 @@ def test_model_files_stay_thin():
 
 
 def test_the_layout_names_files_that_exist_and_every_source_module():
+    """engine/ and serving/: every module and sub-package named; serving's sub-packages, module by module too."""
     layout = section(DOCS / "development.md", "## Layout")
-    folder, named = "", set()
+    folders, named = [], set()  # folders: the open folders, each with its indentation
     for line in layout.split("```")[1].splitlines():  # the tree: "engine/" headings, then indented files
         words = line.split()
         if not words:
             continue
-        if not line.startswith(" ") and words[0].endswith("/"):
-            folder = words[0]
+        indent = len(line) - len(line.lstrip())
+        if not indent % 2:  # an entry; an odd indentation continues the description above, in its folder
+            folders = [(i, f) for i, f in folders if i < indent]
+        if not indent and words[0].endswith("/"):
+            folders = [(0, words[0])]
             continue
-        if folder in ("engine/", "serving/"):
-            for word in words:
-                name = word.strip(",;:()")
-                if name.endswith((".py", "/")) and not name.startswith(("(", "tests")):
-                    named |= {f"{folder}{part}" for part in name.split(",") if part}
+        folder = "".join(f for _, f in folders)
+        if folder.split("/")[0] not in ("engine", "serving"):
+            continue
+        for word in words:
+            name = word.strip(",;:()")
+            if name.endswith((".py", "/")) and not name.startswith(("(", "tests")):
+                named |= {f"{folder}{part}" for part in name.split(",") if part}
+        if words[0].endswith("/") and (ROOT / folder / words[0] / "__init__.py").exists():
+            folders.append((indent, words[0]))  # a sub-package whose modules may follow, indented deeper
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, f"docs/development.md's layout names files that do not exist: {missing}"
-    for package in ("engine", "serving"):
-        modules = {f"{package}/{p.name}" for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
-        modules |= {f"{package}/{p.name}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
+    for package, deep in (("engine", False), ("serving", True)):
+        paths = (ROOT / package).rglob("*.py") if deep else (ROOT / package).glob("*.py")
+        modules = {p.relative_to(ROOT).as_posix() for p in paths if p.name != "__init__.py"}
+        modules |= {f"{p.relative_to(ROOT).as_posix()}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
         unnamed = sorted(modules - named)
         assert not unnamed, f"docs/development.md's layout does not mention {unnamed}"
 
