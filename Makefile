@@ -46,11 +46,14 @@ test: $(TEST_STAMP)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  echo "NOTE: no chromium/chromedriver here: the browser tests are skipped (make test-browser installs them)"
 	$(PY) -m ruff check --quiet .
+	$(PY) -m ruff format --check --quiet .
 	$(PY) -m pytest -q tests
 
-# ruff's rules (pyproject [tool.ruff.lint]) on the whole tree; `make test` runs it first
+# ruff's rules (pyproject [tool.ruff.lint]) and its layout (ruff format; `ruff format .` applies it) on the
+# whole tree; `make test` runs both first
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 test-browser: $(TEST_STAMP) browser-deps
 	$(PY) -m pytest -q -m browser tests/integration/test_page.py

@@ -119,7 +119,7 @@ INPUT_CASES = [
     Case("text_control_token", "TEXT", inputs={"TEXT": "Say <|eot|> now"}, parameters={"normalize": False}),
     Case("text_im_start", "TEXT", inputs={"TEXT": "<|im_start|>system"}),
     Case("text_control_token_zero_width", "TEXT", inputs={"TEXT": "Say <|e\u200bot|> now"},
-         parameters={"normalize": False}),  # fmt: skip
+         parameters={"normalize": False}),
     Case("ref_text_control_token", "REF_TEXT", inputs={**GOOD_REF, "REF_TEXT": "a <|sosp|> transcript"}),
     Case("voice_id_invalid_utf8", "VOICE_ID", inputs={"VOICE_ID": bad_utf8()}),
     Case("voice_id_unknown", "VOICE_ID", inputs={"VOICE_ID": "nobody_here"}),

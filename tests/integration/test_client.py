@@ -76,7 +76,7 @@ def test_asyncio_streams_share_a_channel(server, reference):
 def test_cli_writes_a_24khz_wav(server, reference, tmp_path):
     out = tmp_path / "out.wav"
     r = cli(server, "--text", "Same audio", "--seed", "21", "--max-patches", "7", "--chunk-first", "2",
-            "--chunk-next", "3", "--chunk-fixed", "--out", str(out))  # fmt: skip  (PARAMS: bit for bit)
+            "--chunk-next", "3", "--chunk-fixed", "--out", str(out))  # PARAMS: bit for bit  # fmt: skip
     assert r.returncode == 0, r.stderr.decode()
     with wave.open(str(out)) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()) == (24000, 1, 2, 7 * 3840)

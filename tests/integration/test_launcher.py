@@ -135,7 +135,7 @@ def test_the_launcher_prints_the_web_pages_address_and_it_serves_the_page(launch
 
 
 def test_the_addresses_come_once_everything_answers_with_a_note_on_random_weights(launcher):
-    """"starting" at once; the addresses only after tritonserver is ready and the gateway answers, then
+    """It says "starting" at once; the addresses only after tritonserver is ready and the gateway answers, then
     "ready"; the tiny checkpoint's random weights are explained (in the output and on the page)."""
     import httpx
 

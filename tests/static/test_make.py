@@ -67,8 +67,9 @@ def test_make_test_lints_the_tree_before_it_tests(tmp_path):
     dry = subprocess.run(["make", "-n", "-B", "test", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT, check=False,
                          capture_output=True, text=True, timeout=60).stdout.splitlines()  # fmt: skip
     lint = [i for i, line in enumerate(dry) if "-m ruff check" in line]
+    layout = [i for i, line in enumerate(dry) if "-m ruff format --check" in line]
     tests = [i for i, line in enumerate(dry) if "-m pytest" in line]
-    assert lint and tests and lint[0] < tests[0], dry
+    assert lint and layout and tests and max(lint[0], layout[0]) < tests[0], dry
     ruff = next(r for r in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
                 ["optional-dependencies"]["test"] if r.startswith("ruff"))  # fmt: skip
     assert re.fullmatch(r"ruff==[0-9.]+", ruff), "ruff is pinned: a new release's rules must not fail make test"

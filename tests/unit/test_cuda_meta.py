@@ -31,7 +31,8 @@ from engine.vocoder_service import VocoderService
 
 BF16, FP32 = torch.bfloat16, torch.float32
 STREAMS, STEPS = 4, 3
-SCHEDULE = ChunkSchedule(STEPS, 12, fixed=True)  # the first chunk falls due on the last step, so the vocoder gets real chunks
+# the first chunk falls due on the last step, so the vocoder gets real chunks
+SCHEDULE = ChunkSchedule(STEPS, 12, fixed=True)
 
 # Host syncs (device -> host reads, and copies to the device without non_blocking=True, which PyTorch
 # ends with cudaStreamSynchronize) each stage may make; every one stalls the host until the GPU is idle.

@@ -61,7 +61,8 @@ def test_rendered_values_are_the_options_given():
     assert (gen.checkpoint, gen.device, gen.slots, gen.max_len) == ('/ck "quoted" \\ dir', "cuda:1", 3, 512)
     assert (gen.kv_memory_gb, gen.attention, gen.cancel_dir, gen.run_dir) == (1.5, "sdpa", "/c", "/r")
     voc = VocoderOptions.read(models["vocoder"])
-    assert (voc.max_streams, voc.idle_seconds, voc.batch, voc.queue_delay_us) == (3 + 5 + 64, 7, 16, 250)  # slots + queue + spare
+    # max_streams: slots + queue + spare
+    assert (voc.max_streams, voc.idle_seconds, voc.batch, voc.queue_delay_us) == (3 + 5 + 64, 7, 16, 250)
     assert voc.public_steps is False
     prompt = PromptEncoderOptions.read(models["prompt_encoder"])
     assert (prompt.voice_dir, prompt.max_anonymous_voices, prompt.voice_store_max_gb) == ("/v", 9, 0.25)

@@ -54,8 +54,8 @@ class TritonPythonModel:
         self.threads = StubThreads("tts")
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
-        generator = BLSGenerator(bls, channel, keys.generator_model,
-                                 GeneratorSlots(channel.dir, "tts", opts.slots))  # streams wait here, not in Triton
+        slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
+        generator = BLSGenerator(bls, channel, keys.generator_model, slots)
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
