@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.admission import Admission
-from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
+from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
 from serving.vitals import (
     EXECUTED,
     IN_FLIGHT,
@@ -173,6 +173,9 @@ class Supervisor:
         return None
 
     def _observe(self) -> Observation:
+        # the time of the heartbeats' look, not of the metrics read after it (up to METRICS_TIMEOUT, more
+        # on a loaded machine): a file is judged by how long it stood unchanged when it was looked at
+        at = time.monotonic()
         beats = {}
         for pid, model in self.stubs.items():
             try:
@@ -185,7 +188,7 @@ class Supervisor:
                 metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED, STEPPED))
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
-        return Observation(time.monotonic(), dict(self.stubs), beats, metrics, self._held())
+        return Observation(at, dict(self.stubs), beats, metrics, self._held())
 
     def _held(self) -> int:
         """Admission places held now (0 before the server made its gate)."""
@@ -224,6 +227,9 @@ class Supervisor:
                 say(f"{incident.model}: drained in {time.monotonic() - t0:.1f} s; restarting tritonserver")
         else:
             say(f"{incident.model}: {incident.how}; restarting tritonserver")
+        if not incident.dead:  # a stub's late heartbeats dumped its threads' stacks (serving.run_folder)
+            for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
+                say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
