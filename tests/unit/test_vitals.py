@@ -386,3 +386,33 @@ def test_run_flags_carry_their_messages(tmp_path):
     assert flags.refusal().startswith("unavailable: generator")  # broken wins: running requests fail too
     flags.clear()
     assert flags.refusal() is None and RunFlags("").refusal() is None
+
+
+def test_heartbeats_are_judged_when_looked_at_not_after_the_metrics_read(supervised, monkeypatch):
+    """A slow metrics read (a loaded machine) must not age the heartbeats looked at before it."""
+    supervisor, server = supervised
+    supervisor.stubs = {101: "tts"}
+    now, read_at = [100.0], []
+
+    def slow_read(timeout: float) -> str:
+        read_at.append(now[0])
+        now[0] += 2.0  # the read takes 2 s
+        return ""
+
+    monkeypatch.setattr(server, "metrics_text", slow_read)
+    monkeypatch.setattr("serving.supervise.time.monotonic", lambda: now[0])
+    seen = supervisor._observe()
+    assert read_at and seen.at <= read_at[0]
+
+
+def test_a_wedge_names_the_stubs_stack_dumps(supervised, capsys):
+    supervisor, _ = supervised
+    (supervisor.run_dir / "stacks").mkdir()
+    dump = supervisor.run_dir / "stacks" / "tts.101.txt"
+    dump.write_text("Timeout (0:00:02)!\n")
+    (supervisor.run_dir / "stacks" / "vocoder.102.txt").write_text("Timeout (0:00:02)!\n")
+    supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
+                       stopping=lambda: False)  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"tts: stacks at its late heartbeats: {dump}" in err
+    assert "vocoder.102" not in err
