@@ -53,7 +53,7 @@ gauges() {
     curl -s "http://127.0.0.1:$metrics/metrics" |
         grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
 }
-echo "RSS at start: $(rss)"
+echo "ready at $(date +%T); RSS at start: $(rss)"
 
 # clients that leave each stream after 1..6 chunks (the server must free its slot and vocoder state)
 $PY - "$grpc" "$minutes" "$cancellers" >"$out/cancellers.log" 2>&1 <<'EOF' &
@@ -135,7 +135,8 @@ echo "  gate: $places admission places held, $slots_held generator slots held"
 # the longest interval between two heartbeats of each stub (serving.run_folder.Beats; restarted stubs too)
 $PY -c "import sys; from pathlib import Path; from serving.run_folder import longest_beat
 for f in sorted(Path(sys.argv[1]).glob('*/heartbeat/*')):
-    print(f'  longest heartbeat interval: {f.name}: {longest_beat(f) or 0:.2f} s')" "$out/runs"
+    seconds, at = longest_beat(f) or (0.0, '-')
+    print(f'  longest heartbeat interval: {f.name}: {seconds:.2f} s (ended {at})')" "$out/runs"
 for f in "$out"/runs/*/stacks/*; do  # a heartbeat 2 s late dumps the stub's stacks there
     [ -s "$f" ] && echo "  late-heartbeat stacks: $f ($(grep -c '^Timeout' "$f") dumps)"
 done

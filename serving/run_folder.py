@@ -54,7 +54,8 @@ def start_heartbeat(run_dir: str, model: str) -> None:
 
 class Beats:
     """A heartbeat file: touched at every beat, its text the longest interval between two beats so far (in
-    seconds; rewritten only when it grows), for a soak or an operator to read."""
+    seconds) and the wall-clock time it ended (rewritten only when it grows), for a soak or an operator to
+    read: ``2.680 11:31:40`` (a stub's start, before the launcher watches, often has the longest)."""
 
     def __init__(self, path: Path, clock=time.monotonic):
         self.path, self.clock = path, clock
@@ -66,15 +67,17 @@ class Beats:
         interval, self.last = (0.0 if self.last is None else now - self.last), now
         if interval > self.longest:
             self.longest = interval
-            self.path.write_text(f"{interval:.3f}\n")
+            self.path.write_text(f"{interval:.3f} {time.strftime('%H:%M:%S')}\n")
         else:
             os.utime(self.path)
 
 
-def longest_beat(path: Path) -> float | None:
-    """The longest interval between two beats a heartbeat file records (None: none yet, or no file)."""
+def longest_beat(path: Path) -> tuple[float, str] | None:
+    """The longest interval between two beats a heartbeat file records, and when it ended (None: none yet,
+    or no file)."""
     try:
-        return float(path.read_text() or "nan") if path.stat().st_size else None
+        seconds, _, at = path.read_text().strip().partition(" ")
+        return float(seconds), at
     except (OSError, ValueError):
         return None
 

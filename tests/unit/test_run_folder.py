@@ -20,7 +20,8 @@ def test_the_heartbeat_file_holds_the_longest_interval_between_beats(tmp_path):
     for step in (0.0, 1.0, 2.5, 1.0):
         now[0] += step
         beats.beat()
-    assert longest_beat(path) == 2.5
+    seconds, at = longest_beat(path)
+    assert seconds == 2.5 and at.count(":") == 2  # and when (HH:MM:SS)
     assert longest_beat(tmp_path / "gone") is None
 
 
