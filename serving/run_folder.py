@@ -92,6 +92,7 @@ class LateStacks:
         self.path, self.late, self.cap = path, late, cap
         self.file = None
         self.size = 0
+        self.armed: float | None = None  # when it was last armed
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a")  # noqa: SIM115 - held open: the watchdog writes to its descriptor
@@ -100,22 +101,28 @@ class LateStacks:
             self.file = None
 
     def arm(self) -> None:
+        """No system call unless the watchdog may have dumped since the last beat (it was armed ``late``
+        seconds ago or more): each one lets go of the GIL, and a beat waits to take it back."""
         if self.file is None:
             return
-        try:
-            size = os.fstat(self.file.fileno()).st_size
-        except OSError:
-            size = self.size
-        if size != self.size:  # the watchdog dumped since the last beat
-            self.file.write(f"^ dumped: a heartbeat {self.late:g} s late; this beat at {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n")
-            self.file.flush()
-            size = os.fstat(self.file.fileno()).st_size
-        self.size = size
-        if size >= self.cap:
-            faulthandler.cancel_dump_traceback_later()
-            self.file = None
-            return
+        now = time.monotonic()
+        if self.armed is not None and now - self.armed >= 0.9 * self.late:
+            try:
+                size = os.fstat(self.file.fileno()).st_size
+                if size != self.size:  # it did: say when the next beat came
+                    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                    self.file.write(f"^ dumped: a heartbeat {self.late:g} s late; this beat at {stamp}\n\n")
+                    self.file.flush()
+                    size = os.fstat(self.file.fileno()).st_size
+            except OSError:
+                size = self.size
+            self.size = size
+            if size >= self.cap:
+                faulthandler.cancel_dump_traceback_later()
+                self.file = None
+                return
         faulthandler.dump_traceback_later(self.late, file=self.file)
+        self.armed = now
 
     def disarm(self) -> None:
         faulthandler.cancel_dump_traceback_later()
