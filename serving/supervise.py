@@ -52,6 +52,7 @@ DEFERRABLE = frozenset({"prompt_encoder", "voices"})
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
 STUB = "triton_python_backend_stub"
+GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, before the restart
 
 
 def find_stubs(repo: Path) -> dict[int, str]:
@@ -231,6 +232,12 @@ class Supervisor:
             for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
+        if not incident.dead:  # the native stacks say which thread holds the GIL (its clients know by now)
+            for pid, model in self.stubs.items():
+                if model == incident.model and f"(pid {pid})" in incident.how:
+                    dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
+                    if native_stacks(pid, dump):
+                        say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload
@@ -281,6 +288,26 @@ class Supervisor:
                 if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
                     return
             time.sleep(0.1)
+
+
+def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
+    """Append gdb's backtrace of every thread of ``pid`` to ``path`` (the thread that holds the GIL is the
+    one not waiting in ``take_gil``); False without gdb. Python's own dump (faulthandler) cannot show it."""
+    import subprocess
+
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(f"=== gdb -p {pid} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        out.flush()
+        try:
+            subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 40"], stdout=out,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.write(f"gdb: {e}\n")
+    return True
 
 
 def start_watchdog(repo: Path, shm_prefix: str) -> None:

@@ -3,6 +3,7 @@ progress rule, pauses; and the supervisor's drain and restart policy against a f
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -416,3 +417,32 @@ def test_a_wedge_names_the_stubs_stack_dumps(supervised, capsys):
     err = capsys.readouterr().err
     assert f"tts: stacks at its late heartbeats: {dump}" in err
     assert "vocoder.102" not in err
+
+
+def test_a_wedge_by_heartbeat_takes_the_stubs_native_stacks_before_the_restart(supervised, monkeypatch):
+    supervisor, server = supervised
+    supervisor.stubs = {101: "tts", 102: "vocoder"}
+    taken = []
+    monkeypatch.setattr("serving.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True)
+    supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
+                       stopping=lambda: False)  # fmt: skip
+    assert taken == [(101, "tts.101.gdb.txt")]
+    assert server.events[-2:][1] == "start"
+
+
+def test_native_stacks_are_gdbs_backtraces(tmp_path, monkeypatch):
+    from serving.supervise import native_stacks
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = tmp_path / "stacks" / "tts.1.gdb.txt"
+        if shutil.which("gdb") is None:
+            assert not native_stacks(child.pid, path)
+        else:
+            assert native_stacks(child.pid, path)
+            assert "sleep" in path.read_text()  # the child's one thread, in time.sleep
+        monkeypatch.setattr("serving.supervise.shutil.which", lambda name: None)
+        assert not native_stacks(child.pid, tmp_path / "none.txt") and not (tmp_path / "none.txt").exists()
+    finally:
+        child.kill()
+        child.wait()
