@@ -53,7 +53,7 @@ gauges() {
     curl -s "http://127.0.0.1:$metrics/metrics" |
         grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
 }
-echo "RSS at start: $(rss)"
+echo "ready at $(date +%T); RSS at start: $(rss)"
 
 # clients that leave each stream after 1..6 chunks (the server must free its slot and vocoder state)
 $PY - "$grpc" "$minutes" "$cancellers" >"$out/cancellers.log" 2>&1 <<'EOF' &
@@ -132,6 +132,15 @@ print(Admission(board, None, 1, create=False).total(), Admission(board, None, 1,
 }
 read -r places slots_held < <(gate)
 echo "  gate: $places admission places held, $slots_held generator slots held"
+# the longest interval between two heartbeats of each stub (serving.run_folder.Beats; restarted stubs too)
+$PY -c "import sys; from pathlib import Path; from serving.run_folder import longest_beat
+for f in sorted(Path(sys.argv[1]).glob('*/heartbeat/*')):
+    seconds, at = longest_beat(f) or (0.0, '-')
+    print(f'  longest heartbeat interval: {f.name}: {seconds:.2f} s (ended {at})')" "$out/runs"
+for f in "$out"/runs/*/stacks/*; do  # a heartbeat 2 s late dumps the stub's stacks there
+    [ -s "$f" ] && echo "  late-heartbeat stacks: $f ($(grep -c '^Timeout' "$f") dumps)"
+done
+echo "  load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 grep -h '\[supervisor\]' "$out/launcher.log" | grep -v 'ready in' || true  # incidents, if any
 failures=$($PY -c "import json, sys; print(sum(s['num_failures'] for s in json.load(open(sys.argv[1]))))" "$out/locust.json")
 leaks=$(gauges | awk '$2 != 0' | wc -l)

@@ -7,6 +7,8 @@ and the attention path with the reason FlashInfer is not used. Triton keeps a me
 
 from __future__ import annotations
 
+from serving.metric_batch import Level
+
 STEP_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
 
 
@@ -30,16 +32,15 @@ class GeneratorMetrics:
             "attention": pb.MetricFamily("tts_generator_attention", "attention path in use (why not FlashInfer)",
                                          pb.MetricFamily.GAUGE),
         }  # fmt: skip
-        self.active, self.slots = self.families["active"].Metric(), self.families["slots"].Metric()
+        # gauges move by increment, never Metric.set (it keeps the GIL through its round trip: docs/triton.md#T19)
+        self.active = Level(self.families["active"].Metric())
+        self.slots = Level(self.families["slots"].Metric(), service.slots)
         self.step = self.families["step"].Metric(buckets=STEP_BUCKETS)
         self.stream_steps = self.families["stream_steps"].Metric()
-        self.pages, self.in_use = self.families["pages"].Metric(), self.families["in_use"].Metric()
-        self.waiting = self.families["waiting"].Metric()
-        self.slots.set(service.slots)
-        self.pages.set(service.scheduler.blocks.num_pages)
+        self.pages = Level(self.families["pages"].Metric(), service.scheduler.blocks.num_pages)
+        self.in_use, self.waiting = Level(self.families["in_use"].Metric()), Level(self.families["waiting"].Metric())
         self.attention_shown: tuple[str, str] | None = None
         self.attention = None
-        self.shown: tuple[int, int, int] | None = None  # (active, in use, waiting) as last set
         self.update()
 
     def stepped(self, seconds: float, streams: int) -> None:
@@ -48,19 +49,16 @@ class GeneratorMetrics:
         self.stream_steps.increment(streams)
 
     def update(self) -> None:
-        """After admissions, steps and drops: the gauges follow the service. Set only when they change
-        (each set is a round trip to Triton's process, and this runs after every step)."""
+        """After admissions, steps and drops: the gauges follow the service. Moved only when they change
+        (each move is a round trip to Triton's process, and this runs after every step)."""
         s = self.service
-        now = (s.active, s.scheduler.blocks.pages_in_use, len(s.waiting))
-        before, self.shown = self.shown or (None, None, None), now
-        for gauge, value, old in zip((self.active, self.in_use, self.waiting), now, before, strict=True):
-            if value != old:
-                gauge.set(value)
+        self.active.set(s.active)
+        self.in_use.set(s.scheduler.blocks.pages_in_use)
+        self.waiting.set(len(s.waiting))
         now = (s.gen.attention, s.gen.attention_fallback_reason)
         if now != self.attention_shown:  # a failed FlashInfer run switches the path mid-run
             if self.attention is not None:
                 self.attention.set(0)
             labels = {"backend": now[0], "fallback_reason": now[1] or "none"}
-            self.attention = self.families["attention"].Metric(labels=labels)
-            self.attention.set(1)
+            self.attention = Level(self.families["attention"].Metric(labels=labels), 1)
             self.attention_shown = now

@@ -54,3 +54,17 @@ class MetricBatch:
             if delta := value - self.sent.get(gauge, 0):  # a Triton metric starts at 0
                 gauge.increment(delta)
                 self.sent[gauge] = value
+
+
+class Level:
+    """A Triton gauge set from any one thread, moved by ``increment`` of the difference from the value it
+    was last moved to (never ``set``: docs/triton.md#T19), and not at all when the value is unchanged."""
+
+    def __init__(self, gauge, value: float = 0.0):
+        self.gauge, self.value = gauge, 0.0  # a Triton metric starts at 0
+        self.set(value)
+
+    def set(self, value: float) -> None:
+        if delta := value - self.value:
+            self.gauge.increment(delta)
+            self.value = value

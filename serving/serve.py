@@ -34,6 +34,7 @@ from serving.front_limits import add_arguments as add_front_arguments
 from serving.metrics_relay import LAUNCHER
 from serving.options import add_arguments, from_arguments
 from serving.repository import build
+from serving.run_folder import STACKS
 from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
 from serving.vitals import STALL_SECONDS
@@ -298,8 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.shutdown(args.drain_seconds if code == 0 else 0, hurry=lambda: len(signals) > 1)
         if gateway is not None:  # after the drain: it was carrying the streams that finished
             gateway.stop()
-        for entry in work.iterdir():  # keep the log; the key dies with the server
+        for entry in work.iterdir():  # keep the log and any stack dumps; the key dies with the server
             if entry.is_dir():
+                if entry.name == STACKS:  # the stubs' stacks at late heartbeats, if any were dumped
+                    for dump in entry.iterdir():
+                        if not dump.stat().st_size:
+                            dump.unlink()
+                    if any(entry.iterdir()):
+                        continue
                 shutil.rmtree(entry)
             elif entry.name != "tritonserver.log":
                 entry.unlink()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, RunFlags
+from serving.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
 from serving.side_channel import Admission
 from serving.vitals import (
     EXECUTED,
@@ -52,6 +52,7 @@ DEFERRABLE = frozenset({"prompt_encoder", "voices"})
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
 STUB = "triton_python_backend_stub"
+GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, before the restart
 
 
 def find_stubs(repo: Path) -> dict[int, str]:
@@ -173,6 +174,9 @@ class Supervisor:
         return None
 
     def _observe(self) -> Observation:
+        # the time of the heartbeats' look, not of the metrics read after it (up to METRICS_TIMEOUT, more
+        # on a loaded machine): a file is judged by how long it stood unchanged when it was looked at
+        at = time.monotonic()
         beats = {}
         for pid, model in self.stubs.items():
             try:
@@ -185,7 +189,7 @@ class Supervisor:
                 metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED, STEPPED))
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
-        return Observation(time.monotonic(), dict(self.stubs), beats, metrics, self._held())
+        return Observation(at, dict(self.stubs), beats, metrics, self._held())
 
     def _held(self) -> int:
         """Admission places held now (0 before the server made its gate)."""
@@ -224,7 +228,16 @@ class Supervisor:
                 say(f"{incident.model}: drained in {time.monotonic() - t0:.1f} s; restarting tritonserver")
         else:
             say(f"{incident.model}: {incident.how}; restarting tritonserver")
+        if not incident.dead:  # a stub's late heartbeats dumped its threads' stacks (serving.run_folder)
+            for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
+                say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
+        if not incident.dead:  # the native stacks say which thread holds the GIL (its clients know by now)
+            for pid, model in self.stubs.items():
+                if model == incident.model and f"(pid {pid})" in incident.how:
+                    dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
+                    if native_stacks(pid, dump):
+                        say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload
@@ -275,6 +288,26 @@ class Supervisor:
                 if isinstance(getattr(e, "reason", e), ConnectionRefusedError):
                     return
             time.sleep(0.1)
+
+
+def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
+    """Append gdb's backtrace of every thread of ``pid`` to ``path`` (the thread that holds the GIL is the
+    one not waiting in ``take_gil``); False without gdb. Python's own dump (faulthandler) cannot show it."""
+    import subprocess
+
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as out:
+        out.write(f"=== gdb -p {pid} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        out.flush()
+        try:
+            subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 40"], stdout=out,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.write(f"gdb: {e}\n")
+    return True
 
 
 def start_watchdog(repo: Path, shm_prefix: str) -> None:

@@ -17,5 +17,5 @@ def announce(pb, log: logging.Logger, model: str) -> tuple:
         pb.MetricFamily.GAUGE,
     )
     gauge = family.Metric(labels={"model": model})
-    gauge.set(1)
+    gauge.increment(1)  # not Metric.set, which keeps the GIL through its round trip (docs/triton.md#T19)
     return family, gauge

@@ -199,8 +199,8 @@ class Metric:
             raise FakeTritonFault(f"{self.family.name}: a counter cannot decrease")
         self.value += by
 
-    def set(self, value: float) -> None:
-        self.value = value
+    def set(self, value: float) -> None:  # Triton 2.51's keeps the GIL through its round trip
+        raise FakeTritonFault(f"{self.family.name}: Metric.set keeps the GIL (docs/triton.md#T19); increment instead")
 
     def observe(self, value: float) -> None:
         self.observed.append(value)

@@ -9,7 +9,8 @@ import pytest
 from engine.frontend import prepare
 from engine.frontend.cleaning import clean
 from engine.frontend.language import FastTextLid, detect_by_script
-from engine.frontend.normalization import normalize_segment
+from engine.frontend import normalization
+from engine.frontend.normalization import normalize_segment, wetext_pieces
 from engine.frontend.sentences import cap_segments, group_sentences, segment_cap, split_sentences
 from engine.text import TextTokenizer, write_tiny_tokenizer
 
@@ -138,6 +139,23 @@ def test_an_overlong_segment_is_cut_at_clauses_then_spaces_then_characters():
 )
 def test_normalize_segment(text, language, normalized):
     assert normalize_segment(text, language) == normalized
+
+
+def test_a_long_segment_goes_through_wetext_in_pieces_cut_only_where_a_sentence_or_clause_ends():
+    """wetext keeps the GIL throughout a call: a long segment is normalized piece by piece."""
+    text = "It cost $12.50, or 3.5 percent more! Mr. Smith paid 1,000 dollars; 我有3个苹果，12.5元。好的。" * 3
+    pieces = wetext_pieces(text, 30)
+    assert "".join(pieces) == text and len(pieces) > 6
+    assert not any(p.endswith(("3.", "$12.", "1,")) for p in pieces)  # numbers stay whole
+    assert all(p[-1] in " ，。" for p in pieces[:-1])
+    assert wetext_pieces("a" * 100, 30) == ["a" * 100]  # nowhere to cut: whole
+
+
+def test_normalizing_in_pieces_says_the_same(monkeypatch):
+    text = "It costs $12.50. He paid 1,000 dollars, or 3.5 percent more! Call me at 3:45pm. " * 2
+    whole = normalize_segment(text, "English")
+    monkeypatch.setattr(normalization, "WETEXT_CHARS", 40)
+    assert normalize_segment(text, "English") == whole
 
 
 # ---- all of it, with the tiny tokenizer -----------------------------------------------------------

@@ -29,7 +29,7 @@ class Metric:
         pass
 
     def set(self, value):
-        pass
+        raise AssertionError("Metric.set keeps the stub's GIL through its round trip (docs/triton.md#T19)")
 
     def observe(self, value):
         pass

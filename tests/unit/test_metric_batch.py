@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from serving.bls_adapters import BLSPrompts
-from serving.metric_batch import MetricBatch
+from serving.metric_batch import Level, MetricBatch
 from serving.requests import Voice
 
 
@@ -109,3 +109,11 @@ def test_a_failed_default_voice_call_is_not_kept():
         assert encoder.calls == 2
 
     asyncio.run(run())
+
+
+def test_a_level_moves_its_gauge_by_the_difference_and_only_on_a_change():
+    gauge = Metric()
+    level = Level(gauge, 4)
+    for value in (4, 6, 6, 1, 0):
+        level.set(value)
+    assert (gauge.value, gauge.calls) == (0, 4)  # 4, +2, -5, -1: never set()

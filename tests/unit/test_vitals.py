@@ -3,6 +3,7 @@ progress rule, pauses; and the supervisor's drain and restart policy against a f
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -386,3 +387,62 @@ def test_run_flags_carry_their_messages(tmp_path):
     assert flags.refusal().startswith("unavailable: generator")  # broken wins: running requests fail too
     flags.clear()
     assert flags.refusal() is None and RunFlags("").refusal() is None
+
+
+def test_heartbeats_are_judged_when_looked_at_not_after_the_metrics_read(supervised, monkeypatch):
+    """A slow metrics read (a loaded machine) must not age the heartbeats looked at before it."""
+    supervisor, server = supervised
+    supervisor.stubs = {101: "tts"}
+    now, read_at = [100.0], []
+
+    def slow_read(timeout: float) -> str:
+        read_at.append(now[0])
+        now[0] += 2.0  # the read takes 2 s
+        return ""
+
+    monkeypatch.setattr(server, "metrics_text", slow_read)
+    monkeypatch.setattr("serving.supervise.time.monotonic", lambda: now[0])
+    seen = supervisor._observe()
+    assert read_at and seen.at <= read_at[0]
+
+
+def test_a_wedge_names_the_stubs_stack_dumps(supervised, capsys):
+    supervisor, _ = supervised
+    (supervisor.run_dir / "stacks").mkdir()
+    dump = supervisor.run_dir / "stacks" / "tts.101.txt"
+    dump.write_text("Timeout (0:00:02)!\n")
+    (supervisor.run_dir / "stacks" / "vocoder.102.txt").write_text("Timeout (0:00:02)!\n")
+    supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
+                       stopping=lambda: False)  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"tts: stacks at its late heartbeats: {dump}" in err
+    assert "vocoder.102" not in err
+
+
+def test_a_wedge_by_heartbeat_takes_the_stubs_native_stacks_before_the_restart(supervised, monkeypatch):
+    supervisor, server = supervised
+    supervisor.stubs = {101: "tts", 102: "vocoder"}
+    taken = []
+    monkeypatch.setattr("serving.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True)
+    supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
+                       stopping=lambda: False)  # fmt: skip
+    assert taken == [(101, "tts.101.gdb.txt")]
+    assert server.events[-2:][1] == "start"
+
+
+def test_native_stacks_are_gdbs_backtraces(tmp_path, monkeypatch):
+    from serving.supervise import native_stacks
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = tmp_path / "stacks" / "tts.1.gdb.txt"
+        if shutil.which("gdb") is None:
+            assert not native_stacks(child.pid, path)
+        else:
+            assert native_stacks(child.pid, path)
+            assert "sleep" in path.read_text()  # the child's one thread, in time.sleep
+        monkeypatch.setattr("serving.supervise.shutil.which", lambda name: None)
+        assert not native_stacks(child.pid, tmp_path / "none.txt") and not (tmp_path / "none.txt").exists()
+    finally:
+        child.kill()
+        child.wait()

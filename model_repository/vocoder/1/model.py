@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
 from serving.auth import Keys, Refused
+from serving.metric_batch import Level
 from serving.model_options import VocoderOptions
 from serving.run_folder import start_heartbeat
 from serving.triton_io import Throttled, load_model, read_chunk, setup_logging
@@ -46,7 +47,7 @@ class TritonPythonModel:
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )
-        self.gauge = self.family.Metric()
+        self.gauge = Level(self.family.Metric())  # moved by increment, never Metric.set (docs/triton.md#T19)
         self.refusals = Throttled(log)  # anyone can send chunks that are refused
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = threading.Event()
