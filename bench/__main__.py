@@ -32,7 +32,7 @@ from bench.openloop import (
 from bench.report import markdown, open_loop_markdown, open_loop_plot, plot
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -50,7 +50,7 @@ from bench.load import LevelResult, StreamResult, console_progress, one_stream, 
 from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
-from serving.options import MAX_SLOTS
+from serving.config.options import MAX_SLOTS
 
 PATCHES_PER_SECOND = 6.25  # real time: one 160 ms patch per 160 ms
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Please hold the line, your call is important to us."]

@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.triton:  # the NGC image's /opt/tritonserver, or the nvidia-pytriton wheel's
         try:
-            from serving.triton_env import find_triton
+            from serving.supervision.triton_env import find_triton
 
             find_triton(Path(tempfile.mkdtemp(prefix="triton-probe-")))
         except Exception as e:

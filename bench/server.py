@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from serving.triton_env import REPO_ROOT, Ports, TritonServer
+from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer
 
 CACHE = REPO_ROOT / "cache" / "bench"
 
@@ -32,8 +32,8 @@ def local_server(
 ) -> Iterator[TritonServer]:
     """A ready server for ``preset`` with ``slots`` generator slots on ``device`` and ``max_queue``
     places for requests waiting for a slot (-1: the server's default); its log stays in ``cache/bench/run/``.
-    ``options``: other :class:`~serving.options.ServeOptions` fields (``synthetic_math=True``)."""
-    from serving.repository import ServeOptions, build
+    ``options``: other :class:`~serving.config.options.ServeOptions` fields (``synthetic_math=True``)."""
+    from serving.config.repository import ServeOptions, build
 
     ckpt = nostop_checkpoint(preset)
     (CACHE / "run").mkdir(parents=True, exist_ok=True)

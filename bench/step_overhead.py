@@ -7,7 +7,7 @@ and every stream count N, it measures:
 
 - in-process: ``GeneratorService.step`` over N streams until all finish (the floor);
 - ``generator`` over gRPC: N concurrent streaming requests straight to the generator model (one
-  decoupled request per stream, stepped by the model's engine thread: serving.generator_host), wall
+  decoupled request per stream, stepped by the model's engine thread: serving.stub.generator_host), wall
   time from the first request sent to the last final response; the model's
   ``tts_generator_step_seconds`` histogram splits that into in-model step time and the rest (admission,
   tensors, responses, gRPC);
@@ -57,10 +57,10 @@ from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
 from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
-from serving.auth import Keys
-from serving.options import MAX_SLOTS
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.security.auth import Keys
+from serving.config.options import MAX_SLOTS
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 WARM = 6  # patches of a warm-up run (GenerationParams needs max_patches >= min_patches = 6)

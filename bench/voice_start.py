@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from client import TTSClient  # noqa: E402
 from client.voices import VoiceClient  # noqa: E402
 from engine.random_checkpoint import make_checkpoint  # noqa: E402
-from serving.repository import ServeOptions, build  # noqa: E402
-from serving.triton_env import Ports, TritonServer  # noqa: E402
+from serving.config.repository import ServeOptions, build  # noqa: E402
+from serving.supervision.triton_env import Ports, TritonServer  # noqa: E402
 
 
 def clip(seed: int, seconds: float) -> np.ndarray:
@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     from engine.fireredtts3 import FireRedTTS3
-    from serving.voice_store import VoiceStore
+    from serving.voices.voice_store import VoiceStore
 
     torch.set_num_threads(1)
     model = FireRedTTS3.from_checkpoint(ck, parts=("encoder", "campp"))

@@ -14,7 +14,7 @@ ADMIN_KEY_ENV = "TTS_ADMIN_KEY"
 
 
 def kept_admin_key_file() -> str:
-    """Where a launcher on this machine keeps the key it generated (serving.admin_key, its default state
+    """Where a launcher on this machine keeps the key it generated (serving.security.admin_key, its default state
     directory), worked out here so that the client loads no server module; a test checks they agree."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "fireredtts3-triton", "admin_key")

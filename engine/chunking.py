@@ -9,7 +9,7 @@ first chunk left, as if playback began the moment it left) and cuts the gathered
 
 - when they reach ``cap`` (fewer, larger chunks: fewer vocoder calls), or
 - when waiting one more step could leave the listener with less than :attr:`Margin.seconds`: the next
-  step, a step by which a chunk may lag behind its step (a spare since serving.generator_host sends a
+  step, a step by which a chunk may lag behind its step (a spare since serving.stub.generator_host sends a
   chunk as soon as its step ends), one step of jitter, and a floor for the vocoder and transport.
 
 Guarantee: a stream whose generation keeps up (every step shorter than the 160 ms of audio it adds,

@@ -9,7 +9,7 @@ anywhere), every generator stream it opened is closed and every vocoder stream i
 (the cleanup lingers past a cancelled caller: :mod:`engine.lifetime`).
 
 Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
-BLS calls to the Triton models (``serving.bls_adapters``, the ``tts`` model). The ``tts_ensemble`` entry point
+BLS calls to the Triton models (``serving.stub.bls_adapters``, the ``tts`` model). The ``tts_ensemble`` entry point
 speaks the same generator -> vocoder protocol (:class:`engine.protocol.Chunk`) without this class. No torch, no Triton.
 """
 
@@ -40,7 +40,7 @@ from engine.time_stretch import TimeStretch
 class Utterance:
     """What to say and how (the voice is passed separately, in whatever form the prompt encoder takes).
 
-    Built where a request enters (``serving.requests.parse_request``, :func:`engine.synthesize.instruct_run`)
+    Built where a request enters (``serving.intake.requests.parse_request``, :func:`engine.synthesize.instruct_run`)
     from checked values; the orchestrator takes it as it is."""
 
     text: str
@@ -313,7 +313,7 @@ class Orchestrator:
             await chunks.aclose()  # cancels the generator stream unless it ended
         finally:
             # Even a stream the vocoder never opened: the vocoder keeps an issued stream openable until
-            # its end arrives, however late (serving.side_channel), so every stream's end goes there.
+            # its end arrives, however late (serving.flow.side_channel), so every stream's end goes there.
             if not vocoder_ended:
                 await self.vocoder.decode(end_chunk(stream_id))
 

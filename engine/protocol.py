@@ -88,7 +88,7 @@ class Chunk:
             "unavailable: ...", "error: ..."); else "".
         seq: the chunk's index among its stream's audio chunks (0: the first, which carries the prompt
             latents and starts the vocoder's stream, even when they are empty).
-        seal: the generator's MAC over the whole chunk (``serving.auth``), so that a vocoder reachable
+        seal: the generator's MAC over the whole chunk (``serving.security.auth``), so that a vocoder reachable
             by anyone decodes only what the generator made, once and in order; 0 in-process.
         text: the text an Instruct stream wrote before it speaks (a voice design's plan, a semantic
             edit's new transcript), on its plan chunk: one that is not ``last`` and has no latents nor

@@ -241,7 +241,7 @@ def not_reading(url: str, streams: int = 4, seconds: float = 20.0, max_patches: 
                 until: threading.Event | None = None) -> str:  # fmt: skip
     """``streams`` tts streams over gRPC whose client never reads, held open ``seconds`` (or ``until`` it is
     set), then cancelled. Against Triton's own port they keep their slots all that time; the gRPC front
-    (serving.grpc_front) ends them once their unsent audio passes its bound."""
+    (serving.fronts.grpc_front) ends them once their unsent audio passes its bound."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
     from tritonclient.grpc._utils import _get_inference_request

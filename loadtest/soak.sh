@@ -30,7 +30,7 @@ if [ -z "$checkpoint" ]; then
     checkpoint=$($PY -c "import sys; from engine.random_checkpoint import cached_checkpoint; from engine.config import cache_dir
 print(cached_checkpoint(sys.argv[1], cache_dir() / 'checkpoints' / f'{sys.argv[1]}-seed0'))" "$preset")
 fi
-read -r http grpc metrics openai < <($PY -c "from serving.triton_env import Ports, free_port
+read -r http grpc metrics openai < <($PY -c "from serving.supervision.triton_env import Ports, free_port
 p = Ports.free(); print(p.http, p.grpc, p.metrics, free_port())")
 
 $PY -m serving.serve --checkpoint "$checkpoint" --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" \
@@ -125,15 +125,15 @@ grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || t
 echo "RSS at end: $(rss)"
 echo "after the load:"
 gauges | sed 's/^/  /'
-gate() {  # admission places and generator slots held now (serving.side_channel), from the run folder
-    $PY -c "import sys; from pathlib import Path; from serving.side_channel import Admission
+gate() {  # admission places and generator slots held now (serving.flow.side_channel), from the run folder
+    $PY -c "import sys; from pathlib import Path; from serving.flow.side_channel import Admission
 board = next(Path(sys.argv[1]).glob('*/cancel'))
 print(Admission(board, None, 1, create=False).total(), Admission(board, None, 1, file='generator_slots', create=False).total())" "$out/runs"
 }
 read -r places slots_held < <(gate)
 echo "  gate: $places admission places held, $slots_held generator slots held"
-# the longest interval between two heartbeats of each stub (serving.run_folder.Beats; restarted stubs too)
-$PY -c "import sys; from pathlib import Path; from serving.run_folder import longest_beat
+# the longest interval between two heartbeats of each stub (serving.supervision.run_folder.Beats; restarted stubs too)
+$PY -c "import sys; from pathlib import Path; from serving.supervision.run_folder import longest_beat
 for f in sorted(Path(sys.argv[1]).glob('*/heartbeat/*')):
     seconds, at = longest_beat(f) or (0.0, '-')
     print(f'  longest heartbeat interval: {f.name}: {seconds:.2f} s (ended {at})')" "$out/runs"

@@ -1,1 +1,1 @@
-"""Everything Triton-facing: contract, model repository, launcher, request parsing, BLS, voice store."""
+"""Everything Triton-facing: the contract between the models (contract.py), the launcher (serve.py) and one sub-package per concern (docs/development.md, Layout)."""

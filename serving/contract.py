@@ -1,6 +1,6 @@
 """Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once.
 
-``config.pbtxt`` files are rendered from these specs (:mod:`serving.repository`), the model files,
+``config.pbtxt`` files are rendered from these specs (:mod:`serving.config.repository`), the model files,
 the BLS calls and the client read and write through them, and a test checks the tables in docs/serving.md
 against them (``python -m serving.contract`` prints those tables). Shapes exclude the batch dimension of
 models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`engine.params`.
@@ -149,11 +149,12 @@ TTS_INPUTS = (
          "text-in streams, first request: `sentence` (the default: a segment is cut at each sentence end too) or "
          "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
-# A text-in stream (a client's gRPC sequence to tts: serving.text_streams) holds one admission place for its
-# life; these bound what a stranger can make it hold. A piece's TEXT has MAX_TEXT_CHARS (serving.requests).
+# A text-in stream (a client's gRPC sequence to tts: serving.intake.text_streams) holds one admission place for its
+# life; these bound what a stranger can make it hold. A piece's TEXT has MAX_TEXT_CHARS (serving.intake.requests).
 MAX_STREAM_CHARS = 16_000  # text of one stream, all its pieces together (four whole-text requests)
 MAX_STREAM_PIECES = 2_000  # requests of one stream
-DEFAULT_TEXT_IDLE_SECONDS = 30  # the longest wait for a stream's next piece (serving.options: --text-idle-seconds)
+# the longest wait for a stream's next piece (serving.config.options: --text-idle-seconds)
+DEFAULT_TEXT_IDLE_SECONDS = 30
 TTS_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,),
@@ -165,7 +166,7 @@ TTS_OUTPUTS = (
          doc="text-in streams: n, in its own response (no `AUDIO`), once the audio of the text up to the n-th "
              "`FLUSH` has been sent (but its last 50 ms, which are cross-faded into what follows)"),
 )  # fmt: skip
-# How TASK, INSTRUCTION, TEXT and the voice combine (serving.requests.instruct_request checks it):
+# How TASK, INSTRUCTION, TEXT and the voice combine (serving.intake.requests.instruct_request checks it):
 # task -> (which model, what it needs, what it refuses, what it does)
 TASK_RULES = {
     SPEAK: ("Base", "`TEXT`", "",
@@ -238,7 +239,7 @@ GENERATOR_OUTPUTS = (
         "STREAM_ID",
         "TYPE_UINT64",
         (1,),
-        doc="the stream's id, issued with a MAC (serving.auth); keys the vocoder state",
+        doc="the stream's id, issued with a MAC (serving.security.auth); keys the vocoder state",
     ),
     Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents (may be empty when LAST)"),
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
@@ -257,7 +258,7 @@ GENERATOR_OUTPUTS = (
 # ---- vocoder (decoupled, its own engine thread, one instance, state per STREAM_ID) ----
 # A request is a batch of 1..max_batch_size chunks (rows), one final response answers all of them: the
 # ensemble sends each generator response as it comes (1 row); tts sends the chunks of many streams that
-# are due together (serving.vocoder_batch), rows of equal LATENTS and PROMPT_LATENTS lengths.
+# are due together (serving.stub.vocoder_batch), rows of equal LATENTS and PROMPT_LATENTS lengths.
 VOCODER_INPUTS = tuple(s for s in GENERATOR_OUTPUTS if s.name != "TEXT")  # plan text never reaches the vocoder
 VOCODER_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="samples finished by this chunk, then zeros up to the batch's longest"),

@@ -1,7 +1,7 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
 Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
-:mod:`serving.triton_env`) and runs it (model-control mode none: no model loads later) under a
+:mod:`serving.supervision.triton_env`) and runs it (model-control mode none: no model loads later) under a
 :class:`Supervisor`, which restarts it when a backend dies, hangs or stalls. SIGINT/SIGTERM drain running
 tts streams for ``--drain-seconds`` (a second signal cuts the drain short) and stop everything; a killed
 launcher takes tritonserver with it.
@@ -27,18 +27,18 @@ from pathlib import Path
 
 from engine.config import cache_dir
 from engine.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
-from serving.admin_key import FILE as ADMIN_KEY_FILE
-from serving.admin_key import default_state_dir, load_or_create
-from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
-from serving.front_limits import add_arguments as add_front_arguments
-from serving.metrics_relay import LAUNCHER
-from serving.options import add_arguments, from_arguments
-from serving.repository import build
-from serving.run_folder import STACKS
-from serving.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
-from serving.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
-from serving.vitals import STALL_SECONDS
-from serving.voice_store import default_dir as default_voice_dir
+from serving.security.admin_key import FILE as ADMIN_KEY_FILE
+from serving.security.admin_key import default_state_dir, load_or_create
+from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
+from serving.fronts.front_limits import add_arguments as add_front_arguments
+from serving.fronts.metrics_relay import LAUNCHER
+from serving.config.options import add_arguments, from_arguments
+from serving.config.repository import build
+from serving.supervision.run_folder import STACKS
+from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
+from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
+from serving.supervision.vitals import STALL_SECONDS
+from serving.voices.voice_store import default_dir as default_voice_dir
 
 
 def default_checkpoint() -> Path:
@@ -170,7 +170,7 @@ class Gateway:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serving.serve", description=__doc__.split("\n\n")[0])
-    add_arguments(ap)  # the server's options (serving.options.ServeOptions)
+    add_arguments(ap)  # the server's options (serving.config.options.ServeOptions)
     ap.add_argument("--host", default="127.0.0.1", help="where the ports listen (see --triton-host)")
     ap.add_argument("--triton-host", help="where Triton's own HTTP and gRPC ports listen (default: --host). "
                     "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the "
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
-    add_front_arguments(ap)  # --grpc-front, --http-front and their bounds (serving.front_limits)
+    add_front_arguments(ap)  # --grpc-front, --http-front and their bounds (serving.fronts.front_limits)
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
     key_source.add_argument("--admin-key", help="the key that adds and removes voices (default: the one kept in "
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                             "--admin-key-file")  # fmt: skip
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
     ap.add_argument("--state-dir", type=Path, help="where the generated admin key is kept across restarts (default: "
-                    f"{default_state_dir()}; rotate it with python -m serving.admin_key rotate)")  # fmt: skip
+                    f"{default_state_dir()}; rotate it with python -m serving.security.admin_key rotate)")  # fmt: skip
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
     ap.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
                     help="on SIGTERM, or before a restart that can wait (a dead prompt_encoder or voices), how long "
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         how = "generated now" if made else "kept"
         print(f"admin key: {state / ADMIN_KEY_FILE} ({how}; the voices CLI on this machine reads it there; "
-              "rotate: python -m serving.admin_key rotate)", file=sys.stderr, flush=True)  # fmt: skip
+              "rotate: python -m serving.security.admin_key rotate)", file=sys.stderr, flush=True)  # fmt: skip
     # Triton's restricted APIs get a key of their own: Triton takes it on its command line, which any local
     # user can read (/proc/<pid>/cmdline); the operator's key reaches the models only as its digest.
     triton_key = write_key(work / "triton_admin_key")

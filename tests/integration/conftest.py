@@ -6,8 +6,8 @@ import pytest
 
 from engine.config import nostop
 from engine.random_checkpoint import make_checkpoint
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import gateway_for
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from serving.contract import LATENT_DIM
-from serving.front_limits import FrontLimits, HttpFrontLimits
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 
 # A generator request without a voice: silent prompt latents, a zero speaker embedding.
 SILENT = {"TEXT": "Direct", "PROMPT_LATENTS": np.zeros((4, LATENT_DIM), np.float32),
@@ -72,8 +72,8 @@ LEGIT = {"text": "A legitimate stream.", "seed": 11,
 @contextmanager
 def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
                   http_front: HttpFrontLimits | None = None) -> Iterator[TritonServer]:  # fmt: skip
-    """A tritonserver of 2 slots and 2 waiting places behind the fronts given (serving.grpc_front,
-    serving.http_front), its files in ``work``; Triton's own ports stay reachable on loopback."""
+    """A tritonserver of 2 slots and 2 waiting places behind the fronts given (serving.fronts.grpc_front,
+    serving.fronts.http_front), its files in ``work``; Triton's own ports stay reachable on loopback."""
     opts = ServeOptions(checkpoint=str(ckpt), slots=2, max_queue=2, max_len=1024, cancel_dir=str(work / "cancel"),
                         voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free(), grpc_front=grpc_front,

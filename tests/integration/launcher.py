@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from client import TTSClient
-from serving.supervise import find_stubs, is_alive
-from serving.triton_env import READY_TIMEOUT, REPO_ROOT, Ports, free_port
+from serving.supervision.supervise import find_stubs, is_alive
+from serving.supervision.triton_env import READY_TIMEOUT, REPO_ROOT, Ports, free_port
 
 
 def children(pid: int, name: str) -> list[int]:

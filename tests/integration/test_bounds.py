@@ -15,7 +15,7 @@ import pytest
 
 from gateway.budget import Bounds
 from gateway.server import ServerOptions, in_thread
-from serving.metrics_relay import CONNECTION_SECONDS, MAX_CONNECTIONS
+from serving.fronts.metrics_relay import CONNECTION_SECONDS, MAX_CONNECTIONS
 from tests.integration.helpers import metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration

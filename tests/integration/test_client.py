@@ -14,7 +14,7 @@ import pytest
 
 from client import AsyncTTSClient, TTSClient
 from client.audio_io import pcm16, write_wav
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

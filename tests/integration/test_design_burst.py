@@ -6,7 +6,7 @@ Before the fix, a stream waited for its slot in Triton's sequence batcher; once 
 Triton dropped the request unanswered and tts waited on it for good, holding its admission place (16
 voice designs with a 500-character instruction on 8 slots: 8 places held after 150 s, 24 of 40 after a
 10-minute soak, readiness 200). Now tts and ensemble_generator hold a stream until a generator slot is
-free (serving.generator_slots). Whether Triton drops a stream that waited too long is a race (the old
+free (serving.flow.generator_slots). Whether Triton drops a stream that waited too long is a race (the old
 code lost one of two such streams in one run here and none in two others), so the test asserts the cause
 away as well: while streams wait, Triton holds no generator request beyond the running streams' own.
 The size: 1 slot, 3 designs, max_sequence_idle 5 s, each design 400 patches (several seconds here), so
@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from client import TTSClient
-from serving.generator_slots import FILE as SLOTS_FILE
-from serving.repository import ServeOptions, build
-from serving.side_channel import Admission
-from serving.triton_env import Ports, TritonServer
+from serving.flow.generator_slots import FILE as SLOTS_FILE
+from serving.config.repository import ServeOptions, build
+from serving.flow.side_channel import Admission
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel
 from tests.reference import snr_db
 

@@ -17,8 +17,8 @@ import soundfile as sf
 
 from client.aio import RECONNECT_MAX_MS
 from gateway.errors import STARTING
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 
 pytestmark = pytest.mark.integration
 # compared byte for byte: chunk sizes move float32 rounding, so fixed ones

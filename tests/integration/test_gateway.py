@@ -186,7 +186,7 @@ def test_an_unreachable_server_is_503_with_retry_after():
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from serving.triton_env import free_port
+    from serving.supervision.triton_env import free_port
 
     with TestClient(create_app(f"127.0.0.1:{free_port()}", timeout=5)) as client:  # nothing listens there
         r = client.post("/v1/audio/speech", json={"input": "Anyone there?"})

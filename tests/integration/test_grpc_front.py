@@ -1,4 +1,4 @@
-"""The bounded gRPC front (serving.grpc_front) in front of a real tritonserver: standard clients get what
+"""The bounded gRPC front (serving.fronts.grpc_front) in front of a real tritonserver: standard clients get what
 they would get from Triton directly, byte for byte; a message past the bound is refused and the server
 serves on; a stream whose client never reads is ended and its slot freed while the attacker still holds
 its connection, and a legitimate stream then starts within START_WITHIN and sounds as before.
@@ -22,8 +22,8 @@ from tritonclient.utils import InferenceServerException
 from client import TTSClient
 from client.request import grpc_inputs, request_fields
 from loadtest import attacks
-from serving.front_limits import FrontLimits
-from serving.grpc_front import ENDED_COUNTER
+from serving.fronts.front_limits import FrontLimits
+from serving.fronts.grpc_front import ENDED_COUNTER
 from tests.integration.helpers import LEGIT, behind_fronts
 
 pytestmark = pytest.mark.integration

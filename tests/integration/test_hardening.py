@@ -21,9 +21,9 @@ from tritonclient.utils import InferenceServerException
 from client import ServerBusy, TTSClient, TTSError
 from loadtest import attacks
 from serving import contract
-from serving.auth import Keys
-from serving.repository import ServeOptions, build
-from serving.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
+from serving.security.auth import Keys
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
 from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration

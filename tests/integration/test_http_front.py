@@ -1,4 +1,4 @@
-"""The bounded HTTP front (serving.http_front) in front of a real tritonserver: tritonclient.http and a
+"""The bounded HTTP front (serving.fronts.http_front) in front of a real tritonserver: tritonclient.http and a
 generate_stream client get what they would get from Triton directly; a body past the bound gets 413
 before Triton sees it, a connection that never finishes its head is closed, and the server serves on.
 
@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import TTSClient
-from serving.front_limits import HttpFrontLimits
+from serving.fronts.front_limits import HttpFrontLimits
 from tests.integration.helpers import LEGIT, behind_fronts
 
 pytestmark = pytest.mark.integration

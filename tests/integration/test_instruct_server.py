@@ -325,8 +325,8 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
 
 def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
     """Designed through the gateway of one server, spoken by Base on the next one from the same voice folder."""
-    from serving.repository import ServeOptions, build
-    from serving.triton_env import Ports, TritonServer
+    from serving.config.repository import ServeOptions, build
+    from serving.supervision.triton_env import Ports, TritonServer
 
     def serve(tag):
         work = tmp_path / tag

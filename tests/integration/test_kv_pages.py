@@ -11,8 +11,8 @@ import pytest
 
 from client import TTSClient, TTSError
 from engine.kv_cache import PAGE_SIZE
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from serving import contract
-from serving.triton_io import read_chunk
-from serving.vocoder_batch import request_values
+from serving.stub.triton_io import read_chunk
+from serving.stub.vocoder_batch import request_values
 from tests.integration.helpers import SILENT, wait_gauges_zero
 
 pytestmark = pytest.mark.integration

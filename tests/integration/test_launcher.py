@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from client.request import http_body, request_fields
-from serving.triton_env import ADMIN_HEADER, REPO_ROOT, Ports
+from serving.supervision.triton_env import ADMIN_HEADER, REPO_ROOT, Ports
 from tests.integration.launcher import Launcher, gone
 
 pytestmark = pytest.mark.integration
@@ -38,8 +38,8 @@ RESTART_WITHIN = 300.0  # seconds: the supervisor's new tritonserver is ready (a
 def launcher(tiny_ckpt, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launcher")
     (tmp / "key").write_text(OPERATOR_KEY + "\n")
-    # the gRPC and HTTP ports are the bounded fronts (serving.grpc_front, serving.http_front): every gRPC and
-    # HTTP call below goes through them; the HTTP front's idle bound is RESTART_WITHIN, so that a kept-alive
+    # the gRPC and HTTP ports are the bounded fronts (serving.fronts.grpc_front, serving.fronts.http_front): every
+    # gRPC and HTTP call below goes through them; the HTTP front's idle bound is RESTART_WITHIN, so that a kept-alive
     # client connection outlives a tritonserver restart
     args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on", "--http-front", "on",
             "--http-front-idle-seconds", str(RESTART_WITHIN))  # fmt: skip

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ from tritonclient.utils import InferenceServerException
 from client import ServerBusy, TTSClient
 from loadtest import attacks
 from serving import contract
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration

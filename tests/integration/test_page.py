@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 from tests.integration.helpers import metrics, wait_gauges_zero
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]

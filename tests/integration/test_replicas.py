@@ -21,7 +21,7 @@ import pytest
 from client import TTSError
 from client.voices import VoiceClient
 from engine.protocol import MAX_REFERENCE_SECONDS, SAMPLE_RATE
-from serving.voice_files import PROMPT_SUFFIX, SOURCE_SUFFIX
+from serving.voices.voice_files import PROMPT_SUFFIX, SOURCE_SUFFIX
 from tests.integration.helpers import in_parallel
 from tests.integration.launcher import Launcher
 

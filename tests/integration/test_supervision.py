@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from client import ServerBusy, TTSError
-from serving.run_folder import HEARTBEATS
+from serving.supervision.run_folder import HEARTBEATS
 from serving.serve import GATEWAY_STOP_SECONDS
-from serving.supervise import GRACE_SECONDS, METRICS_TIMEOUT, POLL_SECONDS, STOP_SECONDS, find_stubs
-from serving.vitals import STALE_SECONDS
+from serving.supervision.supervise import GRACE_SECONDS, METRICS_TIMEOUT, POLL_SECONDS, STOP_SECONDS, find_stubs
+from serving.supervision.vitals import STALE_SECONDS
 from tests.integration.launcher import Launcher, ReadyWatch, Stream, gone, with_pid
 
 pytestmark = pytest.mark.integration
@@ -269,7 +269,7 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
 
     from loadtest import attacks
     from serving import contract
-    from serving.auth import INTERNAL_KEY_ENV, Keys
+    from serving.security.auth import INTERNAL_KEY_ENV, Keys
     from tests.integration.helpers import SILENT
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
@@ -304,7 +304,7 @@ def test_admission_places_held_with_nothing_running_are_an_incident(launcher):
     nothing queued and nothing executing; readiness stayed 200 and the supervisor silent while such
     places piled up (24 of 40 after a 10-minute soak). Here the place is taken from outside, as a lost
     request held it: the leak rule replaces the server after --stall-seconds, which frees it."""
-    from serving.side_channel import Admission
+    from serving.flow.side_channel import Admission
 
     log_start = len(launcher.text())
     watch = ReadyWatch(launcher)

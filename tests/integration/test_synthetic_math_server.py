@@ -9,8 +9,8 @@ import pytest
 from client import TTSClient
 from engine.config import PATCH_SAMPLES
 from engine.synthetic import TONE_LEVEL
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel, wait_gauges_zero
 
 pytestmark = pytest.mark.integration

@@ -17,9 +17,9 @@ import pytest
 
 from client import AsyncTTSClient, Chunk, Flushed, InvalidRequest, TTSClient
 from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
-from serving.repository import ServeOptions, build
-from serving.requests import MAX_TEXT_CHARS
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.intake.requests import MAX_TEXT_CHARS
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.docs import DOCS, README, ROOT, snippet
 from tests.integration.helpers import wait_gauges_zero
 

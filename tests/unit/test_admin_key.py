@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from client.voices import VoiceClient, kept_admin_key_file
-from serving import admin_key, serve
+from serving import serve
+from serving.security import admin_key
 
 
 def test_a_generated_key_is_kept_private_and_reused(tmp_path):

@@ -1,4 +1,4 @@
-"""serving.auth without a server: the internal key, the admin key and issued stream ids."""
+"""serving.security.auth without a server: the internal key, the admin key and issued stream ids."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serving.auth import Keys, Refused
+from serving.security.auth import Keys, Refused
 
 
 def test_the_internal_key_is_recognized_and_stripped():

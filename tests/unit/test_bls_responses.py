@@ -1,4 +1,4 @@
-"""serving.stub_threads.Responses: a request's sends run on a thread, in order, and a send once started ends before
+"""serving.stub.stub_threads.Responses: a request's sends run on a thread, in order, and a send once started ends before
 its caller sees a cancellation, so a final response never overtakes a chunk."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import concurrent.futures
 import threading
 import time
 
-from serving.stub_threads import Responses
+from serving.stub.stub_threads import Responses
 
 FINAL = 1
 

@@ -22,7 +22,7 @@ from client.request import (
     server_error,
 )
 from client.voices import VoiceClient
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 
 def test_fields_leave_out_what_is_not_given():

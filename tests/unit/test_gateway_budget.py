@@ -18,7 +18,7 @@ import gateway.app
 import gateway.body
 from gateway.body import decoded_bytes
 from gateway.budget import Bounds
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 MB = 2**20
 

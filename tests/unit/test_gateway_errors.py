@@ -12,7 +12,7 @@ from tritonclient.utils import InferenceServerException
 from client.request import grpc_error, http_error_text, raise_if_failed, server_error
 from gateway.app import create_app
 from gateway.errors import from_tts_error
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 
 class _RpcError(grpc.RpcError):

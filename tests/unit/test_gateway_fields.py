@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.app import create_app
 from gateway.fields import EXTRAS, KNOWN
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 FAST = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 UNREACHABLE = 503  # what a request that passed every check gets from a server that cannot be reached

@@ -22,7 +22,7 @@ from gateway.app import create_app
 from gateway.errors import APIError
 from gateway.fields import speech_request
 from gateway.streaming import PLAN_EVENT, PLAN_HEADER, stream_response
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 UNREACHABLE = 503
 ADMIN = {"Authorization": "Bearer some-key"}

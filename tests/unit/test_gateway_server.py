@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from gateway.server import ServerOptions, uvicorn_config
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 PATIENCE = 30.0  # seconds a test waits for what the server should do far sooner: a bound, never a measure
 

@@ -18,7 +18,7 @@ import gateway.body
 from engine.audio import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from gateway.body import decode_blocks, decode_upload
 from gateway.errors import APIError
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 
 
 def encoded(frames: int, rate: int, channels: int = 1, fmt: str = "FLAC", subtype: str | None = None) -> bytes:

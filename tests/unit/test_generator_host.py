@@ -1,4 +1,4 @@
-"""The generator's engine thread (serving.generator_host) with the tiny checkpoint, no Triton: response
+"""The generator's engine thread (serving.stub.generator_host) with the tiny checkpoint, no Triton: response
 senders and metrics are recorders. Every arrival ends with exactly one final response, slots come back,
 a stream whose caller asked to stop (before or after it got a slot) ends cancelled, an id in use is
 refused without disturbing its stream, and a stream whose responses cannot go out is freed and marked
@@ -16,9 +16,9 @@ from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.protocol import CANCELLED, LENGTH, STOP
 from engine.streams import GeneratorService
-from serving.auth import INTERNAL_KEY_ENV
-from serving.generator_host import Arrival, GeneratorHost
-from serving.model_options import GeneratorOptions
+from serving.security.auth import INTERNAL_KEY_ENV
+from serving.stub.generator_host import Arrival, GeneratorHost
+from serving.config.model_options import GeneratorOptions
 
 PATCHES = 8  # at most (the tiny checkpoint's stop head may end a stream after 6)
 SCHEDULE = ChunkSchedule(3, 2, fixed=True)

@@ -1,6 +1,6 @@
-"""Streams wait for a generator slot in the process that sends them (serving.generator_slots), never in
+"""Streams wait for a generator slot in the process that sends them (serving.flow.generator_slots), never in
 Triton's sequence batcher; and a generator request Triton dropped before its first response is answered as
-unavailable instead of holding its tts request (and admission place) for good (serving.bls). No Triton."""
+unavailable instead of holding its tts request (and admission place) for good (serving.stub.bls). No Triton."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 
 from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
-from serving.bls import BLS
-from serving.bls_adapters import BLSGenerator
-from serving.generator_slots import GeneratorSlots
-from serving.side_channel import SideChannel
+from serving.stub.bls import BLS
+from serving.stub.bls_adapters import BLSGenerator
+from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.side_channel import SideChannel
 
 
 def test_slots_are_shared_across_senders_and_come_back(tmp_path):

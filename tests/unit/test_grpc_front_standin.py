@@ -1,4 +1,4 @@
-"""serving.grpc_front against a stand-in upstream (a grpc.aio server of raw bytes on loopback): what it
+"""serving.fronts.grpc_front against a stand-in upstream (a grpc.aio server of raw bytes on loopback): what it
 forwards, what it refuses, and what it does with a stream whose client never reads. The real path,
 tritonserver behind the front, is tests/integration/test_grpc_front.py."""
 
@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from serving.front_limits import FrontLimits, default_max_message_mb
-from serving.grpc_front import SERVICE, GrpcFront, forwarded_metadata
-from serving.triton_env import free_port
+from serving.fronts.front_limits import FrontLimits, default_max_message_mb
+from serving.fronts.grpc_front import SERVICE, GrpcFront, forwarded_metadata
+from serving.supervision.triton_env import free_port
 
 CHUNK = 32 * 1024  # bytes of each streamed response of the stand-in
 

@@ -1,4 +1,4 @@
-"""serving.http_front against a stand-in upstream (http.server on loopback): what it forwards, what it
+"""serving.fronts.http_front against a stand-in upstream (http.server on loopback): what it forwards, what it
 refuses before the upstream sees it, and what it does with a client that never finishes its head or never
 reads. The real path, tritonserver behind the front, is tests/integration/test_http_front.py."""
 
@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from serving.front_limits import HttpFrontLimits
-from serving.http_front import HttpFront, forwarded_headers
-from serving.triton_env import free_port
+from serving.fronts.front_limits import HttpFrontLimits
+from serving.fronts.http_front import HttpFront, forwarded_headers
+from serving.supervision.triton_env import free_port
 
 CHUNK = 32 * 1024
 

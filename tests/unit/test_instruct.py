@@ -258,7 +258,7 @@ def test_edits_refuse_an_overlong_recording(model):
 def test_an_edit_of_exactly_30_s_is_taken(model, rate):
     """30 s is measured on the user's file (samples / rate): its latents, left-padded to whole patches (188
     for 30 s, 30.08 s), are no reason to refuse it (they were, as "recording is 30.1 s", after encoding)."""
-    from serving.requests import TTSInputs, instruct_request
+    from serving.intake.requests import TTSInputs, instruct_request
 
     audio = np.random.default_rng(3).uniform(-0.3, 0.3, 30 * rate).astype(np.float32)
     edit = dict(task="acoustic_edit", instruction="adjust the speed to 0.8x")

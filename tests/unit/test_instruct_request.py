@@ -1,4 +1,4 @@
-"""How TASK, INSTRUCTION, TEXT and the voice of a ``tts`` request combine (serving.requests.instruct_request),
+"""How TASK, INSTRUCTION, TEXT and the voice of a ``tts`` request combine (serving.intake.requests.instruct_request),
 checked against the contract's rules written out by hand here, and the per-task defaults."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.instructions import ACOUSTIC_TEMPLATES, MAX_INSTRUCTION_CHARS
-from serving.requests import InstructRequest, TTSInputs, instruct_request, parse_request, with_task_defaults
+from serving.intake.requests import InstructRequest, TTSInputs, instruct_request, parse_request, with_task_defaults
 
 RATE = 16000
 CLIP = np.zeros(RATE, np.float32)  # 1 s of silence

@@ -1,14 +1,14 @@
-"""serving.metric_batch and serving.bls_adapters.BLSPrompts: the tts stub's round trips to Triton's process per
-request (metric updates, the default voice's prompt) are fewer, with the same values."""
+"""serving.stub.metric_batch and serving.stub.bls_adapters.BLSPrompts: the tts stub's round trips to Triton's
+process per request (metric updates, the default voice's prompt) are fewer, with the same values."""
 
 import asyncio
 
 import numpy as np
 import pytest
 
-from serving.bls_adapters import BLSPrompts
-from serving.metric_batch import Level, MetricBatch
-from serving.requests import Voice
+from serving.stub.bls_adapters import BLSPrompts
+from serving.stub.metric_batch import Level, MetricBatch
+from serving.intake.requests import Voice
 
 
 class Metric:

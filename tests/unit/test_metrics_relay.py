@@ -9,7 +9,7 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from serving.metrics_relay import MetricsRelay
+from serving.fronts.metrics_relay import MetricsRelay
 
 
 class Page(BaseHTTPRequestHandler):

@@ -11,7 +11,7 @@ import pytest
 
 from engine.chunking import ChunkSchedule
 from engine.params import GENERATION_PARAMETERS, GENERATOR_PARAMETERS, GenerationParams
-from serving.model_options import (
+from serving.config.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
     PromptEncoderOptions,
@@ -19,9 +19,9 @@ from serving.model_options import (
     VocoderOptions,
     VoicesOptions,
 )
-from serving.options import ServeOptions, add_arguments, from_arguments
-from serving.repository import render
-from serving.requests import generation_request, generator_parameters, stream_settings
+from serving.config.options import ServeOptions, add_arguments, from_arguments
+from serving.config.repository import render
+from serving.intake.requests import generation_request, generator_parameters, stream_settings
 from tests.docs import pages
 
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,

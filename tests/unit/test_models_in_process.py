@@ -13,8 +13,8 @@ import pytest
 
 from engine.params import GenerationParams
 from engine.protocol import FORBIDDEN, INVALID, LENGTH, STOP
-from serving.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
-from serving.model_options import (
+from serving.security.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
+from serving.config.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
     PromptEncoderOptions,
@@ -22,8 +22,8 @@ from serving.model_options import (
     VocoderOptions,
     VoicesOptions,
 )
-from serving.options import ServeOptions
-from serving.vocoder_batch import request_values
+from serving.config.options import ServeOptions
+from serving.stub.vocoder_batch import request_values
 from tests.fakes import pb as fake
 from tests.reference import reference_audio, reference_latents, spoken
 

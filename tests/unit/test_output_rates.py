@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from gateway.app import create_app
 from gateway.encode import Encoder
 from gateway.rates import QUALITY, RATES, StreamResampler, check_rate
-from serving.triton_env import free_port
+from serving.supervision.triton_env import free_port
 from tests.unit.test_g711 import alaw_decode, mulaw_decode
 
 PATCH = 3840  # samples of one patch at 24 kHz

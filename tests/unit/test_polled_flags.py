@@ -1,7 +1,7 @@
-"""serving.bls: what every running request of a stub polls (the launcher's flag, is_cancelled()) is
+"""serving.stub.bls: what every running request of a stub polls (the launcher's flag, is_cancelled()) is
 asked at a bounded rate however many requests run."""
 
-from serving.bls import PolledFlags
+from serving.stub.bls import PolledFlags
 
 
 class Flags:
@@ -39,7 +39,7 @@ def test_cancellation_polls_stay_within_their_budget_at_any_concurrency():
 
 
 def test_lost_stream_checks_stay_within_their_budget_at_any_concurrency():
-    from serving.bls import LOST_CHECKS_PER_SECOND, LOST_POLL_SECONDS, lost_poll_seconds
+    from serving.stub.bls import LOST_CHECKS_PER_SECOND, LOST_POLL_SECONDS, lost_poll_seconds
 
     assert lost_poll_seconds(1) == LOST_POLL_SECONDS  # a few streams: as often as ever
     for reading in (1, 8, 100, 101, 512, 1024):

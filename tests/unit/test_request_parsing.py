@@ -15,8 +15,8 @@ from hypothesis.extra import numpy as hnp
 from engine.audio import MAX_REFERENCE_PEAK, MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from engine.text import DIALECTS, LANGUAGES
 from serving.contract import TTS_PARAMETERS
-from serving.requests import TTSInputs, check_language, check_ref_audio, check_text, parse_request, request_parameters
-from serving.triton_io import string
+from serving.intake.requests import TTSInputs, check_language, check_ref_audio, check_text, parse_request, request_parameters
+from serving.stub.triton_io import string
 
 SPECS = {p.name: p for p in TTS_PARAMETERS}
 INPUTS = ("TEXT", "LANGUAGE", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TEXT", "VOICE_ID", "SEED")
@@ -115,7 +115,7 @@ class FakeTensor:
 
 
 class FakePB:
-    """Just enough of triton_python_backend_utils for serving.triton_io.string."""
+    """Just enough of triton_python_backend_utils for serving.stub.triton_io.string."""
 
     @staticmethod
     def get_input_tensor_by_name(request, name):

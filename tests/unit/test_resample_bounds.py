@@ -15,7 +15,7 @@ import pytest
 
 from engine.protocol import MAX_REFERENCE_SECONDS, SAMPLE_RATE
 from engine.resample import SINC_KERNEL_LIMIT, resample, resample_sinc, sinc_kernel_size
-from serving.triton_env import REPO_ROOT
+from serving.supervision.triton_env import REPO_ROOT
 
 COMMON = (8000, 11025, 16000, 22050, 32000, 44100, 48000, 96000, 192000)
 ODD = (8009, 12007, 191999)

@@ -1,4 +1,4 @@
-"""serving.retired_iterators: a retired BLS response iterator is let go of only after an ``is_cancelled()``
+"""serving.stub.retired_iterators: a retired BLS response iterator is let go of only after an ``is_cancelled()``
 that went through the stub's queue (returned False) began after it was retired (docs/triton.md#T18)."""
 
 import asyncio
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from serving.retired_iterators import RetiredIterators
+from serving.stub.retired_iterators import RetiredIterators
 
 
 class Iterator:  # stands in for the stub's ResponseIterator: all that matters is who holds it

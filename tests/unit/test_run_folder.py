@@ -1,4 +1,4 @@
-"""The stubs' heartbeat instruments (serving.run_folder): the longest interval between beats, kept in the
+"""The stubs' heartbeat instruments (serving.supervision.run_folder): the longest interval between beats, kept in the
 heartbeat file, and the stacks dumped when a beat is late (faulthandler, re-armed at every beat)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serving.run_folder import Beats, LateStacks, longest_beat
+from serving.supervision.run_folder import Beats, LateStacks, longest_beat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_the_heartbeat_file_holds_the_longest_interval_between_beats(tmp_path):
 LATE = """
 import sys, threading, time
 from pathlib import Path
-from serving.run_folder import LateStacks
+from serving.supervision.run_folder import LateStacks
 
 path = Path(sys.argv[1])
 

@@ -11,10 +11,10 @@ import pytest
 
 from engine.lifetime import LINGERING
 from engine.protocol import Unavailable
-from serving.auth import Keys
-from serving.bls import BLS
-from serving.run_folder import RunFlags
-from serving.triton_io import bls_error, error_response
+from serving.security.auth import Keys
+from serving.stub.bls import BLS
+from serving.supervision.run_folder import RunFlags
+from serving.stub.triton_io import bls_error, error_response
 
 SECRET = Keys("ab" * 32).generator_model
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from serving.requests import InstructRequest
-from serving.served import ServedModels, folder_models, parse_models
+from serving.intake.requests import InstructRequest
+from serving.intake.served import ServedModels, folder_models, parse_models
 
 
 def test_parse_models():

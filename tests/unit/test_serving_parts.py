@@ -11,9 +11,9 @@ from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
 from serving import contract
-from serving.repository import SOURCE, ServeOptions, build, render
-from serving.requests import TTSInputs, parse_request, request_parameters
-from serving.side_channel import SideChannel
+from serving.config.repository import SOURCE, ServeOptions, build, render
+from serving.intake.requests import TTSInputs, parse_request, request_parameters
+from serving.flow.side_channel import SideChannel
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 
@@ -28,7 +28,7 @@ def build_request(*inputs):
 
 def test_committed_configs_match_the_contract():
     for name, text in render(ServeOptions()).items():
-        assert (SOURCE / name / "config.pbtxt").read_text() == text, f"run `python -m serving.repository` ({name})"
+        assert (SOURCE / name / "config.pbtxt").read_text() == text, f"run `python -m serving.config.repository` ({name})"
 
 
 def test_rendered_repository_has_every_tensor(tmp_path):
@@ -337,7 +337,7 @@ def test_vocoder_batches_streams_past_priming(model):
 @pytest.mark.parametrize("bad", [["--slots", "0"], ["--max-queue", "-5"], ["--voice-store-max-gb", "0"]])
 def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, capsys):
     from serving import serve
-    from serving.triton_env import Ports
+    from serving.supervision.triton_env import Ports
 
     p = Ports.free()
     argv = ["--checkpoint", str(tmp_path), "--work-dir", str(tmp_path / "runs"), "--http-port", str(p.http),
@@ -361,7 +361,7 @@ def test_kv_cache_and_attention_options_reach_the_generator():
 def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
     import asyncio
 
-    from serving.bls import watch_request as watch
+    from serving.stub.bls import watch_request as watch
 
     class Request:
         cancelled = False

@@ -12,8 +12,8 @@ from engine.params import GenerationParams
 from engine.streams import GeneratorService
 from engine.synthetic import SyntheticFireRedTTS3, SyntheticVocoderService, ready_patch
 from engine.vocoder_service import VocoderService
-from serving.model_options import GeneratorOptions, VocoderOptions
-from serving.options import ServeOptions
+from serving.config.model_options import GeneratorOptions, VocoderOptions
+from serving.config.options import ServeOptions
 from tests.generation import check_disjoint
 
 # (max_patches, chunk schedule) per stream; a stream joins every step. Fixed schedules: the two runs'

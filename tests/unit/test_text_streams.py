@@ -8,7 +8,7 @@ import pytest
 
 from engine.orchestrator import TextPiece
 from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
-from serving.text_streams import TextStreams
+from serving.intake.text_streams import TextStreams
 
 
 def read_all(stream) -> list:

@@ -9,10 +9,10 @@ import socket
 
 import pytest
 
-from serving.front_limits import FrontLimits, HttpFrontLimits, front_wanted
-from serving.front_limits import add_arguments as add_front_arguments
+from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
+from serving.fronts.front_limits import add_arguments as add_front_arguments
 from serving.serve import busy_ports
-from serving.triton_env import Ports, TritonInstall, TritonServer, free_port
+from serving.supervision.triton_env import Ports, TritonInstall, TritonServer, free_port
 
 
 def test_triton_ports_are_checked_where_triton_listens():
@@ -100,7 +100,7 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from serving.triton_env import remove_orphan_segments
+    from serving.supervision.triton_env import remove_orphan_segments
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -1,4 +1,4 @@
-"""The supervisor's rules (serving.vitals) on hand-built observations: heartbeats judged by change, the
+"""The supervisor's rules (serving.supervision.vitals) on hand-built observations: heartbeats judged by change, the
 progress rule, pauses; and the supervisor's drain and restart policy against a fake server."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.run_folder import RunFlags
-from serving.supervise import DEFERRABLE, Supervisor
-from serving.vitals import EXECUTED, IN_FLIGHT, PENDING, STEPPED, Incident, Observation, Vitals, samples
+from serving.supervision.run_folder import RunFlags
+from serving.supervision.supervise import DEFERRABLE, Supervisor
+from serving.supervision.vitals import EXECUTED, IN_FLIGHT, PENDING, STEPPED, Incident, Observation, Vitals, samples
 
 MODELS = frozenset({"tts", "generator", "vocoder", "prompt_encoder", "voices"})
 STUBS = {101: "tts", 102: "generator", 103: "vocoder", 104: "prompt_encoder", 105: "voices"}
@@ -401,7 +401,7 @@ def test_heartbeats_are_judged_when_looked_at_not_after_the_metrics_read(supervi
         return ""
 
     monkeypatch.setattr(server, "metrics_text", slow_read)
-    monkeypatch.setattr("serving.supervise.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("serving.supervision.supervise.time.monotonic", lambda: now[0])
     seen = supervisor._observe()
     assert read_at and seen.at <= read_at[0]
 
@@ -423,7 +423,7 @@ def test_a_wedge_by_heartbeat_takes_the_stubs_native_stacks_before_the_restart(s
     supervisor, server = supervised
     supervisor.stubs = {101: "tts", 102: "vocoder"}
     taken = []
-    monkeypatch.setattr("serving.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True)
+    monkeypatch.setattr("serving.supervision.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True)
     supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
                        stopping=lambda: False)  # fmt: skip
     assert taken == [(101, "tts.101.gdb.txt")]
@@ -431,7 +431,7 @@ def test_a_wedge_by_heartbeat_takes_the_stubs_native_stacks_before_the_restart(s
 
 
 def test_native_stacks_are_gdbs_backtraces(tmp_path, monkeypatch):
-    from serving.supervise import native_stacks
+    from serving.supervision.supervise import native_stacks
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -441,7 +441,7 @@ def test_native_stacks_are_gdbs_backtraces(tmp_path, monkeypatch):
         else:
             assert native_stacks(child.pid, path)
             assert "sleep" in path.read_text()  # the child's one thread, in time.sleep
-        monkeypatch.setattr("serving.supervise.shutil.which", lambda name: None)
+        monkeypatch.setattr("serving.supervision.supervise.shutil.which", lambda name: None)
         assert not native_stacks(child.pid, tmp_path / "none.txt") and not (tmp_path / "none.txt").exists()
     finally:
         child.kill()

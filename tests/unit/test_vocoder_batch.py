@@ -1,4 +1,4 @@
-"""Vocoder requests carrying a batch of chunks (serving.vocoder_batch), without a server: tts's decode
+"""Vocoder requests carrying a batch of chunks (serving.stub.vocoder_batch), without a server: tts's decode
 calls that come together go out as one request per shape, and each chunk's answer reaches its own caller."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from engine.protocol import Chunk, StreamFailed, end_chunk
 from serving import contract
-from serving.triton_io import read_chunk
-from serving.vocoder_batch import BLSVocoder, answer, request_values, rows, split
+from serving.stub.triton_io import read_chunk
+from serving.stub.vocoder_batch import BLSVocoder, answer, request_values, rows, split
 
 
 def chunk(sid: int, rows_: int, prompt: int = 0, seq: int = 1) -> Chunk:

@@ -1,6 +1,6 @@
-"""What the vocoder accepts from anyone (serving.vocoder_guard), the seals that decide it (serving.auth),
-the live-stream folder it reads (serving.side_channel) and the shared admission gate (serving.side_channel).
-No Triton, no model."""
+"""What the vocoder accepts from anyone (serving.security.vocoder_guard), the seals that decide it
+(serving.security.auth), the live-stream folder it reads and the shared admission gate (both
+serving.flow.side_channel). No Triton, no model."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
-from serving.auth import Keys
-from serving.side_channel import UNCLAIMED_SECONDS, Admission, LiveStreams, SideChannel
-from serving.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
+from serving.security.auth import Keys
+from serving.flow.side_channel import UNCLAIMED_SECONDS, Admission, LiveStreams, SideChannel
+from serving.security.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
 
 KEYS = Keys("k" * 64)
 PROMPT = np.ones((4, 64), np.float32)

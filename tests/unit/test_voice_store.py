@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from serving.requests import check_name
-from serving.voice_store import VoiceNotFound, VoiceStore
+from serving.intake.requests import check_name
+from serving.voices.voice_store import VoiceNotFound, VoiceStore
 
 
 class Counting:
@@ -262,7 +262,7 @@ def test_read_only_store_serves_its_voices_simulated(model, tmp_path, caplog, mo
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("serving.voice_store.os.utime", refuse)
+    monkeypatch.setattr("serving.voices.voice_store.os.utime", refuse)
     monkeypatch.setattr(VoiceStore, "_locked", refuse)
     _serves_read_only(VoiceStore(tmp_path, model.identity, enc), model, enc, caplog)
 

@@ -1,11 +1,11 @@
 """ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
 
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.side_channel),
+It takes the generator's inputs, passes the admission gate that tts also answers to (serving.flow.side_channel),
 runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
 the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
 client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
 or restarting server answers every entry point alike, and a stream whose client goes is ended: a
-direct caller's cancellation is seen here, an ensemble client's by the vocoder (serving.vocoder_guard).
+direct caller's cancellation is seen here, an ensemble client's by the vocoder (serving.security.vocoder_guard).
 Every request ends with one final response, a normal one even on failure (an error response from a
 decoupled step leaves an ensemble request hanging), whose FINISH_REASON carries the tagged reason.
 """
@@ -19,16 +19,16 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
-from serving.auth import Keys, parameter_dict
-from serving.bls import BLS, watch_request
-from serving.bls_adapters import BLSGenerator
-from serving.generator_slots import GeneratorSlots
-from serving.model_options import EnsembleGeneratorOptions
-from serving.requests import check_language, check_text, generation_request
-from serving.run_folder import RunFlags, start_heartbeat
-from serving.side_channel import SideChannel
-from serving.stub_threads import StubThreads
-from serving.triton_io import (
+from serving.security.auth import Keys, parameter_dict
+from serving.stub.bls import BLS, watch_request
+from serving.stub.bls_adapters import BLSGenerator
+from serving.flow.generator_slots import GeneratorSlots
+from serving.config.model_options import EnsembleGeneratorOptions
+from serving.intake.requests import check_language, check_text, generation_request
+from serving.supervision.run_folder import RunFlags, start_heartbeat
+from serving.flow.side_channel import SideChannel
+from serving.stub.stub_threads import StubThreads
+from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,
     get,

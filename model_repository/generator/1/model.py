@@ -1,7 +1,7 @@
 """generator: latent chunks for every live stream, stepped together on one engine thread.
 
 Decoupled, one long-lived request per stream (the triton vllm_backend pattern, no sequence batcher):
-``execute`` authenticates and parses each new request and hands it to serving.generator_host, whose
+``execute`` authenticates and parses each new request and hands it to serving.stub.generator_host, whose
 engine thread admits it between two steps, steps all live streams in one batched call and sends each
 stream's chunks through its response sender, the last one FINAL. Responses carry the vocoder's inputs,
 sealed; a failed stream ends with a normal last response whose FINISH_REASON says why.
@@ -13,11 +13,11 @@ correlation ids, which name the streams): every key-less request is refused.
 import triton_python_backend_utils as pb
 
 from engine.protocol import Chunk, end_chunk, failure_reason
-from serving.auth import Refused
-from serving.generator_host import Arrival, GeneratorHost
-from serving.model_options import GeneratorOptions
-from serving.request_inputs import stream_request
-from serving.triton_io import chunk_tensors, error_response, setup_logging
+from serving.security.auth import Refused
+from serving.stub.generator_host import Arrival, GeneratorHost
+from serving.config.model_options import GeneratorOptions
+from serving.intake.request_inputs import stream_request
+from serving.stub.triton_io import chunk_tensors, error_response, setup_logging
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -12,12 +12,12 @@ import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.protocol import Unavailable
-from serving.auth import Keys, Refused
-from serving.model_options import PromptEncoderOptions
-from serving.requests import check_language, check_name, check_ref_audio, check_text
-from serving.run_folder import start_heartbeat
-from serving.side_channel import SideChannel
-from serving.triton_io import (
+from serving.security.auth import Keys, Refused
+from serving.config.model_options import PromptEncoderOptions
+from serving.intake.requests import check_language, check_name, check_ref_audio, check_text
+from serving.supervision.run_folder import start_heartbeat
+from serving.flow.side_channel import SideChannel
+from serving.stub.triton_io import (
     bytes_tensor,
     error_response,
     get,
@@ -26,7 +26,7 @@ from serving.triton_io import (
     setup_logging,
     string,
 )
-from serving.voice_store import VoiceNotFound, VoiceStore
+from serving.voices.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")
 ENCODER_NICENESS = 10

@@ -1,7 +1,7 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
-calls to prompt_encoder, generator and vocoder (serving.bls), and streams AUDIO chunks to the client;
+calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
 every request ends with exactly one final response. A request with a sequence id is a piece of a text-in
-stream (serving.text_streams): START is admitted and carries its audio, later pieces are answered at once."""
+stream (serving.intake.text_streams): START is admitted and carries its audio, later pieces are answered at once."""
 
 import asyncio
 import contextlib
@@ -14,22 +14,22 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
-from serving.auth import Keys
-from serving.bls import BLS, PolledFlags, watch_request
-from serving.bls_adapters import BLSGenerator, BLSPrompts
+from serving.security.auth import Keys
+from serving.stub.bls import BLS, PolledFlags, watch_request
+from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
 from serving.contract import TTS_OUTPUTS
-from serving.generator_slots import GeneratorSlots
-from serving.metric_batch import MetricBatch
-from serving.model_options import TTSOptions
-from serving.request_inputs import tts_inputs
-from serving.requests import parse_request
-from serving.run_folder import RunFlags, start_heartbeat
-from serving.served import ServedModels
-from serving.side_channel import SideChannel
-from serving.stub_threads import Responses, StubThreads
-from serving.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
-from serving.triton_io import checkpoint_path, error_response, setup_logging, tensors
-from serving.vocoder_batch import BLSVocoder
+from serving.flow.generator_slots import GeneratorSlots
+from serving.stub.metric_batch import MetricBatch
+from serving.config.model_options import TTSOptions
+from serving.intake.request_inputs import tts_inputs
+from serving.intake.requests import parse_request
+from serving.supervision.run_folder import RunFlags, start_heartbeat
+from serving.intake.served import ServedModels
+from serving.flow.side_channel import SideChannel
+from serving.stub.stub_threads import Responses, StubThreads
+from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
+from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
+from serving.stub.vocoder_batch import BLSVocoder
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -60,7 +60,7 @@ class TritonPythonModel:
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
-        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.side_channel).
+        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
         self.admission = channel.gate("tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds)
         self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch()  # metrics: sent once per loop turn

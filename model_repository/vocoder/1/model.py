@@ -4,9 +4,10 @@ One instance; decoupled, with an engine thread (the vllm_backend pattern): ``exe
 request and returns, and the engine thread takes whatever has queued (up to ``batch`` requests, waiting
 ``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
 each request with one final response. A request carries one chunk (tts_ensemble) or a batch of them
-(tts: serving.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
+(tts: serving.stub.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
 used: it drops a chunk whose ensemble client has gone (docs/triton.md#T13); here such a chunk is
-answered, and its stream ended (serving.vocoder_guard). The same protocol serves the tts front door (BLS) and tts_ensemble.
+answered, and its stream ended (serving.security.vocoder_guard). The same protocol serves the tts front
+door (BLS) and tts_ensemble.
 """
 
 import queue
@@ -16,12 +17,12 @@ import time
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
-from serving.auth import Keys, Refused
-from serving.metric_batch import Level
-from serving.model_options import VocoderOptions
-from serving.run_folder import start_heartbeat
-from serving.triton_io import Throttled, load_model, read_chunk, setup_logging
-from serving.vocoder_batch import answer, rows
+from serving.security.auth import Keys, Refused
+from serving.stub.metric_batch import Level
+from serving.config.model_options import VocoderOptions
+from serving.supervision.run_folder import start_heartbeat
+from serving.stub.triton_io import Throttled, load_model, read_chunk, setup_logging
+from serving.stub.vocoder_batch import answer, rows
 
 log = setup_logging("vocoder")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -32,9 +33,9 @@ class TritonPythonModel:
     def initialize(self, args):
         from engine.synthetic import SyntheticVocoderService
         from engine.vocoder_service import VocoderService
-        from serving.side_channel import SideChannel
-        from serving.synthetic_math import announce
-        from serving.vocoder_guard import VocoderGuard
+        from serving.flow.side_channel import SideChannel
+        from serving.stub.synthetic_math import announce
+        from serving.security.vocoder_guard import VocoderGuard
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
@@ -73,7 +74,7 @@ class TritonPythonModel:
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
 
     def _process(self, requests) -> None:
-        """Each request is a batch of chunks (serving.vocoder_batch); all of them decode together."""
+        """Each request is a batch of chunks (serving.stub.vocoder_batch); all of them decode together."""
         parsed, sizes, opening = [], [], 0  # per chunk: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
             try:

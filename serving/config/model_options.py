@@ -1,0 +1,213 @@
+"""What each Triton model reads from its ``config.pbtxt`` parameters: one frozen dataclass per model.
+
+:mod:`serving.config.repository` writes ``XOptions.of(serve_options).parameters()`` into the model's rendered
+config, and the model's ``initialize`` reads them back with ``XOptions.read(args)``. Every field is the
+parameter of the same name; Triton's parameters are strings, parsed here by the field's type. A
+parameter that is missing, unknown or does not parse is a ValueError naming it. There are no defaults
+here: they are :class:`serving.config.options.ServeOptions`', and every config is rendered from those.
+
+No torch here (every stub imports this module).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import typing
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, ClassVar, Self
+
+if TYPE_CHECKING:
+    from serving.config.options import ServeOptions
+
+# The vocoder's stream table holds a stream for every request admission lets in (slots + max_queue: each
+# has at most one stream open at a time, generating or ended with its chunks still on their way through a
+# backlogged consumer), and room besides (a stream whose consumer died waits for reaping).
+VOCODER_SPARE_STREAMS = 64
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def config_parameters(args: dict) -> dict[str, str]:
+    """Triton's ``initialize`` args -> the model config's parameters (name -> string value)."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+class ModelOptions:
+    """A model's options as config parameters and back (the base of the frozen dataclasses below)."""
+
+    MODEL: ClassVar[str] = ""  # the Triton model that reads them, for error messages
+
+    def parameters(self) -> dict[str, str]:
+        """Parameter name -> string value, in field order (booleans as 1 or 0)."""
+        return {f.name: _text(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def read(cls, args_or_params: dict) -> Self:
+        """Triton's ``initialize`` args (or the parameters themselves) -> the options."""
+        given = config_parameters(args_or_params) if "model_config" in args_or_params else dict(args_or_params)
+        types = typing.get_type_hints(cls)
+        values = {}
+        for f in fields(cls):
+            if f.name not in given:
+                raise ValueError(f"{cls.MODEL}: config.pbtxt has no parameter {f.name!r} (render the repository "
+                                 "with serving.config.repository)")  # fmt: skip
+            values[f.name] = _parse(types[f.name], given.pop(f.name), f"{cls.MODEL} parameter {f.name!r}")
+        if given:
+            raise ValueError(f"{cls.MODEL}: unknown parameters {sorted(given)} in config.pbtxt; "
+                             f"known: {[f.name for f in fields(cls)]}")  # fmt: skip
+        return cls(**values)
+
+
+class _Gate:
+    """The admission gate's size, for the models that admit (or refuse) new streams."""
+
+    @property
+    def capacity(self) -> int:
+        """Requests running or waiting at once, tts and tts_ensemble together (serving.flow.side_channel)."""
+        return self.slots + self.max_queue
+
+
+@dataclass(frozen=True)
+class TTSOptions(ModelOptions, _Gate):
+    MODEL = "tts"
+    checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
+    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
+    cancel_dir: str  # cancellation marks and the admission gate (serving.flow.side_channel); empty: its default
+    bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
+    slots: int  # generator streams stepped together
+    max_queue: int  # requests that may wait for a slot beyond the running ones
+    models: str  # the release's models served (serving.intake.served; empty: what the checkpoint holds)
+    vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
+    text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> TTSOptions:
+        return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
+                   bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
+                   models=opts.models, vocoder_batch=opts.vocoder_batch,
+                   text_idle_seconds=opts.text_idle_seconds)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PromptEncoderOptions(ModelOptions, _Gate):
+    MODEL = "prompt_encoder"
+    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
+    device: str  # torch device of the prompt encoder and CAM++
+    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
+    # where the admission gate lives (serving.flow.side_channel); empty: that module's default
+    cancel_dir: str
+    voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
+    max_anonymous_voices: int  # LRU bound of anonymous reference prompts kept on disk
+    voice_store_max_gb: float  # bound on the voice store's files (1 GB = 1e9 bytes)
+    public_steps: bool  # key-less requests are tts_ensemble's first step (serving.security.auth)
+    slots: int  # generator streams stepped together
+    max_queue: int  # requests that may wait for a slot beyond the running ones
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> PromptEncoderOptions:
+        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
+                   voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices,
+                   voice_store_max_gb=opts.voice_store_max_gb, public_steps=opts.ensemble, slots=opts.slots,
+                   max_queue=opts.queue)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnsembleGeneratorOptions(ModelOptions, _Gate):
+    MODEL = "ensemble_generator"
+    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
+    cancel_dir: str  # cancellation marks and the admission gate (serving.flow.side_channel); empty: its default
+    bls_timeout_seconds: int  # every BLS call to the generator
+    slots: int  # generator streams stepped together
+    max_queue: int  # requests that may wait for a slot beyond the running ones
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> EnsembleGeneratorOptions:
+        return cls(run_dir=opts.run_dir, cancel_dir=opts.cancel_dir, bls_timeout_seconds=opts.bls_timeout_seconds,
+                   slots=opts.slots, max_queue=opts.queue)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GeneratorOptions(ModelOptions):
+    MODEL = "generator"
+    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
+    device: str  # torch device of the backbone
+    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
+    cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
+    slots: int  # streams stepped together (batch rows)
+    max_len: int  # backbone positions per stream
+    kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
+    attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
+    synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
+    models: str  # the release's models to load (serving.intake.served; empty: what the checkpoint holds)
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> GeneratorOptions:
+        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
+                   slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
+                   attention=opts.attention, synthetic_math=opts.synthetic_math,
+                   models=opts.models)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VocoderOptions(ModelOptions):
+    MODEL = "vocoder"
+    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
+    device: str  # torch device of the decoder
+    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
+    cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
+    max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
+    idle_seconds: int  # a stream without a chunk for this long is reclaimed
+    batch: int  # chunks decoded together by the engine thread
+    queue_delay_us: int  # how long the engine thread gathers chunks of several streams
+    public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
+    synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> VocoderOptions:
+        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
+                   max_streams=opts.slots + opts.queue + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
+                   batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us,
+                   public_steps=opts.ensemble, synthetic_math=opts.synthetic_math)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VoicesOptions(ModelOptions):
+    MODEL = "voices"
+    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
+    voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
+    bls_timeout_seconds: int  # registration's BLS call to prompt_encoder
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> VoicesOptions:
+        return cls(run_dir=opts.run_dir, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _parse(kind: type, text: str, what: str):
+    """A parameter's string -> a value of ``kind`` (str, bool, int or float); ValueError naming ``what``."""
+    if kind is str:
+        return text
+    if kind is bool:
+        if text not in ("1", "0"):
+            raise ValueError(f"{what} must be 1 or 0, got {text!r}")
+        return text == "1"
+    if kind is int:
+        if not _INTEGER.fullmatch(text):
+            raise ValueError(f"{what} must be an integer, got {text!r}")
+        return int(text)
+    if kind is float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"{what} must be a finite number, got {text!r}")
+        return value
+    raise TypeError(f"{what}: no parser for {kind}")

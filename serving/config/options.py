@@ -1,0 +1,141 @@
+"""The server's options, written once: :class:`ServeOptions`, and the launcher's flags generated from it.
+
+A field with ``help`` is a launcher flag (``--max-len`` for ``max_len``), its type, default, choices
+and help taken from the field: ``int``/``float``/``str`` values, a :data:`Folder` as a path (the
+launcher resolves it), a ``bool`` as ``--flag``/``--no-flag``. The others are set by the launcher
+(``cancel_dir``, ``run_dir``) or are tuning constants. What each model reads of them is
+:mod:`serving.config.model_options`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import NewType
+
+from engine.layers.attention import ATTENTION_CHOICES
+from serving.contract import DEFAULT_TEXT_IDLE_SECONDS
+
+# A folder's path (a str; empty: the default the field's comment names). Its fields' defaults are plain
+# strings: ruff's RUF009 cannot tell, hence the noqa on them.
+Folder = NewType("Folder", str)
+# The most generator slots a server may have. The engine thread steps them all each step (the KV cache's
+# size is the real bound: slots x max_len positions unless kv_memory_gb says otherwise).
+MAX_SLOTS = 1024
+
+
+def option(default, help: str, choices: tuple | None = None):
+    """A launcher flag's field."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    # empty (a config rendered without the launcher): the models read $FIRERED_CHECKPOINT
+    checkpoint: Folder = option("", "official-layout checkpoint folder (default: the tiny checkpoint)")  # noqa: RUF009
+    slots: int = option(8, "generator streams batched together (KV cache rows)")
+    max_len: int = option(2048, "backbone positions a stream may reach (prompt + text + generated patches)")
+    # The backbone's paged KV cache (its size, and the attention path over it).
+    kv_memory_gb: float = option(
+        0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len positions)"
+    )
+    attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
+                            "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
+    vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
+    vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
+    vocoder_idle_seconds: int = 60  # vocoder state without a chunk for this long is reclaimed
+    # empty: serving.voices.voice_store.default_dir(), where the launcher's default points too
+    voice_dir: Folder = option("", "the voice store (default: ~/.cache/fireredtts3-triton/voices)")  # noqa: RUF009
+    max_anonymous_voices: int = option(256, "LRU bound of stored reference prompts")
+    voice_store_max_gb: float = option(2.0, "bound on the voice store's files (1 GB = 1e9 bytes); anonymous "
+                                       "prompts are evicted to stay under it, named voices are kept")  # fmt: skip
+    device: str = option("cpu", "torch device of the models (cpu, cuda, cuda:1, ...)")
+    models: str = option("", "the release's models to serve: base, instruct or base,instruct (default: those the "
+                         "checkpoint folder holds)")  # fmt: skip
+    bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
+    text_idle_seconds: float = option(float(DEFAULT_TEXT_IDLE_SECONDS), "a text-in stream that sends no text for "
+                                      "this long is closed, its place freed")  # fmt: skip
+    # tts -> generator cancellation marks (default: serving.flow.side_channel.default_dir())
+    cancel_dir: Folder = Folder("")
+    # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
+    run_dir: Folder = Folder("")
+    max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
+                            "(default -1: 4 x slots)")  # fmt: skip
+    # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
+    # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
+    # they refuse them. The generator never does.
+    ensemble: bool = option(True, "serve tts_ensemble (--no-ensemble: the internal models then refuse every "
+                            "request but tts's)")  # fmt: skip
+    synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
+                                  "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {self.slots}")
+        if self.max_len < 64:
+            raise ValueError("max_len must be >= 64")
+        if not self.voice_store_max_gb > 0:
+            raise ValueError(f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}")
+        if not self.kv_memory_gb >= 0:
+            raise ValueError(f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
+                raise ValueError(f"{f.name} must be {listed}, got {getattr(self, f.name)!r}")
+        from serving.intake.served import parse_models
+
+        parse_models(self.models)  # ValueError names a model that is not one
+        if self.max_queue < -1:
+            raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
+        if not 0 < self.text_idle_seconds <= 3600:
+            raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
+
+    @property
+    def queue(self) -> int:
+        """Requests that may wait for a slot (``max_queue``, -1 resolved)."""
+        return 4 * self.slots if self.max_queue == -1 else self.max_queue
+
+
+def flags() -> list[tuple[str, dict]]:
+    """``(flag, argparse keywords)`` for every ServeOptions field with help, in field order."""
+    types = typing.get_type_hints(ServeOptions)
+    out = []
+    for f in fields(ServeOptions):
+        if "help" not in f.metadata:
+            continue
+        kind, default = types[f.name], f.default
+        assert default is not MISSING, f.name
+        help = f.metadata["help"]
+        kw: dict = {"dest": f.name}
+        if kind is bool:
+            kw |= {"action": argparse.BooleanOptionalAction, "default": default}
+        elif kind is Folder:  # resolved by the launcher: None when not given
+            kw |= {"type": Path, "default": None, "metavar": "DIR"}
+        else:
+            kw |= {"type": kind, "default": default}
+            if "default" not in help:
+                help += f" (default: {default})"
+        if f.metadata["choices"]:
+            kw["choices"] = f.metadata["choices"]
+        out.append(("--" + f.name.replace("_", "-"), {**kw, "help": help}))
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The launcher flags of :class:`ServeOptions` (:func:`flags`)."""
+    for flag, kw in flags():
+        parser.add_argument(flag, **kw)
+
+
+def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
+    """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
+    launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
+    values = {}
+    for _flag, kw in flags():
+        value = getattr(args, kw["dest"])
+        if value is not None:
+            values[kw["dest"]] = str(value) if isinstance(value, Path) else value
+    return ServeOptions(**(values | resolved))

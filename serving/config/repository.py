@@ -1,0 +1,162 @@
+"""Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`serving.contract` and
+the serving options (:mod:`serving.config.options`), its parameters those of the model's options
+(:mod:`serving.config.model_options`); ``model.py`` files are copied from ``model_repository/`` as they are.
+
+The committed ``model_repository/*/config.pbtxt`` are this module's output for the default options
+(a unit test keeps them in sync), so the folder also works when pointed at directly.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from serving import contract
+from serving.config.model_options import (
+    EnsembleGeneratorOptions,
+    GeneratorOptions,
+    ModelOptions,
+    PromptEncoderOptions,
+    TTSOptions,
+    VocoderOptions,
+    VoicesOptions,
+)
+from serving.config.options import ServeOptions
+
+SOURCE = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def _io(inputs, outputs, ragged=()) -> str:
+    ins = ",\n  ".join(s.pbtxt(ragged=s.name in ragged) for s in inputs)
+    outs = ",\n  ".join(s.pbtxt() for s in outputs)
+    return f"input [\n  {ins}\n]\noutput [\n  {outs}\n]\n"
+
+
+def _params(options: ModelOptions) -> str:
+    """The model's options as config parameters (string values, quoted as protobuf text)."""
+    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{_quoted(v)}" }} }}\n'
+                   for k, v in options.parameters().items())  # fmt: skip
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(opts: ServeOptions) -> dict[str, str]:
+    """model name -> config.pbtxt text."""
+    header = (
+        '# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
+    )
+    tts = (
+        f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
+        + _io(contract.TTS_INPUTS, contract.TTS_OUTPUTS)
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(TTSOptions.of(opts))
+    )
+    # its queue is bounded: key-less requests (tts_ensemble's first step) are answered here before the gate
+    prompt_options = PromptEncoderOptions.of(opts)
+    prompt = (
+        f'name: "prompt_encoder"\n{header}max_batch_size: 8\n'
+        + "dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
+        + f"  default_queue_policy {{ max_queue_size: {2 * prompt_options.capacity} }}\n}}\n"
+        + _io(contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(prompt_options)
+    )
+    ensemble_gen = (
+        f'name: "ensemble_generator"\n{header}max_batch_size: 1\nmodel_transaction_policy {{ decoupled: true }}\n'
+        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(EnsembleGeneratorOptions.of(opts))
+    )
+    # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.stub.generator_host)
+    gen = (
+        f'name: "generator"\n{header}max_batch_size: 1\n'
+        + "model_transaction_policy { decoupled: true }\n"
+        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(GeneratorOptions.of(opts))
+    )
+    # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
+    voc = (
+        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
+        + "model_transaction_policy { decoupled: true }\n"
+        + _io(contract.VOCODER_INPUTS, contract.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(VocoderOptions.of(opts))
+    )
+    voices = (
+        f'name: "voices"\n{header}max_batch_size: 0\n'
+        + _io(contract.VOICES_INPUTS, contract.VOICES_OUTPUTS)
+        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+        + _params(VoicesOptions.of(opts))
+    )
+    models = {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "ensemble_generator": ensemble_gen,
+              "generator": gen, "vocoder": voc, "voices": voices}  # fmt: skip
+    if not opts.ensemble:
+        del models["tts_ensemble"], models["ensemble_generator"]
+    return models
+
+
+def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+    maps = [f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+    maps += [f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+    return f'    {{ model_name: "{model}" model_version: -1\n      ' + "\n      ".join(maps) + " }"
+
+
+def ensemble() -> str:
+    """tts_ensemble: the client's inputs -> prompt_encoder -> ensemble_generator -> vocoder, outputs of the
+    vocoder. ensemble_generator runs a generator stream (over BLS, with the internal key) and passes its
+    chunks on; they carry every vocoder input, so each one becomes one vocoder request. Request parameters
+    reach ensemble_generator as the client sent them.
+    """
+    given = {s.name for s in contract.ENSEMBLE_INPUTS}
+    prompt_in = {s.name: s.name for s in contract.PROMPT_INPUTS if s.name in given}
+    prompt_out = {s.name: f"_{s.name.lower()}" for s in contract.PROMPT_OUTPUTS}
+    # the generator says what the front end made of TEXT (prompt_encoder's SPOKEN_TEXT and SPOKEN_LANGUAGE)
+    prompt_out_for = {**{s.name: prompt_out[s.name] for s in contract.VOICE_PROMPT_OUTPUTS},
+                      "TEXT": prompt_out["SPOKEN_TEXT"], "LANGUAGE": prompt_out["SPOKEN_LANGUAGE"]}  # fmt: skip
+    # Instruct's optional inputs are not tts_ensemble's: it serves Base only
+    gen_in = {s.name: prompt_out_for.get(s.name, s.name) for s in contract.GENERATOR_INPUTS
+              if s.name in prompt_out_for or s.name in given}  # fmt: skip
+    gen_out = {s.name: f"_gen_{s.name.lower()}" for s in contract.VOCODER_INPUTS}  # what the vocoder reads
+    steps = [
+        _step("prompt_encoder", prompt_in, prompt_out),
+        _step("ensemble_generator", gen_in, gen_out),
+        _step("vocoder", {s.name: gen_out[s.name] for s in contract.VOCODER_INPUTS},
+              {s.name: s.name for s in contract.VOCODER_ENSEMBLE_OUTPUTS}),
+    ]  # fmt: skip
+    return (
+        "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
+        'name: "tts_ensemble"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+        + _io(contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS)
+        + "ensemble_scheduling {\n  step [\n"
+        + ",\n".join(steps)
+        + "\n  ]\n}\n"
+    )
+
+
+def build(dest: Path, opts: ServeOptions) -> Path:
+    """Write a complete model repository to ``dest`` (replacing it), readable by this user only: the launcher
+    renames the generator's folder to its secret model name (serving.security.auth.Keys.generator_model)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True, mode=0o700)
+    dest.chmod(0o700)  # whatever the umask
+    for name, text in render(opts).items():
+        (dest / name / "1").mkdir(parents=True)
+        (dest / name / "config.pbtxt").write_text(text)
+        if (SOURCE / name / "1" / "model.py").is_file():  # an ensemble has none
+            shutil.copy2(SOURCE / name / "1" / "model.py", dest / name / "1" / "model.py")
+    return dest
+
+
+def main() -> None:
+    """Rewrite the committed default configs: ``python -m serving.config.repository``."""
+    for name, text in render(ServeOptions()).items():
+        (SOURCE / name / "1").mkdir(parents=True, exist_ok=True)
+        (SOURCE / name / "config.pbtxt").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

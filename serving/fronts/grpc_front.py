@@ -1,0 +1,222 @@
+"""A bounded gRPC front for Triton: standard ``tritonclient.grpc`` clients talk to it unchanged, and it
+forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on loopback.
+
+Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of
+:class:`FrontLimits`, each a launcher flag, and answers a call past one with a gRPC status that names it:
+
+- messages are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
+  docs/operations.md); a message larger than ``max_message_mb`` is refused by gRPC itself
+  (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
+- connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
+  pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
+  test in tests/unit/test_grpc_front_standin.py);
+- the front reads Triton's responses as they come (so tritonserver never keeps them), and a stream whose
+  client does not take them is ended once ``max_unsent_mb`` wait, or once it has taken none for
+  ``max_unsent_seconds`` while they wait (a slow reader that keeps taking meets only the first): its
+  Triton call is cancelled (``tts`` frees its slot at its next step) and the client's stream ends with
+  RESOURCE_EXHAUSTED naming the bound. gRPC cannot send a status behind data the client does not read: a
+  client that reads again within CUT_GRACE gets the status; one that never does keeps only what gRPC
+  holds for its stream (one response and the flow-control window) until it closes its connection.
+
+The front adds no privilege: it forwards the client's metadata as it came (Triton's restricted APIs
+still need their key) and nothing of its own; the internal key travels inside request parameters, which
+the front never reads (serving.security.auth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import grpc
+import grpc.aio
+
+from engine.protocol import INVALID
+from serving.fronts.front_limits import FrontLimits
+from serving.fronts.front_loop import FrontLoop
+from serving.fronts.metrics_relay import LAUNCHER
+
+SERVICE = "inference.GRPCInferenceService"
+STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary
+ENDED_COUNTER = "tts_grpc_front_streams_ended_total"  # streams ended by the unsent-response bound
+CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent before its handler is dropped
+_log = logging.getLogger("grpc_front")
+
+
+def service_methods() -> list[str]:
+    """Every method of Triton's gRPC service, from the client library's own descriptor."""
+    from tritonclient.grpc import service_pb2
+
+    return [m.name for m in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods]
+
+
+# Triton is ours and on loopback: no message bound towards it (the front bounded what comes in), and
+# after a restart it is reached again within a second.
+UPSTREAM_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_HOP_HEADERS = ("user-agent", "content-type", "te", "host")  # set by the front's own channel
+
+
+def forwarded_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
+    """The client's metadata as Triton should see it: without HTTP/2 pseudo-headers and gRPC's own."""
+    return tuple((k, v) for k, v in metadata or () if not (k.startswith((":", "grpc-")) or k in _HOP_HEADERS))
+
+
+class _Outbox:
+    """One stream's responses read from Triton that its client has not taken yet (raw messages)."""
+
+    def __init__(self):
+        self.items: collections.deque[tuple[bytes, float]] = collections.deque()  # (message, when read)
+        self.bytes = 0
+        self.ready = asyncio.Event()
+        self.end: tuple[grpc.StatusCode, str, tuple] | None = None  # how the client's stream ends
+        self.writing_since = 0.0  # monotonic time the write in progress began (0: none)
+        self.cut_at = 0.0  # monotonic time the bound ended the stream (0: it did not)
+        self.handler: asyncio.Task | None = None  # the stream's handler (cancelled if its write never ends)
+
+    def put(self, message: bytes) -> None:
+        self.items.append((message, time.monotonic()))
+        self.bytes += len(message)
+        self.ready.set()
+
+    def finish(self, code: grpc.StatusCode, details: str = "", trailing: tuple = ()) -> None:
+        if self.end is None:
+            self.end = (code, details, trailing)
+        self.ready.set()
+
+    def stalled(self, now: float) -> float:
+        """Seconds the client has taken nothing while a response waits for it (the write in progress)."""
+        return now - self.writing_since if self.writing_since else 0.0
+
+
+class GrpcFront(FrontLoop):
+    """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``), run on
+    an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
+
+    def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
+        super().__init__("grpc-front")
+        self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
+        self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
+        self.ended = 0  # streams ended by the unsent bound
+        LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
+                     "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
+
+    async def _start(self) -> None:
+        self.channel = grpc.aio.insecure_channel(self.upstream, options=UPSTREAM_OPTIONS)
+        handlers = {}
+        for name in service_methods():
+            path = f"/{SERVICE}/{name}"
+            if name == STREAM_METHOD:
+                self.stream_call = self.channel.stream_stream(path)
+                handlers[name] = grpc.stream_stream_rpc_method_handler(self._stream)
+            else:
+                handlers[name] = grpc.unary_unary_rpc_method_handler(self._unary(self.channel.unary_unary(path)))
+        self.server = grpc.aio.server(options=self.limits.server_options(),
+                                      maximum_concurrent_rpcs=self.limits.max_calls or None)  # fmt: skip
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+        if not self.server.add_insecure_port(self.address):
+            raise OSError(f"the gRPC front cannot listen on {self.address}")
+        await self.server.start()
+
+    # ---- unary calls: one message each way ----
+    def _unary(self, upstream):
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await upstream(request, metadata=forwarded_metadata(context.invocation_metadata()),
+                                      timeout=context.time_remaining())  # fmt: skip
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), e.details() or "", forwarded_metadata(e.trailing_metadata()))
+
+        return forward
+
+    # ---- the stream: requests forwarded as they come, responses as the client takes them ----
+    async def _stream(self, requests, context: grpc.aio.ServicerContext) -> None:
+        async def forward_requests():
+            async for request in requests:
+                yield request
+
+        call = self.stream_call(forward_requests(), metadata=forwarded_metadata(context.invocation_metadata()),
+                                timeout=context.time_remaining())  # fmt: skip
+        outbox = _Outbox()
+        outbox.handler = asyncio.current_task()
+        entry = (outbox, call)
+        self.streams.add(entry)
+        pump = asyncio.ensure_future(self._pump(call, outbox))
+        try:
+            while True:
+                await outbox.ready.wait()
+                if outbox.items:
+                    message, _ = outbox.items.popleft()
+                    outbox.bytes -= len(message)
+                    outbox.writing_since = time.monotonic()
+                    await context.write(message)
+                    outbox.writing_since = 0.0
+                elif outbox.end is not None:
+                    break
+                else:
+                    outbox.ready.clear()
+            code, details, trailing = outbox.end
+            if code != grpc.StatusCode.OK:
+                await context.abort(code, details, trailing)
+            context.set_trailing_metadata(trailing)
+        finally:  # the client left, or the stream ended: nothing of it stays upstream
+            self.streams.discard(entry)
+            call.cancel()
+            pump.cancel()
+
+    async def _pump(self, call, outbox: _Outbox) -> None:
+        """Triton's responses -> ``outbox``, as fast as Triton sends them; then how the stream ended."""
+        try:
+            async for message in call:
+                outbox.put(message)
+                if outbox.bytes > self.limits.unsent_bytes:
+                    self._cut(outbox, call)
+                    return
+            outbox.finish(grpc.StatusCode.OK, "", forwarded_metadata(await call.trailing_metadata()))
+        except grpc.aio.AioRpcError as e:
+            outbox.finish(e.code(), e.details() or "", forwarded_metadata(e.trailing_metadata()))
+
+    def _cut(self, outbox: _Outbox, call) -> None:
+        """End a stream whose client does not take its responses: Triton's call cancelled, what waits dropped."""
+        if outbox.end is not None:
+            return
+        call.cancel()
+        waiting, stalled = outbox.bytes, outbox.stalled(time.monotonic())
+        outbox.items.clear()
+        outbox.bytes = 0
+        outbox.cut_at = time.monotonic()
+        limits = self.limits
+        outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"{INVALID}the client did not take this stream's responses ({waiting / 2**20:.1f} MiB waiting, "
+                      f"nothing taken for {stalled:.0f} s; the front's bounds: {limits.max_unsent_mb:g} MiB waiting, "
+                      f"{limits.max_unsent_seconds:g} s without taking any: --grpc-front-max-unsent-mb, "
+                      f"--grpc-front-max-unsent-seconds); the stream was ended")  # fmt: skip
+        self.ended += 1
+        LAUNCHER.increment(ENDED_COUNTER)
+        _log.warning("ended a gRPC stream whose client did not read: %.1f MiB waiting, nothing taken for %.0f s",
+                     waiting / 2**20, stalled)  # fmt: skip
+
+    def _reap(self, now: float) -> None:
+        """End the streams whose client has taken nothing for ``max_unsent_seconds``; drop the handler of a
+        cut stream whose client still takes nothing CUT_GRACE seconds later (gRPC keeps the call until the
+        connection closes, but it no longer counts against ``max_calls``)."""
+        for outbox, call in list(self.streams):
+            if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
+                self._cut(outbox, call)
+            elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
+                outbox.handler.cancel()
+
+    def close(self, grace: float = 1.0) -> None:
+        """Stop; calls in progress get ``grace`` seconds to end."""
+        self._close(self._stop(grace), grace + 10)
+
+    async def _stop(self, grace: float) -> None:
+        await self.server.stop(grace)
+        await self.channel.close()

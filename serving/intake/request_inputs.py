@@ -1,0 +1,119 @@
+"""A request's inputs read off Triton's tensors, once: ``tts``'s (:func:`tts_inputs`, which
+:func:`serving.intake.requests.parse_request` checks) and a generator stream's (:func:`stream_request`, which
+the generator trusts but for the sizes of its tensors: only the pipeline reaches it).
+
+``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.frontend.language import detect_language
+from serving import contract
+from serving.security.auth import parameter_dict
+from serving.intake.requests import TTSInputs, stream_settings
+from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
+
+
+def tts_inputs(pb, request, text: str | None = None) -> TTSInputs:
+    """A ``tts`` request's inputs and parameters, read once (:func:`serving.intake.requests.parse_request` checks
+    them); ``text``: what stands for TEXT (a text-in stream's, whose text comes in later pieces)."""
+    return TTSInputs(
+        text=string(pb, request, "TEXT", "") if text is None else text,
+        language=string(pb, request, "LANGUAGE", ""),
+        ref_audio=get(pb, request, "REF_AUDIO", required=False),
+        ref_sample_rate=scalar(pb, request, "REF_SAMPLE_RATE", 0),
+        ref_text=string(pb, request, "REF_TEXT", ""),
+        voice_id=string(pb, request, "VOICE_ID", ""),
+        seed=scalar(pb, request, "SEED", None),
+        parameters=request.parameters(),
+        task=string(pb, request, "TASK", ""),
+        instruction=string(pb, request, "INSTRUCTION", ""),
+    )
+
+
+def stream_request(pb, request, model, parameters: str | dict | None = None):
+    """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule), or for an Instruct
+    stream (InstructInput, GenerationParams, chunk schedule). ``parameters``: the request's, if already read
+    (default: all of them). Used by the generator model (and the benchmark's engine-thread variant).
+
+    Only the pipeline reaches the generator (its name is the run's secret): ``tts``, which checked its
+    client's request once (:func:`serving.intake.requests.parse_request`), and ``tts_ensemble``'s
+    ensemble_generator, which checks its own. So TEXT (spoken as given: the front end has run on it),
+    LANGUAGE, TASK and INSTRUCTION are taken as they come; what is checked here is what the generator
+    itself needs: the size of every tensor before anything is copied, and that it runs the model asked for.
+    """
+    task = string(pb, request, "TASK", "")
+    if task:
+        return _instruct_request(pb, request, model, task, parameters)
+    if "base" not in model.models.cores:
+        raise ValueError("this server does not run FireRedTTS3-Base: it runs only " + ", ".join(model.models.cores))
+    text = _spoken_text(pb, request)
+    language = string(pb, request, "LANGUAGE", "") or detect_language(text)
+    params, schedule = _settings(pb, request, parameters)
+    latents = _prompt_rows(pb, request).astype(np.float32)
+    speaker = get(pb, request, "SPEAKER").reshape(-1)
+    if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
+        raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
+    speaker = speaker.astype(np.float32)
+    prompt = _voice_prompt(latents, speaker, string(pb, request, "PROMPT_TEXT", ""))
+    return model.tokens(text, language, prompt), prompt, params, schedule
+
+
+def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -> str:
+    """A text after the front end, bounded: numbers read out make it several times what the client sent
+    ("2024" -> "twenty twenty four"; the client's own text was held to MAX_TEXT_CHARS)."""
+    text = string(pb, request, field, default)
+    if len(text) > SPOKEN_TEXT_CHARS:
+        raise ValueError(f"{field} is {len(text)} characters; the limit is {SPOKEN_TEXT_CHARS}")
+    return text
+
+
+def _settings(pb, request, parameters):
+    given = parameter_dict(request.parameters() if parameters is None else parameters)
+    return stream_settings(scalar(pb, request, "SEED", None), given)
+
+
+def _prompt_rows(pb, request) -> np.ndarray:
+    return latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
+
+
+def _voice_prompt(latents: np.ndarray, speaker: np.ndarray, text: str):
+    import torch
+
+    from engine.prompt import VoicePrompt
+
+    try:
+        return VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker), text)
+    except ValueError as e:
+        raise ValueError(f"PROMPT_LATENTS: {e}") from None
+
+
+def _instruct_request(pb, request, model, task: str, parameters):
+    """:func:`stream_request` of an Instruct stream -> (InstructInput, GenerationParams, chunk schedule)."""
+    import torch
+
+    from engine import instructions
+
+    if "instruct" not in model.models.cores:
+        raise ValueError(f"TASK {task} needs FireRedTTS3-Instruct, which this server does not run (start it with "
+                         "--models base,instruct on a checkpoint that has fireredtts3_instruct/)")  # fmt: skip
+    instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
+    text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
+    params, schedule = _settings(pb, request, parameters)
+    rows = _prompt_rows(pb, request)
+    if task == instructions.DESIGN:
+        if len(rows):
+            raise ValueError(f"TASK {task} takes no PROMPT_LATENTS: it designs the voice")
+        latents = None
+    else:
+        if not len(rows) or len(rows) % contract.PATCH_SIZE:
+            raise ValueError(f"PROMPT_LATENTS must be whole patches of {contract.PATCH_SIZE} rows for TASK {task}")
+        if task in instructions.EDITS and len(rows) > contract.MAX_EDIT_LATENTS:
+            raise ValueError(f"the recording is longer than {instructions.MAX_EDIT_SECONDS:g} s (TASK {task})")
+        latents = torch.from_numpy(rows.astype(np.float32))
+        if not torch.isfinite(latents).all():
+            raise ValueError("PROMPT_LATENTS has non-finite values")
+    prompt_text = _spoken_text(pb, request, "PROMPT_TEXT", "").strip() if task == instructions.CLONE else ""
+    return model.instruct_input(task, instruction, text, latents, prompt_text), params, schedule

@@ -1,0 +1,277 @@
+"""A ``tts`` request checked once, where it enters: :func:`parse_request` turns its inputs as read off the
+wire (:class:`TTSInputs`) into a :class:`SpeechRequest`, a frozen value the orchestrator and the generator
+streams it opens take as it is (they check nothing of it again). Also the checks the other entry points
+share (a text field, a language, a seed, a voice name, a reference clip) and a generator stream's settings.
+
+Every error is a ValueError that names the input or parameter as the client spelled it. No Triton here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine import instructions
+from engine.audio import check_reference
+from engine.chunking import ChunkSchedule
+from engine.frontend.cleaning import clean
+from engine.instructions import CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
+from engine.orchestrator import Utterance
+from engine.params import (
+    BUFFERED_MS,
+    GENERATION_PARAMETERS,
+    GENERATOR_PARAMETERS,
+    GenerationParams,
+    Parameter,
+    generation_params,
+    parse_parameters,
+    shown,
+)
+from engine.text import canonical_language
+from serving.security.auth import parameter_dict
+from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, is_seed
+
+
+@dataclass(frozen=True)
+class TTSInputs:
+    """A ``tts`` request's inputs and parameters as they came (``serving.stub.triton_io.tts_inputs``), unchecked:
+    absent inputs are "" (strings), None (REF_AUDIO, SEED) or 0 (REF_SAMPLE_RATE)."""
+
+    text: str | None = ""  # TEXT; a text-in stream's is serving.intake.text_streams.STREAMED
+    language: str | None = ""  # LANGUAGE
+    ref_audio: np.ndarray | None = None  # REF_AUDIO, as sent
+    ref_sample_rate: int | None = 0  # REF_SAMPLE_RATE (Hz)
+    ref_text: str | None = ""  # REF_TEXT
+    voice_id: str | None = ""  # VOICE_ID
+    seed: int | None = None  # SEED
+    parameters: str | dict | None = None  # the request parameters (JSON text inside Triton's Python stub)
+    task: str | None = ""  # TASK ("" or "speak": Base, unless INSTRUCTION is given)
+    instruction: str | None = ""  # INSTRUCTION
+
+
+@dataclass(frozen=True)
+class Voice:
+    """The voice a request asks for: a reference clip, a registered name, or neither (silent prompt)."""
+
+    ref_audio: np.ndarray | None = None  # (n,) float32 in [-1, 1]
+    ref_sample_rate: int = 0
+    ref_text: str = ""
+    voice_id: str = ""
+
+
+def request_parameters(raw: str | dict | None, known: tuple[Parameter, ...] = TTS_PARAMETERS) -> dict:
+    """Triton's request parameters (JSON text in the Python backend) -> typed values with defaults."""
+    return parse_parameters(parameter_dict(raw), known)
+
+
+def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
+    """A language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
+    if language is None:
+        return None
+    if not isinstance(language, str):
+        raise ValueError(f"{field} must be a string, got {type(language).__name__}")
+    if language.strip().lower() in ("", "auto"):
+        return None
+    try:
+        return canonical_language(language)
+    except ValueError as e:
+        raise ValueError(f"{field}: {e}") from None
+
+
+def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
+    """A text field (TEXT, REF_TEXT, PROMPT_TEXT), which the tokenizer reads as text: besides its size, no
+    control token of the tokenizer (``<|eot|>``, ``<|sosp|>``, ...: they would become special ids), as sent
+    or once the front end has cleaned it (cleaning strips a zero-width space inside one, and it re-forms).
+    The same rule as Instruct's (:func:`engine.instructions.control_token_error`)."""
+    if not isinstance(text, str) or (required and not text.strip()):
+        raise ValueError(f"{field} must be a non-empty string")
+    if len(text) > limit:
+        raise ValueError(f"{field} is {len(text)} characters; the limit is {limit} (split long texts)")
+    problem = instructions.control_token_error(text) or instructions.control_token_error(clean(text))
+    if problem:
+        raise ValueError(f"{field} {problem}")
+    return text
+
+
+def check_seed(seed, field: str = "SEED") -> int | None:
+    """A seed (:func:`serving.contract.is_seed`), or None when absent."""
+    if seed is not None and not is_seed(seed):
+        raise ValueError(f"{field} must be an int64, got {seed!r}")
+    return seed
+
+
+def check_name(name: str, field: str = "NAME") -> str:
+    """A voice name (:data:`serving.contract.VOICE_NAME`), safe as a file name."""
+    if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
+        raise ValueError(f"{field}: voice name must match {VOICE_NAME.pattern}, got {name!r}")
+    return name
+
+
+def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
+    """REF_AUDIO ([n], or [1, n] with a batch dimension) and REF_SAMPLE_RATE -> (float32 (n,), rate).
+
+    Non-finite samples and peaks above engine.audio.MAX_REFERENCE_PEAK are refused, not normalised
+    (see :func:`engine.audio.check_reference`); the tts front door, prompt_encoder and voices share this.
+    """
+    audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
+    return audio, int(sample_rate)
+
+
+def generation_request(
+    seed: int | None, parameters: str | dict | None, known: tuple[Parameter, ...] = GENERATION_PARAMETERS
+) -> tuple[GenerationParams, ChunkSchedule]:
+    """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule). ``known``:
+    a client's (GENERATION_PARAMETERS) or what tts sends the generator (engine.params.GENERATOR_PARAMETERS)."""
+    return generation_params(check_seed(seed), request_parameters(parameters, known))
+
+
+def generator_parameters(params: GenerationParams, schedule: ChunkSchedule) -> dict[str, int | str | bool]:
+    """The request parameters of a generator stream (GENERATOR_PARAMETERS, which :func:`stream_settings`
+    reads back); floats as their text: BLS requests cannot carry floats (they do carry bools). The seed
+    travels as SEED; what the listener holds (a later text segment's) as whole milliseconds, if any."""
+    given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
+             "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
+    buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
+    return given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
+
+
+def stream_settings(seed: int | None, given: dict) -> tuple[GenerationParams, ChunkSchedule]:
+    """A generator stream's SEED and request parameters as the pipeline wrote them (:func:`generator_parameters`,
+    or ensemble_generator's :func:`generation_request`) -> (GenerationParams, chunk schedule), read back
+    without checking the ranges again: they were checked where the request entered, and only requests that
+    carry the internal key reach the generator. An absent one is its default; an unknown one, a bug here."""
+    given = dict(given)
+    values = {p.name: p.type(given.pop(p.name, p.default)) for p in GENERATOR_PARAMETERS}
+    if given:
+        raise ValueError(f"unknown generator parameters: {sorted(given)}")
+    return generation_params(seed, values)
+
+
+@dataclass(frozen=True)
+class InstructRequest:
+    """What a ``tts`` request asks of FireRedTTS3-Instruct (:func:`instruct_request`; None there: Base speaks)."""
+
+    task: str  # engine.instructions: CLONE, DESIGN, SEMANTIC_EDIT or ACOUSTIC_EDIT (never SPEAK)
+    instruction: str  # the voice description or the edit's instruction, stripped; "" for CLONE
+
+
+WITH_A_VOICE = (
+    "INSTRUCTION cannot go with a voice (REF_AUDIO or VOICE_ID): FireRedTTS3-Instruct's cloning takes no "
+    "instruction. Drop INSTRUCTION to clone the voice, drop the voice to design one from the instruction, or "
+    f"send TASK {CLONE} for Instruct cloning of the voice"
+)
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    """One ``tts`` request, checked (:func:`parse_request`): the orchestrator runs ``utterance`` in
+    ``voice`` as they are, and nothing after it checks them again."""
+
+    utterance: Utterance  # text, language, GenerationParams (seed, steps, cfg, max_patches), chunk schedule,
+    # split_tokens, normalize, speed, and the Instruct task ("": Base) and its stripped instruction
+    voice: Voice  # REF_AUDIO (float32, checked) and its rate, REF_TEXT, or VOICE_ID; all empty: a silent prompt
+    instruct: InstructRequest | None = None  # the Instruct task as asked (None: Base), for the served-model check
+
+
+def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
+    """Check one ``tts`` request -> what to say and in which voice; ValueError naming the input at fault.
+
+    The Instruct rules first (:func:`instruct_request`), then ``served.check`` (a
+    :class:`serving.intake.served.ServedModels`, if given: whether this server runs the model the request needs),
+    then the inputs' own checks. An Instruct task's defaults fill in the seed and ``cfg`` the client did
+    not give; the edits speak no text (their REF_AUDIO is the recording)."""
+    instruct = instruct_request(inputs)
+    if served is not None:
+        served.check(instruct)
+    seed, parameters = with_task_defaults(instruct, inputs.seed, inputs.parameters)
+    text = "" if instruct is not None and instruct.task in EDITS else check_text(inputs.text)
+    language = check_language(inputs.language)
+    ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
+    ref_audio, ref_sample_rate, voice_id = inputs.ref_audio, inputs.ref_sample_rate, inputs.voice_id
+    if ref_audio is not None:
+        if voice_id:
+            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
+    elif ref_text:
+        raise ValueError("REF_TEXT was given without REF_AUDIO")
+    elif ref_sample_rate:
+        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
+    if voice_id:
+        check_name(voice_id, "VOICE_ID")
+    values = request_parameters(parameters)
+    params, schedule = generation_params(check_seed(seed), values)
+    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
+    utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
+                          values["speed"], task, instruction)  # fmt: skip
+    return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""), instruct)
+
+
+def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
+    """Check how TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task,
+    or None for Base (TASK ``speak`` without INSTRUCTION). The rules are ``serving.contract.TASK_RULES``.
+
+    An absent input is None or "" (an INSTRUCTION of spaces is given, and empty). The voice's own checks
+    (REF_AUDIO's samples, REF_TEXT without REF_AUDIO, VOICE_ID's spelling, TEXT's length) are
+    :func:`parse_request`'s; for the edits this checks the recording and its length here.
+
+    Raises:
+        ValueError: naming the input at fault.
+    """
+    task = SPEAK if inputs.task is None or inputs.task == "" else inputs.task
+    if task not in TASKS:
+        raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
+    instruction, text, ref_text = inputs.instruction, inputs.text, inputs.ref_text
+    given = instruction is not None and instruction != ""
+    has_voice = inputs.ref_audio is not None or bool(inputs.voice_id)
+    if task in EDITS:
+        return _edit(task, instruction if given else None, inputs)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
+    if task == CLONE:
+        if given:
+            raise ValueError(f"TASK {CLONE} takes no INSTRUCTION: FireRedTTS3-Instruct's cloning prompt is fixed "
+                             f"(drop INSTRUCTION, or the voice and TASK to design a voice)")  # fmt: skip
+        if not has_voice:
+            raise ValueError(f"TASK {CLONE} needs a voice: REF_AUDIO (with REF_SAMPLE_RATE) or VOICE_ID")
+        return InstructRequest(CLONE, "")
+    if task == SPEAK and not given:
+        return None
+    if task == DESIGN and not given:
+        raise ValueError(f"TASK {DESIGN} needs INSTRUCTION, the voice description")
+    if has_voice:
+        raise ValueError(WITH_A_VOICE if task == SPEAK else f"TASK {DESIGN} takes no voice (REF_AUDIO or VOICE_ID): "
+                         "it designs one from INSTRUCTION")  # fmt: skip
+    if ref_text:
+        raise ValueError("REF_TEXT was given for voice design, which takes no recording")
+    return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
+
+
+def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequest:
+    if inputs.voice_id:
+        raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
+    if inputs.ref_audio is None:
+        raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
+    if inputs.text is not None and inputs.text != "":
+        raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
+    if inputs.ref_text:
+        raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
+    if instruction is None:
+        raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
+    audio, rate = check_ref_audio(inputs.ref_audio, inputs.ref_sample_rate)
+    if audio.size > MAX_EDIT_SECONDS * rate:
+        raise ValueError(f"REF_AUDIO is {audio.size / rate:.1f} s long; TASK {task} edits at most "
+                         f"{MAX_EDIT_SECONDS:g} s")  # fmt: skip
+    return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
+
+
+def with_task_defaults(request: InstructRequest | None, seed: int | None, parameters: str | dict | None):
+    """The seed and request parameters of a ``tts`` request with its Instruct task's defaults filled in
+    where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for design, ...)
+    -> (seed, parameters as a dict), for :func:`parse_request`. Base's (None) are returned as they are."""
+    given = parameter_dict(parameters)
+    if request is None:
+        return seed, given
+    defaults = TASK_DEFAULTS[request.task]
+    given.setdefault("cfg", repr(defaults.cfg))  # as text: what a BLS request carries
+    return (defaults.seed if seed is None else seed), given

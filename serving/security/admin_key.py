@@ -1,0 +1,89 @@
+"""The operator's admin key (it adds and removes voices), kept across restarts.
+
+Without ``--admin-key``/``--admin-key-file`` the launcher uses ``<state dir>/admin_key`` (default
+``~/.cache/fireredtts3-triton/admin_key``, mode 0600), generating it on first use, so a voice added
+yesterday can be removed today with the same key, and the client CLI on the same machine finds it there.
+``python -m serving.security.admin_key rotate`` replaces it (running servers keep the old key until they restart);
+``python -m serving.security.admin_key path`` prints where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import stat
+import sys
+from pathlib import Path
+
+from engine.config import cache_dir
+
+FILE = "admin_key"
+
+
+def default_state_dir() -> Path:
+    return cache_dir()
+
+
+def _read(path: Path) -> str:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise PermissionError(f"{path} is readable by others (mode {mode:o}): chmod 600 it, or rotate the key")
+    key = path.read_text().partition("\n")[0].strip()
+    if not key:
+        raise ValueError(f"{path} holds no key: rotate it (python -m serving.security.admin_key rotate)")
+    return key
+
+
+def _written(path: Path) -> tuple[str, Path]:
+    """A new key in a private temporary file beside ``path`` -> (key, that file)."""
+    key, tmp = secrets.token_urlsafe(24), path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key, tmp
+
+
+def load_or_create(state_dir: Path) -> tuple[str, bool]:
+    """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one: the
+    key is written whole, then linked into place only if no key is there (a reader never sees half a key)."""
+    path = Path(state_dir) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return _read(path), False
+    key, tmp = _written(path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:  # another launcher was first: use its key
+        return _read(path), False
+    finally:
+        tmp.unlink()
+    return key, True
+
+
+def rotate(state_dir: Path) -> str:
+    """A new kept key, written whole then renamed over the old one (a reader never sees half a key)."""
+    path = Path(state_dir) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key, tmp = _written(path)
+    os.replace(tmp, path)
+    return key
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m serving.security.admin_key", description=__doc__.split("\n\n")[0])
+    ap.add_argument("action", choices=("path", "rotate"))
+    ap.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
+    args = ap.parse_args(argv)
+    state = args.state_dir or default_state_dir()
+    if args.action == "rotate":
+        rotate(state)
+        print(f"a new admin key is in {state / FILE}; running servers keep the old one until they restart",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(state / FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

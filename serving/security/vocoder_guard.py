@@ -1,0 +1,141 @@
+"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch).
+
+The vocoder is a step of ``tts_ensemble``, so any client can send it chunks. It acts only on what the
+generator made, once, in order, for streams the generator holds:
+
+- a chunk that decodes must carry the generator's seal (:meth:`serving.security.auth.Keys.sealed`) and be the
+  next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt latents,
+  which Instruct's design and edits leave empty), only while the generator's board lists the stream
+  (:mod:`serving.flow.side_channel`: generating, or ended with its end not yet here, however late its
+  consumer is), and only once (an id is remembered as opened while the board lists it, and the board
+  forgets it when its end arrives here);
+- a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
+  nobody can guess, and decodes nothing;
+- a stream's end (its last chunk, sealed or ending only) takes it off the board
+  (:meth:`~serving.flow.side_channel.LiveStreams.claim`);
+- a chunk whose ensemble client has gone (Triton hands the vocoder such chunks already cancelled) ends
+  the vocoder stream and asks the generator to end the stream too (:mod:`serving.flow.side_channel`), so an
+  abandoned ensemble stream stops generating within a step of its next chunk;
+- the table holds at most ``max_streams`` streams; a new stream that finds it full takes the place of
+  one off the board, else of an ended one that a key-less request opened (least recently fed first), and
+  is refused as busy only if every stream in the table is generating or owed to tts (opened with the
+  internal key, its end still to come), which ``max_streams`` > the requests admission lets in rules
+  out (each admitted request has at most one stream at a time). Ended streams stay openable by anyone
+  who holds their sealed chunk 0 (ensemble_generator is public), but a key-less one never keeps a place
+  from a stream that is generating or owed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
+from serving.flow.side_channel import GONE
+
+UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
+# A chunk the generator sealed is genuine: a stream it belongs to that is gone here was dropped by the server
+# (the generator gave it up, or this table reaped it), which is no fault of the client's.
+DROPPED = "the server dropped this stream before its end (a generator or vocoder fault); retry"
+
+# An ended stream that a key-less request opened is dropped once idle this long: tts_ensemble feeds the
+# vocoder as the generator makes chunks, so its last chunk follows the generator's end within
+# milliseconds; a stranger's late replay of a kept chunk 0 holds state no longer than this.
+PUBLIC_ENDED_IDLE_SECONDS = 2.0
+
+
+@dataclass
+class Decision:
+    """What to do with one chunk."""
+
+    decode: bool  # hand it to VocoderService (which opens, decodes, flushes or frees)
+    reason: str = ""  # the FINISH_REASON to answer without decoding (decode False), or ""
+    error: Exception | None = None  # answer with this failure instead (decode False)
+
+
+class VocoderGuard:
+    def __init__(self, keys, channel, max_streams: int):
+        """``channel``: the run's :class:`serving.flow.side_channel.SideChannel` (its live board, its cancel marks)."""
+        self.keys, self.channel, self.live_streams, self.max_streams = keys, channel, channel.live, max_streams
+        self.next_seq: dict[int, int] = {}  # open stream -> the seq its next chunk must have
+        self.opened: set[int] = set()  # ids whose stream was opened (single use), while the board lists them
+        self.ours: set[int] = set()  # open streams that a request with the internal key opened (tts's)
+
+    def decide(self, chunk: Chunk, streams: dict, cancelled: bool = False, opening: int = 0,
+               trusted: bool = False) -> Decision:  # fmt: skip
+        """``streams``: the service's table (id -> stream with ``last_seen``), where evictions happen;
+        ``opening``: streams that chunks decided earlier in the same batch will open; ``trusted``: the
+        request carries the internal key (tts), so the stream is owed to an admitted request until its end."""
+        sid = chunk.stream_id
+        ends_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
+        if cancelled:  # the ensemble's client left: nothing to decode for anybody
+            if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
+                self.channel.mark_cancelled(sid)  # the generator ends the stream at its next step
+            self.forget(sid, streams)
+            self.live_streams.claim(sid)
+            return Decision(False, CANCELLED)
+        if ends_only:
+            self.next_seq.pop(sid, None)
+            self.live_streams.claim(sid)
+            return Decision(True)  # frees the state, decodes nothing
+        if not self.keys.sealed(chunk):
+            return Decision(False, error=ValueError(UNKNOWN))
+        if chunk.seq == 0:
+            if sid in self.opened:
+                return Decision(False, error=ValueError(UNKNOWN))
+            if self.live_streams.state(sid) == GONE:
+                return Decision(False, error=Unavailable(DROPPED))
+            if len(streams) + opening >= self.max_streams and not self._make_room(streams):
+                return Decision(False, error=Unavailable(f"the vocoder holds its maximum of {self.max_streams} "
+                                                         "generating streams; retry shortly"))  # fmt: skip
+            self.opened.add(sid)
+            if trusted:
+                self.ours.add(sid)
+        elif sid not in self.next_seq and sid not in streams:  # a later chunk of a stream this table let go
+            return Decision(False, error=Unavailable(DROPPED))
+        elif self.next_seq.get(sid) != chunk.seq or len(chunk.prompt_latents):
+            return Decision(False, error=ValueError(UNKNOWN))
+        if chunk.last:
+            self.next_seq.pop(sid, None)
+            self.live_streams.claim(sid)
+        else:
+            self.next_seq[sid] = chunk.seq + 1
+        return Decision(True)
+
+    def forget(self, sid: int, streams: dict) -> None:
+        """Drop a stream's state (its id stays used until the generator forgets it)."""
+        streams.pop(sid, None)
+        self.next_seq.pop(sid, None)
+        self.ours.discard(sid)
+
+    def _make_room(self, streams: dict) -> bool:
+        """Evict one stream off the board, else one of a key-less consumer that the generator has ended
+        (tts_ensemble's, or a stranger's who kept chunks of ensemble_generator); False if every stream is
+        generating or owed to tts."""
+        live, ended = self.live_streams.snapshot()
+        gone = [i for i in streams if i not in live and i not in ended]
+        public = [i for i in streams if i in ended and i not in self.ours]
+        for candidates in (gone, public):
+            if candidates:
+                self.forget(min(candidates, key=lambda i: streams[i].last_seen), streams)
+                return True
+        return False
+
+    def reap(self, streams: dict, idle_seconds: float, now: float | None = None) -> list[int]:
+        """Drop streams off the board (their consumer is gone), streams idle for ``idle_seconds`` and ended
+        key-less ones idle for :data:`PUBLIC_ENDED_IDLE_SECONDS`; forget used ids off the board. Returns
+        the streams dropped."""
+        now = time.monotonic() if now is None else now
+        live, ended = self.live_streams.snapshot()
+        held = live | ended
+
+        def public_and_over(i: int, idle: float) -> bool:
+            return i in ended and i not in self.ours and idle > PUBLIC_ENDED_IDLE_SECONDS
+
+        dead = [i for i, s in streams.items()
+                if i not in held or now - s.last_seen > idle_seconds or public_and_over(i, now - s.last_seen)]  # fmt: skip
+        for i in dead:
+            self.forget(i, streams)
+        self.opened &= held
+        self.next_seq = {i: n for i, n in self.next_seq.items() if i in streams}
+        return dead

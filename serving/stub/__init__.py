@@ -1,0 +1,1 @@
+"""Code that holds Triton's Python-backend objects (``pb``) inside a model's stub process: BLS calls and their response iterators, tensors in and responses out, the generator's engine thread, Triton metrics."""

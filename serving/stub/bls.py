@@ -1,0 +1,164 @@
+"""The BLS transport of an async model (``tts``, ``ensemble_generator``): calls and streams to the other
+Triton models, and the watch over a running request (its client, the launcher's flags: :func:`watch_request`).
+
+``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub. Every call
+has a timeout whose error names the model. A decoupled BLS stream is iterated on a thread (``next``
+blocks), never on the event loop's small default executor. The orchestrator's interfaces over this
+transport are in :mod:`serving.stub.bls_adapters`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from engine.lifetime import CANCEL_POLL_SECONDS, linger, watch
+from engine.protocol import UNAVAILABLE, StreamFailed, Unavailable, error_kind
+from serving.stub.retired_iterators import RETIRED
+from serving.stub.triton_io import bls_error
+
+log = logging.getLogger("tts")
+LOST_POLL_SECONDS = 0.25  # how often a stream waiting for the generator asks whether it was lost
+# ... and all of them together at most this often (each asks by a wake-up of the event loop, a timeout and a
+# file check: 512 streams every 0.25 s cost ~0.03 ms of CPU per stream-step); 512 streams: each every 1.3 s
+LOST_CHECKS_PER_SECOND = 400
+DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its stub died
+LOST = "the generator lost this stream: its responses could not be sent; retry"
+
+
+class PolledFlags:
+    """The launcher's ``broken`` flag (serving.supervision.run_folder.RunFlags) as every running request of a model
+    polls it in :func:`watch_request`: read from its file at most once per ``seconds`` for all of them (256
+    streams polled one open() each, 5,000 a second). Used from one event loop only."""
+
+    def __init__(self, flags, seconds: float = CANCEL_POLL_SECONDS):
+        self.flags, self.seconds = flags, seconds
+        self.read_at, self.value = -float("inf"), None
+
+    def broken(self) -> str | None:
+        now = time.monotonic()
+        if now - self.read_at >= self.seconds:
+            self.value, self.read_at = self.flags.broken(), now
+        return self.value
+
+
+async def watch_request(task: asyncio.Task, request, flags, lingering: set) -> str | None:
+    """:func:`engine.lifetime.watch` for a Triton ``request`` served by ``task``: its client's leaving is
+    ``request.is_cancelled()``, asked through :data:`RETIRED` (docs/triton.md#T18), the server's breaking
+    ``flags.broken()`` (:class:`PolledFlags` or ``serving.supervision.run_folder.RunFlags``). The caller sends the
+    final response after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the
+    cleanup, whose BLS requests must outlive their tasks (docs/triton.md#T4)."""
+    broken = await watch(task, lambda: RETIRED.is_cancelled(request), flags.broken, lingering)
+    if broken is None and RETIRED.held:  # the iterators this request's streams left (T18): let go of them now
+        RETIRED.is_cancelled(request)
+    return broken
+
+
+class BLS:
+    """What the three clients share: ``pb``, the timeout, the thread pool for stream iteration and the
+    request parameters that mark a request as ours (:class:`serving.security.auth.Keys`)."""
+
+    def __init__(self, pb, timeout: float, pool, parameters: dict[str, str] | None = None, flags=None):
+        self.pb, self.timeout, self.pool, self.parameters = pb, timeout, pool, dict(parameters or {})
+        self.flags = flags  # serving.supervision.run_folder.RunFlags: a call to a model whose stub died ends at once
+
+    def submit(self, request, **kw) -> asyncio.Task:
+        """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
+        awaits it shielded): a request cut short is freed while Triton still reads it (docs/triton.md#T4)."""
+
+        async def run():
+            return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
+
+        return linger(run())
+
+    def raise_for(self, model: str, response) -> None:
+        error = bls_error(self.pb, model, response)
+        if error is not None:
+            raise error
+
+    async def call(self, model: str, inputs: list, outputs: list[str], decoupled: bool = False) -> dict:
+        """One request, one response; ``decoupled``: the model answers with one final response."""
+        request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
+                                           parameters=self.parameters, timeout=int(self.timeout * 1e6))  # fmt: skip
+        loop = asyncio.get_running_loop()
+
+        async def exchange():  # this frame keeps the request alive until its response is in
+            if not decoupled:
+                return await request.async_exec()
+            responses = await request.async_exec(decoupled=True)
+            try:
+                return await loop.run_in_executor(self.pool, _final, responses)
+            finally:
+                RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+
+        task, deadline = linger(exchange()), time.monotonic() + self.timeout
+        while not task.done():  # left to run whatever happens here (the request must outlive its exchange)
+            if (left := deadline - time.monotonic()) <= 0:
+                raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s")
+            await asyncio.wait({task}, timeout=min(left, DEAD_POLL_SECONDS))
+            # a stub that died mid-request never answers it; the launcher says so (serving.supervision.supervise)
+            if not task.done() and self.flags is not None and (dead := self.flags.dead(model)):
+                raise Unavailable(error_kind(dead)[1])
+        response = task.result()
+        self.raise_for(model, response)
+        return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
+
+
+_reading = 0  # streams waiting in ResponseStream.next now (the stub's one event loop runs them all)
+
+
+def lost_poll_seconds(reading: int) -> float:
+    """How often each of ``reading`` streams waiting for a response asks whether it was lost."""
+    return max(LOST_POLL_SECONDS, reading / LOST_CHECKS_PER_SECOND)
+
+
+class ResponseStream:
+    """A decoupled BLS response iterator, read on a thread. At most one ``next`` runs at a time: a read
+    cut short (timeout, cancellation) is resumed by the following one, never started twice."""
+
+    def __init__(self, bls: BLS, model: str, responses):
+        self.bls, self.model, self.responses = bls, model, responses
+        self.pending: asyncio.Future | None = None
+
+    async def next(self, lost: Callable[[], bool] = lambda: False):
+        """The next response, None at the end of the stream. StreamFailed as soon as ``lost()`` says the
+        model has given the stream up (checked every LOST_POLL_SECONDS while waiting, less often when many
+        streams wait: :func:`lost_poll_seconds`)."""
+        if self.pending is None:
+            self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, self.responses, None)
+        deadline = time.monotonic() + self.bls.timeout
+        global _reading
+        _reading += 1
+        try:
+            response = await self._wait(deadline, lost)
+        finally:
+            _reading -= 1
+        self.pending = None
+        return response
+
+    async def _wait(self, deadline: float, lost: Callable[[], bool]):
+        # asyncio.wait leaves the read be when it times out or is cancelled (no shield, no exception per poll)
+        while not self.pending.done():
+            await asyncio.wait({self.pending}, timeout=lost_poll_seconds(_reading))
+            if self.pending.done():
+                break
+            if lost():
+                raise StreamFailed(UNAVAILABLE + LOST)
+            if time.monotonic() > deadline:
+                # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
+                raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry")
+        return self.pending.result()
+
+    def close(self) -> None:
+        """The stream is no longer read: its iterator is let go of once the stub has (docs/triton.md#T18)."""
+        RETIRED.retire(self.responses, self.pending)
+
+
+def _final(responses):
+    """A decoupled model's one final response, read to the end of its stream (on a pool thread)."""
+    got = [r for r in responses if r.has_error() or r.output_tensors()]
+    if len(got) != 1:
+        raise RuntimeError(f"expected one response, got {len(got)}")
+    return got[0]

@@ -1,0 +1,173 @@
+"""The orchestrator's prompt encoder and generator streams as BLS calls to the Triton models (``tts``,
+``ensemble_generator``; the vocoder's is :class:`serving.stub.vocoder_batch.BLSVocoder`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from engine.lifetime import linger, unlinger
+from engine.orchestrator import Segment
+from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from serving import contract
+from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
+from serving.flow.generator_slots import GeneratorSlots
+from serving.intake.requests import Voice, generator_parameters
+from serving.flow.side_channel import SideChannel
+from serving.stub.triton_io import read_chunk, tensors
+
+log = logging.getLogger("tts")
+
+
+class BLSPrompts:
+    """The prompt encoder over BLS. The default voice (no reference, no voice id, no reference text) is the
+    checkpoint's silent prompt, the same for every request of the server's life: it is asked for once and
+    kept (one BLS round trip per request fewer); every other voice is asked for each time (a voice id's
+    prompt may change as the voice is registered again). A failed call is not kept."""
+
+    def __init__(self, bls: BLS):
+        self.bls = bls
+        self.default: dict | None = None  # the default voice's prompt, once the encoder has answered
+
+    async def encode(self, voice: Voice) -> dict:
+        if voice.ref_audio is None and not voice.voice_id and not voice.ref_text:
+            if self.default is None:
+                prompt = await self._encode(voice)  # copied: kept for good, not tied to the response's memory
+                self.default = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in prompt.items()}
+            return self.default
+        return await self._encode(voice)
+
+    async def _encode(self, voice: Voice) -> dict:
+        values = {"REF_TEXT": voice.ref_text, "VOICE_ID": voice.voice_id}
+        if voice.ref_audio is not None:
+            values |= {"REF_AUDIO": voice.ref_audio, "REF_SAMPLE_RATE": voice.ref_sample_rate}
+        inputs = tensors(self.bls.pb, contract.PROMPT_INPUTS, values)
+        out = await self.bls.call("prompt_encoder", inputs, [s.name for s in contract.VOICE_PROMPT_OUTPUTS])
+        out["PROMPT_TEXT"] = contract.text_of(out["PROMPT_TEXT"])
+        return out
+
+
+# The prompt tensors of a stream without a voice prompt (Instruct's voice design).
+NO_PROMPT = {
+    "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
+    "SPEAKER": np.zeros(0, np.float32),
+    "PROMPT_TEXT": "",
+}
+
+
+class BLSGenerator:
+    """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
+
+    def __init__(
+        self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None
+    ):  # fmt: skip
+        """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
+        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots)."""
+        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
+
+    async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        if self.slots is None:
+            async with contextlib.aclosing(self._stream(segment)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        await self.slots.take()
+        try:
+            async with contextlib.aclosing(self._stream(segment)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self.slots.give_back()
+
+    async def _stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        pb, p = self.bls.pb, segment.params
+        values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
+        if segment.task:  # FireRedTTS3-Instruct
+            values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
+        parameters = {**generator_parameters(p, segment.schedule), **self.bls.parameters}
+        request = pb.InferenceRequest(
+            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
+            requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
+            flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        )  # fmt: skip
+        started = self.bls.submit(request, decoupled=True)
+        try:
+            responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started))
+        except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
+            linger(self._cancel_once_started(segment.stream_id, started, request))
+            raise
+        ended = False
+        try:
+            while not ended:
+                response = await responses.next(lambda: self.channel.take_lost(segment.stream_id))
+                if response is None:
+                    return  # the orchestrator reports a stream that ended without a last chunk
+                self.bls.raise_for("generator", response)
+                if not response.output_tensors():
+                    continue
+                chunk = read_chunk(lambda n, r=response: _output(pb, r, n))
+                ended = chunk.last
+                yield chunk
+        finally:
+            if not ended:  # shielded: cut short, it would drop the request before its stream ended
+                await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
+            else:
+                responses.close()
+
+    async def _started(self, stream_id: int, started: asyncio.Task):
+        """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
+        when the generator lost the stream first, or nothing came within the timeout: Triton dropped the
+        request and will never answer it (docs/triton.md#T14), so its BLS call stops holding up this
+        request's final response (``engine.lifetime.unlinger``); the task itself stays alive (engine.lifetime
+        keeps it), with the request whose tensors Triton might read (docs/triton.md#T4)."""
+        deadline = time.monotonic() + self.bls.timeout
+        while not started.done():
+            await asyncio.wait({started}, timeout=LOST_POLL_SECONDS)  # a cancelled caller leaves ``started`` be
+            if started.done():
+                break
+            lost = self.channel.take_lost(stream_id)
+            if lost or time.monotonic() > deadline:
+                unlinger(started)
+                if not lost:  # should the generator ever step it, it ends it at once
+                    self.channel.mark_cancelled(stream_id)
+                late = f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
+                raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
+        return started.result()
+
+    async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:
+        try:
+            await self._cancel(stream_id, ResponseStream(self.bls, "generator", await started), request)
+        except Exception as e:
+            log.warning("stream %x: could not cancel it: %s", stream_id, e)
+
+    async def _cancel(self, stream_id: int, responses: ResponseStream, request) -> None:
+        """Ask the generator to end the stream (it does so at its next step) and wait for that.
+
+        ``request`` is held until then: Triton reads its input tensors at every step of the stream
+        (docs/triton.md#T4)."""
+        self.channel.mark_cancelled(stream_id)
+        try:
+            while True:
+                response = await responses.next(lambda: self.channel.take_lost(stream_id))
+                if response is None or response.has_error():
+                    break
+                if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:
+                    break
+        except StreamFailed:  # the generator gave the stream up itself
+            pass
+        except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
+            log.warning("stream %x: %s after it was cancelled", stream_id, e)
+            return
+        finally:
+            responses.close()
+        self.channel.unmark_cancelled(stream_id)  # the stream is over; a mark it did not consume is obsolete
+
+
+def _output(pb, response, name: str):
+    t = pb.get_output_tensor_by_name(response, name)
+    return None if t is None else t.as_numpy()

@@ -1,0 +1,211 @@
+"""The generator model's engine: one thread that steps every live stream, Triton's request objects aside.
+
+The triton vllm_backend pattern: a stream is one long-lived decoupled request, and Triton schedules
+nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
+new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
+ends the streams whose callers asked to stop (cancellation marks, serving.flow.side_channel), admits the streams
+that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
+chunk through its request's response sender, the last one with the FINAL flag. So admission (the
+parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
+(docs/triton.md#T21, #T17).
+
+Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
+channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
+its last chunk, a refusal, or a cancel (a stream cancelled before it got a slot is answered too).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
+from serving.security.auth import Keys
+from serving.stub.generator_metrics import GeneratorMetrics
+from serving.config.model_options import GeneratorOptions
+from serving.supervision.run_folder import start_heartbeat
+from serving.flow.side_channel import SideChannel
+from serving.stub.triton_io import Throttled, load_model
+
+log = logging.getLogger("generator")
+IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)
+SWEEP_EVERY_SECONDS = 30.0  # stale cancellation marks are swept this often
+
+
+@dataclass
+class Arrival:
+    """A new stream, parsed by ``execute``; the engine thread admits it when a slot is free."""
+
+    stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
+    inputs: tuple  # serving.intake.request_inputs.stream_request's parse of its tensors and parameters
+    sender: object  # its response sender: every chunk of the stream goes out through it
+
+
+class GeneratorHost:
+    """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
+    a response (FINAL with the last one); it raises when the response cannot go out."""
+
+    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None]):
+        from engine.streams import GeneratorService
+        from engine.synthetic import SyntheticFireRedTTS3
+        from serving.stub.synthetic_math import announce
+
+        start_heartbeat(opts.run_dir, "generator")
+        self.model = load_model(opts, parts=("core",))
+        if opts.synthetic_math:  # benchmarks only: steps without the model's math (engine.synthetic)
+            self.model, self.synthetic = SyntheticFireRedTTS3(self.model), announce(pb, log, "generator")
+        # kv_memory_gb 0: the default pool (slots x max_len positions)
+        kv_memory_gb = opts.kv_memory_gb or None
+        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
+                                        attention=opts.attention)  # fmt: skip
+        self.scheduler = self.service.scheduler
+        self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
+        self.channel.live.clear()
+        self.keys = Keys.from_env("generator")  # never key-less
+        self.metrics = GeneratorMetrics(pb, self.service)
+        self.send = send
+        self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
+        self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
+        self.senders: dict[int, object] = {}  # live stream -> its response sender (engine thread only)
+        self.send_failures = Throttled(log)
+        self.stopping = threading.Event()
+        self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
+        self.engine.start()
+        log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
+
+    def submit(self, arrival: Arrival) -> None:
+        """From ``execute``: the stream is admitted between two steps, in arrival order."""
+        self.arrivals.put(arrival)
+
+    # ---- the engine thread ----
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
+        while not self.stopping.is_set():
+            try:
+                self._take(wait=not self.service.live and not self.waiting)
+                self._cancel_marked()
+                self._admit()
+                if self.service.live:
+                    self._step()
+                self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
+                self.metrics.update()
+                if time.monotonic() >= next_sweep:
+                    self.channel.sweep()
+                    next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
+            except Exception:  # never let the thread die: every live stream would wait forever
+                log.exception("generator engine iteration failed")
+                time.sleep(IDLE_WAIT_SECONDS)
+
+    def _take(self, wait: bool) -> None:
+        """Move what ``execute`` queued to :attr:`waiting` (waiting a little for it when idle); one that
+        names a live stream is refused at once, and the live stream is left alone."""
+        try:
+            if wait:
+                self._arrived(self.arrivals.get(timeout=IDLE_WAIT_SECONDS))
+            while True:
+                self._arrived(self.arrivals.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _arrived(self, a: Arrival) -> None:
+        if a.stream_id in self.service.live:
+            self._deliver(0, a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
+        else:
+            self.waiting.append(a)
+
+    def _cancel_marked(self) -> None:
+        """End the streams whose callers asked to (live or still waiting for a slot), each with its
+        cancelled last chunk."""
+        marked = self.channel.cancelled()
+        if not marked:
+            return
+        for stream_id in [i for i in self.service.live if i in marked]:
+            self.channel.take_cancelled(stream_id)
+            self._deliver(stream_id, self.senders.pop(stream_id), self.keys.seal(self.service.cancel(stream_id)))
+        if any(a.stream_id in marked for a in self.waiting):
+            kept = deque()
+            for a in self.waiting:
+                if a.stream_id in marked and a.stream_id not in self.service.live:
+                    self.channel.take_cancelled(a.stream_id)
+                    self._deliver(a.stream_id, a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
+                else:
+                    kept.append(a)
+            self.waiting = kept
+
+    def _admit(self) -> None:
+        """Admit waiting streams in arrival order while slots are free, then list them for the vocoder
+        (which opens listed streams only) before their first chunk goes out."""
+        admitted = False
+        while self.waiting and self.service.free:
+            a = self.waiting.popleft()
+            try:
+                if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
+                    raise ValueError(why)
+                self._start(a.stream_id, a.inputs)
+            except Exception as e:  # bad input fails this request only; it never held a slot
+                if not isinstance(e, ValueError):
+                    log.exception("could not start a stream")
+                self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
+                continue
+            self.senders[a.stream_id] = a.sender
+            admitted = True
+        if admitted:
+            self.channel.live.sync(self.service.live)
+
+    def _start(self, stream_id: int, inputs: tuple) -> None:
+        from engine.generator import InstructInput
+
+        if isinstance(inputs[0], InstructInput):
+            self.service.admit_instruct(stream_id, *inputs)
+        else:
+            self.service.admit(stream_id, *inputs)
+
+    def _step(self) -> None:
+        """One step of every live stream; each chunk that is due goes out at once."""
+        for stream_id, chunk in self.step(list(self.service.live)).items():
+            if chunk is not None:
+                sender = self.senders.pop(stream_id) if chunk.last else self.senders[stream_id]
+                self._deliver(stream_id, sender, chunk)
+
+    def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
+        """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
+        t0 = time.perf_counter()
+        try:
+            out = self.service.step(stream_ids)
+        except Exception as e:
+            log.exception("generator step failed")
+            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
+            for i in stream_ids:
+                self.service.drop(i)
+        self.metrics.stepped(time.perf_counter() - t0, len(stream_ids))
+        return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
+
+    def _deliver(self, stream_id: int, sender, chunk: Chunk) -> None:
+        """Send ``chunk``; a live stream whose response cannot go out is ended (its caller is gone) and
+        marked lost, so that a caller still waiting hears of it (serving.stub.bls)."""
+        try:
+            self.send(sender, chunk)
+        except Exception as e:  # noqa: BLE001 (any failure to send: the stream's caller is gone)
+            self.send_failures.warning("generator: a response could not be sent (%s); its stream ends", e)
+            if stream_id and self.service.drop(stream_id):
+                self.senders.pop(stream_id, None)
+                self.channel.mark_lost(stream_id)
+
+    def close(self) -> None:
+        """Stop the engine thread, then end every stream it held or had not admitted yet."""
+        self.stopping.set()
+        self.engine.join(30)
+        self._take(wait=False)
+        bye = failure_reason(Unavailable("the generator is shutting down; retry"))
+        for stream_id in list(self.service.live):
+            self.service.drop(stream_id)
+            self._deliver(0, self.senders.pop(stream_id), self.keys.seal(end_chunk(stream_id, bye)))
+        for a in self.waiting:
+            self._deliver(0, a.sender, end_chunk(a.stream_id, bye))
+        self.waiting.clear()
+        self.channel.live.clear()

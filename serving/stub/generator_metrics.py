@@ -1,0 +1,64 @@
+"""The generator model's Prometheus metrics, kept in step with its :class:`~engine.streams.GeneratorService`.
+
+Slots in use and served (use / capacity = utilisation), the step time, the streams stepped (over the
+steps: the mean batch), the paged KV cache (pages, pages holding positions, streams waiting for pages)
+and the attention path with the reason FlashInfer is not used. Triton keeps a metric only while its object lives, so every one is held here.
+"""
+
+from __future__ import annotations
+
+from serving.stub.metric_batch import Level
+
+STEP_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+
+
+class GeneratorMetrics:
+    def __init__(self, pb, service):
+        self.service = service
+        self.families = {
+            "active": pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream",
+                                      pb.MetricFamily.GAUGE),
+            "slots": pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE),
+            "step": pb.MetricFamily("tts_generator_step_seconds", "wall time of one batched generator step",
+                                    pb.MetricFamily.HISTOGRAM),
+            "stream_steps": pb.MetricFamily("tts_generator_stream_steps_total",
+                                            "streams stepped, summed over the generator's steps (/ steps: mean batch)",
+                                            pb.MetricFamily.COUNTER),
+            "pages": pb.MetricFamily("tts_kv_pages", "pages of the backbone's KV cache", pb.MetricFamily.GAUGE),
+            "in_use": pb.MetricFamily("tts_kv_pages_in_use", "KV-cache pages holding positions of live streams",
+                                      pb.MetricFamily.GAUGE),
+            "waiting": pb.MetricFamily("tts_generator_waiting_for_kv", "streams holding a slot, waiting for KV pages",
+                                       pb.MetricFamily.GAUGE),
+            "attention": pb.MetricFamily("tts_generator_attention", "attention path in use (why not FlashInfer)",
+                                         pb.MetricFamily.GAUGE),
+        }  # fmt: skip
+        # gauges move by increment, never Metric.set (it keeps the GIL through its round trip: docs/triton.md#T19)
+        self.active = Level(self.families["active"].Metric())
+        self.slots = Level(self.families["slots"].Metric(), service.slots)
+        self.step = self.families["step"].Metric(buckets=STEP_BUCKETS)
+        self.stream_steps = self.families["stream_steps"].Metric()
+        self.pages = Level(self.families["pages"].Metric(), service.scheduler.blocks.num_pages)
+        self.in_use, self.waiting = Level(self.families["in_use"].Metric()), Level(self.families["waiting"].Metric())
+        self.attention_shown: tuple[str, str] | None = None
+        self.attention = None
+        self.update()
+
+    def stepped(self, seconds: float, streams: int) -> None:
+        """One batched step of ``streams`` streams took ``seconds``."""
+        self.step.observe(seconds)
+        self.stream_steps.increment(streams)
+
+    def update(self) -> None:
+        """After admissions, steps and drops: the gauges follow the service. Moved only when they change
+        (each move is a round trip to Triton's process, and this runs after every step)."""
+        s = self.service
+        self.active.set(s.active)
+        self.in_use.set(s.scheduler.blocks.pages_in_use)
+        self.waiting.set(len(s.waiting))
+        now = (s.gen.attention, s.gen.attention_fallback_reason)
+        if now != self.attention_shown:  # a failed FlashInfer run switches the path mid-run
+            if self.attention is not None:
+                self.attention.set(0)
+            labels = {"backend": now[0], "fallback_reason": now[1] or "none"}
+            self.attention = Level(self.families["attention"].Metric(labels=labels), 1)
+            self.attention_shown = now

@@ -1,0 +1,201 @@
+"""Helpers shared by the ``model.py`` adapters (they run inside Triton's Python stub).
+
+``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+from engine.protocol import INVALID, KINDS, NOT_FOUND, UNAVAILABLE, Chunk, Unavailable, error_kind, tagged
+from serving import contract
+
+SPOKEN_TEXT_CHARS = 4 * contract.MAX_TEXT_CHARS  # what the generator takes: a text after the front end
+
+
+def setup_logging(name: str) -> logging.Logger:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=f"[{name}] %(levelname)s %(message)s")
+    return logging.getLogger(name)
+
+
+class Throttled:
+    """A warning that anyone can trigger (a refused request from outside): logged at most once per
+    ``seconds``, with how many were left out, so that a flood of them cannot fill the disk."""
+
+    def __init__(self, log: logging.Logger, seconds: float = 10.0):
+        self.log, self.seconds, self.next, self.left_out = log, seconds, 0.0, 0
+
+    def warning(self, message: str, *args) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            self.left_out += 1
+            return
+        more = f" (and {self.left_out} more like it in the last {self.seconds:g} s)" if self.left_out else ""
+        self.log.warning(message + more, *args)
+        self.next, self.left_out = now + self.seconds, 0
+
+
+def checkpoint_path(checkpoint: str) -> str:
+    """A model's ``checkpoint`` option, or $FIRERED_CHECKPOINT when it is empty."""
+    path = checkpoint or os.environ.get("FIRERED_CHECKPOINT", "")
+    if not path:
+        raise RuntimeError("no checkpoint: set the model parameter 'checkpoint' or $FIRERED_CHECKPOINT")
+    return path
+
+
+def load_model(options, parts: tuple[str, ...]):
+    """The model's parts of FireRedTTS3 for ``options`` (any of serving.config.model_options with ``checkpoint``
+    and ``device``)."""
+    import torch
+
+    from engine.fireredtts3 import FireRedTTS3
+    from serving.intake.served import parse_models
+
+    torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
+    models = parse_models(getattr(options, "models", "")) or None  # None: the cores the folder holds
+    return FireRedTTS3.from_checkpoint(checkpoint_path(options.checkpoint), device=options.device, parts=parts,
+                                       models=models)  # fmt: skip
+
+
+def get(pb, request, name: str, required: bool = True):
+    """Input tensor as numpy (None when an optional input is absent)."""
+    t = pb.get_input_tensor_by_name(request, name)
+    if t is None:
+        if required:
+            raise ValueError(f"missing input {name}")
+        return None
+    return t.as_numpy()
+
+
+_REQUIRED = object()
+
+
+def scalar(pb, request, name: str, default=_REQUIRED):
+    """First element of an input as a Python number; ``default`` when the input is absent (else an error)."""
+    arr = get(pb, request, name, required=default is _REQUIRED)
+    if arr is None:
+        return default
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    return arr.reshape(-1)[0].item()
+
+
+def string(pb, request, name: str, default: str | None = None) -> str | None:
+    arr = get(pb, request, name, required=False)
+    if arr is None or arr.size == 0:
+        if default is None:
+            raise ValueError(f"missing input {name}")
+        return default
+    try:
+        return contract.text_of(arr)
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not valid UTF-8") from None
+
+
+def bytes_tensor(pb, name: str, text: str, batch: bool = True):
+    arr = np.array([text.encode("utf-8")], dtype=np.object_)
+    return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
+
+
+# The generator's secret model name (serving.security.auth.Keys.generator_model), as Triton's own messages may carry it
+# ("Stub process 'generator-<hex>_0_0' is not healthy."): no client may read it.
+SECRET_NAME = re.compile(r"generator-[0-9a-f]{32}")
+# Triton's untagged words for a request to a model whose stub has died (docs/triton.md#T15; the launcher
+# restarts the server): the only sign of it a BLS caller gets, with code INTERNAL (docs/triton.md#T1).
+STUB_DEAD = "is not healthy"
+
+
+def scrub(message: str) -> str:
+    """``message`` with the generator's secret name replaced by ``generator``."""
+    return SECRET_NAME.sub("generator", message)
+
+
+def error_response(pb, error: BaseException | str):
+    """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
+    see :func:`engine.protocol.tagged`): clients and the gateway read the kind from the message,
+    since status codes do not survive Triton (docs/triton.md#T1).
+    The status code follows the kind for the clients that see it (gRPC unary calls)."""
+    message = scrub(tagged(error) if isinstance(error, BaseException) else error)
+    kind = error_kind(message)[0]
+    code = {INVALID: pb.TritonError.INVALID_ARG, UNAVAILABLE: pb.TritonError.UNAVAILABLE,
+            NOT_FOUND: pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
+    return pb.InferenceResponse(error=pb.TritonError(message, code))
+
+
+def bls_error(pb, model: str, response) -> Exception | None:
+    """A BLS response's error as the exception of its kind: ValueError (the request was invalid),
+    :class:`~engine.protocol.Unavailable` (retry later) or RuntimeError naming the model."""
+    if not response.has_error():
+        return None
+    error = response.error()
+    text = scrub(error.message())
+    kind, message = error_kind(text)
+    if not text.startswith(KINDS) and STUB_DEAD in text:
+        return Unavailable(f"{model} backend is not healthy; the server restarts it, retry shortly")
+    if not text.startswith(KINDS) and error.code() == pb.TritonError.UNAVAILABLE:
+        kind = UNAVAILABLE  # Triton's own refusal, untagged (a full queue: "Exceeds maximum queue size")
+    if kind == INVALID:
+        return ValueError(message)
+    if kind == UNAVAILABLE:
+        return Unavailable(message)
+    return RuntimeError(f"{model}: {message}")
+
+
+def tensors(pb, specs, values: dict, batch: bool = True) -> list:
+    """``pb.Tensor`` of each spec named in ``values`` (with a leading batch dim of 1 if ``batch``)."""
+    arrays = {s.name: s.array(values[s.name]) for s in specs if s.name in values}
+    return [pb.Tensor(name, arr[None] if batch else arr) for name, arr in arrays.items()]
+
+
+def chunk_tensors(pb, chunk, batch: bool = True, specs=None) -> list:
+    """A :class:`~engine.protocol.Chunk` as the generator's outputs (``specs``: ``contract.VOCODER_INPUTS`` for a
+    vocoder request, which leaves out the plan's TEXT)."""
+    values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
+              "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal),
+              "TEXT": chunk.text}  # fmt: skip
+    return tensors(pb, contract.GENERATOR_OUTPUTS if specs is None else specs, values, batch)
+
+
+def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
+    """``value`` as (rows, 64) latents, a view; ValueError naming ``name`` for values that are not whole
+    rows or more than ``most`` rows (checked before anything is copied: no caller's size is trusted)."""
+    if value.size % contract.LATENT_DIM:
+        raise ValueError(f"{name} must have {contract.LATENT_DIM} values per row, got shape {value.shape}")
+    if value.size // contract.LATENT_DIM > most:
+        raise ValueError(f"{name} has {value.size // contract.LATENT_DIM} rows; at most {most}")
+    return value.reshape(-1, contract.LATENT_DIM)
+
+
+def read_chunk(tensor):
+    """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy.
+
+    ValueError naming the tensor for anything a generator never sends: a missing tensor, the wrong
+    number of values, more latents than the largest chunk (:data:`serving.contract.MAX_CHUNK_LATENTS`)
+    or prompt latents than the longest reference (:data:`serving.contract.MAX_PROMPT_LATENTS`); checked
+    before anything is copied or decoded."""
+
+    def arr(name, size: int | None = None, rows: int | None = None):
+        value = tensor(name)
+        if value is None:
+            raise ValueError(f"missing {name}")
+        if size is not None and value.size != size:
+            raise ValueError(f"{name} must have {size} value(s), got {value.size}")
+        return value if rows is None else latent_rows(value, name, rows)
+
+    seq, seal = (int(v) for v in arr("SEAL", 2).reshape(-1))
+    return Chunk(
+        stream_id=int(arr("STREAM_ID", 1).reshape(-1)[0]),
+        latents=arr("LATENTS", rows=contract.MAX_CHUNK_LATENTS),
+        prompt_latents=arr("PROMPT_LATENTS", rows=contract.MAX_PROMPT_LATENTS),
+        last=bool(arr("LAST", 1).reshape(-1)[0]),
+        finish_reason=contract.text_of(arr("FINISH_REASON", 1)),
+        seq=seq,
+        seal=seal,
+        text="" if tensor("TEXT") is None else contract.text_of(arr("TEXT", 1)),  # the vocoder gets none
+    )

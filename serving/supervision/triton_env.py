@@ -1,0 +1,343 @@
+"""Find a ``tritonserver`` and run it: the NGC image's /opt/tritonserver, else the binary bundled in the
+``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python.
+
+Used by the launcher (:mod:`serving.serve`) and by the integration tests.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from serving.security.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
+from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
+from serving.fronts.metrics_relay import MetricsRelay
+
+if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
+    from serving.fronts.grpc_front import GrpcFront
+    from serving.fronts.http_front import HttpFront
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NGC_ROOT = Path("/opt/tritonserver")
+# Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
+# any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
+# Triton prefixes gRPC keys). Statistics name every model and a model's config is its own (the generator's is
+# under its secret name): both need the key too. Inference, health and metadata stay open. No key
+# loads code: the server runs with --model-control-mode=none (docs/triton.md#T16).
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
+ADMIN_HEADER = "admin-key"
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+READY_TIMEOUT = 180.0  # seconds a starting tritonserver may take to answer ready (loading every model)
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path  # holds python/ with libtriton_python.so and triton_python_backend_stub
+    lib_dirs: tuple[Path, ...]
+
+
+def find_triton(work_dir: Path) -> TritonInstall:
+    """Locate tritonserver; for the pytriton wheel, assemble ``work_dir/backends/python`` with the stub."""
+    if (NGC_ROOT / "bin" / "tritonserver").is_file():
+        return TritonInstall(NGC_ROOT / "bin" / "tritonserver", NGC_ROOT / "backends", ())
+    try:
+        import pytriton
+    except ImportError as e:
+        raise RuntimeError("no tritonserver: not in /opt/tritonserver and nvidia-pytriton is not installed") from e
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {ver} ({stub})")
+    dest = work_dir / "backends" / "python"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(stub, dest / "triton_python_backend_stub")
+    libs = [Path(sysconfig.get_config_var("LIBDIR") or ""), root.parent.parent / "nvidia_pytriton.libs"]
+    return TritonInstall(root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_dir()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port())
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies, so a
+    killed launcher (or test run) leaves no server behind; its stubs then exit on their own
+    (:func:`serving.supervision.run_folder.start_heartbeat`). Runs between fork and exec: no imports here."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(
+        os.pathsep
+    )
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
+
+
+def remove_orphan_segments(shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the Python backend's segments left by servers whose starting process is gone without
+    stopping them (a test run or launcher killed by SIGKILL: neither ``stop`` nor the launcher's watchdog
+    ran). A segment whose owner still runs is never touched. Returns the names removed."""
+    removed = []
+    for segment in shm_dir.glob("tts*_*"):
+        owner = SHM_OWNER.match(segment.name)
+        if owner and not Path(f"/proc/{owner[1]}").exists():
+            segment.unlink(missing_ok=True)
+            removed.append(segment.name)
+    return removed
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver child process. Use as a context manager; it is always stopped."""
+
+    model_repository: Path
+    work_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    host: str = "127.0.0.1"  # Triton's HTTP and gRPC ports listen here
+    metrics_host: str | None = None  # the metrics relay listens here (None: ``host``)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    # The operator's key for adding and removing voices: only its SHA-256 reaches the models, through the
+    # environment (/proc/<pid>/environ is readable by the same user only; the command line by anyone).
+    admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # Triton's key for RESTRICTED_APIS, which Triton takes on its command line only: one of its own per run,
+    # never the operator's.
+    triton_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
+    proc: subprocess.Popen | None = None
+    # Triton's own metrics page, on loopback: the metrics port is a relay that does not name the generator
+    triton_metrics_port: int = field(default_factory=lambda: free_port())
+    relay: MetricsRelay | None = None
+    # With limits, ``ports.grpc`` is the bounded gRPC front (serving.fronts.grpc_front) on ``front_host`` (None:
+    # ``metrics_host`` or ``host``), and Triton's own gRPC listens on loopback at ``triton_grpc_port``.
+    grpc_front: FrontLimits | None = None
+    front_host: str | None = None
+    triton_grpc_port: int = field(default_factory=lambda: free_port())
+    front: GrpcFront | None = None
+    # With http limits, ``ports.http`` is the bounded HTTP front (serving.fronts.http_front) on ``front_host`` (as
+    # above), and Triton's own HTTP listens on loopback at ``triton_http_port``.
+    http_front: HttpFrontLimits | None = None
+    triton_http_port: int = field(default_factory=lambda: free_port())
+    http_proxy: HttpFront | None = None
+
+    @property
+    def generator_model(self) -> str:
+        """The generator's name in Triton: a secret of the run (serving.security.auth.Keys.generator_model)."""
+        return Keys(self.internal_key).generator_model
+
+    @property
+    def shm_prefix(self) -> str:
+        """Names of the Python backend's /dev/shm segments of this server (cleaned up by the launcher)."""
+        return f"tts{os.getpid()}_{self.ports.grpc}_"
+
+    @property
+    def local_host(self) -> str:
+        """``host`` as this machine reaches it in a URL (a wildcard address is no destination)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"[{host}]" if ":" in host else host
+
+    @property
+    def grpc_host(self) -> str:
+        """Where ``ports.grpc`` listens: the front's host, or Triton's."""
+        return (self.front_host or self.metrics_host or self.host) if self.grpc_front else self.host
+
+    @property
+    def http_host(self) -> str:
+        """Where ``ports.http`` listens: the front's host, or Triton's."""
+        return (self.front_host or self.metrics_host or self.host) if self.http_front else self.host
+
+    @property
+    def triton_http(self) -> str:
+        """Triton's own HTTP address (host:port), as this machine reaches it (behind the front, when there is one)."""
+        return f"127.0.0.1:{self.triton_http_port}" if self.http_front else f"{self.local_host}:{self.ports.http}"
+
+    @property
+    def triton_grpc(self) -> str:
+        """Triton's own gRPC address, as this machine reaches it (behind the front, when there is one)."""
+        return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
+
+    def command(self, install: TritonInstall) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={install.backend_dir}",
+            "--model-control-mode=none",  # every model of the repository loads at start; none later
+            # Stopping waits this long for the models to unload (the launcher drains streams before).
+            "--exit-timeout-secs=5",
+            f"--http-address={'127.0.0.1' if self.http_front else self.host}",
+            f"--grpc-address={'127.0.0.1' if self.grpc_front else self.host}",
+            "--metrics-address=127.0.0.1",
+            f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
+            f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
+            f"--metrics-port={self.triton_metrics_port}",
+            "--backend-config=python,shm-default-byte-size=67108864",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            "--log-verbose=0",
+            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
+            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
+            *self.extra_args,
+        ]
+
+    def _hide_generator(self) -> None:
+        """Serve the generator under its secret name: its folder and config renamed (once)."""
+        plain, hidden = self.model_repository / GENERATOR, self.model_repository / self.generator_model
+        if plain.is_dir() and plain != hidden:
+            config = plain / "config.pbtxt"
+            config.write_text(config.read_text().replace(f'name: "{GENERATOR}"', f'name: "{hidden.name}"', 1))
+            plain.rename(hidden)
+
+    def start(self) -> TritonServer:
+        remove_orphan_segments()
+        self._hide_generator()
+        if self.relay is None:
+            source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
+            self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
+        if self.grpc_front and self.front is None:  # it outlives restarts, as the relay does
+            from serving.fronts.grpc_front import GrpcFront
+
+            self.front = GrpcFront(self.grpc_host, self.ports.grpc, self.triton_grpc, self.grpc_front).start()
+        if self.http_front and self.http_proxy is None:
+            from serving.fronts.http_front import HttpFront
+
+            upstream = ("127.0.0.1", self.triton_http_port)
+            self.http_proxy = HttpFront(self.http_host, self.ports.http, upstream, self.http_front).start()
+        install = find_triton(self.work_dir)
+        self.log_path = self.log_path or self.work_dir / "tritonserver.log"
+        # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        os.fchmod(log.fileno(), 0o600)
+        env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key),
+                                   **self.extra_env})  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        log.close()
+        return self
+
+    def is_ready(self) -> bool:
+        """One readiness probe; raises RuntimeError if the server has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://{self.triton_http}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
+
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """The metrics port's page (Prometheus text)."""
+        with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
+            return r.read().decode()
+
+    def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
+        """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
+        out = {}
+        for line in self.metrics_text(timeout).splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith(prefixes):
+                out[name] = float(value)
+        return out
+
+    def log_tail(self, n: int = 60) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers; remove the
+        shared memory a killed server leaves behind."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+        if self.proc is not None:  # a stub tritonserver gave up on (--exit-timeout-secs) is still in its group
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for segment in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            segment.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop the server and its metrics relay."""
+        self.stop()
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.front is not None:
+            self.front.close()
+            self.front = None
+        if self.http_proxy is not None:
+            self.http_proxy.close()
+            self.http_proxy = None
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

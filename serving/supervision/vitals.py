@@ -1,0 +1,178 @@
+"""Is a tritonserver alive and making progress? The launcher's supervisor (:mod:`serving.supervision.supervise`) looks
+at its stubs' heartbeat files and its metrics port at every poll; this module judges what it saw
+(:class:`Observation`), with no processes, files or clocks of its own, so that the rules are tested with
+hand-built observations.
+
+Both rules count time on the supervisor's own monotonic clock, from its own observations:
+
+- **heartbeat**: every stub touches its heartbeat file each second; one whose file has not *changed*
+  (mtime) for ``stale_seconds`` is wedged (stopped, or a thread holding the GIL). Judged by change, not
+  by the file's age, so that a wall-clock jump is no incident;
+- **progress**: a model with requests waiting (``nv_inference_pending_request_count`` > 0 at every poll)
+  whose execution count (``nv_inference_exec_count``) has not changed for ``stall_seconds`` is stalled: a
+  stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
+  within ``stall_seconds``, or tritonserver is wedged.
+
+- **leak**: admission places held (serving.flow.side_channel: requests admitted and not yet answered) at every
+  poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
+  requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
+  and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
+  is executing (the generator's steps, ``STEPPED``, count as executing), or queued where the progress
+  rule sees it. A generator whose engine thread stops stepping is found here.
+
+A poll long after the one before (``pause_seconds``; normally POLL_SECONDS plus a metrics read) means the
+supervisor, or the whole machine, was paused: the processes it watches were most likely paused with it,
+so every timer starts over at that poll instead of counting the gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it is touched every second)
+# Requests waiting this long for a model that executes nothing: a stall. Well above the longest legitimate
+# execute measured: a prompt_encoder batch of 8 references of 60 s with 4,000-character texts (tiny
+# checkpoint, 2 shared CPU cores) took 3.7 s idle and up to 12.8 s beside 4 generating streams, since
+# encoding runs at nice 10; its exec count then stood still for up to 14.7 s with requests queued. A
+# false stall kills every running stream; a real one is rare (the heartbeat catches stopped stubs).
+STALL_SECONDS = 30.0
+PAUSE_SECONDS = 2.0  # a gap between two polls longer than this is a pause (polls are ~0.5-1 s apart)
+PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_count"
+# The generator's own progress: its streams are one request each, stepped by its engine thread, so its
+# execution count moves only when a stream arrives; its steps count here (serving.stub.generator_metrics).
+STEPPED = "tts_generator_stream_steps_total"
+IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight")  # a drain waits for their sum: 0
+# A model whose execute waits on another's (voices registers a voice through prompt_encoder, synchronously)
+# is making progress while that one executes.
+WAITS_ON = {"voices": ("prompt_encoder",)}
+
+
+def samples(text: str, names: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Prometheus text -> {metric name: {its ``model`` label ("" without one): value}} for ``names``, summed
+    over the other labels (versions); a name with no sample is absent. One pass over the text."""
+    wanted, out = set(names), {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        if name not in wanted:
+            continue
+        start = labels.find('model="') + 7
+        try:
+            model = labels[start : labels.index('"', start)] if start >= 7 else ""
+            number = float(value)
+        except ValueError:  # not a sample line after all
+            continue
+        by_model = out.setdefault(name, {})
+        by_model[model] = by_model.get(model, 0.0) + number
+    return out
+
+
+@dataclass(frozen=True)
+class Incident:
+    model: str  # or "tritonserver"
+    how: str  # how it was detected, for the log
+    dead: bool  # False: wedged or stalled
+
+    @property
+    def message(self) -> str:
+        """What tts's clients read while the server is replaced."""
+        state = "died" if self.dead else "stopped responding"
+        what = self.model if self.model == "tritonserver" else f"{self.model} backend"
+        return f"unavailable: {what} {state}; the server is restarting, retry shortly"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the supervisor saw at one poll."""
+
+    at: float  # time.monotonic() when it looked
+    stubs: dict[int, str]  # pid -> model of the stubs it watches
+    beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
+    metrics: dict[str, dict[str, float]] | None  # samples() of PENDING, EXECUTED and STEPPED; None: no answer
+    held: int = 0  # admission places held (serving.flow.side_channel), by every entry point together
+
+
+@dataclass
+class Vitals:
+    """The heartbeat and progress rules over successive observations of one tritonserver."""
+
+    models: frozenset[str]  # the models with a stub, which the progress rule watches (not ensembles)
+    stall_seconds: float = STALL_SECONDS  # 0: no progress rule
+    stale_seconds: float = STALE_SECONDS
+    pause_seconds: float = PAUSE_SECONDS
+    waits_on: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(WAITS_ON))
+    pause: float = 0.0  # the gap the last observe() took for a pause, 0 if none
+    _last: float | None = None  # when the last observation was made
+    _beats: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # pid -> (mtime, seen since)
+    # model -> (its and its callees' execution counts, since when) while it has requests waiting
+    _waiting: dict[str, tuple[tuple[float, ...], float]] = field(default_factory=dict)
+    _answered: float | None = None  # when the metrics port last answered (or supervision began)
+    _held: tuple[float, float] | None = None  # (all models' execution count, since when) while places are held
+
+    def reset(self) -> None:
+        """Forget everything: a new tritonserver."""
+        self.pause, self._last, self._beats, self._waiting, self._answered = 0.0, None, {}, {}, None
+        self._held = None
+
+    def observe(self, seen: Observation) -> Incident | None:
+        at = seen.at
+        gap = 0.0 if self._last is None else at - self._last
+        self.pause, self._last = (gap if gap > self.pause_seconds else 0.0), at
+        if self.pause:  # whatever was quiet was paused with us: start every timer over
+            self._beats = {pid: (mtime, at) for pid, (mtime, _) in self._beats.items()}
+            self._waiting = {model: (counts, at) for model, (counts, _) in self._waiting.items()}
+            self._answered = at if self._answered is not None else None
+            self._held = None if self._held is None else (self._held[0], at)
+        return self._heartbeats(seen) or self._progress(seen) or self._leak(seen)
+
+    def _heartbeats(self, seen: Observation) -> Incident | None:
+        self._beats = {pid: beat for pid, beat in self._beats.items() if pid in seen.stubs}
+        for pid, model in seen.stubs.items():
+            mtime, last = seen.beats.get(pid), self._beats.get(pid)
+            if last is None or last[0] != mtime:
+                self._beats[pid] = (mtime, seen.at)
+            elif (quiet := seen.at - last[1]) > self.stale_seconds:
+                how = "has no heartbeat file" if mtime is None else f"has not beaten for {quiet:.1f} s"
+                return Incident(model, f"its stub (pid {pid}) {how} (wedged)", dead=False)
+        return None
+
+    def _progress(self, seen: Observation) -> Incident | None:
+        if not self.stall_seconds:
+            return None
+        if seen.metrics is None:
+            if self._answered is None:
+                self._answered = seen.at
+            elif (silent := seen.at - self._answered) >= self.stall_seconds:
+                return Incident("tritonserver", f"its metrics port has not answered for {silent:.1f} s", dead=False)
+            return None
+        self._answered = seen.at
+        pending, executed = seen.metrics.get(PENDING, {}), seen.metrics.get(EXECUTED, {})
+        for model in sorted(self.models):
+            if pending.get(model, 0.0) <= 0:
+                self._waiting.pop(model, None)
+                continue
+            counts = tuple(executed.get(m, 0.0) for m in (model, *self.waits_on.get(model, ())))
+            last = self._waiting.get(model)
+            if last is None or last[0] != counts:
+                self._waiting[model] = (counts, seen.at)
+            elif (stalled := seen.at - last[1]) >= self.stall_seconds:
+                how = f"requests waiting ({pending[model]:.0f}), no execution for {stalled:.1f} s (stalled)"
+                return Incident(model, how, dead=False)
+        return None
+
+    def _leak(self, seen: Observation) -> Incident | None:
+        if not self.stall_seconds or seen.metrics is None:
+            return None
+        if seen.held <= 0 or any(v > 0 for v in seen.metrics.get(PENDING, {}).values()):
+            self._held = None  # nothing held, or requests queued: the progress rule watches those
+            return None
+        executed = sum(seen.metrics.get(EXECUTED, {}).values()) + sum(seen.metrics.get(STEPPED, {}).values())
+        if self._held is None or self._held[0] != executed:
+            self._held = (executed, seen.at)
+        elif (idle := seen.at - self._held[1]) >= self.stall_seconds:
+            how = f"{seen.held} admission places held while no model executed for {idle:.1f} s (requests lost)"
+            return Incident("tts", how, dead=False)
+        return None

@@ -1,0 +1,1 @@
+"""Stored voices: the named and anonymous voice store and its file format."""
