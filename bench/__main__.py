@@ -59,12 +59,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--text", action="append",
                     help="text to speak (repeatable; default: built-in sentences, or with --rate a mixed set of "
                     "English and Chinese replies and paragraphs)")  # fmt: skip
-    ap.add_argument("--instruction", help="FireRedTTS3-Instruct voice design with this description (default: Base); "
-                    "its plan text comes before the first audio, so first-chunk latency includes it")
+    ap.add_argument(
+        "--instruction",
+        help="FireRedTTS3-Instruct voice design with this description (default: Base); "
+        "its plan text comes before the first audio, so first-chunk latency includes it",
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "results" / "bench")
-    ap.add_argument("--name", help="file stem of the outputs (default: PRESET-PROTOCOL, or server-PROTOCOL; "
-                    "-open-loop appended with --rate)")
+    ap.add_argument(
+        "--name",
+        help="file stem of the outputs (default: PRESET-PROTOCOL, or server-PROTOCOL; -open-loop appended with --rate)",
+    )
     args = ap.parse_args(argv)
     args.rates = None
     if args.rate is not None:
@@ -136,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
 
             server = stack.enter_context(local_server(args.preset, args.slots, args.device))
             port = server.ports.grpc if args.protocol == "grpc" else server.ports.http
-            url, target = f"127.0.0.1:{port}", f"{args.preset} checkpoint (stop head off), {args.slots} slots, {args.device}"
+            url, target = (
+                f"127.0.0.1:{port}",
+                f"{args.preset} checkpoint (stop head off), {args.slots} slots, {args.device}",
+            )
         client = TTSClient(url, args.protocol, timeout=args.timeout)
         warm = one_stream(client, texts[0], seed=0, request=request)  # first-use costs stay out of the table
         if warm.error:
@@ -210,6 +218,7 @@ def open_loop_notes(args: argparse.Namespace, request: dict, n_texts: int, rows:
         ),
         f"every stream was sent within {lag:.0f} ms of its scheduled time (more would mean a client falling behind)",
     ]
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -160,10 +160,13 @@ class DeviceAudit(TorchDispatchMode):
     def report(self) -> str:
         """One line per (kind, op, caller), most frequent first; device -> host reads with their bytes."""
         rows = sorted(self.sites.items(), key=lambda kv: (-kv[1], kv[0]))
-        return "\n".join(
-            f"{n:5d}  {kind:16s} {op:28s} {site}" + (f"  ({self.bytes[op, site]} bytes)" if kind == D2H else "")
-            for (kind, op, site), n in rows
-        ) or "(none)"
+        return (
+            "\n".join(
+                f"{n:5d}  {kind:16s} {op:28s} {site}" + (f"  ({self.bytes[op, site]} bytes)" if kind == D2H else "")
+                for (kind, op, site), n in rows
+            )
+            or "(none)"
+        )
 
     def __enter__(self):
         self._from_data.__enter__()

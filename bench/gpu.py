@@ -254,10 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per point (default 10; 2)")
     ap.add_argument("--flow-steps", type=int, default=10, help="Euler steps of the flow head")
     ap.add_argument("--budget-s", type=float, default=420, help="points not started by then are skipped")
-    ap.add_argument("--syncs-only", action="store_true",
-                    help="only count host syncs per generator step (seconds; on CPU: the preset on the meta device)")
-    ap.add_argument("--triton", action="store_true",
-                    help="also stream through a real tritonserver on this device (python -m bench, small preset)")
+    ap.add_argument(
+        "--syncs-only",
+        action="store_true",
+        help="only count host syncs per generator step (seconds; on CPU: the preset on the meta device)",
+    )
+    ap.add_argument(
+        "--triton",
+        action="store_true",
+        help="also stream through a real tritonserver on this device (python -m bench, small preset)",
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -314,7 +320,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 try:
                     rows.append(
-                        {"attention": attention, "streams": n, **time_steps(model, n, attention, steps, args.flow_steps)}
+                        {
+                            "attention": attention,
+                            "streams": n,
+                            **time_steps(model, n, attention, steps, args.flow_steps),
+                        }
                     )
                 except Exception as e:
                     print(f"{attention}, {n} streams failed:", file=sys.stderr)

@@ -175,4 +175,3 @@ def parse_rates(text: str) -> list[float]:
     if not rates or min(rates) <= 0:
         raise ValueError(f"rates must be comma-separated numbers > 0, got {text!r}")
     return rates
-

@@ -110,8 +110,12 @@ def run(args) -> int:
 
     from client.audio_io import read_audio
 
-    client = VoiceClient(args.url or "127.0.0.1", args.protocol, timeout=max(args.timeout, 120.0),
-                         admin_key=getattr(args, "admin_key", None))
+    client = VoiceClient(
+        args.url or "127.0.0.1",
+        args.protocol,
+        timeout=max(args.timeout, 120.0),
+        admin_key=getattr(args, "admin_key", None),
+    )
     try:
         if args.action == "add":
             try:

@@ -13,8 +13,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds without a chunk before a stream fails")
-    ap.add_argument("--random-weights", action="store_true",
-                    help="the server runs a random-weight checkpoint: the web page says what that produces")
+    ap.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="the server runs a random-weight checkpoint: the web page says what that produces",
+    )
     from gateway import server
 
     server.add_arguments(ap)
@@ -27,8 +30,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    uv = uvicorn.Server(server.uvicorn_config(args.triton, args.host, args.port, options, args.timeout,
-                                             random_weights=args.random_weights))
+    uv = uvicorn.Server(
+        server.uvicorn_config(
+            args.triton, args.host, args.port, options, args.timeout, random_weights=args.random_weights
+        )
+    )
     with contextlib.suppress(KeyboardInterrupt):
         uv.run()
     if not uv.started:  # e.g. the port is taken (uvicorn has logged why)

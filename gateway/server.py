@@ -157,8 +157,17 @@ def in_thread(triton: str, random_weights: bool = False, socket_bounds=None,
     with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(triton, "127.0.0.1", port, options, log_level="warning",
-                                          random_weights=random_weights, socket_bounds=socket_bounds))
+    server = uvicorn.Server(
+        uvicorn_config(
+            triton,
+            "127.0.0.1",
+            port,
+            options,
+            log_level="warning",
+            random_weights=random_weights,
+            socket_bounds=socket_bounds,
+        )
+    )
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

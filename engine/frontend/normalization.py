@@ -60,7 +60,10 @@ _wetext_lock = threading.Lock()
 # this many characters (where a sentence end, else a comma, allows), the GIL free between them.
 WETEXT_CHARS = 400
 # after a Latin end only with a space ("3.5", "1,000" stay whole); after a CJK one, with or without
-_CUTS = (re.compile(r"(?<=[.?!;])\s+(?=\S)|(?<=[。？！；])\s*(?=\S)"), re.compile(r"(?<=,)\s+(?=\S)|(?<=[，、])\s*(?=\S)"))
+_CUTS = (
+    re.compile(r"(?<=[.?!;])\s+(?=\S)|(?<=[。？！；])\s*(?=\S)"),
+    re.compile(r"(?<=,)\s+(?=\S)|(?<=[，、])\s*(?=\S)"),
+)
 
 
 def wetext_pieces(text: str, limit: int = WETEXT_CHARS) -> list[str]:

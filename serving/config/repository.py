@@ -44,9 +44,7 @@ def _quoted(text: str) -> str:
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    header = (
-        '# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
-    )
+    header = '# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
     tts = (
         f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
         + _io(contract.TTS_INPUTS, contract.TTS_OUTPUTS)

@@ -20,7 +20,9 @@ from serving.supervision.triton_env import READY_TIMEOUT, REPO_ROOT, Ports, free
 
 
 def children(pid: int, name: str) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=,comm=", "--ppid", str(pid)], check=False, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ps", "-o", "pid=,comm=", "--ppid", str(pid)], check=False, capture_output=True, text=True
+    ).stdout
     return [int(p) for p, comm in (line.split(None, 1) for line in out.splitlines()) if comm.strip() == name]
 
 

@@ -118,8 +118,12 @@ INPUT_CASES = [
     # control tokens of the tokenizer would become special ids (normalize off: nothing rewrites them)
     Case("text_control_token", "TEXT", inputs={"TEXT": "Say <|eot|> now"}, parameters={"normalize": False}),
     Case("text_im_start", "TEXT", inputs={"TEXT": "<|im_start|>system"}),
-    Case("text_control_token_zero_width", "TEXT", inputs={"TEXT": "Say <|e\u200bot|> now"},
-         parameters={"normalize": False}),
+    Case(
+        "text_control_token_zero_width",
+        "TEXT",
+        inputs={"TEXT": "Say <|e\u200bot|> now"},
+        parameters={"normalize": False},
+    ),
     Case("ref_text_control_token", "REF_TEXT", inputs={**GOOD_REF, "REF_TEXT": "a <|sosp|> transcript"}),
     Case("voice_id_invalid_utf8", "VOICE_ID", inputs={"VOICE_ID": bad_utf8()}),
     Case("voice_id_unknown", "VOICE_ID", inputs={"VOICE_ID": "nobody_here"}),

@@ -95,7 +95,9 @@ def test_concurrent_ensemble_streams_equal_solo_runs(server, offline):
         lambda i: client(server).synthesize(texts[i], seed=200 + i, parameters={"max_patches": lengths[i]}), 8
     )
     for i in range(8):
-        ref = reference_audio(offline, spoken(offline, texts[i]), GenerationParams(seed=200 + i, max_patches=lengths[i]))
+        ref = reference_audio(
+            offline, spoken(offline, texts[i]), GenerationParams(seed=200 + i, max_patches=lengths[i])
+        )
         assert results[i].shape == ref.shape, i
         assert snr_db(ref, results[i]) >= 60, i
     m = wait_gauges_zero(server)

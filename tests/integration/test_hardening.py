@@ -317,7 +317,9 @@ def test_a_start_on_a_live_correlation_id_is_refused_and_leaks_no_slot(server):
 
     victim, ours = {}, {"internal_key": server.internal_key}
     params = {"max_patches": 150, "chunk_first": 1, "chunk_next": 1, **ours}
-    t = threading.Thread(target=lambda: victim.update(out=_generator_stream(server, SILENT, VICTIM_ID, params, timeout=5)))
+    t = threading.Thread(
+        target=lambda: victim.update(out=_generator_stream(server, SILENT, VICTIM_ID, params, timeout=5))
+    )
     t.start()
     deadline = time.monotonic() + 30
     while not metrics(server)["tts_generator_active_slots"] and time.monotonic() < deadline:
@@ -414,7 +416,9 @@ def test_the_queue_is_bounded(sealed, protocol):
     else:
         port = sealed.ports.grpc if protocol == "grpc" else sealed.ports.http
         with pytest.raises(ServerBusy, match="server busy"):
-            TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize("One too many", parameters={"max_patches": 4})
+            TTSClient(f"127.0.0.1:{port}", protocol, timeout=30).synthesize(
+                "One too many", parameters={"max_patches": 4}
+            )
     before = sum(chunks)
     time.sleep(0.5)
     assert sum(chunks) > before  # the running streams go on

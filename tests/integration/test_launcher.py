@@ -117,8 +117,11 @@ def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, 
     r = serve("--checkpoint", str(tiny_ckpt), "--work-dir", str(launcher.run_dir.parent), "--http-port", str(Ports.free().http),
               "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), "--openai-port", str(launcher.openai))  # fmt: skip
     assert r.returncode == 2, r.stderr
-    for name, port, option in (("gRPC", p.grpc, "--grpc-port"), ("metrics", p.metrics, "--metrics-port"),
-                               ("OpenAI", launcher.openai, "--openai-port")):  # all of them, in one run
+    for name, port, option in (
+        ("gRPC", p.grpc, "--grpc-port"),
+        ("metrics", p.metrics, "--metrics-port"),
+        ("OpenAI", launcher.openai, "--openai-port"),
+    ):  # all of them, in one run
         assert f"{name} port {port} on 127.0.0.1 is busy" in r.stderr and f"move it with {option}" in r.stderr, r.stderr
     assert "HTTP port" not in r.stderr
     assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
@@ -161,7 +164,9 @@ def test_a_dead_gateway_is_started_again(launcher):
     import httpx
 
     def gateway_pids():
-        out = subprocess.run(["pgrep", "-P", str(launcher.proc.pid), "-f", "gateway --triton"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["pgrep", "-P", str(launcher.proc.pid), "-f", "gateway --triton"], capture_output=True, text=True
+        )
         return [int(x) for x in out.stdout.split()]
 
     (pid,) = gateway_pids()

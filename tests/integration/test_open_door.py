@@ -69,8 +69,16 @@ def settled(server, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = gauges(server)
-        busy = [m.get(k, 0) for k in ("tts_generator_active_slots", "tts_vocoder_active_streams", "pending",
-                                      "tts_requests_in_flight", "tts_ensemble_requests_in_flight")]
+        busy = [
+            m.get(k, 0)
+            for k in (
+                "tts_generator_active_slots",
+                "tts_vocoder_active_streams",
+                "pending",
+                "tts_requests_in_flight",
+                "tts_ensemble_requests_in_flight",
+            )
+        ]
         if not any(busy) or time.monotonic() > deadline:
             return m
         time.sleep(0.2)
@@ -113,8 +121,11 @@ def test_the_vocoder_refuses_oversized_chunks(server, url, legit_audio, values, 
 @pytest.mark.parametrize(
     ("field", "value", "needle"),
     [
-        ("PROMPT_LATENTS", np.zeros((8000, contract.LATENT_DIM), np.float32),
-         "PROMPT_LATENTS has 8000 rows; at most 1500"),
+        (
+            "PROMPT_LATENTS",
+            np.zeros((8000, contract.LATENT_DIM), np.float32),
+            "PROMPT_LATENTS has 8000 rows; at most 1500",
+        ),
         ("SPEAKER", np.zeros(100_000, np.float32), "SPEAKER has 100000 values"),
         ("TEXT", "word " * 5000, "TEXT is 25000 characters"),
     ],

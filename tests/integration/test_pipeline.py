@@ -85,7 +85,9 @@ def test_concurrent_streams_equal_solo_runs(server, offline):
     )
     for i in range(8):
         # the digit is read out: "Stream number zero says something"
-        ref = reference_audio(offline, spoken(offline, texts[i]), GenerationParams(seed=seeds[i], max_patches=lengths[i]))
+        ref = reference_audio(
+            offline, spoken(offline, texts[i]), GenerationParams(seed=seeds[i], max_patches=lengths[i])
+        )
         assert results[i].shape == ref.shape, i
         assert snr_db(ref, results[i]) >= 60, i
     m = wait_gauges_zero(server)

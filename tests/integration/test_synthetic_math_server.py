@@ -28,7 +28,11 @@ def synthetic(nostop_ckpt, tmp_path_factory):
 def test_streams_get_their_patches_of_ready_made_audio(synthetic):
     # three streams on two slots: one waits for a slot; chunk schedules of their own (the second fixed: its
     # chunk sizes are asserted, and the deadline rule cuts earlier when a client's buffer runs low)
-    cases = [(40, {}), (17, {"chunk_first": 1, "chunk_next": 5, "chunk_fixed": True}), (9, {"chunk_first": 9, "chunk_next": 9})]
+    cases = [
+        (40, {}),
+        (17, {"chunk_first": 1, "chunk_next": 5, "chunk_fixed": True}),
+        (9, {"chunk_first": 9, "chunk_next": 9}),
+    ]
     tts = TTSClient(f"127.0.0.1:{synthetic.ports.grpc}", timeout=60)
 
     def one(i):

@@ -115,7 +115,10 @@ def test_cli_voices_add_list_use_remove(server, tmp_path):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "client", *url, *args], capture_output=True, text=True, timeout=120,
+            [sys.executable, "-m", "client", *url, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, "TTS_ADMIN_KEY": server.admin_key},
         )
 

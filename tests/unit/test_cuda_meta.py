@@ -171,7 +171,16 @@ def instruct(tmp_path_factory):
     with DeviceAudit("meta") as admit:
         for sid, (task, instruction, text) in {**TEXTS, **AUDIOS}.items():
             recording, prompt_text = (None, "") if task == "design" else (latents, "Hi." if task == "clone" else "")
-            svc.admit_task(sid, task, params, instruction, text, recording, prompt_text, schedule=ChunkSchedule(STEPS + 1, 12, fixed=True))
+            svc.admit_task(
+                sid,
+                task,
+                params,
+                instruction,
+                text,
+                recording,
+                prompt_text,
+                schedule=ChunkSchedule(STEPS + 1, 12, fixed=True),
+            )
     steps = []
     for _ in range(STEPS):
         with DeviceAudit("meta") as audit:

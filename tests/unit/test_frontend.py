@@ -87,7 +87,10 @@ def test_a_missing_language_id_model_is_refused_clearly(tmp_path):
 def test_sentences_are_grouped_the_reference_way():
     text = "One two three. Four five six. Seven eight nine. Ten eleven twelve."
     sentences = split_sentences(text)
-    assert group_sentences(sentences, words, 6, 4, 2) == ["One two three. Four five six.", " Seven eight nine. Ten eleven twelve."]
+    assert group_sentences(sentences, words, 6, 4, 2) == [
+        "One two three. Four five six.",
+        " Seven eight nine. Ten eleven twelve.",
+    ]
 
 
 def test_a_segment_closes_only_past_the_minimum():
@@ -102,7 +105,10 @@ def test_sentence_ends():
     text = 'Wait... what? He said "Stop." Then left! Pi is 3.14; ok'
     # repeated ends collapse, a closing quote stays with its sentence, 3.14 is one number
     assert split_sentences(text) == ["Wait.", " what?", ' He said "Stop."', " Then left!", " Pi is 3.14;", " ok"]
-    assert "".join(group_sentences(split_sentences(text), words, 80, 60, 20)) == 'Wait. what? He said "Stop." Then left! Pi is 3.14; ok'
+    assert (
+        "".join(group_sentences(split_sentences(text), words, 80, 60, 20))
+        == 'Wait. what? He said "Stop." Then left! Pi is 3.14; ok'
+    )
 
 
 def test_chinese_is_split_at_its_own_marks_and_measured_in_characters():

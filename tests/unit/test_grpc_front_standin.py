@@ -37,6 +37,7 @@ class Upstream:
 
     async def _start(self):
         self.released = asyncio.Event()
+
         async def live(request, context):
             self.metadata.append(tuple(context.invocation_metadata()))
             return b"echo:" + request

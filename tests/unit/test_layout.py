@@ -77,7 +77,9 @@ def test_the_layout_names_files_that_exist_and_every_source_module():
     for package, deep in (("engine", False), ("serving", True)):
         paths = (ROOT / package).rglob("*.py") if deep else (ROOT / package).glob("*.py")
         modules = {p.relative_to(ROOT).as_posix() for p in paths if p.name != "__init__.py"}
-        modules |= {f"{p.relative_to(ROOT).as_posix()}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()}
+        modules |= {
+            f"{p.relative_to(ROOT).as_posix()}/" for p in (ROOT / package).iterdir() if (p / "__init__.py").exists()
+        }
         unnamed = sorted(modules - named)
         assert not unnamed, f"docs/development.md's layout does not mention {unnamed}"
 

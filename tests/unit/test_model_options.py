@@ -127,7 +127,14 @@ def test_generator_parameters_read_back_as_given():
     params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
     given = generator_parameters(params, ChunkSchedule(2, 9, fixed=True))
     assert set(given) == {p.name for p in GENERATION_PARAMETERS}
-    assert given == {"steps": 4, "cfg": "1.25", "max_patches": 90, "chunk_first": 2, "chunk_next": 9, "chunk_fixed": True}
+    assert given == {
+        "steps": 4,
+        "cfg": "1.25",
+        "max_patches": 90,
+        "chunk_first": 2,
+        "chunk_next": 9,
+        "chunk_fixed": True,
+    }
     assert generation_request(7, given) == (params, ChunkSchedule(2, 9, fixed=True))
     assert stream_settings(7, given) == (params, ChunkSchedule(2, 9, fixed=True))  # the generator's read
     # a later text segment's: what the listener holds, in whole milliseconds, for the generator only

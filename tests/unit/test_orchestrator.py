@@ -88,9 +88,7 @@ def test_task_cancellation_frees_everything(model):
         started = asyncio.Event()
 
         async def consume():
-            async for _ in p.orchestrator.run(
-                Utterance("Cancel me", params=GenerationParams(**NOSTOP), schedule=ONES)
-            ):
+            async for _ in p.orchestrator.run(Utterance("Cancel me", params=GenerationParams(**NOSTOP), schedule=ONES)):
                 started.set()
                 await asyncio.sleep(0)
 

@@ -15,7 +15,14 @@ from hypothesis.extra import numpy as hnp
 from engine.audio import MAX_REFERENCE_PEAK, MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from engine.text import DIALECTS, LANGUAGES
 from serving.contract import TTS_PARAMETERS
-from serving.intake.requests import TTSInputs, check_language, check_ref_audio, check_text, parse_request, request_parameters
+from serving.intake.requests import (
+    TTSInputs,
+    check_language,
+    check_ref_audio,
+    check_text,
+    parse_request,
+    request_parameters,
+)
 from serving.stub.triton_io import string
 
 SPECS = {p.name: p for p in TTS_PARAMETERS}
@@ -98,7 +105,11 @@ def test_text_and_language(text, language):
     except ValueError as e:
         assert str(e).startswith("LANGUAGE")
     else:  # absent or auto: detected later; otherwise the canonical spelling of a known name
-        assert got is None if not (language or "").strip() or language.strip().lower() == "auto" else got in LANGUAGES + DIALECTS
+        assert (
+            got is None
+            if not (language or "").strip() or language.strip().lower() == "auto"
+            else got in LANGUAGES + DIALECTS
+        )
         assert got is None or got.lower() == language.strip().lower()
     try:
         assert check_text(text or "", "REF_TEXT", required=False) == (text or "")

@@ -57,7 +57,7 @@ def test_a_late_beat_dumps_every_threads_stack_once_then_the_cap_stops_it(tmp_pa
     assert out.stdout.strip() == "disarmed"
     text = path.read_text()
     assert text.count("Timeout (0:00:00.05") == 1
-    assert 'in holder' in text  # the busy thread's stack is there
+    assert "in holder" in text  # the busy thread's stack is there
     assert "^ dumped: a heartbeat 0.05 s late" in text
 
 

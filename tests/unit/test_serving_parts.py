@@ -28,7 +28,9 @@ def build_request(*inputs):
 
 def test_committed_configs_match_the_contract():
     for name, text in render(ServeOptions()).items():
-        assert (SOURCE / name / "config.pbtxt").read_text() == text, f"run `python -m serving.config.repository` ({name})"
+        assert (SOURCE / name / "config.pbtxt").read_text() == text, (
+            f"run `python -m serving.config.repository` ({name})"
+        )
 
 
 def test_rendered_repository_has_every_tensor(tmp_path):

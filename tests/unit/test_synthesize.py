@@ -21,7 +21,9 @@ from tests.reference import reference_audio, reference_latents, reference_long
 
 
 def _gen_latents(model, text, seed, prompt=None, max_patches=400):
-    return reference_latents(model, text, GenerationParams(seed=seed, max_patches=max_patches), prompt).reshape(-1, 4, 64)
+    return reference_latents(model, text, GenerationParams(seed=seed, max_patches=max_patches), prompt).reshape(
+        -1, 4, 64
+    )
 
 
 def test_length_is_whole_patches_and_deterministic(model):
@@ -38,7 +40,9 @@ def test_length_is_whole_patches_and_deterministic(model):
 
 def test_max_patches_limits_length(model):
     wav = synthesize(
-        model, "A somewhat longer sentence for the limit.", params=GenerationParams(seed=1, min_patches=6, max_patches=7)
+        model,
+        "A somewhat longer sentence for the limit.",
+        params=GenerationParams(seed=1, min_patches=6, max_patches=7),
     )
     assert len(wav) <= 7 * 3840
 
@@ -188,7 +192,9 @@ def test_text_command_shows_the_front_end():
     lines = r.stdout.splitlines()
     assert lines[0] == "language: English"
     assert "'It costs twelve point five dollars. And three more?'" in lines[1] and "tokens)" in lines[1]
-    r = subprocess.run([sys.executable, "-m", "engine.frontend", "--no-normalize", "\U0001f600"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "engine.frontend", "--no-normalize", "\U0001f600"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "TEXT: nothing to speak after cleaning" in r.stderr
 
 

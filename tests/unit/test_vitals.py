@@ -423,7 +423,9 @@ def test_a_wedge_by_heartbeat_takes_the_stubs_native_stacks_before_the_restart(s
     supervisor, server = supervised
     supervisor.stubs = {101: "tts", 102: "vocoder"}
     taken = []
-    monkeypatch.setattr("serving.supervision.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True)
+    monkeypatch.setattr(
+        "serving.supervision.supervise.native_stacks", lambda pid, path: taken.append((pid, path.name)) or True
+    )
     supervisor.recover(Incident("tts", "its stub (pid 101) has not beaten for 3.1 s (wedged)", dead=False),
                        stopping=lambda: False)  # fmt: skip
     assert taken == [(101, "tts.101.gdb.txt")]

@@ -125,7 +125,9 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, responses: Responses, lingering: set, stream):
         task = asyncio.ensure_future(self._stream(request, responses, stream))
-        broken = await watch_request(task, request, self.polled, lingering)  # the orchestrator cleans up a cancelled one
+        broken = await watch_request(
+            task, request, self.polled, lingering
+        )  # the orchestrator cleans up a cancelled one
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
