@@ -29,6 +29,8 @@ generator's own step histogram (``tts_generator_step_seconds``) and count of str
 (``tts_generator_stream_steps_total``: stream-steps, and their mean batch) and the CPU time of every process
 (``/proc``: tritonserver itself, each model's Python stub with its threads, and this client). The table
 goes to stdout, progress to stderr, all numbers to ``--json``.
+Past 300 lines on purpose: one benchmark (levels of concurrent streams judged as a listener would, the CPU
+each process spent, one table), whose parts share its server and snapshots.
 """
 
 from __future__ import annotations

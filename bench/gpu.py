@@ -20,6 +20,8 @@ counts only the syncs (``--device cpu``: the preset on the meta device). ``--tri
 through a real tritonserver on the same device where one exists (the NGC image's, or the
 ``nvidia-pytriton`` wheel's): ``python -m bench`` on the ``small`` preset at up to 64 concurrent streams
 (time to first chunk, real-time factor).
+Past 300 lines on purpose: one GPU check (bench/gpu.sh), whose stages (agreement, step times, host syncs,
+Triton) share the random-weight model and its device set-up, and end in one table.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ A folder may hold either core or both; Base needs CAM++, Instruct does not.
 
 :mod:`engine.random_checkpoint` writes the same layout with random weights; they load the same way.
 ``python -m engine.checkpoint DIR`` loads a checkpoint and prints its parameter counts.
+Past 300 lines on purpose: each check of the official layout sits next to the loading it guards (names,
+shapes, dtypes, the precision policy), and the CLI prints what was loaded.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ anywhere), every generator stream it opened is closed and every vocoder stream i
 Two implementations of the interfaces exist: in-process (:mod:`engine.local`, offline synthesis) and
 BLS calls to the Triton models (``serving.stub.bls_adapters``, the ``tts`` model). The ``tts_ensemble`` entry point
 speaks the same generator -> vocoder protocol (:class:`engine.protocol.Chunk`) without this class. No torch, no Triton.
+Past 300 lines on purpose: one utterance's flow (segments, streams, cross-fades, speed, cleanup) is one class
+read top to bottom, beside the small interfaces it is written against.
 """
 
 from __future__ import annotations

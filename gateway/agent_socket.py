@@ -10,6 +10,8 @@ close) cancels it at once: its stream stops and frees its slot, and nothing more
 Every refusal is an ``error`` reply naming what was refused (with the context when it could be read), then,
 for a context, its ``done``; nothing stays allocated for a refused or failed context. Bounds and the
 refusals' names: :mod:`gateway.socket_bounds`.
+Past 300 lines on purpose: one WebSocket session's protocol (contexts, their order, flushes, cancels, bounds)
+is one state machine, AgentSocket.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ Issue 30's (the last four need the gateway): bursts of voice designs past max_se
 places for good; references at odd rates (8009, 12007, 191999 Hz) cost gigabytes to resample; gRPC streams
 whose client never reads kept their audio in tritonserver; 128 concurrent 19 MB uploads took the gateway
 to 7.8 GB; HTTP clients that stop reading kept their slots.
+Past 300 lines on purpose: a catalogue of independent attacks, one function each, that one command replays
+side by side; apart, they would not run together.
 """
 
 from __future__ import annotations

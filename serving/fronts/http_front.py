@@ -19,6 +19,8 @@ Triton's HTTP listener bounds nothing a stranger controls (docs/triton.md#T22). 
 Each error is Triton's JSON shape (``{"error": "..."}``) naming the flag. The front adds no privilege:
 it forwards the client's headers as they came, less the hop-by-hop ones, and nothing of its own
 (Triton's restricted APIs still need their key from the client).
+Past 300 lines on purpose: one connection's forwarding, both ways with every bound on it, is one class
+(_Client); the bounds themselves are the front limits' module.
 """
 
 from __future__ import annotations

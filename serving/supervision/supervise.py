@@ -10,6 +10,8 @@ tritonserver: restarting only the failed stub would keep the generator's slots, 
 state and tts's BLS streams of the old one, out of step with each other (and with model-control mode
 none, Triton cannot reload one model). A dead stub that no running stream uses (DEFERRABLE) lets the
 running streams finish first, for up to ``drain_seconds``, while new requests are refused.
+Past 300 lines on purpose: Supervisor is one state machine (poll, incident, drain, restart); its rules are
+apart (vitals), tested on hand-built observations.
 """
 
 from __future__ import annotations

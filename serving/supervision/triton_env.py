@@ -2,6 +2,8 @@
 ``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python.
 
 Used by the launcher (:mod:`serving.serve`) and by the integration tests.
+Past 300 lines on purpose: finding tritonserver and running it share the environment built here, and
+TritonServer is one process's life (start, ready, logs, stop, its shared memory).
 """
 
 from __future__ import annotations

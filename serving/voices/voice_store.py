@@ -20,6 +20,8 @@ a prompt without its source) is swept by the next add or removal.
 Anonymous entries are evicted least recently used first (file modification times) to stay within
 ``max_anonymous`` entries and, with named voices, ``max_bytes``; named voices are never evicted.
 A read-only store still serves what it holds.
+Past 300 lines on purpose: a voice's life in the store (locking, registration, eviction, removal) is one story
+in one class; the file format is apart (voice_files).
 """
 
 from __future__ import annotations
