@@ -57,9 +57,9 @@ from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
 from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
-from serving.security.auth import Keys
 from serving.config.options import MAX_SLOTS
 from serving.config.repository import ServeOptions, build
+from serving.security.auth import Keys
 from serving.supervision.triton_env import Ports, TritonServer
 
 TEXT = "The quick brown fox jumps over the lazy dog."

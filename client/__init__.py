@@ -4,8 +4,8 @@
 """
 
 from client.aio import AsyncTTSClient
-from client.text_in import AsyncTextStream, Flushed
 from client.audio_io import WavWriter, read_audio, write_pcm, write_wav
+from client.text_in import AsyncTextStream, Flushed
 from client.tts_client import (
     Chunk,
     Forbidden,

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Self
 
-
 from client.request import grpc_inputs, is_final, raise_if_failed
 from client.tts_client import Chunk, chunk_of
 

@@ -29,9 +29,11 @@ from client.request import (
     Forbidden,
     InvalidRequest,
     NotFound,
+    RequestSettings,
     ServerBusy,
     ServerUnavailable,
     TTSError,
+    TTSRequest,
     edit_task,
     grpc_error,
     grpc_inputs,
@@ -40,8 +42,6 @@ from client.request import (
     is_final,
     plan_text,
     raise_if_failed,
-    RequestSettings,
-    TTSRequest,
     server_error,
 )
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 from engine.config import cache_dir
 from engine.random_weights import RANDOM_WEIGHTS_NOTE, has_random_weights
-from serving.security.admin_key import FILE as ADMIN_KEY_FILE
-from serving.security.admin_key import default_state_dir, load_or_create
+from serving.config.options import add_arguments, from_arguments
+from serving.config.repository import build
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
 from serving.fronts.metrics_relay import LAUNCHER
-from serving.config.options import add_arguments, from_arguments
-from serving.config.repository import build
+from serving.security.admin_key import FILE as ADMIN_KEY_FILE
+from serving.security.admin_key import default_state_dir, load_or_create
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent

@@ -11,8 +11,8 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.security.auth import parameter_dict
 from serving.intake.requests import TTSInputs, stream_settings
+from serving.security.auth import parameter_dict
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 

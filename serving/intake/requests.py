@@ -29,8 +29,8 @@ from engine.params import (
     shown,
 )
 from engine.text import canonical_language
-from serving.security.auth import parameter_dict
 from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, is_seed
+from serving.security.auth import parameter_dict
 
 
 @dataclass(frozen=True)

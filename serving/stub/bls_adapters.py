@@ -15,10 +15,10 @@ from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
-from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
 from serving.flow.generator_slots import GeneratorSlots
-from serving.intake.requests import Voice, generator_parameters
 from serving.flow.side_channel import SideChannel
+from serving.intake.requests import Voice, generator_parameters
+from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
 from serving.stub.triton_io import read_chunk, tensors
 
 log = logging.getLogger("tts")

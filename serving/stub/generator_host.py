@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
+from serving.config.model_options import GeneratorOptions
+from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
-from serving.config.model_options import GeneratorOptions
-from serving.supervision.run_folder import start_heartbeat
-from serving.flow.side_channel import SideChannel
 from serving.stub.triton_io import Throttled, load_model
+from serving.supervision.run_folder import start_heartbeat
 
 log = logging.getLogger("generator")
 IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)

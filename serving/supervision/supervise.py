@@ -1,8 +1,8 @@
 """Supervision of the tritonserver the launcher runs (:mod:`serving.serve`).
 
 Triton does not restart a Python-backend stub that dies or hangs, and stays ready (docs/triton.md#T15):
-a dead generator left its clients waiting 120 s for an empty error, a dead tts stub forever. So every stub beats a heartbeat file and
-exits when its tritonserver is gone (stub side: :mod:`serving.supervision.run_folder`), and the launcher watches the
+a dead generator left its clients waiting 120 s for an empty error, a dead tts stub forever. So every
+stub beats a heartbeat file and exits when its tritonserver is gone (stub side: :mod:`serving.supervision.run_folder`), and the launcher watches the
 stub processes, the heartbeats and the models' progress on Triton's metrics port (:class:`Supervisor`;
 the rules: :mod:`serving.supervision.vitals`). On an incident it fails the tts requests in flight with a message
 naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`), then restarts the whole
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.supervision.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
 from serving.flow.side_channel import Admission
+from serving.supervision.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
 from serving.supervision.vitals import (
     EXECUTED,
     IN_FLIGHT,

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.security.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
 from serving.fronts.metrics_relay import MetricsRelay
+from serving.security.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
 
 if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
     from serving.fronts.grpc_front import GrpcFront

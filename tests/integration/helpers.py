@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from serving.config.repository import ServeOptions, build
 from serving.contract import LATENT_DIM
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
-from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
 
 # A generator request without a voice: silent prompt latents, a zero speaker embedding.

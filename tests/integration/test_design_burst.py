@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from client import TTSClient
-from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.config.repository import ServeOptions, build
+from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.flow.side_channel import Admission
 from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel

@@ -21,8 +21,8 @@ from tritonclient.utils import InferenceServerException
 from client import ServerBusy, TTSClient, TTSError
 from loadtest import attacks
 from serving import contract
-from serving.security.auth import Keys
 from serving.config.repository import ServeOptions, build
+from serving.security.auth import Keys
 from serving.supervision.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
 from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from client import AsyncTTSClient, Chunk, Flushed, InvalidRequest, TTSClient
-from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
 from serving.config.repository import ServeOptions, build
+from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
 from serving.intake.requests import MAX_TEXT_CHARS
 from serving.supervision.triton_env import Ports, TritonServer
 from tests.docs import DOCS, README, ROOT, snippet

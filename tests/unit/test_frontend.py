@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.frontend import prepare
+from engine.frontend import normalization, prepare
 from engine.frontend.cleaning import clean
 from engine.frontend.language import FastTextLid, detect_by_script
-from engine.frontend import normalization
 from engine.frontend.normalization import normalize_segment, wetext_pieces
 from engine.frontend.sentences import cap_segments, group_sentences, segment_cap, split_sentences
 from engine.text import TextTokenizer, write_tiny_tokenizer

@@ -16,9 +16,9 @@ from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.protocol import CANCELLED, LENGTH, STOP
 from engine.streams import GeneratorService
+from serving.config.model_options import GeneratorOptions
 from serving.security.auth import INTERNAL_KEY_ENV
 from serving.stub.generator_host import Arrival, GeneratorHost
-from serving.config.model_options import GeneratorOptions
 
 PATCHES = 8  # at most (the tiny checkpoint's stop head may end a stream after 6)
 SCHEDULE = ChunkSchedule(3, 2, fixed=True)

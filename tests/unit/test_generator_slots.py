@@ -10,10 +10,10 @@ import pytest
 
 from engine.lifetime import LINGERING, linger
 from engine.protocol import StreamFailed
-from serving.stub.bls import BLS
-from serving.stub.bls_adapters import BLSGenerator
 from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.side_channel import SideChannel
+from serving.stub.bls import BLS
+from serving.stub.bls_adapters import BLSGenerator
 
 
 def test_slots_are_shared_across_senders_and_come_back(tmp_path):

@@ -6,9 +6,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from serving.intake.requests import Voice
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.metric_batch import Level, MetricBatch
-from serving.intake.requests import Voice
 
 
 class Metric:

@@ -13,7 +13,6 @@ import pytest
 
 from engine.params import GenerationParams
 from engine.protocol import FORBIDDEN, INVALID, LENGTH, STOP
-from serving.security.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
 from serving.config.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
@@ -23,6 +22,7 @@ from serving.config.model_options import (
     VoicesOptions,
 )
 from serving.config.options import ServeOptions
+from serving.security.auth import ADMIN_DIGEST_ENV, INTERNAL_KEY_ENV, INTERNAL_PARAMETER, Keys
 from serving.stub.vocoder_batch import request_values
 from tests.fakes import pb as fake
 from tests.reference import reference_audio, reference_latents, spoken

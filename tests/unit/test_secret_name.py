@@ -13,8 +13,8 @@ from engine.lifetime import LINGERING
 from engine.protocol import Unavailable
 from serving.security.auth import Keys
 from serving.stub.bls import BLS
-from serving.supervision.run_folder import RunFlags
 from serving.stub.triton_io import bls_error, error_response
+from serving.supervision.run_folder import RunFlags
 
 SECRET = Keys("ab" * 32).generator_model
 

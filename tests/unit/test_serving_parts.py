@@ -12,8 +12,8 @@ from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
 from serving import contract
 from serving.config.repository import SOURCE, ServeOptions, build, render
-from serving.intake.requests import TTSInputs, parse_request, request_parameters
 from serving.flow.side_channel import SideChannel
+from serving.intake.requests import TTSInputs, parse_request, request_parameters
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 

@@ -19,14 +19,13 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
+from serving.config.model_options import EnsembleGeneratorOptions
+from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.side_channel import SideChannel
+from serving.intake.requests import check_language, check_text, generation_request
 from serving.security.auth import Keys, parameter_dict
 from serving.stub.bls import BLS, watch_request
 from serving.stub.bls_adapters import BLSGenerator
-from serving.flow.generator_slots import GeneratorSlots
-from serving.config.model_options import EnsembleGeneratorOptions
-from serving.intake.requests import check_language, check_text, generation_request
-from serving.supervision.run_folder import RunFlags, start_heartbeat
-from serving.flow.side_channel import SideChannel
 from serving.stub.stub_threads import StubThreads
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
@@ -37,6 +36,7 @@ from serving.stub.triton_io import (
     setup_logging,
     string,
 )
+from serving.supervision.run_folder import RunFlags, start_heartbeat
 
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL

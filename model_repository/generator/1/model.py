@@ -13,10 +13,10 @@ correlation ids, which name the streams): every key-less request is refused.
 import triton_python_backend_utils as pb
 
 from engine.protocol import Chunk, end_chunk, failure_reason
-from serving.security.auth import Refused
-from serving.stub.generator_host import Arrival, GeneratorHost
 from serving.config.model_options import GeneratorOptions
 from serving.intake.request_inputs import stream_request
+from serving.security.auth import Refused
+from serving.stub.generator_host import Arrival, GeneratorHost
 from serving.stub.triton_io import chunk_tensors, error_response, setup_logging
 
 log = setup_logging("generator")

@@ -12,11 +12,10 @@ import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.protocol import Unavailable
-from serving.security.auth import Keys, Refused
 from serving.config.model_options import PromptEncoderOptions
-from serving.intake.requests import check_language, check_name, check_ref_audio, check_text
-from serving.supervision.run_folder import start_heartbeat
 from serving.flow.side_channel import SideChannel
+from serving.intake.requests import check_language, check_name, check_ref_audio, check_text
+from serving.security.auth import Keys, Refused
 from serving.stub.triton_io import (
     bytes_tensor,
     error_response,
@@ -26,6 +25,7 @@ from serving.stub.triton_io import (
     setup_logging,
     string,
 )
+from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceNotFound, VoiceStore
 
 log = setup_logging("prompt_encoder")

@@ -14,22 +14,22 @@ from engine.lifetime import LINGERING
 from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
+from serving.config.model_options import TTSOptions
+from serving.contract import TTS_OUTPUTS
+from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.side_channel import SideChannel
+from serving.intake.request_inputs import tts_inputs
+from serving.intake.requests import parse_request
+from serving.intake.served import ServedModels
+from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.security.auth import Keys
 from serving.stub.bls import BLS, PolledFlags, watch_request
 from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
-from serving.contract import TTS_OUTPUTS
-from serving.flow.generator_slots import GeneratorSlots
 from serving.stub.metric_batch import MetricBatch
-from serving.config.model_options import TTSOptions
-from serving.intake.request_inputs import tts_inputs
-from serving.intake.requests import parse_request
-from serving.supervision.run_folder import RunFlags, start_heartbeat
-from serving.intake.served import ServedModels
-from serving.flow.side_channel import SideChannel
 from serving.stub.stub_threads import Responses, StubThreads
-from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.vocoder_batch import BLSVocoder
+from serving.supervision.run_folder import RunFlags, start_heartbeat
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -125,9 +125,8 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, responses: Responses, lingering: set, stream):
         task = asyncio.ensure_future(self._stream(request, responses, stream))
-        broken = await watch_request(
-            task, request, self.polled, lingering
-        )  # the orchestrator cleans up a cancelled one
+        # the orchestrator cleans up a cancelled one
+        broken = await watch_request(task, request, self.polled, lingering)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)

@@ -17,12 +17,12 @@ import time
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
+from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
 from serving.stub.metric_batch import Level
-from serving.config.model_options import VocoderOptions
-from serving.supervision.run_folder import start_heartbeat
 from serving.stub.triton_io import Throttled, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
+from serving.supervision.run_folder import start_heartbeat
 
 log = setup_logging("vocoder")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -34,8 +34,8 @@ class TritonPythonModel:
         from engine.synthetic import SyntheticVocoderService
         from engine.vocoder_service import VocoderService
         from serving.flow.side_channel import SideChannel
-        from serving.stub.synthetic_math import announce
         from serving.security.vocoder_guard import VocoderGuard
+        from serving.stub.synthetic_math import announce
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")

@@ -7,10 +7,9 @@ import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.protocol import NOT_FOUND, Unavailable
-from serving.security.auth import Keys, Refused
 from serving.config.model_options import VoicesOptions
 from serving.intake.requests import check_name, check_ref_audio, check_text
-from serving.supervision.run_folder import start_heartbeat
+from serving.security.auth import Keys, Refused
 from serving.stub.triton_io import (
     bls_error,
     bytes_tensor,
@@ -20,6 +19,7 @@ from serving.stub.triton_io import (
     setup_logging,
     string,
 )
+from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceStore
 
 log = setup_logging("voices")
