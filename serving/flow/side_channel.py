@@ -13,6 +13,8 @@ file                          written by                                  read b
 ``admission``                 tts, ensemble_generator                     every admitter, prompt_encoder, the
                               (:meth:`~SideChannel.gate`)                 launcher (leaks: serving.supervision.vitals)
 ``generator_slots``           tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`)
+``receipts-<sender>``         tts, ensemble_generator                     generator, before it sends a stream's
+                              (serving.flow.receipts: responses read)     next response (docs/triton.md#T23)
 ============================  ==========================================  ======================================
 
 Cancellation. Triton cannot cancel a BLS request or a running ensemble step (docs/triton.md#T6), so a

@@ -116,10 +116,12 @@ def lost_poll_seconds(reading: int) -> float:
 
 class ResponseStream:
     """A decoupled BLS response iterator, read on a thread. At most one ``next`` runs at a time: a read
-    cut short (timeout, cancellation) is resumed by the following one, never started twice."""
+    cut short (timeout, cancellation) is resumed by the following one, never started twice. ``receipt``
+    (serving.flow.receipts.Receipt): each response is counted on it as soon as it is read, on the reading
+    thread, and it is closed once no read runs any more after :meth:`close` (docs/triton.md#T23)."""
 
-    def __init__(self, bls: BLS, model: str, responses):
-        self.bls, self.model, self.responses = bls, model, responses
+    def __init__(self, bls: BLS, model: str, responses, receipt=None):
+        self.bls, self.model, self.responses, self.receipt = bls, model, responses, receipt
         self.pending: asyncio.Future | None = None
 
     async def next(self, lost: Callable[[], bool] = lambda: False):
@@ -127,7 +129,9 @@ class ResponseStream:
         model has given the stream up (checked every LOST_POLL_SECONDS while waiting, less often when many
         streams wait: :func:`lost_poll_seconds`)."""
         if self.pending is None:
-            self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, next, self.responses, None)
+            self.pending = asyncio.get_running_loop().run_in_executor(
+                self.bls.pool, _read, self.responses, self.receipt
+            )
         deadline = time.monotonic() + self.bls.timeout
         global _reading
         _reading += 1
@@ -152,8 +156,23 @@ class ResponseStream:
         return self.pending.result()
 
     def close(self) -> None:
-        """The stream is no longer read: its iterator is let go of once the stub has (docs/triton.md#T18)."""
+        """The stream is no longer read: its iterator is let go of once the stub has (docs/triton.md#T18),
+        and its receipt closed once the read still running, if any, has returned (until then the model must
+        not send it two responses: docs/triton.md#T23)."""
         RETIRED.retire(self.responses, self.pending)
+        if self.receipt is not None:
+            if self.pending is None or self.pending.done():
+                self.receipt.close()
+            else:
+                self.pending.add_done_callback(lambda _, receipt=self.receipt: receipt.close())
+
+
+def _read(responses, receipt):
+    """The next response of ``responses`` (None at the end), counted on ``receipt`` the moment it is read."""
+    response = next(responses, None)
+    if response is not None and receipt is not None:
+        receipt.read()
+    return response
 
 
 def _final(responses):

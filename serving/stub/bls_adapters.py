@@ -16,6 +16,8 @@ from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.receipts import PARAMETER as RECEIPT
+from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, generator_parameters
 from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
@@ -63,12 +65,12 @@ NO_PROMPT = {
 class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(
-        self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None
-    ):  # fmt: skip
+    def __init__(self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None,
+                 receipts: Receipts | None = None):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
-        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots)."""
-        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
+        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots);
+        ``receipts``: this sender's read receipts, one entry per stream it reads (serving.flow.receipts)."""
+        self.bls, self.channel, self.model, self.slots, self.receipts = bls, channel, model, slots, receipts
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         if self.slots is None:
@@ -90,6 +92,9 @@ class BLSGenerator:
         if segment.task:  # FireRedTTS3-Instruct
             values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
         parameters = {**generator_parameters(p, segment.schedule), **self.bls.parameters}
+        receipt = None if self.receipts is None else self.receipts.open(segment.stream_id)
+        if receipt is not None:  # the generator sends each response once the one before was read (T23)
+            parameters[RECEIPT] = receipt.parameter
         request = pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
             requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
@@ -97,9 +102,13 @@ class BLSGenerator:
         )  # fmt: skip
         started = self.bls.submit(request, decoupled=True)
         try:
-            responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started))
+            responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started), receipt)
         except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
-            linger(self._cancel_once_started(segment.stream_id, started, request))
+            linger(self._cancel_once_started(segment.stream_id, started, request, receipt))
+            raise
+        except BaseException:  # nobody reads it: the generator sends it unpaced
+            if receipt is not None:
+                receipt.close()
             raise
         ended = False
         try:
@@ -139,9 +148,18 @@ class BLSGenerator:
                 raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
         return started.result()
 
-    async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request) -> None:
+    async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request, receipt) -> None:
         try:
-            await self._cancel(stream_id, ResponseStream(self.bls, "generator", await started), request)
+            responses = ResponseStream(self.bls, "generator", await started, receipt)
+        except BaseException as e:
+            if receipt is not None:
+                receipt.close()
+            if isinstance(e, Exception):
+                log.warning("stream %x: could not cancel it: %s", stream_id, e)
+                return
+            raise
+        try:
+            await self._cancel(stream_id, responses, request)
         except Exception as e:
             log.warning("stream %x: could not cancel it: %s", stream_id, e)
 

@@ -7,7 +7,9 @@ ends the streams whose callers asked to stop (cancellation marks, serving.flow.s
 that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
 chunk through its request's response sender, the last one with the FINAL flag. So admission (the
 parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
-(docs/triton.md#T21, #T17).
+(docs/triton.md#T21, #T17). A stream's next response goes out only once its reader has read the one
+before (its read receipt, serving.flow.receipts: docs/triton.md#T23); until then it waits in the
+stream's :class:`Outbox`, and the engine thread looks again after every step.
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from serving.config.model_options import GeneratorOptions
+from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
@@ -35,6 +38,10 @@ from serving.supervision.run_folder import start_heartbeat
 log = logging.getLogger("generator")
 IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)
 SWEEP_EVERY_SECONDS = 30.0  # stale cancellation marks are swept this often
+RECEIPT_POLL_SECONDS = 0.002  # with nothing to step but responses waiting for receipts, looked at this often
+# a reader that has not read a stream's previous response for this long is gone (tts gives up a stream far
+# sooner, and then says so on the board): the stream's responses go out unpaced from then on
+RECEIPT_BACKSTOP_SECONDS = 300.0
 
 
 @dataclass
@@ -44,6 +51,19 @@ class Arrival:
     stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
     inputs: tuple  # serving.intake.request_inputs.stream_request's parse of its tensors and parameters
     sender: object  # its response sender: every chunk of the stream goes out through it
+    receipt: tuple | None = None  # its entry on its reader's board (serving.flow.receipts.ReceiptBoard.entry)
+
+
+class Outbox:
+    """A live stream's response sender and the chunks that wait for its reader's receipt."""
+
+    __slots__ = ("queue", "receipt", "sender", "sent", "since")
+
+    def __init__(self, sender, receipt: tuple | None):
+        self.sender, self.receipt = sender, receipt  # receipt None: unpaced
+        self.sent = 0  # responses sent
+        self.queue: deque[Chunk] = deque()  # chunks not sent yet, oldest first
+        self.since = 0.0  # when the oldest began to wait (monotonic)
 
 
 class GeneratorHost:
@@ -66,12 +86,14 @@ class GeneratorHost:
         self.scheduler = self.service.scheduler
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
+        self.receipts = ReceiptBoard(self.channel.dir)  # the readers' receipts (execute reads the entries)
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
         self.send = send
         self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
-        self.senders: dict[int, object] = {}  # live stream -> its response sender (engine thread only)
+        self.outboxes: dict[int, Outbox] = {}  # stream -> its sender and unsent chunks, until its last is sent
+        self.held: set[int] = set()  # streams whose outbox waits for a receipt (engine thread only)
         self.send_failures = Throttled(log)
         self.stopping = threading.Event()
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
@@ -87,11 +109,14 @@ class GeneratorHost:
         next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
         while not self.stopping.is_set():
             try:
-                self._take(wait=not self.service.live and not self.waiting)
+                idle = not self.service.live and not self.waiting
+                self._take(wait=IDLE_WAIT_SECONDS if idle and not self.held else RECEIPT_POLL_SECONDS if idle else 0)
                 self._cancel_marked()
                 self._admit()
                 if self.service.live:
                     self._step()
+                if self.held:
+                    self._drain_held()
                 self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
                 self.metrics.update()
                 if time.monotonic() >= next_sweep:
@@ -101,19 +126,19 @@ class GeneratorHost:
                 log.exception("generator engine iteration failed")
                 time.sleep(IDLE_WAIT_SECONDS)
 
-    def _take(self, wait: bool) -> None:
-        """Move what ``execute`` queued to :attr:`waiting` (waiting a little for it when idle); one that
-        names a live stream is refused at once, and the live stream is left alone."""
+    def _take(self, wait: float) -> None:
+        """Move what ``execute`` queued to :attr:`waiting` (waiting up to ``wait`` seconds for it); one
+        that names a live stream is refused at once, and the live stream is left alone."""
         try:
             if wait:
-                self._arrived(self.arrivals.get(timeout=IDLE_WAIT_SECONDS))
+                self._arrived(self.arrivals.get(timeout=wait))
             while True:
                 self._arrived(self.arrivals.get_nowait())
         except queue.Empty:
             pass
 
     def _arrived(self, a: Arrival) -> None:
-        if a.stream_id in self.service.live:
+        if a.stream_id in self.service.live or a.stream_id in self.outboxes:
             self._deliver(0, a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
         else:
             self.waiting.append(a)
@@ -126,7 +151,7 @@ class GeneratorHost:
             return
         for stream_id in [i for i in self.service.live if i in marked]:
             self.channel.take_cancelled(stream_id)
-            self._deliver(stream_id, self.senders.pop(stream_id), self.keys.seal(self.service.cancel(stream_id)))
+            self._post(stream_id, self.keys.seal(self.service.cancel(stream_id)))
         if any(a.stream_id in marked for a in self.waiting):
             kept = deque()
             for a in self.waiting:
@@ -152,7 +177,7 @@ class GeneratorHost:
                     log.exception("could not start a stream")
                 self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
                 continue
-            self.senders[a.stream_id] = a.sender
+            self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt)
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
@@ -169,8 +194,7 @@ class GeneratorHost:
         """One step of every live stream; each chunk that is due goes out at once."""
         for stream_id, chunk in self.step(list(self.service.live)).items():
             if chunk is not None:
-                sender = self.senders.pop(stream_id) if chunk.last else self.senders[stream_id]
-                self._deliver(stream_id, sender, chunk)
+                self._post(stream_id, chunk)
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
@@ -185,26 +209,71 @@ class GeneratorHost:
         self.metrics.stepped(time.perf_counter() - t0, len(stream_ids))
         return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
 
-    def _deliver(self, stream_id: int, sender, chunk: Chunk) -> None:
+    def _post(self, stream_id: int, chunk: Chunk) -> None:
+        """Send a stream's ``chunk`` as soon as its reader has read the response before."""
+        out = self.outboxes[stream_id]
+        if not out.queue:
+            out.since = time.monotonic()
+        out.queue.append(chunk)
+        self._drain(stream_id, out)
+
+    def _drain_held(self) -> None:
+        for stream_id in list(self.held):
+            out = self.outboxes.get(stream_id)
+            if out is None:
+                self.held.discard(stream_id)
+            else:
+                self._drain(stream_id, out)
+
+    def _drain(self, stream_id: int, out: Outbox) -> None:
+        """Send the stream's waiting chunks while its reader has read every response sent before (all of
+        them when it is unpaced); hold the rest (:attr:`held`)."""
+        while out.queue:
+            if out.receipt is not None:
+                read = ReceiptBoard.read(out.receipt, stream_id)
+                if read is None:  # the entry names another stream: nobody reads this one any more
+                    out.receipt = None
+                elif read < out.sent:
+                    if time.monotonic() - out.since < RECEIPT_BACKSTOP_SECONDS:
+                        self.held.add(stream_id)
+                        return
+                    log.warning("stream %x: its reader read nothing for %.0f s; its responses go out unpaced",
+                                stream_id, RECEIPT_BACKSTOP_SECONDS)  # fmt: skip
+                    out.receipt = None
+            chunk = out.queue.popleft()
+            out.since = time.monotonic()
+            if chunk.last:
+                self.outboxes.pop(stream_id, None)
+            if not self._deliver(stream_id, out.sender, chunk):
+                self.outboxes.pop(stream_id, None)
+                break
+            out.sent += 1
+        self.held.discard(stream_id)
+
+    def _deliver(self, stream_id: int, sender, chunk: Chunk) -> bool:
         """Send ``chunk``; a live stream whose response cannot go out is ended (its caller is gone) and
-        marked lost, so that a caller still waiting hears of it (serving.stub.bls)."""
+        marked lost, so that a caller still waiting hears of it (serving.stub.bls). Whether it went out."""
         try:
             self.send(sender, chunk)
+            return True
         except Exception as e:  # noqa: BLE001 (any failure to send: the stream's caller is gone)
             self.send_failures.warning("generator: a response could not be sent (%s); its stream ends", e)
             if stream_id and self.service.drop(stream_id):
-                self.senders.pop(stream_id, None)
                 self.channel.mark_lost(stream_id)
+            return False
 
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""
         self.stopping.set()
         self.engine.join(30)
-        self._take(wait=False)
+        self._take(wait=0)
         bye = failure_reason(Unavailable("the generator is shutting down; retry"))
         for stream_id in list(self.service.live):
             self.service.drop(stream_id)
-            self._deliver(0, self.senders.pop(stream_id), self.keys.seal(end_chunk(stream_id, bye)))
+            self._post(stream_id, self.keys.seal(end_chunk(stream_id, bye)))
+        for stream_id, out in list(self.outboxes.items()):  # every request gets its final response now
+            out.receipt = None
+            self._drain(stream_id, out)
         for a in self.waiting:
             self._deliver(0, a.sender, end_chunk(a.stream_id, bye))
         self.waiting.clear()

@@ -125,7 +125,8 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
     assert host.channel.take_lost(104) and not senders[104].chunks  # its tts hears it was lost
     if duplicate.chunks[-1].finish_reason not in (LENGTH, STOP):  # 101 was still live: refused, 101 undisturbed
         assert duplicate.finals() == 1 and "in use" in duplicate.chunks[-1].finish_reason
-    assert not host.service.live and len(host.service.free) == 2 and not host.senders and not host.waiting
+    assert not host.service.live and len(host.service.free) == 2 and not host.waiting
+    assert not host.outboxes and not host.held
 
 
 def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):

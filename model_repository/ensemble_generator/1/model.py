@@ -21,6 +21,8 @@ from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure
 from serving import contract
 from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.receipts import Receipts
+from serving.flow.receipts import capacity as receipt_capacity
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import check_language, check_text, generation_request
 from serving.security.auth import Keys, parameter_dict
@@ -55,7 +57,8 @@ class TritonPythonModel:
         channel = SideChannel(opts.cancel_dir or None)
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
-        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots)
+        receipts = Receipts(channel.dir, "ensemble_generator", receipt_capacity(opts.slots))  # docs/triton.md#T23
+        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts)
         self.admission = channel.gate("ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),

@@ -4,7 +4,9 @@ Decoupled, one long-lived request per stream (the triton vllm_backend pattern, n
 ``execute`` authenticates and parses each new request and hands it to serving.stub.generator_host, whose
 engine thread admits it between two steps, steps all live streams in one batched call and sends each
 stream's chunks through its response sender, the last one FINAL. Responses carry the vocoder's inputs,
-sealed; a failed stream ends with a normal last response whose FINISH_REASON says why.
+sealed; a failed stream ends with a normal last response whose FINISH_REASON says why. A stream's next
+response waits until its reader has read the one before (the request's ``receipt`` parameter:
+serving.flow.receipts, docs/triton.md#T23).
 
 Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
 correlation ids, which name the streams): every key-less request is refused.
@@ -14,6 +16,7 @@ import triton_python_backend_utils as pb
 
 from engine.protocol import Chunk, end_chunk, failure_reason
 from serving.config.model_options import GeneratorOptions
+from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.intake.request_inputs import stream_request
 from serving.security.auth import Refused
 from serving.stub.generator_host import Arrival, GeneratorHost
@@ -38,7 +41,9 @@ class TritonPythonModel:
                 sender.send(error_response(pb, e), flags=FINAL)
                 continue
             try:
-                host.submit(Arrival(r.correlation_id(), stream_request(pb, r, host.model, given), sender))
+                stream_id = r.correlation_id()
+                receipt = host.receipts.entry(given.pop(RECEIPT, ""), stream_id)  # its reader's (T23)
+                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, receipt))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")

@@ -17,6 +17,8 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TTS_OUTPUTS
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.receipts import Receipts
+from serving.flow.receipts import capacity as receipt_capacity
 from serving.flow.side_channel import SideChannel
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
@@ -55,7 +57,8 @@ class TritonPythonModel:
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
-        generator = BLSGenerator(bls, channel, keys.generator_model, slots)
+        receipts = Receipts(channel.dir, "tts", receipt_capacity(opts.slots))  # docs/triton.md#T23
+        generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts)
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip

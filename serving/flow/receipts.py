@@ -1,0 +1,152 @@
+"""Read receipts: the generator sends a stream's next response only once its reader has read the one before.
+
+Why (docs/triton.md#T23): Triton's Python backend deadlocks a stub for good when, in one instant, a reader
+woken in a BLS response iterator's ``next`` waits for the GIL while it holds that iterator's mutex, the
+stub's parent-to-stub thread holds the table of iterators while it waits for that mutex (a second response
+for the same iterator is being handed in), and another thread holds the GIL while it waits for the table (a
+new BLS call). With at most one unread response per generator stream, the second response of that
+instant never exists: the parent-to-stub thread never hands a response to an iterator whose reader is
+still waking, so the cycle cannot close. The vocoder's and the prompt encoder's streams have one response
+each, so only generator streams need it.
+
+The board: one file per sending model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side
+channel folder (serving.flow.side_channel), ``capacity`` entries of two little-endian int64: a stream id,
+then how many of its responses were read. The sender owns its file. :meth:`Receipts.open` gives a stream an
+entry (a free list in the sending process) and writes (id, 0) before the request goes out; the stream's
+request names the entry in its :data:`PARAMETER` (``"tts:3"``); the reading thread counts each response as
+soon as ``next`` has returned it (:meth:`Receipt.read`); :meth:`Receipt.close` writes id 0 once nobody
+reads the stream any more. The generator only reads (:class:`ReceiptBoard`): an entry that names another
+stream (closed, or reused) means nobody reads this one, and its responses go out unpaced. A sender with
+no free entry sends its stream without one (unpaced; logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+from pathlib import Path
+
+from serving.flow.side_channel import ADMITTERS
+
+log = logging.getLogger("receipts")
+PARAMETER = "receipt"  # a generator request's entry on its sender's board: "<sender>:<index>"
+FILE = "receipts-"  # + the sending model's name
+_ENTRY = struct.Struct("<qq")  # stream id, responses read
+
+
+def capacity(slots: int) -> int:
+    """Entries a sender's board has for ``slots`` generator slots: a sender holds a slot per stream it
+    sends, and a stream cut short keeps its entry a little longer, until its end is read."""
+    return max(64, 4 * slots)
+
+
+def _path(board: str | Path, sender: str) -> Path:
+    if sender not in ADMITTERS:
+        raise ValueError(f"unknown sender {sender!r}")
+    return Path(board) / f"{FILE}{sender}"
+
+
+class Receipts:
+    """A sending model's board (``tts`` or ``ensemble_generator``), ``capacity`` entries; one per process, used
+    from its event loop (:meth:`open`) and its reading threads (:meth:`Receipt.read`)."""
+
+    def __init__(self, board: str | Path, sender: str, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.sender, self.capacity = sender, capacity
+        size = _ENTRY.size * capacity
+        fd = os.open(_path(board, sender), os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # never shrunk: the generator may have it mapped (a read past its end would kill it)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.map[:] = bytes(size)  # a dead run's entries are void
+        self.free = list(range(capacity - 1, -1, -1))  # entries nobody uses, the lowest taken first
+        self.lock = threading.Lock()  # an entry is counted (a reading thread) or reopened (the loop), never both
+        self.short = False  # logged once: every entry was in use
+
+    def open(self, stream_id: int) -> Receipt | None:
+        """An entry for ``stream_id``, written (id, 0 read); None when every entry is in use."""
+        if not self.free:
+            if not self.short:
+                log.warning("all %d read-receipt entries are in use: streams go unpaced (docs/triton.md#T23)",
+                            self.capacity)  # fmt: skip
+                self.short = True
+            return None
+        index = self.free.pop()
+        with self.lock:
+            _ENTRY.pack_into(self.map, _ENTRY.size * index, int(stream_id), 0)
+        return Receipt(self, index, int(stream_id))
+
+
+class Receipt:
+    """One stream's entry on its sender's board."""
+
+    def __init__(self, receipts: Receipts, index: int, stream_id: int):
+        self.receipts, self.index, self.stream_id = receipts, index, stream_id
+        self.closed = False
+
+    @property
+    def parameter(self) -> str:
+        """The value of the stream's :data:`PARAMETER`."""
+        return f"{self.receipts.sender}:{self.index}"
+
+    def read(self) -> None:
+        """One more response of the stream was read (from the thread that read it)."""
+        at = _ENTRY.size * self.index
+        with self.receipts.lock:
+            stream_id, count = _ENTRY.unpack_from(self.receipts.map, at)
+            if stream_id == self.stream_id and not self.closed:  # a late read of a closed entry counts nothing
+                _ENTRY.pack_into(self.receipts.map, at, stream_id, count + 1)
+
+    def close(self) -> None:
+        """Nobody reads the stream any more: its responses may go out unpaced, and the entry is free."""
+        if self.closed:
+            return
+        self.closed = True
+        with self.receipts.lock:
+            _ENTRY.pack_into(self.receipts.map, _ENTRY.size * self.index, 0, 0)
+        self.receipts.free.append(self.index)
+
+
+class ReceiptBoard:
+    """The generator's view of every sender's board (read only; a board is opened when a stream names it)."""
+
+    def __init__(self, board: str | Path):
+        self.dir = Path(board)
+        self.maps: dict[str, mmap.mmap] = {}
+
+    def entry(self, value: str, stream_id: int) -> tuple[mmap.mmap, int] | None:
+        """A request's :data:`PARAMETER` -> its entry (map, byte offset), or None: no parameter, or a board
+        that does not exist (its stream goes unpaced). ValueError for a value that names no entry."""
+        if not value:
+            return None
+        sender, _, index = str(value).partition(":")
+        board = self.maps.get(sender)
+        if board is None:
+            try:
+                fd = os.open(_path(self.dir, sender), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                size = os.fstat(fd).st_size
+                if size < _ENTRY.size:
+                    return None
+                board = self.maps[sender] = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        if not index.isdigit() or int(index) * _ENTRY.size >= len(board):
+            raise ValueError(f"{PARAMETER} {value!r} names no entry")
+        return board, int(index) * _ENTRY.size
+
+    @staticmethod
+    def read(entry: tuple[mmap.mmap, int], stream_id: int) -> int | None:
+        """How many of ``stream_id``'s responses were read; None when the entry names another stream."""
+        board, at = entry
+        entry_id, count = _ENTRY.unpack_from(board, at)
+        return count if entry_id == stream_id else None
