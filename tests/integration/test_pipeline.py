@@ -141,6 +141,19 @@ def test_http_disconnect_frees_slot(server, chunks):
     assert m["tts_generator_step_seconds_count"] - m0["tts_generator_step_seconds_count"] < 100
 
 
+def test_every_read_receipt_is_closed_once_its_stream_ends(server):
+    """tts paces its generator streams by read receipts (serving.flow.receipts, docs/triton.md#T23): its
+    board exists, and once the streams above (cancelled ones too) are over, no entry is left open."""
+    from serving.flow.receipts import FILE
+
+    grpc(server).synthesize("One more.", seed=5, parameters={"max_patches": 6, "chunk_first": 1, "chunk_next": 1})
+    board = server.work_dir / "cancel" / f"{FILE}tts"
+    deadline = time.monotonic() + 30  # a cancelled stream's entry closes once its end has been read
+    while (data := board.read_bytes()).strip(b"\0") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(data) >= 16 * 64 and not data.strip(b"\0"), "an entry is still open"
+
+
 @pytest.mark.parametrize(
     "kw,needle",
     [
