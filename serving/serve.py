@@ -19,10 +19,8 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from engine.config import cache_dir
@@ -31,12 +29,12 @@ from serving.config.options import add_arguments, from_arguments
 from serving.config.repository import build
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
-from serving.fronts.metrics_relay import LAUNCHER
 from serving.security.admin_key import FILE as ADMIN_KEY_FILE
 from serving.security.admin_key import default_state_dir, load_or_create
+from serving.supervision.gateway_process import Gateway
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
-from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
+from serving.supervision.triton_env import Ports, TritonServer
 from serving.supervision.vitals import STALL_SECONDS
 from serving.voices.voice_store import default_dir as default_voice_dir
 
@@ -96,76 +94,7 @@ def write_key(path: Path) -> str:
     return key
 
 
-BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
 GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
-GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
-GATEWAY_RESTARTS = "tts_gateway_restarts_total"
-
-
-class Gateway:
-    """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
-    starts it again (and says so) if it exits on its own."""
-
-    def __init__(self, host: str, triton: str, port: int, random_weights: bool = False):
-        """``triton``: Triton's own gRPC address as this machine reaches it (``TritonServer.triton_grpc``)."""
-        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
-        if random_weights:
-            self.cmd.append("--random-weights")
-        self.proc, self.started = self._start(), time.monotonic()
-        self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
-        LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
-        self.base = f"http://{shown}:{port}"
-
-    def addresses(self) -> list[str]:
-        return [f"OpenAI-compatible speech API: {self.base}/v1/audio/speech", f"web page: {self.base}/"]
-
-    def answers(self) -> bool:
-        """Whether the gateway's ``/health`` is 200: it is up and reaches a ready tritonserver."""
-        try:
-            with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:  # refused, not ready (HTTPError 503), timed out
-            return False
-
-    def wait_answering(self, seconds: float, stopping) -> bool:
-        """Up to ``seconds`` for :meth:`answers` (restarting a gateway that exits meanwhile)."""
-        deadline = time.monotonic() + seconds
-        while not self.answers():
-            if stopping() or time.monotonic() > deadline:
-                return False
-            self.keep_up()
-            time.sleep(0.1)
-        return True
-
-    def _start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
-
-    def keep_up(self) -> None:
-        """Restart a gateway that exited, waiting twice as long after each exit in a row (0.5 s up to 30 s;
-        back to 0.5 s once one stayed up a minute), so that a gateway that cannot start does not spin."""
-        now = time.monotonic()
-        if self.proc is None:
-            if now >= self.restart_at:
-                self.proc, self.started = self._start(), now
-            return
-        if self.proc.poll() is None:
-            return
-        self.restarts += 1
-        LAUNCHER.increment(GATEWAY_RESTARTS)
-        self.backoff = BACKOFF_FIRST if now - self.started >= BACKOFF_RESET else min(2 * self.backoff, BACKOFF_MOST)
-        print(f"[supervisor] gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
-              f"({self.restarts} restarts so far)", file=sys.stderr, flush=True)  # fmt: skip
-        self.proc, self.restart_at = None, now + self.backoff
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(GATEWAY_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -180,7 +180,7 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     The Instruct rules first (:func:`instruct_request`), then ``served.check`` (a
     :class:`serving.intake.served.ServedModels`, if given: whether this server runs the model the request needs),
     then the inputs' own checks. An Instruct task's defaults fill in the seed and ``cfg`` the client did
-    not give; the edits speak no text (their REF_AUDIO is the recording)."""
+    not give; the edits speak no text (their REF_AUDIO is the recording, at most MAX_EDIT_SECONDS long)."""
     instruct = instruct_request(inputs)
     if served is not None:
         served.check(instruct)
@@ -193,6 +193,9 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         if voice_id:
             raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
         ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
+        if instruct is not None and instruct.task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
+            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {instruct.task} "
+                             f"edits at most {MAX_EDIT_SECONDS:g} s")  # fmt: skip
     elif ref_text:
         raise ValueError("REF_TEXT was given without REF_AUDIO")
     elif ref_sample_rate:
@@ -212,8 +215,8 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     or None for Base (TASK ``speak`` without INSTRUCTION). The rules are ``serving.contract.TASK_RULES``.
 
     An absent input is None or "" (an INSTRUCTION of spaces is given, and empty). The voice's own checks
-    (REF_AUDIO's samples, REF_TEXT without REF_AUDIO, VOICE_ID's spelling, TEXT's length) are
-    :func:`parse_request`'s; for the edits this checks the recording and its length here.
+    (REF_AUDIO's samples, and its length for an edit; REF_TEXT without REF_AUDIO, VOICE_ID's spelling,
+    TEXT's length) are :func:`parse_request`'s.
 
     Raises:
         ValueError: naming the input at fault.
@@ -258,10 +261,6 @@ def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequ
         raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
     if instruction is None:
         raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
-    audio, rate = check_ref_audio(inputs.ref_audio, inputs.ref_sample_rate)
-    if audio.size > MAX_EDIT_SECONDS * rate:
-        raise ValueError(f"REF_AUDIO is {audio.size / rate:.1f} s long; TASK {task} edits at most "
-                         f"{MAX_EDIT_SECONDS:g} s")  # fmt: skip
     return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
 
 

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from client.voices import VoiceClient, kept_admin_key_file
-from serving import serve
 from serving.security import admin_key
+from serving.supervision import gateway_process
 
 
 def test_a_generated_key_is_kept_private_and_reused(tmp_path):
@@ -74,11 +74,11 @@ class _Exited:
 
 def test_a_crashing_gateway_restarts_after_longer_and_longer_waits(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr(serve.time, "monotonic", lambda: clock[0])
-    gateway = serve.Gateway.__new__(serve.Gateway)
+    monkeypatch.setattr(gateway_process.time, "monotonic", lambda: clock[0])
+    gateway = gateway_process.Gateway.__new__(gateway_process.Gateway)
     gateway._start = lambda: _Exited()
     gateway.proc, gateway.started = _Exited(), clock[0]
-    gateway.restarts, gateway.backoff, gateway.restart_at = 0, serve.BACKOFF_FIRST / 2, 0.0
+    gateway.restarts, gateway.backoff, gateway.restart_at = 0, gateway_process.BACKOFF_FIRST / 2, 0.0
     waits = []
     for _ in range(9):
         gateway.keep_up()  # notices the exit
@@ -89,6 +89,6 @@ def test_a_crashing_gateway_restarts_after_longer_and_longer_waits(monkeypatch):
         clock[0] = gateway.restart_at
         gateway.keep_up()  # started again, and it exits at once
     assert waits == [0.5, 1, 2, 4, 8, 16, 30, 30, 30] and gateway.restarts == 9
-    clock[0] += serve.BACKOFF_RESET  # this one stayed up a minute: the next wait is short again
+    clock[0] += gateway_process.BACKOFF_RESET  # this one stayed up a minute: the next wait is short again
     gateway.keep_up()
     assert gateway.backoff == 0.5

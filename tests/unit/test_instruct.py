@@ -258,16 +258,16 @@ def test_edits_refuse_an_overlong_recording(model):
 def test_an_edit_of_exactly_30_s_is_taken(model, rate):
     """30 s is measured on the user's file (samples / rate): its latents, left-padded to whole patches (188
     for 30 s, 30.08 s), are no reason to refuse it (they were, as "recording is 30.1 s", after encoding)."""
-    from serving.intake.requests import TTSInputs, instruct_request
+    from serving.intake.requests import TTSInputs, parse_request
 
     audio = np.random.default_rng(3).uniform(-0.3, 0.3, 30 * rate).astype(np.float32)
     edit = dict(task="acoustic_edit", instruction="adjust the speed to 0.8x")
-    assert instruct_request(TTSInputs(None, None, audio, rate, "", "", **edit)).task
+    assert parse_request(TTSInputs(None, None, audio, rate, "", "", **edit)).instruct.task
     latents = model.encode_latents(audio, rate)
     assert latents.shape[0] == 4 * 188
     assert model.instruct_input("acoustic_edit", "adjust the speed to 0.8x", latents=latents).tokens
     with pytest.raises(ValueError, match="30 s"):  # one sample more is over, at the front door
-        instruct_request(TTSInputs(None, None, np.append(audio, 0.0), rate, "", "", **edit))
+        parse_request(TTSInputs(None, None, np.append(audio, 0.0), rate, "", "", **edit))
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""How TASK, INSTRUCTION, TEXT and the voice of a ``tts`` request combine (serving.intake.requests.instruct_request),
-checked against the contract's rules written out by hand here, and the per-task defaults."""
+"""How TASK, INSTRUCTION, TEXT and the voice of a ``tts`` request combine (serving.intake.requests.instruct_request,
+as parse_request applies it with the voice's own checks: an edit's recording and its length), checked against the contract's rules written out by hand here, and the per-task defaults."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ INPUTS = ("TASK", "INSTRUCTION", "TEXT", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TE
 def ask(task=None, instruction=None, text="Hello.", audio=None, rate=None, ref_text=None, voice_id=None):
     if audio is not None and rate is None:
         rate = RATE
-    return instruct_request(TTSInputs(text, None, audio, rate, ref_text, voice_id, task=task, instruction=instruction))
+    inputs = TTSInputs(text, None, audio, rate, ref_text, voice_id, task=task, instruction=instruction)
+    return parse_request(inputs).instruct
 
 
 @pytest.mark.parametrize(
@@ -90,12 +91,12 @@ def test_refused_combinations_name_the_input(kw, field, words):
 
 def test_thirty_seconds_is_the_edit_limit_at_any_rate():
     for rate in (8000, 24000, 44100):
-        edit = instruct_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate, task="acoustic_edit",
-                                          instruction="adjust the volume to 0.5"))  # fmt: skip
+        edit = parse_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate, task="acoustic_edit",
+                                       instruction="adjust the volume to 0.5")).instruct  # fmt: skip
         assert edit == InstructRequest("acoustic_edit", "adjust the volume to 0.5")
         with pytest.raises(ValueError, match="REF_AUDIO is 30.0 s"):  # one sample over
-            instruct_request(TTSInputs("", None, np.zeros(30 * rate + 1, np.float32), rate, task="acoustic_edit",
-                                       instruction="adjust the volume to 0.5"))  # fmt: skip
+            parse_request(TTSInputs("", None, np.zeros(30 * rate + 1, np.float32), rate, task="acoustic_edit",
+                                    instruction="adjust the volume to 0.5"))  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -126,10 +126,30 @@ def test_prompt_encoder_encodes_as_offline_and_refuses_by_name(triton, model):
     np.testing.assert_allclose(out["SPEAKER"][0], expected.speaker.numpy(), atol=1e-5)
     both = {**given, "VOICE_ID": np.array([[b"x"]], TEXT)}
     keyless = {**given, "REGISTER_NAME": np.array([[b"mine"]], TEXT)}
-    answers = triton.prompt_encoder.execute([fake.request(both, ours), fake.request(keyless)])
+    answers = triton.prompt_encoder.execute([fake.request(both), fake.request(keyless)])
     messages = [r.error().message() for r in answers]
     assert messages[0].startswith(INVALID) and "VOICE_ID" in messages[0]
     assert messages[1].startswith(FORBIDDEN) and "voices model" in messages[1]
+
+
+def test_prompt_encoder_checks_every_key_less_voice(triton):
+    """tts checked what it sends with the internal key (parse_request); a key-less request (tts_ensemble's
+    first step) gets each check itself."""
+    clip = (0.1 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
+    rate = np.array([[16000]], np.int32)
+    bad = {
+        "REF_AUDIO": {"REF_AUDIO": np.where(np.arange(16000) == 7, np.nan, clip)[None].astype(np.float32),
+                      "REF_SAMPLE_RATE": rate},
+        "REF_SAMPLE_RATE": {"REF_AUDIO": clip[None], "REF_SAMPLE_RATE": np.array([[7]], np.int32)},
+        "VOICE_ID": {"VOICE_ID": np.array([[b"../etc"]], TEXT)},
+        "REF_TEXT": {"REF_AUDIO": clip[None], "REF_SAMPLE_RATE": rate,
+                     "REF_TEXT": np.array([["say <|eot|>".encode()]], TEXT)},
+        "needs REF_AUDIO": {"REF_TEXT": np.array([[b"words without a clip"]], TEXT)},
+    }  # fmt: skip
+    answers = triton.prompt_encoder.execute([fake.request(inputs) for inputs in bad.values()])
+    for named, response in zip(bad, answers, strict=True):
+        message = response.error().message()
+        assert message.startswith(INVALID) and named in message, (named, message)
 
 
 def test_voices_add_list_remove_through_prompt_encoder(triton):

@@ -75,3 +75,31 @@ def test_an_iterator_still_read_is_held_from_the_end_of_its_read():
         assert ref() is None
 
     asyncio.run(scenario())
+
+
+def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
+    """A request's streams retire their iterators as they end, after its last ``is_cancelled()`` poll: once
+    the request is over (``watch`` returned None), ``watch_request`` asks once more, so that they are let go of
+    now, not at some later request's poll (docs/triton.md#T18)."""
+    from serving.stub import bls
+
+    retired = RetiredIterators()
+    monkeypatch.setattr(bls, "RETIRED", retired)
+
+    class Flags:
+        def broken(self):
+            return None
+
+    async def scenario():
+        request, refs = Request([False, False]), []
+
+        async def stream():  # ends before any poll, retiring its iterator on its way out, as a BLS stream does
+            refs.append(retired_one(retired))
+
+        answer = await bls.watch_request(asyncio.ensure_future(stream()), request, Flags(), set())
+        return answer, refs[0], 2 - len(request.answers)
+
+    answer, ref, asked = asyncio.run(scenario())
+    gc.collect()
+    assert answer is None and asked == 1  # no poll while it ran: the one question is the release's
+    assert ref() is None and not retired.held

@@ -6,6 +6,7 @@ For tts_ensemble it also runs the text front end on TEXT (SPOKEN_TEXT, SPOKEN_LA
 """
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import triton_python_backend_utils as pb
@@ -14,7 +15,7 @@ from engine import frontend
 from engine.protocol import Unavailable
 from serving.config.model_options import PromptEncoderOptions
 from serving.flow.side_channel import SideChannel
-from serving.intake.requests import check_language, check_name, check_ref_audio, check_text
+from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
 from serving.stub.triton_io import (
     bytes_tensor,
@@ -58,26 +59,17 @@ class TritonPythonModel:
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.model.identity)
 
     def _prompt(self, r, trusted: bool):
-        register = string(pb, r, "REGISTER_NAME", "")
-        if register and not trusted:
-            raise Refused("voices are registered through the voices model")
-        voice_id = string(pb, r, "VOICE_ID", "")
-        audio = get(pb, r, "REF_AUDIO", required=False)
-        text = check_text(string(pb, r, "REF_TEXT", ""), "REF_TEXT", required=False)
-        if voice_id:
-            if audio is not None:
-                raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        voice, register = (_sent if trusted else _checked)(r)
+        if voice.voice_id:
             try:
-                return self.store.get(check_name(voice_id, "VOICE_ID"))
+                return self.store.get(voice.voice_id)
             except VoiceNotFound as e:
                 raise ValueError(f"VOICE_ID: {e}") from None
-        if audio is None:
-            if text or register:
-                raise ValueError("REF_TEXT and REGISTER_NAME need REF_AUDIO")
+        if voice.ref_audio is None:
             return self.model.encode_prompt(None)
-        audio, sr = check_ref_audio(audio, scalar(pb, r, "REF_SAMPLE_RATE", 0))
+        audio, sr, text = voice.ref_audio, voice.ref_sample_rate, voice.ref_text
         if register:
-            return self.store.register(check_name(register, "REGISTER_NAME"), audio, sr, text)
+            return self.store.register(register, audio, sr, text)
         return self.store.prompt_for_audio(audio, sr, text)[0]
 
     @staticmethod
@@ -118,3 +110,37 @@ class TritonPythonModel:
             self.encodes.increment(self.store.encodes - enc0)
             self.hits.increment(self.store.hits - hit0)
         return out
+
+
+def _read(r) -> tuple[Voice, str]:
+    """The voice inputs and REGISTER_NAME as sent (REF_AUDIO as it came, [1, n] or (n,))."""
+    audio = get(pb, r, "REF_AUDIO", required=False)
+    rate = 0 if audio is None else scalar(pb, r, "REF_SAMPLE_RATE", 0)
+    voice = Voice(audio, rate, string(pb, r, "REF_TEXT", ""), string(pb, r, "VOICE_ID", ""))
+    return voice, string(pb, r, "REGISTER_NAME", "")
+
+
+def _sent(r) -> tuple[Voice, str]:
+    """A request with the internal key: tts or voices, which checked the voice where it entered
+    (serving.intake.requests.parse_request; voices' add), so it is taken as they sent it."""
+    voice, register = _read(r)
+    audio = None if voice.ref_audio is None else voice.ref_audio.reshape(-1)
+    return replace(voice, ref_audio=audio), register
+
+
+def _checked(r) -> tuple[Voice, str]:
+    """A key-less request (tts_ensemble's first step, or anyone while the ensemble is served): every check."""
+    voice, register = _read(r)
+    if register:
+        raise Refused("voices are registered through the voices model")
+    text = check_text(voice.ref_text, "REF_TEXT", required=False)
+    if voice.voice_id:
+        if voice.ref_audio is not None:
+            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        return Voice(voice_id=check_name(voice.voice_id, "VOICE_ID")), ""
+    if voice.ref_audio is None:
+        if text:
+            raise ValueError("REF_TEXT needs REF_AUDIO")
+        return Voice(), ""
+    audio, sr = check_ref_audio(voice.ref_audio, voice.ref_sample_rate)
+    return Voice(audio, sr, text), ""
