@@ -47,7 +47,7 @@ test: $(TEST_STAMP)
 	  echo "NOTE: no chromium/chromedriver here: the browser tests are skipped (make test-browser installs them)"
 	$(PY) -m ruff check --quiet .
 	$(PY) -m ruff format --check --quiet .
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 # ruff's rules (pyproject [tool.ruff.lint]) and its layout (ruff format; `ruff format .` applies it) on the
 # whole tree; `make test` runs both first
