@@ -118,7 +118,7 @@ class GeneratorHost:
                 if self.held:
                     self._drain_held()
                 self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
-                self.metrics.update()
+                self.metrics.update(sum(len(self.outboxes[i].queue) for i in self.held) if self.held else 0)
                 if time.monotonic() >= next_sweep:
                     self.channel.sweep()
                     next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
@@ -241,7 +241,10 @@ class GeneratorHost:
                                 stream_id, RECEIPT_BACKSTOP_SECONDS)  # fmt: skip
                     out.receipt = None
             chunk = out.queue.popleft()
-            out.since = time.monotonic()
+            now = time.monotonic()
+            if stream_id in self.held:  # it waited for the receipt
+                self.metrics.waited(now - out.since)
+            out.since = now
             if chunk.last:
                 self.outboxes.pop(stream_id, None)
             if not self._deliver(stream_id, out.sender, chunk):

@@ -2,14 +2,19 @@
 
 Slots in use and served (use / capacity = utilisation), the step time, the streams stepped (over the
 steps: the mean batch), the paged KV cache (pages, pages holding positions, streams waiting for pages)
-and the attention path with the reason FlashInfer is not used. Triton keeps a metric only while its object lives, so every one is held here.
+and the attention path with the reason FlashInfer is not used; the responses that wait for their reader's
+receipt of the one before (serving.flow.receipts: how far the readers are behind). Triton keeps a metric
+only while its object lives, so every one is held here.
 """
 
 from __future__ import annotations
 
+import time
+
 from serving.stub.metric_batch import Level
 
 STEP_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+HELD_EVERY_SECONDS = 1.0  # the held-response counters are sent at most this often (each send is a round trip)
 
 
 class GeneratorMetrics:
@@ -31,6 +36,14 @@ class GeneratorMetrics:
                                        pb.MetricFamily.GAUGE),
             "attention": pb.MetricFamily("tts_generator_attention", "attention path in use (why not FlashInfer)",
                                          pb.MetricFamily.GAUGE),
+            "held": pb.MetricFamily("tts_generator_held_responses",
+                                    "responses waiting for their reader to read the one before", pb.MetricFamily.GAUGE),
+            "holds": pb.MetricFamily("tts_generator_held_responses_total",
+                                     "responses that waited for their reader to read the one before",
+                                     pb.MetricFamily.COUNTER),
+            "held_seconds": pb.MetricFamily("tts_generator_held_seconds_total",
+                                            "time those responses waited, summed (/ their count: the mean wait)",
+                                            pb.MetricFamily.COUNTER),
         }  # fmt: skip
         # gauges move by increment, never Metric.set (it keeps the GIL through its round trip: docs/triton.md#T19)
         self.active = Level(self.families["active"].Metric())
@@ -41,17 +54,32 @@ class GeneratorMetrics:
         self.in_use, self.waiting = Level(self.families["in_use"].Metric()), Level(self.families["waiting"].Metric())
         self.attention_shown: tuple[str, str] | None = None
         self.attention = None
+        self.held = Level(self.families["held"].Metric())
+        self.holds, self.held_seconds = self.families["holds"].Metric(), self.families["held_seconds"].Metric()
+        self.unsent = [0, 0.0]  # holds and their seconds not sent yet
+        self.sent_at = time.monotonic()
         self.update()
+
+    def waited(self, seconds: float) -> None:
+        """A response went out after waiting ``seconds`` for its reader's receipt."""
+        self.unsent[0] += 1
+        self.unsent[1] += seconds
 
     def stepped(self, seconds: float, streams: int) -> None:
         """One batched step of ``streams`` streams took ``seconds``."""
         self.step.observe(seconds)
         self.stream_steps.increment(streams)
 
-    def update(self) -> None:
-        """After admissions, steps and drops: the gauges follow the service. Moved only when they change
-        (each move is a round trip to Triton's process, and this runs after every step)."""
+    def update(self, held: int = 0) -> None:
+        """After admissions, steps and drops: the gauges follow the service (``held``: responses waiting for
+        a receipt now). Moved only when they change (each move is a round trip to Triton's process, and
+        this runs after every step)."""
         s = self.service
+        self.held.set(held)
+        if self.unsent[0] and time.monotonic() - self.sent_at >= HELD_EVERY_SECONDS:
+            self.holds.increment(self.unsent[0])
+            self.held_seconds.increment(self.unsent[1])
+            self.unsent, self.sent_at = [0, 0.0], time.monotonic()
         self.active.set(s.active)
         self.in_use.set(s.scheduler.blocks.pages_in_use)
         self.waiting.set(len(s.waiting))

@@ -85,6 +85,7 @@ def test_the_generator_sends_a_paced_streams_next_response_once_the_one_before_w
     wait_for(lambda: 7 not in host.service.live and (out := host.outboxes.get(7)) and out.queue[-1].last)
     out = host.outboxes[7]
     assert len(sender.chunks) == 1 and len(out.queue) == 5 and 7 in host.held  # generated, held for the reader
+    wait_for(lambda: host.metrics.held.value == 5)  # tts_generator_held_responses
     receipt.read()  # the first response was read: the second goes out, and only it
     wait_for(lambda: len(sender.chunks) == 2)
     assert len(out.queue) == 4 and 7 in host.held
@@ -93,7 +94,7 @@ def test_the_generator_sends_a_paced_streams_next_response_once_the_one_before_w
     receipt.close()  # nobody reads it any more: the rest goes out at once, the last one final
     assert sender.done.wait(30)
     assert len(sender.chunks) == 6 and sender.finals() == 1 and sender.chunks[-1].last
-    wait_for(lambda: 7 not in host.outboxes and 7 not in host.held)
+    wait_for(lambda: 7 not in host.outboxes and 7 not in host.held and host.metrics.held.value == 0)
 
 
 def test_an_unpaced_stream_and_close_send_everything(host, model):  # noqa: F811
