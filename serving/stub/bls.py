@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from engine.lifetime import CANCEL_POLL_SECONDS, linger, watch
@@ -115,50 +116,74 @@ def lost_poll_seconds(reading: int) -> float:
 
 
 class ResponseStream:
-    """A decoupled BLS response iterator, read on a thread. At most one ``next`` runs at a time: a read
-    cut short (timeout, cancellation) is resumed by the following one, never started twice. ``receipt``
-    (serving.flow.receipts.Receipt): each response is counted on it as soon as it is read, on the reading
-    thread, and it is closed once no read runs any more after :meth:`close` (docs/triton.md#T23)."""
+    """A decoupled BLS response iterator, read on a thread, ahead of the caller: as soon as one response
+    is read the next read starts, and what is read waits in :attr:`ahead` until :meth:`next` takes it. So
+    with read receipts (``receipt``, serving.flow.receipts.Receipt: each response counted on the reading
+    thread the moment it is read) the model sends the next response as soon as the last one has arrived,
+    not when the caller gets round to it: pacing by receipts (docs/triton.md#T23) adds no wait to a
+    caller that is behind. One read runs at a time: a wait cut short (timeout, cancellation) leaves it
+    running, and the next ``next`` waits for it again. The receipt is closed once no read runs any more
+    after :meth:`close`."""
 
     def __init__(self, bls: BLS, model: str, responses, receipt=None):
         self.bls, self.model, self.responses, self.receipt = bls, model, responses, receipt
-        self.pending: asyncio.Future | None = None
+        self.pending: asyncio.Future | None = None  # the read running on a thread, if any
+        self.ahead: deque = deque()  # responses read and not taken yet (None: the stream's end)
+        self.closed = False
+
+    def _read_next(self) -> asyncio.Future:
+        self.pending = asyncio.get_running_loop().run_in_executor(self.bls.pool, _read, self.responses, self.receipt)
+        self.pending.add_done_callback(self._landed)
+        return self.pending
+
+    def _landed(self, read: asyncio.Future) -> None:
+        """A read is back (on the event loop): keep its response and start the next read, unless the stream
+        ended, failed (``next`` raises the error) or is closed."""
+        if read is not self.pending or read.cancelled() or read.exception() is not None:
+            return
+        self.pending = None
+        response = read.result()
+        self.ahead.append(response)
+        if response is not None and not self.closed:
+            self._read_next()
 
     async def next(self, lost: Callable[[], bool] = lambda: False):
         """The next response, None at the end of the stream. StreamFailed as soon as ``lost()`` says the
         model has given the stream up (checked every LOST_POLL_SECONDS while waiting, less often when many
         streams wait: :func:`lost_poll_seconds`)."""
-        if self.pending is None:
-            self.pending = asyncio.get_running_loop().run_in_executor(
-                self.bls.pool, _read, self.responses, self.receipt
-            )
-        deadline = time.monotonic() + self.bls.timeout
-        global _reading
-        _reading += 1
-        try:
-            response = await self._wait(deadline, lost)
-        finally:
-            _reading -= 1
-        self.pending = None
-        return response
+        if not self.ahead:
+            read = self.pending or self._read_next()
+            deadline = time.monotonic() + self.bls.timeout
+            global _reading
+            _reading += 1
+            try:
+                await self._wait(read, deadline, lost)
+            finally:
+                _reading -= 1
+            if read.exception() is not None:  # this read failed: the next call reads again
+                self.pending = None
+                raise read.exception()
+        return self.ahead.popleft()
 
-    async def _wait(self, deadline: float, lost: Callable[[], bool]):
+    async def _wait(self, read: asyncio.Future, deadline: float, lost: Callable[[], bool]) -> None:
         # asyncio.wait leaves the read be when it times out or is cancelled (no shield, no exception per poll)
-        while not self.pending.done():
-            await asyncio.wait({self.pending}, timeout=lost_poll_seconds(_reading))
-            if self.pending.done():
+        while not read.done():
+            await asyncio.wait({read}, timeout=lost_poll_seconds(_reading))
+            if read.done():
                 break
             if lost():
                 raise StreamFailed(UNAVAILABLE + LOST)
             if time.monotonic() > deadline:
                 # unavailable: the stream went astray in the server (Triton dropped it); a retry may work
                 raise TimeoutError(f"{UNAVAILABLE}{self.model} sent nothing for {self.bls.timeout:.0f} s; retry")
-        return self.pending.result()
+        if not read.cancelled() and read.exception() is None and not self.ahead:
+            self._landed(read)  # its callback has not run yet (it runs in the order callbacks were added)
 
     def close(self) -> None:
-        """The stream is no longer read: its iterator is let go of once the stub has (docs/triton.md#T18),
-        and its receipt closed once the read still running, if any, has returned (until then the model must
-        not send it two responses: docs/triton.md#T23)."""
+        """The stream is no longer read: no read starts any more, its iterator is let go of once the stub
+        has (docs/triton.md#T18), and its receipt closed once the read still running, if any, has returned
+        (until then the model must not send it two responses: docs/triton.md#T23)."""
+        self.closed = True
         RETIRED.retire(self.responses, self.pending)
         if self.receipt is not None:
             if self.pending is None or self.pending.done():

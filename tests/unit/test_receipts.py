@@ -117,16 +117,27 @@ def test_an_unpaced_stream_and_close_send_everything(host, model):  # noqa: F811
     assert paced.finals() == 1 and len(paced.chunks) == 4
 
 
-def test_a_response_stream_counts_each_read_and_closes_its_entry_once_no_read_runs(tmp_path):
-    """tts's side (serving.stub.bls.ResponseStream): counted on the reading thread as soon as ``next``
-    returned; closed when the stream is let go of, or, with a read still waiting, once that read is back."""
+def test_a_response_stream_reads_ahead_counts_each_read_and_closes_its_entry_once_no_read_runs(tmp_path):
+    """tts's side (serving.stub.bls.ResponseStream): each response is read as soon as it is there, before
+    the caller asks for it, and counted on the reading thread the moment ``next`` returned it (so the
+    generator's next response need not wait for a caller that is busy); the entry is closed when the stream
+    is let go of, or, with a read still waiting, once that read is back."""
     receipts, board = Receipts(tmp_path, "tts", 4), ReceiptBoard(tmp_path)
-    gate = threading.Event()
+    second, third = threading.Event(), threading.Event()
 
     def responses():
         yield "first"
-        gate.wait(30)
+        second.wait(30)
         yield "second"
+        third.wait(30)
+        yield "third"
+
+    async def until(condition):
+        for _ in range(1000):
+            if condition():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("timed out")
 
     async def main():
         with ThreadPoolExecutor(2) as pool:
@@ -135,16 +146,17 @@ def test_a_response_stream_counts_each_read_and_closes_its_entry_once_no_read_ru
             entry = board.entry(receipt.parameter, 21)
             stream = ResponseStream(bls, "generator", responses(), receipt)
             assert await stream.next() == "first" and board.read(entry, 21) == 1
+            second.set()
+            await until(lambda: board.read(entry, 21) == 2)  # read (and counted) before anyone asked
+            assert list(stream.ahead) == ["second"]
+            assert await stream.next() == "second"
             waiting = asyncio.ensure_future(stream.next())
             await asyncio.sleep(0.05)
             waiting.cancel()  # the read goes on, on its thread
             stream.close()
-            assert board.read(entry, 21) == 1  # still open: a read runs
-            gate.set()
-            for _ in range(500):
-                if board.read(entry, 21) is None:
-                    break
-                await asyncio.sleep(0.01)
-            assert board.read(entry, 21) is None and receipts.free == [3, 2, 1, 0]
+            assert board.read(entry, 21) == 2  # still open: a read runs
+            third.set()
+            await until(lambda: board.read(entry, 21) is None)
+            assert receipts.free == [3, 2, 1, 0]
 
     asyncio.run(main())
