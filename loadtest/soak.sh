@@ -51,7 +51,7 @@ rss() {  # MB of tritonserver and its stubs
 }
 gauges() {
     curl -s "http://127.0.0.1:$metrics/metrics" |
-        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv) ' || true
+        grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv|generator_held_responses) ' || true
 }
 echo "ready at $(date +%T); RSS at start: $(rss)"
 
@@ -125,6 +125,8 @@ grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || t
 echo "RSS at end: $(rss)"
 echo "after the load:"
 gauges | sed 's/^/  /'
+# read receipts (docs/triton.md#T23): responses the generator held for their reader, and how long in all
+curl -s "http://127.0.0.1:$metrics/metrics" | grep -E '^tts_generator_held_(responses_total|seconds_total) ' | sed 's/^/  /' || true
 gate() {  # admission places and generator slots held now (serving.flow.side_channel), from the run folder
     $PY -c "import sys; from pathlib import Path; from serving.flow.side_channel import Admission
 board = next(Path(sys.argv[1]).glob('*/cancel'))
