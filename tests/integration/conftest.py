@@ -8,7 +8,7 @@ from engine.config import nostop
 from engine.random_checkpoint import make_checkpoint
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import gateway_for
+from tests.integration.helpers import GRPC_FRONT_LIMITS, HTTP_FRONT_LIMITS, behind_fronts, gateway_for
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
@@ -46,3 +46,11 @@ def gateway(server):
     """The OpenAI-compatible gateway in front of the module's ``server`` (a module may serve its own)."""
     with gateway_for(server) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def fronted(nostop_ckpt, tmp_path_factory):
+    """A server behind both bounded fronts, for test_grpc_front and test_http_front (one start for both)."""
+    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("fronts"), grpc_front=GRPC_FRONT_LIMITS,
+                       http_front=HTTP_FRONT_LIMITS) as srv:  # fmt: skip
+        yield srv

@@ -69,6 +69,11 @@ LEGIT = {"text": "A legitimate stream.", "seed": 11,
          "parameters": {"max_patches": 6, "chunk_first": 2, "chunk_fixed": True}}  # fmt: skip
 
 
+# The fronts' bounds in their modules (test_grpc_front, test_http_front), which share one server behind both
+GRPC_FRONT_LIMITS = FrontLimits(max_message_mb=2.0, max_unsent_mb=0.25, max_unsent_seconds=10.0)
+HTTP_FRONT_LIMITS = HttpFrontLimits(max_body_mb=2.0, header_seconds=3.0)
+
+
 @contextmanager
 def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
                   http_front: HttpFrontLimits | None = None) -> Iterator[TritonServer]:  # fmt: skip
