@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.config import nostop
@@ -21,20 +23,24 @@ def nostop_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(nostop_ckpt, tmp_path_factory):
+def server_options(nostop_ckpt, tmp_path_factory) -> ServeOptions:
+    """The options of the session's ``server`` (a test may start a server like it, on its voice folder)."""
     work = tmp_path_factory.mktemp("triton")
-    repo = build(
-        work / "model_repository",
-        ServeOptions(
-            checkpoint=str(nostop_ckpt),
-            slots=4,
-            max_len=1024,
-            vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
-            cancel_dir=str(work / "cancel"),
-            voice_dir=str(work / "voices"),
-            run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
-        ),
+    return ServeOptions(
+        checkpoint=str(nostop_ckpt),
+        slots=4,
+        max_len=1024,
+        vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
+        cancel_dir=str(work / "cancel"),
+        voice_dir=str(work / "voices"),
+        run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
     )
+
+
+@pytest.fixture(scope="session")
+def server(server_options):
+    work = Path(server_options.run_dir)
+    repo = build(work / "model_repository", server_options)
     srv = TritonServer(repo, work, Ports.free())
     with srv:
         yield srv

@@ -23,7 +23,7 @@ import soundfile as sf
 
 from client import InvalidRequest, TTSClient
 from engine.chunking import ChunkSchedule
-from tests.integration.helpers import gateway_for, in_parallel, wait_gauges_zero
+from tests.integration.helpers import in_parallel, wait_gauges_zero
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -323,25 +323,24 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
         httpx.delete(f"{gateway}/v1/audio/voices/designed-calm", headers=admin, timeout=30)
 
 
-def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
-    """Designed through the gateway of one server, spoken by Base on the next one from the same voice folder."""
-    from serving.config.repository import ServeOptions, build
+def test_a_designed_voice_survives_a_restart(server, server_options, gateway, tmp_path):
+    """Designed through the gateway of one server (the module's), spoken by Base on the next one from the same
+    voice folder (a server started like it on that folder: one start, not two)."""
+    from dataclasses import replace
+
+    from serving.config.repository import build
     from serving.supervision.triton_env import Ports, TritonServer
 
-    def serve(tag):
-        work = tmp_path / tag
-        options = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=512, voice_dir=str(tmp_path / "voices"),
-                               cancel_dir=str(work / "cancel"))  # fmt: skip
-        repo = build(work / "repo", options)
-        return TritonServer(repo, work, Ports.free())
-
     body = {"name": "designed-kept", "instructions": DESCRIPTION, "text": "Good evening.", "max_patches": 8}
-    with serve("first") as srv, gateway_for(srv) as url:
-        admin = {"Authorization": f"Bearer {srv.admin_key}"}
-        assert httpx.post(f"{url}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
-        before = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
-    with serve("second") as srv:
-        after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    try:
+        assert httpx.post(f"{gateway}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
+        before = client(server).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+        options = replace(server_options, cancel_dir=str(tmp_path / "cancel"), run_dir=str(tmp_path))
+        with TritonServer(build(tmp_path / "repo", options), tmp_path, Ports.free()) as srv:
+            after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    finally:
+        httpx.delete(f"{gateway}/v1/audio/voices/designed-kept", headers=admin, timeout=30)
     assert before.size and np.array_equal(before, after)
 
 
