@@ -56,7 +56,8 @@ def gateway(server):
 
 @pytest.fixture(scope="session")
 def fronted(nostop_ckpt, tmp_path_factory):
-    """A server behind both bounded fronts, for test_grpc_front and test_http_front (one start for both)."""
+    """A server behind both bounded fronts, without tts_ensemble (2 slots, 2 waiting): test_grpc_front's,
+    test_http_front's and test_hardening's sealed server (one start for the three)."""
     with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("fronts"), grpc_front=GRPC_FRONT_LIMITS,
-                       http_front=HTTP_FRONT_LIMITS) as srv:  # fmt: skip
+                       http_front=HTTP_FRONT_LIMITS, ensemble=False) as srv:  # fmt: skip
         yield srv
