@@ -5,6 +5,7 @@ checkpoint that ``make serve`` uses), with only the ports changed to the launche
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ import pytest
 import soundfile as sf
 
 from engine.protocol import SAMPLE_RATE
-from tests.docs import DOCS, snippet
+from tests.docs import DOCS, README, ROOT, snippet
 from tests.integration.launcher import Launcher
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,20 @@ def test_the_openai_sdk_snippet_writes_mp3(launcher, curl_wav, tmp_path):
         assert f.format.name == "mp3"
         seconds = sum(frame.samples / frame.sample_rate for frame in f.decode(audio=0))
     assert abs(seconds - curl_wav.size / SAMPLE_RATE) < 0.1  # MP3 adds priming and padding
+
+
+@pytest.mark.parametrize("name, page", [("text-in-grpc", DOCS / "serving.md"), ("text-in-client", README)])
+def test_the_documented_snippets_run(name, page, launcher, tmp_path):
+    """The text-in snippets (README, docs/serving.md) against the launcher: the tiny checkpoint's stop head
+    ends each sentence, where the nostop one of test_text_in_server ran each to 400 patches."""
+    url = f"127.0.0.1:{launcher.ports.grpc}"
+    code = snippet(name, page)
+    assert "127.0.0.1:8001" in code
+    code = code.replace("127.0.0.1:8001", url)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    if name == "text-in-client":
+        assert (tmp_path / "streamed.wav").stat().st_size > 44
+    else:
+        assert int(done.stdout.split()[0]) > 0
