@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine.config import nostop
 from engine.random_checkpoint import make_checkpoint
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import gateway_for
+from tests.integration.helpers import GRPC_FRONT_LIMITS, HTTP_FRONT_LIMITS, behind_fronts, gateway_for
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
@@ -21,20 +23,24 @@ def nostop_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(nostop_ckpt, tmp_path_factory):
+def server_options(nostop_ckpt, tmp_path_factory) -> ServeOptions:
+    """The options of the session's ``server`` (a test may start a server like it, on its voice folder)."""
     work = tmp_path_factory.mktemp("triton")
-    repo = build(
-        work / "model_repository",
-        ServeOptions(
-            checkpoint=str(nostop_ckpt),
-            slots=4,
-            max_len=1024,
-            vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
-            cancel_dir=str(work / "cancel"),
-            voice_dir=str(work / "voices"),
-            run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
-        ),
+    return ServeOptions(
+        checkpoint=str(nostop_ckpt),
+        slots=4,
+        max_len=1024,
+        vocoder_idle_seconds=10,  # a cancelled tts_ensemble stream is reclaimed after this
+        cancel_dir=str(work / "cancel"),
+        voice_dir=str(work / "voices"),
+        run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
     )
+
+
+@pytest.fixture(scope="session")
+def server(server_options):
+    work = Path(server_options.run_dir)
+    repo = build(work / "model_repository", server_options)
     srv = TritonServer(repo, work, Ports.free())
     with srv:
         yield srv
@@ -46,3 +52,12 @@ def gateway(server):
     """The OpenAI-compatible gateway in front of the module's ``server`` (a module may serve its own)."""
     with gateway_for(server) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def fronted(nostop_ckpt, tmp_path_factory):
+    """A server behind both bounded fronts, without tts_ensemble (2 slots, 2 waiting): test_grpc_front's,
+    test_http_front's and test_hardening's sealed server (one start for the three)."""
+    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("fronts"), grpc_front=GRPC_FRONT_LIMITS,
+                       http_front=HTTP_FRONT_LIMITS, ensemble=False) as srv:  # fmt: skip
+        yield srv

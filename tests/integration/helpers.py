@@ -69,13 +69,19 @@ LEGIT = {"text": "A legitimate stream.", "seed": 11,
          "parameters": {"max_patches": 6, "chunk_first": 2, "chunk_fixed": True}}  # fmt: skip
 
 
+# The fronts' bounds in their modules (test_grpc_front, test_http_front), which share one server behind both
+# (conftest's ``fronted``; test_hardening's sealed server is that one too)
+GRPC_FRONT_LIMITS = FrontLimits(max_message_mb=2.0, max_unsent_mb=0.25, max_unsent_seconds=10.0)
+HTTP_FRONT_LIMITS = HttpFrontLimits(max_body_mb=2.0, header_seconds=3.0)
+
+
 @contextmanager
 def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
-                  http_front: HttpFrontLimits | None = None) -> Iterator[TritonServer]:  # fmt: skip
+                  http_front: HttpFrontLimits | None = None, ensemble: bool = True) -> Iterator[TritonServer]:  # fmt: skip
     """A tritonserver of 2 slots and 2 waiting places behind the fronts given (serving.fronts.grpc_front,
     serving.fronts.http_front), its files in ``work``; Triton's own ports stay reachable on loopback."""
     opts = ServeOptions(checkpoint=str(ckpt), slots=2, max_queue=2, max_len=1024, cancel_dir=str(work / "cancel"),
-                        voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
+                        voice_dir=str(work / "voices"), run_dir=str(work), ensemble=ensemble)  # fmt: skip
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free(), grpc_front=grpc_front,
                           http_front=http_front)  # fmt: skip
     with server:

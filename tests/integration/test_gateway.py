@@ -155,12 +155,15 @@ def test_bad_bodies(gateway):
     assert r.status_code == 413 and "headers" not in r.json()["error"]["message"]
 
 
-def test_stock_and_registered_voices(gateway, server, reference):
+def test_stock_and_registered_voices(gateway, server, reference, monkeypatch):
+    from gateway import app as gateway_app  # the module (``gateway`` here is the fixture's URL)
+
+    monkeypatch.setattr(gateway_app, "VOICE_LIST_SECONDS", 0.5)  # the reuse, shortened: its wait is the point
     default = speech(gateway, response_format="pcm").content
     assert speech(gateway, response_format="pcm", voice="alloy").content == default  # stock name: default voice
     clip = (0.1 * np.random.default_rng(5).standard_normal(24000)).astype(np.float32)
     VoiceClient(f"127.0.0.1:{server.ports.grpc}", admin_key=server.admin_key).add("gw-voice", clip, 24000, "x")
-    time.sleep(5.1)  # the gateway reuses a voice list for 5 s
+    time.sleep(0.6)  # the gateway reuses a voice list for VOICE_LIST_SECONDS (5 s; 0.5 s here)
     listed = httpx.get(f"{gateway}/v1/audio/voices", timeout=10).json()["voices"]
     assert "gw-voice" in [v["name"] for v in listed]
     r = speech(gateway, response_format="pcm", voice="gw-voice")

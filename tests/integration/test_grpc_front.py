@@ -3,8 +3,8 @@ they would get from Triton directly, byte for byte; a message past the bound is 
 serves on; a stream whose client never reads is ended and its slot freed while the attacker still holds
 its connection, and a legitimate stream then starts within START_WITHIN and sounds as before.
 
-One server (2 slots, 2 waiting) with the front serves the module; the tests reach Triton's own gRPC
-port (loopback) too, to compare."""
+One server (2 slots, 2 waiting) with the front serves the module (conftest's ``fronted``, which test_http_front
+shares: it has the HTTP front too); the tests reach Triton's own gRPC port (loopback) too, to compare."""
 
 from __future__ import annotations
 
@@ -22,19 +22,17 @@ from tritonclient.utils import InferenceServerException
 from client import TTSClient
 from client.request import grpc_inputs, request_fields
 from loadtest import attacks
-from serving.fronts.front_limits import FrontLimits
 from serving.fronts.grpc_front import ENDED_COUNTER
-from tests.integration.helpers import LEGIT, behind_fronts
+from tests.integration.helpers import GRPC_FRONT_LIMITS, LEGIT
 
 pytestmark = pytest.mark.integration
-LIMITS = FrontLimits(max_message_mb=2.0, max_unsent_mb=0.25, max_unsent_seconds=10.0)
+LIMITS = GRPC_FRONT_LIMITS  # max_message_mb 2, max_unsent_mb 0.25, max_unsent_seconds 10
 START_WITHIN = 10.0  # seconds: a legitimate stream's first chunk after an attack (it takes ~0.1 s here)
 
 
 @pytest.fixture(scope="module")
-def server(nostop_ckpt, tmp_path_factory):
-    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("grpc-front"), grpc_front=LIMITS) as srv:
-        yield srv
+def server(fronted):
+    return fronted
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from tritonclient.utils import InferenceServerException
 from client import ServerBusy, TTSClient, TTSError
 from loadtest import attacks
 from serving import contract
-from serving.config.repository import ServeOptions, build
 from serving.security.auth import Keys
-from serving.supervision.triton_env import GRPC_ADMIN_HEADER, Ports, TritonServer
+from serving.supervision.triton_env import GRPC_ADMIN_HEADER
 from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
@@ -346,12 +345,10 @@ def test_a_client_cannot_pass_the_internal_key_through_tts(server):
 
 # ---- a sealed server: no ensemble, so the internal models refuse every key-less request ----
 @pytest.fixture(scope="module")
-def sealed(nostop_ckpt, tmp_path_factory):
-    work = tmp_path_factory.mktemp("sealed")
-    opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=1024, max_queue=2, ensemble=False,
-                        cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"))  # fmt: skip
-    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
-        yield srv
+def sealed(fronted):
+    """2 slots, max_queue 2, no tts_ensemble: conftest's ``fronted`` (which test_grpc_front and test_http_front
+    share), reached through its bounded fronts, which pass these requests on as they are."""
+    return fronted
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

@@ -2,8 +2,8 @@
 generate_stream client get what they would get from Triton directly; a body past the bound gets 413
 before Triton sees it, a connection that never finishes its head is closed, and the server serves on.
 
-One server with the front serves the module; the tests reach Triton's own HTTP port (loopback) too, to
-compare."""
+One server with the front serves the module (conftest's ``fronted``, which test_grpc_front shares: it has
+the gRPC front too); the tests reach Triton's own HTTP port (loopback) too, to compare."""
 
 from __future__ import annotations
 
@@ -17,17 +17,15 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from client import TTSClient
-from serving.fronts.front_limits import HttpFrontLimits
-from tests.integration.helpers import LEGIT, behind_fronts
+from tests.integration.helpers import HTTP_FRONT_LIMITS, LEGIT
 
 pytestmark = pytest.mark.integration
-LIMITS = HttpFrontLimits(max_body_mb=2.0, header_seconds=3.0)
+LIMITS = HTTP_FRONT_LIMITS  # max_body_mb 2, header_seconds 3
 
 
 @pytest.fixture(scope="module")
-def server(nostop_ckpt, tmp_path_factory):
-    with behind_fronts(nostop_ckpt, tmp_path_factory.mktemp("http-front"), http_front=LIMITS) as srv:
-        yield srv
+def server(fronted):
+    return fronted
 
 
 @pytest.fixture(scope="module")

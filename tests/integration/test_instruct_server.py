@@ -23,7 +23,7 @@ import soundfile as sf
 
 from client import InvalidRequest, TTSClient
 from engine.chunking import ChunkSchedule
-from tests.integration.helpers import gateway_for, in_parallel, wait_gauges_zero
+from tests.integration.helpers import in_parallel, wait_gauges_zero
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -323,25 +323,24 @@ def test_a_designed_voice_is_registered_once_and_base_speaks_it_the_same_every_t
         httpx.delete(f"{gateway}/v1/audio/voices/designed-calm", headers=admin, timeout=30)
 
 
-def test_a_designed_voice_survives_a_restart(nostop_ckpt, tmp_path):
-    """Designed through the gateway of one server, spoken by Base on the next one from the same voice folder."""
-    from serving.config.repository import ServeOptions, build
+def test_a_designed_voice_survives_a_restart(server, server_options, gateway, tmp_path):
+    """Designed through the gateway of one server (the module's), spoken by Base on the next one from the same
+    voice folder (a server started like it on that folder: one start, not two)."""
+    from dataclasses import replace
+
+    from serving.config.repository import build
     from serving.supervision.triton_env import Ports, TritonServer
 
-    def serve(tag):
-        work = tmp_path / tag
-        options = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=512, voice_dir=str(tmp_path / "voices"),
-                               cancel_dir=str(work / "cancel"))  # fmt: skip
-        repo = build(work / "repo", options)
-        return TritonServer(repo, work, Ports.free())
-
     body = {"name": "designed-kept", "instructions": DESCRIPTION, "text": "Good evening.", "max_patches": 8}
-    with serve("first") as srv, gateway_for(srv) as url:
-        admin = {"Authorization": f"Bearer {srv.admin_key}"}
-        assert httpx.post(f"{url}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
-        before = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
-    with serve("second") as srv:
-        after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    admin = {"Authorization": f"Bearer {server.admin_key}"}
+    try:
+        assert httpx.post(f"{gateway}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
+        before = client(server).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+        options = replace(server_options, cancel_dir=str(tmp_path / "cancel"), run_dir=str(tmp_path))
+        with TritonServer(build(tmp_path / "repo", options), tmp_path, Ports.free()) as srv:
+            after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
+    finally:
+        httpx.delete(f"{gateway}/v1/audio/voices/designed-kept", headers=admin, timeout=30)
     assert before.size and np.array_equal(before, after)
 
 
@@ -422,46 +421,3 @@ def test_the_page_edits_a_recording_and_shows_the_transcript(browser, gateway, t
     wait_for(lambda: player(browser)["src"].startswith("blob:"), timeout=300, what="the edited audio in the player")
     assert browser.find_element(By.ID, "download").get_attribute("href") == player(browser)["src"]
     assert browser.find_element(By.ID, "edit-error").text == ""
-
-
-# ---- the README's examples ----
-
-
-def test_the_readme_instruct_snippets_write_speech(gateway, server, tmp_path):
-    """README's "Two models" snippets as written but for the ports: design with curl, the client and the
-    OpenAI SDK, and the client's other three tasks on the designed recording."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    from urllib.parse import urlsplit
-
-    from tests.docs import snippet
-
-    port = urlsplit(gateway).port
-    grpc = f"127.0.0.1:{server.ports.grpc}"
-    gateway_port = f"127.0.0.1:{port}"
-    commands = {
-        "designed.wav": ["bash", "-c", snippet("design-curl").replace("127.0.0.1:8080", gateway_port)],
-        "designed-sdk.wav": [sys.executable, "-c", snippet("design-sdk").replace("127.0.0.1:8080", gateway_port)],
-    }
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout's client
-    for out, command in commands.items():
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        audio, rate = sf.read(tmp_path / out)
-        assert rate == 24000 and audio.size, out
-    python = snippet("design-client").replace("127.0.0.1:8001", grpc)
-    done = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    # this server never stops by itself (64 s designs): the other tasks get a recording of a usable length
-    sf.write(tmp_path / "designed.wav", client(server).synthesize("Good evening.", instruction="a calm older man",
-                                                                 parameters=SHORT), 24000)  # fmt: skip
-    tasks = snippet("tasks-client").replace("127.0.0.1:8001", grpc)
-    done = subprocess.run([sys.executable, "-c", tasks], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    for out in ("cloned.wav", "reworded.wav", "faster.wav"):
-        audio, rate = sf.read(tmp_path / out)
-        assert rate == 24000 and audio.size, out

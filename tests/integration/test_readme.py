@@ -1,12 +1,15 @@
 """The README's first screen, run as a reader would: the addresses it says the launcher prints, its curl
 command, the web page's address and its Python client snippet, taken from README.md (and the OpenAI SDK
 snippet from docs/openai.md) and run against one real launcher (``python -m serving.serve`` on the tiny
-checkpoint that ``make serve`` uses), with only the ports changed to the launcher's free ones."""
+checkpoint that ``make serve`` uses), with only the ports changed to the launcher's free ones. The text-in
+and Instruct snippets run here too: the tiny checkpoint's stop head ends their sentences."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -14,12 +17,14 @@ import pytest
 import soundfile as sf
 
 from engine.protocol import SAMPLE_RATE
-from tests.docs import DOCS, snippet
+from tests.docs import DOCS, README, ROOT, snippet
 from tests.integration.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 
 TEXT = "Hello from FireRedTTS3."  # what every snippet says
+# test_instruct_server's SHORT: the recording the README's Instruct tasks start from
+INSTRUCT_SHORT = {"max_patches": 6, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True}
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +90,53 @@ def test_the_openai_sdk_snippet_writes_mp3(launcher, curl_wav, tmp_path):
         assert f.format.name == "mp3"
         seconds = sum(frame.samples / frame.sample_rate for frame in f.decode(audio=0))
     assert abs(seconds - curl_wav.size / SAMPLE_RATE) < 0.1  # MP3 adds priming and padding
+
+
+@pytest.mark.parametrize("name, page", [("text-in-grpc", DOCS / "serving.md"), ("text-in-client", README)])
+def test_the_documented_snippets_run(name, page, launcher, tmp_path):
+    """The text-in snippets (README, docs/serving.md) against the launcher: the tiny checkpoint's stop head
+    ends each sentence, where the nostop one of test_text_in_server ran each to 400 patches."""
+    url = f"127.0.0.1:{launcher.ports.grpc}"
+    code = snippet(name, page)
+    assert "127.0.0.1:8001" in code
+    code = code.replace("127.0.0.1:8001", url)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    if name == "text-in-client":
+        assert (tmp_path / "streamed.wav").stat().st_size > 44
+    else:
+        assert int(done.stdout.split()[0]) > 0
+
+
+def test_the_readme_instruct_snippets_write_speech(launcher, tmp_path):
+    """README's "Two models" snippets as written but for the ports: design with curl, the client and the
+    OpenAI SDK, and the client's other three tasks on the designed recording. (The launcher's tiny
+    checkpoint holds the Instruct model, and its stop head fires: the nostop session server of
+    test_instruct_server ran each design to 400 patches.)"""
+    grpc = f"127.0.0.1:{launcher.ports.grpc}"
+    gateway_port = f"127.0.0.1:{launcher.openai}"
+    commands = {
+        "designed.wav": ["bash", "-c", snippet("design-curl").replace("127.0.0.1:8080", gateway_port)],
+        "designed-sdk.wav": [sys.executable, "-c", snippet("design-sdk").replace("127.0.0.1:8080", gateway_port)],
+    }
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout's client
+    for out, command in commands.items():
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        audio, rate = sf.read(tmp_path / out)
+        assert rate == 24000 and audio.size, out
+    python = snippet("design-client").replace("127.0.0.1:8001", grpc)
+    done = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # a recording of a usable length for the other tasks, whatever the designs' length was
+    sf.write(tmp_path / "designed.wav", launcher.client(timeout=120).synthesize(
+        "Good evening.", instruction="a calm older man", parameters=INSTRUCT_SHORT), 24000)  # fmt: skip
+    tasks = snippet("tasks-client").replace("127.0.0.1:8001", grpc)
+    done = subprocess.run([sys.executable, "-c", tasks], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for out in ("cloned.wav", "reworded.wav", "faster.wav"):
+        audio, rate = sf.read(tmp_path / out)
+        assert rate == 24000 and audio.size, out
