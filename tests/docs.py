@@ -34,13 +34,16 @@ def section(page: Path, heading: str) -> str:
 
 
 def anchors(text: str) -> set[str]:
-    """GitHub's ids for the headings of a markdown text (lower case, punctuation dropped, spaces as -)."""
+    """GitHub's ids for the headings of a markdown text (lower case, punctuation dropped, spaces as -), and
+    the ids of its HTML anchors (``<a id="T23"></a>``: docs/triton.md's rows)."""
     ids, fenced = set(), False
     for line in text.splitlines():
         if line.startswith("```"):
             fenced = not fenced
-        elif not fenced and (m := re.match(r"#+ (.*)", line)):
-            ids.add(re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-"))
+        elif not fenced:
+            if m := re.match(r"#+ (.*)", line):
+                ids.add(re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-"))
+            ids.update(re.findall(r'<a id="([^"]+)"></a>', line))
     return ids
 
 
