@@ -121,7 +121,7 @@ class ReceiptBoard:
         self.dir = Path(board)
         self.maps: dict[str, mmap.mmap] = {}
 
-    def entry(self, value: str, stream_id: int) -> tuple[mmap.mmap, int] | None:
+    def entry(self, value: str) -> tuple[mmap.mmap, int] | None:
         """A request's :data:`PARAMETER` -> its entry (map, byte offset), or None: no parameter, or a board
         that does not exist (its stream goes unpaced). ValueError for a value that names no entry."""
         if not value:

@@ -26,7 +26,7 @@ def test_a_board_counts_reads_per_stream_until_the_entry_is_closed(tmp_path):
     first, second = receipts.open(11), receipts.open(22)
     assert receipts.open(33) is None  # every entry in use: that stream goes unpaced
     assert (first.parameter, second.parameter) == ("tts:0", "tts:1")
-    a, b = board.entry(first.parameter, 11), board.entry(second.parameter, 22)
+    a, b = board.entry(first.parameter), board.entry(second.parameter)
     assert board.read(a, 11) == 0 and board.read(b, 22) == 0
     first.read()
     first.read()
@@ -45,24 +45,24 @@ def test_a_board_counts_reads_per_stream_until_the_entry_is_closed(tmp_path):
 
 def test_the_generator_side_reads_only_entries_that_exist(tmp_path):
     board = ReceiptBoard(tmp_path)
-    assert board.entry("", 1) is None  # no receipt: unpaced
-    assert board.entry("tts:0", 1) is None  # no board yet: unpaced
+    assert board.entry("") is None  # no receipt: unpaced
+    assert board.entry("tts:0") is None  # no board yet: unpaced
     Receipts(tmp_path, "tts", capacity(2))
-    assert board.entry("tts:63", 1) is not None
+    assert board.entry("tts:63") is not None
     for bad in ("tts:64", "tts:-1", "tts:x", "tts"):
         with pytest.raises(ValueError, match=PARAMETER):
-            board.entry(bad, 1)
+            board.entry(bad)
     with pytest.raises(ValueError, match="unknown sender"):
-        board.entry("voices:0", 1)
+        board.entry("voices:0")
     with pytest.raises(ValueError, match="unknown sender"):
-        board.entry("../x:0", 1)
+        board.entry("../x:0")
 
 
 def test_a_restarted_sender_voids_its_entries_and_never_shrinks_the_board(tmp_path):
     first = Receipts(tmp_path, "tts", 128).open(5)
     first.read()
     board = ReceiptBoard(tmp_path)
-    entry = board.entry("tts:0", 5)
+    entry = board.entry("tts:0")
     Receipts(tmp_path, "tts", 64)  # a new sender process (a mapped board is never cut short under a reader)
     assert board.read(entry, 5) is None and (tmp_path / "receipts-tts").stat().st_size == 128 * 16
 
@@ -80,7 +80,7 @@ def test_the_generator_sends_a_paced_streams_next_response_once_the_one_before_w
     prompt = model.encode_prompt(None)
     tokens = model.tokens("Hello there.", "English", prompt)
     params = GenerationParams(seed=3, max_patches=12, min_patches=12)  # 6 chunks of 2 patches
-    entry = host.receipts.entry(receipt.parameter, 7)
+    entry = host.receipts.entry(receipt.parameter)
     host.submit(Arrival(7, (tokens, prompt, params, ChunkSchedule(2, 2, fixed=True)), sender, entry))
     wait_for(lambda: 7 not in host.service.live and (out := host.outboxes.get(7)) and out.queue[-1].last)
     out = host.outboxes[7]
@@ -107,7 +107,7 @@ def test_an_unpaced_stream_and_close_send_everything(host, model):  # noqa: F811
     receipt = Receipts(host.channel.dir, "ensemble_generator", 4).open(9)
     host.submit(Arrival(8, (tokens, prompt, params, ChunkSchedule(2, 2, fixed=True)), free))
     host.submit(Arrival(9, (tokens, prompt, params, ChunkSchedule(2, 2, fixed=True)), paced,
-                        host.receipts.entry(receipt.parameter, 9)))  # fmt: skip
+                        host.receipts.entry(receipt.parameter)))  # fmt: skip
     assert free.done.wait(60) and len(free.chunks) == 4 and free.finals() == 1
     wait_for(lambda: 9 not in host.service.live)
     assert len(paced.chunks) == 1
@@ -143,7 +143,7 @@ def test_a_response_stream_reads_ahead_counts_each_read_and_closes_its_entry_onc
         with ThreadPoolExecutor(2) as pool:
             bls = BLS(None, timeout=60.0, pool=pool)
             receipt = receipts.open(21)
-            entry = board.entry(receipt.parameter, 21)
+            entry = board.entry(receipt.parameter)
             stream = ResponseStream(bls, "generator", responses(), receipt)
             assert await stream.next() == "first" and board.read(entry, 21) == 1
             second.set()

@@ -42,7 +42,7 @@ class TritonPythonModel:
                 continue
             try:
                 stream_id = r.correlation_id()
-                receipt = host.receipts.entry(given.pop(RECEIPT, ""), stream_id)  # its reader's (T23)
+                receipt = host.receipts.entry(given.pop(RECEIPT, ""))  # its reader's (T23)
                 host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, receipt))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
