@@ -27,7 +27,14 @@ import pytest
 from client import ServerBusy, TTSError
 from serving.supervision.gateway_process import GATEWAY_STOP_SECONDS
 from serving.supervision.run_folder import HEARTBEATS
-from serving.supervision.supervise import GRACE_SECONDS, METRICS_TIMEOUT, POLL_SECONDS, STOP_SECONDS, find_stubs
+from serving.supervision.supervise import (
+    GDB_SECONDS,
+    GRACE_SECONDS,
+    METRICS_TIMEOUT,
+    POLL_SECONDS,
+    STOP_SECONDS,
+    find_stubs,
+)
 from serving.supervision.vitals import STALE_SECONDS
 from tests.integration.launcher import Launcher, ReadyWatch, Stream, gone, with_pid
 
@@ -241,14 +248,18 @@ def test_a_stopped_generator_fails_the_waiting_requests_too(launcher):
     running, waiting = fill_the_slots(launcher, "Stopped")
     pid = launcher.stubs()["generator"]
     watch = ReadyWatch(launcher)
+    logged = len(launcher.text())
     t0 = time.monotonic()
     os.kill(pid, signal.SIGSTOP)
     try:
         assert waiting.done.wait(FAIL_WITHIN + STALL) and "generator" in str(waiting.error), waiting.error
         assert all(s.done.wait(5) and "generator" in str(s.error) for s in running)
         back = check_recovered(launcher, "generator", t0, watch)
-        dropped = first_drop(watch, t0)
-        assert dropped <= STALL + POLL_SECONDS + 1  # the heartbeat rule is faster: STALE_SECONDS + 1 + a poll
+        # The heartbeat rule saw it (STALE_SECONDS), before the stall rule could (STALL): the rule is asserted
+        # from the supervisor's own words, not from a wall-clock race it wins by seconds on a quiet machine only.
+        assert f"its stub (pid {pid}) has not beaten for" in launcher.text()[logged:], launcher.text()[logged:]
+        dropped = first_drop(watch, t0)  # readiness drops once the stacks are taken (gdb, at most GDB_SECONDS)
+        assert dropped <= FAIL_WITHIN + GDB_SECONDS
         print(f"generator SIGSTOP with a request waiting: readiness dropped after {dropped:.1f} s, the waiting "
               f"request failed after {waiting.ended - t0:.1f} s ({waiting.error}); back after {back:.1f} s")  # fmt: skip
     finally:
