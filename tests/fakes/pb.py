@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import queue
 import sys
 import threading
@@ -29,6 +30,11 @@ from pathlib import Path
 import numpy as np
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
+
+# What each model asked os.nice for in initialize (folder -> increments). A stub is a process of its own; in
+# process, the increment would renice the test runner, and every test after it (prompt_encoder's 10 made the
+# rest of a loaded `make test` crawl at a tenth of a core), so it is recorded, not applied.
+RENICED: dict[str, list[int]] = {}
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -320,7 +326,12 @@ class FakeTriton:
         spec.loader.exec_module(module)
         model = module.TritonPythonModel()
         config = {"name": folder, "parameters": {k: {"string_value": v} for k, v in parameters.items()}}
-        model.initialize({"model_config": json.dumps(config), "model_name": folder})
+        real_nice = os.nice
+        os.nice = lambda increment: RENICED.setdefault(folder, []).append(increment) or real_nice(0)
+        try:
+            model.initialize({"model_config": json.dumps(config), "model_name": folder})
+        finally:
+            os.nice = real_nice
         return model
 
     def serve(self, name: str, model, max_batch: int = 8):

@@ -7,6 +7,7 @@ generator's one request per stream, stepped by its engine thread)."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from tests.fakes import pb as fake
 from tests.reference import reference_audio, reference_latents, spoken
 
 KEY, ADMIN = "k" * 64, "the-admin-key"
+RUNNER_NICENESS = os.nice(0)  # the test runner's, at import
 TEXT = np.object_
 
 
@@ -130,6 +132,11 @@ def test_prompt_encoder_encodes_as_offline_and_refuses_by_name(triton, model):
     messages = [r.error().message() for r in answers]
     assert messages[0].startswith(INVALID) and "VOICE_ID" in messages[0]
     assert messages[1].startswith(FORBIDDEN) and "voices model" in messages[1]
+
+
+def test_the_encoders_niceness_is_asked_for_but_the_test_runner_keeps_its_own(triton):
+    assert fake.RENICED["prompt_encoder"] == [10]  # its stub runs behind the streams (a process of its own)
+    assert os.nice(0) == RUNNER_NICENESS  # in process: not applied to the runner and the tests after it
 
 
 def test_prompt_encoder_checks_every_key_less_voice(triton):
