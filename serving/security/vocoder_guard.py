@@ -8,7 +8,9 @@ generator made, once, in order, for streams the generator holds:
   which Instruct's design and edits leave empty), only while the generator's board lists the stream
   (:mod:`serving.flow.side_channel`: generating, or ended with its end not yet here, however late its
   consumer is), and only once (an id is remembered as opened while the board lists it, and the board
-  forgets it when its end arrives here);
+  forgets it when its end arrives here; from then on the guard remembers the id as finished for
+  :data:`FINISHED_SECONDS`, so a replay of a finished stream's chunk is the client's ``invalid:``, whenever
+  it comes in that time, and never the server's ``unavailable:``);
 - a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
   nobody can guess, and decodes nothing;
 - a stream's end (its last chunk, sealed or ending only) takes it off the board
@@ -28,10 +30,11 @@ generator made, once, in order, for streams the generator holds:
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, LENGTH, STOP, Chunk, Unavailable
-from serving.flow.side_channel import GONE
+from serving.flow.side_channel import GONE, UNCLAIMED_SECONDS
 
 UNKNOWN = "unknown stream (chunks are made by the generator, each used once)"
 # A chunk the generator sealed is genuine: a stream it belongs to that is gone here was dropped by the server
@@ -42,6 +45,12 @@ DROPPED = "the server dropped this stream before its end (a generator or vocoder
 # vocoder as the generator makes chunks, so its last chunk follows the generator's end within
 # milliseconds; a stranger's late replay of a kept chunk 0 holds state no longer than this.
 PUBLIC_ENDED_IDLE_SECONDS = 2.0
+
+# A stream whose end reached the vocoder is remembered as finished this long (the generator's bound on a
+# late consumer, UNCLAIMED_SECONDS), and at most MAX_FINISHED of them (oldest forgotten first); only
+# streams that were opened here count, so a stranger's ending chunks for made-up ids fill nothing.
+FINISHED_SECONDS = UNCLAIMED_SECONDS
+MAX_FINISHED = 16384
 
 
 @dataclass
@@ -60,6 +69,7 @@ class VocoderGuard:
         self.next_seq: dict[int, int] = {}  # open stream -> the seq its next chunk must have
         self.opened: set[int] = set()  # ids whose stream was opened (single use), while the board lists them
         self.ours: set[int] = set()  # open streams that a request with the internal key opened (tts's)
+        self.finished: OrderedDict[int, float] = OrderedDict()  # opened streams whose end came -> when
 
     def decide(self, chunk: Chunk, streams: dict, cancelled: bool = False, opening: int = 0,
                trusted: bool = False) -> Decision:  # fmt: skip
@@ -72,13 +82,15 @@ class VocoderGuard:
             if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
                 self.channel.mark_cancelled(sid)  # the generator ends the stream at its next step
             self.forget(sid, streams)
-            self.live_streams.claim(sid)
+            self._end(sid)
             return Decision(False, CANCELLED)
         if ends_only:
             self.next_seq.pop(sid, None)
-            self.live_streams.claim(sid)
+            self._end(sid)
             return Decision(True)  # frees the state, decodes nothing
         if not self.keys.sealed(chunk):
+            return Decision(False, error=ValueError(UNKNOWN))
+        if sid in self.finished:  # its end came: every chunk of it was used (or will never be)
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.seq == 0:
             if sid in self.opened:
@@ -97,10 +109,19 @@ class VocoderGuard:
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.last:
             self.next_seq.pop(sid, None)
-            self.live_streams.claim(sid)
+            self._end(sid)
         else:
             self.next_seq[sid] = chunk.seq + 1
         return Decision(True)
+
+    def _end(self, sid: int, now: float | None = None) -> None:
+        """The stream's end reached the vocoder: off the board, and finished here if it was opened here."""
+        self.live_streams.claim(sid)
+        if sid in self.opened:
+            self.finished[sid] = time.monotonic() if now is None else now
+            self.finished.move_to_end(sid)
+            while len(self.finished) > MAX_FINISHED:
+                self.finished.popitem(last=False)
 
     def forget(self, sid: int, streams: dict) -> None:
         """Drop a stream's state (its id stays used until the generator forgets it)."""
@@ -123,8 +144,8 @@ class VocoderGuard:
 
     def reap(self, streams: dict, idle_seconds: float, now: float | None = None) -> list[int]:
         """Drop streams off the board (their consumer is gone), streams idle for ``idle_seconds`` and ended
-        key-less ones idle for :data:`PUBLIC_ENDED_IDLE_SECONDS`; forget used ids off the board. Returns
-        the streams dropped."""
+        key-less ones idle for :data:`PUBLIC_ENDED_IDLE_SECONDS`; forget used ids off the board, and
+        finished ones after :data:`FINISHED_SECONDS`. Returns the streams dropped."""
         now = time.monotonic() if now is None else now
         live, ended = self.live_streams.snapshot()
         held = live | ended
@@ -137,5 +158,7 @@ class VocoderGuard:
         for i in dead:
             self.forget(i, streams)
         self.opened &= held
+        while self.finished and now - next(iter(self.finished.values())) > FINISHED_SECONDS:
+            self.finished.popitem(last=False)
         self.next_seq = {i: n for i, n in self.next_seq.items() if i in streams}
         return dead

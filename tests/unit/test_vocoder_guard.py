@@ -5,6 +5,7 @@ serving.flow.side_channel). No Triton, no model."""
 from __future__ import annotations
 
 import multiprocessing
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -13,7 +14,14 @@ import pytest
 from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
 from serving.flow.side_channel import UNCLAIMED_SECONDS, Admission, LiveStreams, SideChannel
 from serving.security.auth import Keys
-from serving.security.vocoder_guard import DROPPED, PUBLIC_ENDED_IDLE_SECONDS, UNKNOWN, VocoderGuard
+from serving.security.vocoder_guard import (
+    DROPPED,
+    FINISHED_SECONDS,
+    MAX_FINISHED,
+    PUBLIC_ENDED_IDLE_SECONDS,
+    UNKNOWN,
+    VocoderGuard,
+)
 
 KEYS = Keys("k" * 64)
 PROMPT = np.ones((4, 64), np.float32)
@@ -69,6 +77,37 @@ def test_a_sealed_stream_decodes_in_order_once(world):
     assert feed(guard, streams, c1).decode and feed(guard, streams, c2).decode
     assert sid not in streams
     assert str(guard.decide(c0, streams).error) == UNKNOWN  # still known as used while the generator holds it
+
+
+def test_a_finished_streams_replay_is_the_clients_fault_whenever_the_reap_ran(world):
+    # the replay came after the reap that forgot the id off the board: it was answered 'unavailable: the
+    # server dropped this stream', the server's fault and a retry, for a chunk used up (test_late_chunks
+    # failed on it under load, where the replay and the 1 s reap crossed)
+    board, live, guard = world
+    streams, sid = {}, KEYS.new_stream_id()
+    live.sync({sid}, now=0.0)
+    live.sync(set(), now=1.0)  # the generator made every chunk and ended it
+    c0, c1, c2 = chunks(sid)
+    assert all(feed(guard, streams, c).decode for c in (c0, c1, c2))
+    assert live.snapshot() == (set(), set())  # its end took it off the board
+    guard.reap(streams, idle_seconds=30.0, now=2.0)
+    assert sid not in guard.opened
+    for c in (c0, c1, c2):
+        d = guard.decide(c, streams)
+        assert not d.decode and str(d.error) == UNKNOWN and not isinstance(d.error, Unavailable)
+    guard.reap(streams, idle_seconds=30.0, now=time.monotonic() + FINISHED_SECONDS + 1)  # long after
+    assert isinstance(guard.decide(c0, streams).error, Unavailable)  # forgotten: what any unknown sealed id gets
+
+
+def test_finished_streams_are_bounded_and_made_up_ends_fill_nothing(world):
+    board, live, guard = world
+    for sid in range(1, 1000):
+        assert guard.decide(end_chunk(sid, "cancelled"), {}).decode  # never opened here: not remembered
+    assert not guard.finished
+    for k in range(MAX_FINISHED + 2):
+        guard.opened.add(k + 1)
+        guard._end(k + 1, now=float(k))
+    assert len(guard.finished) == MAX_FINISHED and 1 not in guard.finished and MAX_FINISHED + 2 in guard.finished
 
 
 def test_only_the_generators_chunks_of_live_streams_decode(world):
@@ -157,8 +196,11 @@ def test_a_stream_ended_long_ago_decodes_until_its_own_end(world):
     assert live.state(sid) == "gone"  # its end took it off the board
     assert str(guard.decide(c0, streams).error) == UNKNOWN  # a replay: used
     guard.reap(streams, idle_seconds=60)
-    # off the board, a sealed chunk cannot be told from one the server dropped: unavailable, nothing opened
-    assert sid not in guard.opened and str(guard.decide(c0, streams).error) == DROPPED and sid not in streams
+    # off the board, but its end came here: still a replay (the client's fault), nothing opened
+    assert sid not in guard.opened and str(guard.decide(c0, streams).error) == UNKNOWN and sid not in streams
+    guard.reap(streams, idle_seconds=60, now=time.monotonic() + FINISHED_SECONDS + 1)
+    # forgotten: a sealed chunk cannot be told from one the server dropped: unavailable, nothing opened
+    assert str(guard.decide(c0, streams).error) == DROPPED and sid not in streams
 
 
 def test_a_stream_given_up_before_the_vocoder_opened_it_leaves_the_board(world):
