@@ -6,8 +6,14 @@ hand-built observations.
 Both rules count time on the supervisor's own monotonic clock, from its own observations:
 
 - **heartbeat**: every stub touches its heartbeat file each second; one whose file has not *changed*
-  (mtime) for ``stale_seconds`` is wedged (stopped, or a thread holding the GIL). Judged by change, not
-  by the file's age, so that a wall-clock jump is no incident;
+  (mtime) for ``stale_seconds`` while the others beat is wedged (stopped, or a thread holding the GIL).
+  Judged by change, not by the file's age, so that a wall-clock jump is no incident. A stub's silence counts
+  over the polls between which another stub of the server beat (all of them, if it has no other): when
+  every stub is silent at once the machine stalled them all (a disk stall blocks every ``touch``, a loaded
+  machine runs none of them), which a wedge of one stub does not do; a silence longer than
+  ``ALL_QUIET_SECONDS`` is an incident all the same. With six stubs beating each second and polls half a
+  second apart, another stub beats between nearly every two polls, so a wedge is still found in about
+  ``stale_seconds``;
 - **progress**: a model with requests waiting (``nv_inference_pending_request_count`` > 0 at every poll)
   whose execution count (``nv_inference_exec_count``) has not changed for ``stall_seconds`` is stalled: a
   stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
@@ -31,6 +37,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it is touched every second)
+# Every stub silent this long is an incident even though none beat (a stall of the whole machine longer than
+# this is not one a listener survives anyway). Measured: in a 10-minute soak beside a loaded `make test`, all
+# six stubs went silent together for 3.15-3.33 s, ending at the same instant, and no stub was wedged.
+ALL_QUIET_SECONDS = 4 * STALE_SECONDS
 # Requests waiting this long for a model that executes nothing: a stall. Well above the longest legitimate
 # execute measured: a prompt_encoder batch of 8 references of 60 s with 4,000-character texts (tiny
 # checkpoint, 2 shared CPU cores) took 3.7 s idle and up to 12.8 s beside 4 generating streams, since
@@ -102,11 +112,13 @@ class Vitals:
     models: frozenset[str]  # the models with a stub, which the progress rule watches (not ensembles)
     stall_seconds: float = STALL_SECONDS  # 0: no progress rule
     stale_seconds: float = STALE_SECONDS
+    all_quiet_seconds: float = ALL_QUIET_SECONDS
     pause_seconds: float = PAUSE_SECONDS
     waits_on: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(WAITS_ON))
     pause: float = 0.0  # the gap the last observe() took for a pause, 0 if none
     _last: float | None = None  # when the last observation was made
     _beats: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # pid -> (mtime, seen since)
+    _silent: dict[int, float] = field(default_factory=dict)  # pid -> seconds silent while another stub beat
     # model -> (its and its callees' execution counts, since when) while it has requests waiting
     _waiting: dict[str, tuple[tuple[float, ...], float]] = field(default_factory=dict)
     _answered: float | None = None  # when the metrics port last answered (or supervision began)
@@ -115,6 +127,7 @@ class Vitals:
     def reset(self) -> None:
         """Forget everything: a new tritonserver."""
         self.pause, self._last, self._beats, self._waiting, self._answered = 0.0, None, {}, {}, None
+        self._silent = {}
         self._held = None
 
     def observe(self, seen: Observation) -> Incident | None:
@@ -123,20 +136,32 @@ class Vitals:
         self.pause, self._last = (gap if gap > self.pause_seconds else 0.0), at
         if self.pause:  # whatever was quiet was paused with us: start every timer over
             self._beats = {pid: (mtime, at) for pid, (mtime, _) in self._beats.items()}
+            self._silent = {}
             self._waiting = {model: (counts, at) for model, (counts, _) in self._waiting.items()}
             self._answered = at if self._answered is not None else None
             self._held = None if self._held is None else (self._held[0], at)
-        return self._heartbeats(seen) or self._progress(seen) or self._leak(seen)
+        return self._heartbeats(seen, 0.0 if self.pause else gap) or self._progress(seen) or self._leak(seen)
 
-    def _heartbeats(self, seen: Observation) -> Incident | None:
+    def _heartbeats(self, seen: Observation, gap: float) -> Incident | None:
+        """``gap``: the time since the previous observation (0 at the first, and after a pause)."""
         self._beats = {pid: beat for pid, beat in self._beats.items() if pid in seen.stubs}
-        for pid, model in seen.stubs.items():
+        for pid in seen.stubs:
             mtime, last = seen.beats.get(pid), self._beats.get(pid)
             if last is None or last[0] != mtime:
                 self._beats[pid] = (mtime, seen.at)
-            elif (quiet := seen.at - last[1]) > self.stale_seconds:
+        beat = {pid for pid, (_, since) in self._beats.items() if since == seen.at}  # since the last look
+        silent = {}
+        for pid, model in seen.stubs.items():
+            mtime, since = self._beats[pid]
+            if pid in beat:
+                continue
+            counted = bool(beat) or len(seen.stubs) == 1  # another stub beat meanwhile, or it has none
+            silent[pid] = self._silent.get(pid, 0.0) + (gap if counted else 0.0)
+            quiet = seen.at - since
+            if silent[pid] > self.stale_seconds or quiet > self.all_quiet_seconds:
                 how = "has no heartbeat file" if mtime is None else f"has not beaten for {quiet:.1f} s"
                 return Incident(model, f"its stub (pid {pid}) {how} (wedged)", dead=False)
+        self._silent = silent
         return None
 
     def _progress(self, seen: Observation) -> Incident | None:

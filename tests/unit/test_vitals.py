@@ -12,7 +12,18 @@ import pytest
 
 from serving.supervision.run_folder import RunFlags
 from serving.supervision.supervise import DEFERRABLE, Supervisor
-from serving.supervision.vitals import EXECUTED, IN_FLIGHT, PENDING, STEPPED, Incident, Observation, Vitals, samples
+from serving.supervision.vitals import (
+    ALL_QUIET_SECONDS,
+    EXECUTED,
+    IN_FLIGHT,
+    PENDING,
+    STALE_SECONDS,
+    STEPPED,
+    Incident,
+    Observation,
+    Vitals,
+    samples,
+)
 
 MODELS = frozenset({"tts", "generator", "vocoder", "prompt_encoder", "voices"})
 STUBS = {101: "tts", 102: "generator", 103: "vocoder", 104: "prompt_encoder", 105: "voices"}
@@ -90,6 +101,44 @@ def test_a_stub_that_stops_beating_is_wedged_after_stale_seconds():
     incident = run.run(1.0)
     assert incident == Incident("generator", incident.how, dead=False)
     assert "pid 102" in incident.how and "not beaten" in incident.how and run.at - stopped <= 4.0
+
+
+def test_every_stub_silent_at_once_is_the_machine_not_a_wedge():
+    """A disk or CPU stall of the whole machine stops every stub's touch while the supervisor polls on (a
+    soak beside a loaded `make test` saw all six silent for 3.3 s): no incident, also when they come back
+    one at a time; but a stub still silent once the others beat again is wedged, within STALE_SECONDS."""
+    run = Run(Vitals(MODELS))
+    run.run(5)
+    run.quiet = set(STUBS)
+    assert run.run(2 * STALE_SECONDS) is None
+    run.quiet = {102, 104}  # they come back within a second (HEARTBEAT_SECONDS), two polls
+    assert run.step() is None
+    run.quiet = set()
+    assert run.run(30) is None
+    run.quiet = set(STUBS)  # again, and this time the generator stays silent
+    assert run.run(2 * STALE_SECONDS) is None
+    run.quiet = {102}
+    back = run.at
+    incident = run.run(STALE_SECONDS + 1)
+    assert incident is not None and incident.model == "generator" and "pid 102" in incident.how
+    assert run.at - back <= STALE_SECONDS + 0.5  # counted from when the others beat again
+
+
+def test_every_stub_silent_for_long_is_an_incident_all_the_same():
+    run = Run(Vitals(MODELS))
+    run.run(5)
+    run.quiet = set(STUBS)
+    stopped = run.at
+    assert run.run(ALL_QUIET_SECONDS) is None
+    incident = run.run(1.0)
+    assert incident is not None and "not beaten" in incident.how and run.at - stopped <= ALL_QUIET_SECONDS + 0.5
+
+
+def test_a_lone_stub_is_judged_on_its_own():
+    """No other stub to compare with: all its silence counts."""
+    run = Run(Vitals(frozenset({"tts"})))
+    seen = [run.vitals.observe(Observation(run.at + 0.5 * i, {101: "tts"}, {101: 1}, None)) for i in range(8)]
+    assert seen[:7] == [None] * 7 and seen[7] is not None and seen[7].model == "tts"  # 3.5 s silent
 
 
 def test_a_wall_clock_jump_is_no_incident():
