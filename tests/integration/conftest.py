@@ -17,6 +17,21 @@ from tests.integration.helpers import GRPC_FRONT_LIMITS, HTTP_FRONT_LIMITS, behi
 NOSTOP = nostop("tiny")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a launcher (tests/integration/launcher.py) reports the end of the launcher's
+    output: what its supervisor saw and did (a restart, a stale heartbeat) is why most such failures happen,
+    and its run folder is gone with the test run."""
+    outcome = yield
+    report = outcome.get_result()
+    launcher = getattr(item, "funcargs", {}).get("launcher")
+    if report.failed and launcher is not None and hasattr(launcher, "text"):
+        try:
+            report.sections.append(("launcher output (last 6,000 characters)", launcher.text()[-6000:]))
+        except OSError as e:
+            report.sections.append(("launcher output", f"unreadable: {e}"))
+
+
 @pytest.fixture(scope="session")
 def nostop_ckpt(tmp_path_factory):
     return make_checkpoint(NOSTOP, tmp_path_factory.mktemp("ckpt") / "nostop", seed=0)

