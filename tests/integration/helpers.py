@@ -33,8 +33,37 @@ def wait_gauges_zero(server, timeout: float = 10.0) -> dict[str, float]:
         if m.get("tts_generator_active_slots") == 0 and m.get("tts_vocoder_active_streams") == 0:
             return m
         if time.monotonic() > deadline:
+            stuck_stacks(server)
             return m
         time.sleep(0.2)
+
+
+def stuck_stacks(server, seconds_each: float = 10.0) -> list[Path]:
+    """gdb's stacks of tritonserver and each of its stubs (found by their heartbeat files), appended to
+    ``<work dir>/stacks/<name>.<pid>.gdb.txt``: called when a server that should have settled has not, so
+    that a rare hang under load leaves where each thread waited (a loaded ``make test`` once kept four
+    tts_ensemble requests and two generator slots for good after an ensemble flood, with every heartbeat on
+    time). The paths written (none without gdb); they are printed, which a failing test's report shows."""
+    from serving.supervision.run_folder import HEARTBEATS
+    from serving.supervision.supervise import native_stacks
+
+    work, proc, written = getattr(server, "work_dir", None), getattr(server, "proc", None), []
+    if work is None or proc is None:  # not a TritonServer of ours: nothing to look at
+        return written
+    work, pids = Path(work), {"tritonserver": proc.pid}
+    for beat in sorted((work / HEARTBEATS).glob("*.*")):
+        model, _, pid = beat.name.rpartition(".")
+        if pid.isdigit():
+            pids[model] = int(pid)
+    for name, pid in pids.items():
+        path = work / "stacks" / f"{name}.{pid}.gdb.txt"
+        try:
+            if native_stacks(pid, path, timeout=seconds_each):
+                written.append(path)
+        except OSError as e:  # a diagnosis must not hide the failure it diagnoses
+            print(f"no stacks of {name} ({pid}): {e}")
+    print(f"the server did not settle; stacks: {[str(p) for p in written] or 'none (no gdb)'}")
+    return written
 
 
 def in_parallel(fn, n: int, timeout: float = 120.0) -> dict:

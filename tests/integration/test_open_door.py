@@ -22,6 +22,7 @@ from loadtest import attacks
 from serving import contract
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
+from tests.integration.helpers import stuck_stacks
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -79,7 +80,10 @@ def settled(server, timeout: float = 30.0) -> dict[str, float]:
                 "tts_ensemble_requests_in_flight",
             )
         ]
-        if not any(busy) or time.monotonic() > deadline:
+        if not any(busy):
+            return m
+        if time.monotonic() > deadline:
+            stuck_stacks(server)
             return m
         time.sleep(0.2)
 
