@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import serving  # noqa: F401  first: gRPC's fork support off before anything imports gRPC (serving/__init__.py)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
