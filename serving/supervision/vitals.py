@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 
 STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it is touched every second)
 # Every stub silent this long is an incident even though none beat (a stall of the whole machine longer than
-# this is not one a listener survives anyway). Measured: in a 10-minute soak beside a loaded `make test`, all
-# six stubs went silent together for 3.15-3.33 s, ending at the same instant, and no stub was wedged.
+# this is not one a listener survives anyway; the stall measured is in docs/operations.md, Supervision and shutdown).
 ALL_QUIET_SECONDS = 4 * STALE_SECONDS
 # Requests waiting this long for a model that executes nothing: a stall. Well above the longest legitimate
 # execute measured: a prompt_encoder batch of 8 references of 60 s with 4,000-character texts (tiny
