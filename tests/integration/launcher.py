@@ -1,5 +1,5 @@
 """The real launcher (``python -m serving.serve``) on free ports, for the launcher and supervision tests,
-and helpers that watch it from outside: a stream on its own thread, a readiness poller."""
+and helpers that watch it from outside: a stream on its own thread (a held one too), a readiness poller."""
 
 from __future__ import annotations
 
@@ -170,6 +170,37 @@ class Stream:
             self.error = e
         self.ended = time.monotonic()
         self.started.set()
+        self.done.set()
+
+
+class HeldStream:
+    """A text-in stream through the gRPC front, on a thread, whose text does not end until ``release`` is
+    set: it runs for as long as the test wants, whatever the checkpoint's pace. Its first piece is spoken
+    at once; ``after``, if given, is the text sent once released. ``started``: its first chunk came;
+    ``chunks``: how many came; ``done``: it ended, with ``error`` (None: it finished)."""
+
+    def __init__(self, launcher: Launcher, after: str = ""):
+        self.release, self.started, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.after = after
+        self.chunks = 0
+        self.error: BaseException | None = None
+        self.ended = 0.0
+        threading.Thread(target=self._run, args=(launcher.client(timeout=60),), daemon=True).start()
+
+    def _pieces(self):
+        yield "A stream that is still running. "
+        self.release.wait(120)
+        if self.after:
+            yield self.after
+
+    def _run(self, client) -> None:
+        try:
+            for _ in client.stream_text(self._pieces(), flush=True, seed=1, parameters={"max_patches": 4}):
+                self.chunks += 1
+                self.started.set()
+        except Exception as e:  # the test looks at it
+            self.error = e
+        self.ended = time.monotonic()
         self.done.set()
 
 

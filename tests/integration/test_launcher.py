@@ -14,7 +14,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ import pytest
 
 from client.request import http_body, request_fields
 from serving.supervision.triton_env import ADMIN_HEADER, REPO_ROOT, Ports
-from tests.integration.launcher import Launcher, gone
+from tests.integration.launcher import HeldStream, Launcher, gone
 
 pytestmark = pytest.mark.integration
 
@@ -197,31 +196,6 @@ def test_an_exposed_host_needs_an_admin_key(tiny_ckpt, tmp_path):
               "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics))  # fmt: skip
     assert r.returncode == 2 and "--host 0.0.0.0" in r.stderr and "--admin-key" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
-
-
-class HeldStream:
-    """A text-in stream through the gRPC front, on a thread, whose text never ends until ``release``: it runs
-    for as long as the test wants whatever the checkpoint. ``started``: its first chunk came; ``done``: it
-    ended, with ``error`` (None: it finished)."""
-
-    def __init__(self, launcher: Launcher):
-        self.release, self.started, self.done = threading.Event(), threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        self.ended = 0.0
-        threading.Thread(target=self._run, args=(launcher.client(timeout=60),), daemon=True).start()
-
-    def _pieces(self):
-        yield "A stream that is still running. "
-        self.release.wait(120)
-
-    def _run(self, client) -> None:
-        try:
-            for _ in client.stream_text(self._pieces(), flush=True, seed=1, parameters={"max_patches": 4}):
-                self.started.set()
-        except Exception as e:  # the test looks at it
-            self.error = e
-        self.ended = time.monotonic()
-        self.done.set()
 
 
 def http_stream(launcher: Launcher, conn: http.client.HTTPConnection | None = None):

@@ -23,7 +23,7 @@ CHUNK = 32 * 1024  # bytes of each streamed response of the stand-in
 
 class Upstream:
     """A stand-in for Triton's gRPC service: ServerLive echoes its request and the ``x-probe`` metadata it
-    got, ModelInfer fails NOT_FOUND, ModelReady waits for :meth:`release`, ModelStreamInfer sends CHUNK-byte responses until cancelled."""
+    got, ModelInfer fails NOT_FOUND, ModelReady waits for :meth:`release`, ModelStreamInfer sends CHUNK-byte responses until cancelled (``cancelled`` is set then)."""
 
     def __init__(self):
         self.port = free_port()
@@ -54,6 +54,9 @@ class Upstream:
             return b"released"
 
         async def stream(requests, context):
+            # Nothing ends this call but its caller (no deadline, no last response): any end is a cancel.
+            # gRPC reports one in a write as CancelledError, or, when the cancel lands while the write's
+            # batch is in core, as that batch's ExecuteBatchError (seen on CI).
             await requests.__anext__()
             try:
                 while True:
@@ -62,6 +65,8 @@ class Upstream:
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
+            except Exception:
+                self.cancelled.set()
 
         handlers = {"ServerLive": grpc.unary_unary_rpc_method_handler(live),
                     "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
