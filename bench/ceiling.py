@@ -268,6 +268,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client", choices=["aio", "threads"], default="aio",
                     help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
                     "(default), or a thread and a channel per stream in this process")  # fmt: skip
+    ap.add_argument("--no-generator-pipe", dest="generator_pipe", action="store_false",
+                    help="the server's --no-generator-pipe: a generator response per chunk, not one per step and "
+                    "reader (to compare)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
@@ -290,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True))
+        server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
+                                                  generator_pipe=args.generator_pipe))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
@@ -334,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
+        f"generator pipe {'on' if args.generator_pipe else 'off'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
@@ -343,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
-               "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before}  # fmt: skip
+               "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
+               "generator_pipe": args.generator_pipe}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

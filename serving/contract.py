@@ -254,6 +254,16 @@ GENERATOR_OUTPUTS = (
         "which never goes to the vocoder: the text it wrote before it speaks",
     ),
 )
+# A pipe response (serving.stub.chunk_pipe): the chunks of many streams of one reader, packed; the
+# generator sends either these or GENERATOR_OUTPUTS in a response, never both.
+PIPE_COLUMNS = 6
+PIPE_OUTPUTS = (
+    Spec("PIPE_CHUNKS", "TYPE_UINT64", (-1, PIPE_COLUMNS),
+         doc="per chunk: STREAM_ID, its SEAL (index, MAC), its LATENTS rows, its PROMPT_LATENTS rows, LAST"),
+    Spec("PIPE_LATENTS", "TYPE_FP32", (-1, LATENT_DIM),
+         doc="per chunk in order: its LATENTS rows, then its PROMPT_LATENTS rows"),
+    Spec("PIPE_TEXT", "TYPE_STRING", (-1, 2), doc="per chunk: its FINISH_REASON and its TEXT"),
+)  # fmt: skip
 
 # ---- vocoder (decoupled, its own engine thread, one instance, state per STREAM_ID) ----
 # A request is a batch of 1..max_batch_size chunks (rows), one final response answers all of them: the

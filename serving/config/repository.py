@@ -71,7 +71,11 @@ def render(opts: ServeOptions) -> dict[str, str]:
     gen = (
         f'name: "generator"\n{header}max_batch_size: 1\n'
         + "model_transaction_policy { decoupled: true }\n"
-        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
+        + _io(
+            contract.GENERATOR_INPUTS,
+            contract.GENERATOR_OUTPUTS + contract.PIPE_OUTPUTS,
+            ragged=("PROMPT_LATENTS", "SPEAKER"),
+        )
         + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
         + _params(GeneratorOptions.of(opts))
     )

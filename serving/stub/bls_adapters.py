@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
@@ -21,7 +21,10 @@ from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, generator_parameters
 from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
-from serving.stub.triton_io import read_chunk, tensors
+from serving.stub.chunk_pipe import PARAMETER as PIPE
+from serving.stub.pipe_reader import Inbox, PipeReader
+from serving.stub.retired_iterators import RETIRED
+from serving.stub.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
 
@@ -66,11 +69,19 @@ class BLSGenerator:
     """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
 
     def __init__(self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None,
-                 receipts: Receipts | None = None):  # fmt: skip
+                 receipts: Receipts | None = None, pipe_ids: Callable[[], int] | None = None):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
         ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots);
-        ``receipts``: this sender's read receipts, one entry per stream it reads (serving.flow.receipts)."""
+        ``receipts``: this sender's read receipts, one entry per stream it reads (serving.flow.receipts);
+        ``pipe_ids``: new ids for this process's pipe (serving.stub.chunk_pipe), on which every stream's
+        chunks then come; None: each stream's come on its own request."""
         self.bls, self.channel, self.model, self.slots, self.receipts = bls, channel, model, slots, receipts
+        self.pipe = None if pipe_ids is None else PipeReader(bls, channel, model, receipts, pipe_ids)
+
+    def close(self) -> None:
+        """At the model's unload: the generator ends this process's pipe."""
+        if self.pipe is not None:
+            self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         if self.slots is None:
@@ -86,20 +97,30 @@ class BLSGenerator:
         finally:
             self.slots.give_back()
 
-    async def _stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+    def _request(self, segment: Segment, parameters: dict):
         pb, p = self.bls.pb, segment.params
         values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
         if segment.task:  # FireRedTTS3-Instruct
             values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
-        parameters = {**generator_parameters(p, segment.schedule), **self.bls.parameters}
-        receipt = None if self.receipts is None else self.receipts.open(segment.stream_id)
-        if receipt is not None:  # the generator sends each response once the one before was read (T23)
-            parameters[RECEIPT] = receipt.parameter
-        request = pb.InferenceRequest(
-            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
+        return pb.InferenceRequest(
+            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values),
+            parameters={**generator_parameters(p, segment.schedule), **self.bls.parameters, **parameters},
             requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
+
+    async def _stream(self, segment: Segment) -> AsyncIterator[Chunk]:
+        if self.pipe is not None:
+            async with contextlib.aclosing(self._piped(segment)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        pb = self.bls.pb
+        parameters = {}
+        receipt = None if self.receipts is None else self.receipts.open(segment.stream_id)
+        if receipt is not None:  # the generator sends each response once the one before was read (T23)
+            parameters[RECEIPT] = receipt.parameter
+        request = self._request(segment, parameters)
         started = self.bls.submit(request, decoupled=True)
         try:
             responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started), receipt)
@@ -127,6 +148,68 @@ class BLSGenerator:
                 await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
             else:
                 responses.close()
+
+    # ---- on the pipe (serving.stub.chunk_pipe) ----
+    async def _piped(self, segment: Segment) -> AsyncIterator[Chunk]:
+        """The stream's chunks from the pipe; its own request gets one final response (None in its inbox)
+        once its last chunk went out on the pipe, or a chunk when it never started on it."""
+        stream_id = segment.stream_id
+        pipe_id, inbox = await self.pipe.join(stream_id)
+        own = linger(self._own_end(self._request(segment, {PIPE: f"{pipe_id:x}"}), inbox))
+        ended = False
+        try:
+            while not ended:
+                try:
+                    chunk = await inbox.get(self.bls.timeout, lambda: self.channel.take_lost(stream_id))
+                except Exception:  # lost by the generator, dropped by Triton (T14), or refused: nothing to cancel
+                    ended = True  # nothing is left to cancel
+                    if not own.done():
+                        unlinger(own)  # the request stays alive (the task holds it) until answered, if ever
+                        self.channel.mark_cancelled(stream_id)  # should the generator ever step it, it ends it
+                    raise
+                if chunk is None:  # the stream's own final: its last chunk is on its way on the pipe
+                    continue
+                ended = chunk.last
+                yield chunk
+        finally:
+            if not ended:  # shielded: cut short, it would drop the request before its stream ended
+                await asyncio.shield(linger(self._cancel_piped(stream_id, inbox)))
+            self.pipe.leave(stream_id)
+
+    async def _own_end(self, request, inbox: Inbox) -> None:
+        """Send a piped stream's request and put its one final response in ``inbox``: None (the chunks came
+        on the pipe), a chunk (refused before it started, cancelled while waiting for a slot, or lost with
+        its pipe) or the error. ``request`` is held until then: Triton reads its inputs at every step (T4)."""
+        try:
+            responses = await request.async_exec(decoupled=True)
+            try:
+                response = await asyncio.get_running_loop().run_in_executor(self.bls.pool, next, responses, None)
+            finally:
+                RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+            if response is None or not (response.has_error() or response.output_tensors()):
+                item = None
+            else:
+                item = bls_error(self.bls.pb, "generator", response) or read_chunk(
+                    lambda n, r=response: _output(self.bls.pb, r, n)
+                )
+        except Exception as e:  # noqa: BLE001 (the stream fails with it)
+            item = e
+        inbox.put(item)
+
+    async def _cancel_piped(self, stream_id: int, inbox: Inbox) -> None:
+        """Ask the generator to end a piped stream (at its next step) and wait for its last chunk."""
+        self.channel.mark_cancelled(stream_id)
+        try:
+            while True:
+                item = await inbox.get(self.bls.timeout, lambda: self.channel.take_lost(stream_id))
+                if item is None or item.last:  # its own final, or its last chunk: the generator is done with it
+                    break
+        except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
+            log.warning("stream %x: %s after it was cancelled", stream_id, e)
+            return
+        except Exception:  # noqa: BLE001 (it failed: the generator gave it up)
+            pass
+        self.channel.unmark_cancelled(stream_id)
 
     async def _started(self, stream_id: int, started: asyncio.Task):
         """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)

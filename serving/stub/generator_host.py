@@ -9,15 +9,21 @@ chunk through its request's response sender, the last one with the FINAL flag. S
 parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
 (docs/triton.md#T21, #T17). A stream's next response goes out only once its reader has read the one
 before (its read receipt, serving.flow.receipts: docs/triton.md#T23); until then it waits in the
-stream's :class:`Outbox`, and the engine thread looks again after every step.
+stream's :class:`Outbox`, and the engine thread looks again after every step. A stream whose request names
+a pipe (serving.stub.chunk_pipe) sends its chunks on the pipe instead: after a step, one response per pipe
+carries the chunks of all its streams that are due (serving.stub.generator_pipes, paced by the pipe's own
+receipt), and the stream's own request gets a final response without tensors once its last chunk went out.
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
 its last chunk, a refusal, or a cancel (a stream cancelled before it got a slot is answered too).
+Past 300 lines on purpose: one thread's loop and all it touches (arrivals, admission, the step, the two
+ways a chunk leaves, the shutdown), read top to bottom.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -32,6 +38,7 @@ from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
+from serving.stub.generator_pipes import PipeOpening, Pipes
 from serving.stub.triton_io import Throttled, load_model
 from serving.supervision.run_folder import start_heartbeat
 
@@ -52,15 +59,17 @@ class Arrival:
     inputs: tuple  # serving.intake.request_inputs.stream_request's parse of its tensors and parameters
     sender: object  # its response sender: every chunk of the stream goes out through it
     receipt: tuple | None = None  # its entry on its reader's board (serving.flow.receipts.ReceiptBoard.entry)
+    pipe: int = 0  # the pipe its chunks go on (serving.stub.chunk_pipe); 0: its own responses
 
 
 class Outbox:
-    """A live stream's response sender and the chunks that wait for its reader's receipt."""
+    """A live stream's response sender and the chunks that wait for its reader's receipt (on a pipe: the
+    pipe's id; its chunks wait on the pipe)."""
 
-    __slots__ = ("queue", "receipt", "sender", "sent", "since")
+    __slots__ = ("pipe", "queue", "receipt", "sender", "sent", "since")
 
-    def __init__(self, sender, receipt: tuple | None):
-        self.sender, self.receipt = sender, receipt  # receipt None: unpaced
+    def __init__(self, sender, receipt: tuple | None, pipe: int = 0):
+        self.sender, self.receipt, self.pipe = sender, receipt, pipe  # receipt None: unpaced
         self.sent = 0  # responses sent
         self.queue: deque[Chunk] = deque()  # chunks not sent yet, oldest first
         self.since = 0.0  # when the oldest began to wait (monotonic)
@@ -68,9 +77,12 @@ class Outbox:
 
 class GeneratorHost:
     """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
-    a response (FINAL with the last one); it raises when the response cannot go out."""
+    a response (FINAL with the last one); ``send_pipe(sender, chunks, final)`` sends ``chunks`` packed
+    (serving.stub.chunk_pipe) as one response, or only the FINAL flag when ``chunks`` is None; both raise
+    when the response cannot go out."""
 
-    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None]):
+    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
+                 send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
         from serving.stub.synthetic_math import announce
@@ -89,18 +101,19 @@ class GeneratorHost:
         self.receipts = ReceiptBoard(self.channel.dir)  # the readers' receipts (execute reads the entries)
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
-        self.send = send
+        self.send, self.send_pipe = send, send_pipe
         self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
         self.outboxes: dict[int, Outbox] = {}  # stream -> its sender and unsent chunks, until its last is sent
         self.held: set[int] = set()  # streams whose outbox waits for a receipt (engine thread only)
+        self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
         self.send_failures = Throttled(log)
         self.stopping = threading.Event()
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()
         log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
 
-    def submit(self, arrival: Arrival) -> None:
+    def submit(self, arrival: Arrival | PipeOpening) -> None:
         """From ``execute``: the stream is admitted between two steps, in arrival order."""
         self.arrivals.put(arrival)
 
@@ -110,15 +123,19 @@ class GeneratorHost:
         while not self.stopping.is_set():
             try:
                 idle = not self.service.live and not self.waiting
-                self._take(wait=IDLE_WAIT_SECONDS if idle and not self.held else RECEIPT_POLL_SECONDS if idle else 0)
+                unsent = self.pipes.unsent()
+                held = self.held or unsent
+                self._take(wait=IDLE_WAIT_SECONDS if idle and not held else RECEIPT_POLL_SECONDS if idle else 0)
                 self._cancel_marked()
                 self._admit()
                 if self.service.live:
                     self._step()
                 if self.held:
                     self._drain_held()
+                if self.pipes.open:
+                    self._flush_pipes()
                 self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
-                self.metrics.update(sum(len(self.outboxes[i].queue) for i in self.held) if self.held else 0)
+                self.metrics.update(unsent + (sum(len(self.outboxes[i].queue) for i in self.held) if self.held else 0))
                 if time.monotonic() >= next_sweep:
                     self.channel.sweep()
                     next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
@@ -137,8 +154,10 @@ class GeneratorHost:
         except queue.Empty:
             pass
 
-    def _arrived(self, a: Arrival) -> None:
-        if a.stream_id in self.service.live or a.stream_id in self.outboxes:
+    def _arrived(self, a: Arrival | PipeOpening) -> None:
+        if isinstance(a, PipeOpening):
+            self.pipes.start(a)
+        elif a.stream_id in self.service.live or a.stream_id in self.outboxes:
             self._deliver(0, a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
         else:
             self.waiting.append(a)
@@ -149,6 +168,9 @@ class GeneratorHost:
         marked = self.channel.cancelled()
         if not marked:
             return
+        for pipe_id in [i for i in self.pipes.open if i in marked]:  # its reader closed it
+            self.channel.take_cancelled(pipe_id)
+            self.pipes.end(pipe_id, "its reader closed it")
         for stream_id in [i for i in self.service.live if i in marked]:
             self.channel.take_cancelled(stream_id)
             self._post(stream_id, self.keys.seal(self.service.cancel(stream_id)))
@@ -171,13 +193,19 @@ class GeneratorHost:
             try:
                 if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
                     raise ValueError(why)
+                if a.pipe and a.pipe not in self.pipes:
+                    raise Unavailable(
+                        f"the generator has no pipe {a.pipe:x} (closed, or the generator restarted); retry"
+                    )
                 self._start(a.stream_id, a.inputs)
             except Exception as e:  # bad input fails this request only; it never held a slot
-                if not isinstance(e, ValueError):
+                if not isinstance(e, ValueError | Unavailable):
                     log.exception("could not start a stream")
                 self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
                 continue
-            self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt)
+            self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt, a.pipe)
+            if a.pipe:
+                self.pipes.add(a.pipe, a.stream_id)
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
@@ -210,8 +238,12 @@ class GeneratorHost:
         return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
 
     def _post(self, stream_id: int, chunk: Chunk) -> None:
-        """Send a stream's ``chunk`` as soon as its reader has read the response before."""
+        """Send a stream's ``chunk`` as soon as its reader has read the response before (on a pipe: with the
+        pipe's next response)."""
         out = self.outboxes[stream_id]
+        if out.pipe:
+            self.pipes.post(out.pipe, chunk)
+            return
         if not out.queue:
             out.since = time.monotonic()
         out.queue.append(chunk)
@@ -265,6 +297,25 @@ class GeneratorHost:
                 self.channel.mark_lost(stream_id)
             return False
 
+    def _flush_pipes(self, paced: bool = True) -> None:
+        """The pipes' responses; then each stream whose last chunk went out gets its own final response."""
+        for stream_id in self.pipes.flush(paced):
+            out = self.outboxes.pop(stream_id, None)
+            if out is not None:
+                with contextlib.suppress(Exception):  # its caller is gone: nothing is left to end
+                    self.send_pipe(out.sender, None, True)
+
+    def _lose(self, stream_ids: set[int], why: str) -> None:
+        """End the streams of a pipe that ended: dropped, marked lost (a caller still waiting hears of it:
+        serving.stub.bls) and answered on their own requests."""
+        lost = failure_reason(Unavailable(f"the generator's pipe for this stream ended ({why}); retry"))
+        for stream_id in stream_ids:
+            out = self.outboxes.pop(stream_id, None)
+            if self.service.drop(stream_id) or out is not None:
+                self.channel.mark_lost(stream_id)
+            if out is not None:
+                self._deliver(0, out.sender, self.keys.seal(end_chunk(stream_id, lost)))
+
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""
         self.stopping.set()
@@ -274,6 +325,9 @@ class GeneratorHost:
         for stream_id in list(self.service.live):
             self.service.drop(stream_id)
             self._post(stream_id, self.keys.seal(end_chunk(stream_id, bye)))
+        self._flush_pipes(paced=False)  # unpaced now: every request gets its final response
+        for pipe_id in list(self.pipes.open):
+            self.pipes.end(pipe_id, "the generator is shutting down")
         for stream_id, out in list(self.outboxes.items()):  # every request gets its final response now
             out.receipt = None
             self._drain(stream_id, out)

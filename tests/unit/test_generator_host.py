@@ -2,7 +2,12 @@
 senders and metrics are recorders. Every arrival ends with exactly one final response, slots come back,
 a stream whose caller asked to stop (before or after it got a slot) ends cancelled, an id in use is
 refused without disturbing its stream, and a stream whose responses cannot go out is freed and marked
-lost. The stream's chunks are what the same stream gives alone, in-process (engine.streams)."""
+lost. The stream's chunks are what the same stream gives alone, in-process (engine.streams).
+
+On a pipe (serving.stub.chunk_pipe): its streams' chunks come on it, several streams' in one response; their
+own requests get one final response without tensors; a reader that is behind gets what waited in one
+response once it reads; a stream naming a pipe the generator does not know is refused as unavailable; a
+pipe that cannot send loses its streams, each answered on its own request and marked lost."""
 
 from __future__ import annotations
 
@@ -14,11 +19,13 @@ import pytest
 
 from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
-from engine.protocol import CANCELLED, LENGTH, STOP
+from engine.protocol import CANCELLED, LENGTH, STOP, UNAVAILABLE
 from engine.streams import GeneratorService
 from serving.config.model_options import GeneratorOptions
+from serving.flow.receipts import Receipts
 from serving.security.auth import INTERNAL_KEY_ENV
 from serving.stub.generator_host import Arrival, GeneratorHost
+from serving.stub.generator_pipes import PipeOpening
 
 PATCHES = 8  # at most (the tiny checkpoint's stop head may end a stream after 6)
 SCHEDULE = ChunkSchedule(3, 2, fixed=True)
@@ -66,13 +73,34 @@ class Sender:
         return sum(c.last for c in self.chunks)
 
 
+class PipeSender:
+    """A pipe's (or a piped stream's own) response sender: records ``(chunks, final)`` per response."""
+
+    def __init__(self, broken: bool = False):
+        self.responses, self.broken, self.done = [], broken, threading.Event()
+
+    def pipe(self, chunks, final: bool):
+        if self.broken:
+            raise RuntimeError("the request is gone")
+        self.responses.append((chunks, final))
+        if final:
+            self.done.set()
+
+    def send(self, chunk):  # a refusal before the stream started, or a lost stream's end: a chunk of its own
+        self.pipe([chunk], chunk.last)
+
+    def chunks(self, stream_id: int | None = None) -> list:
+        return [c for chunks, _ in self.responses for c in chunks or () if stream_id in (None, c.stream_id)]
+
+
 @pytest.fixture
 def host(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv(INTERNAL_KEY_ENV, "k" * 32)
     opts = GeneratorOptions(checkpoint=str(tiny_ckpt), device="cpu", run_dir="", cancel_dir=str(tmp_path),
                             slots=2, max_len=512, kv_memory_gb=0.0, attention="sdpa", synthetic_math=False,
                             models="")  # fmt: skip
-    h = GeneratorHost(FakePb, opts, lambda sender, chunk: sender.send(chunk))
+    h = GeneratorHost(FakePb, opts, lambda sender, chunk: sender.send(chunk),
+                      lambda sender, chunks, final: sender.pipe(chunks, final))  # fmt: skip
     yield h
     h.close()
 
@@ -147,3 +175,85 @@ def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
     while host.service.live and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not host.service.live and len(host.service.free) == 2
+
+
+# ---- pipes (serving.stub.chunk_pipe) ----
+def wait(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+
+
+def same_as_alone(model, stream_id: int, chunks: list) -> None:
+    want = alone(model, stream_id)
+    assert [(len(c.latents), c.finish_reason) for c in chunks] == [(len(c.latents), c.finish_reason) for c in want]
+    assert chunks[-1].last and chunks[-1].finish_reason in (LENGTH, STOP)
+    got, expected = (np.concatenate([c.latents for c in x]) for x in (chunks, want))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)  # batched beside others: float-close
+
+
+def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
+    pipe = PipeSender()
+    host.submit(PipeOpening(9000, pipe, None))
+    ids = [201, 202, 203]  # 2 slots: two run together, the third after
+    own = {i: PipeSender() for i in ids}
+    for i in ids:
+        host.submit(Arrival(i, inputs(model, seed=i), own[i], None, 9000))
+    stray = PipeSender()
+    host.submit(Arrival(204, inputs(model, seed=4), stray, None, 0x1234))
+    for s in [*own.values(), stray]:
+        assert s.done.wait(60)
+
+    assert pipe.responses[0] == ([], False)  # the opening, answered at once
+    assert not any(final for _, final in pipe.responses)  # the pipe stays open
+    for i in ids:
+        assert own[i].responses == [(None, True)]  # one final response without tensors
+        chunks = pipe.chunks(i)
+        same_as_alone(model, i, chunks)
+        assert all(host.keys.sealed(c) for c in chunks)
+    assert any(len({c.stream_id for c in chunks}) > 1 for chunks, _ in pipe.responses)  # a step's chunks together
+    (refusal,) = stray.chunks()
+    assert refusal.last and refusal.finish_reason.startswith(UNAVAILABLE) and "no pipe 1234" in refusal.finish_reason
+    wait(lambda: not host.service.live and not host.outboxes)
+
+    host.channel.mark_cancelled(9000)  # its reader closes it
+    assert pipe.done.wait(10) and pipe.responses[-1] == (None, True)
+    wait(lambda: not host.pipes.open)
+    assert len(host.service.free) == 2
+
+
+def test_a_pipe_whose_reader_is_behind_gets_what_waited_in_one_response(host, model):
+    receipt = Receipts(host.channel.dir, "tts", 64).open(9001)
+    pipe = PipeSender()
+    host.submit(PipeOpening(9001, pipe, host.receipts.entry(receipt.parameter)))
+    own = {i: PipeSender() for i in (301, 302)}
+    for i in own:
+        host.submit(Arrival(i, inputs(model, seed=i), own[i], None, 9001))
+    wait(lambda: host.pipes.unsent() and not host.service.live)  # both generated to their end, nothing read
+    assert pipe.responses == [([], False)] and not any(s.responses for s in own.values())
+    receipt.read()  # the reader reads the opening response
+    for s in own.values():
+        assert s.done.wait(10) and s.responses == [(None, True)]
+    assert len(pipe.responses) == 2  # everything that waited, in one response
+    for i in own:
+        same_as_alone(model, i, pipe.chunks(i))
+    assert host.pipes.unsent() == 0 and not host.outboxes
+
+
+def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
+    pipe = PipeSender()
+    host.submit(PipeOpening(9002, pipe, None))
+    wait(lambda: pipe.responses)
+    pipe.broken = True  # its reader is gone
+    own = PipeSender()
+    long = GenerationParams(seed=1, max_patches=400, min_patches=400)
+    prompt = model.encode_prompt(None)
+    tokens = model.tokens("Hello there.", "English", prompt)
+    host.submit(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, None, 9002))
+    assert own.done.wait(30)
+    (lost,) = own.chunks()
+    assert lost.last and lost.finish_reason.startswith(UNAVAILABLE) and "pipe" in lost.finish_reason
+    assert host.keys.sealed(lost) and host.channel.take_lost(401)  # its tts hears of it
+    wait(lambda: not host.pipes.open and not host.service.live and not host.outboxes, 10)
+    assert len(host.service.free) == 2

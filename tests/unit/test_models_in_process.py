@@ -6,8 +6,10 @@ generator's one request per stream, stepped by its engine thread)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -57,6 +59,7 @@ def triton(tiny_ckpt, tmp_path_factory):
             server.voices = load("voices", VoicesOptions.of(opts).parameters())
             server.tts = load("tts", TTSOptions.of(opts).parameters())
             server.ensemble = load("ensemble_generator", EnsembleGeneratorOptions.of(opts).parameters())
+            server.opts = opts
             yield server
             server.tts.finalize()
             server.ensemble.finalize()
@@ -82,6 +85,49 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
     assert outputs[-1]["FINISH_REASON"][0].decode() in (LENGTH, STOP)
     assert not triton.generator.host.service.live
     assert triton.vocoder.service.active == 0
+
+
+def test_tts_on_the_pipe_or_without_it_streams_the_same_audio(triton):
+    """With a pipe (the default: serving.stub.chunk_pipe) and without one (--no-generator-pipe): the same
+    audio, and each stream's generator request ends either way."""
+    inputs = {**strings(TEXT="The same either way"), "SEED": np.array([7], np.int64)}
+    parameters = {"max_patches": 8, "chunk_first": 2, "chunk_next": 3}
+
+    def audio(tts) -> list[np.ndarray]:
+        request = fake.request(inputs, parameters)
+        triton.execute(tts, [request])
+        assert request.sender.finals == 1 and request.sender.errors() == []
+        return [o["AUDIO"] for o in request.sender.outputs() if "AUDIO" in o]
+
+    piped = audio(triton.tts)
+    # A second tts in one run starts the read-receipt board afresh (serving.flow.receipts), voiding the
+    # first one's pipe entry: it is loaded after the first has spoken, and the first opens a new pipe after.
+    unpiped_tts = triton.load("tts", TTSOptions.of(dataclasses.replace(triton.opts, generator_pipe=False)).parameters())
+    try:
+        assert triton.tts.generator.pipe is not None and unpiped_tts.generator.pipe is None
+        unpiped = audio(unpiped_tts)
+    finally:
+        unpiped_tts.finalize()
+        triton.tts.generator.close()
+    assert len(piped) >= 2 and len(unpiped) >= 2  # streamed (where chunks are cut follows the timing)
+    # float-close, as against offline: the vocoder decodes a chunk in whatever batch it lands in
+    np.testing.assert_allclose(np.concatenate(piped), np.concatenate(unpiped), atol=1e-5)
+    assert not triton.generator.host.service.live and not triton.generator.host.outboxes
+
+
+def test_a_pipe_the_generator_ended_is_opened_again_by_the_next_stream(triton):
+    inputs = {**strings(TEXT="Again"), "SEED": np.array([3], np.int64)}
+    pipe = triton.tts.generator.pipe
+    assert run_tts(triton, inputs, {"max_patches": 4}).errors() == []
+    first = pipe.pipe_id
+    triton.generator.host.channel.mark_cancelled(first)  # the generator ends it (as when its reader left)
+    deadline = time.monotonic() + 10
+    while pipe.pipe_id == first:  # the reader heard its end
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    sender = run_tts(triton, inputs, {"max_patches": 4})
+    assert sender.errors() == [] and any("AUDIO" in o for o in sender.outputs())
+    assert pipe.pipe_id not in (0, first) and first not in triton.generator.host.pipes.open
 
 
 def test_tts_instruct_design_makes_the_offline_plan_and_audio(triton, model):

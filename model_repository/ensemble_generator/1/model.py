@@ -58,7 +58,8 @@ class TritonPythonModel:
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
         receipts = Receipts(channel.dir, "ensemble_generator", receipt_capacity(opts.slots))  # docs/triton.md#T23
-        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts)
+        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts,
+                                      self.keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
         self.admission = channel.gate("ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
@@ -132,6 +133,7 @@ class TritonPythonModel:
         raise StreamFailed("error: the generator stream ended without a last chunk")
 
     def finalize(self):
+        self.generator.close()
         self.threads.shutdown()
 
 

@@ -6,7 +6,8 @@ engine thread admits it between two steps, steps all live streams in one batched
 stream's chunks through its response sender, the last one FINAL. Responses carry the vocoder's inputs,
 sealed; a failed stream ends with a normal last response whose FINISH_REASON says why. A stream's next
 response waits until its reader has read the one before (the request's ``receipt`` parameter:
-serving.flow.receipts, docs/triton.md#T23).
+serving.flow.receipts, docs/triton.md#T23). A reader may open a pipe (the ``pipe`` parameter:
+serving.stub.chunk_pipe): its streams' chunks then go out on it, a step's in one response.
 
 Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
 correlation ids, which name the streams): every key-less request is refused.
@@ -19,7 +20,10 @@ from serving.config.model_options import GeneratorOptions
 from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.intake.request_inputs import stream_request
 from serving.security.auth import Refused
+from serving.stub.chunk_pipe import OPEN, pack
+from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.generator_host import Arrival, GeneratorHost
+from serving.stub.generator_pipes import PipeOpening
 from serving.stub.triton_io import chunk_tensors, error_response, setup_logging
 
 log = setup_logging("generator")
@@ -28,7 +32,7 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.host = GeneratorHost(pb, GeneratorOptions.read(args), send)
+        self.host = GeneratorHost(pb, GeneratorOptions.read(args), send, send_pipe)
 
     def execute(self, requests):
         host = self.host
@@ -43,7 +47,12 @@ class TritonPythonModel:
             try:
                 stream_id = r.correlation_id()
                 receipt = host.receipts.entry(given.pop(RECEIPT, ""))  # its reader's (T23)
-                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, receipt))
+                pipe = given.pop(PIPE, "")
+                if pipe == OPEN:
+                    host.submit(PipeOpening(stream_id, sender, receipt))
+                    continue
+                pipe_id = int(pipe, 16) if pipe else 0
+                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, receipt, pipe_id))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")
@@ -55,3 +64,12 @@ class TritonPythonModel:
 
 def send(sender, chunk: Chunk) -> None:
     sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
+
+
+def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:
+    """A pipe response: ``chunks`` packed (serving.stub.chunk_pipe), or None: the FINAL flag alone."""
+    if chunks is None:
+        sender.send(flags=FINAL)
+        return
+    tensors = [pb.Tensor(name, value[None]) for name, value in pack(chunks).items()]
+    sender.send(pb.InferenceResponse(tensors), flags=FINAL if final else 0)

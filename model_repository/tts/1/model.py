@@ -58,7 +58,8 @@ class TritonPythonModel:
         channel = SideChannel(opts.cancel_dir or None)
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
         receipts = Receipts(channel.dir, "tts", receipt_capacity(opts.slots))  # docs/triton.md#T23
-        generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts)
+        self.generator = generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts,
+                                                  keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), keys.new_stream_id)  # fmt: skip
@@ -188,4 +189,5 @@ class TritonPythonModel:
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
+        self.generator.close()
         self.threads.shutdown()

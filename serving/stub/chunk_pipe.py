@@ -1,0 +1,86 @@
+"""A pipe: one long-lived generator request per reading process (``tts``, ``ensemble_generator``) that
+carries the chunks of all that process's streams, a step's chunks in one response.
+
+Without it every chunk of every stream is a response of its own: a send in the generator, a routing in
+tritonserver and a reading thread woken in the reader, per stream per chunk (docs/benchmarks.md: most of
+``tts``'s ~2 ms of CPU per chunk). With it a step costs one response per reader, however many of its
+streams have a chunk due, and a reader has one reading thread.
+
+The protocol (serving.stub.generator_host, serving.stub.bls_adapters):
+
+- the reader opens its pipe with a generator request whose :data:`PARAMETER` is :data:`OPEN` and whose
+  correlation id names the pipe; the generator answers at once with an empty response (the pipe is
+  registered: BLS returns a stream's iterator only with its first response) and then sends every
+  response of the pipe as :func:`pack` wrote it, each once the reader has read the one before (the
+  pipe's read receipt, docs/triton.md#T23);
+- a stream request that names the pipe in :data:`PARAMETER` (its id in hex) gets its chunks on the pipe,
+  its last one included, and on its own request one final response without tensors, sent after the pipe
+  response that carried its last chunk; a refusal before the stream starts (a bad input, a cancel while
+  it waits for a slot) comes on its own request as before, as one final chunk;
+- a pipe ends when its reader cancels it (a cancel mark with the pipe's id) or a response on it cannot
+  be sent: every stream on it is then ended and marked lost, as a stream whose response could not be
+  sent is; a stream naming a pipe the generator does not know (it restarted) is refused as unavailable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.protocol import LATENT_DIM, Chunk
+from serving import contract
+
+PARAMETER = "pipe"  # a generator request's pipe: OPEN to open one, or the pipe's id in hex to use it
+OPEN = "open"
+MAX_PIPES = 16  # pipes a generator keeps at once (one per reading process; a new one past it ends the oldest)
+_COLUMNS = contract.PIPE_COLUMNS
+
+
+def pack(chunks: list[Chunk]) -> dict[str, np.ndarray]:
+    """``chunks`` (of any streams; a stream's in order) -> the arrays of one pipe response."""
+    n = len(chunks)
+    table = np.empty((n, _COLUMNS), np.uint64)
+    rows = []
+    strings = np.empty((n, 2), np.object_)
+    for i, c in enumerate(chunks):
+        table[i] = (c.stream_id, c.seq, c.seal, len(c.latents), len(c.prompt_latents), c.last)
+        rows.append(c.latents)
+        rows.append(c.prompt_latents)
+        strings[i, 0] = c.finish_reason.encode("utf-8", "surrogatepass")
+        strings[i, 1] = c.text.encode("utf-8", "surrogatepass")
+    latents = np.concatenate(rows).astype(np.float32, copy=False) if rows else np.zeros((0, LATENT_DIM), np.float32)
+    return {"PIPE_CHUNKS": table, "PIPE_LATENTS": latents.reshape(-1, LATENT_DIM), "PIPE_TEXT": strings}
+
+
+def unpack(tensor) -> list[Chunk]:
+    """The arrays of one pipe response (``tensor(name)`` gives each as numpy, a batch dimension or not)
+    -> its chunks, in the order packed. ValueError naming the tensor for what :func:`pack` never writes
+    (checked before anything is copied: a chunk's rows within the contract's bounds, the rows adding up)."""
+    table, latents, strings = tensor("PIPE_CHUNKS"), tensor("PIPE_LATENTS"), tensor("PIPE_TEXT")
+    if table is None or latents is None or strings is None:
+        raise ValueError("a pipe response lacks PIPE_CHUNKS, PIPE_LATENTS or PIPE_TEXT")
+    if table.size % _COLUMNS or latents.size % LATENT_DIM:
+        raise ValueError(f"PIPE_CHUNKS {table.shape} or PIPE_LATENTS {latents.shape} are not whole rows")
+    table, latents = table.reshape(-1, _COLUMNS), latents.reshape(-1, LATENT_DIM)
+    n = len(table)
+    if strings.size != 2 * n:
+        raise ValueError(f"PIPE_TEXT has {strings.size} values for {n} chunks")
+    strings = strings.reshape(n, 2)
+    sizes = table[:, 3:5]
+    if (sizes[:, 0] > contract.MAX_CHUNK_LATENTS).any() or (sizes[:, 1] > contract.MAX_PROMPT_LATENTS).any():
+        raise ValueError("a pipe chunk has more latents than the contract allows")
+    if int(sizes.sum()) != len(latents):
+        raise ValueError(f"PIPE_CHUNKS count {int(sizes.sum())} latent rows, PIPE_LATENTS has {len(latents)}")
+    out, at = [], 0
+    for i in range(n):
+        stream_id, seq, seal, rows, prompt_rows, last = (int(v) for v in table[i])
+        chunk_latents = latents[at : at + rows]
+        at += rows
+        prompt = latents[at : at + prompt_rows]
+        at += prompt_rows
+        out.append(Chunk(stream_id, chunk_latents, prompt, bool(last), _text(strings[i, 0]), seq, seal,
+                         _text(strings[i, 1])))  # fmt: skip
+    return out
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else str(value)

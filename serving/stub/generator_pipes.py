@@ -1,0 +1,128 @@
+"""The generator's pipes (serving.stub.chunk_pipe): per reading process, one long-lived request on which
+the chunks of all its streams go out, a step's chunks in one response. Used by the engine thread only
+(serving.stub.generator_host)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.protocol import Chunk, end_chunk, failure_reason
+from serving.flow.receipts import ReceiptBoard
+from serving.stub.chunk_pipe import MAX_PIPES
+from serving.stub.triton_io import Throttled
+
+log = logging.getLogger("generator")
+
+
+@dataclass
+class PipeOpening:
+    """A reader's request to open a pipe, parsed by ``execute``."""
+
+    pipe_id: int  # the request's correlation id
+    sender: object
+    receipt: tuple | None  # the pipe's entry on its reader's board (serving.flow.receipts)
+
+
+class Pipe:
+    """An open pipe: its sender, its receipt, its streams and their chunks not sent yet (in step order)."""
+
+    __slots__ = ("queue", "receipt", "sender", "sent", "since", "streams")
+
+    def __init__(self, sender, receipt: tuple | None):
+        self.sender, self.receipt = sender, receipt  # receipt None: unpaced
+        self.sent = 0  # responses sent
+        self.queue: list[Chunk] = []
+        self.since = 0.0  # when the oldest waiting chunk was queued (monotonic)
+        self.streams: set[int] = set()  # the streams whose chunks go on it, until their last went out
+
+
+class Pipes:
+    """The open pipes, oldest first.
+
+    ``send(sender, chunks, final)``: one response, ``chunks`` packed (None: the FINAL flag alone); raises
+    when it cannot go out. ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and
+    answered on their own requests. ``waited(seconds)``: how long chunks waited for a receipt (a metric).
+    ``backstop``: seconds a reader may leave a response unread before its pipe is ended."""
+
+    def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
+                 lose: Callable[[set[int], str], None], waited: Callable[[float], None], backstop: float):  # fmt: skip
+        self.send, self.lose, self.waited, self.backstop = send, lose, waited, backstop
+        self.open: dict[int, Pipe] = {}
+        self.failures = Throttled(log)
+
+    def __contains__(self, pipe_id: int) -> bool:
+        return pipe_id in self.open
+
+    def unsent(self) -> int:
+        """Chunks queued on the pipes, not sent yet."""
+        return sum(len(p.queue) for p in self.open.values())
+
+    def start(self, p: PipeOpening) -> None:
+        """Register a pipe and answer it at once with an empty response (its reader waits for one)."""
+        if p.pipe_id in self.open or not p.pipe_id:
+            self._send(p.sender, [end_chunk(0, failure_reason(ValueError("this pipe id is in use")))], True)
+            return
+        if len(self.open) >= MAX_PIPES:
+            oldest = next(iter(self.open))
+            log.warning("more than %d pipes: pipe %x, the oldest, is ended", MAX_PIPES, oldest)
+            self.end(oldest, f"more than {MAX_PIPES} pipes were opened")
+        if self._send(p.sender, [], False):
+            pipe = self.open[p.pipe_id] = Pipe(p.sender, p.receipt)
+            pipe.sent = 1
+
+    def add(self, pipe_id: int, stream_id: int) -> None:
+        self.open[pipe_id].streams.add(stream_id)
+
+    def post(self, pipe_id: int, chunk: Chunk) -> None:
+        """Queue a stream's chunk for its pipe's next response."""
+        pipe = self.open[pipe_id]  # a pipe that ends loses its streams first: they post nothing more
+        if not pipe.queue:
+            pipe.since = time.monotonic()
+        pipe.queue.append(chunk)
+
+    def flush(self, paced: bool = True) -> list[int]:
+        """Send each pipe's queued chunks as one response once its reader has read the one before (all at
+        once when not ``paced``) -> the streams whose last chunk went out."""
+        finished = []
+        for pipe_id, pipe in list(self.open.items()):
+            if not pipe.queue:
+                continue
+            if paced and pipe.receipt is not None:
+                read = ReceiptBoard.read(pipe.receipt, pipe_id)
+                if read is None:  # the entry names another: nobody reads this pipe any more
+                    self.end(pipe_id, "its reader left")
+                    continue
+                if read < pipe.sent:
+                    if time.monotonic() - pipe.since > self.backstop:
+                        self.end(pipe_id, f"its reader read nothing for {self.backstop:.0f} s")
+                    continue
+            chunks, pipe.queue = pipe.queue, []
+            self.waited(time.monotonic() - pipe.since)
+            if not self._send(pipe.sender, chunks, False):
+                self.end(pipe_id, "a response could not be sent")
+                continue
+            pipe.sent += 1
+            for chunk in chunks:
+                if chunk.last:
+                    pipe.streams.discard(chunk.stream_id)
+                    finished.append(chunk.stream_id)
+        return finished
+
+    def end(self, pipe_id: int, why: str) -> None:
+        """End a pipe: its streams are lost (``lose``), its request gets its final response."""
+        pipe = self.open.pop(pipe_id)
+        if pipe.streams:
+            log.warning("pipe %x ended (%s): its %d streams are lost", pipe_id, why, len(pipe.streams))
+            self.lose(pipe.streams, why)
+        self._send(pipe.sender, None, True)
+
+    def _send(self, sender, chunks: list[Chunk] | None, final: bool) -> bool:
+        try:
+            self.send(sender, chunks, final)
+            return True
+        except Exception as e:  # noqa: BLE001 (any failure to send: the pipe's reader is gone)
+            self.failures.warning("generator: a pipe response could not be sent (%s)", e)
+            return False

@@ -1,0 +1,173 @@
+"""The reading end of a generator pipe (serving.stub.chunk_pipe), in ``tts`` or ``ensemble_generator``: one
+pipe per process, opened when the first stream needs it, read on a thread of its own, each response's
+chunks handed to their streams' :class:`Inbox` in one turn of the event loop. A pipe that ends (the
+generator restarted, or ended it) fails the streams on it as unavailable; the next stream opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from serving import contract
+from serving.flow.receipts import PARAMETER as RECEIPT
+from serving.flow.receipts import Receipts
+from serving.flow.side_channel import SideChannel
+from serving.stub.bls import BLS, LOST, lost_poll_seconds
+from serving.stub.chunk_pipe import OPEN, PARAMETER, unpack
+from serving.stub.retired_iterators import RETIRED
+from serving.stub.triton_io import bls_error, tensors
+
+log = logging.getLogger("tts")
+_waiting = 0  # streams waiting in Inbox.get now (one event loop runs them all)
+
+
+class Inbox:
+    """What a stream of a pipe receives, in order: chunks, then an exception if its pipe ended. Used on the
+    event loop only."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item: Chunk | BaseException | None) -> None:
+        self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self, within: float, lost: Callable[[], bool]):
+        """The next item (an exception is raised). StreamFailed as soon as ``lost()`` (asked now and then
+        while waiting), TimeoutError when nothing came for ``within`` seconds."""
+        global _waiting
+        deadline = time.monotonic() + within
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            _waiting += 1
+            try:
+                await asyncio.wait({self.waiter}, timeout=lost_poll_seconds(_waiting))
+            finally:
+                _waiting -= 1
+                self.waiter = None
+            if self.items:
+                break
+            if lost():
+                raise StreamFailed(UNAVAILABLE + LOST)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{UNAVAILABLE}generator sent nothing for {within:.0f} s; retry")
+        item = self.items.popleft()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class PipeReader:
+    """This process's pipe to the generator ``model``: :meth:`join` gives a stream's pipe id and inbox
+    (opening the pipe first if none is open), :meth:`leave` forgets the stream."""
+
+    def __init__(self, bls: BLS, channel: SideChannel, model: str, receipts: Receipts | None,
+                 new_id: Callable[[], int]):  # fmt: skip
+        self.bls, self.channel, self.model, self.receipts, self.new_id = bls, channel, model, receipts, new_id
+        self.pipe_id = 0  # the open pipe (0: none)
+        self.opening: asyncio.Task | None = None
+        self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
+
+    async def join(self, stream_id: int) -> tuple[int, Inbox]:
+        if not self.pipe_id:
+            if self.opening is None or self.opening.done():
+                self.opening = asyncio.ensure_future(self._open())
+            await asyncio.shield(self.opening)  # StreamFailed/TimeoutError if it could not be opened
+        inbox = Inbox()
+        self.inboxes[stream_id] = (self.pipe_id, inbox)
+        return self.pipe_id, inbox
+
+    def leave(self, stream_id: int) -> None:
+        self.inboxes.pop(stream_id, None)
+
+    def close(self) -> None:
+        """At the model's unload: the generator ends the open pipe at its next step."""
+        if self.pipe_id:
+            self.channel.mark_cancelled(self.pipe_id)
+            self.pipe_id = 0
+
+    async def _open(self) -> None:
+        pb, pipe_id = self.bls.pb, self.new_id()
+        receipt = None if self.receipts is None else self.receipts.open(pipe_id)
+        parameters = {**self.bls.parameters, PARAMETER: OPEN}
+        if receipt is not None:  # the generator sends each response once the one before was read (T23)
+            parameters[RECEIPT] = receipt.parameter
+        values = {"TEXT": "", "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
+                  "SPEAKER": np.zeros(0, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
+        request = pb.InferenceRequest(
+            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
+            requested_output_names=[s.name for s in contract.PIPE_OUTPUTS], correlation_id=pipe_id,
+            flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
+        )  # fmt: skip
+        started = self.bls.submit(request, decoupled=True)  # runs to its end, the request with it (T4)
+        try:
+            await asyncio.wait({started}, timeout=self.bls.timeout)
+            if not started.done():  # should the generator ever open it, it ends it at once
+                self.channel.mark_cancelled(pipe_id)
+                raise StreamFailed(
+                    f"{UNAVAILABLE}the generator did not open a pipe within {self.bls.timeout:.0f} s; retry"
+                )
+            responses = started.result()
+        except BaseException:
+            if receipt is not None:
+                receipt.close()
+            raise
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, args=(loop, pipe_id, request, responses, receipt),
+                         name=f"pipe-{pipe_id:x}", daemon=True).start()  # fmt: skip
+        self.pipe_id = pipe_id
+        log.info("opened a pipe to the generator: %x", pipe_id)
+
+    def _read(self, loop, pipe_id: int, request, responses, receipt) -> None:
+        """The pipe's reading thread: each response counted on its receipt the moment it is read, its
+        chunks handed to the event loop; at the end, why it ended. ``request`` stays referenced until then."""
+        why = "the generator ended it"
+        try:
+            for response in responses:
+                if receipt is not None:
+                    receipt.read()
+                if (error := bls_error(self.bls.pb, "generator", response)) is not None:
+                    why = str(error)
+                    break
+                if response.output_tensors():
+                    chunks = unpack(lambda n, r=response: _output(self.bls.pb, r, n))
+                    loop.call_soon_threadsafe(self._deliver, chunks)
+        except Exception as e:  # noqa: BLE001 (any failure ends the pipe; its streams are told)
+            why = f"reading it failed: {e}"
+        finally:
+            if receipt is not None:
+                receipt.close()
+        del request
+        loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
+
+    def _deliver(self, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            entry = self.inboxes.get(chunk.stream_id)
+            if entry is not None:  # else: a stream nobody reads any more
+                entry[1].put(chunk)
+
+    def _ended(self, pipe_id: int, responses, why: str) -> None:
+        RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+        if self.pipe_id == pipe_id:
+            self.pipe_id = 0
+        lost = [(i, inbox) for i, (p, inbox) in self.inboxes.items() if p == pipe_id]
+        log.warning("the pipe to the generator ended (%s): %d streams on it fail", why, len(lost))
+        for _, inbox in lost:
+            inbox.put(StreamFailed(f"{UNAVAILABLE}the generator's pipe ended ({why}); retry"))
+
+
+def _output(pb, response, name: str):
+    t = pb.get_output_tensor_by_name(response, name)
+    return None if t is None else t.as_numpy()
