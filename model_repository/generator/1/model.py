@@ -67,9 +67,10 @@ def send(sender, chunk: Chunk) -> None:
 
 
 def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:
-    """A pipe response: ``chunks`` packed (serving.stub.chunk_pipe), or None: the FINAL flag alone."""
+    """A pipe response: ``chunks`` packed (serving.stub.chunk_pipe), none (a response without tensors: the
+    pipe's opening) or None: the FINAL flag alone."""
     if chunks is None:
         sender.send(flags=FINAL)
         return
-    tensors = [pb.Tensor(name, value[None]) for name, value in pack(chunks).items()]
+    tensors = [pb.Tensor(name, value[None]) for name, value in pack(chunks).items()] if chunks else []
     sender.send(pb.InferenceResponse(tensors), flags=FINAL if final else 0)
