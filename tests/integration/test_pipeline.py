@@ -142,16 +142,26 @@ def test_http_disconnect_frees_slot(server, chunks):
 
 
 def test_every_read_receipt_is_closed_once_its_stream_ends(server):
-    """tts paces its generator streams by read receipts (serving.flow.receipts, docs/triton.md#T23): its
-    board exists, and once the streams above (cancelled ones too) are over, no entry is left open."""
+    """tts paces what the generator sends it by read receipts (serving.flow.receipts, docs/triton.md#T23): its
+    board exists, and once the streams above (cancelled ones too) are over, no entry is left open but its
+    pipe's (serving.stub.chunk_pipe), which has counted every response the pipe sent."""
+    import struct
+
     from serving.flow.receipts import FILE
 
     grpc(server).synthesize("One more.", seed=5, parameters={"max_patches": 6, "chunk_first": 1, "chunk_next": 1})
     board = server.work_dir / "cancel" / f"{FILE}tts"
+
+    def still_open() -> list[tuple[int, int]]:
+        data = board.read_bytes()
+        assert len(data) >= 16 * 64
+        return [e for e in struct.iter_unpack("<qq", data) if e[0]]
+
     deadline = time.monotonic() + 30  # a cancelled stream's entry closes once its end has been read
-    while (data := board.read_bytes()).strip(b"\0") and time.monotonic() < deadline:
+    while len(left := still_open()) > 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(data) >= 16 * 64 and not data.strip(b"\0"), "an entry is still open"
+    assert len(left) == 1, f"entries still open: {left}"
+    assert left[0][1] >= 7  # the pipe's: its opening, then at least the 6 chunks of the stream above
 
 
 @pytest.mark.parametrize(
