@@ -29,13 +29,14 @@ class PipeOpening:
 class Pipe:
     """An open pipe: its sender, its receipt, its streams and their chunks not sent yet (in step order)."""
 
-    __slots__ = ("queue", "receipt", "sender", "sent", "since", "streams")
+    __slots__ = ("held", "queue", "receipt", "sender", "sent", "since", "streams")
 
     def __init__(self, sender, receipt: tuple | None):
         self.sender, self.receipt = sender, receipt  # receipt None: unpaced
         self.sent = 0  # responses sent
         self.queue: list[Chunk] = []
         self.since = 0.0  # when the oldest waiting chunk was queued (monotonic)
+        self.held = False  # its queue waited for the reader's receipt
         self.streams: set[int] = set()  # the streams whose chunks go on it, until their last went out
 
 
@@ -96,11 +97,14 @@ class Pipes:
                     self.end(pipe_id, "its reader left")
                     continue
                 if read < pipe.sent:
+                    pipe.held = True
                     if time.monotonic() - pipe.since > self.backstop:
                         self.end(pipe_id, f"its reader read nothing for {self.backstop:.0f} s")
                     continue
             chunks, pipe.queue = pipe.queue, []
-            self.waited(time.monotonic() - pipe.since)
+            if pipe.held:
+                self.waited(time.monotonic() - pipe.since)
+                pipe.held = False
             if not self._send(pipe.sender, chunks, False):
                 self.end(pipe_id, "a response could not be sent")
                 continue
