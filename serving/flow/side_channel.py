@@ -124,6 +124,10 @@ class SideChannel:
         """Whether the stream was lost; the mark is removed."""
         return _remove(self._path(LOST, stream_id))
 
+    def lost(self) -> set[int]:
+        """The ids marked lost now (one listing: a reader of many streams asks once for all of them)."""
+        return {int(n[len(LOST) :]) for n in os.listdir(self.dir) if n.startswith(LOST)}
+
     # ---- admitted: tts, ensemble_generator (readers: prompt_encoder, the launcher) ----
     def gate(self, model: str | None, capacity: int, file: str = ADMISSION) -> Admission:
         """The shared counter ``file`` of this folder (:class:`Admission`)."""

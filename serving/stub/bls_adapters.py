@@ -160,7 +160,7 @@ class BLSGenerator:
         try:
             while not ended:
                 try:
-                    chunk = await inbox.get(self.bls.timeout, lambda: self.channel.take_lost(stream_id))
+                    chunk = await inbox.get()
                 except Exception:  # lost by the generator, dropped by Triton (T14), or refused: nothing to cancel
                     ended = True  # nothing is left to cancel
                     if not own.done():
@@ -201,7 +201,7 @@ class BLSGenerator:
         self.channel.mark_cancelled(stream_id)
         try:
             while True:
-                item = await inbox.get(self.bls.timeout, lambda: self.channel.take_lost(stream_id))
+                item = await inbox.get()
                 if item is None or item.last:  # its own final, or its last chunk: the generator is done with it
                     break
         except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again

@@ -20,49 +20,39 @@ from serving import contract
 from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
-from serving.stub.bls import BLS, LOST, lost_poll_seconds
+from serving.stub.bls import BLS, LOST
 from serving.stub.chunk_pipe import OPEN, PARAMETER, unpack
 from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, tensors
 
 log = logging.getLogger("tts")
-_waiting = 0  # streams waiting in Inbox.get now (one event loop runs them all)
+WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
 
 
 class Inbox:
-    """What a stream of a pipe receives, in order: chunks, then an exception if its pipe ended. Used on the
-    event loop only."""
+    """What a stream of a pipe receives, in order: chunks, then an exception if it failed (its pipe ended,
+    the generator lost it, nothing came for too long: :meth:`PipeReader._watch`). Used on the event loop."""
 
-    __slots__ = ("items", "waiter")
+    __slots__ = ("items", "since", "waiter")
 
     def __init__(self):
         self.items: deque = deque()
         self.waiter: asyncio.Future | None = None
+        self.since = 0.0  # when the wait in progress began (monotonic)
 
     def put(self, item: Chunk | BaseException | None) -> None:
         self.items.append(item)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def get(self, within: float, lost: Callable[[], bool]):
-        """The next item (an exception is raised). StreamFailed as soon as ``lost()`` (asked now and then
-        while waiting), TimeoutError when nothing came for ``within`` seconds."""
-        global _waiting
-        deadline = time.monotonic() + within
-        while not self.items:
-            self.waiter = asyncio.get_running_loop().create_future()
-            _waiting += 1
+    async def get(self):
+        """The next item; an exception is raised."""
+        if not self.items:
+            self.waiter, self.since = asyncio.get_running_loop().create_future(), time.monotonic()
             try:
-                await asyncio.wait({self.waiter}, timeout=lost_poll_seconds(_waiting))
+                await self.waiter
             finally:
-                _waiting -= 1
                 self.waiter = None
-            if self.items:
-                break
-            if lost():
-                raise StreamFailed(UNAVAILABLE + LOST)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{UNAVAILABLE}generator sent nothing for {within:.0f} s; retry")
         item = self.items.popleft()
         if isinstance(item, BaseException):
             raise item
@@ -79,8 +69,11 @@ class PipeReader:
         self.pipe_id = 0  # the open pipe (0: none)
         self.opening: asyncio.Task | None = None
         self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
+        self.watcher: asyncio.Task | None = None
 
     async def join(self, stream_id: int) -> tuple[int, Inbox]:
+        if self.watcher is None:
+            self.watcher = asyncio.ensure_future(self._watch())
         if not self.pipe_id:
             if self.opening is None or self.opening.done():
                 self.opening = asyncio.ensure_future(self._open())
@@ -151,6 +144,26 @@ class PipeReader:
                 receipt.close()
         del request
         loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
+
+    async def _watch(self) -> None:
+        """Every WATCH_SECONDS, for all the streams on pipes at once: one listing of the lost marks (a stream
+        the generator gave up fails as unavailable) and a look at how long each has waited (nothing for
+        the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            if not self.inboxes:
+                continue
+            try:
+                lost, now = self.channel.lost(), time.monotonic()
+                for stream_id, (_, inbox) in list(self.inboxes.items()):
+                    if stream_id in lost and self.channel.take_lost(stream_id):
+                        inbox.put(StreamFailed(UNAVAILABLE + LOST))
+                    elif inbox.waiter is not None and now - inbox.since > self.bls.timeout:
+                        inbox.put(
+                            TimeoutError(f"{UNAVAILABLE}generator sent nothing for {self.bls.timeout:.0f} s; retry")
+                        )
+            except Exception:  # never let the watch die: every stream would wait forever
+                log.exception("watching the pipe's streams failed")
 
     def _deliver(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:

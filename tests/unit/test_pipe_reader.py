@@ -1,0 +1,64 @@
+"""The reading end of a generator pipe (serving.stub.pipe_reader) without Triton: one watch for all its
+streams fails a stream the generator marked lost and one that waited past the BLS timeout, each once,
+and leaves a stream with something to read alone; a pipe that ends fails its own streams only, and the
+next stream opens a new one. The pipe end to end: tests/unit/test_models_in_process.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine.protocol import UNAVAILABLE, StreamFailed
+from serving.flow.side_channel import SideChannel
+from serving.stub import pipe_reader
+from serving.stub.pipe_reader import Inbox, PipeReader
+
+
+class FakeBLS:
+    timeout = 0.5  # seconds a stream may wait for its next chunk
+
+
+def reader(tmp_path) -> PipeReader:
+    return PipeReader(FakeBLS(), SideChannel(tmp_path), "generator", None, lambda: 7)
+
+
+def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipe_reader, "WATCH_SECONDS", 0.05)
+
+    async def main():
+        r = reader(tmp_path)
+        lost, silent, served = Inbox(), Inbox(), Inbox()
+        r.inboxes = {1: (9, lost), 2: (9, silent), 3: (9, served)}
+        r.watcher = asyncio.ensure_future(r._watch())
+        r.channel.mark_lost(1)
+        waits = [asyncio.ensure_future(i.get()) for i in (lost, silent)]
+        served.put("a chunk")
+        with pytest.raises(StreamFailed, match="lost this stream"):
+            await asyncio.wait_for(waits[0], 0.4)  # within a few watches, well before the timeout
+        assert not waits[1].done()
+        with pytest.raises(TimeoutError, match=f"^{UNAVAILABLE}generator sent nothing for 0 s"):
+            await asyncio.wait_for(waits[1], 2)
+        assert not r.channel.take_lost(1)  # the mark was taken
+        assert await served.get() == "a chunk" and not served.items  # failed nothing while not waiting
+        r.watcher.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_pipe_that_ends_fails_its_own_streams_only(tmp_path):
+    async def main():
+        r = reader(tmp_path)
+        r.pipe_id = 9
+        old, new = Inbox(), Inbox()
+        r.inboxes = {1: (8, old), 2: (9, new)}
+        r._ended(8, object(), "the generator restarted")  # an older pipe's end
+        assert r.pipe_id == 9 and not new.items
+        with pytest.raises(StreamFailed, match="pipe ended .the generator restarted.; retry"):
+            await old.get()
+        r._ended(9, object(), "gone")
+        assert r.pipe_id == 0  # the next stream opens a new one
+        with pytest.raises(StreamFailed):
+            await new.get()
+
+    asyncio.run(main())
