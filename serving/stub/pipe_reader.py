@@ -26,6 +26,7 @@ from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, tensors
 
 log = logging.getLogger("tts")
+CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
 WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
 
 
@@ -70,6 +71,7 @@ class PipeReader:
         self.opening: asyncio.Task | None = None
         self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
         self.watcher: asyncio.Task | None = None
+        self.reading: threading.Thread | None = None  # the open pipe's reading thread
 
     async def join(self, stream_id: int) -> tuple[int, Inbox]:
         if self.watcher is None:
@@ -85,11 +87,17 @@ class PipeReader:
     def leave(self, stream_id: int) -> None:
         self.inboxes.pop(stream_id, None)
 
-    def close(self) -> None:
-        """At the model's unload: the generator ends the open pipe at its next step."""
+    def close(self, wait: float = CLOSE_SECONDS) -> None:
+        """At the model's unload: ask the generator to end the open pipe and wait (at most ``wait`` s) for
+        its final response. A pipe still open when its reader's model unloads gets that response after the
+        reader is gone, and tritonserver crashed on it (SIGSEGV in the Python backend, at a shutdown)."""
         if self.pipe_id:
             self.channel.mark_cancelled(self.pipe_id)
             self.pipe_id = 0
+        if self.reading is not None:
+            self.reading.join(wait)
+            if self.reading.is_alive():
+                log.warning("the generator did not end this process's pipe within %.0f s", wait)
 
     async def _open(self) -> None:
         pb, pipe_id = self.bls.pb, self.new_id()
@@ -118,8 +126,9 @@ class PipeReader:
                 receipt.close()
             raise
         loop = asyncio.get_running_loop()
-        threading.Thread(target=self._read, args=(loop, pipe_id, request, responses, receipt),
-                         name=f"pipe-{pipe_id:x}", daemon=True).start()  # fmt: skip
+        self.reading = threading.Thread(target=self._read, args=(loop, pipe_id, request, responses, receipt),
+                                        name=f"pipe-{pipe_id:x}", daemon=True)  # fmt: skip
+        self.reading.start()
         self.pipe_id = pipe_id
         log.info("opened a pipe to the generator: %x", pipe_id)
 
