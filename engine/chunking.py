@@ -7,7 +7,9 @@ grows by g keeps up only while r <= 1/g. (3, 12) needs r <= 1/4. So a stream doe
 schedule: :class:`ChunkClock` keeps what the listener holds (audio sent minus the wall time since the
 first chunk left, as if playback began the moment it left) and cuts the gathered patches into a chunk
 
-- when they reach ``cap`` (fewer, larger chunks: fewer vocoder calls), or
+- when they reach :attr:`ChunkClock.largest`: as many patches as the listener was sent so far (at least
+  ``first``, at most ``cap``), so that the audio sent at most doubles with each chunk (3, 3, 6, 12, 24
+  patches while generation runs ahead), or
 - when waiting one more step could leave the listener with less than :attr:`Margin.seconds`: the next
   step, a step by which a chunk may lag behind its step (a spare since serving.stub.generator_host sends a
   chunk as soon as its step ends), one step of jitter, and a floor for the vocoder and transport.
@@ -19,6 +21,14 @@ buffer, if that first chunk covers two steps and the floor (3 patches: 480 ms > 
 Why: a stream that does not cut still holds 3 step estimates + floor, so it can wait out the next step
 (at most 1.5 estimates) and still cut in time for the chunk's delivery (the step after, at most 1.5
 estimates, + floor); one that cuts on consecutive steps adds at least 160 ms per step that took less.
+
+Why the doubling, when ``cap`` at once would mean fewer chunks: a chunk's delivery (vocoder, transport,
+the client) takes time in proportion to its audio, and the time it has is what the listener holds. A
+second chunk of 24 patches after a first of 3 must move 8 times the audio the listener holds before that
+runs out; when many streams start together it did not (`python -m bench.ceiling`: streams underran at
+their second chunk from 128-224 streams on a 2-core machine; with the doubling, not before 224-448). A
+chunk no larger than what was sent keeps that ratio at 1 and costs a stream about log2(cap / first) more
+chunks, once.
 
 A stream that cannot keep up (its step estimate is 160 ms or more) or whose listener ran dry cuts at
 ``first`` patches, as a fresh start, instead of one patch per step: a chunk costs the front door about
@@ -106,7 +116,7 @@ class ChunkClock:
             cut = pending >= (s.first if self.chunks == 0 else s.cap)
         elif self.origin is None or self.left(now) <= 0:  # a fresh start, or a listener who ran dry
             cut = pending >= s.first
-        elif pending >= s.cap:
+        elif pending >= self.largest:
             cut = True
         elif self.left(now) < self.margin.seconds(max(self.took, self.step or 0.0)):
             # deadline: at once, unless this stream cannot keep up (it would only spray small chunks)
@@ -116,6 +126,12 @@ class ChunkClock:
         if cut:
             self._cut(pending, now)
         return cut
+
+    @property
+    def largest(self) -> int:
+        """The most patches a later chunk holds now: as many as the listener was sent since playback
+        (re)started, at least ``first``, at most ``cap``: the audio sent doubles at most with each chunk."""
+        return min(self.schedule.cap, max(self.schedule.first, round(self.sent / PATCH_SECONDS)))
 
     @property
     def keeping_up(self) -> bool:

@@ -91,6 +91,25 @@ def test_a_fast_stream_grows_its_chunks_to_the_cap():
     assert all(n == RULE.cap for n in got[first_cap:-1])
 
 
+def test_a_stream_far_ahead_of_real_time_doubles_what_it_sent_up_to_the_cap():
+    """Steps of 1 ms (the deadline never near): each later chunk holds as many patches as were sent
+    before it, so the audio sent doubles per chunk, until the cap; a cap below that cuts at the cap."""
+    steps = [0.01] + [0.001] * 99
+    assert sizes(run(ChunkSchedule(3, 24), steps)) == [3, 3, 6, 12, 24, 24, 24, 4]
+    assert sizes(run(ChunkSchedule(3, 12), steps)) == [3, 3, 6, 12, 12, 12, 12, 12, 12, 12, 4]
+    assert sizes(run(ChunkSchedule(5, 8), steps)) == [5, 5] + [8] * 11 + [2]
+    # no chunk after the first is larger than the audio sent before it
+    for first, cap in ((3, 24), (1, 400), (7, 10)):
+        got = sizes(run(ChunkSchedule(first, cap), steps))
+        assert all(n <= max(first, sum(got[:k])) for k, n in enumerate(got) if k)
+
+
+def test_a_later_segment_grows_from_what_the_listener_holds():
+    """1.0 s held when a later segment starts (6.25 patches): its chunks double from there."""
+    steps = [0.01] + [0.001] * 59
+    assert sizes(run(ChunkSchedule(3, 24, buffered=1.0), steps)) == [6, 12, 24, 18]
+
+
 def test_chunks_on_a_hand_built_trace():
     """Admitted at 0 s, a 200 ms prefill, then steps of 80 ms (r = 0.5). Margin: 3 x 80 ms + 100 ms = 340 ms.
     3 patches at 0.36 s (the first chunk; the listener holds 0.48 s); at 0.52 s it would hold
