@@ -70,12 +70,13 @@ class PipeReader:
         self.pipe_id = 0  # the open pipe (0: none)
         self.opening: asyncio.Task | None = None
         self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
-        self.watcher: asyncio.Task | None = None
+        self.watcher: asyncio.TimerHandle | None = None  # the next look at the streams (a timer, not a task:
+        # nothing is left pending when the loop stops)
         self.reading: threading.Thread | None = None  # the open pipe's reading thread
 
     async def join(self, stream_id: int) -> tuple[int, Inbox]:
         if self.watcher is None:
-            self.watcher = asyncio.ensure_future(self._watch())
+            self.watcher = asyncio.get_running_loop().call_later(WATCH_SECONDS, self._watch)
         if not self.pipe_id:
             if self.opening is None or self.opening.done():
                 self.opening = asyncio.ensure_future(self._open())
@@ -154,15 +155,12 @@ class PipeReader:
         del request
         loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
 
-    async def _watch(self) -> None:
-        """Every WATCH_SECONDS, for all the streams on pipes at once: one listing of the lost marks (a stream
-        the generator gave up fails as unavailable) and a look at how long each has waited (nothing for
-        the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
-        while True:
-            await asyncio.sleep(WATCH_SECONDS)
-            if not self.inboxes:
-                continue
-            try:
+    def _watch(self) -> None:
+        """Every WATCH_SECONDS while streams are on pipes, for all of them at once: one listing of the lost
+        marks (a stream the generator gave up fails as unavailable) and a look at how long each has waited
+        (nothing for the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
+        try:
+            if self.inboxes:
                 lost, now = self.channel.lost(), time.monotonic()
                 for stream_id, (_, inbox) in list(self.inboxes.items()):
                     if stream_id in lost and self.channel.take_lost(stream_id):
@@ -171,8 +169,10 @@ class PipeReader:
                         inbox.put(
                             TimeoutError(f"{UNAVAILABLE}generator sent nothing for {self.bls.timeout:.0f} s; retry")
                         )
-            except Exception:  # never let the watch die: every stream would wait forever
-                log.exception("watching the pipe's streams failed")
+        except Exception:  # never let the watch die: every stream would wait forever
+            log.exception("watching the pipe's streams failed")
+        finally:
+            self.watcher = asyncio.get_running_loop().call_later(WATCH_SECONDS, self._watch)
 
     def _deliver(self, chunks: list[Chunk]) -> None:
         for chunk in chunks:

@@ -30,7 +30,7 @@ def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path,
         r = reader(tmp_path)
         lost, silent, served = Inbox(), Inbox(), Inbox()
         r.inboxes = {1: (9, lost), 2: (9, silent), 3: (9, served)}
-        r.watcher = asyncio.ensure_future(r._watch())
+        r.watcher = asyncio.get_running_loop().call_later(pipe_reader.WATCH_SECONDS, r._watch)
         r.channel.mark_lost(1)
         waits = [asyncio.ensure_future(i.get()) for i in (lost, silent)]
         served.put("a chunk")
@@ -41,6 +41,7 @@ def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path,
             await asyncio.wait_for(waits[1], 2)
         assert not r.channel.take_lost(1)  # the mark was taken
         assert await served.get() == "a chunk" and not served.items  # failed nothing while not waiting
+        assert not r.watcher.cancelled()  # it goes on looking
         r.watcher.cancel()
 
     asyncio.run(main())
