@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from engine.lifetime import CANCEL_POLL_SECONDS, linger, watch
 from engine.protocol import UNAVAILABLE, StreamFailed, Unavailable, error_kind
+from serving.stub.cancel_watch import CANCELS
 from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error
 
@@ -47,13 +48,17 @@ class PolledFlags:
 
 async def watch_request(task: asyncio.Task, request, flags, lingering: set) -> str | None:
     """:func:`engine.lifetime.watch` for a Triton ``request`` served by ``task``: its client's leaving is
-    ``request.is_cancelled()``, asked through :data:`RETIRED` (docs/triton.md#T18), the server's breaking
-    ``flags.broken()`` (:class:`PolledFlags` or ``serving.supervision.run_folder.RunFlags``). The caller sends the
-    final response after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the
-    cleanup, whose BLS requests must outlive their tasks (docs/triton.md#T4)."""
-    broken = await watch(task, lambda: RETIRED.is_cancelled(request), flags.broken, lingering)
-    if broken is None and RETIRED.held:  # the iterators this request's streams left (T18): let go of them now
-        RETIRED.is_cancelled(request)
+    ``request.is_cancelled()``, asked on the stub's watch thread (:data:`serving.stub.cancel_watch.CANCELS`,
+    through :data:`RETIRED`: docs/triton.md#T18), the server's breaking ``flags.broken()``
+    (:class:`PolledFlags` or ``serving.supervision.run_folder.RunFlags``). The caller sends the final response
+    after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the cleanup, whose BLS
+    requests must outlive their tasks (docs/triton.md#T4)."""
+    entry = CANCELS.add(request)
+    broken = None
+    try:
+        broken = await watch(task, lambda: entry.cancelled, flags.broken, lingering)
+    finally:  # the iterators this request's streams left (T18) are let go by the watch's last call
+        await CANCELS.remove(entry, last=broken is None)
     return broken
 
 

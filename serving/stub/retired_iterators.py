@@ -6,41 +6,53 @@ without the GIL; were that the last reference, the heap would be corrupted (docs
 That thread serves its queue in order, and ``request.is_cancelled()`` waits for its own turn in the same queue.
 So once such a call, begun after an iterator was retired, has been answered by the queue (it returned False: a
 True is cached by the stub and waits for nothing), the table's reference is gone and ours is the last one; it
-is dropped here, on the event loop, with the GIL. No Triton here: ``request`` is anything with ``is_cancelled()``.
+is dropped here, with the GIL (on the thread that asked: serving.stub.cancel_watch). No Triton here: ``request`` is
+anything with ``is_cancelled()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 
 class RetiredIterators:
     """Response iterators that the code reading them is done with, held until the stub has let them go.
-    Used from one event loop only (the stub's)."""
+    Retired on the stub's event loop, let go on whichever thread asks ``is_cancelled()``."""
 
     def __init__(self):
+        self.lock = threading.Lock()
         self.held: list = []  # iterators retired since the last call that went through the stub's queue
 
     def retire(self, iterator, reading: asyncio.Future | None = None) -> None:
         """Hold ``iterator`` until the stub has let it go; ``reading``: a read of it still running on a
         thread (its final read queues the stub's release), after which it is held."""
         if reading is None or reading.done():
-            self.held.append(iterator)
+            self._hold(iterator)
         else:
-            reading.add_done_callback(lambda _: self.held.append(iterator))
+            reading.add_done_callback(lambda _: self._hold(iterator))
+
+    def _hold(self, iterator) -> None:
+        with self.lock:
+            self.held.append(iterator)
 
     def is_cancelled(self, request) -> bool:
         """``request.is_cancelled()``; when the stub's queue answered it, the iterators retired before it are
         let go (here, with the GIL)."""
-        held, self.held = self.held, []
+        with self.lock:
+            held, self.held = self.held, []
         try:
             cancelled = request.is_cancelled()
         except BaseException:
-            self.held[:0] = held
+            self._keep(held)
             raise
         if cancelled:  # maybe the stub's cached answer: nothing went through its queue
+            self._keep(held)
+        return cancelled  # ``held`` is dropped on return: the last references, with the GIL
+
+    def _keep(self, held: list) -> None:
+        with self.lock:
             self.held[:0] = held
-        return cancelled
 
 
 RETIRED = RetiredIterators()  # the stub's table is one per process, and so is this

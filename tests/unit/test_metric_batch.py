@@ -52,6 +52,33 @@ def test_one_turns_updates_go_out_once_per_metric_with_the_same_values():
     asyncio.run(turn())
 
 
+def test_threaded_updates_go_out_on_one_other_thread_in_order():
+    import threading
+
+    class Histogram:
+        def __init__(self):
+            self.values, self.threads = [], set()
+
+        def observe(self, value):
+            self.values.append(value)
+            self.threads.add(threading.current_thread().name)
+
+    first, ok = Histogram(), Metric()
+
+    async def turns():
+        batch = MetricBatch(threaded=True)
+        for turn in range(50):
+            batch.observe(first, turn)
+            batch.observe(first, turn + 0.5)
+            batch.increment(ok, 1)
+            await asyncio.sleep(0)
+        batch.sender.shutdown(wait=True)  # what was handed over is sent
+
+    asyncio.run(turns())
+    assert first.values == [v for t in range(50) for v in (t, t + 0.5)]  # every value, in order
+    assert ok.value == 50 and len(first.threads) == 1 and threading.current_thread().name not in first.threads
+
+
 def test_without_a_running_loop_updates_go_out_at_once():
     batch, counter = MetricBatch(), Metric()
     batch.increment(counter, 2)

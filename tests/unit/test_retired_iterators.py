@@ -80,11 +80,11 @@ def test_an_iterator_still_read_is_held_from_the_end_of_its_read():
 def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
     """A request's streams retire their iterators as they end, after its last ``is_cancelled()`` poll: once
     the request is over (``watch`` returned None), ``watch_request`` asks once more, so that they are let go of
-    now, not at some later request's poll (docs/triton.md#T18)."""
-    from serving.stub import bls
+    now, on the watch's thread, not at some later request's poll (docs/triton.md#T18)."""
+    from serving.stub import bls, cancel_watch
 
     retired = RetiredIterators()
-    monkeypatch.setattr(bls, "RETIRED", retired)
+    monkeypatch.setattr(cancel_watch, "RETIRED", retired)
 
     class Flags:
         def broken(self):
@@ -101,5 +101,5 @@ def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
 
     answer, ref, asked = asyncio.run(scenario())
     gc.collect()
-    assert answer is None and asked == 1  # no poll while it ran: the one question is the release's
+    assert answer is None and asked >= 1  # the watch's thread may have polled once before the release's question
     assert ref() is None and not retired.held

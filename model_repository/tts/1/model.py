@@ -67,7 +67,7 @@ class TritonPythonModel:
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
         self.admission = channel.gate("tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds)
-        self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch()  # metrics: sent once per loop turn
+        self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch(threaded=True)  # once per turn, off the loop
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.gauges = [
@@ -172,7 +172,7 @@ class TritonPythonModel:
                         await responses.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
                         continue
                     if waiting and piece.audio.size:
-                        self.first_chunk.observe(time.perf_counter() - t0)
+                        self.metrics.observe(self.first_chunk, time.perf_counter() - t0)
                         waiting = False
                         self._count(0, -1)
                     sent += piece.audio.size

@@ -1,0 +1,132 @@
+"""Whether a running request's client left (``request.is_cancelled()``), asked on a thread of its own.
+
+``is_cancelled()`` is a round trip to Triton's process (~0.5 ms, more when that process is busy:
+docs/triton.md#T20). Asked on the event loop of ``tts`` for every running request, it took a third of the
+loop's busy time while hundreds of streams started together, and every chunk, admission and metric of
+the stub waited behind it. Here one thread per stub asks it for every watched request in turn, at most
+:data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all, and the event loop reads a flag.
+
+Two rules of the Python backend hold:
+
+- no ``is_cancelled()`` after a request's final response (docs/triton.md#T3): :meth:`CancelWatch.remove`
+  returns only once the thread has let go of the request for good, and the final response is sent after it;
+- retired BLS iterators are let go only after an ``is_cancelled()`` that went through the stub's queue
+  (docs/triton.md#T18): every call here goes through :data:`serving.stub.retired_iterators.RETIRED`, and
+  :meth:`CancelWatch.remove` asks once more, last, when iterators are waiting for it.
+
+No Triton here: a request is anything with ``is_cancelled()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+
+from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS
+from serving.stub.retired_iterators import RETIRED
+
+log = logging.getLogger("tts")
+
+
+class Watched:
+    """A request under watch: ``cancelled`` turns True (from the watch's thread) once its client left."""
+
+    __slots__ = ("cancelled", "removed", "request")
+
+    def __init__(self, request):
+        self.request, self.cancelled, self.removed = request, False, False
+
+
+class CancelWatch:
+    """The thread that asks ``is_cancelled()`` of the watched requests, one after another: each request
+    about every ``max(poll, n / rate)`` seconds for n watched, never faster than ``rate`` calls a second in
+    all. :meth:`add` and :meth:`remove` are called from event loops."""
+
+    def __init__(self, rate: float = CANCEL_CHECKS_PER_SECOND, poll: float = CANCEL_POLL_SECONDS):
+        self.rate, self.poll = rate, poll
+        self.lock = threading.Lock()
+        self.turn: deque[Watched] = deque()  # the requests in the order they are asked (the thread's)
+        self.added: list[Watched] = []  # added since the thread last looked
+        self.removals: list[tuple[Watched, bool, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, request) -> Watched:
+        entry = Watched(request)
+        with self.lock:
+            self.added.append(entry)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
+                self.thread.start()
+        return entry
+
+    async def remove(self, entry: Watched, last: bool) -> None:
+        """Stop watching ``entry``; returns once the thread will never touch its request again, having asked
+        it once more if ``last`` and retired iterators wait for such a call (T18). A cancellation meanwhile
+        is raised once that is so: the caller's final response must not overtake the thread's last call."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self.lock:
+            self.removals.append((entry, last, loop, done))
+        self.wake.set()
+        cancelled = False
+        while not done.done():
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _run(self) -> None:
+        next_at = 0.0  # when the next question may be asked (a removal wakes the thread, not the questions)
+        while True:
+            self._take()
+            n, now = len(self.turn), time.monotonic()
+            if not n or now < next_at:
+                self.wake.wait(1.0 if not n else next_at - now)
+                self.wake.clear()
+                continue
+            entry = self.turn.popleft()
+            self._ask(entry)
+            self.turn.append(entry)
+            next_at = now + max(self.poll / n, 1.0 / self.rate)
+
+    def _take(self) -> None:
+        """Take the requests added and removed since the last look (the removed ones let go here)."""
+        with self.lock:
+            added, self.added = self.added, []
+            removals, self.removals = self.removals, []
+        self.turn.extend(added)
+        if not removals:
+            return
+        for entry, _, _, _ in removals:
+            entry.removed = True
+        self.turn = deque(e for e in self.turn if not e.removed)
+        for entry, last, loop, done in removals:
+            if last and RETIRED.held:  # the iterators its streams left (T18): let go of them now
+                self._ask(entry)
+            entry.request = None  # never asked again (T3)
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:  # its loop is closed: nobody waits any more
+                pass
+
+    @staticmethod
+    def _ask(entry: Watched) -> None:
+        try:
+            if RETIRED.is_cancelled(entry.request):
+                entry.cancelled = True
+        except Exception:  # noqa: BLE001 (a failed check is not a cancellation; the next one may work)
+            log.exception("is_cancelled() failed")
+
+
+def _resolve(done: asyncio.Future) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+CANCELS = CancelWatch()  # one per stub process, like the stub's queue it asks through
