@@ -28,7 +28,7 @@ from serving.intake.requests import check_language, check_text, generation_reque
 from serving.security.auth import Keys, parameter_dict
 from serving.stub.bls import BLS, watch_request
 from serving.stub.bls_adapters import BLSGenerator
-from serving.stub.stub_threads import StubThreads
+from serving.stub.stub_threads import Responses, StubThreads
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,
@@ -85,8 +85,8 @@ class TritonPythonModel:
         self._count(1)
         lingering: set = set()
         LINGERING.set(lingering)  # the stream's cleanup runs to its end before the final response
-        try:
-            last = await self._watch(request, sender, lingering)
+        try:  # sends on the send threads: a send waits for Triton's process, the event loop does not
+            last = await self._watch(request, Responses(sender, self.threads.sends), lingering)
         finally:
             self.admission.leave()
             self._count(-1)
@@ -97,39 +97,39 @@ class TritonPythonModel:
         self.in_flight += delta
         self.in_flight_gauge.increment(delta)  # not set(): docs/triton.md#T19
 
-    async def _watch(self, request, sender, lingering: set) -> Chunk | None:
+    async def _watch(self, request, responses: Responses, lingering: set) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response
         (after the last is_cancelled(): docs/triton.md#T3)."""
         stream_id = self.keys.new_stream_id()
-        task = asyncio.ensure_future(self._relay(request, sender, stream_id))
+        task = asyncio.ensure_future(self._relay(request, responses, stream_id))
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
         broken = await watch_request(task, request, self.flags, lingering)
         if broken:
             with contextlib.suppress(BaseException):
                 await task
             last = end_chunk(stream_id, tagged(Unavailable(broken)))
-            finish(sender, last)
+            await responses.final(pb.InferenceResponse(chunk_tensors(pb, last)), FINAL)
             return last
         try:
             last = task.result()
         except asyncio.CancelledError:
-            sender.send(flags=FINAL)
+            await responses.final(flags=FINAL)
             return None
         except Exception as e:
             if not isinstance(e, ValueError | StreamFailed | TimeoutError):
                 log.exception("ensemble stream failed")
             last = end_chunk(stream_id, e.reason if isinstance(e, StreamFailed) else failure_reason(e))
-        finish(sender, last)
+        await responses.final(pb.InferenceResponse(chunk_tensors(pb, last)), FINAL)
         return last
 
-    async def _relay(self, request, sender, stream_id: int) -> Chunk:
+    async def _relay(self, request, responses: Responses, stream_id: int) -> Chunk:
         """Send the generator's chunks on as they come, all but the last, which is returned."""
         segment = read_segment(request, stream_id)
         async with contextlib.aclosing(self.generator.stream(segment)) as chunks:
             async for chunk in chunks:
                 if chunk.last:
                     return chunk
-                sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)))
+                await responses.send(pb.InferenceResponse(chunk_tensors(pb, chunk)))
         raise StreamFailed("error: the generator stream ended without a last chunk")
 
     def finalize(self):
