@@ -25,10 +25,10 @@ estimates, + floor); one that cuts on consecutive steps adds at least 160 ms per
 Why the doubling, when ``cap`` at once would mean fewer chunks: a chunk's delivery (vocoder, transport,
 the client) takes time in proportion to its audio, and the time it has is what the listener holds. A
 second chunk of 24 patches after a first of 3 must move 8 times the audio the listener holds before that
-runs out; when many streams start together it did not (`python -m bench.ceiling`: streams underran at
-their second chunk from 128-224 streams on a 2-core machine; with the doubling, not before 224-448). A
-chunk no larger than what was sent keeps that ratio at 1 and costs a stream about log2(cap / first) more
-chunks, once.
+runs out; when many streams start together it did not (`python -m bench.ceiling` with the generator
+pipe, which lets generation run far ahead: a ceiling of 128-192 streams on a 2-core machine, every failure
+at a second chunk; with the doubling, 224-448). A chunk no larger than what was sent keeps that
+ratio at 1 and costs a stream about log2(cap / first) more chunks, once.
 
 A stream that cannot keep up (its step estimate is 160 ms or more) or whose listener ran dry cuts at
 ``first`` patches, as a fresh start, instead of one patch per step: a chunk costs the front door about
