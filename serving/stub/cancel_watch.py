@@ -27,6 +27,7 @@ from collections import deque
 
 from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS
 from serving.stub.retired_iterators import RETIRED
+from serving.stub.stub_threads import finished
 
 log = logging.getLogger("tts")
 
@@ -72,14 +73,7 @@ class CancelWatch:
         with self.lock:
             self.removals.append((entry, last, loop, done))
         self.wake.set()
-        cancelled = False
-        while not done.done():
-            try:
-                await asyncio.shield(done)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        await finished(done)
 
     def _run(self) -> None:
         next_at = 0.0  # when the next question may be asked (a removal wakes the thread, not the questions)

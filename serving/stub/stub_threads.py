@@ -62,7 +62,7 @@ class Responses:
 
 
 async def finished(future: asyncio.Future):
-    """``await future``, which runs on a thread; a cancellation meanwhile is raised once it has ended."""
+    """``await future``, which a thread completes; a cancellation meanwhile is raised once it has ended."""
     cancelled = False
     while not future.done():
         try:
