@@ -43,7 +43,7 @@ def strings(**values) -> dict[str, np.ndarray]:
 def triton(tiny_ckpt, tmp_path_factory):
     """The five models of the tts pipeline, loaded as Triton would load them, under the run's keys."""
     work = tmp_path_factory.mktemp("in_process")
-    opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"),
+    opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"), generator_pipe=True,
                         voice_dir=str(work / "voices"), vocoder_queue_delay_us=0)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         fake.install(mp)
@@ -88,7 +88,7 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
 
 
 def test_tts_on_the_pipe_or_without_it_streams_the_same_audio(triton):
-    """With a pipe (the default: serving.stub.chunk_pipe) and without one (--no-generator-pipe): the same
+    """With a pipe (--generator-pipe: serving.stub.chunk_pipe) and without one (the default): the same
     audio, and each stream's generator request ends either way."""
     inputs = {**strings(TEXT="The same either way"), "SEED": np.array([7], np.int64)}
     parameters = {"max_patches": 8, "chunk_first": 2, "chunk_next": 3}
