@@ -2,6 +2,13 @@
 pipe per process, opened when the first stream needs it, read on a thread of its own, each response's
 chunks handed to their streams' :class:`Inbox` in one turn of the event loop. A pipe that ends (the
 generator restarted, or ended it) fails the streams on it as unavailable; the next stream opens a new one.
+
+A pipe is rotated: Triton's BLS response iterator keeps every response it returned until it is let go of
+(docs/triton.md#T25), so once a pipe has carried :data:`ROTATE_BYTES` of tensors or :data:`ROTATE_RESPONSES`
+responses, the next stream opens a new one; the old one carries its own streams to their end and is then
+ended (its reader asks the generator to), and its iterator, with all it held, let go of. At most
+:data:`MAX_DRAINING` old pipes wait for their streams at once (the generator keeps 16 pipes in all:
+serving.stub.chunk_pipe.MAX_PIPES); past it the open pipe carries on until one of them is over.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from serving.stub.triton_io import bls_error, tensors
 log = logging.getLogger("tts")
 CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
 WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
+ROTATE_BYTES = 32 << 20  # tensor bytes a pipe carries before new streams go on a new one (T25)
+ROTATE_RESPONSES = 20_000  # responses a pipe carries before new streams go on a new one (T25)
+MAX_DRAINING = 4  # rotated pipes that may still carry streams at once
 
 
 class Inbox:
@@ -70,35 +80,71 @@ class PipeReader:
         self.pipe_id = 0  # the open pipe (0: none)
         self.opening: asyncio.Task | None = None
         self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
+        self.members: dict[int, int] = {}  # pipe -> how many of its streams have not left
+        self.carried: dict[int, list[int]] = {}  # pipe -> [tensor bytes, responses] read on it so far (its
+        # reading thread adds, the event loop reads)
+        self.draining: set[int] = set()  # rotated pipes whose streams have not all left
         self.watcher: asyncio.TimerHandle | None = None  # the next look at the streams (a timer, not a task:
         # nothing is left pending when the loop stops)
-        self.reading: threading.Thread | None = None  # the open pipe's reading thread
+        self.readings: dict[int, threading.Thread] = {}  # each pipe's reading thread, until it ended
 
     async def join(self, stream_id: int) -> tuple[int, Inbox]:
         if self.watcher is None:
             self.watcher = asyncio.get_running_loop().call_later(WATCH_SECONDS, self._watch)
+        if self.pipe_id and self._worn(self.pipe_id):
+            self._rotate()
         if not self.pipe_id:
             if self.opening is None or self.opening.done():
                 self.opening = asyncio.ensure_future(self._open())
             await asyncio.shield(self.opening)  # StreamFailed/TimeoutError if it could not be opened
         inbox = Inbox()
         self.inboxes[stream_id] = (self.pipe_id, inbox)
+        self.members[self.pipe_id] = self.members.get(self.pipe_id, 0) + 1
         return self.pipe_id, inbox
 
     def leave(self, stream_id: int) -> None:
-        self.inboxes.pop(stream_id, None)
+        entry = self.inboxes.pop(stream_id, None)
+        if entry is None:
+            return
+        pipe_id = entry[0]
+        left = self.members[pipe_id] = self.members.get(pipe_id, 1) - 1
+        if left <= 0:
+            del self.members[pipe_id]
+            if pipe_id in self.draining:  # a rotated pipe's last stream left: it is ended
+                self._finish(pipe_id)
+
+    def _worn(self, pipe_id: int) -> bool:
+        """Whether the open pipe has carried enough that new streams should go on a new one (T25)."""
+        carried = self.carried.get(pipe_id)
+        return (carried is not None and (carried[0] >= ROTATE_BYTES or carried[1] >= ROTATE_RESPONSES)
+                and len(self.draining) < MAX_DRAINING)  # fmt: skip
+
+    def _rotate(self) -> None:
+        """New streams go on a new pipe; the open one is ended once its own streams have left."""
+        old, self.pipe_id = self.pipe_id, 0
+        self.draining.add(old)
+        log.info("pipe %x carried %d bytes in %d responses: new streams go on a new pipe",
+                 old, *self.carried.get(old, (0, 0)))  # fmt: skip
+        if not self.members.get(old):
+            self._finish(old)
+
+    def _finish(self, pipe_id: int) -> None:
+        self.draining.discard(pipe_id)
+        self.channel.mark_cancelled(pipe_id)  # the generator ends it; its reading thread then lets go (_ended)
 
     def close(self, wait: float = CLOSE_SECONDS) -> None:
         """At the model's unload: ask the generator to end the open pipe and wait (at most ``wait`` s) for
         its final response. A pipe still open when its reader's model unloads gets that response after the
         reader is gone, and tritonserver crashed on it (SIGSEGV in the Python backend, at a shutdown)."""
-        if self.pipe_id:
-            self.channel.mark_cancelled(self.pipe_id)
-            self.pipe_id = 0
-        if self.reading is not None:
-            self.reading.join(wait)
-            if self.reading.is_alive():
-                log.warning("the generator did not end this process's pipe within %.0f s", wait)
+        for pipe_id in {self.pipe_id, *self.draining} - {0}:
+            self.channel.mark_cancelled(pipe_id)
+        self.pipe_id = 0
+        self.draining.clear()
+        deadline = time.monotonic() + wait
+        for thread in list(self.readings.values()):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("the generator did not end this process's pipe %s within %.0f s", thread.name, wait)
 
     async def _open(self) -> None:
         pb, pipe_id = self.bls.pb, self.new_id()
@@ -127,9 +173,11 @@ class PipeReader:
                 receipt.close()
             raise
         loop = asyncio.get_running_loop()
-        self.reading = threading.Thread(target=self._read, args=(loop, pipe_id, request, responses, receipt),
-                                        name=f"pipe-{pipe_id:x}", daemon=True)  # fmt: skip
-        self.reading.start()
+        self.carried[pipe_id] = [0, 0]
+        thread = self.readings[pipe_id] = threading.Thread(
+            target=self._read, args=(loop, pipe_id, request, responses, receipt), name=f"pipe-{pipe_id:x}", daemon=True
+        )  # fmt: skip
+        thread.start()
         self.pipe_id = pipe_id
         log.info("opened a pipe to the generator: %x", pipe_id)
 
@@ -137,6 +185,7 @@ class PipeReader:
         """The pipe's reading thread: each response counted on its receipt the moment it is read, its
         chunks handed to the event loop; at the end, why it ended. ``request`` stays referenced until then."""
         why = "the generator ended it"
+        carried = self.carried[pipe_id]
         try:
             for response in responses:
                 if receipt is not None:
@@ -144,8 +193,10 @@ class PipeReader:
                 if (error := bls_error(self.bls.pb, "generator", response)) is not None:
                     why = str(error)
                     break
+                carried[1] += 1
                 if response.output_tensors():
                     chunks = unpack(lambda n, r=response: _output(self.bls.pb, r, n))
+                    carried[0] += sum(c.latents.nbytes + c.prompt_latents.nbytes for c in chunks)
                     loop.call_soon_threadsafe(self._deliver, chunks)
         except Exception as e:  # noqa: BLE001 (any failure ends the pipe; its streams are told)
             why = f"reading it failed: {e}"
@@ -182,9 +233,15 @@ class PipeReader:
 
     def _ended(self, pipe_id: int, responses, why: str) -> None:
         RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+        self.readings.pop(pipe_id, None)
+        self.carried.pop(pipe_id, None)
+        self.draining.discard(pipe_id)
+        lost = [(i, inbox) for i, (p, inbox) in self.inboxes.items() if p == pipe_id]
         if self.pipe_id == pipe_id:
             self.pipe_id = 0
-        lost = [(i, inbox) for i, (p, inbox) in self.inboxes.items() if p == pipe_id]
+        elif not lost:
+            log.info("pipe %x ended (%s)", pipe_id, why)  # rotated or closed, its streams over
+            return
         log.warning("the pipe to the generator ended (%s): %d streams on it fail", why, len(lost))
         for _, inbox in lost:
             inbox.put(StreamFailed(f"{UNAVAILABLE}the generator's pipe ended ({why}); retry"))

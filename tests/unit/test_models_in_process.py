@@ -130,6 +130,28 @@ def test_a_pipe_the_generator_ended_is_opened_again_by_the_next_stream(triton):
     assert pipe.pipe_id not in (0, first) and first not in triton.generator.host.pipes.open
 
 
+def test_a_worn_pipe_is_rotated_and_the_generator_ends_it_after_its_streams(triton, monkeypatch):
+    """docs/triton.md#T25: a pipe that has carried its bound is left for a new one; the generator ends the
+    old one once its streams are over, and the reader lets go of its iterator. The audio is the same."""
+    from serving.stub import pipe_reader
+
+    inputs = {**strings(TEXT="Rotated"), "SEED": np.array([4], np.int64)}
+    pipe = triton.tts.generator.pipe
+    before = run_tts(triton, inputs, {"max_patches": 4})
+    assert before.errors() == []
+    first = pipe.pipe_id
+    monkeypatch.setattr(pipe_reader, "ROTATE_RESPONSES", 1)  # every pipe is worn after its first response
+    after = run_tts(triton, inputs, {"max_patches": 4})
+    assert after.errors() == [] and pipe.pipe_id not in (0, first)
+    deadline = time.monotonic() + 10
+    while first in pipe.readings:  # the generator ended it; its reading thread heard the end
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert first not in triton.generator.host.pipes.open and first not in pipe.carried and not pipe.draining
+    np.testing.assert_allclose(*(np.concatenate([o["AUDIO"] for o in s.outputs() if "AUDIO" in o]) for s in (before, after)),
+                               atol=1e-5)  # fmt: skip
+
+
 def test_tts_instruct_design_makes_the_offline_plan_and_audio(triton, model):
     """An Instruct request checked once, by tts (the generator takes its task, instruction and text as tts
     sends them): the plan and audio of offline synthesis for the same request, instruction spaces and all."""

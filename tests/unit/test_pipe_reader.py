@@ -63,3 +63,44 @@ def test_a_pipe_that_ends_fails_its_own_streams_only(tmp_path):
             await new.get()
 
     asyncio.run(main())
+
+
+def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, monkeypatch):
+    """T25: past ROTATE_BYTES (or ROTATE_RESPONSES) new streams go on a new pipe; the old one carries its
+    own streams on and is ended (a cancel mark for the generator) only when the last of them left; at most
+    MAX_DRAINING old pipes wait at once, past which the open pipe carries on."""
+    monkeypatch.setattr(pipe_reader, "MAX_DRAINING", 2)
+
+    async def main():
+        r = reader(tmp_path)
+        ids = iter(range(10, 100))
+
+        async def fake_open():
+            r.pipe_id = next(ids)
+            r.carried[r.pipe_id] = [0, 0]
+
+        r._open = fake_open
+        a, _ = await r.join(1)
+        b, _ = await r.join(2)
+        assert a == b == 10
+        r.carried[10][0] = pipe_reader.ROTATE_BYTES  # worn by its tensors
+        c, _ = await r.join(3)
+        assert c == 11 and r.draining == {10}
+        r.leave(1)
+        assert not r.channel.is_cancelled(10)  # stream 2 is still on it
+        r.leave(2)
+        assert r.channel.is_cancelled(10) and not r.draining  # its last stream left: ended
+        r.draining = {10}  # as if it had not ended yet
+        r.carried[11][1] = pipe_reader.ROTATE_RESPONSES  # worn by its responses, no stream left on it
+        r.leave(3)
+        d, _ = await r.join(4)
+        assert d == 12 and r.channel.is_cancelled(11) and r.draining == {10}  # ended at once: nobody on it
+        r.draining = {10, 11}
+        r.carried[12][0] = pipe_reader.ROTATE_BYTES
+        e, _ = await r.join(5)
+        assert e == 12  # two old pipes wait already: the open one carries on
+        r._ended(10, object(), "its reader closed it")  # the generator ended it: its iterator let go
+        f, _ = await r.join(6)
+        assert f == 13 and r.draining == {11, 12} and 10 not in r.carried
+
+    asyncio.run(main())
