@@ -88,14 +88,13 @@ class BLS:
         """One request, one response; ``decoupled``: the model answers with one final response."""
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
                                            parameters=self.parameters, timeout=int(self.timeout * 1e6))  # fmt: skip
-        loop = asyncio.get_running_loop()
 
         async def exchange():  # this frame keeps the request alive until its response is in
             if not decoupled:
                 return await request.async_exec()
             responses = await request.async_exec(decoupled=True)
-            try:
-                return await loop.run_in_executor(self.pool, _final, responses)
+            try:  # Triton returns the iterator with the first response in it: reading it does not block (T26)
+                return next(responses)
             finally:
                 RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
 
@@ -205,9 +204,3 @@ def _read(responses, receipt):
     return response
 
 
-def _final(responses):
-    """A decoupled model's one final response, read to the end of its stream (on a pool thread)."""
-    got = [r for r in responses if r.has_error() or r.output_tensors()]
-    if len(got) != 1:
-        raise RuntimeError(f"expected one response, got {len(got)}")
-    return got[0]

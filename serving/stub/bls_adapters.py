@@ -182,8 +182,8 @@ class BLSGenerator:
         its pipe) or the error. ``request`` is held until then: Triton reads its inputs at every step (T4)."""
         try:
             responses = await request.async_exec(decoupled=True)
-            try:
-                response = await asyncio.get_running_loop().run_in_executor(self.bls.pool, next, responses, None)
+            try:  # it came with the iterator: reading it does not block (docs/triton.md#T26)
+                response = next(responses, None)
             finally:
                 RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
             if response is None or not (response.has_error() or response.output_tensors()):

@@ -217,17 +217,32 @@ class _Responses:
 
     def __init__(self, sender: ResponseSender, timeout: float, server: FakeTriton | None):
         self.sender, self.timeout, self.done, self.server = sender, timeout, False, server
+        self.first: tuple | None = None  # the first response, once arrived (Triton returns the iterator with it)
 
     def __iter__(self):
         return self
 
+    def arrived(self) -> _Responses:
+        """Wait for the first response: Triton's BLS returns a decoupled call's iterator only with it."""
+        self.first = self._get()
+        return self
+
+    def _get(self) -> tuple:
+        try:
+            return self.sender.responses.get(timeout=self.timeout)
+        except queue.Empty:
+            raise FakeTritonFault(f"no response within {self.timeout} s") from None
+
     def __next__(self) -> InferenceResponse:
         if self.done:
             raise StopIteration
-        try:
-            response, flags = self.sender.responses.get(timeout=self.timeout)
-        except queue.Empty:
-            raise FakeTritonFault(f"no response within {self.timeout} s") from None
+        if self.first is not None:
+            (response, flags), self.first = self.first, None
+        elif self.sender.responses.empty() and _on_event_loop():
+            raise FakeTritonFault("next() on a BLS response iterator would block an event loop's thread: read "
+                                  "a response that is not there yet on a thread of its own")  # fmt: skip
+        else:
+            response, flags = self._get()
         self.done = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if self.done and self.server is not None:  # a decoupled call's: in the stub's table
             self.server.releasing(self)
@@ -364,7 +379,7 @@ class FakeTriton:
         served.queue.put(delivered)
         responses = _Responses(delivered.sender, self.timeout, self if decoupled else None)
         if decoupled:
-            return responses
+            return responses.arrived()
         response = next(responses)
         if not delivered.sender.closed.wait(self.timeout):
             raise FakeTritonFault(f"{request.model_name}: no final response")
@@ -372,6 +387,15 @@ class FakeTriton:
 
 
 _SERVER: FakeTriton | None = None
+
+
+def _on_event_loop() -> bool:
+    """Whether the calling thread runs an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def request(inputs: dict[str, np.ndarray], parameters: dict | None = None, correlation_id: int = 0,
