@@ -176,7 +176,20 @@ def measure_rate(server, client: TTSClient | LoadProcess, rate: float, args: arg
     else:
         level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
                          console_progress(f"rate {rate:g}/s"))  # fmt: skip
-    return judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server, load)))
+    row = judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server, load)))
+    row["peak_streams"] = peak_streams([(s.sent, s.sent + s.result.total) for s in level.streams])
+    return row
+
+
+def peak_streams(spans: Sequence[tuple[float, float]]) -> int:
+    """The most streams in flight at once, from each one's (sent, ended) seconds: an open-loop rate's
+    concurrency (an end at the same instant as a start frees its place first)."""
+    events = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def judged(summary: dict, streams: Sequence[StreamResult], cost: dict) -> dict:
@@ -227,7 +240,7 @@ def ms(x: float) -> str:
 
 def table(rows: list[dict], level: str = "concurrency") -> str:
     """``level``: ``concurrency`` (streams) or ``rate`` (requests/s), the key the rows are levels of."""
-    head = ["streams" if level == "concurrency" else "req/s", "result", "errors", "underruns", "worst gap ms",
+    head = ["streams" if level == "concurrency" else "req/s (peak streams)", "result", "errors", "underruns", "worst gap ms",
             "first chunk p50 / p90 ms", "mean batch",
             "generator step ms", "generator ms per stream-step: step / execute / queue",
             "vocoder ms per chunk: execute / queue", "CPU ms per stream-step: generator / tritonserver",
@@ -237,7 +250,8 @@ def table(rows: list[dict], level: str = "concurrency") -> str:
         g, v = r["generator_ms_per_stream_step"], r["vocoder_ms_per_chunk"]
         cs, cc = r["cpu_ms_per_stream_step"], r["cpu_ms_per_chunk"]
         worst = "–" if r["worst_gap_ms"] != r["worst_gap_ms"] else f"{r['worst_gap_ms']:.0f}"
-        cells = [f"{r[level]:g}", "pass" if r["passed"] else "FAIL", str(r["errors"]),
+        at = f"{r[level]:g}" + (f" ({r['peak_streams']})" if "peak_streams" in r else "")
+        cells = [at, "pass" if r["passed"] else "FAIL", str(r["errors"]),
                  f"{r['underruns']}/{r['requests']}", worst,
                  f"{r['first_chunk_ms']['p50']:.0f} / {r['first_chunk_ms']['p90']:.0f}", f"{r['mean_batch']:.1f}",
                  ms(r["generator_step_ms"]), " / ".join(ms(g[k]) for k in ("step", "execute", "queue")),
@@ -331,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = max(good, default=0)
     if open_loop:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling:g}, --rate-max)"
-        print(f"ceiling: {ceiling:g} requests/s of Poisson arrivals with no underrun and no failure{top}; "
-              f"{args.duration:g} s of arrivals per rate, seed {args.seed}")  # fmt: skip
+        peak = max((r["peak_streams"] for r in rows if r["passed"]), default=0)
+        print(f"ceiling: {ceiling:g} requests/s of Poisson arrivals with no underrun and no failure{top}, up to "
+              f"{peak} streams at once; {args.duration:g} s of arrivals per rate, seed {args.seed}")  # fmt: skip
     else:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ceiling import MODELS, Snapshot, costs, judged, levels_to_run, rate_midpoint
+from bench.ceiling import MODELS, Snapshot, costs, judged, levels_to_run, peak_streams, rate_midpoint
 from bench.load import StreamResult
 from bench.openloop import Arrival, RateLevelResult, ScheduledStream
 
@@ -75,3 +75,9 @@ def test_a_rate_level_fails_on_a_failure_or_an_underrun_and_names_its_first_erro
     assert [r["passed"] for r in rows] == [True, False, False]
     assert [r["first_error"] for r in rows] == [None, None, "ServerBusy: server busy"]
     assert rows[0]["rate"] == 2.0 and rows[0]["mean_batch"] == 1.0
+
+
+def test_an_open_loop_level_counts_the_most_streams_in_flight_at_once():
+    assert peak_streams([]) == 0
+    assert peak_streams([(0.0, 2.0), (1.0, 3.0), (2.0, 4.0), (5.0, 6.0)]) == 2  # an end frees its place first
+    assert peak_streams([(0.0, 10.0), (1.0, 2.0), (1.5, 3.0), (1.8, 9.0)]) == 4
