@@ -202,5 +202,3 @@ def _read(responses, receipt):
     if response is not None and receipt is not None:
         receipt.read()
     return response
-
-
