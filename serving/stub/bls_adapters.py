@@ -172,9 +172,11 @@ class BLSGenerator:
                 ended = chunk.last
                 yield chunk
         finally:
-            if not ended:  # shielded: cut short, it would drop the request before its stream ended
+            if ended:
+                self.pipe.leave(stream_id)
+            else:  # shielded: cut short, it would drop the request before its stream ended; it leaves the
+                # pipe at its end, even when this frame is cancelled again meanwhile
                 await asyncio.shield(linger(self._cancel_piped(stream_id, inbox)))
-            self.pipe.leave(stream_id)
 
     async def _own_end(self, request, inbox: Inbox) -> None:
         """Send a piped stream's request and put its one final response in ``inbox``: None (the chunks came
@@ -197,7 +199,7 @@ class BLSGenerator:
         inbox.put(item)
 
     async def _cancel_piped(self, stream_id: int, inbox: Inbox) -> None:
-        """Ask the generator to end a piped stream (at its next step) and wait for its last chunk."""
+        """Ask the generator to end a piped stream (at its next step), wait for its last chunk, leave the pipe."""
         self.channel.mark_cancelled(stream_id)
         try:
             while True:
@@ -209,6 +211,8 @@ class BLSGenerator:
             return
         except Exception:  # noqa: BLE001 (it failed: the generator gave it up)
             pass
+        finally:
+            self.pipe.leave(stream_id)
         self.channel.unmark_cancelled(stream_id)
 
     async def _started(self, stream_id: int, started: asyncio.Task):

@@ -5,8 +5,9 @@ generator restarted, or ended it) fails the streams on it as unavailable; the ne
 
 A pipe is rotated: Triton's BLS response iterator keeps every response it returned until it is let go of
 (docs/triton.md#T25), so once a pipe has carried :data:`ROTATE_BYTES` of tensors or :data:`ROTATE_RESPONSES`
-responses, the next stream opens a new one; the old one carries its own streams to their end and is then
-ended (its reader asks the generator to), and its iterator, with all it held, let go of. At most
+responses, the next stream opens a new one; the old one carries its own streams to their last chunk (or
+until they leave, cancelled or failed) and is then ended (its reader asks the generator to), and its
+iterator, with all it held, let go of. A consumer that is slow to read its inbox does not hold a pipe. At most
 :data:`MAX_DRAINING` old pipes wait for their streams at once (the generator keeps 16 pipes in all:
 serving.stub.chunk_pipe.MAX_PIPES); past it the open pipe carries on until one of them is over.
 """
@@ -36,7 +37,8 @@ log = logging.getLogger("tts")
 CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
 WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
 ROTATE_BYTES = 32 << 20  # tensor bytes a pipe carries before new streams go on a new one (T25)
-ROTATE_RESPONSES = 20_000  # responses a pipe carries before new streams go on a new one (T25)
+ROTATE_RESPONSES = 2_000  # responses a pipe carries before new streams go on a new one (T25: each one held
+# costs ~20 KB, its tensors aside)
 MAX_DRAINING = 4  # rotated pipes that may still carry streams at once
 
 
@@ -80,7 +82,7 @@ class PipeReader:
         self.pipe_id = 0  # the open pipe (0: none)
         self.opening: asyncio.Task | None = None
         self.inboxes: dict[int, tuple[int, Inbox]] = {}  # stream -> (its pipe, its inbox)
-        self.members: dict[int, int] = {}  # pipe -> how many of its streams have not left
+        self.riding: dict[int, set[int]] = {}  # pipe -> its streams whose last chunk it has not carried yet
         self.carried: dict[int, list[int]] = {}  # pipe -> [tensor bytes, responses] read on it so far (its
         # reading thread adds, the event loop reads)
         self.draining: set[int] = set()  # rotated pipes whose streams have not all left
@@ -99,18 +101,23 @@ class PipeReader:
             await asyncio.shield(self.opening)  # StreamFailed/TimeoutError if it could not be opened
         inbox = Inbox()
         self.inboxes[stream_id] = (self.pipe_id, inbox)
-        self.members[self.pipe_id] = self.members.get(self.pipe_id, 0) + 1
+        self.riding.setdefault(self.pipe_id, set()).add(stream_id)
         return self.pipe_id, inbox
 
     def leave(self, stream_id: int) -> None:
         entry = self.inboxes.pop(stream_id, None)
-        if entry is None:
+        if entry is not None:
+            self._alight(entry[0], stream_id)
+
+    def _alight(self, pipe_id: int, stream_id: int) -> None:
+        """The pipe carries nothing more for the stream (its last chunk came, or it left)."""
+        riding = self.riding.get(pipe_id)
+        if riding is None or stream_id not in riding:
             return
-        pipe_id = entry[0]
-        left = self.members[pipe_id] = self.members.get(pipe_id, 1) - 1
-        if left <= 0:
-            del self.members[pipe_id]
-            if pipe_id in self.draining:  # a rotated pipe's last stream left: it is ended
+        riding.discard(stream_id)
+        if not riding:
+            del self.riding[pipe_id]
+            if pipe_id in self.draining:  # a rotated pipe's last stream is off it: it is ended
                 self._finish(pipe_id)
 
     def _worn(self, pipe_id: int) -> bool:
@@ -125,7 +132,7 @@ class PipeReader:
         self.draining.add(old)
         log.info("pipe %x carried %d bytes in %d responses: new streams go on a new pipe",
                  old, *self.carried.get(old, (0, 0)))  # fmt: skip
-        if not self.members.get(old):
+        if not self.riding.get(old):
             self._finish(old)
 
     def _finish(self, pipe_id: int) -> None:
@@ -230,13 +237,16 @@ class PipeReader:
             entry = self.inboxes.get(chunk.stream_id)
             if entry is not None:  # else: a stream nobody reads any more
                 entry[1].put(chunk)
+                if chunk.last:
+                    self._alight(entry[0], chunk.stream_id)
 
     def _ended(self, pipe_id: int, responses, why: str) -> None:
         RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
         self.readings.pop(pipe_id, None)
         self.carried.pop(pipe_id, None)
         self.draining.discard(pipe_id)
-        lost = [(i, inbox) for i, (p, inbox) in self.inboxes.items() if p == pipe_id]
+        riding = self.riding.pop(pipe_id, set())  # the streams it had not carried to their end
+        lost = [(i, inbox) for i, (p, inbox) in self.inboxes.items() if p == pipe_id and i in riding]
         if self.pipe_id == pipe_id:
             self.pipe_id = 0
         elif not lost:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
-from engine.protocol import UNAVAILABLE, StreamFailed
+from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving.flow.side_channel import SideChannel
 from serving.stub import pipe_reader
 from serving.stub.pipe_reader import Inbox, PipeReader
@@ -53,6 +54,7 @@ def test_a_pipe_that_ends_fails_its_own_streams_only(tmp_path):
         r.pipe_id = 9
         old, new = Inbox(), Inbox()
         r.inboxes = {1: (8, old), 2: (9, new)}
+        r.riding = {8: {1}, 9: {2}}  # neither pipe has carried its stream's last chunk yet
         r._ended(8, object(), "the generator restarted")  # an older pipe's end
         assert r.pipe_id == 9 and not new.items
         with pytest.raises(StreamFailed, match="pipe ended .the generator restarted.; retry"):
@@ -67,7 +69,8 @@ def test_a_pipe_that_ends_fails_its_own_streams_only(tmp_path):
 
 def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, monkeypatch):
     """T25: past ROTATE_BYTES (or ROTATE_RESPONSES) new streams go on a new pipe; the old one carries its
-    own streams on and is ended (a cancel mark for the generator) only when the last of them left; at most
+    own streams on and is ended (a cancel mark for the generator) once it carried the last chunk of the
+    last of them or they left, whether or not their readers have read it all; at most
     MAX_DRAINING old pipes wait at once, past which the open pipe carries on."""
     monkeypatch.setattr(pipe_reader, "MAX_DRAINING", 2)
 
@@ -88,8 +91,12 @@ def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, mo
         assert c == 11 and r.draining == {10}
         r.leave(1)
         assert not r.channel.is_cancelled(10)  # stream 2 is still on it
+        r._deliver([Chunk(2, np.zeros((4, LATENT_DIM), np.float32), np.zeros((0, LATENT_DIM), np.float32), last=True)])
+        assert r.channel.is_cancelled(10) and not r.draining  # it carried stream 2's last chunk: ended
+        assert 2 in r.inboxes  # stream 2's reader has yet to read it: that holds no pipe
+        r._ended(10, object(), "its reader closed it")
+        assert len(r.inboxes[2][1].items) == 1  # its last chunk alone: a stream carried to its end is not failed
         r.leave(2)
-        assert r.channel.is_cancelled(10) and not r.draining  # its last stream left: ended
         r.draining = {10}  # as if it had not ended yet
         r.carried[11][1] = pipe_reader.ROTATE_RESPONSES  # worn by its responses, no stream left on it
         r.leave(3)
@@ -99,6 +106,7 @@ def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, mo
         r.carried[12][0] = pipe_reader.ROTATE_BYTES
         e, _ = await r.join(5)
         assert e == 12  # two old pipes wait already: the open one carries on
+        r.carried[10] = [0, 0]
         r._ended(10, object(), "its reader closed it")  # the generator ended it: its iterator let go
         f, _ = await r.join(6)
         assert f == 13 and r.draining == {11, 12} and 10 not in r.carried
