@@ -7,10 +7,12 @@ responses (:class:`Responses`), so that neither holds up the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 
 SEND_THREADS = 8  # threads that send a model's responses (StubThreads.sends)
+SENDS_AHEAD = 2  # a request's sends queued or under way before Responses.send waits (one sent, one next)
 
 
 class StubThreads:
@@ -39,26 +41,63 @@ class StubThreads:
 
 
 class Responses:
-    """A request's response sender whose ``send`` runs on a pool thread: the round trip to Triton's process
-    (docs/triton.md#T20) no longer holds up the event loop, and the sends of different requests
-    overlap. One request's sends go out one at a time, in order (each awaited before the next), and a
-    send once started is finished before its caller sees a cancellation: a final response can never
-    overtake a chunk still being sent (:meth:`final` waits for it)."""
+    """A request's response sender whose sends run on a pool thread: the round trip to Triton's process
+    (docs/triton.md#T20) no longer holds up the event loop, and the sends of different requests overlap.
 
-    def __init__(self, sender, pool):
-        self.sender, self.pool = sender, pool
-        self.sending: asyncio.Future | None = None
+    ``send`` queues a response behind the request's earlier ones and returns at once while fewer than
+    ``ahead`` are queued or under way (else it waits for the oldest to end): the caller makes the next
+    chunk (its vocoder round trip) while this one is sent, instead of one after the other. One request's
+    sends go out one at a time, in order, each started once the one before has ended, and a send queued
+    goes out even if its caller is cancelled meanwhile; :meth:`final` goes out after all of them, so a
+    final response can never overtake a chunk. A send that failed is raised by the next ``send``."""
+
+    def __init__(self, sender, pool, ahead: int = SENDS_AHEAD):
+        self.sender, self.pool, self.ahead = sender, pool, ahead
+        self.sending: asyncio.Future | None = None  # the send under way
+        self.queued: collections.deque = collections.deque()  # (response, flags) not started yet
+        self.failed: BaseException | None = None
+
+    def pending(self) -> int:
+        """Sends queued or under way."""
+        return len(self.queued) + (self.sending is not None and not self.sending.done())
 
     async def send(self, response=None, flags: int = 0) -> None:
-        loop = asyncio.get_running_loop()
-        self.sending = loop.run_in_executor(self.pool, functools.partial(self.sender.send, response, flags=flags))
-        await finished(self.sending)
+        if self.failed is not None:
+            raise self.failed
+        self.queued.append((response, flags))
+        self._next()
+        while self.pending() > self.ahead:
+            await asyncio.wait({self.sending})
+        if self.failed is not None:
+            raise self.failed
 
     async def final(self, response=None, flags: int = 0) -> None:
-        """``send`` after the send in flight, if any, has ended (what it raised is its caller's)."""
-        if self.sending is not None and not self.sending.done():
+        """Send after every send queued or under way has ended (what they raised is their callers'); this
+        one is finished before a cancellation of its caller is raised."""
+        while self.pending():
             await asyncio.wait({self.sending})
-        await self.send(response, flags)
+        self.sending = asyncio.get_running_loop().run_in_executor(
+            self.pool, functools.partial(self.sender.send, response, flags=flags)
+        )
+        await finished(self.sending)
+
+    def _next(self) -> None:
+        """Start the next queued send once none is under way (on the event loop)."""
+        if not self.queued or (self.sending is not None and not self.sending.done()):
+            return
+        response, flags = self.queued.popleft()
+        self.sending = asyncio.get_running_loop().run_in_executor(
+            self.pool, functools.partial(self.sender.send, response, flags=flags)
+        )
+        self.sending.add_done_callback(self._sent)
+
+    def _sent(self, future: asyncio.Future) -> None:
+        if future.cancelled():  # the pool shut down (the model unloads): nothing more goes out
+            self.queued.clear()
+            return
+        if future.exception() is not None and self.failed is None:
+            self.failed = future.exception()
+        self._next()
 
 
 async def finished(future: asyncio.Future):

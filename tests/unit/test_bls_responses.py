@@ -1,5 +1,6 @@
-"""serving.stub.stub_threads.Responses: a request's sends run on a thread, in order, and a send once started ends before
-its caller sees a cancellation, so a final response never overtakes a chunk."""
+"""serving.stub.stub_threads.Responses: a request's sends run on a thread, one at a time and in order; ``send``
+returns while at most ``ahead`` are queued or under way, so the caller makes its next chunk meanwhile; a
+send queued goes out even when its caller is cancelled, and the final response after all of them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+
+import pytest
 
 from serving.stub.stub_threads import Responses
 
@@ -71,10 +74,56 @@ def test_a_cancelled_stream_finishes_its_send_before_the_final_response():
         await asyncio.sleep(0.05)  # the chunk's send is under way on its thread
         task.cancel()
         await asyncio.wait({task})
-        sent_when_cancelled = list(sender.sent)
         await responses.final(None, FINAL)
-        return task.cancelled(), sent_when_cancelled
+        return task.cancelled()
 
-    cancelled, sent_when_cancelled = asyncio.run(run())
-    assert cancelled and sent_when_cancelled == [("chunk", 0)]  # the task ended only once its send had
-    assert sender.sent == [("chunk", 0), (None, FINAL)] and not sender.overlapped
+    assert asyncio.run(run())
+    assert sender.sent == [("chunk", 0), (None, FINAL)] and not sender.overlapped  # the final came after it
+
+
+def test_send_returns_while_few_are_queued_and_a_failed_send_is_raised_by_the_next():
+    class Gated(Sender):
+        """Each send waits for its own release by the test."""
+
+        def __init__(self):
+            super().__init__(seconds=0)
+            self.gates = [threading.Event() for _ in range(5)]
+
+        def send(self, response=None, flags=0):
+            self.gates[len(self.sent)].wait(10)
+            super().send(response, flags)
+
+    sender, pool = Gated(), concurrent.futures.ThreadPoolExecutor(4)
+
+    async def run():
+        responses = Responses(sender, pool, ahead=2)
+        await responses.send("chunk 0")  # under way (held at its gate)
+        await responses.send("chunk 1")  # queued behind it: still returns at once
+        third = asyncio.ensure_future(responses.send("chunk 2"))
+        await asyncio.sleep(0.05)
+        assert not third.done() and sender.sent == []  # two pending: it waits for the oldest
+        sender.gates[0].set()
+        await asyncio.wait_for(third, 10)
+        assert sender.sent == [("chunk 0", 0)]
+        for gate in sender.gates[1:]:
+            gate.set()
+        await responses.final("end", FINAL)
+
+    asyncio.run(run())
+    assert sender.sent == [("chunk 0", 0), ("chunk 1", 0), ("chunk 2", 0), ("end", FINAL)]
+    assert not sender.overlapped
+
+    class Broken(Sender):
+        def send(self, response=None, flags=0):
+            if response == "chunk 0":
+                raise ConnectionError("the client left")
+            super().send(response, flags)
+
+    async def broken():
+        responses = Responses(Broken(0.01), pool)
+        await responses.send("chunk 0")
+        await asyncio.sleep(0.1)
+        with pytest.raises(ConnectionError, match="the client left"):
+            await responses.send("chunk 1")
+
+    asyncio.run(broken())
