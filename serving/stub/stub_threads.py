@@ -10,8 +10,10 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
+import threading
 
 SEND_THREADS = 8  # threads that send a model's responses (StubThreads.sends)
+WARM_EXTRA_THREADS = 32  # BLS threads started at load beyond one per generator slot (StubThreads.warm)
 SENDS_AHEAD = 2  # a request's sends queued or under way before Responses.send waits (one sent, one next)
 
 
@@ -26,6 +28,19 @@ class StubThreads:
         # never hold them up; each takes a round trip, so a few overlap
         self.sends = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix=f"{name}-send")
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def warm(self, threads: int, seconds: float = 30.0) -> None:
+        """Start ``threads`` of ``pool`` now, at load. A BLS call holds one of them for its whole round trip
+        (``async_exec`` runs ``exec`` on the default executor), a piped stream's own request for the whole
+        stream; a pool that starts them on demand starts them in a burst of new streams, each start on the
+        event loop's thread and waiting for the new thread to run (a tenth of ``tts``'s loop at 512 streams)."""
+        barrier = threading.Barrier(threads + 1)
+        for _ in range(threads):  # each waits at the barrier: none is idle, so each submit starts a thread
+            self.pool.submit(barrier.wait, seconds)
+        try:
+            barrier.wait(seconds)
+        except threading.BrokenBarrierError:
+            pass  # fewer started: the rest start on demand
 
     async def serve(self, requests, serve_one) -> None:
         """``await serve_one(r)`` for every request of an ``execute``, together, on this pool."""

@@ -28,7 +28,7 @@ from serving.intake.requests import check_language, check_text, generation_reque
 from serving.security.auth import Keys, parameter_dict
 from serving.stub.bls import BLS, watch_request
 from serving.stub.bls_adapters import BLSGenerator
-from serving.stub.stub_threads import Responses, StubThreads
+from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,
@@ -54,6 +54,7 @@ class TritonPythonModel:
         self.flags = RunFlags(opts.run_dir)
         self.keys = Keys.from_env("ensemble_generator")
         self.threads = StubThreads("ensemble")
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a piped stream's own request holds one
         channel = SideChannel(opts.cancel_dir or None)
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue

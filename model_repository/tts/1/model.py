@@ -28,7 +28,7 @@ from serving.security.auth import Keys
 from serving.stub.bls import BLS, PolledFlags, watch_request
 from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
 from serving.stub.metric_batch import MetricBatch
-from serving.stub.stub_threads import Responses, StubThreads
+from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.vocoder_batch import BLSVocoder
 from serving.supervision.run_folder import RunFlags, start_heartbeat
@@ -54,6 +54,7 @@ class TritonPythonModel:
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.threads = StubThreads("tts")
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a piped stream's own request holds one
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
