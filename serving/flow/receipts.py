@@ -35,6 +35,7 @@ log = logging.getLogger("receipts")
 PARAMETER = "receipt"  # a generator request's entry on its sender's board: "<sender>:<index>"
 FILE = "receipts-"  # + the sending model's name
 _ENTRY = struct.Struct("<qq")  # stream id, responses read
+_ID, _COUNT = struct.Struct("<q"), struct.Struct("<q")
 
 
 def capacity(slots: int) -> int:
@@ -102,7 +103,10 @@ class Receipt:
         with self.receipts.lock:
             stream_id, count = _ENTRY.unpack_from(self.receipts.map, at)
             if stream_id == self.stream_id and not self.closed:  # a late read of a closed entry counts nothing
-                _ENTRY.pack_into(self.receipts.map, at, stream_id, count + 1)
+                # the count alone, copied in whole: struct's pack_into zero-fills its target before it
+                # writes the fields, and the generator (another process) then saw id 0 for an instant: "its
+                # reader left", and a pipe ended with its streams on it
+                self.receipts.map[at + _ID.size : at + _ENTRY.size] = _COUNT.pack(count + 1)
 
     def close(self) -> None:
         """Nobody reads the stream any more: its responses may go out unpaced, and the entry is free."""

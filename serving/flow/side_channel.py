@@ -276,7 +276,7 @@ class Admission:
             counts = self.counts()
             if sum(counts) >= self.capacity:
                 return False
-            struct.pack_into("<q", self.map, 8 * self.index, counts[self.index] + 1)
+            self._write(counts[self.index] + 1)
             return True
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -286,7 +286,7 @@ class Admission:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             own = self.counts()[self.index]
-            struct.pack_into("<q", self.map, 8 * self.index, max(0, own - 1))
+            self._write(max(0, own - 1))
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
@@ -294,9 +294,14 @@ class Admission:
         """Set this model's count to 0 (at its start: a count left by a server that died is void)."""
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
-            struct.pack_into("<q", self.map, 8 * self.index, 0)
+            self._write(0)
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _write(self, count: int) -> None:
+        """This model's count, copied in whole: ``struct.pack_into`` zero-fills its target first, and a
+        reader without the lock (``full``, in another process) would see 0 for an instant."""
+        self.map[8 * self.index : 8 * self.index + 8] = count.to_bytes(8, "little", signed=True)
 
     def busy_message(self) -> str:
         held = self.total()
