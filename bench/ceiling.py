@@ -282,9 +282,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client", choices=["aio", "threads"], default="aio",
                     help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
                     "(default), or a thread and a channel per stream in this process")  # fmt: skip
-    ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=False,
-                    help="the server's --generator-pipe: one generator response per step and reader, not one per "
-                    "chunk (to compare)")  # fmt: skip
+    ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=True,
+                    help="the server's --generator-pipe (the default): one generator response per step and reader; "
+                    "--no-generator-pipe: one per chunk (to compare)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:

@@ -144,7 +144,8 @@ def test_http_disconnect_frees_slot(server, chunks):
 def test_every_read_receipt_is_closed_once_its_stream_ends(server, server_options):
     """tts paces what the generator sends it by read receipts (serving.flow.receipts, docs/triton.md#T23): its
     board exists, and once the streams above (cancelled ones too) are over, no entry is left open but, with
-    --generator-pipe, its pipe's (serving.stub.chunk_pipe), which has counted every response the pipe sent."""
+    the generator pipe (the default), its pipe's (serving.stub.chunk_pipe), which has counted every response
+    the pipe sent."""
     import struct
 
     from serving.flow.receipts import FILE

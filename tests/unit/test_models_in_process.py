@@ -88,7 +88,7 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
 
 
 def test_tts_on_the_pipe_or_without_it_streams_the_same_audio(triton):
-    """With a pipe (--generator-pipe: serving.stub.chunk_pipe) and without one (the default): the same
+    """With a pipe (the default: serving.stub.chunk_pipe) and without one (--no-generator-pipe): the same
     audio, and each stream's generator request ends either way."""
     inputs = {**strings(TEXT="The same either way"), "SEED": np.array([7], np.int64)}
     parameters = {"max_patches": 8, "chunk_first": 2, "chunk_next": 3}
