@@ -13,6 +13,7 @@ import functools
 import threading
 
 SEND_THREADS = 8  # threads that send a model's responses (StubThreads.sends)
+BLS_THREADS = 1024  # threads for BLS waits (StubThreads.pool)
 WARM_EXTRA_THREADS = 32  # BLS threads started at load beyond one per generator slot (StubThreads.warm)
 SENDS_AHEAD = 2  # a request's sends queued or under way before Responses.send waits (one sent, one next)
 
@@ -23,24 +24,27 @@ class StubThreads:
     ``sends`` for its response sends (:class:`Responses`)."""
 
     def __init__(self, name: str):
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix=f"{name}-bls")
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=BLS_THREADS, thread_name_prefix=f"{name}-bls")
         # response sends (:class:`Responses`): apart, so that streams blocked reading the pool's threads
         # never hold them up; each takes a round trip, so a few overlap
         self.sends = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix=f"{name}-send")
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def warm(self, threads: int, seconds: float = 30.0) -> None:
+    def warm(self, threads: int, seconds: float = 30.0) -> bool:
         """Start ``threads`` of ``pool`` now, at load. A BLS call holds one of them for its whole round trip
         (``async_exec`` runs ``exec`` on the default executor), a piped stream's own request for the whole
         stream; a pool that starts them on demand starts them in a burst of new streams, each start on the
-        event loop's thread and waiting for the new thread to run (a tenth of ``tts``'s loop at 512 streams)."""
+        event loop's thread and waiting for the new thread to run (a tenth of ``tts``'s loop at 512 streams).
+        -> whether they all started within ``seconds``."""
+        threads = min(threads, BLS_THREADS)  # more could never all wait at once: the barrier would time out
         barrier = threading.Barrier(threads + 1)
         for _ in range(threads):  # each waits at the barrier: none is idle, so each submit starts a thread
             self.pool.submit(barrier.wait, seconds)
         try:
             barrier.wait(seconds)
+            return True
         except threading.BrokenBarrierError:
-            pass  # fewer started: the rest start on demand
+            return False  # fewer started: the rest start on demand
 
     async def serve(self, requests, serve_one) -> None:
         """``await serve_one(r)`` for every request of an ``execute``, together, on this pool."""

@@ -130,14 +130,20 @@ def test_send_returns_while_few_are_queued_and_a_failed_send_is_raised_by_the_ne
 
 
 def test_warm_starts_the_pool_threads_at_load():
-    from serving.stub.stub_threads import StubThreads
+    from serving.stub.stub_threads import BLS_THREADS, StubThreads
 
     threads = StubThreads("test")
     try:
-        threads.warm(12)
+        assert threads.warm(12)
         assert len(threads.pool._threads) == 12  # started now, not in a burst of streams later
         time.sleep(0.2)  # they are back waiting for work
         threads.pool.submit(time.sleep, 0).result()
         assert len(threads.pool._threads) == 12  # an idle one took it
     finally:
         threads.shutdown()
+    capped = StubThreads("test")
+    try:
+        assert capped.warm(BLS_THREADS + 32, seconds=10)  # more than the pool holds (slots up to 1024, plus 32)
+        assert len(capped.pool._threads) == BLS_THREADS
+    finally:
+        capped.shutdown()
