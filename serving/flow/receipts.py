@@ -35,7 +35,6 @@ log = logging.getLogger("receipts")
 PARAMETER = "receipt"  # a generator request's entry on its sender's board: "<sender>:<index>"
 FILE = "receipts-"  # + the sending model's name
 _ENTRY = struct.Struct("<qq")  # stream id, responses read
-_ID, _COUNT = struct.Struct("<q"), struct.Struct("<q")
 
 
 def capacity(slots: int) -> int:
@@ -106,7 +105,7 @@ class Receipt:
                 # the count alone, copied in whole: struct's pack_into zero-fills its target before it
                 # writes the fields, and the generator (another process) then saw id 0 for an instant: "its
                 # reader left", and a pipe ended with its streams on it
-                self.receipts.map[at + _ID.size : at + _ENTRY.size] = _COUNT.pack(count + 1)
+                self.receipts.map[at + 8 : at + 16] = (count + 1).to_bytes(8, "little", signed=True)
 
     def close(self) -> None:
         """Nobody reads the stream any more: its responses may go out unpaced, and the entry is free."""

@@ -95,20 +95,20 @@ class Responses:
         one is finished before a cancellation of its caller is raised."""
         while self.pending():
             await asyncio.wait({self.sending})
-        self.sending = asyncio.get_running_loop().run_in_executor(
-            self.pool, functools.partial(self.sender.send, response, flags=flags)
-        )
-        await finished(self.sending)
+        await finished(self._start(response, flags))
 
     def _next(self) -> None:
         """Start the next queued send once none is under way (on the event loop)."""
         if not self.queued or (self.sending is not None and not self.sending.done()):
             return
-        response, flags = self.queued.popleft()
+        self._start(*self.queued.popleft()).add_done_callback(self._sent)
+
+    def _start(self, response, flags: int) -> asyncio.Future:
+        """One send, on a pool thread: :attr:`sending` until it ends."""
         self.sending = asyncio.get_running_loop().run_in_executor(
             self.pool, functools.partial(self.sender.send, response, flags=flags)
         )
-        self.sending.add_done_callback(self._sent)
+        return self.sending
 
     def _sent(self, future: asyncio.Future) -> None:
         if future.cancelled():  # the pool shut down (the model unloads): nothing more goes out
