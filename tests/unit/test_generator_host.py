@@ -148,7 +148,7 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
         assert chunks[-1].finish_reason in (LENGTH, STOP) and sum(len(c.latents) for c in chunks) >= 6
         assert all(host.keys.sealed(c) and c.stream_id == i for c in chunks)
         got, expected = (np.concatenate([c.latents for c in x]) for x in (chunks, want))
-        np.testing.assert_allclose(got, expected, atol=1e-5)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)  # batched beside others: float-close
     assert [c.finish_reason for c in senders[105].chunks] == [CANCELLED]
     assert host.channel.take_lost(104) and not senders[104].chunks  # its tts hears it was lost
     if duplicate.chunks[-1].finish_reason not in (LENGTH, STOP):  # 101 was still live: refused, 101 undisturbed
