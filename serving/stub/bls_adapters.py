@@ -152,7 +152,7 @@ class BLSGenerator:
     # ---- on the pipe (serving.stub.chunk_pipe) ----
     async def _piped(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The stream's chunks from the pipe; its own request gets one final response (None in its inbox)
-        once its last chunk went out on the pipe, or a chunk when it never started on it."""
+        once the generator has admitted it (docs/triton.md#T28), or a chunk when it never started."""
         stream_id = segment.stream_id
         pipe_id, inbox = await self.pipe.join(stream_id)
         own = linger(self._own_end(self._request(segment, {PIPE: f"{pipe_id:x}"}), inbox))
@@ -167,7 +167,7 @@ class BLSGenerator:
                         unlinger(own)  # the request stays alive (the task holds it) until answered, if ever
                         self.channel.mark_cancelled(stream_id)  # should the generator ever step it, it ends it
                     raise
-                if chunk is None:  # the stream's own final: its last chunk is on its way on the pipe
+                if chunk is None:  # the stream's own final: it started, its chunks come on the pipe
                     continue
                 ended = chunk.last
                 yield chunk
@@ -179,9 +179,9 @@ class BLSGenerator:
                 await asyncio.shield(linger(self._cancel_piped(stream_id, inbox)))
 
     async def _own_end(self, request, inbox: Inbox) -> None:
-        """Send a piped stream's request and put its one final response in ``inbox``: None (the chunks came
-        on the pipe), a chunk (refused before it started, cancelled while waiting for a slot, or lost with
-        its pipe) or the error. ``request`` is held until then: Triton reads its inputs at every step (T4)."""
+        """Send a piped stream's request and put its one final response in ``inbox``: None (the generator
+        admitted it: its chunks come on the pipe), a chunk (refused before it started, or cancelled while
+        waiting for a slot) or the error. ``request`` is held until then: Triton reads its inputs (T4)."""
         try:
             responses = await request.async_exec(decoupled=True)
             try:  # it came with the iterator: reading it does not block (docs/triton.md#T26)
@@ -204,7 +204,7 @@ class BLSGenerator:
         try:
             while True:
                 item = await inbox.get()
-                if item is None or item.last:  # its own final, or its last chunk: the generator is done with it
+                if item is not None and item.last:  # its last chunk (or its refusal): the generator is done with it
                     break
         except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
             log.warning("stream %x: %s after it was cancelled", stream_id, e)

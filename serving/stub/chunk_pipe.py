@@ -14,12 +14,13 @@ The protocol (serving.stub.generator_host, serving.stub.bls_adapters):
   response of the pipe as :func:`pack` wrote it, each once the reader has read the one before (the
   pipe's read receipt, docs/triton.md#T23);
 - a stream request that names the pipe in :data:`PARAMETER` (its id in hex) gets its chunks on the pipe,
-  its last one included, and on its own request one final response without tensors, sent after the pipe
-  response that carried its last chunk; a refusal before the stream starts (a bad input, a cancel while
-  it waits for a slot) comes on its own request as before, as one final chunk;
+  its last one included, and on its own request one final response without tensors, sent as soon as the
+  generator admits the stream (Triton's Python backend holds a thread of its 32 for a BLS call until its
+  first response: docs/triton.md#T28); a refusal before the stream starts (a bad input, a cancel while it
+  waits for a slot) comes on its own request as before, as one final chunk;
 - a pipe ends when its reader cancels it (a cancel mark with the pipe's id) or a response on it cannot
-  be sent: every stream on it is then ended and marked lost, as a stream whose response could not be
-  sent is; a stream naming a pipe the generator does not know (it restarted) is refused as unavailable.
+  be sent: every stream on it is then ended and marked lost (its reader fails them), as a stream whose
+  response could not be sent is; a stream naming a pipe the generator does not know (it restarted) is refused as unavailable.
 """
 
 from __future__ import annotations

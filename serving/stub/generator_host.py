@@ -12,7 +12,10 @@ before (its read receipt, serving.flow.receipts: docs/triton.md#T23); until then
 stream's :class:`Outbox`, and the engine thread looks again after every step. A stream whose request names
 a pipe (serving.stub.chunk_pipe) sends its chunks on the pipe instead: after a step, one response per pipe
 carries the chunks of all its streams that are due (serving.stub.generator_pipes, paced by the pipe's own
-receipt), and the stream's own request gets a final response without tensors once its last chunk went out.
+receipt), and the stream's own request gets a final response without tensors as soon as the stream is
+admitted: Triton's Python backend holds one of its threads for every BLS call until the call's first
+response (docs/triton.md#T28), so an own request answered only at the stream's end held one for the
+stream's whole life, and the backend's 32 threads were the most streams that could generate at once.
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
@@ -64,7 +67,7 @@ class Arrival:
 
 class Outbox:
     """A live stream's response sender and the chunks that wait for its reader's receipt (on a pipe: the
-    pipe's id; its chunks wait on the pipe)."""
+    pipe's id and no sender, its own request answered at admission; its chunks wait on the pipe)."""
 
     __slots__ = ("pipe", "queue", "receipt", "sender", "sent", "since")
 
@@ -203,9 +206,13 @@ class GeneratorHost:
                     log.exception("could not start a stream")
                 self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
                 continue
-            self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt, a.pipe)
-            if a.pipe:
+            if a.pipe:  # its own request is answered now (T28): its chunks, the last included, go on the pipe
+                self.outboxes[a.stream_id] = Outbox(None, None, a.pipe)
                 self.pipes.add(a.pipe, a.stream_id)
+                with contextlib.suppress(Exception):  # its caller is gone: its pipe's reader drops its chunks
+                    self.send_pipe(a.sender, None, True)
+            else:
+                self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt)
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
@@ -298,23 +305,17 @@ class GeneratorHost:
             return False
 
     def _flush_pipes(self, paced: bool = True) -> None:
-        """The pipes' responses; then each stream whose last chunk went out gets its own final response."""
+        """The pipes' responses; a stream whose last chunk went out is done."""
         for stream_id in self.pipes.flush(paced):
-            out = self.outboxes.pop(stream_id, None)
-            if out is not None:
-                with contextlib.suppress(Exception):  # its caller is gone: nothing is left to end
-                    self.send_pipe(out.sender, None, True)
+            self.outboxes.pop(stream_id, None)
 
     def _lose(self, stream_ids: set[int], why: str) -> None:
-        """End the streams of a pipe that ended: dropped, marked lost (a caller still waiting hears of it:
-        serving.stub.bls) and answered on their own requests."""
-        lost = failure_reason(Unavailable(f"the generator's pipe for this stream ended ({why}); retry"))
+        """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:
+        serving.stub.pipe_reader; their own requests were answered when they were admitted)."""
         for stream_id in stream_ids:
             out = self.outboxes.pop(stream_id, None)
             if self.service.drop(stream_id) or out is not None:
                 self.channel.mark_lost(stream_id)
-            if out is not None:
-                self._deliver(0, out.sender, self.keys.seal(end_chunk(stream_id, lost)))
 
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""

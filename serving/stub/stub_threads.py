@@ -32,9 +32,10 @@ class StubThreads:
 
     def warm(self, threads: int, seconds: float = 30.0) -> bool:
         """Start ``threads`` of ``pool`` now, at load. A BLS call holds one of them for its whole round trip
-        (``async_exec`` runs ``exec`` on the default executor), a piped stream's own request for the whole
-        stream; a pool that starts them on demand starts them in a burst of new streams, each start on the
-        event loop's thread and waiting for the new thread to run (a tenth of ``tts``'s loop at 512 streams).
+        (``async_exec`` runs ``exec`` on the default executor; a piped stream's own request until the
+        generator admits the stream); a pool that starts them on demand starts them in a burst of new
+        streams, each start on the event loop's thread and waiting for the new thread to run (a tenth of
+        ``tts``'s loop at 512 streams).
         -> whether they all started within ``seconds``."""
         threads = min(threads, BLS_THREADS)  # more could never all wait at once: the barrier would time out
         barrier = threading.Barrier(threads + 1)

@@ -54,7 +54,7 @@ class TritonPythonModel:
         self.flags = RunFlags(opts.run_dir)
         self.keys = Keys.from_env("ensemble_generator")
         self.threads = StubThreads("ensemble")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a piped stream's own request holds one
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
         channel = SideChannel(opts.cancel_dir or None)
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue

@@ -54,7 +54,7 @@ class TritonPythonModel:
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.threads = StubThreads("tts")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a piped stream's own request holds one
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
