@@ -20,7 +20,8 @@ The protocol (serving.stub.generator_host, serving.stub.bls_adapters):
   waits for a slot) comes on its own request as before, as one final chunk;
 - a pipe ends when its reader cancels it (a cancel mark with the pipe's id) or a response on it cannot
   be sent: every stream on it is then ended and marked lost (its reader fails them), as a stream whose
-  response could not be sent is; a stream naming a pipe the generator does not know (it restarted) is refused as unavailable.
+  response could not be sent is; a stream naming a pipe the generator does not know (it restarted) is
+  refused as unavailable.
 """
 
 from __future__ import annotations

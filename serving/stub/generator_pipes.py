@@ -45,7 +45,7 @@ class Pipes:
 
     ``send(sender, chunks, final)``: one response, ``chunks`` packed (None: the FINAL flag alone); raises
     when it cannot go out. ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and
-    answered on their own requests. ``waited(seconds)``: how long chunks waited for a receipt (a metric).
+    marked lost. ``waited(seconds)``: how long chunks waited for a receipt (a metric).
     ``backstop``: seconds a reader may leave a response unread before its pipe is ended."""
 
     def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
