@@ -51,4 +51,4 @@ def test_more_streams_are_live_in_the_generator_than_the_backend_has_threads(nos
         assert [got[i].size for i in range(STREAMS)] == [PATCHES * PATCH_SAMPLES] * STREAMS
         assert all(np.isfinite(got[i]).all() for i in range(STREAMS))
         assert max(live) == STREAMS, f"at most {max(live):.0f} streams were live in the generator at once"
-        wait_gauges_zero(srv)
+        assert wait_gauges_zero(srv)["tts_generator_active_slots"] == 0  # and every slot came back
