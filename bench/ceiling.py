@@ -14,6 +14,10 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
+The server lets at most ``--starting`` requests be between their start and their first audio (its
+default; ``--starting 0``: no limit, to compare): without it, a level's streams all start together and
+the ones that got their first chunk early stall (docs/serving.md, Starts under load).
+
 With ``--rate-start R`` the levels are arrival rates instead (open loop, :mod:`bench.openloop`): at each
 rate, streams of the same length arrive on a seeded Poisson schedule for ``--duration`` s, whether or not
 earlier ones have finished; rates double from R up to ``--rate-max``, then bisect the same way. A level
@@ -52,7 +56,7 @@ from bench.load import LevelResult, StreamResult, console_progress, one_stream, 
 from bench.openloop import add_open_loop_options, poisson_arrivals, run_rate
 from bench.request_options import add_chunk_options, chunk_parameters
 from client import TTSClient
-from serving.config.options import MAX_SLOTS
+from serving.config.options import MAX_SLOTS, ServeOptions
 
 PATCHES_PER_SECOND = 6.25  # real time: one 160 ms patch per 160 ms
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Please hold the line, your call is important to us."]
@@ -285,8 +289,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=True,
                     help="the server's --generator-pipe (the default): one generator response per step and reader; "
                     "--no-generator-pipe: one per chunk (to compare)")  # fmt: skip
+    ap.add_argument("--starting", type=int, default=ServeOptions.starting,
+                    help="the server's --starting: requests between their start and their first audio at once "
+                    f"(default {ServeOptions.starting}; 0: no limit, to compare)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
+    if args.starting < 0:
+        ap.error("need --starting >= 0 (0: no limit)")
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
         ap.error(f"need 1 <= --start <= --slots <= {MAX_SLOTS}")
     if args.rate_start is not None and not 0 < args.rate_start <= args.rate_max:
@@ -308,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
-                                                  generator_pipe=args.generator_pipe))  # fmt: skip
+                                                  generator_pipe=args.generator_pipe, starting=args.starting))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
@@ -353,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
-        f"generator pipe {'on' if args.generator_pipe else 'off'}, "
+        f"generator pipe {'on' if args.generator_pipe else 'off'}, starting {args.starting or 'no limit'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
@@ -364,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
-               "generator_pipe": args.generator_pipe}  # fmt: skip
+               "generator_pipe": args.generator_pipe, "starting": args.starting}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -139,9 +139,14 @@ class Orchestrator:
         count_tokens: Callable[[str], int],
         stream_ids: Callable[[], int] = new_stream_id,
         clock: Callable[[], float] = time.monotonic,
+        starting: int = 0,
     ):
-        """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts."""
+        """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts;
+        ``starting``: utterances whose first audio may be on its way at once (0: no limit; see :meth:`_spoken`)."""
+        if starting < 0:
+            raise ValueError(f"starting must be >= 0 (0: no limit), got {starting}")
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
+        self.starts = asyncio.Semaphore(starting) if starting else None  # first come, first served
         self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
         # the front end's results for recent texts: prepare() is a pure function of its arguments here
         # (count_tokens is this orchestrator's), ~2 ms of CPU per short text; a failure is not kept
@@ -251,7 +256,15 @@ class Orchestrator:
         """The audio of ``cuts`` (segments in speaking order, and flush counts) joined with the cross-fade,
         then the final piece. ``prompt``: an awaitable of the voice prompt (None: none), awaited at the first
         segment. A segment that is not ``last`` holds back the fade's samples; the last is known only at the
-        end for a text stream, where they come with the final piece (the same samples either way)."""
+        end for a text stream, where they come with the final piece (the same samples either way).
+
+        Starts under load: the first segment starts only while fewer than ``starting`` utterances are between
+        their first segment's start and their first audio (:attr:`starts`); the others wait, in arrival
+        order. A stream's chunks and everyone else's share one delivery path (the vocoder, the sends), and
+        the generator runs a new stream far ahead of its listener: a burst of new streams queues its chunks
+        there in front of the next chunk of streams already playing, which then stall. Waiting for a place
+        costs a new stream first-audio latency, never a stall; the place comes back as fast as the server
+        delivers first audio (self-clocking), so a server that keeps up hardly waits."""
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         # the listener: `sent` seconds of audio since `began` (the first audio out; None: none yet), as if
         # playback began then and never stalled (engine.chunking's clock, at this end of the pipeline)
@@ -266,22 +279,32 @@ class Orchestrator:
             segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
                               segment_schedule(i, u.schedule, held), u.task, u.instruction)  # fmt: skip
             joiner.start_segment()
-            async with contextlib.aclosing(self._segment(segment)) as pieces:
-                async for audio, reason, text in pieces:
-                    if text is not None:  # the plan: the first segment's goes out (the reference's choice)
-                        if i == 0:
-                            yield Piece(np.zeros(0, np.float32), text=text)
-                        continue
-                    out = joiner.push(audio, not cut.last)
-                    if reason:
-                        reasons.append(reason)
-                    if not cut.last or not reason:
-                        if out.size:
-                            began = self.clock() if began is None else began
-                            sent += out.size / SAMPLE_RATE
-                            yield Piece(out)
-                    else:
-                        tail = out  # the last segment's tail goes out with the final piece
+            starting = i == 0 and self.starts is not None  # holds a place until its first audio is out
+            if starting:
+                await self.starts.acquire()  # a caller cancelled meanwhile takes no place
+            try:
+                async with contextlib.aclosing(self._segment(segment)) as pieces:
+                    async for audio, reason, text in pieces:
+                        if text is not None:  # the plan: the first segment's goes out (the reference's choice)
+                            if i == 0:
+                                yield Piece(np.zeros(0, np.float32), text=text)
+                            continue
+                        out = joiner.push(audio, not cut.last)
+                        if reason:
+                            reasons.append(reason)
+                        if not cut.last or not reason:
+                            if out.size:
+                                if starting:  # its first audio is out: the next waiting utterance starts
+                                    starting = False
+                                    self.starts.release()
+                                began = self.clock() if began is None else began
+                                sent += out.size / SAMPLE_RATE
+                                yield Piece(out)
+                        else:
+                            tail = out  # the last segment's tail goes out with the final piece
+            finally:
+                if starting:  # ended, failed or cancelled before any audio
+                    self.starts.release()
             i += 1
         reason = LENGTH if LENGTH in reasons else STOP
         yield Piece(np.concatenate([tail, joiner.finish()]), final=True, finish_reason=reason)

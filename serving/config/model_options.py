@@ -78,6 +78,7 @@ class TTSOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
+    starting: int  # requests whose first audio may be on its way at once (0: no limit)
     models: str  # the release's models served (serving.intake.served; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
@@ -87,7 +88,7 @@ class TTSOptions(ModelOptions, _Gate):
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
-                   models=opts.models, vocoder_batch=opts.vocoder_batch,
+                   starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
                    text_idle_seconds=opts.text_idle_seconds, generator_pipe=opts.generator_pipe)  # fmt: skip
 
 

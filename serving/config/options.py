@@ -63,6 +63,11 @@ class ServeOptions:
     run_dir: Folder = Folder("")
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)")  # fmt: skip
+    # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
+    # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
+    # front of the next chunk of streams already playing (engine.orchestrator, Starts under load).
+    starting: int = option(32, "tts requests whose first audio may be on its way at once; more wait for one of "
+                           "them to send it, so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
     # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
     # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
     # they refuse them. The generator never does.
@@ -93,6 +98,8 @@ class ServeOptions:
         from serving.intake.served import parse_models
 
         parse_models(self.models)  # ValueError names a model that is not one
+        if self.starting < 0:
+            raise ValueError(f"starting must be >= 0 (0: no limit), got {self.starting}")
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:

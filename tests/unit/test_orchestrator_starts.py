@@ -1,0 +1,148 @@
+"""Starts under load (engine.orchestrator, ``starting``), without a model: at most ``starting`` utterances are
+between their first stream's start and their first audio; the others wait in arrival order, and a place
+comes back with the first audio, or when the utterance ends, fails or is cancelled before any."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+
+from engine.orchestrator import Orchestrator, Utterance
+from engine.protocol import LATENT_DIM, STOP, Chunk, StreamFailed
+
+SAMPLES_PER_LATENT = 960
+
+
+class Prompts:
+    async def encode(self, voice):
+        return None
+
+
+class Generator:
+    """Each stream says when it starts; its first chunk comes when the test lets it (``go[text]``), and a
+    stream whose text starts with "fail" fails there instead."""
+
+    def __init__(self):
+        self.started: list[str] = []
+        self.go: dict[str, asyncio.Event] = {}
+
+    async def stream(self, segment):
+        self.started.append(segment.text)
+        go = self.go.setdefault(segment.text, asyncio.Event())
+        await go.wait()
+        if segment.text.startswith("fail"):
+            yield Chunk(segment.stream_id, np.zeros((0, LATENT_DIM), np.float32), np.zeros((0, LATENT_DIM), np.float32),
+                        last=True, finish_reason="error: the step failed")  # fmt: skip
+            return
+        latents = np.zeros((12, LATENT_DIM), np.float32)
+        yield Chunk(segment.stream_id, latents, np.zeros((0, LATENT_DIM), np.float32), seq=0)
+        yield Chunk(segment.stream_id, latents, np.zeros((0, LATENT_DIM), np.float32), last=True,
+                    finish_reason=STOP, seq=1)  # fmt: skip
+
+
+class Vocoder:
+    async def decode(self, chunk):
+        return np.ones(len(chunk.latents) * SAMPLES_PER_LATENT, np.float32)
+
+
+def utterance(text: str) -> Utterance:
+    return Utterance(text=text, language="English", normalize=False)
+
+
+async def settle():
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def until(condition, seconds: float = 10.0):
+    """Wait until ``condition()`` (the front end runs on a thread: arrival takes a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not condition():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def waiting(orchestrator) -> int:
+    return len(orchestrator.starts._waiters or ())
+
+
+def test_a_burst_starts_as_first_audio_goes_out_in_arrival_order():
+    async def go():
+        generator = Generator()
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=2)
+        firsts: dict[str, asyncio.Event] = {}
+
+        async def listen(text: str):
+            firsts[text] = asyncio.Event()
+            async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
+                async for piece in pieces:
+                    firsts[text].set()
+                    if piece.final:
+                        return piece
+
+        tasks = []
+        for n, text in enumerate(("one", "two", "three", "four")):  # arriving one after the other
+            tasks.append(asyncio.ensure_future(listen(text)))
+            await until(lambda n=n: len(generator.started) + waiting(orchestrator) == n + 1)
+        await settle()
+        assert generator.started == ["one", "two"]  # the others wait for a place
+        generator.go["two"].set()
+        await firsts["two"].wait()
+        await settle()
+        assert generator.started == ["one", "two", "three"]  # two's first audio is out: the next one starts
+        generator.go["one"].set()
+        await settle()
+        assert generator.started == ["one", "two", "three", "four"]
+        for text in ("three", "four"):
+            generator.go[text].set()
+        finals = await asyncio.gather(*tasks)
+        assert all(f.final and f.finish_reason == STOP for f in finals)
+        assert orchestrator.starts._value == 2  # every place came back
+
+    asyncio.run(go())
+
+
+def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter_takes_none():
+    async def go():
+        generator = Generator()
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
+
+        async def listen(text: str):
+            async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
+                return [piece async for piece in pieces]
+
+        failing = asyncio.ensure_future(listen("fail first"))
+        await until(lambda: generator.started == ["fail first"])
+        waiter = asyncio.ensure_future(listen("cancelled while waiting"))
+        await until(lambda: waiting(orchestrator) == 1)
+        left = asyncio.ensure_future(listen("left"))
+        await until(lambda: waiting(orchestrator) == 2)
+        assert generator.started == ["fail first"]
+        waiter.cancel()  # it leaves while waiting for a place: it must take none
+        await until(lambda: waiting(orchestrator) == 1)
+        generator.go["fail first"].set()
+        with pytest.raises(StreamFailed):
+            await failing
+        await until(lambda: len(generator.started) == 2)
+        assert generator.started == ["fail first", "left"]  # the failure gave its place back
+        left.cancel()  # cancelled after its start, before its first audio
+        with contextlib.suppress(asyncio.CancelledError):
+            await left
+        assert waiter.cancelled()
+        generator.go["last"] = asyncio.Event()
+        generator.go["last"].set()
+        pieces = await listen("last")  # the place is free again
+        assert pieces[-1].final and generator.started[-1] == "last"
+        assert orchestrator.starts._value == 1
+
+    asyncio.run(go())
+
+
+def test_no_limit_by_default_and_a_negative_one_is_refused():
+    assert Orchestrator(Prompts(), Generator(), Vocoder(), len).starts is None
+    with pytest.raises(ValueError, match="starting"):
+        Orchestrator(Prompts(), Generator(), Vocoder(), len, starting=-1)
