@@ -259,8 +259,9 @@ class Orchestrator:
         end for a text stream, where they come with the final piece (the same samples either way).
 
         Starts under load: the first segment starts only while fewer than ``starting`` utterances are between
-        their first segment's start and their first audio (:attr:`starts`); the others wait, in arrival
-        order. A stream's chunks and everyone else's share one delivery path (the vocoder, the sends), and
+        their first segment's start and their first audio, or their plan (Instruct: a plan takes as many
+        steps as it has tokens, and holding a place meanwhile would hold up every other start) (:attr:`starts`);
+        the others wait, in arrival order. A stream's chunks and everyone else's share one delivery path (the vocoder, the sends), and
         the generator runs a new stream far ahead of its listener: a burst of new streams queues its chunks
         there in front of the next chunk of streams already playing, which then stall. Waiting for a place
         costs a new stream first-audio latency, never a stall; the place comes back as fast as the server
@@ -286,6 +287,9 @@ class Orchestrator:
                 async with contextlib.aclosing(self._segment(segment)) as pieces:
                     async for audio, reason, text in pieces:
                         if text is not None:  # the plan: the first segment's goes out (the reference's choice)
+                            if starting:  # its first output: a plan may take many steps, its audio chunks follow
+                                starting = False
+                                self.starts.release()
                             if i == 0:
                                 yield Piece(np.zeros(0, np.float32), text=text)
                             continue

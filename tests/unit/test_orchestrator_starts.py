@@ -31,6 +31,9 @@ class Generator:
 
     async def stream(self, segment):
         self.started.append(segment.text)
+        none = np.zeros((0, LATENT_DIM), np.float32)
+        if segment.text.startswith("plan"):  # Instruct's design: a plan first, its audio when the test says
+            yield Chunk(segment.stream_id, none, none, text="a warm low voice")
         go = self.go.setdefault(segment.text, asyncio.Event())
         await go.wait()
         if segment.text.startswith("fail"):
@@ -137,6 +140,30 @@ def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter
         generator.go["last"].set()
         pieces = await listen("last")  # the place is free again
         assert pieces[-1].final and generator.started[-1] == "last"
+        assert orchestrator.starts._value == 1
+
+    asyncio.run(go())
+
+
+def test_a_plan_gives_the_place_back_before_its_audio():
+    """An Instruct design writes its plan first, which may take many steps: its place comes back with the plan."""
+
+    async def go():
+        generator = Generator()
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
+
+        async def listen(text: str):
+            async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
+                return [piece async for piece in pieces]
+
+        design = asyncio.ensure_future(listen("plan first"))
+        await until(lambda: generator.started == ["plan first"])
+        other = asyncio.ensure_future(listen("other"))
+        await until(lambda: generator.started == ["plan first", "other"])  # the plan is out: it started
+        for text in ("plan first", "other"):
+            generator.go[text].set()
+        got = await design
+        assert got[0].text == "a warm low voice" and got[-1].final and (await other)[-1].final
         assert orchestrator.starts._value == 1
 
     asyncio.run(go())
