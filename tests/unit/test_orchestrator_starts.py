@@ -69,6 +69,12 @@ async def until(condition, seconds: float = 10.0):
         await asyncio.sleep(0.005)
 
 
+async def spoken(orchestrator, text: str) -> list:
+    """Every piece of one utterance."""
+    async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
+        return [piece async for piece in pieces]
+
+
 def waiting(orchestrator) -> int:
     return len(orchestrator.starts._waiters or ())
 
@@ -114,15 +120,11 @@ def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter
         generator = Generator()
         orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
 
-        async def listen(text: str):
-            async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
-                return [piece async for piece in pieces]
-
-        failing = asyncio.ensure_future(listen("fail first"))
+        failing = asyncio.ensure_future(spoken(orchestrator, "fail first"))
         await until(lambda: generator.started == ["fail first"])
-        waiter = asyncio.ensure_future(listen("cancelled while waiting"))
+        waiter = asyncio.ensure_future(spoken(orchestrator, "cancelled while waiting"))
         await until(lambda: waiting(orchestrator) == 1)
-        left = asyncio.ensure_future(listen("left"))
+        left = asyncio.ensure_future(spoken(orchestrator, "left"))
         await until(lambda: waiting(orchestrator) == 2)
         assert generator.started == ["fail first"]
         waiter.cancel()  # it leaves while waiting for a place: it must take none
@@ -138,7 +140,7 @@ def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter
         assert waiter.cancelled()
         generator.go["last"] = asyncio.Event()
         generator.go["last"].set()
-        pieces = await listen("last")  # the place is free again
+        pieces = await spoken(orchestrator, "last")  # the place is free again
         assert pieces[-1].final and generator.started[-1] == "last"
         assert orchestrator.starts._value == 1
 
@@ -152,13 +154,9 @@ def test_a_plan_gives_the_place_back_before_its_audio():
         generator = Generator()
         orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
 
-        async def listen(text: str):
-            async with contextlib.aclosing(orchestrator.run(utterance(text))) as pieces:
-                return [piece async for piece in pieces]
-
-        design = asyncio.ensure_future(listen("plan first"))
+        design = asyncio.ensure_future(spoken(orchestrator, "plan first"))
         await until(lambda: generator.started == ["plan first"])
-        other = asyncio.ensure_future(listen("other"))
+        other = asyncio.ensure_future(spoken(orchestrator, "other"))
         await until(lambda: generator.started == ["plan first", "other"])  # the plan is out: it started
         for text in ("plan first", "other"):
             generator.go[text].set()
