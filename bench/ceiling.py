@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
-                                                  generator_pipe=args.generator_pipe, starting=args.starting))  # fmt: skip
+                                                  generator_pipe=args.generator_pipe,
+                                                  starting=args.starting))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)

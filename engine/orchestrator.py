@@ -258,14 +258,15 @@ class Orchestrator:
         segment. A segment that is not ``last`` holds back the fade's samples; the last is known only at the
         end for a text stream, where they come with the final piece (the same samples either way).
 
-        Starts under load: the first segment starts only while fewer than ``starting`` utterances are between
-        their first segment's start and their first audio, or their plan (Instruct: a plan takes as many
-        steps as it has tokens, and holding a place meanwhile would hold up every other start) (:attr:`starts`);
-        the others wait, in arrival order. A stream's chunks and everyone else's share one delivery path (the vocoder, the sends), and
-        the generator runs a new stream far ahead of its listener: a burst of new streams queues its chunks
-        there in front of the next chunk of streams already playing, which then stall. Waiting for a place
-        costs a new stream first-audio latency, never a stall; the place comes back as fast as the server
-        delivers first audio (self-clocking), so a server that keeps up hardly waits."""
+        Starts under load (:attr:`starts`): the first segment starts only while fewer than ``starting``
+        utterances are between their first segment's start and their first audio, or their plan (Instruct:
+        a plan takes as many steps as it has tokens, and holding a place meanwhile would hold up every other
+        start); the others wait, in arrival order. A stream's chunks and everyone else's share one delivery
+        path (the vocoder, the sends), and the generator runs a new stream far ahead of its listener: a
+        burst of new streams queues its chunks there in front of the next chunk of streams already playing,
+        which then stall. Waiting for a place costs a new stream first-audio latency, never a stall; the
+        place comes back as fast as the server delivers first audio (self-clocking), so a server that keeps
+        up hardly waits."""
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
         # the listener: `sent` seconds of audio since `began` (the first audio out; None: none yet), as if
         # playback began then and never stalled (engine.chunking's clock, at this end of the pipeline)
@@ -286,21 +287,18 @@ class Orchestrator:
             try:
                 async with contextlib.aclosing(self._segment(segment)) as pieces:
                     async for audio, reason, text in pieces:
-                        if text is not None:  # the plan: the first segment's goes out (the reference's choice)
-                            if starting:  # its first output: a plan may take many steps, its audio chunks follow
-                                starting = False
-                                self.starts.release()
+                        out = None if text is not None else joiner.push(audio, not cut.last)
+                        if starting and (out is None or out.size):  # its first audio, or its plan: the next starts
+                            starting = False
+                            self.starts.release()
+                        if out is None:  # the plan: the first segment's goes out (the reference's choice)
                             if i == 0:
                                 yield Piece(np.zeros(0, np.float32), text=text)
                             continue
-                        out = joiner.push(audio, not cut.last)
                         if reason:
                             reasons.append(reason)
                         if not cut.last or not reason:
                             if out.size:
-                                if starting:  # its first audio is out: the next waiting utterance starts
-                                    starting = False
-                                    self.starts.release()
                                 began = self.clock() if began is None else began
                                 sent += out.size / SAMPLE_RATE
                                 yield Piece(out)

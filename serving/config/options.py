@@ -66,8 +66,8 @@ class ServeOptions:
     # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
     # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
     # front of the next chunk of streams already playing (engine.orchestrator, Starts under load).
-    starting: int = option(32, "tts requests whose first audio may be on its way at once; more wait for one of "
-                           "them to send it, so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
+    starting: int = option(32, "tts requests whose first audio may be on its way at once; more wait for one "
+                           "of them to send it, so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
     # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
     # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
     # they refuse them. The generator never does.
