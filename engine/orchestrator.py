@@ -281,7 +281,7 @@ class Orchestrator:
             segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
                               segment_schedule(i, u.schedule, held), u.task, u.instruction)  # fmt: skip
             joiner.start_segment()
-            starting = i == 0 and self.starts is not None  # holds a place until its first audio is out
+            starting = i == 0 and self.starts is not None  # holds a place until its first audio or plan is out
             if starting:
                 await self.starts.acquire()  # a caller cancelled meanwhile takes no place
             try:

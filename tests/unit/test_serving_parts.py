@@ -336,7 +336,9 @@ def test_vocoder_batches_streams_past_priming(model):
     assert together.active == 0
 
 
-@pytest.mark.parametrize("bad", [["--slots", "0"], ["--max-queue", "-5"], ["--voice-store-max-gb", "0"]])
+@pytest.mark.parametrize(
+    "bad", [["--slots", "0"], ["--max-queue", "-5"], ["--voice-store-max-gb", "0"], ["--starting", "-1"]]
+)
 def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, capsys):
     from serving import serve
     from serving.supervision.triton_env import Ports
