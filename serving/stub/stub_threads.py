@@ -16,6 +16,9 @@ SEND_THREADS = 8  # threads that send a model's responses (StubThreads.sends)
 BLS_THREADS = 1024  # threads for BLS waits (StubThreads.pool)
 WARM_EXTRA_THREADS = 32  # BLS threads started at load beyond one per generator slot (StubThreads.warm)
 SENDS_AHEAD = 2  # a request's sends queued or under way before Responses.send waits (one sent, one next)
+# how long an execute coroutine lives past its last request (docs/triton.md#T29): long enough for the stub's
+# main thread to file the coroutine's future before it ends, even behind a busy event loop's hold on the GIL
+SETTLE_SECONDS = 0.05
 
 
 class StubThreads:
@@ -54,6 +57,9 @@ class StubThreads:
             loop.set_default_executor(self.pool)
             self.loop = loop
         await asyncio.gather(*(serve_one(r) for r in requests))
+        # Every response is out by now; an execute that ended before the stub filed its future would stay
+        # filed for good and log a KeyError (docs/triton.md#T29)
+        await asyncio.sleep(SETTLE_SECONDS)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
