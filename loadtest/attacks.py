@@ -14,6 +14,7 @@ Issue 30's (the last four need the gateway): bursts of voice designs past max_se
 places for good; references at odd rates (8009, 12007, 191999 Hz) cost gigabytes to resample; gRPC streams
 whose client never reads kept their audio in tritonserver; 128 concurrent 19 MB uploads took the gateway
 to 7.8 GB; HTTP clients that stop reading kept their slots.
+Issue 47's, on the voice-agent surfaces, are in loadtest/agent_attacks.py and replayed from here too.
 Past 300 lines on purpose: a catalogue of independent attacks, one function each, that one command replays
 side by side; apart, they would not run together.
 """
@@ -31,6 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+from loadtest import agent_attacks
 from serving import contract
 
 SILENT = {"TEXT": "An attack", "PROMPT_LATENTS": np.zeros((4, contract.LATENT_DIM), np.float32),
@@ -343,6 +345,10 @@ def in_threads(fn: Callable[[int], str], n: int) -> list[str]:
     return answers
 
 
+def _gateway() -> str | None:
+    return GATEWAY[0] if GATEWAY else None
+
+
 ATTACKS: dict[str, Callable[[str], object]] = {
     "vocoder_bomb": vocoder_bomb,
     "vocoder_table": lambda url: vocoder_table(url, 8),
@@ -354,6 +360,14 @@ ATTACKS: dict[str, Callable[[str], object]] = {
     "not_reading": not_reading,
     "gateway_not_reading": gateway_not_reading,
     "big_uploads": big_uploads,
+    # the voice-agent surfaces (loadtest/agent_attacks.py)
+    "socket_not_reading": lambda _url: agent_attacks.socket_not_reading(_gateway()),
+    "sockets_not_reading": lambda _url: agent_attacks.sockets_not_reading(_gateway()),
+    "idle_calls": agent_attacks.idle_calls,
+    "whitespace_streams": agent_attacks.whitespace_streams,
+    "foreign_pieces": agent_attacks.foreign_pieces,
+    "split_control_tokens": agent_attacks.split_control_tokens,
+    "surrogate_transcript": lambda _url: agent_attacks.surrogate_transcript(_gateway()),
 }
 
 
