@@ -13,7 +13,7 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 
-from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
+from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind, surrogate_error
 from serving.contract import ACOUSTIC_EDIT, SEMANTIC_EDIT, input_spec
 
 EDIT_KINDS = {"semantic": SEMANTIC_EDIT, "acoustic": ACOUSTIC_EDIT}  # what a client calls an edit -> its TASK
@@ -133,12 +133,15 @@ def with_speed(parameters: dict | None, speed: float | None) -> dict:
 
 def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
     """``InferInput`` tensors of ``tc`` (default ``tritonclient.grpc``, also valid for its aio client;
-    ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract."""
+    ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract.
+    ValueError naming the input for a string that is not valid Unicode (a lone surrogate: no UTF-8 for it)."""
     if tc is None:
         import tritonclient.grpc as tc
 
     inputs = []
     for name, value in fields.items():
+        if isinstance(value, str) and (problem := surrogate_error(name, value)):
+            raise ValueError(problem)
         spec = input_spec(model, name)
         arr = spec.array(value)
         t = tc.InferInput(name, list(arr.shape), spec.datatype)
