@@ -83,10 +83,11 @@ def test_grpc_inputs_types_and_shapes():
 )
 def test_a_lone_surrogate_is_refused_by_name(fields, name, at):
     # JSON gives Python such strings ("\ud800"); they have no UTF-8, and gRPC strings are UTF-8
-    with pytest.raises(ValueError) as raised:
-        grpc_inputs(fields)
-    assert not isinstance(raised.value, UnicodeError)
-    assert str(raised.value) == f"{name} must be valid Unicode text: it contains a lone surrogate at character {at}"
+    for encode in (grpc_inputs, lambda fields: http_body(fields, {})):
+        with pytest.raises(ValueError) as raised:
+            encode(fields)
+        assert not isinstance(raised.value, UnicodeError)
+        assert str(raised.value) == f"{name} must be valid Unicode text: it contains a lone surrogate at character {at}"
 
 
 def test_http_body_is_json_with_parameters():
