@@ -13,7 +13,7 @@ from typing import TypedDict, Unpack
 
 import numpy as np
 
-from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind
+from engine.protocol import ERROR, FORBIDDEN, INVALID, KINDS, NOT_FOUND, UNAVAILABLE, error_kind, surrogate_error
 from serving.contract import ACOUSTIC_EDIT, SEMANTIC_EDIT, input_spec
 
 EDIT_KINDS = {"semantic": SEMANTIC_EDIT, "acoustic": ACOUSTIC_EDIT}  # what a client calls an edit -> its TASK
@@ -131,12 +131,23 @@ def with_speed(parameters: dict | None, speed: float | None) -> dict:
     return parameters
 
 
+def check_unicode(fields: dict) -> None:
+    """ValueError naming the first string input that is not valid Unicode (a lone surrogate such as
+    ``"\\ud800"``, which JSON gives Python and which has no UTF-8): refused here, by name, rather than
+    failing in the encoder (gRPC) or reaching the server (HTTP's JSON can carry it)."""
+    for name, value in fields.items():
+        if isinstance(value, str) and (problem := surrogate_error(name, value)):
+            raise ValueError(problem)
+
+
 def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
     """``InferInput`` tensors of ``tc`` (default ``tritonclient.grpc``, also valid for its aio client;
-    ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract."""
+    ``tritonclient.http`` works too), typed and shaped as ``model``'s inputs in the serving contract.
+    ValueError naming the input for a string that is not valid Unicode (:func:`check_unicode`)."""
     if tc is None:
         import tritonclient.grpc as tc
 
+    check_unicode(fields)
     inputs = []
     for name, value in fields.items():
         spec = input_spec(model, name)
@@ -149,7 +160,9 @@ def grpc_inputs(fields: dict, tc=None, model: str = "tts") -> list:
 
 def http_body(fields: dict, parameters: dict) -> str:
     """The JSON body of ``POST /v2/models/{model}/generate_stream``: plain JSON values and flat lists
-    (Triton shapes them as the model's inputs, the ensemble's ``[1, -1]`` included)."""
+    (Triton shapes them as the model's inputs, the ensemble's ``[1, -1]`` included). ValueError as
+    :func:`grpc_inputs`'s."""
+    check_unicode(fields)
     body = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
     if parameters:
         body["parameters"] = parameters

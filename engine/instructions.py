@@ -27,17 +27,21 @@ MAX_INSTRUCTION_CHARS = 500
 # Qwen3's added tokens without pipes; the tokenizer turns them into single ids wherever they appear.
 QWEN_TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 _ALLOWED_CONTROLS = ("\n", "\t")
+_PIPE_TOKEN = re.compile(r"<\|[^<>|\s]{1,40}\|>")  # how the tokenizer's pipe tokens are written, for messages
 
 
 def control_token_error(text: str) -> str | None:
     """What is wrong with ``text`` as a part of a ChatML string, or None.
 
     Looks at the text as sent and in NFC (the tokenizer's normalization), for ``<|``, ``|>`` and
-    :data:`QWEN_TAG_TOKENS`.
+    :data:`QWEN_TAG_TOKENS`; the message names the whole token where there is one (``'<|eot|>'``).
     """
     for form in (text, unicodedata.normalize("NFC", text)):
         for marker in ("<|", "|>"):
             if marker in form:
+                token = _PIPE_TOKEN.search(form)
+                if token:
+                    return f"must not contain {marker!r}: {token.group()!r} is a control token of the model's tokenizer"
                 return f"must not contain {marker!r} (ChatML control tokens such as <|im_end|> are not text)"
         lowered = form.lower()
         for tag in QWEN_TAG_TOKENS:

@@ -28,6 +28,17 @@ NOT_FOUND = "not found: "  # the named thing (a voice) does not exist (HTTP 404)
 KINDS = (INVALID, UNAVAILABLE, ERROR, FORBIDDEN, NOT_FOUND)
 
 
+def surrogate_error(field: str, text: str) -> str | None:
+    """Why ``text`` cannot travel (every string crosses as UTF-8), naming ``field``; None when it can. JSON
+    carries a lone surrogate (``"\\ud800"``), which has no UTF-8: refused by name where a message is parsed,
+    rather than failing later as an encoding error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{field} must be valid Unicode text: it contains a lone surrogate at character {e.start}"
+    return None
+
+
 class Unavailable(Exception):
     """The server cannot serve this now (busy, restarting, a full table); the same request may succeed later."""
 

@@ -133,6 +133,7 @@ class TextTokenizer:
         for token in SPECIAL_TOKENS:
             if token not in vocab:
                 tokenizer.add_special_tokens([_special(token)])
+        self._text_only = _without_added_tokens(tokenizer)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TextTokenizer:
@@ -156,9 +157,18 @@ class TextTokenizer:
         """Token ids of ``text``; special tokens written in it map to their single id."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as text only: a control token written in it (``<|eot|>``, ``<think>``)
+        is spelled out in ordinary tokens, never its id. Text without one gets :meth:`encode`'s ids."""
+        return self._text_only.encode(text, add_special_tokens=False).ids
+
     def encode_prompt(self, text: str, language: str = "English", prompt_text: str = "") -> list[int]:
-        """Token ids of ``format_prompt(text, language, prompt_text)``."""
-        return self.encode(format_prompt(text, language, prompt_text))
+        """Token ids of ``format_prompt(text, language, prompt_text)``, the client's part (``prompt_text`` and
+        ``text``) by :meth:`encode_text`: the front door refuses control tokens in it, and whatever got past
+        would still not become one. The same ids as encoding the whole string for every other text (the
+        tokenizer encodes the text between two added tokens on its own)."""
+        format_prompt(text, language, prompt_text)  # its checks
+        return self.encode(language_tag(language) + SOT) + self.encode_text(prompt_text + text) + self.encode(EOT)
 
     def token_id(self, token: str) -> int:
         """Id of a single token, e.g. ``"<|eot|>"``.
@@ -174,6 +184,13 @@ class TextTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; special tokens are kept unless ``skip_special_tokens``."""
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def _without_added_tokens(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of ``tokenizer`` that knows no added tokens (special or not): its BPE alone."""
+    data = json.loads(tokenizer.to_str())
+    data["added_tokens"] = []
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def _special(token: str) -> AddedToken:

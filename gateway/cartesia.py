@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from engine import instructions
 from engine.params import SPEED, UTTERANCE_PARAMETERS, shown
+from engine.protocol import surrogate_error
 from engine.text import canonical_language
 from gateway.rates import RATES
 from serving.contract import SEED_RANGE, is_seed
@@ -80,6 +81,8 @@ def parse_message(text: str) -> Generate | Cancel:
     context_id = body.get("context_id")
     if not isinstance(context_id, str) or not context_id or len(context_id) > MAX_CONTEXT_ID_CHARS:
         raise ProtocolError(f"context_id must be a string of 1 to {MAX_CONTEXT_ID_CHARS} characters", "context_id")
+    if problem := surrogate_error("context_id", context_id):  # replies carry it: they could not be sent
+        raise ProtocolError(problem, "context_id")
     if body.get("cancel") is True:
         return Cancel(context_id)
     return Generate(context_id, **_options(body, context_id))
@@ -92,11 +95,15 @@ def _options(body: dict, context_id: str) -> dict:
     transcript, more = body.get("transcript", ""), body.get("continue", False)
     if not isinstance(transcript, str):
         fail(f"transcript must be a string, got {type(transcript).__name__}", "transcript")
+    if problem := surrogate_error("transcript", transcript):
+        fail(problem, "transcript")
     if not isinstance(more, bool):
         fail("continue must be true or false", "continue")
     voice = body.get("voice")
     if not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str):
         fail('voice must be {"mode": "id", "id": "<a registered voice, or default>"}', "voice")
+    if problem := surrogate_error("voice.id", voice["id"]):
+        fail(problem, "voice.id")
     out = body.get("output_format")
     if not isinstance(out, dict):
         fail('output_format must be {"container": "raw", "encoding": ..., "sample_rate": ...}', "output_format")

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from client.request import TTSError
 from engine import instructions
 from engine.params import UTTERANCE_PARAMETERS, shown
+from engine.protocol import surrogate_error
 from gateway.encode import FORMATS
 from gateway.errors import APIError, from_tts_error
 from gateway.rates import check_rate
@@ -80,10 +81,8 @@ def from_query(query: Mapping[str, str]) -> dict:
 def check_string(name: str, value) -> str:
     if not isinstance(value, str):
         raise APIError(400, f"{name} must be a string, got {shown(described(value))}", name)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" in JSON): no UTF-8 for it
-        raise APIError(400, f"{name} is not valid Unicode: a lone surrogate at character {e.start}", name) from None
+    if problem := surrogate_error(name, value):  # a lone surrogate ("\ud800" in JSON): no UTF-8 for it
+        raise APIError(400, problem, name)
     return value
 
 

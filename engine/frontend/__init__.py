@@ -14,7 +14,10 @@ what the reference does, in its order, one module per step:
    would not fit in ``max_patches`` is cut (the reference has no such cap: it would cut the audio);
 4. :mod:`engine.frontend.normalization` — ``wetext`` text normalization (numbers, dates, currency,
    ...) for Chinese, English, Cantonese and the ``ZH_*`` dialects, then the symbol clean-up that
-   follows it.
+   follows it;
+5. the segments, which are what the tokenizer reads, are checked for the tokenizer's control tokens
+   (:func:`engine.instructions.control_token_error`): cleaning removes zero-width and format characters,
+   so ``<\u200b|eot|>`` sent becomes ``<|eot|>`` here, however the text arrived (whole, or in pieces).
 
 :func:`prepare` runs all of it; the offline path and the ``tts`` model both call it (through
 :class:`engine.orchestrator.Orchestrator`). ``python -m engine.frontend "..."`` shows its result.
@@ -29,6 +32,7 @@ from engine.frontend.cleaning import clean
 from engine.frontend.language import detect_language
 from engine.frontend.normalization import load_wetext, normalize_segment
 from engine.frontend.sentences import MERGE_LENGTH, cap_segments, group_sentences, segment_cap, split_sentences
+from engine.instructions import control_token_error
 from engine.text import canonical_language
 
 EMPTY_MESSAGE = "TEXT: nothing to speak after cleaning"
@@ -74,7 +78,8 @@ def prepare(
             tokens are cut so that each fits.
 
     Raises:
-        ValueError: nothing is left to speak (:class:`NothingToSpeak`), or the language is unknown.
+        ValueError: nothing is left to speak (:class:`NothingToSpeak`), the language is unknown, or a
+            segment carries a control token of the tokenizer (naming TEXT and the token).
     """
     language = None if language is None or language.strip().lower() in ("", "auto") else canonical_language(language)
     text = clean(text)
@@ -94,6 +99,11 @@ def prepare(
     segments = [s for s in segments if s.strip()]
     if not segments:
         raise NothingToSpeak(EMPTY_MESSAGE)
+    for segment in segments:
+        problem = control_token_error(segment)
+        if problem:
+            raise ValueError(f"TEXT {problem}; the text is checked as the model reads it (cleaned of zero-width "
+                             "and format characters, and normalized if asked)")  # fmt: skip
     return Prepared(language, segments)
 
 

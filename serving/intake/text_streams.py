@@ -20,12 +20,11 @@ from engine.orchestrator import TextPiece
 from engine.params import shown
 from engine.protocol import tagged
 from serving.contract import DEFAULT_RELEASE, MAX_STREAM_CHARS, MAX_STREAM_PIECES
-from serving.intake.requests import MAX_TEXT_CHARS, check_text
+from serving.intake.requests import check_text
 from serving.stub.triton_io import scalar, string
 
 PIECE_INPUTS = {"TEXT", "FLUSH"}  # what a stream's later requests may carry
 STREAMED = "(streamed)"  # a stream's TEXT for the request checks that want one before the text has come
-_TAIL = 32  # characters of earlier pieces checked with a piece: a control token split across two is caught
 
 
 class TextStream:
@@ -35,17 +34,18 @@ class TextStream:
         self.key, self.idle_seconds = key, idle_seconds
         self.queue: asyncio.Queue = asyncio.Queue()  # TextPiece, None (the end) or a ValueError (failed)
         self.chars = self.pieces = 0
-        self.tail = ""  # the last characters of the text so far
         self.ended = False
         self.failure: str | None = None  # why the stream failed (an invalid: message); None: it did not
 
     def add(self, text: str, flush: bool, end: bool) -> None:
         """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, which also fails the
-        stream (its audio request ends with the same message)."""
+        stream (its audio request ends with the same message). A control token in the piece is refused here; one
+        split across pieces (or formed by cleaning) is refused when its unit is cut into segments
+        (:func:`engine.frontend.prepare` checks the text as the tokenizer reads it)."""
         if self.ended or self.failure:
             raise ValueError(f"text stream {self.key} has ended; start a new sequence")
         try:
-            check_text(self.tail + text, required=False, limit=MAX_TEXT_CHARS + _TAIL)
+            check_text(text, required=False)
             self.pieces += 1
             self.chars += len(text)
             if self.pieces > MAX_STREAM_PIECES:
@@ -56,7 +56,6 @@ class TextStream:
         except ValueError as e:
             self.fail(str(e))
             raise
-        self.tail = (self.tail + text)[-_TAIL:]
         self.queue.put_nowait(TextPiece(text, flush))
         if end:
             self.ended = True

@@ -209,6 +209,20 @@ def test_each_refusal_is_named_and_nothing_stays_allocated(gateway, server, mess
     assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
 
 
+def test_a_lone_surrogate_in_a_transcript_is_named_then_its_context_done(gateway, server):
+    """JSON carries "\\ud800", which has no UTF-8: refused by name, where it used to be dropped in silence."""
+    sock = Socket(gateway)
+    try:
+        sock.send({**GOOD, "transcript": "Say \ud800"})  # json.dumps writes the escape, as a client can
+        replies = sock.until_done("c1")
+    finally:
+        sock.close()
+    assert [r["type"] for r in replies] == ["error", "done"], replies
+    assert replies[0]["error"] == "transcript must be valid Unicode text: it contains a lone surrogate at character 4"
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_kv_pages_in_use"] == 0
+
+
 @pytest.fixture(scope="module")
 def tight(server):
     """A gateway whose agent-socket bounds a test reaches in a second or two."""

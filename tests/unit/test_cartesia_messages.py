@@ -116,6 +116,9 @@ GOOD = {"context_id": "c1", "transcript": "Hi. ", "continue": True, "voice": {"m
         ({"add_timestamps": 1}, "add_timestamps"),
         ({"language": "tlh"}, "language"),
         ({"language": ["en"]}, "language"),
+        ({"transcript": "Hi \ud800"}, "transcript"),
+        ({"voice": {"mode": "id", "id": "\udfffx"}}, "voice.id"),
+        ({"context_id": "c\ud800"}, "context_id"),
     ],
 )  # fmt: skip
 def test_a_bad_field_is_named_with_its_context(change, field):
@@ -123,6 +126,15 @@ def test_a_bad_field_is_named_with_its_context(change, field):
         parse_message(json.dumps({**GOOD, **change}))
     assert raised.value.field == field and field.split(".")[-1] in str(raised.value)
     assert raised.value.context_id == (None if field == "context_id" else "c1")
+
+
+def test_a_lone_surrogate_is_refused_where_it_is():
+    # json.dumps writes it as the escape "\\ud800", which is what a client can send; it has no UTF-8
+    message = json.dumps({**GOOD, "transcript": "Say \ud800 no more", "continue": False})
+    with pytest.raises(ProtocolError) as raised:
+        parse_message(message)
+    assert str(raised.value) == "transcript must be valid Unicode text: it contains a lone surrogate at character 4"
+    assert (raised.value.field, raised.value.context_id) == ("transcript", "c1")
 
 
 @pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"transcript": "no context"}', "[" * 60_000, "x" * 70_000])

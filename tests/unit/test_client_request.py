@@ -77,6 +77,19 @@ def test_grpc_inputs_types_and_shapes():
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("fields", "name", "at"),
+    [({"TEXT": "ok\ud800"}, "TEXT", 2), ({"TEXT": "Hi", "REF_TEXT": "\udfff a"}, "REF_TEXT", 0)],
+)
+def test_a_lone_surrogate_is_refused_by_name(fields, name, at):
+    # JSON gives Python such strings ("\ud800"); they have no UTF-8, and gRPC strings are UTF-8
+    for encode in (grpc_inputs, lambda fields: http_body(fields, {})):
+        with pytest.raises(ValueError) as raised:
+            encode(fields)
+        assert not isinstance(raised.value, UnicodeError)
+        assert str(raised.value) == f"{name} must be valid Unicode text: it contains a lone surrogate at character {at}"
+
+
 def test_http_body_is_json_with_parameters():
     body = json.loads(http_body(request_fields("Hi", ref_audio=np.ones(2), ref_sample_rate=16000), {"max_patches": 6}))
     assert body == {"TEXT": "Hi", "REF_AUDIO": [1.0, 1.0], "REF_SAMPLE_RATE": 16000, "parameters": {"max_patches": 6}}
