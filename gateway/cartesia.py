@@ -99,22 +99,8 @@ def _options(body: dict, context_id: str) -> dict:
         fail(problem, "transcript")
     if not isinstance(more, bool):
         fail("continue must be true or false", "continue")
-    voice = body.get("voice")
-    if not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str):
-        fail('voice must be {"mode": "id", "id": "<a registered voice, or default>"}', "voice")
-    if problem := surrogate_error("voice.id", voice["id"]):
-        fail(problem, "voice.id")
-    out = body.get("output_format")
-    if not isinstance(out, dict):
-        fail('output_format must be {"container": "raw", "encoding": ..., "sample_rate": ...}', "output_format")
-    if out.get("container", "raw") != "raw":
-        fail(f"output_format.container must be raw, got {shown(out.get('container'))}", "output_format.container")
-    if out.get("encoding") not in ENCODINGS:
-        fail(f"output_format.encoding must be one of {list(ENCODINGS)}, got {shown(out.get('encoding'))}",
-             "output_format.encoding")  # fmt: skip
-    rate = out.get("sample_rate")
-    if isinstance(rate, bool) or rate not in RATES:
-        fail(f"output_format.sample_rate must be one of {list(RATES)}, got {shown(rate)}", "output_format.sample_rate")
+    voice = voice_id(body.get("voice"), fail)
+    out = output_format(body.get("output_format"), fail)
     delay = body.get("max_buffer_delay_ms")
     if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= 5000):
         fail(f"max_buffer_delay_ms must be an integer in 0..5000, got {shown(delay)}", "max_buffer_delay_ms")
@@ -127,14 +113,62 @@ def _options(body: dict, context_id: str) -> dict:
         **_extensions(body, fail),
         transcript=transcript,
         more=more,
-        voice_id=voice["id"],
+        voice_id=voice,
         language=language(body.get("language"), context_id),
-        encoding=out["encoding"],
-        sample_rate=rate,
+        encoding=out.encoding,
+        sample_rate=out.sample_rate,
         timestamps=flags["add_timestamps"],
         buffer_delay_ms=delay,
         flush=flags["flush"],
     )
+
+
+def voice_id(voice, fail) -> str:
+    """Cartesia's ``voice``: an id string (the SDK's ``voice="<id>"``), ``{"id": ...}`` or ``{"mode": "id",
+    "id": ...}`` -> the id (a registered voice's name, or default)."""
+    if isinstance(voice, dict) and voice.get("mode", "id") == "id":
+        voice = voice.get("id")
+    if not isinstance(voice, str):
+        fail('voice must be a voice id, or {"mode": "id", "id": "<a registered voice, or default>"}', "voice")
+    if problem := surrogate_error("voice.id", voice):
+        fail(problem, "voice.id")
+    return voice
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """Cartesia's ``output_format``."""
+
+    container: str  # one of the endpoint's containers: raw (the socket, SSE), wav, mp3 (/tts/bytes)
+    encoding: str | None  # one of ENCODINGS (None for mp3)
+    sample_rate: int  # Hz, one of gateway.rates.RATES
+    bit_rate: int | None = None  # mp3's, in bits a second
+
+
+MP3_BIT_RATES = (32000, 64000, 96000, 128000, 192000)  # Cartesia's output_format.bit_rate values
+
+
+def output_format(out, fail, containers: tuple[str, ...] = ("raw",)) -> OutputFormat:
+    """Cartesia's ``output_format`` with a container of ``containers`` -> :class:`OutputFormat`."""
+    if not isinstance(out, dict):
+        fail('output_format must be {"container": "raw", "encoding": ..., "sample_rate": ...}', "output_format")
+    container = out.get("container", "raw")
+    if container not in containers:
+        fail(f"output_format.container must be one of {list(containers)}, got {shown(container)}",
+             "output_format.container")  # fmt: skip
+    rate = out.get("sample_rate")
+    if isinstance(rate, bool) or rate not in RATES:
+        fail(f"output_format.sample_rate must be one of {list(RATES)}, got {shown(rate)}", "output_format.sample_rate")
+    if container == "mp3":
+        bit_rate = out.get("bit_rate")
+        if bit_rate is not None and (isinstance(bit_rate, bool) or bit_rate not in MP3_BIT_RATES):
+            fail(f"output_format.bit_rate must be one of {list(MP3_BIT_RATES)}, got {shown(bit_rate)}",
+                 "output_format.bit_rate")  # fmt: skip
+        return OutputFormat(container, None, rate, bit_rate)
+    if out.get("encoding") not in ENCODINGS:
+        fail(f"output_format.encoding must be one of {list(ENCODINGS)}, got {shown(out.get('encoding'))}",
+             "output_format.encoding")  # fmt: skip
+    return OutputFormat(container, out["encoding"], rate)
 
 
 VOLUMES = (0.5, 2.0)  # Cartesia's range for generation_config.volume
@@ -239,8 +273,23 @@ def done(context_id: str) -> dict:
     return {"type": "done", "done": True, "status_code": 200, "context_id": context_id}
 
 
+# status -> (Cartesia's title, error_code): the SDK shows an error as "title: message"
+TITLES = {
+    400: ("Invalid request", "invalid_request"), 403: ("Forbidden", "forbidden"), 404: ("Not found", "not_found"),
+    408: ("Timed out", "timeout"), 413: ("Too long", "request_too_large"), 429: ("Too many requests", "rate_limited"),
+    500: ("Server error", "internal_error"), 503: ("Service unavailable", "unavailable"), 504: ("Timed out", "timeout"),
+}  # fmt: skip
+
+
+def error_fields(status_code: int, message: str) -> dict:
+    """What Cartesia's errors carry and its SDK prints: ``title``, ``message``, ``status_code``, ``error_code``
+    (and ``error``, the message, which the agent plugins read)."""
+    title, code = TITLES.get(status_code, ("Server error" if status_code >= 500 else "Invalid request", None))
+    return {"title": title, "message": message, "error": message, "status_code": status_code, "error_code": code}
+
+
 def error(context_id: str | None, status_code: int, message: str) -> dict:
     """An error, without ``done`` (LiveKit would read it as an end): send :func:`done` after it when the
     context is known. ``context_id`` None (a message whose context could not be read) is sent as "": Pipecat
     fails without one, and both plugins pass over a context they do not hold."""
-    return {"type": "error", "status_code": status_code, "error": message, "context_id": context_id or ""}
+    return {"type": "error", **error_fields(status_code, message), "context_id": context_id or ""}

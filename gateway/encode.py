@@ -3,8 +3,10 @@ as soon as the codec emits them.
 
 ``wav`` and ``pcm`` are 16-bit little-endian PCM written here (a WAV header whose sizes say "unknown
 length", as streaming WAV does), ``pcm_mulaw`` and ``pcm_alaw`` the same samples as G.711's 8-bit codes
-(:mod:`gateway.g711`); these four come at any rate of :data:`gateway.rates.RATES`. ``flac``, ``mp3``,
-``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and muxed by FFmpeg through PyAV, at 24 kHz.
+(:mod:`gateway.g711`), ``pcm_f32le`` the float samples unquantized (clipped); these five come at any rate of
+:data:`gateway.rates.RATES`. ``flac``, ``mp3``, ``opus`` (in Ogg) and ``aac`` (ADTS) are encoded and muxed by
+FFmpeg through PyAV, at 24 kHz unless a rate is given (the vendor dialects' MP3 and Opus rates,
+:mod:`gateway.dialects`; the OpenAI route keeps them at 24 kHz, :func:`gateway.rates.check_rate`).
 
 ``flac`` alone is written whole: its STREAMINFO header carries the total length, which a stream cannot
 know up front, and libsndfile refuses a FLAC that leaves it out (``soundfile.read``: "array is too big").
@@ -33,6 +35,7 @@ FORMATS = {
     "pcm": ("audio/pcm", None, None),
     "pcm_mulaw": ("audio/PCMU", None, None),  # RFC 3551's names for G.711
     "pcm_alaw": ("audio/PCMA", None, None),
+    "pcm_f32le": ("audio/pcm", None, None),  # 32-bit float little-endian (Cartesia's encoding of that name)
 }
 G711 = {"pcm_mulaw": mulaw_encode, "pcm_alaw": alaw_encode}
 WHOLE = {"flac"}  # formats sent whole, once the utterance is done (see above)
@@ -72,9 +75,9 @@ class _Sink:
 
 
 class Encoder:
-    """``push(chunk) -> bytes`` for each chunk, then ``finish() -> bytes``. ``sample_rate``: the rate of
-    ``wav``, ``pcm``, ``pcm_mulaw`` and ``pcm_alaw`` (None: 8000 for G.711, else 24000), checked by
-    :func:`gateway.rates.check_rate`."""
+    """``push(chunk) -> bytes`` for each chunk, then ``finish() -> bytes``. ``sample_rate``: the output rate
+    (None: 8000 for G.711, else 24000), checked by :func:`gateway.rates.check_rate` (or a dialect's own table:
+    a codec's rate must be one it takes)."""
 
     def __init__(self, response_format: str, sample_rate: int | None = None):
         if response_format not in FORMATS:
@@ -82,8 +85,8 @@ class Encoder:
         self.format = response_format
         self.media_type, container, codec = FORMATS[response_format]
         self.started, self.out = False, None
+        self.rate = sample_rate or default_rate(response_format)
         if container is None:
-            self.rate = sample_rate or default_rate(response_format)
             self.converter = StreamResampler(self.rate)
             if response_format in G711:
                 self.media_type += f";rate={self.rate}"
@@ -92,11 +95,11 @@ class Encoder:
 
         self.sink = io.BytesIO() if response_format in WHOLE else _Sink()  # seekable: the header is rewritten
         self.out = av.open(self.sink, mode="w", format=container)
-        self.stream = self.out.add_stream(codec, rate=SAMPLE_RATE, layout="mono")
+        self.stream = self.out.add_stream(codec, rate=self.rate, layout="mono")
         if response_format in BIT_RATES:
             self.stream.codec_context.bit_rate = BIT_RATES[response_format]
         fmt = self.stream.codec_context.codec.audio_formats[0].name  # the codec's preferred sample format
-        self.resampler = av.AudioResampler(format=fmt, layout="mono", rate=SAMPLE_RATE)
+        self.resampler = av.AudioResampler(format=fmt, layout="mono", rate=self.rate)
         self.pts = 0
 
     def push(self, audio: np.ndarray) -> bytes:
@@ -108,9 +111,11 @@ class Encoder:
         return b"" if self.format in WHOLE else self.sink.take()
 
     def _samples(self, audio: np.ndarray) -> bytes:
-        """Raw formats: 16-bit PCM (after a WAV header, first) or its G.711 codes."""
+        """Raw formats: 16-bit PCM (after a WAV header, first), its G.711 codes, or 32-bit floats."""
         head = wav_header(self.rate) if self.format == "wav" and not self.started else b""
         self.started = True
+        if self.format == "pcm_f32le":
+            return np.clip(audio, -1.0, 1.0).astype("<f4").tobytes()
         samples = pcm16(audio)
         if self.format in G711:
             samples = G711[self.format](np.frombuffer(samples, "<i2")).tobytes()

@@ -19,7 +19,7 @@ RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 QUALITY = "HQ"  # libsoxr's default: VHQ costs more per chunk and cannot be heard at these rates
 # formats that carry samples as they are (raw, or WAV's header and raw), so at any rate; the
 # codecs of gateway.encode stay at 24 kHz
-RATED_FORMATS = ("pcm", "wav", "pcm_mulaw", "pcm_alaw")
+RATED_FORMATS = ("pcm", "wav", "pcm_mulaw", "pcm_alaw", "pcm_f32le")
 TELEPHONY_RATE = 8000  # G.711's rate, the default for pcm_mulaw and pcm_alaw
 G711_FORMATS = ("pcm_mulaw", "pcm_alaw")
 

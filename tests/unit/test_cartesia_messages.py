@@ -106,7 +106,8 @@ GOOD = {"context_id": "c1", "transcript": "Hi. ", "continue": True, "voice": {"m
         ({"transcript": 5}, "transcript"),
         ({"continue": "yes"}, "continue"),
         ({"voice": {"mode": "embedding", "embedding": [0.1]}}, "voice"),
-        ({"voice": "default"}, "voice"),
+        ({"voice": 5}, "voice"),
+        ({"voice": {"mode": "id", "id": 5}}, "voice"),
         ({"output_format": out("wav", "pcm_s16le", 8000)}, "output_format.container"),
         ({"output_format": out("raw", "mp3", 8000)}, "output_format.encoding"),
         ({"output_format": out("raw", "pcm_alaw", 11025)}, "output_format.sample_rate"),
@@ -151,3 +152,16 @@ def test_what_is_no_message(text):
 )  # fmt: skip
 def test_languages_by_code_or_name(code, name):
     assert parse_message(json.dumps({**GOOD, "language": code})).language == name
+
+
+@pytest.mark.parametrize("voice", ["default", {"id": "default"}, {"mode": "id", "id": "default"}])
+def test_voice_as_the_sdks_plain_id_string_or_an_object(voice):
+    """The Cartesia SDK (4.2.0) types voice as ``str | {"id": ...}``; its v2 contexts send the string."""
+    assert parse_message(json.dumps({**GOOD, "voice": voice})).voice_id == "default"
+
+
+def test_an_error_carries_what_the_sdk_prints():
+    """The SDK (4.2.0) shows a socket error as f"{title}: {message}"."""
+    reply = cartesia.error("c1", 503, "server busy")
+    assert f"{reply['title']}: {reply['message']}" == "Service unavailable: server busy"
+    assert reply["error"] == "server busy" and reply["error_code"] == "unavailable" and "done" not in reply
