@@ -27,6 +27,8 @@ from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.agent_socket import serve_socket
 from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.budget import DEFAULT_BOUNDS, Bounds, Budgets, ReleaseHolds
+from gateway.dialects import cartesia_http, elevenlabs_http
+from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
@@ -79,6 +81,9 @@ def create_app(
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
     add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds())
+    core = Core(tts, voice_list.get, body_timeout)  # the vendors' HTTP dialects (gateway.dialects)
+    for dialect in (cartesia_http, elevenlabs_http):
+        dialect.add_routes(app, core)
     return app
 
 
@@ -156,7 +161,9 @@ def add_page_routes(app: FastAPI, tts: AsyncTTSClient, notice: str | None = None
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def models():
+    async def models(request: Request):
+        if elevenlabs_http.asks_for_models(request):  # the same path in ElevenLabs' API, told by its key header
+            return elevenlabs_http.models()
         model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "fireredtts3"}
         return {"object": "list", "data": [model]}
 

@@ -109,8 +109,8 @@ def _options(body: dict, context_id: str) -> dict:
         if not isinstance(value, bool):
             fail(f"{name} must be true or false", name)
     return dict(
-        **_generation_config(body.get("generation_config"), fail),
-        **_extensions(body, fail),
+        **generation_config(body.get("generation_config"), fail),
+        **extensions(body, fail),
         transcript=transcript,
         more=more,
         voice_id=voice,
@@ -175,7 +175,7 @@ VOLUMES = (0.5, 2.0)  # Cartesia's range for generation_config.volume
 EXTENSION_PARAMETERS = {p.name: p for p in UTTERANCE_PARAMETERS if p.name != "speed"}  # speed: generation_config
 
 
-def _generation_config(config, fail) -> dict:
+def generation_config(config, fail) -> dict:
     """Cartesia's ``generation_config`` (sonic-3: speed, volume, emotion) -> speed and volume."""
     if config is None:
         return {}
@@ -200,7 +200,7 @@ def _generation_config(config, fail) -> dict:
     return out
 
 
-def _extensions(body: dict, fail) -> dict:
+def extensions(body: dict, fail) -> dict:
     """Ours, not Cartesia's: ``instructions`` (design a voice), ``seed``, ``parameters`` {name: value}."""
     out = {}
     if body.get("instructions") is not None:

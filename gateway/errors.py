@@ -44,8 +44,10 @@ class APIError(Exception):
         self.close = close  # end the connection after answering (the rest of the request body is unwanted)
         self.headers = dict(headers or {})  # more headers of the answer (Allow for a 405)
 
-    def response(self) -> Response:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+    def response(self, body: dict | None = None) -> Response:
+        """The answer; ``body``: a dialect's shape of this error (gateway.dialects), OpenAI's by default."""
+        if body is None:
+            body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
         headers = {**self.headers, **({"Retry-After": str(RETRY_AFTER_SECONDS)} if self.status == 503 else {})}
         if self.close:
             headers["Connection"] = "close"

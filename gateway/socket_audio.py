@@ -54,6 +54,34 @@ def word_times(text: str, start: float, end: float) -> tuple[list[str], list[flo
     return words, starts, ends
 
 
+def char_times(text: str, start: float, end: float) -> tuple[list[str], list[float], list[float]]:
+    """Every character of ``text`` with times in [``start``, ``end``] seconds, from :func:`word_times`: a word's
+    share is split evenly over its characters and the whitespace after it (which shares the last step, or, at
+    the text's end without one, goes to the last character);
+    whitespace before the first word is at ``start``, zero long -> (characters, starts, ends), non-decreasing."""
+    words, starts, ends = word_times(text, start, end)
+    if not words:
+        return list(text), [start] * len(text), [start] * len(text)
+    chars, char_starts, char_ends = [], [], []
+    at = 0
+    for i, (word, s, e) in enumerate(zip(words, starts, ends, strict=True)):
+        found = text.index(word, at)
+        if i == 0:  # leading whitespace
+            chars += text[at:found]
+            char_starts += [start] * (found - at)
+            char_ends += [start] * (found - at)
+        after = found + len(word)
+        following = after + len(text[after:]) - len(text[after:].lstrip())  # the whitespace run after it
+        step = (e - s) / (len(word) + 1)
+        for k, ch in enumerate(text[found:following]):
+            chars.append(ch)
+            char_starts.append(round(s + min(k, len(word)) * step, 3))
+            last = k >= len(word) - 1 and following == after or k >= len(word)  # the word's last step is its own
+            char_ends.append(e if last else round(s + (k + 1) * step, 3))
+        at = following
+    return chars, char_starts, char_ends
+
+
 def seconds(samples: int) -> float:
     """Samples at the model's rate -> seconds."""
     return samples / SAMPLE_RATE
