@@ -94,7 +94,7 @@ class Gauges:
 
 
 def table(gate, gauges, **kw) -> TextStreams:
-    return TextStreams(5, place=lambda: TextPlace(Place(gate, gauges.count)), **kw)
+    return TextStreams(60, place=lambda: TextPlace(Place(gate, gauges.count)), **kw)
 
 
 def send(streams, key, text="", flush=False, end=False) -> str | None:
@@ -217,7 +217,7 @@ class Speaker:
             self.streams.close(self.stream)
 
 
-async def until(condition, seconds=30.0) -> None:
+async def until(condition, seconds=20.0) -> None:
     for _ in range(int(seconds / 0.01)):
         if condition():
             return
