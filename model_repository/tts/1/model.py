@@ -78,8 +78,9 @@ class TritonPythonModel:
         self.gauges = [
             pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
             pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
         ]
-        self.in_flight_gauge, self.waiting_gauge = (g.Metric() for g in self.gauges)
+        self.in_flight_gauge, self.waiting_gauge, self.open_gauge = (g.Metric() for g in self.gauges)
         self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
         self.audio_seconds = self.audio_family.Metric()
         self.first_family = pb.MetricFamily(
@@ -112,6 +113,7 @@ class TritonPythonModel:
                 sender.send(error_response(pb, error), flags=FINAL)
                 return
             place = stream.place.place
+            self.metrics.set(self.open_gauge, len(self.text_streams.open))
         else:
             place = self._place()
             if not place.take():
@@ -125,6 +127,7 @@ class TritonPythonModel:
         finally:
             if stream is not None:
                 self.text_streams.close(stream)  # gives its place back
+                self.metrics.set(self.open_gauge, len(self.text_streams.open))
             place.give()
 
     def _place(self) -> Place:
