@@ -1,8 +1,7 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response. A request with a sequence id is a piece of a text-in
-stream (serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once;
-the stream holds an admission place only while it has text to speak (serving.flow.places)."""
+every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
+(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once."""
 
 import asyncio
 import contextlib
@@ -68,7 +67,6 @@ class TritonPythonModel:
                                          keys.new_stream_id, starting=opts.starting)  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
-        # A request's place is a Place (serving.flow.places); a text-in stream holds it only while it has text.
         self.admission = channel.gate("tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
                                         TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
@@ -105,8 +103,8 @@ class TritonPythonModel:
         if refusal:
             refuse(sender, refusal)
             return
-        stream = None
-        if key:  # a text-in stream: its first piece; its place is taken by its text (serving.flow.places)
+        stream, place = None, self._place()  # serving.flow.places: a text-in stream's is taken by its text
+        if key:  # a text-in stream: its first piece
             stream, error = start_stream(pb, self.text_streams, request, key)
             if error:
                 self.metrics.increment(self.outcome["busy" if error.startswith(UNAVAILABLE) else "error"], 1)
@@ -114,12 +112,10 @@ class TritonPythonModel:
                 return
             place = stream.place.place
             self.metrics.set(self.open_gauge, len(self.text_streams.open))
-        else:
-            place = self._place()
-            if not place.take():
-                self.metrics.increment(self.outcome["busy"], 1)
-                refuse(sender, self.admission.busy_message())
-                return
+        elif not place.take():
+            self.metrics.increment(self.outcome["busy"], 1)
+            refuse(sender, self.admission.busy_message())
+            return
         try:
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
@@ -130,8 +126,7 @@ class TritonPythonModel:
                 self.metrics.set(self.open_gauge, len(self.text_streams.open))
             place.give()
 
-    def _place(self) -> Place:
-        """A request's admission place, counted in the gauges."""
+    def _place(self) -> Place:  # a request's admission place, counted in the gauges
         return Place(self.admission, self._count)
 
     def _count(self, in_flight: int, waiting: int) -> None:
