@@ -152,6 +152,27 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "contexts together); beyond, its streams are ended and the connection cut")  # fmt: skip
 
 
+def add_socket_arguments(ap: argparse.ArgumentParser) -> None:
+    """The agent socket's bounds an operator is likely to set (the others: gateway.socket_bounds' defaults)."""
+    from gateway.socket_bounds import SocketBounds
+
+    d = SocketBounds()
+    ap.add_argument("--agent-sockets", type=int, default=d.sockets,
+                    help="agent sockets (/tts/websocket) open at once; beyond, 'too many sockets'")  # fmt: skip
+    ap.add_argument("--agent-sockets-per-peer", type=int, default=d.sockets_per_peer,
+                    help="agent sockets open at once from one client address; beyond, 'too many sockets from "
+                         "your address'")  # fmt: skip
+    ap.add_argument("--agent-send-seconds", type=float, default=d.send_seconds,
+                    help="seconds an agent socket's reply may wait for its peer to take it; then the socket is cut")  # fmt: skip
+
+
+def socket_bounds(args: argparse.Namespace):
+    from gateway.socket_bounds import SocketBounds
+
+    return SocketBounds(sockets=args.agent_sockets, sockets_per_peer=args.agent_sockets_per_peer,
+                        send_seconds=args.agent_send_seconds)  # fmt: skip
+
+
 def options(args: argparse.Namespace) -> ServerOptions:
     bounds = Bounds(int(args.max_upload_mb_in_flight * 2**20), int(args.max_decoded_mb_in_flight * 2**20),
                     args.max_unsent_seconds)  # fmt: skip
