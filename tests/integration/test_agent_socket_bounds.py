@@ -221,8 +221,10 @@ def test_an_openai_stream_cut_by_the_server_going_away_is_one_log_line(server, c
     proxy = CuttingProxy(("127.0.0.1", server.ports.grpc))
     body = {"model": "fireredtts3", "input": "This stream is cut.", "response_format": "pcm",
             "max_patches": 400, "chunk_first": 1, "chunk_next": 1, "chunk_fixed": True}  # fmt: skip
+    uvicorn_log = logging.getLogger("uvicorn")  # its own handlers, not propagated: caplog's is added to them
     try:
         with in_thread(proxy.address) as url, caplog.at_level(logging.INFO):
+            uvicorn_log.addHandler(caplog.handler)  # (once started: uvicorn's logging config sets its handlers)
             got = b""
             with pytest.raises(httpx.HTTPError), httpx.stream("POST", f"{url}/v1/audio/speech", json=body,
                                                               timeout=30) as r:  # fmt: skip
@@ -233,6 +235,7 @@ def test_an_openai_stream_cut_by_the_server_going_away_is_one_log_line(server, c
                         proxy.cut()
             time.sleep(1)  # anything the gateway logs after the cut
     finally:
+        uvicorn_log.removeHandler(caplog.handler)
         proxy.close()
     assert 0 < len(got) < 400 * 3840 * 2  # a broken answer, not a complete-looking one
     cut = [r for r in caplog.records if "cut: the stream failed after its start" in r.getMessage()]
