@@ -191,7 +191,12 @@ class Orchestrator:
                 yield piece
 
     def run_text(
-        self, utterance: Utterance, voice: Any, pieces: AsyncIterator[TextPiece], release: str = "flush"
+        self,
+        utterance: Utterance,
+        voice: Any,
+        pieces: AsyncIterator[TextPiece],
+        release: str = "flush",
+        idle: Callable[[], None] | None = None,
     ) -> AsyncIterator[Piece]:
         """A text-in utterance: its text arrives as ``pieces`` (the stream's end is the end of the text;
         ``utterance.text`` is not read), cut into segments by :class:`engine.frontend.text_in.TextInSegmenter`
@@ -201,17 +206,27 @@ class Orchestrator:
         audio) follows; the last 50 ms of that audio come with the next segment, cross-faded into it, or
         with the final piece. The audio equals :meth:`run`'s for a text that the front end cuts into the same
         segments (same seed, voice and cross-fade), with a fixed chunk schedule (the deadline rule sizes
-        chunks by the clock). Raises as :meth:`run`, and whatever ``pieces`` raises (closing everything)."""
-        out = self._text_pieces(utterance, voice, pieces, release)
+        chunks by the clock). Raises as :meth:`run`, and whatever ``pieces`` raises (closing everything).
+
+        ``idle`` is called each time everything read from ``pieces`` so far has been spoken: no segment is
+        generating (its generator stream is closed) or cut and waiting, and the segmenter holds no text but
+        whitespace; checked after each piece and each segment (a caller holding a resource for the text,
+        an admission place, gives it back; it may be called again while idle)."""
+        out = self._text_pieces(utterance, voice, pieces, release, idle)
         return out if utterance.speed == 1.0 else stretched(out, utterance.speed)
 
-    async def _text_pieces(self, utterance, voice, pieces: AsyncIterator[TextPiece], release: str):
+    async def _text_pieces(self, utterance, voice, pieces: AsyncIterator[TextPiece], release: str, idle):
         u = utterance
         if u.task in EDITS:
             raise ValueError(f"TASK {u.task} edits a recording and takes no text stream")
         segmenter = TextInSegmenter(u.language, self.count_tokens, u.split_tokens, u.normalize,
                                     u.params.max_patches, release)  # fmt: skip
         cuts: asyncio.Queue = asyncio.Queue()  # Cut, a flush count, an exception, or None (the end)
+        busy = {"pushing": False, "speaking": False}  # a piece in the segmenter; a segment taken by _spoken
+
+        def check_idle() -> None:
+            if idle and not any(busy.values()) and cuts.empty() and not segmenter.pending.strip():
+                idle()
 
         async def read() -> None:
             flushes = 0
@@ -223,20 +238,30 @@ class Orchestrator:
 
             try:
                 async for piece in pieces:
+                    busy["pushing"] = True  # before any await: the piece is never unaccounted for
                     await cut(segmenter.push, piece.text)
                     if piece.flush:
                         await cut(segmenter.flush)
                         flushes += 1
                         cuts.put_nowait(flushes)
+                    busy["pushing"] = False
+                    check_idle()
+                busy["pushing"] = True  # the end's text is cut: held until the request ends
                 await cut(segmenter.end)
                 cuts.put_nowait(None)
             except Exception as e:  # noqa: BLE001 (the consumer raises it, in order after what was cut before)
                 cuts.put_nowait(e)
 
         async def cut_segments():
-            while (item := await cuts.get()) is not None:
+            while True:
+                busy["speaking"] = False  # _spoken asks for the next cut: the one before is spoken
+                check_idle()
+                item = await cuts.get()
+                if item is None:
+                    return
                 if isinstance(item, Exception):
                     raise item
+                busy["speaking"] = isinstance(item, Cut)
                 yield item
 
         reader = asyncio.ensure_future(read())

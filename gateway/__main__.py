@@ -21,9 +21,10 @@ def main(argv: list[str] | None = None) -> None:
     from gateway import server
 
     server.add_arguments(ap)
+    server.add_socket_arguments(ap)
     args = ap.parse_args(argv)
     try:
-        options = server.options(args)
+        options, socket_bounds = server.options(args), server.socket_bounds(args)
     except ValueError as e:
         ap.error(str(e))
     import sys
@@ -32,7 +33,13 @@ def main(argv: list[str] | None = None) -> None:
 
     uv = uvicorn.Server(
         server.uvicorn_config(
-            args.triton, args.host, args.port, options, args.timeout, random_weights=args.random_weights
+            args.triton,
+            args.host,
+            args.port,
+            options,
+            args.timeout,
+            random_weights=args.random_weights,
+            socket_bounds=socket_bounds,
         )
     )
     with contextlib.suppress(KeyboardInterrupt):

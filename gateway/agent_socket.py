@@ -10,6 +10,11 @@ close) cancels it at once: its stream stops and frees its slot, and nothing more
 Every refusal is an ``error`` reply naming what was refused (with the context when it could be read), then,
 for a context, its ``done``; nothing stays allocated for a refused or failed context. Bounds and the
 refusals' names: :mod:`gateway.socket_bounds`.
+
+Replies never block what makes them: each context's audio is read from the server as it comes and every
+reply goes into the socket's :class:`gateway.outbox.Outbox` (all its contexts share the unsent-audio
+bound), which one writer sends, each send within ``send_seconds``. A peer that does not read is cut
+(every context cancelled, the transport aborted, one log line): no bound's watchdog waits on a send.
 Past 300 lines on purpose: one WebSocket session's protocol (contexts, their order, flushes, cancels, bounds)
 is one state machine, AgentSocket.
 """
@@ -28,6 +33,7 @@ from gateway import cartesia
 from gateway.cartesia import Cancel, Generate, ProtocolError, parse_message
 from gateway.errors import from_tts_error
 from gateway.fields import STOCK_VOICES, WITH_A_VOICE
+from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox, log
 from gateway.socket_audio import RawOutput, seconds, word_times
 from gateway.socket_bounds import (
     BINARY,
@@ -35,17 +41,19 @@ from gateway.socket_bounds import (
     CONTEXT_TOO_LONG,
     ENDED,
     IDLE,
+    NOT_TAKING,
     TOO_FAST,
     TOO_MANY_CONTEXTS,
-    TOO_MANY_SOCKETS,
     TRY_AGAIN_LATER,
     MessageRate,
+    OpenSockets,
     SocketBounds,
 )  # fmt: skip
 from gateway.text_streams import TextStreams
 
 DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's max_buffer_delay_ms when a message leaves it out
 STOPPED_IDS_KEPT = 64  # cancelled or failed contexts whose late messages are ignored (the most recent ones)
+CLOSE = object()  # in the outbox: the replies before it are out, close the socket
 
 
 class Context:
@@ -69,39 +77,67 @@ class Context:
 class AgentSocket:
     """One client's socket: ``await run()`` until it closes (or idles out)."""
 
-    def __init__(self, ws, open_text: TextStreams, voices: Callable[[], Awaitable[list[dict]]], bounds: SocketBounds):
+    def __init__(self, ws, open_text: TextStreams, voices: Callable[[], Awaitable[list[dict]]], bounds: SocketBounds,
+                 unsent_seconds: float, peer: str = "unknown"):  # fmt: skip
         self.ws, self.open_text, self.voices, self.bounds = ws, open_text, voices, bounds
         self.contexts: dict[str, Context] = {}
         # a cancelled or failed context's later messages (tokens already on their way) are dropped, not taken
         # as a new context that would speak the rest of a sentence
         self.stopped: dict[str, None] = {}
-        self.send_lock = asyncio.Lock()
-        self.closed = False
+        self.outbox = Outbox(unsent_seconds)  # replies not yet sent, with their audio: all contexts together
+        self.cut = Cut((ws.scope.get("extensions") or {}).get(ABORT), peer, "an agent socket")
+        self.closed = False  # the peer is gone, or the socket was cut: nothing more is sent
         self.rate = MessageRate(bounds.messages_per_second, bounds.message_burst)
         self.last_message = time.monotonic()
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        writer = asyncio.create_task(self._write())
+        tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch()),
+                 asyncio.create_task(self.cut.done.wait())]  # fmt: skip
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*tasks, writer], return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
             for ctx in list(self.contexts.values()):  # a closed socket cancels all its contexts
                 await self._drop(ctx)
-            if not self.closed:
-                self.closed = True
-                with contextlib.suppress(Exception):
-                    await self.ws.close()
+            if not self.closed:  # the replies queued (an idle socket's error) go out first, within send_seconds
+                self.outbox.put(CLOSE)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+            writer.cancel()
 
-    async def send(self, reply: dict) -> None:
+    def send(self, reply: dict, samples: int = 0) -> None:
+        """Queue ``reply`` (carrying ``samples`` of 24 kHz audio) for the writer; past the unsent-audio bound
+        the socket is cut."""
         if self.closed:
             return
-        async with self.send_lock:
+        try:
+            self.outbox.put(json.dumps(reply), samples)
+        except ClientNotReading as e:
+            self._cut(str(e))
+
+    async def _write(self) -> None:
+        """The socket's one writer: the outbox's replies in order, each taken by the socket within
+        ``send_seconds`` or the socket is cut."""
+        while True:
+            reply = await self.outbox.get()
             try:
-                await self.ws.send_text(json.dumps(reply))
-            except Exception:  # noqa: BLE001 (the socket is gone: its receive loop ends it)
+                if reply is CLOSE:
+                    await asyncio.wait_for(self.ws.close(), self.bounds.send_seconds)
+                    self.closed = True
+                    return
+                await asyncio.wait_for(self.ws.send_text(reply), self.bounds.send_seconds)
+            except TimeoutError:
+                self._cut(NOT_TAKING.format(s=self.bounds.send_seconds))
+                return
+            except Exception:  # noqa: BLE001 (the socket is gone: the receive loop ends it)
                 self.closed = True
+                return
+
+    def _cut(self, reason: str) -> None:
+        self.closed = True
+        self.cut(reason)
 
     # ---- messages ---------------------------------------------------------------------------------------
     async def _receive(self) -> None:
@@ -113,7 +149,7 @@ class AgentSocket:
             self.last_message = time.monotonic()
             text = message.get("text")
             if text is None:
-                await self.send(cartesia.error(None, 400, BINARY))
+                self.send(cartesia.error(None, 400, BINARY))
             elif not self.rate.take():
                 await self._refuse(_readable_context(text), 429, TOO_FAST.format(
                     rate=self.bounds.messages_per_second, burst=self.bounds.message_burst))  # fmt: skip
@@ -139,7 +175,7 @@ class AgentSocket:
                 if ctx is None:
                     return
             elif ctx.ended:
-                await self.send(cartesia.error(ctx.id, 400, ENDED))
+                self.send(cartesia.error(ctx.id, 400, ENDED))
                 return
             await self._take(ctx, request)
         except ProtocolError as e:
@@ -150,7 +186,7 @@ class AgentSocket:
 
     async def _open(self, request: Generate) -> Context | None:
         if not request.more and not request.transcript.strip() and not request.flush:
-            await self.send(cartesia.done(request.context_id))  # an end with nothing to say
+            self.send(cartesia.done(request.context_id))  # an end with nothing to say
             return None
         if len(self.contexts) >= self.bounds.contexts:
             raise ProtocolError(TOO_MANY_CONTEXTS.format(n=self.bounds.contexts), "context_id", request.context_id)
@@ -226,31 +262,31 @@ class AgentSocket:
                 if isinstance(item, Flushed):
                     await self._timed(ctx, item.n)
                     if item.n in ctx.flush_ids:
-                        await self.send(cartesia.flush_done(ctx.id, ctx.flush_ids[item.n]))
+                        self.send(cartesia.flush_done(ctx.id, ctx.flush_ids[item.n]))
                 else:
                     ctx.samples += item.audio.size
-                    await self._chunk(ctx, ctx.output.push(item.audio))
+                    await self._chunk(ctx, ctx.output.push(item.audio), item.audio.size)
             if ctx.cancelled:  # a cancelled text stream's iteration ends without an error
                 return
             await self._chunk(ctx, ctx.output.finish())
             await self._timed(ctx, ctx.flushes + 1)
-            await self.send(cartesia.done(ctx.id))
+            self.send(cartesia.done(ctx.id))
         except (TTSError, ConnectionError, TimeoutError) as e:
             if ctx.cancelled:
                 return
             answer = from_tts_error(e)
             self._stop(ctx.id)
-            await self.send(cartesia.error(ctx.id, answer.status, answer.message))
-            await self.send(cartesia.done(ctx.id))
+            self.send(cartesia.error(ctx.id, answer.status, answer.message))
+            self.send(cartesia.done(ctx.id))
         finally:
             if self.contexts.get(ctx.id) is ctx:
                 del self.contexts[ctx.id]
                 if ctx.delay is not None:
                     ctx.delay.cancel()
 
-    async def _chunk(self, ctx: Context, data: bytes) -> None:
+    async def _chunk(self, ctx: Context, data: bytes, samples: int = 0) -> None:
         if data:
-            await self.send(cartesia.chunk(ctx.id, data, 1000 * seconds(ctx.samples)))
+            self.send(cartesia.chunk(ctx.id, data, 1000 * seconds(ctx.samples)), samples)
 
     async def _timed(self, ctx: Context, n: int) -> None:
         """Word timings of the units up to the ``n``-th, spread over the audio since the last timed unit."""
@@ -258,7 +294,7 @@ class AgentSocket:
         words, start, end = word_times(text, seconds(ctx.timed_samples), seconds(ctx.samples))
         ctx.timed_units, ctx.timed_samples = max(ctx.timed_units, n), ctx.samples
         if words and ctx.timestamps:
-            await self.send(cartesia.timestamps(ctx.id, words, start, end))
+            self.send(cartesia.timestamps(ctx.id, words, start, end))
 
     # ---- ends -------------------------------------------------------------------------------------------
     async def _drop(self, ctx: Context) -> None:
@@ -279,8 +315,8 @@ class AgentSocket:
 
     async def _fail(self, ctx: Context, status: int, message: str) -> None:
         await self._drop(ctx)
-        await self.send(cartesia.error(ctx.id, status, message))
-        await self.send(cartesia.done(ctx.id))
+        self.send(cartesia.error(ctx.id, status, message))
+        self.send(cartesia.done(ctx.id))
 
     async def _refuse(self, context_id: str | None, status: int, message: str) -> None:
         """A refused message: its context (if open) fails; a context it would have opened gets error and done."""
@@ -290,9 +326,9 @@ class AgentSocket:
         if ctx is not None:
             await self._fail(ctx, status, message)
             return
-        await self.send(cartesia.error(context_id, status, message))
+        self.send(cartesia.error(context_id, status, message))
         if context_id is not None:
-            await self.send(cartesia.done(context_id))
+            self.send(cartesia.done(context_id))
 
     async def _watch(self) -> None:
         """Returns when the socket has idled out; fails contexts left waiting for text."""
@@ -302,7 +338,8 @@ class AgentSocket:
             await asyncio.sleep(tick)
             now = time.monotonic()
             if not self.contexts and now - self.last_message > b.idle_seconds:
-                await self.send(cartesia.error(None, 408, IDLE.format(s=b.idle_seconds)))
+                self.send(cartesia.error(None, 408, IDLE.format(s=b.idle_seconds)))
+                self.cut.closing(IDLE.format(s=b.idle_seconds))
                 return
             for ctx in list(self.contexts.values()):
                 if not ctx.ended and now - ctx.last_text > b.context_idle_seconds:
@@ -317,16 +354,23 @@ def _readable_context(text: str) -> str | None:
         return e.context_id
 
 
-async def serve_socket(ws, open_text: TextStreams, voices, bounds: SocketBounds, open_sockets: list[int]) -> None:
-    """Accept ``ws`` and run it, within the gateway's ``bounds.sockets`` (``open_sockets``: [count], shared)."""
-    if open_sockets[0] >= bounds.sockets:
-        await ws.accept()
-        await ws.send_text(json.dumps(cartesia.error(None, 503, TOO_MANY_SOCKETS.format(n=bounds.sockets))))
-        await ws.close(TRY_AGAIN_LATER)
+async def serve_socket(ws, open_text: TextStreams, voices, bounds: SocketBounds, open_sockets: OpenSockets,
+                       unsent_seconds: float) -> None:  # fmt: skip
+    """Accept ``ws`` and run it, within the gateway's socket bounds (``open_sockets``, shared); ``unsent_seconds``:
+    the audio its peer may leave untaken (:mod:`gateway.outbox`)."""
+    host = ws.client.host if ws.client else "unknown"
+    peer = f"{host}:{ws.client.port}" if ws.client else host
+    refusal = open_sockets.refusal(host)
+    if refusal is not None:
+        log.warning("an agent socket from %s refused: %s", peer, refusal)
+        with contextlib.suppress(Exception):  # a new socket's buffers are empty: this cannot wait long
+            await ws.accept()
+            await asyncio.wait_for(ws.send_text(json.dumps(cartesia.error(None, 503, refusal))), bounds.send_seconds)
+            await asyncio.wait_for(ws.close(TRY_AGAIN_LATER), bounds.send_seconds)
         return
-    open_sockets[0] += 1  # before the first await: the next connection sees it
+    open_sockets.open(host)  # before the first await: the next connection sees it
     try:
         await ws.accept()
-        await AgentSocket(ws, open_text, voices, bounds).run()
+        await AgentSocket(ws, open_text, voices, bounds, unsent_seconds, peer).run()
     finally:
-        open_sockets[0] -= 1
+        open_sockets.close(host)

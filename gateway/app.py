@@ -32,7 +32,7 @@ from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json, speech_request
 from gateway.instruct import add_edit_routes, check_fields, design_voice
-from gateway.socket_bounds import SocketBounds
+from gateway.socket_bounds import OpenSockets, SocketBounds
 from gateway.streaming import stream_response
 from gateway.text_streams import TextStreams
 
@@ -80,22 +80,24 @@ def create_app(
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
     add_speech_routes(app, tts, voice_list, body_timeout)
     add_edit_routes(app, tts, decoding, body_timeout)
-    add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds())
+    add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds(), bounds.unsent_seconds)
     core = Core(tts, voice_list.get, body_timeout)  # the vendors' HTTP dialects (gateway.dialects)
     for dialect in (cartesia_http, elevenlabs_http):
         dialect.add_routes(app, core)
     return app
 
 
-def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds) -> None:
+def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds,
+                     unsent_seconds: float = DEFAULT_BOUNDS.unsent_seconds) -> None:  # fmt: skip
     """``/tts/websocket``: Cartesia's TTS WebSocket for voice agents (docs/agents.md). The gateway has no API
     keys of its own: the plugins' ``X-API-Key`` header (or ``?api_key=``) and ``cartesia_version`` are taken
-    and not checked, as the speech route takes any ``Authorization``."""
-    open_sockets = [0]  # agent sockets open now, bounded by bounds.sockets
+    and not checked, as the speech route takes any ``Authorization``. ``unsent_seconds``: the audio a
+    socket's peer may leave untaken, all its contexts together (:mod:`gateway.outbox`)."""
+    open_sockets = OpenSockets(bounds)  # agent sockets open now, in all and by peer address
 
     @app.websocket("/tts/websocket")
     async def agent_socket(ws: WebSocket):
-        await serve_socket(ws, open_text, voice_list.get, bounds, open_sockets)
+        await serve_socket(ws, open_text, voice_list.get, bounds, open_sockets, unsent_seconds)
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a caller's x-request-id that is echoed back as it came

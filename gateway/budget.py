@@ -22,8 +22,9 @@ class Bounds:
 
     upload_bytes: int = 96 * 2**20  # request bodies read or being read (a reference upload is at most 20 MB)
     decoded_bytes: int = 192 * 2**20  # decoded uploads kept (a 60 s reference at 192 kHz decodes to 46 MB)
-    # seconds of audio a stream has made and its client has not taken (beyond what the connection's socket
-    # buffers hold): past it the stream is ended and its generator slot freed (gateway.streaming)
+    # seconds of audio a connection's streams have made and its client has not taken (beyond what the
+    # connection's socket buffers hold; an agent socket's contexts together): past it the streams are ended,
+    # their generator slots freed and the connection cut (gateway.outbox)
     unsent_seconds: float = 30.0
 
     def __post_init__(self) -> None:

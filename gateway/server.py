@@ -21,15 +21,16 @@ from dataclasses import dataclass
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 
 from gateway.body import BODY_TIMEOUT
 from gateway.budget import Bounds
 from gateway.cartesia import MAX_MESSAGE_CHARS
-from gateway.streaming import ABORT
+from gateway.outbox import ABORT
 
 # Each connection's kernel send buffer (Linux doubles it for its bookkeeping). Left to autotuning it grew to
 # 2.8 MB on loopback for a client that did not read: 58 s of 24 kHz PCM held below the gateway's own
-# bound on unsent audio (gateway.streaming). 64 KB still carries 640 KB/s at 100 ms round trips, several
+# bound on unsent audio (gateway.outbox). 64 KB still carries 640 KB/s at 100 ms round trips, several
 # times the fattest audio format (96 KB/s).
 SEND_BUFFER_BYTES = 64 * 1024
 # A WebSocket frame larger than this closes the socket (1009) before it is read; a smaller one over
@@ -71,7 +72,7 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.scope is not None:  # a request's routes may cut its connection (gateway.streaming.Unsent)
+        if self.scope is not None:  # a request's routes may cut its connection (gateway.outbox.Cut)
             self.scope.setdefault("extensions", {}).setdefault(ABORT, self.transport.abort)
         # A request whose headers are in is owed a response (h11: our side must send one); a body still
         # coming is read_capped's to bound.
@@ -102,6 +103,16 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.transport.close()
 
 
+class AbortableWSProtocol(WSProtocol):
+    """uvicorn's wsproto WebSocket, with ``scope["extensions"][ABORT]``: the agent socket cuts a peer that
+    does not read (gateway.outbox.Cut) instead of closing politely, which waits on a send buffer that never
+    drains."""
+
+    def handle_connect(self, event) -> None:
+        super().handle_connect(event)
+        self.scope["extensions"][ABORT] = self.transport.abort
+
+
 def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": seconds})
 
@@ -116,7 +127,7 @@ def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = S
     app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds, options.bounds)
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level,
-        http=header_timeout_protocol(options.header_timeout), ws="wsproto", ws_max_size=WS_MAX_BYTES,
+        http=header_timeout_protocol(options.header_timeout), ws=AbortableWSProtocol, ws_max_size=WS_MAX_BYTES,
         timeout_keep_alive=options.keep_alive_timeout, limit_concurrency=options.limit_concurrency,
     )  # fmt: skip
 
@@ -137,7 +148,29 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-decoded-mb-in-flight", type=float, default=d.bounds.decoded_bytes / 2**20,
                     help="MB of decoded uploads (float32 audio) all requests in flight may hold; beyond, 503")  # fmt: skip
     ap.add_argument("--max-unsent-seconds", type=float, default=d.bounds.unsent_seconds,
-                    help="seconds of audio a stream's client may leave untaken; beyond, the stream is ended")  # fmt: skip
+                    help="seconds of audio a connection's client may leave untaken (an agent socket: all its "
+                         "contexts together); beyond, its streams are ended and the connection cut")  # fmt: skip
+
+
+def add_socket_arguments(ap: argparse.ArgumentParser) -> None:
+    """The agent socket's bounds an operator is likely to set (the others: gateway.socket_bounds' defaults)."""
+    from gateway.socket_bounds import SocketBounds
+
+    d = SocketBounds()
+    ap.add_argument("--agent-sockets", type=int, default=d.sockets,
+                    help="agent sockets (/tts/websocket) open at once; beyond, 'too many sockets'")  # fmt: skip
+    ap.add_argument("--agent-sockets-per-peer", type=int, default=d.sockets_per_peer,
+                    help="agent sockets open at once from one client address; beyond, 'too many sockets from "
+                         "your address'")  # fmt: skip
+    ap.add_argument("--agent-send-seconds", type=float, default=d.send_seconds,
+                    help="seconds an agent socket's reply may wait for its peer to take it; then the socket is cut")  # fmt: skip
+
+
+def socket_bounds(args: argparse.Namespace):
+    from gateway.socket_bounds import SocketBounds
+
+    return SocketBounds(sockets=args.agent_sockets, sockets_per_peer=args.agent_sockets_per_peer,
+                        send_seconds=args.agent_send_seconds)  # fmt: skip
 
 
 def options(args: argparse.Namespace) -> ServerOptions:

@@ -4,6 +4,7 @@ error reply starts with its name, so a client (and docs/agents.md) can tell them
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, fields
 
 from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, MAX_STREAM_CHARS
@@ -12,11 +13,17 @@ from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, MAX_STREAM_CHARS
 @dataclass(frozen=True)
 class SocketBounds:
     sockets: int = 64  # agent sockets open on the gateway at once
+    # agent sockets open at once from one peer address (the client's IP, as the gateway's connection sees it:
+    # behind a proxy, the proxy's): one client cannot take all the places
+    sockets_per_peer: int = 16
     contexts: int = 8  # contexts open at once on one socket
     context_chars: int = MAX_STREAM_CHARS  # text one context takes in all: a text-in stream's, the server's bound
     idle_seconds: float = 300.0  # a socket without a message for this long, and no context open, is closed
-    # a context waiting for more text (continue true) this long fails: the server's default for a text-in stream
-    context_idle_seconds: float = DEFAULT_TEXT_IDLE_SECONDS
+    # a context waiting for more text (continue true) this long fails; before the server's own bound on a
+    # text-in stream's silence (--text-idle-seconds), so that the client gets this bound's name and 408
+    context_idle_seconds: float = DEFAULT_TEXT_IDLE_SECONDS - 5
+    # a reply the socket's peer has not taken in this long (its buffers full: it does not read) cuts the socket
+    send_seconds: float = 15.0
     # per socket: Pipecat's TOKEN mode sends each LLM token as a message (fast LLMs stream 100-500 a second)
     messages_per_second: float = 200.0  # sustained
     message_burst: int = 1000  # at once
@@ -29,6 +36,7 @@ class SocketBounds:
 
 # Refusals, by name (the error reply's text starts with them)
 TOO_MANY_SOCKETS = "too many sockets: the server has {n} agent sockets open; retry shortly"
+TOO_MANY_FROM_PEER = "too many sockets from your address: at most {n} agent sockets from one address at once"
 TOO_MANY_CONTEXTS = "too many contexts: a socket has at most {n} open at once; end or cancel one first"
 CONTEXT_TOO_LONG = "context text too long: a context takes at most {n} characters in all"
 TOO_FAST = "too many messages: a socket takes at most {rate:g} a second (bursts of {burst})"
@@ -37,6 +45,34 @@ CONTEXT_IDLE = "context idle: no text for {s:g} s and no continue false; it is c
 BINARY = "binary frames are not read: send JSON text messages"
 ENDED = "context ended: it was sent continue false; send more text under a new context_id"
 TRY_AGAIN_LATER = 1013  # the WebSocket close code for "try again later"
+# Why a socket was cut (gateway.outbox.Cut's log line; the peer sees the connection reset)
+NOT_TAKING = "not reading: a reply waited {s:g} s for its socket to take it"
+
+
+class OpenSockets:
+    """The gateway's agent sockets open now, in all and by peer address, within ``bounds``."""
+
+    def __init__(self, bounds: SocketBounds):
+        self.bounds = bounds
+        self.total, self.by_peer = 0, Counter()
+
+    def refusal(self, peer: str) -> str | None:
+        """The named refusal of one more socket from ``peer`` (None: it may open)."""
+        if self.total >= self.bounds.sockets:
+            return TOO_MANY_SOCKETS.format(n=self.bounds.sockets)
+        if self.by_peer[peer] >= self.bounds.sockets_per_peer:
+            return TOO_MANY_FROM_PEER.format(n=self.bounds.sockets_per_peer)
+        return None
+
+    def open(self, peer: str) -> None:
+        self.total += 1
+        self.by_peer[peer] += 1
+
+    def close(self, peer: str) -> None:
+        self.total -= 1
+        self.by_peer[peer] -= 1
+        if not self.by_peer[peer]:
+            del self.by_peer[peer]
 
 
 class MessageRate:

@@ -7,12 +7,12 @@ error status, not a broken stream, and the plan text, which the server sends bef
 by then.
 
 Back-pressure: the Triton stream is read as fast as the server makes it, whether or not the client takes
-the audio (a gRPC stream that is not read stops tritonserver's writes to it, and the stream kept its
-generator slot for as long as its client did not read: 20 such clients held 6 to 7 of 8 slots for
-150 s). A stream whose client leaves more than ``unsent_seconds`` of audio untaken (made by the server,
-not yet accepted by the connection's socket; what the kernel's socket buffers hold is on top) is ended:
-its Triton stream is closed (the slot is free at the generator's next step), the connection is cut and
-the gateway logs it by name.
+the audio, into the connection's outbox (:mod:`gateway.outbox`, the bound every surface shares): a client
+that leaves more than ``unsent_seconds`` of audio untaken (made by the server, not yet accepted by the
+connection's socket; what the kernel's socket buffers hold is on top) has its stream closed (the slot is
+free at the generator's next step) and its connection cut, with one log line. A stream that fails after
+its headers went (the server restarted) is cut the same way: one log line, no traceback, and no ending
+that would pass for a complete answer.
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ import asyncio
 import base64
 import contextlib
 import json
-import logging
 from collections.abc import Callable
 from urllib.parse import quote
 
 from fastapi.responses import StreamingResponse
 
 from client.request import TTSError
-from engine.protocol import SAMPLE_RATE
 from gateway.encode import Encoder
 from gateway.errors import from_tts_error
+from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox, peer_of
 
 PLAN_HEADER = "X-Plan-Text"  # the plan text, UTF-8 percent-encoded (a header carries only Latin-1)
 PLAN_EVENT = "speech.plan"  # the SSE event that carries it: {"type": "speech.plan", "text": "..."}
-ABORT = "gateway.abort"  # scope["extensions"][ABORT]: cuts the connection now (gateway.server's protocol sets it)
-log = logging.getLogger("gateway")
 
 
 async def stream_response(
@@ -52,15 +49,33 @@ async def stream_response(
         first = await anext(stream, None)
     except (TTSError, ConnectionError, TimeoutError) as e:
         raise from_tts_error(e) from None
+    cut = Cut(((scope or {}).get("extensions") or {}).get(ABORT), peer_of(scope), "a speech stream")
     if unsent_seconds is not None:
-        abort = ((scope or {}).get("extensions") or {}).get(ABORT)
-        stream = Unsent(stream, int(unsent_seconds * SAMPLE_RATE), abort)
+        stream = Unsent(stream, unsent_seconds, cut)
     plan = plans[0] if plans else None
     headers = {PLAN_HEADER: quote(plan, safe="")} if plan is not None else {}
     encoder = Encoder(response_format, sample_rate)
     if stream_format == "sse":
-        return StreamingResponse(sse(stream, first, encoder, plan), media_type="text/event-stream", headers=headers)
-    return StreamingResponse(audio_bytes(stream, first, encoder), media_type=encoder.media_type, headers=headers)
+        body, media_type = sse(stream, first, encoder, plan), "text/event-stream"
+    else:
+        body, media_type = audio_bytes(stream, first, encoder), encoder.media_type
+    return StreamingResponse(cut_short(body, cut), media_type=media_type, headers=headers)
+
+
+async def cut_short(body, cut: Cut):
+    """The answer's parts. A stream that fails once the headers are sent (the server restarted, the client
+    stopped reading) can no longer get an error status: its connection is cut (the client sees a broken
+    answer, not a complete one) with one log line; without a way to cut it, the error is raised."""
+    async with contextlib.aclosing(body) as parts:
+        try:
+            async for part in parts:
+                yield part
+        except (TTSError, ConnectionError, TimeoutError, ClientNotReading) as e:
+            if cut.abort is None:
+                raise
+            if not isinstance(e, ClientNotReading):  # (that one was cut as it happened)
+                kind = e.kind if isinstance(e, TTSError) else type(e).__name__
+                cut(f"the stream failed after its start: {kind}: {e}")
 
 
 async def audio_bytes(stream, first, encoder: Encoder):
@@ -72,9 +87,6 @@ async def audio_bytes(stream, first, encoder: Encoder):
             if data := encoder.push(chunk.audio):
                 yield data
         yield encoder.finish()
-    except ClientNotReading:
-        if not stream.aborted:  # no way to cut the connection: an error, so that the answer is not complete
-            raise
     finally:
         await stream.aclose()
 
@@ -94,34 +106,25 @@ async def sse(stream, first, encoder: Encoder, plan: str | None = None):
 
 
 class Unsent:
-    """A Triton stream's chunks, read from the server as they come by a task of their own, and handed on
-    as the response takes them: at most ``limit`` samples wait between the two. Past that, the Triton
-    stream is closed, ``abort()`` cuts the connection (if given), and iterating raises
-    :class:`ClientNotReading`."""
+    """A Triton stream's chunks, read from the server as they come by a task of their own into an
+    :class:`Outbox` of ``unsent_seconds``, and handed on as the response takes them. Past the bound, the
+    Triton stream is closed, ``cut`` ends the connection, and iterating raises :class:`ClientNotReading`."""
 
-    def __init__(self, stream, limit: int, abort: Callable[[], None] | None = None):
-        self.stream, self.limit, self.abort = stream, limit, abort
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.waiting = 0  # samples made and not yet taken
-        self.aborted = False  # the connection was cut
+    def __init__(self, stream, unsent_seconds: float, cut: Cut):
+        self.stream, self.cut = stream, cut
+        self.outbox = Outbox(unsent_seconds)
         self.task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
         try:
             async for chunk in self.stream:
-                self.waiting += chunk.audio.size
-                if self.waiting > self.limit:
-                    log.warning("a stream was ended: its client left %.1f s of audio untaken (the bound: %.1f s)",
-                                self.waiting / SAMPLE_RATE, self.limit / SAMPLE_RATE)  # fmt: skip
-                    self.queue.put_nowait(ClientNotReading(self.limit / SAMPLE_RATE))
-                    if self.abort is not None:
-                        self.abort()
-                        self.aborted = True
-                    return
-                self.queue.put_nowait(chunk)
-            self.queue.put_nowait(StopAsyncIteration())
+                self.outbox.put(chunk, chunk.audio.size)
+            self.outbox.put(StopAsyncIteration())
+        except ClientNotReading as e:
+            self.cut(str(e))  # first: the response is blocked in a send that only the cut ends
+            self.outbox.put(e)
         except Exception as e:  # noqa: BLE001 (handed to the reader, which raises it)
-            self.queue.put_nowait(e)
+            self.outbox.put(e)
         finally:
             await self.stream.aclose()  # the slot is freed now, not when the client would have read it
 
@@ -129,19 +132,13 @@ class Unsent:
         return self
 
     async def __anext__(self):
-        item = await self.queue.get()
+        item = await self.outbox.get()
         if isinstance(item, BaseException):
-            self.queue.put_nowait(item)  # asked again, it says the same
+            self.outbox.put(item)  # asked again, it says the same
             raise item
-        self.waiting -= item.audio.size
         return item
 
     async def aclose(self) -> None:
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
-
-
-class ClientNotReading(Exception):
-    def __init__(self, seconds: float):
-        super().__init__(f"the stream was ended: its client left more than {seconds:g} s of audio untaken")

@@ -149,12 +149,22 @@ TTS_INPUTS = (
          "text-in streams, first request: `sentence` (the default: a segment is cut at each sentence end too) or "
          "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
-# A text-in stream (a client's gRPC sequence to tts: serving.intake.text_streams) holds one admission place for its
-# life; these bound what a stranger can make it hold. A piece's TEXT has MAX_TEXT_CHARS (serving.intake.requests).
+# A text-in stream (a client's gRPC sequence to tts: serving.intake.text_streams) holds an admission place only while
+# it has text to speak (serving.flow.places); these bound what a stranger can make one hold, and how many may be open.
+# A piece's TEXT has MAX_TEXT_CHARS (serving.intake.requests).
 MAX_STREAM_CHARS = 16_000  # text of one stream, all its pieces together (four whole-text requests)
 MAX_STREAM_PIECES = 2_000  # requests of one stream
 # the longest wait for a stream's next piece (serving.config.options: --text-idle-seconds)
 DEFAULT_TEXT_IDLE_SECONDS = 30
+# The longest a stream may stay open for text, START to END (--text-max-seconds). An agent opens a stream per turn
+# and a turn's text comes in seconds (an LLM writes a reply of a few sentences in 1-10 s); five minutes is a long
+# monologue sent at speaking pace. Without it, a piece every idle bound keeps a stream open for MAX_STREAM_PIECES x
+# 30 s, about 16 h.
+DEFAULT_TEXT_MAX_SECONDS = 300
+# Open text streams per admission place (slots + max_queue): the most that one tts holds at once; a START beyond
+# them is refused, "unavailable: too many open text streams". A stream holding no place costs a table entry, a queue
+# and a coroutine here; four a place lets every place have an agent's next turn open beside the one speaking.
+TEXT_STREAMS_PER_PLACE = 4
 TTS_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,),

@@ -82,6 +82,7 @@ class TTSOptions(ModelOptions, _Gate):
     models: str  # the release's models served (serving.intake.served; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
+    text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
     generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
 
     @classmethod
@@ -89,7 +90,8 @@ class TTSOptions(ModelOptions, _Gate):
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
                    starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
-                   text_idle_seconds=opts.text_idle_seconds, generator_pipe=opts.generator_pipe)  # fmt: skip
+                   text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
+                   generator_pipe=opts.generator_pipe)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NewType
 
 from engine.layers.attention import ATTENTION_CHOICES
-from serving.contract import DEFAULT_TEXT_IDLE_SECONDS
+from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, DEFAULT_TEXT_MAX_SECONDS
 
 # A folder's path (a str; empty: the default the field's comment names). Its fields' defaults are plain
 # strings: ruff's RUF009 cannot tell, hence the noqa on them.
@@ -57,6 +57,8 @@ class ServeOptions:
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
     text_idle_seconds: float = option(float(DEFAULT_TEXT_IDLE_SECONDS), "a text-in stream that sends no text for "
                                       "this long is closed, its place freed")  # fmt: skip
+    text_max_seconds: float = option(float(DEFAULT_TEXT_MAX_SECONDS), "a text-in stream still open (no END) this "
+                                     "long after its START is closed; send a stream per turn")  # fmt: skip
     # tts -> generator cancellation marks (default: serving.flow.side_channel.default_dir())
     cancel_dir: Folder = Folder("")
     # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
@@ -104,6 +106,8 @@ class ServeOptions:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:
             raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
+        if not 0 < self.text_max_seconds <= 86400:
+            raise ValueError(f"text_max_seconds must be in (0, 86400], got {self.text_max_seconds}")
 
     @property
     def queue(self) -> int:

@@ -6,20 +6,25 @@ A stream is keyed by the client's sequence id (``request.correlation_id()``: Tri
 without a sequence batcher, with the START and END flags, in the order the requests came on the stream).
 The START request opens it and carries its audio back; every later request is one piece, answered at once
 (or refused), and END is the last. Bounds: :data:`~serving.contract.MAX_STREAM_CHARS` of text and
-:data:`~serving.contract.MAX_STREAM_PIECES` requests per stream, and ``idle_seconds`` between pieces; a
-stream past one fails with an ``invalid:`` message naming it, and so frees what it held.
+:data:`~serving.contract.MAX_STREAM_PIECES` requests per stream, ``idle_seconds`` between pieces and
+``max_seconds`` from START to END; a stream past one fails with an ``invalid:`` message naming it, and so
+frees what it held. A stream holds an admission place only while it has text to speak (its
+:class:`~serving.flow.places.TextPlace`), so the open streams are bounded apart: ``max_open`` at once, a
+START beyond them is refused as ``unavailable:``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
+import time
+from collections.abc import AsyncIterator, Callable, Hashable
 
 from engine.frontend.text_in import RELEASES
 from engine.orchestrator import TextPiece
 from engine.params import shown
-from engine.protocol import tagged
-from serving.contract import DEFAULT_RELEASE, MAX_STREAM_CHARS, MAX_STREAM_PIECES
+from engine.protocol import Unavailable, tagged
+from serving.contract import DEFAULT_RELEASE, DEFAULT_TEXT_MAX_SECONDS, MAX_STREAM_CHARS, MAX_STREAM_PIECES
+from serving.flow.places import TextPlace
 from serving.intake.requests import check_text
 from serving.stub.triton_io import scalar, string
 
@@ -30,8 +35,11 @@ STREAMED = "(streamed)"  # a stream's TEXT for the request checks that want one 
 class TextStream:
     """The pieces of one stream, from the requests that carry them to the orchestrator that reads them."""
 
-    def __init__(self, key: Hashable, idle_seconds: float):
-        self.key, self.idle_seconds = key, idle_seconds
+    def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float = DEFAULT_TEXT_MAX_SECONDS,
+                 place: TextPlace | None = None):  # fmt: skip
+        """``place``: the stream's admission place (None: it holds none, as in tests of the table alone)."""
+        self.key, self.idle_seconds, self.max_seconds, self.place = key, idle_seconds, max_seconds, place
+        self.deadline = time.monotonic() + max_seconds  # its END must have come by then
         self.queue: asyncio.Queue = asyncio.Queue()  # TextPiece, None (the end) or a ValueError (failed)
         self.chars = self.pieces = 0
         self.ended = False
@@ -67,32 +75,48 @@ class TextStream:
             self.queue.put_nowait(ValueError(message))
 
     async def read(self) -> AsyncIterator[TextPiece]:
-        """The pieces as they come, until END; ValueError when the stream failed or no piece came for
-        ``idle_seconds``."""
+        """The pieces as they come, until END; ValueError when the stream failed, no piece came for
+        ``idle_seconds``, or END had not come ``max_seconds`` after START."""
         while True:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), self.idle_seconds)
-            except TimeoutError:
-                self.fail(f"text stream: no text for {self.idle_seconds:g} s; the stream is closed")
-                continue  # the failure is in the queue now
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.fail(f"text stream: open for over {self.max_seconds:g} s without its end; the stream is "
+                          "closed (send each turn as a stream of its own)")  # fmt: skip
+                item = self.queue.get_nowait()  # never empty: the failure is in it, after what came before
+            else:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), min(self.idle_seconds, left))
+                except TimeoutError:
+                    if time.monotonic() < self.deadline:
+                        self.fail(f"text stream: no text for {self.idle_seconds:g} s; the stream is closed")
+                    continue  # the failure is in the queue now (or the lifetime's comes next)
             if item is None:
                 return
             if isinstance(item, ValueError):
                 raise item
+            if self.place is not None:
+                self.place.read(item.text)
             yield item
 
 
 class TextStreams:
     """The open streams of one ``tts`` instance, by sequence id (one event loop uses it)."""
 
-    def __init__(self, idle_seconds: float):
-        self.idle_seconds = idle_seconds
+    def __init__(self, idle_seconds: float, max_seconds: float = DEFAULT_TEXT_MAX_SECONDS,
+                 max_open: int | None = None, place: Callable[[], TextPlace] | None = None):  # fmt: skip
+        """``max_open``: streams open at once (None: no bound); ``place``: a new stream's admission place."""
+        self.idle_seconds, self.max_seconds, self.max_open, self.place = idle_seconds, max_seconds, max_open, place
         self.open: dict[Hashable, TextStream] = {}
 
     def start(self, key: Hashable) -> TextStream:
+        """A new stream (ValueError: the id is open; Unavailable: ``max_open`` streams are)."""
         if key in self.open:
             raise ValueError(f"sequence id {key} is an open text stream's; send START with an id of its own")
-        stream = self.open[key] = TextStream(key, self.idle_seconds)
+        if self.max_open is not None and len(self.open) >= self.max_open:
+            raise Unavailable(f"too many open text streams ({len(self.open)}, limit {self.max_open}); end a "
+                              "stream or retry shortly")  # fmt: skip
+        place = None if self.place is None else self.place()
+        stream = self.open[key] = TextStream(key, self.idle_seconds, self.max_seconds, place)
         return stream
 
     def get(self, key: Hashable) -> TextStream:
@@ -103,9 +127,12 @@ class TextStreams:
         return stream
 
     def close(self, stream: TextStream) -> None:
-        """The stream's audio request is over: later pieces are refused."""
+        """The stream's audio request is over (or its START refused): later pieces are refused, and its place
+        goes back."""
         if self.open.get(stream.key) is stream:
             del self.open[stream.key]
+        if stream.place is not None:
+            stream.place.close()
 
 
 def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[TextStream | None, str | None]:
@@ -113,7 +140,7 @@ def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[Text
     tagged error to answer it with; nothing is left open)."""
     try:
         stream = streams.start(key)
-    except ValueError as e:
+    except (ValueError, Unavailable) as e:
         return None, tagged(e)
     error = take_piece(pb, streams, request, key)
     if error:
@@ -125,7 +152,7 @@ def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[Text
 def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
     """Hand the piece of ``request`` (``pb``: triton_python_backend_utils) to stream ``key``: its TEXT,
     FLUSH and END flag. Returns None, or the tagged error to answer it with (the stream fails with it when
-    it broke a bound)."""
+    it broke a bound, or its text found the admission gate full)."""
     try:
         end = bool(request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
         if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
@@ -136,8 +163,16 @@ def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
         flush = scalar(pb, request, "FLUSH", False)
         if not isinstance(flush, bool):
             raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")  # noqa: TRY004 (invalid: input)
-        streams.get(key).add(string(pb, request, "TEXT", ""), flush, end)
-    except ValueError as e:
+        stream = streams.get(key)
+        text = string(pb, request, "TEXT", "")
+        if stream.place is not None and not (stream.ended or stream.failure):
+            try:
+                stream.place.came(text)  # before the piece is queued: nothing is spoken without a place
+            except Unavailable as e:
+                stream.fail(tagged(e))
+                raise
+        stream.add(text, flush, end)
+    except (ValueError, Unavailable) as e:
         return tagged(e)
     return None
 

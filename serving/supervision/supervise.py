@@ -276,8 +276,9 @@ class Supervisor:
         self.flags.clear()
 
     def _wait_idle(self, seconds: float, hurry: Callable[[], bool]) -> None:
-        """Until no tts or tts_ensemble request is running or waiting (IN_FLIGHT sum to 0), at most
-        ``seconds``; at once when nothing listens on the metrics port (no request can be in flight)."""
+        """Until no tts or tts_ensemble request is running or waiting and no text-in stream is open (IN_FLIGHT
+        sum to 0), at most ``seconds``; at once when nothing listens on the metrics port (no request can be in
+        flight)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not hurry():
             if self.server.proc is None or self.server.proc.poll() is not None:

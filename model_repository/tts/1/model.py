@@ -1,7 +1,7 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response. A request with a sequence id is a piece of a text-in
-stream (serving.intake.text_streams): START is admitted and carries its audio, later pieces are answered at once."""
+every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
+(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once."""
 
 import asyncio
 import contextlib
@@ -12,11 +12,12 @@ import triton_python_backend_utils as pb
 from engine import frontend
 from engine.lifetime import LINGERING
 from engine.orchestrator import Orchestrator
-from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, StreamFailed, Unavailable, tagged
+from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, UNAVAILABLE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
-from serving.contract import TTS_OUTPUTS
+from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.places import Place, TextPlace
 from serving.flow.receipts import Receipts
 from serving.flow.receipts import capacity as receipt_capacity
 from serving.flow.side_channel import SideChannel
@@ -67,15 +68,17 @@ class TritonPythonModel:
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
         self.admission = channel.gate("tts", opts.capacity)
-        self.text_streams = TextStreams(opts.text_idle_seconds)
+        self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
+                                        TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
         self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch(threaded=True)  # once per turn, off the loop
         self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.gauges = [
-            pb.MetricFamily("tts_requests_in_flight", "tts requests being served or waiting", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
             pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
         ]
-        self.in_flight_gauge, self.waiting_gauge = (g.Metric() for g in self.gauges)
+        self.in_flight_gauge, self.waiting_gauge, self.open_gauge = (g.Metric() for g in self.gauges)
         self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
         self.audio_seconds = self.audio_family.Metric()
         self.first_family = pb.MetricFamily(
@@ -100,27 +103,31 @@ class TritonPythonModel:
         if refusal:
             refuse(sender, refusal)
             return
-        if not self.admission.enter():
+        stream, place = None, self._place()  # serving.flow.places: a text-in stream's is taken by its text
+        if key:  # a text-in stream: its first piece
+            stream, error = start_stream(pb, self.text_streams, request, key)
+            if error:
+                self.metrics.increment(self.outcome["busy" if error.startswith(UNAVAILABLE) else "error"], 1)
+                sender.send(error_response(pb, error), flags=FINAL)
+                return
+            place = stream.place.place
+            self.metrics.set(self.open_gauge, len(self.text_streams.open))
+        elif not place.take():
             self.metrics.increment(self.outcome["busy"], 1)
             refuse(sender, self.admission.busy_message())
             return
-        self._count(1, 1)
-        stream = None
         try:
-            if key:  # a text-in stream: its first piece
-                stream, error = start_stream(pb, self.text_streams, request, key)
-                if error:
-                    self.metrics.increment(self.outcome["error"], 1)
-                    sender.send(error_response(pb, error), flags=FINAL)
-                    return
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
-            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream)
+            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place)
         finally:
             if stream is not None:
-                self.text_streams.close(stream)
-            self.admission.leave()
-            self._count(-1, 0)
+                self.text_streams.close(stream)  # gives its place back
+                self.metrics.set(self.open_gauge, len(self.text_streams.open))
+            place.give()
+
+    def _place(self) -> Place:  # a request's admission place, counted in the gauges
+        return Place(self.admission, self._count)
 
     def _count(self, in_flight: int, waiting: int) -> None:
         self.in_flight += in_flight
@@ -128,8 +135,8 @@ class TritonPythonModel:
         self.metrics.set(self.in_flight_gauge, self.in_flight)
         self.metrics.set(self.waiting_gauge, self.waiting)
 
-    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream):
-        task = asyncio.ensure_future(self._stream(request, responses, stream))
+    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place):
+        task = asyncio.ensure_future(self._stream(request, responses, stream, place))
         # the orchestrator cleans up a cancelled one
         broken = await watch_request(task, request, self.polled, lingering)
         if broken:  # the server is about to be replaced
@@ -143,7 +150,7 @@ class TritonPythonModel:
         except Exception as e:
             self.metrics.increment(self.outcome["error"], 1)
             message = e.reason if isinstance(e, StreamFailed) else tagged(e)
-            if not message.startswith(INVALID):
+            if not message.startswith(INVALID) and not isinstance(e, ValueError):  # (a stream failed busy)
                 log.error("request failed: %s", message,
                           exc_info=not isinstance(e, StreamFailed | TimeoutError | Unavailable))  # fmt: skip
             await responses.final(error_response(pb, message), FINAL)
@@ -153,40 +160,38 @@ class TritonPythonModel:
             self.metrics.increment(self.outcome["ok"], 1)
             self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
-    async def _stream(self, request, responses: Responses, stream):
-        """Run one request (``stream``: its text-in stream, or None), sending all but the final piece; returns
-        that piece and the samples in all."""
+    async def _stream(self, request, responses: Responses, stream, place: Place):
+        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place), sending
+        all but the final piece; returns that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
-        try:
-            inputs = tts_inputs(pb, request, None if stream is None else STREAMED)
-            release = None if stream is None else release_of(pb, request)
-            speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
-            utterance = speech.utterance
-            sent = 0
-            run = (self.orchestrator.run(utterance, speech.voice) if stream is None
-                   else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release))  # fmt: skip
-            async with contextlib.aclosing(run) as pieces:
-                async for piece in pieces:
-                    # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
-                    mark = {"FLUSHED": piece.flushed} if piece.flushed else {"PLAN_TEXT": piece.text}
-                    if piece.flushed or piece.text is not None:
-                        await responses.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
-                        continue
-                    if waiting and piece.audio.size:
+        inputs = tts_inputs(pb, request, None if stream is None else STREAMED)
+        release = None if stream is None else release_of(pb, request)
+        speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
+        utterance = speech.utterance
+        sent = 0
+        run = (self.orchestrator.run(utterance, speech.voice) if stream is None
+               else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
+                                               stream.place.idle))  # fmt: skip
+        async with contextlib.aclosing(run) as pieces:
+            async for piece in pieces:
+                # Instruct's plan (maybe "") before any audio, a text-in stream's flush mark: own responses
+                mark = {"FLUSHED": piece.flushed} if piece.flushed else {"PLAN_TEXT": piece.text}
+                if piece.flushed or piece.text is not None:
+                    await responses.send(pb.InferenceResponse(tensors(pb, TTS_OUTPUTS, mark, batch=False)))
+                    continue
+                if piece.audio.size:
+                    place.audio()  # (a text stream's place waits anew each time its text takes it)
+                    if waiting:
                         self.metrics.observe(self.first_chunk, time.perf_counter() - t0)
                         waiting = False
-                        self._count(0, -1)
-                    sent += piece.audio.size
-                    if piece.final:
-                        if piece.finish_reason == LENGTH:
-                            log.warning("a segment reached max_patches (%d); its text may be cut",
-                                        utterance.params.max_patches)  # fmt: skip
-                        return piece, sent
-                    chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
-                    await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
-        finally:
-            if waiting:
-                self._count(0, -1)
+                sent += piece.audio.size
+                if piece.final:
+                    if piece.finish_reason == LENGTH:
+                        log.warning("a segment reached max_patches (%d); its text may be cut",
+                                    utterance.params.max_patches)  # fmt: skip
+                    return piece, sent
+                chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
+                await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
