@@ -25,15 +25,14 @@ from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
 from gateway.agent_socket import serve_socket
-from gateway.body import BODY_TIMEOUT, MAX_BODY_BYTES, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
+from gateway.body import BODY_TIMEOUT, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.budget import DEFAULT_BOUNDS, Bounds, Budgets, ReleaseHolds
 from gateway.dialects import cartesia_http, elevenlabs_http
 from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
-from gateway.fields import from_query, parse_json, speech_request
+from gateway.fields import from_query, parse_json
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.socket_bounds import OpenSockets, SocketBounds
-from gateway.streaming import stream_response
 from gateway.text_streams import TextStreams
 
 MODEL_ID = "fireredtts3"
@@ -78,10 +77,10 @@ def create_app(
     decoding = asyncio.Semaphore(DECODING_AT_ONCE)  # concurrent uploads must not multiply the peak
     add_page_routes(app, tts, RANDOM_WEIGHTS_NOTE if random_weights else None)
     add_voice_routes(app, tts, voice_list, decoding, body_timeout)
-    add_speech_routes(app, tts, voice_list, body_timeout)
+    core = Core(tts, voice_list.get, body_timeout)  # the speech route's, and the vendors' dialects' (gateway.dialects)
+    add_speech_routes(app, core)
     add_edit_routes(app, tts, decoding, body_timeout)
     add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds(), bounds.unsent_seconds)
-    core = Core(tts, voice_list.get, body_timeout)  # the vendors' HTTP dialects (gateway.dialects)
     for dialect in (cartesia_http, elevenlabs_http):
         dialect.add_routes(app, core)
     return app
@@ -272,14 +271,14 @@ def add_voice_routes(
         return {"id": name, "object": "audio.voice.deleted", "deleted": True}
 
 
-def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, body_timeout: float) -> None:
-    """``POST /v1/audio/speech`` (a JSON body) and ``GET /v1/audio/speech`` (the same fields as a query)."""
+def add_speech_routes(app: FastAPI, core: Core) -> None:
+    """``POST /v1/audio/speech`` (a JSON body) and ``GET /v1/audio/speech`` (the same fields as a query): OpenAI's
+    dialect of the whole-text core (:mod:`gateway.dialects.whole_text`), whose fields are the core's own."""
 
     async def speak(body: dict, request: Request):
-        kw = await speech_request(body, voice_list.get)
-        return await stream_response(tts.stream, kw, body.get("response_format") or "mp3",
-                                     body.get("stream_format") or "audio", body.get("sample_rate"),
-                                     request.app.state.budgets.bounds.unsent_seconds, request.scope)  # fmt: skip
+        response, _ = await core.speak(body, request, body.get("response_format") or "mp3", body.get("sample_rate"),
+                                       stream_format=body.get("stream_format") or "audio")  # fmt: skip
+        return response
 
     @app.get("/v1/audio/speech")
     async def speech_get(request: Request):
@@ -288,5 +287,4 @@ def add_speech_routes(app: FastAPI, tts: AsyncTTSClient, voice_list: VoiceList, 
 
     @app.post("/v1/audio/speech")
     async def speech(request: Request):
-        too_big = f"the request body is over {MAX_BODY_BYTES} bytes"
-        return await speak(parse_json(await read_capped(request, MAX_BODY_BYTES, too_big, body_timeout)), request)
+        return await speak(await core.body(request), request)

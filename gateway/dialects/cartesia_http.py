@@ -16,12 +16,11 @@ import json
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from client.request import TTSError
 from engine.protocol import surrogate_error
 from gateway import cartesia
 from gateway.cartesia import ProtocolError
 from gateway.dialects.whole_text import Core, answered
-from gateway.errors import APIError, from_tts_error
+from gateway.errors import APIError
 from gateway.socket_audio import word_times
 
 # Cartesia's raw encodings -> the encoders' formats (gateway.encode)
@@ -91,7 +90,7 @@ def add_routes(app: FastAPI, core: Core) -> None:
             raise APIError(400, "context_id must be a string", "context_id")
         response, tally = await core.speak(fields, request, fmt, rate, volume)
         words = fields["input"] if timestamps else None
-        events = sse_events(response.body_iterator, tally, words, context_id, request.headers.get("x-request-id"))
+        events = sse_events(response.body_iterator, tally, words, context_id)
         return StreamingResponse(events, media_type="text/event-stream", headers=plan_headers(response))
 
 
@@ -99,20 +98,15 @@ def plan_headers(response: StreamingResponse) -> dict:
     return {k: v for k, v in response.headers.items() if k.lower().startswith("x-")}
 
 
-async def sse_events(pieces, tally, transcript: str | None, context_id: str | None, request_id: str | None):
+async def sse_events(pieces, tally, transcript: str | None, context_id: str | None):
     """The core's audio bytes as Cartesia's SSE events: ``chunk`` (base64 of the raw samples), then, with
     ``transcript``, one ``timestamps`` event (its words spread over the whole audio: there is no aligner), and
-    ``done``; an error after the first chunk is an ``error`` event (the status can no longer say it)."""
-    try:
-        async with contextlib.aclosing(pieces) as chunks:
-            async for data in chunks:
-                if data:
-                    yield sse("chunk", cartesia.chunk(context_id, data, 1000 * tally.seconds))
-    except (TTSError, ConnectionError, TimeoutError) as e:
-        answer = from_tts_error(e)
-        error = {**cartesia.error(context_id, answer.status, answer.message), "done": True}
-        yield sse("error", {**error, "request_id": request_id or ""})
-        return
+    ``done``. A failure after the first chunk cuts the connection (:func:`gateway.streaming.cut_short`), as on
+    ``/v1/audio/speech``: the answer is broken, never one that passes for complete."""
+    async with contextlib.aclosing(pieces) as chunks:
+        async for data in chunks:
+            if data:
+                yield sse("chunk", cartesia.chunk(context_id, data, 1000 * tally.seconds))
     if transcript is not None:
         yield sse("timestamps", cartesia.timestamps(context_id, *word_times(transcript, 0.0, tally.seconds)))
     yield sse("done", cartesia.done(context_id))

@@ -107,10 +107,8 @@ def add_routes(app: FastAPI, core: Core) -> None:
 
     async def with_timestamps(request: Request, voice_id: str):
         response, tally, text = await speak(request, voice_id)
-        try:  # read whole here: a failure after the first chunk can still be an error status
-            data = b"".join([piece async for piece in response.body_iterator])
-        except (TTSError, ConnectionError, TimeoutError) as e:
-            raise from_tts_error(e) from None
+        # read whole before answering (the times need the audio's length); a failure midway cuts the connection
+        data = b"".join([piece async for piece in response.body_iterator])
         return {"audio_base64": base64.b64encode(data).decode(), **alignments(text, tally)}
 
     async def stream_with_timestamps(request: Request, voice_id: str):

@@ -52,17 +52,18 @@ class Core:
 
     async def speak(
         self, fields: dict, request: Request, response_format: str, sample_rate: int | None = None,
-        volume: float | None = None,
+        volume: float | None = None, stream_format: str = "audio",
     ) -> tuple[StreamingResponse, Tally]:  # fmt: skip
-        """``fields``: a ``/v1/audio/speech`` body without its format (``input``, ``voice``, ``language``,
-        ``speed``, ``seed``, ``instructions``, our parameters); ``response_format`` and ``sample_rate``: an
-        :class:`gateway.encode.Encoder`'s, already checked by the dialect -> the streaming answer (audio
-        bytes) and the tally of its audio. The request reaches Triton before this returns: a refusal is an
-        :class:`APIError`."""
+        """``fields``: a ``/v1/audio/speech`` body (a vendor dialect's without its format: ``input``, ``voice``,
+        ``language``, ``speed``, ``seed``, ``instructions``, our parameters); ``response_format`` and
+        ``sample_rate``: an :class:`gateway.encode.Encoder`'s, checked (by ``speech_request`` when they are
+        among ``fields``, else by the dialect); ``stream_format``: ``audio`` (bytes; what the vendor dialects
+        frame their own way) or OpenAI's ``sse`` -> the streaming answer and the tally of its audio. The
+        request reaches Triton before this returns: a refusal is an :class:`APIError`."""
         kw = await speech_request(fields, self.voices)
         tally = Tally()
         unsent = request.app.state.budgets.bounds.unsent_seconds
-        response = await stream_response(tapped(self.tts.stream, tally, volume), kw, response_format, "audio",
+        response = await stream_response(tapped(self.tts.stream, tally, volume), kw, response_format, stream_format,
                                          sample_rate, unsent, request.scope)  # fmt: skip
         return response, tally
 
