@@ -48,12 +48,20 @@ def pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
 
 
-def wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A 16-bit mono WAV header for a stream of unknown length (RIFF and data sizes 0xFFFFFFFF)."""
+# a raw format -> its WAV format tag and bits a sample (RFC 2361: 1 PCM, 3 IEEE float, 6 A-law, 7 mu-law)
+WAV_CODES = {"pcm": (1, 16), "pcm_f32le": (3, 32), "pcm_alaw": (6, 8), "pcm_mulaw": (7, 8)}
+
+
+def wav_header(sample_rate: int = SAMPLE_RATE, samples: str = "pcm") -> bytes:
+    """A mono WAV header for a stream of unknown length (RIFF and data sizes 0xFFFFFFFF) whose samples are a
+    raw format of :data:`WAV_CODES` (16-bit PCM by default; the others get the 18-byte fmt chunk they need)."""
     unknown = 0xFFFFFFFF
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    tag, bits = WAV_CODES[samples]
+    fmt = struct.pack("<HHIIHH", tag, 1, sample_rate, sample_rate * bits // 8, bits // 8, bits)
+    if tag != 1:
+        fmt += struct.pack("<H", 0)  # cbSize: no extra format bytes
     sizes = struct.pack("<I", unknown)
-    return b"RIFF" + sizes + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + sizes
+    return b"RIFF" + sizes + b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + sizes
 
 
 class _Sink:

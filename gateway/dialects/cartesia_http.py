@@ -20,6 +20,7 @@ from engine.protocol import surrogate_error
 from gateway import cartesia
 from gateway.cartesia import ProtocolError
 from gateway.dialects.whole_text import Core, answered
+from gateway.encode import wav_header
 from gateway.errors import APIError
 from gateway.socket_audio import word_times
 
@@ -30,8 +31,8 @@ BYTES_CONTAINERS = ("raw", "wav", "mp3")  # /tts/bytes; /tts/sse is raw only, as
 FIELDS = {"input": "transcript", "speed": "generation_config.speed", "voice": "voice"}
 
 
-def request_fields(body: dict, containers: tuple[str, ...]) -> tuple[dict, str, int, float | None]:
-    """Cartesia's body -> (the core's fields, the encoder's format, rate, volume); APIError 400 naming the field."""
+def request_fields(body: dict, containers: tuple[str, ...]) -> tuple[dict, cartesia.OutputFormat, float | None]:
+    """Cartesia's body -> (the core's fields, its output_format, volume); APIError 400 naming the field."""
 
     def fail(message: str, name: str):
         raise APIError(400, message, name)
@@ -43,10 +44,6 @@ def request_fields(body: dict, containers: tuple[str, ...]) -> tuple[dict, str, 
         fail(problem, "transcript")
     voice = cartesia.voice_id(body.get("voice"), fail)
     out = cartesia.output_format(body.get("output_format"), fail, containers)
-    if out.container == "wav" and out.encoding != "pcm_s16le":
-        fail(f"output_format.encoding of a wav container must be pcm_s16le here, got {out.encoding!r} (raw "
-             "takes every encoding)", "output_format.encoding")  # fmt: skip
-    fmt = {"mp3": "mp3", "wav": "wav"}.get(out.container) or FORMATS[out.encoding]
     try:
         language = cartesia.language(body.get("language"))
     except ProtocolError as e:
@@ -56,7 +53,12 @@ def request_fields(body: dict, containers: tuple[str, ...]) -> tuple[dict, str, 
     fields = {"input": transcript, "voice": voice, "language": language, "speed": config.get("speed"),
               "seed": extensions.get("seed"), "instructions": extensions.get("instructions"),
               **extensions.get("parameters", {})}  # fmt: skip
-    return fields, fmt, out.sample_rate, config.get("volume")
+    return fields, out, config.get("volume")
+
+
+def encoder_format(out: cartesia.OutputFormat) -> str:
+    """The encoder's format for ``out`` (a wav container: its encoding's raw samples, after a header)."""
+    return "mp3" if out.container == "mp3" else FORMATS[out.encoding]
 
 
 def error_body(e: APIError, request: Request) -> dict:
@@ -73,25 +75,36 @@ def add_routes(app: FastAPI, core: Core) -> None:
     @app.post("/tts/bytes")
     @answered(error_body)
     async def tts_bytes(request: Request):
-        fields, fmt, rate, volume = request_fields(await core.body(request), BYTES_CONTAINERS)
-        response, _ = await core.speak(fields, request, fmt, rate, volume)
-        return response
+        fields, out, volume = request_fields(await core.body(request), BYTES_CONTAINERS)
+        response, _ = await core.speak(fields, request, encoder_format(out), out.sample_rate, volume)
+        if out.container != "wav":
+            return response
+        wav = after(wav_header(out.sample_rate, encoder_format(out)), response.body_iterator)
+        return StreamingResponse(wav, media_type="audio/wav", headers=plan_headers(response))
 
     @app.post("/tts/sse")
     @answered(error_body)
     async def tts_sse(request: Request):
         body = await core.body(request)
-        fields, fmt, rate, volume = request_fields(body, ("raw",))
+        fields, out, volume = request_fields(body, ("raw",))
         timestamps = body.get("add_timestamps", False)
         if not isinstance(timestamps, bool):
             raise APIError(400, "add_timestamps must be true or false", "add_timestamps")
         context_id = body.get("context_id")
         if context_id is not None and not isinstance(context_id, str):
             raise APIError(400, "context_id must be a string", "context_id")
-        response, tally = await core.speak(fields, request, fmt, rate, volume)
+        response, tally = await core.speak(fields, request, encoder_format(out), out.sample_rate, volume)
         words = fields["input"] if timestamps else None
         events = sse_events(response.body_iterator, tally, words, context_id)
         return StreamingResponse(events, media_type="text/event-stream", headers=plan_headers(response))
+
+
+async def after(head: bytes, pieces):
+    """``head``, then the core's audio bytes (a WAV header before the raw samples of any encoding)."""
+    yield head
+    async with contextlib.aclosing(pieces) as chunks:
+        async for data in chunks:
+            yield data
 
 
 def plan_headers(response: StreamingResponse) -> dict:

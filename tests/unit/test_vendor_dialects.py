@@ -7,9 +7,11 @@ import io
 import av
 import numpy as np
 import pytest
+import soundfile
+import soxr
 
 from gateway.dialects import cartesia_http, elevenlabs_http
-from gateway.encode import Encoder
+from gateway.encode import Encoder, wav_header
 from gateway.errors import APIError
 from gateway.socket_audio import char_times, word_times
 from tests.fixtures.vendor_http import CALLS, ELEVENLABS_OUTPUT_FORMATS, TEXT, VOICE
@@ -53,9 +55,28 @@ def test_pcm_f32le_is_the_float_samples():
 
 
 def test_the_clients_requests_become_the_core_request():
-    fields, fmt, rate, volume = cartesia_http.request_fields(CALLS["sdk-generate"].body, ("raw", "wav", "mp3"))
-    assert (fields["input"], fields["voice"], fmt, rate, volume) == (TEXT, VOICE, "wav", 44100, None)
-    fields, fmt, rate, _ = cartesia_http.request_fields(CALLS["pipecat-cartesia"].body, ("raw",))
-    assert (fields["voice"], fields["language"], fmt, rate) == (VOICE, "English", "pcm", 16000)
+    fields, out, volume = cartesia_http.request_fields(CALLS["sdk-generate"].body, ("raw", "wav", "mp3"))
+    assert (fields["input"], fields["voice"], out.container, out.sample_rate, volume) == (
+        TEXT,
+        VOICE,
+        "wav",
+        44100,
+        None,
+    )
+    fields, out, _ = cartesia_http.request_fields(CALLS["pipecat-cartesia"].body, ("raw",))
+    assert (fields["voice"], fields["language"], cartesia_http.encoder_format(out)) == (VOICE, "English", "pcm")
+
+
+@pytest.mark.parametrize("samples", ["pcm", "pcm_f32le", "pcm_mulaw", "pcm_alaw"])
+def test_a_streaming_wav_of_each_encoding_reads_back(samples):
+    """libsndfile reads each header (sizes "unknown", as a stream has them) with its samples."""
+    audio = (np.sin(np.arange(800) / 7) * 0.5).astype(np.float32)
+    encoder = Encoder(samples, 8000)
+    got, rate = soundfile.read(io.BytesIO(wav_header(8000, samples) + encoder.push(audio) + encoder.finish()))
+    assert (
+        rate == 8000
+        and got.size == 267
+        and np.abs(got[20:-20] - soxr.resample(audio, 24000, 8000)[20:-20]).max() < 0.02
+    )
     fields = elevenlabs_http.request_fields(CALLS["sdk-stream"].body, "v")
     assert (fields["input"], fields["voice"], fields["speed"], fields["seed"]) == (TEXT, "v", 1.0, 7)
