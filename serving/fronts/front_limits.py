@@ -70,6 +70,12 @@ class FrontLimits(_Bounds):
                                   "Triton sees it (default 0: the longest reference at the highest rate, 44.9 MiB)")  # fmt: skip
     max_calls: int = bound(0, ">= 0", "calls in progress at once, all connections together; more: RESOURCE_EXHAUSTED "
                            "(default 0: 2 x (slots + queue) + 32)")  # fmt: skip
+    max_calls_per_client: int = bound(0, ">= 0", "calls in progress at once from one client address (all its "
+                                      "connections); more: RESOURCE_EXHAUSTED naming this flag (default 0: a quarter "
+                                      "of max-calls)")  # fmt: skip
+    call_idle_seconds: float = bound(120.0, "> 0", "a stream call that holds nothing this long (every request "
+                                     "answered, no response from Triton or waiting for its client; a text-in stream "
+                                     "between pieces meets the server's --text-idle-seconds first) is ended")  # fmt: skip
     max_connections: int = bound(512, ">= 1", "open connections; more are closed at once")
     max_streams_per_connection: int = bound(64, ">= 1", "HTTP/2 streams (calls) one connection may have open; the "
                                             "client holds its further calls back until one ends")  # fmt: skip
@@ -89,6 +95,13 @@ class FrontLimits(_Bounds):
         """``max_calls`` 0 resolved for a server with ``places`` admission places (slots + queue): each
         stream holds one call, and as many again may be refused as busy beside health and metadata calls."""
         return self if self.max_calls else replace(self, max_calls=2 * places + 32)
+
+    @property
+    def calls_per_client(self) -> int:
+        """``max_calls_per_client`` resolved: 0 (no share) only where ``max_calls`` is unbounded too."""
+        if self.max_calls_per_client or not self.max_calls:
+            return self.max_calls_per_client
+        return max(1, self.max_calls // 4)
 
     @property
     def message_bytes(self) -> int:

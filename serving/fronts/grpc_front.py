@@ -4,12 +4,19 @@ forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC p
 Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of
 :class:`FrontLimits`, each a launcher flag, and answers a call past one with a gRPC status that names it:
 
-- messages are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
-  docs/operations.md); a message larger than ``max_message_mb`` is refused by gRPC itself
-  (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
+- responses are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
+  docs/operations.md), and so are unary requests; a stream's requests are decoded only to give the call
+  sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the call that opened
+  it); a message larger than ``max_message_mb`` is refused by gRPC itself (RESOURCE_EXHAUSTED) before
+  Triton sees a byte of it;
 - connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
   pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
-  test in tests/unit/test_grpc_front_standin.py);
+  test in tests/unit/test_grpc_front_standin.py); gRPC's ``max_calls`` counts all clients as one, so the
+  front also counts each client address's calls (:mod:`serving.fronts.call_shares`) and refuses one past
+  ``max_calls_per_client`` (UNAVAILABLE, naming it);
+- a stream call that holds nothing for ``call_idle_seconds`` (every request it sent answered, no response
+  waiting for its client) is ended with RESOURCE_EXHAUSTED naming the bound (an open call counts against
+  ``max_calls`` and its client's share, and HTTP/2's idle bound sees only connections without a call);
 - the front reads Triton's responses as they come (so tritonserver never keeps them), and a stream whose
   client does not take them is ended once ``max_unsent_mb`` wait, or once it has taken none for
   ``max_unsent_seconds`` while they wait (a slow reader that keeps taking meets only the first): its
@@ -34,6 +41,8 @@ import grpc
 import grpc.aio
 
 from engine.protocol import INVALID
+from serving.fronts.call_ids import CallIds
+from serving.fronts.call_shares import REFUSED_COUNTER, CallShares, client_address
 from serving.fronts.front_limits import FrontLimits
 from serving.fronts.front_loop import FrontLoop
 from serving.fronts.metrics_relay import LAUNCHER
@@ -41,6 +50,7 @@ from serving.fronts.metrics_relay import LAUNCHER
 SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary
 ENDED_COUNTER = "tts_grpc_front_streams_ended_total"  # streams ended by the unsent-response bound
+IDLE_COUNTER = "tts_grpc_front_calls_ended_idle_total"  # stream calls ended by the call-idle bound
 CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent before its handler is dropped
 _log = logging.getLogger("grpc_front")
 
@@ -72,7 +82,10 @@ def forwarded_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
 class _Outbox:
     """One stream's responses read from Triton that its client has not taken yet (raw messages)."""
 
-    def __init__(self):
+    def __init__(self, client: str):
+        self.client = client  # the client's address (for the log)
+        self.moved_at = time.monotonic()  # when a request last came from the client or a response from Triton
+        self.asked = False  # a request went to Triton after its last response: the call holds something
         self.items: collections.deque[tuple[bytes, float]] = collections.deque()  # (message, when read)
         self.bytes = 0
         self.ready = asyncio.Event()
@@ -82,6 +95,7 @@ class _Outbox:
         self.handler: asyncio.Task | None = None  # the stream's handler (cancelled if its write never ends)
 
     def put(self, message: bytes) -> None:
+        self.moved_at, self.asked = time.monotonic(), False
         self.items.append((message, time.monotonic()))
         self.bytes += len(message)
         self.ready.set()
@@ -95,6 +109,12 @@ class _Outbox:
         """Seconds the client has taken nothing while a response waits for it (the write in progress)."""
         return now - self.writing_since if self.writing_since else 0.0
 
+    def idle(self, now: float) -> float:
+        """Seconds the call has held nothing: every request answered, nothing waiting for its client."""
+        if self.end is not None or self.asked or self.items or self.writing_since:
+            return 0.0
+        return now - self.moved_at
+
 
 class GrpcFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``), run on
@@ -105,8 +125,14 @@ class GrpcFront(FrontLoop):
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
         self.ended = 0  # streams ended by the unsent bound
+        self.idle_ended = 0  # stream calls ended by the call-idle bound
+        self.shares = CallShares(self.limits.calls_per_client)
         LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
                      "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
+        LAUNCHER.add(IDLE_COUNTER, "gRPC stream calls the front ended because they held nothing "
+                     "(--grpc-front-call-idle-seconds)")  # fmt: skip
+        LAUNCHER.add(REFUSED_COUNTER, "gRPC calls the front refused because their client had its share of calls "
+                     "in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
 
     async def _start(self) -> None:
         self.channel = grpc.aio.insecure_channel(self.upstream, options=UPSTREAM_OPTIONS)
@@ -118,6 +144,8 @@ class GrpcFront(FrontLoop):
                 handlers[name] = grpc.stream_stream_rpc_method_handler(self._stream)
             else:
                 handlers[name] = grpc.unary_unary_rpc_method_handler(self._unary(self.channel.unary_unary(path)))
+        # a unary call naming a sequence is passed on as it is: only tts takes text-in streams, and Triton
+        # refuses a unary call to a decoupled model before the model sees it
         self.server = grpc.aio.server(options=self.limits.server_options(),
                                       maximum_concurrent_rpcs=self.limits.max_calls or None)  # fmt: skip
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
@@ -125,26 +153,44 @@ class GrpcFront(FrontLoop):
             raise OSError(f"the gRPC front cannot listen on {self.address}")
         await self.server.start()
 
+    async def _enter(self, context: grpc.aio.ServicerContext) -> str:
+        """Count the call against its client's share -> the client's address; a call past it is aborted."""
+        client = client_address(context.peer())
+        refusal = self.shares.enter(client, time.monotonic())
+        if refusal:
+            LAUNCHER.increment(REFUSED_COUNTER)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        return client
+
     # ---- unary calls: one message each way ----
     def _unary(self, upstream):
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            client = await self._enter(context)
             try:
                 return await upstream(request, metadata=forwarded_metadata(context.invocation_metadata()),
                                       timeout=context.time_remaining())  # fmt: skip
             except grpc.aio.AioRpcError as e:
                 await context.abort(e.code(), e.details() or "", forwarded_metadata(e.trailing_metadata()))
+            finally:
+                self.shares.leave(client)
 
         return forward
 
     # ---- the stream: requests forwarded as they come, responses as the client takes them ----
     async def _stream(self, requests, context: grpc.aio.ServicerContext) -> None:
+        outbox, ids = _Outbox(await self._enter(context)), CallIds()
+
         async def forward_requests():
             async for request in requests:
-                yield request
+                outbox.moved_at, outbox.asked = time.monotonic(), True
+                yield ids.rewrite(request)
 
-        call = self.stream_call(forward_requests(), metadata=forwarded_metadata(context.invocation_metadata()),
-                                timeout=context.time_remaining())  # fmt: skip
-        outbox = _Outbox()
+        try:
+            call = self.stream_call(forward_requests(), metadata=forwarded_metadata(context.invocation_metadata()),
+                                    timeout=context.time_remaining())  # fmt: skip
+        except BaseException:
+            self.shares.leave(outbox.client)
+            raise
         outbox.handler = asyncio.current_task()
         entry = (outbox, call)
         self.streams.add(entry)
@@ -167,6 +213,7 @@ class GrpcFront(FrontLoop):
                 await context.abort(code, details, trailing)
             context.set_trailing_metadata(trailing)
         finally:  # the client left, or the stream ended: nothing of it stays upstream
+            self.shares.leave(outbox.client)
             self.streams.discard(entry)
             call.cancel()
             pump.cancel()
@@ -203,13 +250,29 @@ class GrpcFront(FrontLoop):
         _log.warning("ended a gRPC stream whose client did not read: %.1f MiB waiting, nothing taken for %.0f s",
                      waiting / 2**20, stalled)  # fmt: skip
 
+    def _end_idle(self, outbox: _Outbox, call, idle: float) -> None:
+        """End a stream call that has held nothing for ``call_idle_seconds``."""
+        call.cancel()  # nothing of it is upstream; its requests' side too
+        seconds = self.limits.call_idle_seconds
+        outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"{INVALID}this call held nothing for {idle:.0f} s (every request answered, no response "
+                      f"waiting; the front's bound: {seconds:g} s, --grpc-front-call-idle-seconds); the call was "
+                      "ended: open a new one for the next request")  # fmt: skip
+        self.idle_ended += 1
+        LAUNCHER.increment(IDLE_COUNTER)
+        _log.warning("ended a gRPC stream call from %s that held nothing for %.0f s (%d calls of this client "
+                     "in progress)", outbox.client, idle, self.shares.calls[outbox.client])  # fmt: skip
+
     def _reap(self, now: float) -> None:
-        """End the streams whose client has taken nothing for ``max_unsent_seconds``; drop the handler of a
-        cut stream whose client still takes nothing CUT_GRACE seconds later (gRPC keeps the call until the
-        connection closes, but it no longer counts against ``max_calls``)."""
+        """End the streams whose client has taken nothing for ``max_unsent_seconds``, and the calls that have
+        held nothing for ``call_idle_seconds``; drop the handler of a cut stream whose client still takes
+        nothing CUT_GRACE seconds later (gRPC keeps the call until the connection closes, but it no longer
+        counts against ``max_calls``)."""
         for outbox, call in list(self.streams):
             if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
                 self._cut(outbox, call)
+            elif (idle := outbox.idle(now)) > self.limits.call_idle_seconds:
+                self._end_idle(outbox, call, idle)
             elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
                 outbox.handler.cancel()
 

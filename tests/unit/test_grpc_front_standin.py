@@ -186,7 +186,8 @@ def test_the_default_message_bound_takes_the_longest_reference():
 
 
 # ---- the connection bounds, each at a small size: what a client sees ----
-BOUNDED = FrontLimits(max_connections=2, max_streams_per_connection=2, max_calls=3, idle_seconds=2.0,
+# (one client here: its share is all of max_calls; the share's own tests are in test_grpc_front_calls)
+BOUNDED = FrontLimits(max_connections=2, max_streams_per_connection=2, max_calls=3, max_calls_per_client=3, idle_seconds=2.0,
                       handshake_seconds=1.0, keepalive_seconds=1.0, keepalive_timeout_seconds=2.0)  # fmt: skip
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS, SETTINGS_ACK = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00", b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
