@@ -25,6 +25,53 @@ def private_id() -> int:
     return secrets.randbits(63) | 1
 
 
+PARAMETERS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["parameters"].number  # 4
+
+
+def _varint(buf: memoryview, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = buf[i]  # IndexError past the end
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def parameters_of(message: bytes) -> tuple[service_pb2.ModelInferRequest, list[memoryview]] | None:
+    """A ModelInferRequest's ``parameters`` (a request holding only them) and the rest of its top-level fields
+    as they came; None if it is not a well-formed message. Walks the top-level fields only: a tensor's bytes
+    are skipped, not copied or decoded."""
+    buf, i, params, rest = memoryview(message), 0, [], []
+    try:
+        while i < len(buf):
+            start = i
+            key, i = _varint(buf, i)
+            wire = key & 7
+            if wire == 0:
+                _, i = _varint(buf, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 2:
+                size, i = _varint(buf, i)
+                i += size
+            elif wire == 5:
+                i += 4
+            else:  # groups: not in this message
+                return None
+            if i > len(buf):
+                return None
+            (params if key >> 3 == PARAMETERS and wire == 2 else rest).append(buf[start:i])
+        request = service_pb2.ModelInferRequest()
+        request.ParseFromString(b"".join(params))
+    except Exception:  # noqa: BLE001 (IndexError, ValueError, protobuf's DecodeError: not a request)
+        return None
+    return request, rest
+
+
 class CallIds:
     """One stream call's client sequence ids -> Triton's (ints, or strings for string ids)."""
 
@@ -33,12 +80,13 @@ class CallIds:
 
     def rewrite(self, message: bytes) -> bytes:
         """A request as the client sent it -> as Triton gets it (the same bytes when it names no sequence).
-        A message that does not parse is passed on as it came (Triton refuses it as it would have)."""
-        request = service_pb2.ModelInferRequest()
-        try:
-            request.ParseFromString(message)
-        except Exception:  # noqa: BLE001 (protobuf's DecodeError; Triton answers it in its own words)
+        Only the request's parameters are decoded (its tensors, up to ``max_message_mb``, are only skipped
+        over and copied once when the id changes); a message that does not parse is passed on as it came
+        (Triton refuses it in its own words)."""
+        found = parameters_of(message)
+        if found is None:
             return message
+        request, rest = found
         params = request.parameters
         if "sequence_id" not in params:
             return message
@@ -54,7 +102,7 @@ class CallIds:
             given.string_param = f"{ours:x}"
         else:
             setattr(given, kind, ours)
-        return request.SerializeToString()
+        return b"".join([request.SerializeToString(), *rest])
 
     def map(self, client_id: int | str, start: bool, end: bool) -> int:
         """The private id of one request's sequence; START opens a mapping (or keeps the open one: a second

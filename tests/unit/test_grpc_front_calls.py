@@ -238,3 +238,14 @@ def test_a_client_past_its_share_is_refused_by_name_while_another_client_is_serv
         for c in mine:
             c.close()
         relay.close()
+
+
+def test_parameters_after_the_tensors_or_a_cut_message_are_handled():
+    tensors = service_pb2.ModelInferRequest(model_name="tts", raw_input_contents=[b"\x00" * 1000]).SerializeToString()
+    params = service_pb2.ModelInferRequest()
+    params.parameters["sequence_id"].int64_param = 7
+    params.parameters["sequence_start"].bool_param = True
+    message = tensors + params.SerializeToString()  # a protobuf message may put its fields in any order
+    out = service_pb2.ModelInferRequest.FromString(CallIds().rewrite(message))
+    assert out.raw_input_contents == [b"\x00" * 1000] and out.parameters["sequence_id"].int64_param not in (0, 7)
+    assert CallIds().rewrite(message[:-3]) == message[:-3]  # not a message: Triton refuses it as it came
