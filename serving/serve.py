@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
     try:  # checked before the run folder is made
         opts = from_arguments(args, checkpoint=str(ckpt), voice_dir=str(voice_dir))
-        limits = FrontLimits.from_flags(args).for_places(opts.slots + opts.queue) if front else None
+        limits = (FrontLimits.from_flags(args).for_places(opts.slots + opts.queue, opts.text_idle_seconds)
+                  if front else None)  # fmt: skip
         http_limits = HttpFrontLimits.from_flags(args) if http_front else None
     except ValueError as e:
         ap.error(str(e))

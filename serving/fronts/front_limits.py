@@ -91,9 +91,15 @@ class FrontLimits(_Bounds):
     max_unsent_seconds: float = bound(20.0, "> 0", "how long a stream's client may take nothing while responses "
                                       "wait for it; then the stream is ended, its slot freed")  # fmt: skip
 
-    def for_places(self, places: int) -> FrontLimits:
+    def for_places(self, places: int, text_idle_seconds: float = 0.0) -> FrontLimits:
         """``max_calls`` 0 resolved for a server with ``places`` admission places (slots + queue): each
-        stream holds one call, and as many again may be refused as busy beside health and metadata calls."""
+        stream holds one call, and as many again may be refused as busy beside health and metadata calls.
+        ValueError if ``call_idle_seconds`` is not above the server's ``text_idle_seconds``: a text-in stream
+        between two pieces holds nothing by the front's measure, and only the server's bound, which answers
+        it, may end it."""
+        if self.call_idle_seconds <= text_idle_seconds:
+            raise ValueError(f"--grpc-front-call-idle-seconds ({self.call_idle_seconds:g}) must be above "
+                             f"--text-idle-seconds ({text_idle_seconds:g})")  # fmt: skip
         return self if self.max_calls else replace(self, max_calls=2 * places + 32)
 
     @property

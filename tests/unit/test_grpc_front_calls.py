@@ -107,6 +107,8 @@ def test_a_share_refuses_past_it_and_comes_free():
     assert FrontLimits(max_calls=40).calls_per_client == 10 and FrontLimits().calls_per_client == 0
     assert FrontLimits(max_calls=40, max_calls_per_client=3).calls_per_client == 3
     assert FrontLimits().for_places(40).calls_per_client == 28
+    with pytest.raises(ValueError, match="--grpc-front-call-idle-seconds"):  # a text stream between pieces
+        FrontLimits(call_idle_seconds=30).for_places(40, text_idle_seconds=30)
 
 
 # ---- through the front ----
