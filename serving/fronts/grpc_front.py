@@ -13,7 +13,7 @@ Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). 
   pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
   test in tests/unit/test_grpc_front_standin.py); gRPC's ``max_calls`` counts all clients as one, so the
   front also counts each client address's calls (:mod:`serving.fronts.call_shares`) and refuses one past
-  ``max_calls_per_client`` (UNAVAILABLE, naming it);
+  ``max_calls_per_client`` (RESOURCE_EXHAUSTED, naming it);
 - a stream call that holds nothing for ``call_idle_seconds`` (every request it sent answered, no response
   waiting for its client) is ended with RESOURCE_EXHAUSTED naming the bound (an open call counts against
   ``max_calls`` and its client's share, and HTTP/2's idle bound sees only connections without a call);
@@ -159,7 +159,7 @@ class GrpcFront(FrontLoop):
         refusal = self.shares.enter(client, time.monotonic())
         if refusal:
             LAUNCHER.increment(REFUSED_COUNTER)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         return client
 
     # ---- unary calls: one message each way ----

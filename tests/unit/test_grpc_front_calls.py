@@ -229,7 +229,7 @@ def test_a_client_past_its_share_is_refused_by_name_while_another_client_is_serv
             time.sleep(0.05)
         with pytest.raises(grpc.RpcError) as e:  # a third call, on a connection of its own: the same client
             mine[2].unary_unary(f"/{SERVICE}/ModelReady")(b"", timeout=30)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "127.0.0.2" in e.value.details() and "--grpc-front-max-calls-per-client 2" in e.value.details()
         other = Call(front.address)  # another client (127.0.0.1) is served meanwhile
         other.send(request(1, start=True))
