@@ -5,8 +5,8 @@ Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). 
 :class:`FrontLimits`, each a launcher flag, and answers a call past one with a gRPC status that names it:
 
 - responses are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
-  docs/operations.md), and so are unary requests; a stream's requests are decoded only to give the call
-  sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the call that opened
+  docs/operations.md), and so are unary requests; of a stream's requests only the parameters are read, to
+  give the call sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the call that opened
   it); a message larger than ``max_message_mb`` is refused by gRPC itself (RESOURCE_EXHAUSTED) before
   Triton sees a byte of it;
 - connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
