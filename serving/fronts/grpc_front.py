@@ -6,9 +6,9 @@ Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). 
 
 - responses are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
   docs/operations.md), and so are unary requests; of a stream's requests only the parameters are read, to
-  give the call sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the call that opened
-  it); a message larger than ``max_message_mb`` is refused by gRPC itself (RESOURCE_EXHAUSTED) before
-  Triton sees a byte of it;
+  give the call sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the
+  call that opened it); a message larger than ``max_message_mb`` is refused by gRPC itself
+  (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
 - connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
   pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
   test in tests/unit/test_grpc_front_standin.py); gRPC's ``max_calls`` counts all clients as one, so the
@@ -27,7 +27,7 @@ Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). 
 
 The front adds no privilege: it forwards the client's metadata as it came (Triton's restricted APIs
 still need their key) and nothing of its own; the internal key travels inside request parameters, which
-the front never reads (serving.security.auth).
+the front passes on as they came (it rewrites only ``sequence_id``; serving.security.auth).
 """
 
 from __future__ import annotations
