@@ -371,6 +371,18 @@ ATTACKS: dict[str, Callable[[str], object]] = {
 }
 
 
+def relayed(address: str, source: str) -> str:
+    """``address`` (``host:port`` or ``http://host:port``) as reached from ``source`` through a relay."""
+    from urllib.parse import urlsplit
+
+    from loadtest.source_relay import SourceRelay
+
+    scheme, _, rest = address.rpartition("://")
+    where = urlsplit(f"//{rest}")
+    relay = SourceRelay((where.hostname, where.port), source)
+    return f"{scheme}://{relay.address}" if scheme else relay.address
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.attacks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="127.0.0.1:8001", help="Triton's gRPC address")
@@ -378,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--every", type=float, default=5.0, help="seconds between attacks")
     ap.add_argument("--only", default=",".join(ATTACKS), help="comma-separated attacks: " + ", ".join(ATTACKS))
+    ap.add_argument("--source", help="attack from this loopback address (e.g. 127.0.0.2), through relays: a client "
+                    "of its own for the server's per-client shares, apart from a load test on 127.0.0.1")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.source:
+        args.url, args.gateway = relayed(args.url, args.source), args.gateway and relayed(args.gateway, args.source)
     if args.gateway:
         GATEWAY.append(args.gateway.rstrip("/"))
     names = [n for n in args.only.split(",") if n]

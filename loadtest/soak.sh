@@ -7,8 +7,9 @@
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
 #                    [--attacks SECONDS] [-- more launcher options, e.g. --slots 16]
 # --attacks: a second process replays the open-door attacks (loadtest/attacks.py, the gateway's included)
-# every SECONDS meanwhile. The gate (admission places and generator slots held) must be 0 at the end, and
-# the supervisor must have logged no incident (a restart hides its failures behind a recovered gate).
+# every SECONDS meanwhile, from 127.0.0.2 (a client apart from the load's). The gate (admission places and
+# generator slots held) must be 0 at the end, and the supervisor must have logged no incident (a restart
+# hides its failures behind a recovered gate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
         --cancellers) cancellers=$2; shift 2 ;;
         --attacks) attacks=$2; shift 2 ;;
         --) shift; break ;;
-        *) sed -n '2,11p' "$0"; exit 2 ;;
+        *) sed -n '2,12p' "$0"; exit 2 ;;
     esac
 done
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
@@ -89,8 +90,9 @@ EOF
 cancellers_pid=$!
 attacks_pid=""
 if [ "$attacks" != 0 ]; then
+    # from 127.0.0.2: a client of its own, as the attacker would be (the server shares its bounds per client)
     $PY -m loadtest.attacks --url "127.0.0.1:$grpc" --gateway "http://127.0.0.1:$openai" --minutes "$minutes" \
-        --every "$attacks" >"$out/attacks.log" 2>&1 &
+        --every "$attacks" --source 127.0.0.2 >"$out/attacks.log" 2>&1 &
     attacks_pid=$!
 fi
 

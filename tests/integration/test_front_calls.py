@@ -20,8 +20,8 @@ from tritonclient.utils import InferenceServerException
 
 from client import AsyncTTSClient, Chunk, TTSClient
 from client.request import grpc_inputs
+from loadtest.source_relay import SourceRelay
 from tests.integration.helpers import GRPC_FRONT_LIMITS, LEGIT
-from tests.source_relay import SourceRelay
 
 pytestmark = pytest.mark.integration
 LIMITS = GRPC_FRONT_LIMITS  # max_calls_per_client 6, call_idle_seconds 6

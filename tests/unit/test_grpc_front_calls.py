@@ -14,12 +14,12 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
+from loadtest.source_relay import SourceRelay
 from serving.fronts.call_ids import MAX_SEQUENCES, CallIds
 from serving.fronts.call_shares import CallShares, client_address
 from serving.fronts.front_limits import FrontLimits
 from serving.fronts.grpc_front import SERVICE, GrpcFront
 from serving.supervision.triton_env import free_port
-from tests.source_relay import SourceRelay
 
 
 def request(sequence: int | str = 0, start: bool = False, end: bool = False, model: str = "tts",
