@@ -393,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", help="attack from this loopback address (e.g. 127.0.0.2), through relays: a client "
                     "of its own for the server's per-client shares, apart from a load test on 127.0.0.1")  # fmt: skip
     args = ap.parse_args(argv)
-    if args.source:
+    if args.source:  # the legitimate checks of the agent attacks stay on this address
+        agent_attacks.LEGIT.update(url=args.url, **({"gateway": args.gateway} if args.gateway else {}))
         args.url, args.gateway = relayed(args.url, args.source), args.gateway and relayed(args.gateway, args.source)
     if args.gateway:
         GATEWAY.append(args.gateway.rstrip("/"))
