@@ -86,19 +86,25 @@ def whole_text(url: str, text: str = "A legitimate request.", timeout: float = 6
 
 def whitespace_streams(url: str, streams: int = 40, seconds: float = 20.0, every: float = 5.0) -> str:
     """``streams`` text-in streams that send one space every ``every`` seconds for ``seconds``, and a
-    whole-text request meanwhile -> what that request was answered."""
-    held = []
+    whole-text request meanwhile -> what that request was answered (and how many streams were refused)."""
+    held, refused = [], 0
     try:
         for _ in range(streams):
             held.append(TextStream(url, parameters=SHORT))
         answer, end = "", time.monotonic() + seconds
         while time.monotonic() < end:
-            for s in held:
-                s.request(" ")
+            for s in list(held):
+                try:
+                    s.request(" ")
+                except Exception:  # noqa: BLE001 (its call was refused or ended: one stream fewer)
+                    held.remove(s)
+                    s.close()
+                    refused += 1
             if not answer:
                 answer = whole_text(url)
             time.sleep(every)
-        return f"{streams} whitespace streams for {seconds:g} s; a whole-text request meanwhile: {answer}"
+        return (f"{streams} whitespace streams ({refused} refused or ended) for {seconds:g} s; a whole-text "
+                f"request meanwhile: {answer}")  # fmt: skip
     finally:
         for s in held:
             s.close()
@@ -198,37 +204,50 @@ def _still_open(ws, seconds: float = 5.0) -> str:
     return "closed by the server"
 
 
-def socket_not_reading(gateway: str | None, contexts: int = 8, seconds: float = 20.0) -> str:
-    """One socket, ``contexts`` long contexts, text sent fast, nothing read for ``seconds``."""
+def _keep_sending(sockets: list, contexts: int, seconds: float) -> tuple[int, float | None]:
+    """A sentence to each of ``contexts`` contexts of every socket every 0.2 s, for ``seconds``, reading
+    nothing -> (sockets the server cut, seconds until the first cut or None)."""
+    t0, alive, first = time.monotonic(), list(sockets), None
+    while alive and time.monotonic() - t0 < seconds:
+        for ws in list(alive):
+            try:
+                for i in range(contexts):
+                    ws.send(_context(f"c{i}", "Nobody reads this sentence. "))
+            except Exception:  # noqa: BLE001 (the server cut it: the finding)
+                alive.remove(ws)
+                first = first or time.monotonic() - t0
+        time.sleep(0.2)
+    return len(sockets) - len(alive), first
+
+
+def socket_not_reading(gateway: str | None, contexts: int = 8, seconds: float = 40.0) -> str:
+    """One socket, ``contexts`` contexts fed a sentence each every 0.2 s for ``seconds``, nothing read."""
     if not gateway:
         return "skipped: no --gateway"
     ws = _socket(gateway, receive_buffer=4096)
     try:
-        end = time.monotonic() + seconds
-        for i in range(contexts):
-            ws.send(_context(f"c{i}", "Nobody reads this sentence. " * 4))
-        while time.monotonic() < end:
-            time.sleep(0.5)
-        return f"1 socket, {contexts} unread contexts for {seconds:g} s: {_still_open(ws)}"
-    except OSError as e:
-        return f"1 socket, {contexts} unread contexts: cut by the server ({type(e).__name__})"
+        cut, first = _keep_sending([ws], contexts, seconds)
+        state = f"cut by the server after {first:.0f} s" if cut else _still_open(ws)
+        return f"1 socket, {contexts} unread contexts fed for up to {seconds:g} s: {state}"
     finally:
         ws.close(timeout=1)
 
 
-def sockets_not_reading(gateway: str | None, sockets: int = 8, seconds: float = 20.0) -> str:
-    """``sockets`` sockets with one long context each that never read; after ``seconds``, a new socket's
-    context -> whether it was served."""
+def sockets_not_reading(gateway: str | None, sockets: int = 64, seconds: float = 40.0) -> str:
+    """``sockets`` sockets (the gateway's default bound), one context each fed a sentence every 0.2 s, none
+    read; then a new socket from the legitimate address -> how many were taken, cut, and what it got."""
     if not gateway:
         return "skipped: no --gateway"
-    held = []
+    held, refused = [], 0
     try:
-        for i in range(sockets):
-            ws = _socket(gateway, receive_buffer=4096)
-            ws.send(_context(f"s{i}", "Nobody reads this sentence. " * 4))
-            held.append(ws)
-        time.sleep(seconds)
-        return f"{sockets} unread sockets for {seconds:g} s; then a new socket: {legitimate_context(gateway)}"
+        for _ in range(sockets):
+            try:
+                held.append(_socket(gateway, receive_buffer=4096))
+            except Exception:  # noqa: BLE001 (refused: the share or the bound)
+                refused += 1
+        cut, _ = _keep_sending(held, 1, seconds)
+        return (f"{sockets} unread sockets ({refused} refused at the handshake, {cut} of {len(held)} refused or "
+                f"cut within {seconds:g} s); then a new socket: {legitimate_context(gateway)}")  # fmt: skip
     finally:
         for ws in held:
             ws.close(timeout=1)
