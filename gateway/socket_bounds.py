@@ -1,4 +1,4 @@
-"""The agent socket's bounds (:mod:`gateway.agent_socket`) and the names of its refusals: each refusal's
+"""The agent socket's bounds (:mod:`gateway.text_socket`) and the names of its refusals: each refusal's
 error reply starts with its name, so a client (and docs/agents.md) can tell them apart."""
 
 from __future__ import annotations
