@@ -91,7 +91,7 @@ class Context:
         self.flush_ids: dict[int, int] = {}  # stream flush number -> the client's flush number (acked)
         self.units: dict[int, str] = {}  # flush number -> the text sent before it (for timings)
         self.pending = ""  # text sent since the last flush
-        self.unacked = ""  # text sent since the client's own last flush (a dialect may read it)
+        self.last_piece: Piece | None = None  # the last piece taken (a dialect may read it)
         self.samples = self.timed_samples = self.timed_units = 0  # 24 kHz samples; units already timed
         self.reader: asyncio.Task | None = None
         self.delay: asyncio.Task | None = None  # the buffer delay's flush, armed after unflushed text
@@ -248,7 +248,7 @@ class TextSocket:
         if ctx.chars > self.bounds.context_chars:
             await self._fail(ctx, 413, CONTEXT_TOO_LONG.format(n=self.bounds.context_chars))
             return
-        ctx.last_text = time.monotonic()
+        ctx.last_text, ctx.last_piece = time.monotonic(), piece
         if piece.text or piece.flush:
             await self._piece(ctx, piece.text, piece.flush, piece.acked)
         if ctx.delay is not None:
@@ -273,13 +273,11 @@ class TextSocket:
         except ValueError:  # the server ended the stream (an error, its idle bound): its reader says so
             return
         ctx.pending += text
-        ctx.unacked += text
         if flush:
             ctx.flushes += 1
             ctx.units[ctx.flushes], ctx.pending = ctx.pending, ""
             if acked:
                 ctx.flush_ids[ctx.flushes] = len(ctx.flush_ids) + 1
-                ctx.unacked = ""
 
     async def _flush_later(self, ctx: Context, delay: float) -> None:
         await asyncio.sleep(delay)

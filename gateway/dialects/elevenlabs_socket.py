@@ -10,9 +10,9 @@ taken; of them only ``auto_mode`` acts (each text message is spoken at once, as 
 Messages: ``text`` (the first message of a context, ``" "`` by convention, opens it with its
 ``voice_settings.speed`` and our extensions ``seed``, ``instructions``, ``parameters``); ``flush``: what was
 sent is spoken now; on multi-stream-input, empty text or ``keep_alive: true`` keeps a context from idling;
-``close_context``: what the client flushed is spoken, then ``isFinal`` (LiveKit and Pipecat end a turn with a
-flush then ``close_context``), but text sent after its last flush, or a second ``close_context``, means the
-client stopped listening (barge-in): the context is cancelled at once (slot freed) and ``isFinal`` sent;
+``close_context`` right after a flush without text (how LiveKit and Pipecat end a turn) ends the context:
+its text is spoken, then ``isFinal``; after text, or a second time, it means the client stopped listening
+(both frameworks' barge-in): the context is cancelled at once (slot freed) and ``isFinal`` sent;
 ``close_socket``: every context is spoken to its end, then the socket closes. On stream-input, empty text
 ends the input and the socket closes after the audio. ``try_trigger_generation`` and
 ``generation_config`` are taken without effect: the server speaks each sentence as soon as it is complete.
@@ -121,15 +121,16 @@ class ElevenLabsSocket:
             await socket.take(context_id, Piece(words, flush=acked or auto, acked=acked), options)
 
     async def _close(self, socket: TextSocket, context_id: str) -> None:
-        """close_context: flushed text is spoken to its end; unflushed text (or a second close) is a barge-in."""
+        """close_context after a flush without text (LiveKit's and Pipecat's end of a turn): the context is
+        spoken to its end, then isFinal. After text, or a second time (the client stopped listening: both
+        frameworks' barge-in): it is cancelled at once, its slot freed, and isFinal sent."""
         ctx = socket.context(context_id)
-        if ctx is None:
-            socket.send(self.done(context_id))  # nothing open under that id: its end at once
-        elif ctx.ended or ctx.unacked.strip():
-            await socket.cancel(context_id)
-            socket.send(self.done(context_id))
-        else:
+        last = ctx.last_piece if ctx is not None else None
+        if ctx is not None and not ctx.ended and last is not None and last.flush and not last.text.strip():
             await socket.end(context_id)
+            return
+        await socket.cancel(context_id)  # nothing, if none is open under that id
+        socket.send(self.done(context_id))
 
     def _body(self, text: str) -> dict:
         if len(text) > MAX_MESSAGE_CHARS:
