@@ -219,7 +219,10 @@ class ElevenLabsSocket:
 
 def alignment(text: str, seconds: float) -> dict:
     """A unit's characters spread over its ``seconds`` of audio, in ElevenLabs' socket shape (ms from the
-    unit's start; each start plus its duration reaches the next start, the last the unit's end)."""
+    unit's start; each start plus its duration reaches the next start, the last the unit's end). Audio
+    without text (the cross-faded tail of the last sentence, which comes after its unit was timed) is a space."""
+    if not text.strip():
+        return {"chars": [" "], "charStartTimesMs": [0], "charDurationsMs": [round(1000 * seconds)]}
     chars, starts, ends = char_times(text, 0.0, seconds)
     starts_ms = [round(1000 * s) for s in starts]
     ends_ms = [round(1000 * e) for e in ends]
