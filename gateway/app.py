@@ -24,6 +24,7 @@ from client.request import TTSError
 from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
+from gateway.agent_sockets import Sockets, serve
 from gateway.body import BODY_TIMEOUT, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.budget import DEFAULT_BOUNDS, Bounds, Budgets, ReleaseHolds
 from gateway.dialects import cartesia_http, elevenlabs_http, elevenlabs_socket
@@ -33,7 +34,6 @@ from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error
 from gateway.fields import from_query, parse_json
 from gateway.instruct import add_edit_routes, check_fields, design_voice
 from gateway.socket_bounds import OpenSockets, SocketBounds
-from gateway.text_socket import Sockets, serve
 from gateway.text_streams import TextStreams
 
 MODEL_ID = "fireredtts3"

@@ -17,7 +17,9 @@ a context, its end; nothing stays allocated for a refused or failed context. Bou
 context's audio is read from the server as it comes and every reply goes into the socket's
 :class:`gateway.outbox.Outbox` (all its contexts share the unsent-audio bound), which one writer sends, each
 send within ``send_seconds``. A peer that does not read is cut (every context cancelled, the transport
-aborted, one log line).
+aborted, one log line). Where a socket starts (admission, the shared count): :mod:`gateway.agent_sockets`.
+Past 300 lines on purpose: one session's contexts, their order, flushes, cancels and bounds are one state
+machine, TextSocket; what differs by vendor is in the dialects.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Protocol
 from client.request import TTSError
 from client.text_in import Flushed
 from gateway.errors import from_tts_error
-from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox, log
+from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox
 from gateway.socket_audio import seconds
 from gateway.socket_bounds import (
     BINARY,
@@ -44,9 +46,7 @@ from gateway.socket_bounds import (
     NOT_TAKING,
     TOO_FAST,
     TOO_MANY_CONTEXTS,
-    TRY_AGAIN_LATER,
     MessageRate,
-    OpenSockets,
     SocketBounds,
 )  # fmt: skip
 from gateway.socket_options import Options, ProtocolError, stream_fields
@@ -380,41 +380,3 @@ class TextSocket:
             for ctx in list(self.contexts.values()):
                 if not ctx.ended and now - ctx.last_text > b.context_idle_seconds:
                     await self._fail(ctx, 408, CONTEXT_IDLE.format(s=b.context_idle_seconds))
-
-
-@dataclass(frozen=True)
-class Sockets:
-    """What every agent socket of the gateway shares, whatever its vendor."""
-
-    open_text: TextStreams
-    voices: Callable[[], Awaitable[list[dict]]]
-    bounds: SocketBounds
-    open_sockets: OpenSockets  # in all and by peer address: one share for every vendor's sockets
-    unsent_seconds: float  # the audio a socket's peer may leave untaken (gateway.outbox)
-
-
-async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | None = None,
-                refusal: tuple[int, str, int] | None = None) -> None:  # fmt: skip
-    """Accept ``ws`` and run it in ``dialect``, within the gateway's socket bounds (``bounds``: this socket's,
-    when its dialect narrows them); ``refusal`` (status, message, close code): the dialect refused the
-    handshake (a bad query parameter): the socket gets that error, then is closed."""
-    host = ws.client.host if ws.client else "unknown"
-    peer = f"{host}:{ws.client.port}" if ws.client else host
-    if refusal is None and (full := sockets.open_sockets.refusal(host)) is not None:
-        log.warning("an agent socket from %s refused: %s", peer, full)
-        refusal = (503, full, TRY_AGAIN_LATER)
-    if refusal is not None:
-        status, message, code = refusal
-        with contextlib.suppress(Exception):  # a new socket's buffers are empty: this cannot wait long
-            await ws.accept()
-            reply = json.dumps(dialect.error(None, status, message))
-            await asyncio.wait_for(ws.send_text(reply), sockets.bounds.send_seconds)
-            await asyncio.wait_for(ws.close(code), sockets.bounds.send_seconds)
-        return
-    sockets.open_sockets.open(host)  # before the first await: the next connection sees it
-    try:
-        await ws.accept()
-        await TextSocket(ws, dialect, sockets.open_text, sockets.voices, bounds or sockets.bounds,
-                         sockets.unsent_seconds, peer).run()  # fmt: skip
-    finally:
-        sockets.open_sockets.close(host)

@@ -35,13 +35,14 @@ from fastapi import FastAPI, WebSocket
 from engine.params import SPEED, shown
 from engine.protocol import surrogate_error
 from gateway import cartesia
+from gateway.agent_sockets import Sockets, serve
 from gateway.cartesia import MAX_CONTEXT_ID_CHARS, MAX_MESSAGE_CHARS
 from gateway.dialects.elevenlabs_http import DEFAULT_FORMAT, OUTPUT_FORMATS, STATUSES
 from gateway.encode import Encoder
 from gateway.socket_audio import char_times
 from gateway.socket_bounds import SocketBounds
 from gateway.socket_options import Options, ProtocolError
-from gateway.text_socket import Context, Piece, Sockets, TextSocket, serve
+from gateway.text_socket import Context, Piece, TextSocket
 
 SOCKET_FORMATS = {name: f for name, f in OUTPUT_FORMATS.items() if not name.startswith("wav_")}  # raw, codecs
 INACTIVITY = (1, 180, 20)  # ElevenLabs' inactivity_timeout: least, most, default (seconds)
