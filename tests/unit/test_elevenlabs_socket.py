@@ -5,8 +5,10 @@ refusal by its name in ElevenLabs' error shape."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import time
 
 import numpy as np
@@ -15,9 +17,12 @@ import soxr
 from starlette.testclient import TestClient
 
 from gateway import socket_bounds
+from gateway.dialects.elevenlabs_socket import ElevenLabsSocket, read_query
 from gateway.rates import QUALITY
+from gateway.text_socket import TextSocket
 from tests.fixtures.elevenlabs_plugins import CONTEXT, HANDSHAKES, SCENARIOS, SENTENCES, VOICE_ID
-from tests.unit.test_agent_socket import FakeStreams, app_for, tone
+from tests.unit.test_agent_socket import FakeStreams, Voices, app_for, tone
+from tests.unit.test_gateway_outbox import PEER, StuckPeer
 
 MULTI = f"/v1/text-to-speech/{VOICE_ID}/multi-stream-input"
 PCM = f"{MULTI}?output_format=pcm_24000"
@@ -222,3 +227,30 @@ def test_stream_input_error_is_its_last_reply_before_the_close():
         while (reply := ws.receive())["type"] == "websocket.send":
             replies.append(json.loads(reply["text"]))
     assert len(replies) == 1 and "voice 'nobody' is not registered" in replies[0]["message"]
+
+
+def test_one_address_has_one_share_of_the_sockets_whatever_their_vendor():
+    client: TestClient = app_for(FakeStreams(), sockets_per_peer=1)
+    with client.websocket_connect(PCM):
+        with client.websocket_connect("/tts/websocket") as second:
+            refusal = second.receive_json()
+    assert refusal["error"].startswith("too many sockets from your address: at most 1")
+
+
+def test_a_peer_that_does_not_read_is_cut_at_the_unsent_audio_bound(caplog):
+    """The core's one writer and bound, under ElevenLabs' dialect (gateway/outbox.py)."""
+    peer, streams = (
+        StuckPeer([{"text": "Hello there. ", "context_id": "c", "flush": True}]),
+        FakeStreams(hold_first=True),
+    )
+    dialect = ElevenLabsSocket(read_query("default", {"output_format": "pcm_24000"}), multi=True)
+
+    async def run():
+        socket = TextSocket(peer, dialect, streams, Voices().get, socket_bounds.SocketBounds(), 0.05, PEER)
+        await asyncio.wait_for(socket.run(), 10)
+
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        asyncio.run(run())
+    assert peer.aborted and streams.opened[0].cancelled
+    assert [r.getMessage() for r in caplog.records] == [
+        f"an agent socket from {PEER} cut: not reading: its client left 0.1 s of audio untaken (the bound: 0.05 s)"]  # fmt: skip
