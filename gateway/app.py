@@ -24,10 +24,11 @@ from client.request import TTSError
 from client.voices import VoiceClient
 from engine.params import shown
 from engine.random_weights import RANDOM_WEIGHTS_NOTE
-from gateway.agent_socket import serve_socket
+from gateway.agent_sockets import Sockets, serve
 from gateway.body import BODY_TIMEOUT, MAX_UPLOAD_BYTES, read_capped, uploaded_audio
 from gateway.budget import DEFAULT_BOUNDS, Bounds, Budgets, ReleaseHolds
-from gateway.dialects import cartesia_http, elevenlabs_http
+from gateway.dialects import cartesia_http, elevenlabs_http, elevenlabs_socket
+from gateway.dialects.cartesia_socket import CartesiaSocket
 from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json
@@ -88,15 +89,20 @@ def create_app(
 
 def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds,
                      unsent_seconds: float = DEFAULT_BOUNDS.unsent_seconds) -> None:  # fmt: skip
-    """``/tts/websocket``: Cartesia's TTS WebSocket for voice agents (docs/agents.md). The gateway has no API
+    """The agent sockets (docs/agents.md), every vendor's on one text-socket core (:mod:`gateway.text_socket`):
+    ``/tts/websocket``, Cartesia's, and ElevenLabs' ``/v1/text-to-speech/{voice_id}/stream-input`` and
+    ``/multi-stream-input`` (:mod:`gateway.dialects.elevenlabs_socket`). The gateway has no API
     keys of its own: the plugins' ``X-API-Key`` header (or ``?api_key=``) and ``cartesia_version`` are taken
     and not checked, as the speech route takes any ``Authorization``. ``unsent_seconds``: the audio a
     socket's peer may leave untaken, all its contexts together (:mod:`gateway.outbox`)."""
-    open_sockets = OpenSockets(bounds)  # agent sockets open now, in all and by peer address
+    sockets = Sockets(open_text, voice_list.get, bounds, OpenSockets(bounds), unsent_seconds)
+    dialect = CartesiaSocket()  # it holds nothing per socket
 
     @app.websocket("/tts/websocket")
     async def agent_socket(ws: WebSocket):
-        await serve_socket(ws, open_text, voice_list.get, bounds, open_sockets, unsent_seconds)
+        await serve(ws, dialect, sockets)
+
+    elevenlabs_socket.add_routes(app, sockets)  # the agent sockets' share (OpenSockets) is one for all vendors
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a caller's x-request-id that is echoed back as it came

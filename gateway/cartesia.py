@@ -17,6 +17,7 @@ from engine.params import SPEED, UTTERANCE_PARAMETERS, shown
 from engine.protocol import surrogate_error
 from engine.text import canonical_language
 from gateway.rates import RATES
+from gateway.socket_options import ProtocolError
 from serving.contract import SEED_RANGE, is_seed
 
 ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")  # Cartesia's output_format.encoding
@@ -29,14 +30,6 @@ LANGUAGE_CODES = {
     "it": "Italian", "nl": "Dutch", "vi": "Vietnamese", "de": "German", "uk": "Ukrainian", "th": "Thai",
     "pl": "Polish", "ro": "Romanian", "el": "Greek", "cs": "Czech", "fi": "Finnish", "hi": "Hindi",
 }  # fmt: skip
-
-
-class ProtocolError(ValueError):
-    """A message the server cannot take: ``field`` names the part, ``context_id`` is its context (or None)."""
-
-    def __init__(self, message: str, field: str, context_id: str | None = None):
-        super().__init__(message)
-        self.field, self.context_id = field, context_id
 
 
 @dataclass(frozen=True)

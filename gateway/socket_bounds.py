@@ -1,4 +1,4 @@
-"""The agent socket's bounds (:mod:`gateway.agent_socket`) and the names of its refusals: each refusal's
+"""The agent socket's bounds (:mod:`gateway.text_socket`) and the names of its refusals: each refusal's
 error reply starts with its name, so a client (and docs/agents.md) can tell them apart."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ TOO_FAST = "too many messages: a socket takes at most {rate:g} a second (bursts 
 IDLE = "socket idle: no message for {s:g} s and no context open; closing"
 CONTEXT_IDLE = "context idle: no text for {s:g} s and no continue false; it is cancelled"
 BINARY = "binary frames are not read: send JSON text messages"
-ENDED = "context ended: it was sent continue false; send more text under a new context_id"
+ENDED = "context ended: it takes no more text (it was ended); send more text under a new context id"
 TRY_AGAIN_LATER = 1013  # the WebSocket close code for "try again later"
 # Why a socket was cut (gateway.outbox.Cut's log line; the peer sees the connection reset)
 NOT_TAKING = "not reading: a reply waited {s:g} s for its socket to take it"

@@ -1,7 +1,7 @@
 """What the agent socket's text goes into: a *text stream* (``AsyncTTSClient.open_text``, :mod:`client.text_in`)
 takes one utterance's text in pieces and yields its audio, each segment as soon as its text is complete.
 
-The socket (:mod:`gateway.agent_socket`) holds a :data:`TextStreams`, ``await open(**fields)`` with the
+The socket (:mod:`gateway.text_socket`) holds a :data:`TextStreams`, ``await open(**fields)`` with the
 fields of ``AsyncTTSClient.stream`` other than ``text``, and speaks to what it returns only through
 :class:`TextStream`, so that its tests run over an in-process stream.
 """

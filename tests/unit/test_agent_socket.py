@@ -1,4 +1,4 @@
-"""The agent WebSocket (gateway/agent_socket.py) without a server: a fake text stream under the route, the
+"""The Cartesia agent WebSocket (gateway/dialects/cartesia_socket.py on gateway/text_socket.py) without a server: a fake text stream under the route, the
 plugins' message sequences (tests/fixtures/cartesia_plugins.py: livekit-plugins-cartesia 1.8.9, pipecat-ai
 1.14.0) replayed through Starlette's test client, and every refusal by its name."""
 

@@ -11,9 +11,10 @@ import logging
 
 import pytest
 
-from gateway.agent_socket import AgentSocket
+from gateway.dialects.cartesia_socket import CartesiaSocket
 from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox
 from gateway.socket_bounds import OpenSockets, SocketBounds
+from gateway.text_socket import TextSocket
 from tests.unit.test_agent_socket import PCM24, FakeStreams, Voices
 
 PEER = "192.0.2.7:4711"
@@ -83,7 +84,7 @@ def stuck_socket(messages: list[dict], unsent_seconds: float = 30.0, **bounds) -
     async def run():
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        socket = AgentSocket(peer, streams, Voices().get, SocketBounds(**bounds), unsent_seconds, PEER)
+        socket = TextSocket(peer, CartesiaSocket(), streams, Voices().get, SocketBounds(**bounds), unsent_seconds, PEER)
         await asyncio.wait_for(socket.run(), 10)
         return loop.time() - t0
 

@@ -1,0 +1,55 @@
+"""Where every agent socket starts, whatever its vendor: what the gateway's sockets share (:class:`Sockets`:
+the text streams, the voices, the bounds, one count of open sockets for all vendors) and the handshake
+(:func:`serve`: admitted within the socket bounds, or refused by name, then run by the core,
+:class:`gateway.text_socket.TextSocket`, in the socket's dialect)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from gateway.outbox import log
+from gateway.socket_bounds import TRY_AGAIN_LATER, OpenSockets, SocketBounds
+from gateway.text_socket import Dialect, TextSocket
+from gateway.text_streams import TextStreams
+
+
+@dataclass(frozen=True)
+class Sockets:
+    """What every agent socket of the gateway shares, whatever its vendor."""
+
+    open_text: TextStreams
+    voices: Callable[[], Awaitable[list[dict]]]
+    bounds: SocketBounds
+    open_sockets: OpenSockets  # in all and by peer address: one share for every vendor's sockets
+    unsent_seconds: float  # the audio a socket's peer may leave untaken (gateway.outbox)
+
+
+async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | None = None,
+                refusal: tuple[int, str, int] | None = None) -> None:  # fmt: skip
+    """Accept ``ws`` and run it in ``dialect``, within the gateway's socket bounds (``bounds``: this socket's,
+    when its dialect narrows them); ``refusal`` (status, message, close code): the dialect refused the
+    handshake (a bad query parameter): the socket gets that error, then is closed."""
+    host = ws.client.host if ws.client else "unknown"
+    peer = f"{host}:{ws.client.port}" if ws.client else host
+    if refusal is None and (full := sockets.open_sockets.refusal(host)) is not None:
+        log.warning("an agent socket from %s refused: %s", peer, full)
+        refusal = (503, full, TRY_AGAIN_LATER)
+    if refusal is not None:
+        status, message, code = refusal
+        with contextlib.suppress(Exception):  # a new socket's buffers are empty: this cannot wait long
+            await ws.accept()
+            reply = json.dumps(dialect.error(None, status, message))
+            await asyncio.wait_for(ws.send_text(reply), sockets.bounds.send_seconds)
+            await asyncio.wait_for(ws.close(code), sockets.bounds.send_seconds)
+        return
+    sockets.open_sockets.open(host)  # before the first await: the next connection sees it
+    try:
+        await ws.accept()
+        await TextSocket(ws, dialect, sockets.open_text, sockets.voices, bounds or sockets.bounds,
+                         sockets.unsent_seconds, peer).run()  # fmt: skip
+    finally:
+        sockets.open_sockets.close(host)
