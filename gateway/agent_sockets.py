@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.outbox import log
+from gateway.shares import StreamShares, held_text
 from gateway.socket_bounds import TRY_AGAIN_LATER, OpenSockets, SocketBounds
 from gateway.text_socket import Dialect, TextSocket
 from gateway.text_streams import TextStreams
@@ -26,6 +27,7 @@ class Sockets:
     bounds: SocketBounds
     open_sockets: OpenSockets  # in all and by peer address: one share for every vendor's sockets
     unsent_seconds: float  # the audio a socket's peer may leave untaken (gateway.outbox)
+    shares: StreamShares  # Triton streams open by address, the HTTP routes' too: each context holds one
 
 
 async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | None = None,
@@ -49,7 +51,8 @@ async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | N
     sockets.open_sockets.open(host)  # before the first await: the next connection sees it
     try:
         await ws.accept()
-        await TextSocket(ws, dialect, sockets.open_text, sockets.voices, bounds or sockets.bounds,
+        open_text = held_text(sockets.open_text, sockets.shares, host)  # each context holds the address's share
+        await TextSocket(ws, dialect, open_text, sockets.voices, bounds or sockets.bounds,
                          sockets.unsent_seconds, peer).run()  # fmt: skip
     finally:
         sockets.open_sockets.close(host)

@@ -33,6 +33,7 @@ from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json
 from gateway.instruct import add_edit_routes, check_fields, design_voice
+from gateway.shares import StreamShares, host_of
 from gateway.socket_bounds import OpenSockets, SocketBounds
 from gateway.text_streams import TextStreams
 
@@ -57,6 +58,7 @@ def create_app(
     flight may hold together (:mod:`gateway.budget`) and a stream's unsent audio."""
     app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
     app.state.budgets = Budgets(bounds)
+    app.state.shares = StreamShares(bounds.streams_per_peer)  # every route's Triton streams, by address
     tts = AsyncTTSClient(triton, timeout=timeout)
     voice_list = VoiceList(triton, timeout)
 
@@ -81,21 +83,25 @@ def create_app(
     core = Core(tts, voice_list.get, body_timeout)  # the speech route's, and the vendors' dialects' (gateway.dialects)
     add_speech_routes(app, core)
     add_edit_routes(app, tts, decoding, body_timeout)
-    add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds(), bounds.unsent_seconds)
+    add_agent_routes(app, tts.open_text, voice_list, socket_bounds or SocketBounds(), bounds.unsent_seconds,
+                     app.state.shares)  # fmt: skip
     for dialect in (cartesia_http, elevenlabs_http):
         dialect.add_routes(app, core)
     return app
 
 
 def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds,
-                     unsent_seconds: float = DEFAULT_BOUNDS.unsent_seconds) -> None:  # fmt: skip
+                     unsent_seconds: float = DEFAULT_BOUNDS.unsent_seconds,
+                     shares: StreamShares | None = None) -> None:  # fmt: skip
     """The agent sockets (docs/agents.md), every vendor's on one text-socket core (:mod:`gateway.text_socket`):
     ``/tts/websocket``, Cartesia's, and ElevenLabs' ``/v1/text-to-speech/{voice_id}/stream-input`` and
     ``/multi-stream-input`` (:mod:`gateway.dialects.elevenlabs_socket`). The gateway has no API
     keys of its own: the plugins' ``X-API-Key`` header (or ``?api_key=``) and ``cartesia_version`` are taken
     and not checked, as the speech route takes any ``Authorization``. ``unsent_seconds``: the audio a
-    socket's peer may leave untaken, all its contexts together (:mod:`gateway.outbox`)."""
-    sockets = Sockets(open_text, voice_list.get, bounds, OpenSockets(bounds), unsent_seconds)
+    socket's peer may leave untaken, all its contexts together (:mod:`gateway.outbox`); ``shares``: the
+    Triton streams each address may have open, shared with the HTTP routes (:mod:`gateway.shares`)."""
+    shares = shares or StreamShares(DEFAULT_BOUNDS.streams_per_peer)
+    sockets = Sockets(open_text, voice_list.get, bounds, OpenSockets(bounds), unsent_seconds, shares)
     dialect = CartesiaSocket()  # it holds nothing per socket
 
     @app.websocket("/tts/websocket")
@@ -230,8 +236,9 @@ def add_voice_routes(
             raise from_tts_error(e) from None
         return {"object": "list", "data": [voice_object(v) for v in voices], "voices": voices}
 
-    async def designed(voices_client: VoiceClient, fields) -> dict:
-        voice = await design_voice(tts, voices_client, fields)
+    async def designed(voices_client: VoiceClient, fields, request: Request) -> dict:
+        with request.app.state.shares.hold(host_of(request.scope)):  # the design's one Triton stream
+            voice = await design_voice(tts, voices_client, fields)
         voice_list.changed()
         return voice_object(voice, "prompt", fields.get("instructions"))
 
@@ -242,18 +249,18 @@ def add_voice_routes(
         raw = await read_capped(request, MAX_UPLOAD_BYTES, too_big, body_timeout)
         voices_client = VoiceClient(triton, timeout=timeout, admin_key=key)
         if request.headers.get("content-type", "").startswith("application/json"):
-            return await designed(voices_client, parse_json(raw))
+            return await designed(voices_client, parse_json(raw), request)
         form = await request.form()  # parses the body read above
         if "instructions" in form:
             if "file" in form or "audio_sample" in form:
                 raise APIError(400, "give either file (a recording) or instructions (to design a voice), not both",
                                "instructions")  # fmt: skip
-            return await designed(voices_client, form)
+            return await designed(voices_client, form, request)
         if form.get("type") == "prompt" or "prompt" in form:  # OpenAI's voice from a text prompt
             check_fields(form, PROMPT_FIELDS)
             fields = {k: form[k] for k in ("name", "language", "seed") if k in form}
             fields |= {"instructions": form.get("prompt"), "text": form.get("script_hint") or DESIGN_SAMPLE}
-            return await designed(voices_client, fields)
+            return await designed(voices_client, fields, request)
         check_fields(form, AUDIO_FIELDS)
         if form.get("type", "audio_sample") != "audio_sample":
             raise APIError(400, f"type must be audio_sample or prompt, got {shown(form.get('type'))}", "type")

@@ -18,7 +18,8 @@ HOLDS = "gateway.holds"  # the scope key of a request's list of (Budget, bytes) 
 
 @dataclass(frozen=True)
 class Bounds:
-    """The gateway's totals over all requests in flight, and the unsent audio a stream may have."""
+    """The gateway's totals over all requests in flight, the unsent audio a stream may have, and the Triton
+    streams one client address may have open at once."""
 
     upload_bytes: int = 96 * 2**20  # request bodies read or being read (a reference upload is at most 20 MB)
     decoded_bytes: int = 192 * 2**20  # decoded uploads kept (a 60 s reference at 192 kHz decodes to 46 MB)
@@ -26,9 +27,13 @@ class Bounds:
     # connection's socket buffers hold; an agent socket's contexts together): past it the streams are ended,
     # their generator slots freed and the connection cut (gateway.outbox)
     unsent_seconds: float = 30.0
+    # Triton streams open at once from one address, every route together (gateway.shares): each may hold
+    # one of the server's admission places (40 with 8 slots), so one address holds at most a fifth of them;
+    # a voice agent speaks one or two turns at once, a small batch client a few requests
+    streams_per_peer: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("upload_bytes", "decoded_bytes", "unsent_seconds"):
+        for name in ("upload_bytes", "decoded_bytes", "unsent_seconds", "streams_per_peer"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 

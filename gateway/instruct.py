@@ -141,4 +141,5 @@ def add_edit_routes(app: FastAPI, tts: AsyncTTSClient, decoding: asyncio.Semapho
         kw = {"recording": audio, "sample_rate": rate, "instruction": instruction, "kind": kind, "seed": seed,
               "parameters": parameters}  # fmt: skip
         return await stream_response(tts.edit, kw, fmt, stream_format, None,
-                                     request.app.state.budgets.bounds.unsent_seconds, request.scope)  # fmt: skip
+                                     request.app.state.budgets.bounds.unsent_seconds, request.scope,
+                                     request.app.state.shares)  # fmt: skip

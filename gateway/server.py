@@ -150,6 +150,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-unsent-seconds", type=float, default=d.bounds.unsent_seconds,
                     help="seconds of audio a connection's client may leave untaken (an agent socket: all its "
                          "contexts together); beyond, its streams are ended and the connection cut")  # fmt: skip
+    ap.add_argument("--streams-per-peer", type=int, default=d.bounds.streams_per_peer,
+                    help="Triton streams (speech requests, agent-socket contexts, edits) open at once from one "
+                         "client address; beyond, 429 'too many streams from your address'")  # fmt: skip
 
 
 def add_socket_arguments(ap: argparse.ArgumentParser) -> None:
@@ -175,7 +178,7 @@ def socket_bounds(args: argparse.Namespace):
 
 def options(args: argparse.Namespace) -> ServerOptions:
     bounds = Bounds(int(args.max_upload_mb_in_flight * 2**20), int(args.max_decoded_mb_in_flight * 2**20),
-                    args.max_unsent_seconds)  # fmt: skip
+                    args.max_unsent_seconds, args.streams_per_peer)  # fmt: skip
     return ServerOptions(args.header_timeout, args.keep_alive_timeout, args.body_timeout, args.limit_concurrency,
                          bounds)  # fmt: skip
 

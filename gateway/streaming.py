@@ -30,6 +30,7 @@ from client.request import TTSError
 from gateway.encode import Encoder
 from gateway.errors import from_tts_error
 from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox, peer_of
+from gateway.shares import StreamShares, held, host_of
 
 PLAN_HEADER = "X-Plan-Text"  # the plan text, UTF-8 percent-encoded (a header carries only Latin-1)
 PLAN_EVENT = "speech.plan"  # the SSE event that carries it: {"type": "speech.plan", "text": "..."}
@@ -37,12 +38,15 @@ PLAN_EVENT = "speech.plan"  # the SSE event that carries it: {"type": "speech.pl
 
 async def stream_response(
     open_stream: Callable, kw: dict, response_format: str, stream_format: str, sample_rate: int | None = None,
-    unsent_seconds: float | None = None, scope: dict | None = None,
+    unsent_seconds: float | None = None, scope: dict | None = None, shares: StreamShares | None = None,
 ) -> StreamingResponse:  # fmt: skip
     """``open_stream(**kw, on_plan=...)`` (``AsyncTTSClient.stream`` or ``.edit``) as the answer; ``sample_rate``
     of the raw formats, already checked (None: the format's default); ``unsent_seconds``: the audio its client
     may leave untaken before the stream is ended (None: no bound); ``scope``: the request's ASGI scope
-    (its connection is cut when that happens, if the server offers a way)."""
+    (its connection is cut when that happens, if the server offers a way); ``shares``: the client address's
+    share of streams, held while the Triton stream is open (:mod:`gateway.shares`; over it, a 429)."""
+    if shares is not None:
+        open_stream = held(open_stream, shares, host_of(scope))
     plans: list[str] = []
     stream = open_stream(**kw, on_plan=plans.append)
     try:

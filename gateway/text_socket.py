@@ -34,7 +34,7 @@ from typing import Protocol
 
 from client.request import TTSError
 from client.text_in import Flushed
-from gateway.errors import from_tts_error
+from gateway.errors import APIError, from_tts_error
 from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox
 from gateway.socket_audio import seconds
 from gateway.socket_bounds import (
@@ -201,6 +201,8 @@ class TextSocket:
             await self._take(ctx, piece)
         except ProtocolError as e:
             await self.refuse(context_id, 400, str(e))
+        except APIError as e:  # the address's share of streams is taken (gateway.shares)
+            await self.refuse(context_id, e.status, e.message)
         except (TTSError, ConnectionError, TimeoutError) as e:
             answer = from_tts_error(e)
             await self.refuse(context_id, answer.status, answer.message)

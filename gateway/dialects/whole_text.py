@@ -64,7 +64,7 @@ class Core:
         tally = Tally()
         unsent = request.app.state.budgets.bounds.unsent_seconds
         response = await stream_response(tapped(self.tts.stream, tally, volume), kw, response_format, stream_format,
-                                         sample_rate, unsent, request.scope)  # fmt: skip
+                                         sample_rate, unsent, request.scope, request.app.state.shares)  # fmt: skip
         return response, tally
 
 
