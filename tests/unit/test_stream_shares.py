@@ -19,6 +19,7 @@ from client.request import ServerBusy
 from client.tts_client import Chunk
 from gateway import socket_bounds
 from gateway.app import add_agent_routes
+from gateway.budget import Bounds
 from gateway.errors import APIError
 from gateway.shares import TOO_MANY_STREAMS, StreamShares, held, held_text
 from gateway.streaming import stream_response
@@ -160,3 +161,16 @@ def test_a_sockets_context_over_the_share_is_refused_by_name_and_served_once_ano
         assert "error" not in [r["type"] for r in served] and "chunk" in [r["type"] for r in served]
     assert streams.opened[0].cancelled and len(streams.opened) == 3  # a, b, d: c never opened a stream
     assert shares.holdings() == {}
+
+
+def test_the_gateways_flag_sets_the_share_and_refuses_zero():
+    import argparse
+
+    from gateway import server
+
+    ap = argparse.ArgumentParser()
+    server.add_arguments(ap)
+    assert server.options(ap.parse_args([])).bounds.streams_per_peer == Bounds().streams_per_peer == 8
+    assert server.options(ap.parse_args(["--streams-per-peer", "3"])).bounds.streams_per_peer == 3
+    with pytest.raises(ValueError, match="streams_per_peer"):
+        server.options(ap.parse_args(["--streams-per-peer", "0"]))
