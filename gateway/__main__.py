@@ -6,8 +6,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+LAUNCHER_OWNS = ("--triton", "--host", "--port", "--random-weights")  # serving.serve sets these itself
 
-def main(argv: list[str] | None = None) -> None:
+
+def parser() -> argparse.ArgumentParser:
+    """The gateway's command line (``serving.serve --gateway-args`` is checked against it)."""
     ap = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--triton", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
     ap.add_argument("--host", default="127.0.0.1")
@@ -22,6 +25,31 @@ def main(argv: list[str] | None = None) -> None:
 
     server.add_arguments(ap)
     server.add_socket_arguments(ap)
+    return ap
+
+
+def check(argv: list[str]) -> str | None:
+    """What is wrong with ``argv`` as more options of a gateway the launcher starts, or None."""
+    from gateway import server
+
+    for arg in argv:
+        if arg.split("=", 1)[0] in LAUNCHER_OWNS:
+            return f"{arg.split('=', 1)[0]} is set by the launcher (--host, --openai-port), not in --gateway-args"
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit:  # argparse has printed why
+        return "not options of python -m gateway (python -m gateway --help lists them)"
+    try:
+        server.options(args), server.socket_bounds(args)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser()
+    from gateway import server
+
     args = ap.parse_args(argv)
     try:
         options, socket_bounds = server.options(args), server.socket_bounds(args)

@@ -16,6 +16,7 @@ import dataclasses
 import ipaddress
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
+    ap.add_argument("--gateway-args", default="", metavar="'OPTIONS'",
+                    help="more options of the gateway, as one string (python -m gateway --help lists them), e.g. "
+                         "'--max-unsent-seconds 10 --agent-sockets-per-peer 8'; checked before anything starts")  # fmt: skip
     add_front_arguments(ap)  # --grpc-front, --http-front and their bounds (serving.fronts.front_limits)
     ap.add_argument("--work-dir", type=Path, help="where run folders go (default: ~/.cache/fireredtts3-triton/run)")
     key_source = ap.add_mutually_exclusive_group()
@@ -133,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.stall_seconds < 0 or args.drain_seconds < 0:
         ap.error("--stall-seconds and --drain-seconds must be >= 0")
+    gateway_args = shlex.split(args.gateway_args)
+    if gateway_args:
+        from gateway.__main__ import check as check_gateway_args
+
+        if problem := check_gateway_args(gateway_args):
+            ap.error(f"--gateway-args: {problem}")
 
     admin_key = args.admin_key
     if args.admin_key_file:
@@ -200,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     # the gateway is ours: it reaches Triton's own gRPC port, behind the front when there is one
-    gateway = None if args.no_openai else Gateway(args.host, server.triton_grpc, args.openai_port, random_weights)
+    gateway = (
+        None
+        if args.no_openai
+        else Gateway(args.host, server.triton_grpc, args.openai_port, random_weights, gateway_args)
+    )
     stopping = lambda: bool(signals)  # noqa: E731
     print("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything "
           "answers", file=sys.stderr, flush=True)  # fmt: skip

@@ -40,8 +40,9 @@ def launcher(tiny_ckpt, tmp_path_factory):
     # the gRPC and HTTP ports are the bounded fronts (serving.fronts.grpc_front, serving.fronts.http_front): every
     # gRPC and HTTP call below goes through them; the HTTP front's idle bound is RESTART_WITHIN, so that a kept-alive
     # client connection outlives a tritonserver restart
+    # --gateway-args: the gateway takes the operator's options (a share of one socket an address, tested below)
     args = ("--slots", "2", "--admin-key-file", str(tmp / "key"), "--grpc-front", "on", "--http-front", "on",
-            "--http-front-idle-seconds", str(RESTART_WITHIN))  # fmt: skip
+            "--http-front-idle-seconds", str(RESTART_WITHIN), "--gateway-args", "--agent-sockets-per-peer 1")  # fmt: skip
     with Launcher.start(tiny_ckpt, tmp, *args) as ln:
         ln.wait_ready()
         yield ln
@@ -162,6 +163,23 @@ def test_the_addresses_come_once_everything_answers_with_a_note_on_random_weight
     assert 'id="notice"' in page and "random weights" in page
 
 
+def test_the_gateway_takes_the_operators_options(launcher):
+    """``--gateway-args '--agent-sockets-per-peer 1'``: a second agent socket from this address is refused by name."""
+    import json
+
+    import websocket  # websocket-client
+
+    url = f"ws://127.0.0.1:{launcher.openai}/tts/websocket?cartesia_version=2025-04-16"
+    first = websocket.create_connection(url, timeout=30)
+    try:
+        second = websocket.create_connection(url, timeout=30)
+        refused = json.loads(second.recv())
+        second.close()
+    finally:
+        first.close()
+    assert refused["type"] == "error" and refused["error"].startswith("too many sockets from your address: at most 1")
+
+
 def test_a_dead_gateway_is_started_again(launcher):
     import httpx
 
@@ -181,6 +199,9 @@ def test_a_dead_gateway_is_started_again(launcher):
         except httpx.HTTPError:
             status = 0
     assert status == 200 and gateway_pids() and pid not in gateway_pids()
+    (new,) = gateway_pids()  # started again with the operator's options
+    with open(f"/proc/{new}/cmdline") as cmdline:
+        assert "--agent-sockets-per-peer\x001" in cmdline.read()
     text = launcher.text()
     assert "gateway exited with -9; restarting it in 0.5 s (1 restarts so far)" in text
     # one restart: a restarted gateway that exits again is a bug (one aborted before exec: docs/triton.md#T24)

@@ -352,6 +352,19 @@ def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, cap
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("bad, why", [("--agent-sockets 0", "sockets must be > 0"), ("--port 9", "set by the launcher"),
+                                      ("--bogus 1", "not options of python -m gateway")])  # fmt: skip
+def test_launcher_refuses_bad_gateway_args_before_writing_anything(tmp_path, bad, why, capsys):
+    from serving import serve
+
+    argv = ["--checkpoint", str(tmp_path), "--work-dir", str(tmp_path / "runs"), "--gateway-args", bad]
+    with pytest.raises(SystemExit) as e:
+        serve.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--gateway-args: " in err and why in err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_kv_cache_and_attention_options_reach_the_generator():
     text = render(ServeOptions(kv_memory_gb=1.5, attention="sdpa"))["generator"]
     assert 'key: "kv_memory_gb" value { string_value: "1.5" }' in text
