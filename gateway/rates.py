@@ -14,8 +14,8 @@ import soxr
 from engine.params import shown
 from engine.protocol import SAMPLE_RATE
 
-# Cartesia's output_format.sample_rate values; 24000 is the model's own
-RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+# Cartesia's output_format.sample_rate values, and 32000 (ElevenLabs' pcm_32000); 24000 is the model's own
+RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 QUALITY = "HQ"  # libsoxr's default: VHQ costs more per chunk and cannot be heard at these rates
 # formats that carry samples as they are (raw, or WAV's header and raw), so at any rate; the
 # codecs of gateway.encode stay at 24 kHz

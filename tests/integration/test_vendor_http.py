@@ -172,7 +172,7 @@ def test_livekits_synthesize_gets_mp3_at_the_rate_it_names(gateway):
 @pytest.mark.parametrize(
     ("query", "changes", "param"),
     [
-        ({"output_format": "pcm_32000"}, {}, "output_format"),
+        ({"output_format": "pcm_11025"}, {}, "output_format"),
         ({"output_format": "mp3_44100_320"}, {}, "output_format"),
         ({}, {"text": ""}, "text"),
         ({}, {"voice_settings": {"speed": 9.0}}, "voice_settings.speed"),
