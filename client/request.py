@@ -1,12 +1,16 @@
-"""One ``tts`` request, built once and encoded for gRPC (``InferInput`` tensors) or HTTP (JSON body).
+"""One ``tts`` request, built once and encoded for gRPC (``InferInput`` tensors) or HTTP (JSON body), and
+what a response carries back (:class:`Chunk`, :func:`chunk_of`, failures by kind).
 
-Shared by the sync client (:mod:`client.tts_client`) and the asyncio one (:mod:`client.aio`), so both
-protocols send exactly the same fields.
+Shared by the sync client (:mod:`client.tts_client`), the asyncio one (:mod:`client.aio`) and text-in
+streams (:mod:`client.text_in`, whose request layout is :func:`piece_request`), so every path sends exactly
+the same fields and reads responses the same way; none of them imports another for these pieces.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypedDict, Unpack
@@ -236,3 +240,40 @@ def raise_if_failed(finish_reason) -> None:
 def is_final(result) -> bool:
     """Whether a gRPC stream response is the request's last (``enable_empty_final_response``)."""
     return result.get_response().parameters["triton_final_response"].bool_param
+
+
+@dataclass(frozen=True)
+class Chunk:
+    audio: np.ndarray  # (n,) float32 at 24 kHz
+    arrival: float  # seconds since the request was sent
+
+
+def chunk_of(result, on_plan, t0: float) -> Chunk | None:
+    """One gRPC stream response -> its audio as a :class:`Chunk` (None when it carries none); a failure in
+    its FINISH_REASON raised (:func:`raise_if_failed`); its plan text to ``on_plan``."""
+    raise_if_failed(result.as_numpy("FINISH_REASON"))
+    if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
+        on_plan(plan)
+    audio = result.as_numpy("AUDIO")
+    if audio is None or not audio.size:
+        return None
+    return Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
+
+
+def sequence_id() -> int:
+    """A random sequence id: another client cannot guess it (a START on a live id is refused)."""
+    return secrets.randbits(63) | 1
+
+
+def piece_request(model: str, sequence: int, text: str, flush: bool, start: bool = False, end: bool = False,
+                  fields: dict | None = None, parameters: dict | None = None, tc=None) -> dict:  # fmt: skip
+    """One request of a text-in stream, as ``stream_infer`` takes it (the first carries ``fields``: the
+    voice, seed, ..., and the request ``parameters``)."""
+    values = {**(fields or {}), "TEXT": text}
+    if flush:
+        values["FLUSH"] = True
+    request = {"model_name": model, "inputs": grpc_inputs(values, tc, model=model), "sequence_id": sequence,
+               "sequence_start": start, "sequence_end": end}  # fmt: skip
+    if parameters:
+        request["parameters"] = parameters
+    return request

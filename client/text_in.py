@@ -17,13 +17,11 @@ on the last, one request per piece). The server speaks each segment as soon as i
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Self
 
-from client.request import grpc_inputs, is_final, raise_if_failed
-from client.tts_client import Chunk, chunk_of
+from client.request import Chunk, chunk_of, is_final, piece_request, raise_if_failed, sequence_id
 
 
 @dataclass(frozen=True)
@@ -32,25 +30,6 @@ class Flushed:
     but its last 50 ms, which the server cross-fades into the next segment (they come with it, or at the end)."""
 
     n: int
-
-
-def sequence_id() -> int:
-    """A random sequence id: another client cannot guess it (a START on a live id is refused)."""
-    return secrets.randbits(63) | 1
-
-
-def piece_request(model: str, sequence: int, text: str, flush: bool, start: bool = False, end: bool = False,
-                  fields: dict | None = None, parameters: dict | None = None, tc=None) -> dict:  # fmt: skip
-    """One request of a text-in stream, as ``stream_infer`` takes it (the first carries ``fields``: the
-    voice, seed, ..., and the request ``parameters``)."""
-    values = {**(fields or {}), "TEXT": text}
-    if flush:
-        values["FLUSH"] = True
-    request = {"model_name": model, "inputs": grpc_inputs(values, tc, model=model), "sequence_id": sequence,
-               "sequence_start": start, "sequence_end": end}  # fmt: skip
-    if parameters:
-        request["parameters"] = parameters
-    return request
 
 
 class AsyncTextStream:

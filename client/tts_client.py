@@ -19,13 +19,13 @@ import json
 import queue
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Unpack
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from client.request import (
+    Chunk,
     Forbidden,
     InvalidRequest,
     NotFound,
@@ -34,14 +34,17 @@ from client.request import (
     ServerUnavailable,
     TTSError,
     TTSRequest,
+    chunk_of,
     edit_task,
     grpc_error,
     grpc_inputs,
     http_body,
     http_error_text,
     is_final,
+    piece_request,
     plan_text,
     raise_if_failed,
+    sequence_id,
     server_error,
 )
 
@@ -49,24 +52,6 @@ __all__ = [
     "Chunk", "Forbidden", "InvalidRequest", "NotFound", "ServerBusy", "ServerUnavailable", "TTSClient",
     "TTSError",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Chunk:
-    audio: np.ndarray  # (n,) float32 at 24 kHz
-    arrival: float  # seconds since the request was sent
-
-
-def chunk_of(result, on_plan, t0: float) -> Chunk | None:
-    """One gRPC stream response -> its audio as a :class:`Chunk` (None when it carries none); a failure in
-    its FINISH_REASON raised (:func:`client.request.raise_if_failed`); its plan text to ``on_plan``."""
-    raise_if_failed(result.as_numpy("FINISH_REASON"))
-    if on_plan is not None and (plan := plan_text(result.as_numpy("PLAN_TEXT"))) is not None:
-        on_plan(plan)
-    audio = result.as_numpy("AUDIO")
-    if audio is None or not audio.size:
-        return None
-    return Chunk(audio.astype(np.float32).reshape(-1), time.perf_counter() - t0)
 
 
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -132,8 +117,6 @@ class TTSClient:
         tokens, stdin's lines), as a text-in stream (gRPC only; see :mod:`client.text_in`). ``flush``: flush
         after every piece; ``release``: ``sentence`` (the server's default) or ``flush``; ``settings``: as
         :meth:`stream`'s. Leaving early cancels the stream on the server."""
-        from client.text_in import piece_request, sequence_id
-
         if self.protocol != "grpc":
             raise ValueError("text-in streams need gRPC (HTTP generate_stream carries no sequence id)")
         request = TTSRequest.of(None, settings)

@@ -1,5 +1,5 @@
-"""Who may import whom: the client stays light, engine/ has no import circles and stays the model, and
-the client speaks the serving contract, not the server's insides.
+"""Who may import whom: the client stays light, no package of ours has import circles, engine/ stays the
+model, and the client speaks the serving contract, not the server's insides.
 
 The static checks read every ``import`` of a file with :mod:`ast` (those inside functions too, which
 run sooner or later; those under ``if TYPE_CHECKING:`` never run and are left out of the circles).
@@ -124,10 +124,19 @@ def _circle_in(graph: dict[str, set[str]], group: set[str]) -> list[str]:
     raise AssertionError(f"{sorted(group)} is no circle")  # Tarjan's groups always have one
 
 
-def engine_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in _files("engine")}
+# The packages whose modules import each other; model_repository's model.py files are loaded by path.
+PACKAGES = ("engine", "serving", "gateway", "client", "bench", "loadtest")
+
+
+def graph_of(*folders: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``folders`` it imports at run time (inside functions too)."""
+    modules = {module_name(p): p for folder in folders for p in _files(folder)}
     return {name: {m for m in imported(path, runtime_only=True) if m in modules and m != name}
             for name, path in modules.items()}  # fmt: skip
+
+
+def engine_graph() -> dict[str, set[str]]:
+    return graph_of("engine")
 
 
 @pytest.mark.parametrize("module", LIGHT_IMPORTS)
@@ -142,6 +151,19 @@ def test_the_client_and_the_protocol_load_neither_torch_nor_the_text_front_end(m
 def test_engine_has_no_import_circles():
     circles = find_circles(engine_graph())
     assert not circles, "import circles in engine/:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+@pytest.mark.parametrize("package", PACKAGES[1:])
+def test_no_package_has_import_circles(package):
+    """A circle through a function-level import (client.text_in <-> client.tts_client once) counts: it runs
+    as soon as the function does, and a module half-loaded then fails by name, or not at all."""
+    circles = find_circles(graph_of(package))
+    assert not circles, f"import circles in {package}/:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_no_circles_across_packages():
+    circles = find_circles(graph_of(*PACKAGES))
+    assert not circles, "import circles across packages:\n" + "\n".join(" -> ".join(c) for c in circles)
 
 
 def test_engine_imports_nothing_triton_facing():
