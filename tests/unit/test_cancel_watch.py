@@ -31,6 +31,19 @@ class Request:
         return self.cancelled
 
 
+async def moved_on(watch: CancelWatch, questions: int = 2) -> None:
+    """Returns once the watch's thread has asked a request added now ``questions`` times: it has taken every
+    earlier removal and finished every question it had under way (one thread, one question at a time), so
+    a question it was ever going to ask of a removed request would have come before this returns."""
+    sentinel = Request()
+    entry = watch.add(sentinel)
+    deadline = time.monotonic() + 30
+    while sentinel.calls < questions + 1 or sentinel.inside:  # the last question over, one more after it
+        assert time.monotonic() < deadline, f"the watch's thread asked {sentinel.calls} times in 30 s"
+        await asyncio.sleep(0.005)
+    await watch.remove(entry, last=False)
+
+
 def test_a_client_that_left_is_seen_on_the_watch_thread_and_the_others_are_not():
     async def main():
         watch = CancelWatch(rate=1000, poll=0.01)
@@ -62,7 +75,7 @@ def test_no_question_after_remove_returns_whatever_the_timing():
         watch = CancelWatch(rate=2000, poll=0.001)
         requests = [Request(seconds=0.002) for _ in range(200)]
         await asyncio.gather(*(one(watch, r, i) for i, r in enumerate(requests)))
-        await asyncio.sleep(0.1)  # the thread goes on with whatever it had
+        await moved_on(watch)  # the thread went on past whatever it had
         return requests
 
     requests = asyncio.run(main())
@@ -96,10 +109,9 @@ def test_the_last_question_lets_go_of_the_retired_iterators(monkeypatch):
         watch = CancelWatch(rate=1, poll=3600)  # no poll of its own within the test
         quiet, last = Request(), Request()
         a, b = watch.add(quiet), watch.add(last)
-        while not quiet.calls + last.calls:  # the thread asks the first one at once
+        while not quiet.calls + last.calls or quiet.inside or last.inside:  # it asks the first one at once
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        asked = quiet.calls + last.calls
+        asked = quiet.calls + last.calls  # the next question is 1,800 s away (poll 3600 / 2 requests)
         iterator = Iterator()
         retired.retire(iterator)
         ref = weakref.ref(iterator)
@@ -147,7 +159,9 @@ def test_a_cancelled_remover_still_waits_for_the_thread():
         while not request.calls:  # the thread is inside a slow question now
             await asyncio.sleep(0.005)
         remover = asyncio.ensure_future(watch.remove(entry, last=False))
-        await asyncio.sleep(0.01)
+        while not (watch.removals or entry.removed):  # the removal is filed: the remover waits for the thread
+            await asyncio.sleep(0)
+        assert request.inside  # still inside its 0.2 s question: the cancel comes while the remover waits
         remover.cancel()
         try:
             await remover
@@ -156,7 +170,7 @@ def test_a_cancelled_remover_still_waits_for_the_thread():
         assert not request.inside  # the question under way ended before the remover let its caller go
         request.final = True
         assert remover.cancelled()
-        await asyncio.sleep(0.3)
+        await moved_on(watch)  # the thread went on past the slow question it had
         return request
 
     request = asyncio.run(main())

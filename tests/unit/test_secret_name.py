@@ -72,8 +72,20 @@ def test_dead_flags_are_per_model_and_cleared(tmp_path):
     assert flags.dead("prompt_encoder") is None
 
 
+class CountedFlags(RunFlags):
+    """RunFlags that count the times a model's death was asked about (each one a look that found it alive)."""
+
+    def __init__(self, folder):
+        super().__init__(folder)
+        self.asked: dict[str, int] = {}
+
+    def dead(self, model):
+        self.asked[model] = self.asked.get(model, 0) + 1
+        return super().dead(model)
+
+
 def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
-    flags = RunFlags(tmp_path)
+    flags = CountedFlags(tmp_path)
     never = asyncio.Event()
 
     class Request:  # an InferenceRequest whose stub died: async_exec never returns
@@ -89,8 +101,11 @@ def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
         LINGERING.set(set())
         bls = BLS(pb, timeout=60.0, pool=None, flags=flags)
         call = asyncio.create_task(bls.call("prompt_encoder", [], ["X"]))
-        await asyncio.sleep(0.5)
-        assert not call.done()  # it waits while the model lives
+        for _ in range(1000):  # the call looked at the flag three times, found the model alive and went on
+            if flags.asked.get("prompt_encoder", 0) >= 3 or call.done():
+                break
+            await asyncio.sleep(0.01)
+        assert flags.asked.get("prompt_encoder", 0) >= 3 and not call.done()  # it waits while the model lives
         flags.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
         with pytest.raises(Unavailable, match="prompt_encoder backend died"):
             await asyncio.wait_for(call, 10)  # well before the 60 s timeout
