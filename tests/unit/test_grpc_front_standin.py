@@ -32,6 +32,7 @@ class Upstream:
         self.cancelled = threading.Event()
         self.sent = 0
         self.held = 0  # ModelReady calls waiting for release()
+        self.held_at_live: list[int] = []  # per ServerLive call, in arrival order: ModelReady calls held then
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
 
@@ -39,6 +40,7 @@ class Upstream:
         self.released = asyncio.Event()
 
         async def live(request, context):
+            self.held_at_live.append(self.held)
             self.metadata.append(tuple(context.invocation_metadata()))
             return b"echo:" + request
 
@@ -283,11 +285,37 @@ def test_a_call_past_max_streams_per_connection_waits_for_one_to_end(bounded):
         calls = held(channel, upstream, 2)
         third = method(channel, "ServerLive").future(b"3", timeout=60)
         assert method(other, "ServerLive")(b"other", timeout=30) == b"echo:other"
-        time.sleep(0.5)  # a third stream let through would be answered in this time: the upstream answers at once
-        assert not third.done() and len(upstream.metadata) == 1  # only the other connection's call got there
+        assert not third.done() and upstream.held_at_live == [2]  # only the other connection's call got there
         upstream.release()
         assert [c.result() for c in calls] == [b"released"] * 2
         assert third.result() == b"echo:3"
+        # The third reached the upstream only once a held call had ended (each leaves the count before its
+        # answer goes out): let through at once, it would have found both held.
+        assert len(upstream.held_at_live) == 2 and upstream.held_at_live[1] < 2, upstream.held_at_live
+
+
+def advertised_settings(address: str, seconds: float = 30.0) -> dict[int, int]:
+    """The front's HTTP/2 SETTINGS (identifier -> value), read off a raw connection."""
+    with socket.create_connection(("127.0.0.1", int(address.rpartition(":")[2]))) as sock:
+        sock.sendall(PREFACE + SETTINGS)
+        sock.settimeout(seconds)
+        data = b""
+        while True:
+            while len(data) >= 9 and len(data) >= 9 + (size := int.from_bytes(data[:3], "big")):
+                kind, flags, payload = data[3], data[4], data[9 : 9 + size]
+                if kind == 4 and not flags & 1:  # SETTINGS, not an acknowledgement: 6 bytes a setting
+                    return {int.from_bytes(payload[i : i + 2], "big"): int.from_bytes(payload[i + 2 : i + 6], "big")
+                            for i in range(0, len(payload), 6)}  # fmt: skip
+                data = data[9 + size :]
+            chunk = sock.recv(65536)
+            assert chunk, "the front closed the connection before its SETTINGS"
+            data += chunk
+
+
+def test_the_front_tells_each_connection_its_stream_bound(bounded):
+    """What makes a client hold a call back: SETTINGS_MAX_CONCURRENT_STREAMS (0x3) is the bound."""
+    f, _ = bounded
+    assert advertised_settings(f.address).get(0x3) == BOUNDED.max_streams_per_connection == 2
 
 
 def test_a_call_past_max_calls_is_refused(bounded):
