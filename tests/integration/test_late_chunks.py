@@ -74,7 +74,12 @@ def _decode(server, batches: list[list]) -> list[tuple[str, int]]:
 def test_a_consumer_late_past_the_old_grace_gets_every_chunk_decoded(server):
     chunks = _generate(server, patches=4)
     assert len(chunks) == 4 and chunks[-1].last
+    ended = time.monotonic()
     time.sleep(OLD_GRACE_SECONDS + 1.5)  # the consumer is slow: the generator ended the stream long ago
+    # Proof that the generator looked at its board after the old grace (the sleep alone proves nothing if its
+    # engine thread was starved meanwhile): it admits and ends a later stream, and each start and end syncs the
+    # board, dropping what has run out (serving/flow/side_channel.py LiveStreams.sync).
+    assert len(_generate(server, patches=1)) == 1 and time.monotonic() - ended > OLD_GRACE_SECONDS
     answers = _decode(server, [[c] for c in chunks])
     assert [reason for reason, _ in answers] == ["", "", "", "length"]
     assert sum(n for _, n in answers) == 4 * 3840  # the whole stream: 3840 samples a patch
