@@ -18,7 +18,7 @@ import secrets
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
-from client.longform import split_text
+from client.longform import JOIN_SILENCE_SECONDS, split_text
 from engine.params import shown
 from gateway.body import read_capped
 from gateway.dialects.whole_text import Core
@@ -50,10 +50,15 @@ def job_object(job: Job, eta: float | None = None) -> dict:
         "id": job.id, "object": "audio.job", "status": job.state, "created_at": int(job.created),
         "finished_at": None if job.finished is None else int(job.finished),
         "error": None if job.error is None else {"message": job.error},
-        "parts_done": job.parts_done, "parts_total": job.parts_total, "audio_seconds": round(job.audio_seconds, 3),
-        "eta_seconds": None if eta is None else round(eta, 1), "input_characters": job.chars,
+        "parts_done": job.parts_done, "parts_total": job.parts_total, "audio_seconds": round(audio_seconds(job), 3),
+        "eta_seconds": None if eta is None else round(eta, 1), "characters": job.chars,
         "response_format": job.response_format, "sample_rate": job.sample_rate, "bytes": job.bytes,
     }  # fmt: skip
+
+
+def audio_seconds(job: Job) -> float:
+    """The parts made, with the silences the file will have between them (once done: the file's length)."""
+    return job.audio_seconds + max(job.parts_done - 1, 0) * JOIN_SILENCE_SECONDS
 
 
 def add_job_routes(app: FastAPI, core: Core, runner: JobRunner, store: JobStore, options: JobOptions) -> None:

@@ -141,6 +141,7 @@ class JobRunner:
 
     async def _worker(self, job: Job, todo: asyncio.Queue) -> None:
         while not todo.empty():
+            check_cancelled()
             index, text = todo.get_nowait()
             if self.store.total_bytes() >= self.options.max_bytes:
                 raise JobFailed(STORAGE_FULL.format(mb=self.options.max_bytes / 2**20))
@@ -156,8 +157,11 @@ class JobRunner:
         for attempt in range(RETRIES + 1):
             share = await self._share(job.address)
             try:
+                chunks = []
                 async with contextlib.aclosing(self.tts.stream(text, **job.request)) as stream:  # closed at a cancel
-                    chunks = [chunk.audio async for chunk in stream]
+                    async for chunk in stream:
+                        chunks.append(chunk.audio)
+                        check_cancelled()
                 return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
             except (TTSError, ConnectionError, TimeoutError) as e:
                 busy = not isinstance(e, TTSError) or e.kind == UNAVAILABLE
@@ -200,6 +204,13 @@ class JobRunner:
                 log.info("job %s: deleted, ended over %g s ago", job_id, self.options.max_age_seconds)
                 await self.delete(job_id)
             await asyncio.sleep(min(REAP_EVERY_SECONDS, self.options.max_age_seconds / 4))
+
+
+def check_cancelled() -> None:
+    """Raises CancelledError if this task was asked to stop: Python 3.11's ``asyncio.wait_for`` (under
+    ``AsyncTTSClient.stream``) drops a cancel that meets a chunk, and the job went on speaking after its cancel."""
+    if asyncio.current_task().cancelling():
+        raise asyncio.CancelledError
 
 
 def fix_wav_sizes(path: Path, rate: int) -> None:

@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     request TEXT NOT NULL,          -- JSON: AsyncTTSClient.stream's keywords but the text
     response_format TEXT NOT NULL,
     sample_rate INTEGER,            -- of the raw formats; NULL: the format's default
-    chars INTEGER NOT NULL,         -- characters of the input
+    chars INTEGER NOT NULL,         -- characters of its parts (the input but the whitespace between parts)
     bytes INTEGER NOT NULL DEFAULT 0  -- its files on disk now
 );
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner);
@@ -57,7 +57,7 @@ class Job:
     request: dict  # AsyncTTSClient.stream's keywords but the text
     response_format: str
     sample_rate: int | None
-    chars: int  # characters of the input
+    chars: int  # characters of its parts (the input but the whitespace between parts)
     bytes: int  # its files on disk now
     parts_total: int
     parts_done: int
@@ -82,7 +82,9 @@ class JobStore:
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # users' texts and audio
-        self.db = sqlite3.connect(path, isolation_level=None)  # autocommit; `with self.db` for a transaction
+        # autocommit (`with self.db` for a transaction); made where the app is made, used on its event loop's
+        # thread only (one thread at a time: no lock)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
