@@ -19,6 +19,7 @@ from gateway.budget import Bounds
 from gateway.jobs.options import JobOptions
 from gateway.server import ServerOptions, in_thread
 from tests.integration.helpers import wait_gauges_zero
+from tests.integration.test_client import cli
 
 pytestmark = pytest.mark.integration
 SHORT = {"max_patches": 4, "chunk_first": 1, "chunk_next": 2, "chunk_fixed": True}
@@ -215,3 +216,19 @@ def test_one_key_never_sees_anothers_job(gateway_jobs):
         job["id"]
     ]
     assert audio(gateway_jobs, job["id"], key("alice"))[:4] == b"RIFF"
+
+
+def test_the_clis_text_file_is_each_part_alone_joined_with_the_stated_silence(gateway_jobs, server, tmp_path):
+    """The client's own run of a long text over Triton (no job): its WAV is the speech route's audio of each
+    part, alone, in order, with the silence between them, sample for sample."""
+    (tmp_path / "chapter.txt").write_text(f"{SENTENCES[0]}\n\n{SENTENCES[1]}\n")
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in SHORT.items() if k != "chunk_fixed"] + ["--chunk-fixed"]
+    done = cli(server, "--text-file", str(tmp_path / "chapter.txt"), "--part-chars", "40", "--seed", "7", *flags,
+               "--out", str(tmp_path / "chapter.wav"))  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert "part 2/2:" in done.stderr.decode()
+    got = (tmp_path / "chapter.wav").read_bytes()[44:]
+    want = [speech(gateway_jobs, body(s, "pcm")) for s in SENTENCES[:2]]
+    assert got == want[0] + bytes(2 * GAP) + want[1]
+    refused = cli(server, "--text-file", "-", "--part-chars", "10", "--out", str(tmp_path / "x.wav"), stdin="z" * 11)
+    assert refused.returncode == 2 and "11 characters without a space" in refused.stderr.decode()
