@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
           "| SNR vs first (dB) | sha256 |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for k, parts, wall, audio, speed, same, diff, snr, digest in rows:
-        print(f"| {k} | {parts} | {wall:.1f} | {audio:.1f} | {speed:.2f} | {same} | {diff:.0f} | {snr:.1f} | {digest} |")
+        print(
+            f"| {k} | {parts} | {wall:.1f} | {audio:.1f} | {speed:.2f} | {same} | {diff:.0f} | {snr:.1f} | {digest} |"
+        )
     return 0
 
 

@@ -77,7 +77,9 @@ def add_job_routes(app: FastAPI, core: Core, runner: JobRunner, store: JobStore,
     @app.post("/v1/audio/jobs")
     async def submit(request: Request):
         owner, address = owner_of(request)
-        too_big = f"the request body is over {body_bytes} bytes (a job's input is at most {options.max_chars} characters)"
+        too_big = (
+            f"the request body is over {body_bytes} bytes (a job's input is at most {options.max_chars} characters)"
+        )
         body = {k: v for k, v in parse_json(await read_capped(request, body_bytes, too_big, core.body_timeout)).items()
                 if v is not None}  # fmt: skip
         if "stream_format" in body:

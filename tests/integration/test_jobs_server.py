@@ -192,7 +192,9 @@ def test_each_bound_is_a_named_error(server, tmp_path):
         assert httpx.get(f"{url}/v1/audio/jobs/{first['id']}/audio", headers=key("a"), timeout=30).status_code == 409
         submit(url, body("Two."), key("a"))
         error = refused(body("Three."), 429, key("a"))
-        assert error["message"].startswith("too many jobs: you have 2, at most 2") and error["type"] == "rate_limit_error"
+        assert (
+            error["message"].startswith("too many jobs: you have 2, at most 2") and error["type"] == "rate_limit_error"
+        )
         error = refused(body("Three."), 429, key("b"))  # another key from the same address
         assert error["message"].startswith("too many jobs from your address")
         r = httpx.delete(f"{url}/v1/audio/jobs/{first['id']}", headers=key("a"), timeout=30)
