@@ -234,3 +234,13 @@ def test_the_clis_text_file_is_each_part_alone_joined_with_the_stated_silence(ga
     assert got == want[0] + bytes(2 * GAP) + want[1]
     refused = cli(server, "--text-file", "-", "--part-chars", "10", "--out", str(tmp_path / "x.wav"), stdin="z" * 11)
     assert refused.returncode == 2 and "11 characters without a space" in refused.stderr.decode()
+
+
+def test_the_reaper_deletes_an_ended_job_and_its_files_after_the_age_bound(server, tmp_path):
+    jobs = JobOptions(tmp_path, max_age_seconds=1.0)
+    with in_thread(f"127.0.0.1:{server.ports.grpc}", jobs=jobs) as url:
+        job = wait(url, submit(url, body("Short lived."))["id"])
+        assert job["status"] == "done" and (tmp_path / job["id"] / "audio.wav").exists()
+        gone = wait(url, job["id"], until=lambda j: "error" in j and j["error"] and "no job" in str(j["error"]))
+        assert gone["error"]["type"] == "not_found_error"
+        assert not (tmp_path / job["id"]).exists()
