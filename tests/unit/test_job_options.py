@@ -17,7 +17,9 @@ def test_the_options_reach_the_job_options_and_bad_ones_are_refused_by_name():
     assert (options.path, options.part_chars, options.max_bytes, options.max_age_seconds, options.running) == (
         Path("/tmp/j"), 300, int(1.5 * 2**20), 1800.0, 3)  # fmt: skip
     assert check(["--job-part-chars", "300"]) is None
-    assert check(["--job-part-chars", "5000"]) == "jobs: part_chars is at most 4000 (a speech request's bound), got 5000"
+    assert (
+        check(["--job-part-chars", "5000"]) == "jobs: part_chars is at most 4000 (a speech request's bound), got 5000"
+    )
     assert check(["--jobs-running", "0"]) == "jobs: running must be > 0, got 0"
 
 
