@@ -59,7 +59,7 @@ class JobRunner:
             for index, _, samples in self.store.parts(job.id):
                 if samples is not None and not self.part_path(job.id, index).exists():
                     self.store.part_lost(job.id, index)
-            self.store.db.execute("UPDATE jobs SET state = ? WHERE id = ?", (QUEUED, job.id))
+            self.store.requeue(job.id)
             log.info("job %s: resumed after a restart, from its first part not on disk", job.id)
         self.reaper = asyncio.create_task(self._reap())
         self.schedule()

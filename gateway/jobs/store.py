@@ -160,6 +160,10 @@ class JobStore:
             (state, error, finished, job_id, *ENDED),
         )
 
+    def requeue(self, job_id: str) -> None:
+        """A job left running by a gateway that stopped is queued again (its made parts kept)."""
+        self.db.execute("UPDATE jobs SET state = ? WHERE id = ? AND state = ?", (QUEUED, job_id, RUNNING))
+
     def ended_before(self, when: float) -> list[str]:
         """Ids of the jobs that ended before Unix time ``when``."""
         rows = self.db.execute("SELECT id FROM jobs WHERE finished IS NOT NULL AND finished < ?", (when,))
