@@ -4,6 +4,7 @@
     echo "Hello" | python -m client --text - --out - | aplay -f S16_LE -r 24000 -c 1
     python -m client --text "Hello" --instruction "a calm older man, slightly hoarse" --out designed.wav
     python -m client --edit semantic --recording in.wav --instruction "Replace 'cats' with 'dogs'." --out e.wav
+    python -m client --text-file chapter.txt --seed 7 --out chapter.wav   # long text: parts in order, joined
 
 Progress and the summary (first-chunk latency, total time, real-time factor) go to stderr, and so does
 the plan text of FireRedTTS3-Instruct (a designed voice's attributes, a semantic edit's new transcript);
@@ -24,11 +25,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from client.audio_io import WavWriter, read_audio, write_pcm
+from client.longform import DEFAULT_PART_CHARS, JOIN_SILENCE_SECONDS, silence, speak_long, split_text
 from client.request import EDIT_KINDS, TTSError, edit_task
 from client.tts_client import TTSClient
 from engine.params import DEFAULT_SEED
 from engine.protocol import SAMPLE_RATE
-from serving.contract import CLONE, DESIGN, SPEAK, TASK_DEFAULTS, TTS_PARAMETERS
+from serving.contract import CLONE, DESIGN, MAX_TEXT_CHARS, SPEAK, TASK_DEFAULTS, TTS_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,14 @@ def build_parser(commands: dict[str, Command] | None = None) -> argparse.Argumen
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each response (default: 60)")
 
     syn = ap.add_argument_group("synthesize (the default when no command is given)")
-    syn.add_argument("--text", help="text to speak; '-' reads it from stdin")
+    text = syn.add_mutually_exclusive_group()
+    text.add_argument("--text", help="text to speak; '-' reads it from stdin")
+    text.add_argument("--text-file", help="a long text (a chapter) to speak part by part, in order, joined "
+                      "(client/longform.py's rule: parts of at most --part-chars, cut at paragraphs, then "
+                      f"sentences; {JOIN_SILENCE_SECONDS:g} s of silence between two); '-' reads stdin")  # fmt: skip
+    syn.add_argument("--part-chars", type=int, default=DEFAULT_PART_CHARS,
+                     help=f"with --text-file: characters of a part, one request (default {DEFAULT_PART_CHARS}, "
+                          f"at most {MAX_TEXT_CHARS})")  # fmt: skip
     syn.add_argument("--lines", action="store_true",
                      help="with --text -: a text-in stream (gRPC, --model tts): each line of stdin is sent as it is "
                           "read and spoken at once, while later lines are still coming")  # fmt: skip
@@ -122,12 +131,18 @@ def main(argv: list[str] | None = None, commands: dict[str, Command] | None = No
         ap.error("--instruction, --task and --edit need --model tts (FireRedTTS3-Instruct is not in tts_ensemble)")
     if args.lines and (args.text != "-" or args.protocol != "grpc" or args.model != "tts" or args.edit):
         ap.error("--lines streams stdin (--text -) to --model tts over gRPC, and speaks no --edit")
-    if args.edit is not None:
+    if args.text_file is not None:
+        if args.lines or args.edit:
+            ap.error("--text-file speaks a file part by part: no --lines, no --edit")
+        text, request = _long_request(ap, args)
+    elif args.edit is not None:
         text, request = None, _edit_request(ap, args)
     else:
         text, request = _speak_request(ap, args)
     request["parameters"] = {p.name: getattr(args, p.name) for p in TTS_PARAMETERS if getattr(args, p.name) is not None}
     client = TTSClient(args.url or "127.0.0.1", args.protocol, timeout=args.timeout, model=args.model)
+    if args.text_file is not None:
+        return synthesize_long(client, text, request, args.out, args.part_chars, quiet=args.quiet)
     return synthesize(client, text, request, args.out, quiet=args.quiet, lines=sys.stdin if args.lines else None)
 
 
@@ -153,6 +168,59 @@ def _speak_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tup
     if args.ref_audio is not None:
         request["ref_audio"], request["ref_sample_rate"] = _read(ap, "--ref-audio", args.ref_audio)
     return text, request
+
+
+def _long_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, dict]:
+    """--text-file's text (checked against the split rule before anything is sent) and request."""
+    if args.out is None:
+        ap.error("--text-file needs --out")
+    try:
+        text = sys.stdin.read() if args.text_file == "-" else open(args.text_file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        ap.error(f"cannot read --text-file {args.text_file}: {e}")
+    try:
+        split_text(text, args.part_chars)
+    except ValueError as e:
+        ap.error(f"--text-file: {e}")
+    args.text = text  # the rest of the request as --text's
+    _, request = _speak_request(ap, args)
+    return text, request
+
+
+def synthesize_long(client: TTSClient, text: str, request: dict, out: str, part_chars: int,
+                    quiet: bool = False) -> int:  # fmt: skip
+    """``text`` spoken part by part (:func:`client.longform.speak_long`) into ``out`` ('-': stdout as s16le),
+    with a progress line (parts, audio seconds, ETA) on stderr; returns the exit status."""
+    try:
+        sink = _PcmSink(sys.stdout.buffer) if out == "-" else WavWriter(out)
+    except OSError as e:
+        print(f"error: cannot write {out}: {e}", file=sys.stderr)
+        return 1
+    progress = _PartProgress(sys.stderr, len("".join(split_text(text, part_chars))), enabled=not quiet)
+    try:
+        for part in speak_long(client, text, part_chars, **request, on_plan=progress.plan):
+            if part.index:
+                sink.write(silence())
+            sink.write(part.audio)
+            progress.part(part)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (TTSError, ConnectionError, TimeoutError) as e:
+        progress.end()
+        print(f"error: {e}", file=sys.stderr)
+        _discard(sink, out)
+        return 1
+    except KeyboardInterrupt:
+        progress.end()
+        _discard(sink, out)
+        return 130
+    sink.close()
+    progress.end()
+    if not quiet:
+        where = "stdout (s16le, 24 kHz mono)" if out == "-" else f"{out} (24 kHz mono 16-bit WAV)"
+        print(f"wrote {where}", file=sys.stderr, flush=True)
+    return 0
 
 
 def _edit_request(ap: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -227,6 +295,35 @@ class _PcmSink:
 
     def close(self) -> None:
         self.stream.flush()
+
+
+class _PartProgress:
+    """Parts done of all, audio seconds so far and an ETA (from the pace in characters) on one line."""
+
+    def __init__(self, stream, chars: int, enabled: bool = True):
+        self.stream, self.chars, self.enabled = stream, chars, enabled
+        self.tty = enabled and stream.isatty()
+        self.t0, self.done, self.seconds, self.planned = time.perf_counter(), 0, 0.0, False
+
+    def part(self, part) -> None:
+        self.done += len(part.text)
+        self.seconds += part.audio.size / SAMPLE_RATE + (JOIN_SILENCE_SECONDS if part.index else 0.0)
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.t0
+        eta = (self.chars - self.done) * elapsed / self.done if self.done else 0.0
+        line = (f"part {part.index + 1}/{part.total}: {self.seconds:.1f} s of audio in {elapsed:.1f} s, "
+                f"ETA {eta:.0f} s")  # fmt: skip
+        print(f"\r{line}\033[K" if self.tty else line, end="" if self.tty else "\n", file=self.stream, flush=True)
+
+    def plan(self, text: str) -> None:
+        if not self.planned:  # every part designs the same voice (same seed and instruction): said once
+            self.planned = True
+            print(f"plan text: {text}", file=self.stream, flush=True)
+
+    def end(self) -> None:
+        if self.tty and self.done:
+            print(file=self.stream)
 
 
 class _Progress:

@@ -25,6 +25,9 @@ def parser() -> argparse.ArgumentParser:
 
     server.add_arguments(ap)
     server.add_socket_arguments(ap)
+    from gateway.jobs import options as job_options
+
+    job_options.add_arguments(ap)
     return ap
 
 
@@ -39,8 +42,10 @@ def check(argv: list[str]) -> str | None:
         args = parser().parse_args(argv)
     except SystemExit:  # argparse has printed why
         return "not options of python -m gateway (python -m gateway --help lists them)"
+    from gateway.jobs.options import from_arguments
+
     try:
-        server.options(args), server.socket_bounds(args)
+        server.options(args), server.socket_bounds(args), from_arguments(args)
     except ValueError as e:
         return str(e)
     return None
@@ -51,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     from gateway import server
 
     args = ap.parse_args(argv)
+    from gateway.jobs.options import from_arguments
+
     try:
-        options, socket_bounds = server.options(args), server.socket_bounds(args)
+        options, socket_bounds, jobs = server.options(args), server.socket_bounds(args), from_arguments(args)
     except ValueError as e:
         ap.error(str(e))
     import sys
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             args.timeout,
             random_weights=args.random_weights,
             socket_bounds=socket_bounds,
+            jobs=jobs,
         )
     )
     with contextlib.suppress(KeyboardInterrupt):

@@ -8,6 +8,7 @@ as the ``tts`` model makes it (gRPC streaming underneath; ``instructions`` desig
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import re
 import time
@@ -33,6 +34,10 @@ from gateway.dialects.whole_text import Core
 from gateway.errors import STARTING, UNAVAILABLE_TYPE, APIError, from_http_error, from_tts_error
 from gateway.fields import from_query, parse_json
 from gateway.instruct import add_edit_routes, check_fields, design_voice
+from gateway.jobs.options import JobOptions
+from gateway.jobs.routes import add_job_routes
+from gateway.jobs.runner import JobRunner
+from gateway.jobs.store import JobStore
 from gateway.shares import StreamShares, host_of
 from gateway.socket_bounds import OpenSockets, SocketBounds
 from gateway.text_streams import TextStreams
@@ -50,13 +55,15 @@ def create_app(
     random_weights: bool = False,
     socket_bounds: SocketBounds | None = None,
     bounds: Bounds = DEFAULT_BOUNDS,
+    jobs: JobOptions | None = None,
 ) -> FastAPI:
     """``triton``: host:port of Triton's gRPC endpoint; ``timeout``: seconds without a chunk before a
     stream fails; ``body_timeout``: seconds for a request body to arrive; ``random_weights``: the server
     runs a random-weight checkpoint, and the web page says what that sounds like; ``socket_bounds``: the
     agent WebSocket's (:class:`gateway.socket_bounds.SocketBounds`); ``bounds``: what the requests in
-    flight may hold together (:mod:`gateway.budget`) and a stream's unsent audio."""
-    app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None)
+    flight may hold together (:mod:`gateway.budget`) and a stream's unsent audio; ``jobs``: the job API's
+    folder and bounds (:mod:`gateway.jobs`; None: no job routes)."""
+    app = FastAPI(title="FireRedTTS3 speech API", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.budgets = Budgets(bounds)
     app.state.shares = StreamShares(bounds.streams_per_peer)  # every route's Triton streams, by address
     tts = AsyncTTSClient(triton, timeout=timeout)
@@ -87,7 +94,26 @@ def create_app(
                      app.state.shares)  # fmt: skip
     for dialect in (cartesia_http, elevenlabs_http):
         dialect.add_routes(app, core)
+    if jobs is not None:
+        store = JobStore(jobs.path / "jobs.sqlite3")
+        app.state.jobs = JobRunner(store, tts, app.state.shares, jobs)  # started and stopped by lifespan
+        add_job_routes(app, core, app.state.jobs, store, jobs)
     return app
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI):
+    """The job runner (if the app has one) runs while the app serves: it resumes the jobs a stopped gateway
+    left running, and stops its own where they are (the next start resumes them)."""
+    runner = getattr(app.state, "jobs", None)
+    if runner is not None:
+        runner.start()
+    try:
+        yield
+    finally:
+        if runner is not None:
+            await runner.stop()
+            runner.store.close()
 
 
 def add_agent_routes(app: FastAPI, open_text: TextStreams, voice_list: VoiceList, bounds: SocketBounds,

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import h11
 import uvicorn
@@ -119,12 +121,13 @@ def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutProtocol]:
 
 def uvicorn_config(triton: str, host: str, port: int, options: ServerOptions = ServerOptions(),
                    timeout: float = 60.0, log_level: str = "info", random_weights: bool = False,
-                   socket_bounds=None) -> uvicorn.Config:  # fmt: skip
+                   socket_bounds=None, jobs=None) -> uvicorn.Config:  # fmt: skip
     """The gateway for Triton's gRPC endpoint ``triton``, served on ``host:port``; ``socket_bounds``: the agent
-    WebSocket's (``gateway.socket_bounds.SocketBounds``; None: its defaults)."""
+    WebSocket's (``gateway.socket_bounds.SocketBounds``; None: its defaults); ``jobs``: the job API's
+    (``gateway.jobs.options.JobOptions``; None: no job routes)."""
     from gateway.app import create_app
 
-    app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds, options.bounds)
+    app = create_app(triton, timeout, options.body_timeout, random_weights, socket_bounds, options.bounds, jobs)
     return uvicorn.Config(
         app, host=host, port=port, log_level=log_level,
         http=header_timeout_protocol(options.header_timeout), ws=AbortableWSProtocol, ws_max_size=WS_MAX_BYTES,
@@ -185,11 +188,19 @@ def options(args: argparse.Namespace) -> ServerOptions:
 
 @contextlib.contextmanager
 def in_thread(triton: str, random_weights: bool = False, socket_bounds=None,
-              options: ServerOptions = ServerOptions()) -> Iterator[str]:  # fmt: skip
+              options: ServerOptions = ServerOptions(), jobs=None) -> Iterator[str]:  # fmt: skip
     """The gateway in front of the Triton gRPC address ``triton``, served by a thread of this process on a
-    free loopback port, with ``options`` (by default those of ``python -m gateway``) and the agent socket's
-    ``socket_bounds`` -> its base URL (tests and benchmarks; the launcher runs ``python -m gateway`` as a
-    process of its own)."""
+    free loopback port, with ``options`` (by default those of ``python -m gateway``), the agent socket's
+    ``socket_bounds`` and the job API's ``jobs`` (``gateway.jobs.options.JobOptions``; None: its defaults in
+    a temporary folder, removed at the end) -> its base URL (tests and benchmarks; the launcher runs
+    ``python -m gateway`` as a process of its own)."""
+    if jobs is None:
+        from gateway.jobs.options import JobOptions
+
+        with tempfile.TemporaryDirectory(prefix="gateway-jobs-") as folder:
+            with in_thread(triton, random_weights, socket_bounds, options, JobOptions(Path(folder))) as url:
+                yield url
+        return
     with socket.socket() as probe:  # a free port now (the kernel's pick for port 0)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -202,6 +213,7 @@ def in_thread(triton: str, random_weights: bool = False, socket_bounds=None,
             log_level="warning",
             random_weights=random_weights,
             socket_bounds=socket_bounds,
+            jobs=jobs,
         )
     )
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)

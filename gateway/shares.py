@@ -1,6 +1,6 @@
 """One client's share of the server's admission places: the Triton streams the gateway opens for one peer
 address at once (an agent socket's context, an HTTP speech, bytes, SSE or ElevenLabs stream, an edit, a
-voice design), whatever the route. Each such stream may hold one of the server's admission places (slots +
+voice design, a long-text job's part), whatever the route. Each such stream may hold one of the server's admission places (slots +
 ``max_queue``: 40 with 8 slots) while it has text to speak; without a share, one address could hold them
 all (16 sockets x 8 contexts, plus any number of HTTP streams) and everyone else got ``server busy``.
 
@@ -60,6 +60,14 @@ class StreamShares:
             self._log_refusal(peer)
             raise APIError(429, TOO_MANY_STREAMS.format(n=self.per_peer), kind=RATE_LIMIT_TYPE,
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})  # fmt: skip
+        self.by_peer[peer] += 1
+        return Share(self, peer)
+
+    def try_take(self, peer: str) -> Share | None:
+        """One more stream for ``peer`` if its share has room, else None (a caller that waits for room, as a
+        job's part does: no refusal, no log line)."""
+        if self.by_peer[peer] >= self.per_peer:
+            return None
         self.by_peer[peer] += 1
         return Share(self, peer)
 

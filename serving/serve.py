@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                             "--state-dir, generated on first use); visible in the process list: prefer "
                             "--admin-key-file")  # fmt: skip
     key_source.add_argument("--admin-key-file", type=Path, help="file whose first line is the admin key")
-    ap.add_argument("--state-dir", type=Path, help="where the generated admin key is kept across restarts (default: "
-                    f"{default_state_dir()}; rotate it with python -m serving.security.admin_key rotate)")  # fmt: skip
+    ap.add_argument("--state-dir", type=Path, help="where the generated admin key and the gateway's jobs (jobs/, unless "
+                    "--gateway-args gives --jobs-dir) are kept across restarts (default: "
+                    f"{default_state_dir()}; rotate the key with python -m serving.security.admin_key rotate)")  # fmt: skip
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an admin key given")
     ap.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
                     help="on SIGTERM, or before a restart that can wait (a dead prompt_encoder or voices), how long "
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     # the gateway is ours: it reaches Triton's own gRPC port, behind the front when there is one
+    if not any(a.split("=", 1)[0] == "--jobs-dir" for a in gateway_args):  # jobs are kept with the state
+        gateway_args = [*gateway_args, "--jobs-dir", str((args.state_dir or default_state_dir()).resolve() / "jobs")]
     gateway = (
         None
         if args.no_openai

@@ -189,6 +189,14 @@ def test_a_dead_gateway_is_started_again(launcher):
         )
         return [int(x) for x in out.stdout.split()]
 
+    jobs = f"http://127.0.0.1:{launcher.openai}/v1/audio/jobs"  # a job made before the kill outlives it
+    job = httpx.post(jobs, json={"input": "Kept.", "response_format": "wav", "seed": 3, "max_patches": 4},
+                     timeout=30).json()  # fmt: skip
+    while job["status"] in ("queued", "running"):
+        time.sleep(0.1)
+        job = httpx.get(f"{jobs}/{job['id']}", timeout=30).json()
+    assert job["status"] == "done", job
+    made = httpx.get(f"{jobs}/{job['id']}/audio", timeout=30).content
     (pid,) = gateway_pids()
     os.kill(pid, signal.SIGKILL)
     deadline, status = time.monotonic() + 30, 0
@@ -202,6 +210,7 @@ def test_a_dead_gateway_is_started_again(launcher):
     (new,) = gateway_pids()  # started again with the operator's options
     with open(f"/proc/{new}/cmdline") as cmdline:
         assert "--agent-sockets-per-peer\x001" in cmdline.read()
+    assert httpx.get(f"{jobs}/{job['id']}/audio", timeout=30).content == made  # kept in --state-dir's jobs/
     text = launcher.text()
     assert "gateway exited with -9; restarting it in 0.5 s (1 restarts so far)" in text
     # one restart: a restarted gateway that exits again is a bug (one aborted before exec: docs/triton.md#T24)

@@ -257,3 +257,21 @@ def test_at_390_px_nothing_overflows_and_the_edit_box_shows_its_error(browser, g
     scroll, client = browser.execute_script(widths)
     assert scroll <= client, f"with the error shown the page is {scroll} px wide in a {client} px viewport"
     screenshot(browser, "page-390px-edit-error")
+
+
+def test_the_long_text_box_shows_a_jobs_progress_and_cancels_it(browser, gateway, server):
+    """Long text submits a job (docs/longform.md) and shows its progress from the events stream; Cancel ends
+    it, the box says so, and the server's streams are freed."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(gateway + "/")
+    browser.find_element(By.ID, "ltext").send_keys("A first paragraph.\n\nA second one.")
+    browser.find_element(By.CSS_SELECTOR, "#long button[type=submit]").click()
+    status = browser.find_element(By.ID, "long-status")
+    wait_for(lambda: "running: part 0 of 1, 0.0 s of audio" in status.text, what="the job's progress")
+    browser.find_element(By.ID, "lcancel").click()
+    error = browser.find_element(By.ID, "long-error")
+    wait_for(lambda: error.text == "the job was cancelled", what="the cancel")
+    assert not browser.find_element(By.ID, "lcancel").is_displayed()
+    wait_gauges_zero(server, 30)
+    browser.get("about:blank")
