@@ -135,35 +135,49 @@ def read(path: Path) -> dict[int, dict[str, float]]:
     return samples
 
 
+def _change(before: float | None, after: float | None) -> str:
+    if not before or after is None:
+        return ""
+    return f"{after - before:+.0f} ({(after / before - 1) * 100:+.0f} %)"
+
+
 def report(path: Path, start_at: float = 0.0) -> str:
+    """A table of each process's RSS at the start, 25 / 50 / 75 % and the end. With ``start_at`` the start
+    is the first sample that many seconds in (after the warm-up), and the sample at ready stays as the
+    first column, with the change from it."""
     samples = read(path)
-    times = sorted(t for t in samples if t >= start_at) or sorted(samples)
+    everything = sorted(samples)
+    times = [t for t in everything if t >= start_at] or everything
     if not times:
         return "rss: no samples"
     first, last = times[0], times[-1]
     marks = [min(times, key=lambda t: abs(t - (first + q * (last - first)))) for q in (0, 0.25, 0.5, 0.75, 1)]
-    labels = sorted({k for t in times for k in samples[t]}, key=lambda k: (k == "shm", k.startswith("stub:"), k))
-    for t in times:
+    ready = everything[0] if everything[0] < first else None
+    labels = sorted({k for t in everything for k in samples[t]}, key=lambda k: (k == "shm", k.startswith("stub:"), k))
+    for t in everything:
         samples[t]["tritonserver + stubs"] = sum(
             v for k, v in samples[t].items() if k in SERVER or k.startswith("stub:")
         )
     labels.append("tritonserver + stubs")
-    head = ["MB at", *(f"{t // 60}:{t % 60:02d}" for t in marks), "end - start"]
+    columns = ([ready] if ready is not None else []) + marks
+    head = ["MB at", *(f"{t // 60}:{t % 60:02d}" for t in columns), "end - start"]
+    if ready is not None:
+        head.append("end - ready")
     lines = [head]
     for k in labels:
-        values = [samples[t].get(k) for t in marks]
-        change = ""
-        if values[0] and values[-1] is not None:
-            change = f"{values[-1] - values[0]:+.0f} ({(values[-1] / values[0] - 1) * 100:+.0f} %)"
-        lines.append([k + (" (allocated)" if k == "shm" else ""), *("-" if v is None else f"{v:.0f}" for v in values),
-                      change])
+        values = [samples[t].get(k) for t in columns]
+        line = [k + (" (allocated)" if k == "shm" else ""), *("-" if v is None else f"{v:.0f}" for v in values)]
+        line.append(_change(samples[first].get(k), values[-1]))
+        if ready is not None:
+            line.append(_change(values[0], values[-1]))
+        lines.append(line)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = "\n".join(
         "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
         for line in lines
     )
-    note = f" (start taken {first} s in)" if start_at else ""
-    return f"RSS per process, {len(times)} samples{note}:\n{text}"
+    note = f"; start {first // 60}:{first % 60:02d} in, after the warm-up (the first column: at ready)" if ready is not None else ""
+    return f"RSS per process, {len(everything)} samples{note}:\n{text}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,11 +12,13 @@
 # hides its failures behind a recovered gate).
 # --rss-every: loadtest/rss_sampler.py writes each process's RSS (tritonserver, each stub by model, the
 # gateway, the launcher) and the Python backend's /dev/shm regions to rss.csv every SECONDS, and prints a
-# table (start / 25 % / 50 % / 75 % / end) at the end; --rss-from takes that table's start SECONDS in.
+# table (start / 25 % / 50 % / 75 % / end) at the end. --rss-from: that table's start, SECONDS after ready
+# (default a quarter of the soak, at most 300 s: the first minutes are warm-up, docs/benchmarks.md); the
+# sample at ready stays in the table, with the change from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-preset=small checkpoint="" minutes=10 users=16 cancellers=2 attacks=0 rss_every=30 rss_from=0
+preset=small checkpoint="" minutes=10 users=16 cancellers=2 attacks=0 rss_every=30 rss_from=
 while [ $# -gt 0 ]; do
     case $1 in
         --preset) preset=$2; shift 2 ;;
@@ -28,9 +30,10 @@ while [ $# -gt 0 ]; do
         --rss-every) rss_every=$2; shift 2 ;;
         --rss-from) rss_from=$2; shift 2 ;;
         --) shift; break ;;
-        *) sed -n '2,15p' "$0"; exit 2 ;;
+        *) sed -n '2,17p' "$0"; exit 2 ;;
     esac
 done
+[ -n "$rss_from" ] || rss_from=$(( minutes * 15 < 300 ? minutes * 15 : 300 ))
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
 if [ -z "$checkpoint" ]; then
     checkpoint=$($PY -c "import sys; from engine.random_checkpoint import cached_checkpoint; from engine.config import cache_dir

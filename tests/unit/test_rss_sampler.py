@@ -85,4 +85,6 @@ def test_report_takes_quarters_sums_the_server_and_starts_where_asked(tmp_path):
     assert gateway[1:6] == ["10", "15", "20", "25", "30"]
     text = rss_sampler.report(out, start_at=300)
     server = next(line for line in text.splitlines() if "tritonserver + stubs" in line).split()
-    assert server[3] == "250" and server[-2:] == ["(+0", "%)"] and "300 s in" in text
+    # the sample at ready first, then the window from 5:00; the change from the start, then from ready
+    assert server[3:9] == ["150", "250", "250", "250", "250", "250"]
+    assert server[9:] == ["+0", "(+0", "%)", "+100", "(+67", "%)"] and "start 5:00 in" in text
