@@ -10,8 +10,10 @@ pages a process touched there, so a region that grows shows in every process tha
 once more and stops on SIGTERM or when the launcher is gone. ``report`` prints start / 25 % / 50 % / 75 % /
 end of each, and the sum of tritonserver and its stubs; ``--from`` takes the start that many seconds in.
 
-Columns: seconds since the first sample, label, pid, VmRSS, RssAnon, RssFile, RssShmem (MB; for ``shm``
-the allocated MB, its size in MB in ``file``, and the number of regions in ``pid``).
+Columns: seconds since the first sample, label, pid, VmRSS, RssAnon, RssFile, RssShmem, Pss (MB; for
+``shm`` the allocated MB, its size in MB in ``file``, and the number of regions in ``pid``). RSS counts a
+page every process maps in each of them (the stubs' shared libraries, the shm regions): the sum of RSS
+counts those more than once, the sum of PSS once.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-FIELDS = ["seconds", "label", "pid", "rss_mb", "anon_mb", "file_mb", "shmem_mb"]
+FIELDS = ["seconds", "label", "pid", "rss_mb", "anon_mb", "file_mb", "shmem_mb", "pss_mb"]
 SERVER = ("tritonserver",)  # the labels summed with the stubs (``stub:*``)
+PSS = "tritonserver + stubs, PSS"
 
 
 def _children() -> dict[int, list[int]]:
@@ -70,7 +73,7 @@ def label(pid: int, launcher: int) -> str:
     return program
 
 
-def _memory(pid: int) -> tuple[float, float, float, float] | None:
+def _memory(pid: int) -> tuple[float, ...] | None:
     values = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -81,7 +84,13 @@ def _memory(pid: int) -> tuple[float, float, float, float] | None:
         return None
     if "VmRSS" not in values:  # a zombie
         return None
-    return tuple(round(values.get(k, 0.0), 1) for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem"))  # type: ignore
+    try:  # the proportional share: a page mapped by N processes counts 1/N in each (libraries, shm regions)
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                values["Pss"] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return tuple(round(values.get(k, 0.0), 1) for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "Pss"))
 
 
 def sample(launcher: int, shm_dir: Path = Path("/dev/shm")) -> list[list]:
@@ -101,7 +110,7 @@ def sample(launcher: int, shm_dir: Path = Path("/dev/shm")) -> list[list]:
         except OSError:
             continue
         allocated, size, count = allocated + st.st_blocks * 512, size + st.st_size, count + 1
-    rows.append(["shm", count, round(allocated / 2**20, 1), 0.0, round(size / 2**20, 1), 0.0])
+    rows.append(["shm", count, round(allocated / 2**20, 1), 0.0, round(size / 2**20, 1), 0.0, 0.0])
     return rows
 
 
@@ -126,12 +135,15 @@ def run(launcher: int, path: Path, every: float) -> None:
 
 
 def read(path: Path) -> dict[int, dict[str, float]]:
-    """seconds -> label -> RSS MB (processes with one label summed: a restarted stub's two lives)."""
+    """seconds -> label -> RSS MB (processes with one label summed: a restarted stub's two lives), and
+    ``PSS`` -> the PSS of tritonserver and its stubs."""
     samples: dict[int, dict[str, float]] = {}
     with path.open() as f:
         for row in csv.DictReader(f):
             at = samples.setdefault(int(row["seconds"]), {})
             at[row["label"]] = at.get(row["label"], 0.0) + float(row["rss_mb"])
+            if row.get("pss_mb") and (row["label"] in SERVER or row["label"].startswith("stub:")):
+                at[PSS] = at.get(PSS, 0.0) + float(row["pss_mb"])
     return samples
 
 
@@ -153,12 +165,15 @@ def report(path: Path, start_at: float = 0.0) -> str:
     first, last = times[0], times[-1]
     marks = [min(times, key=lambda t: abs(t - (first + q * (last - first)))) for q in (0, 0.25, 0.5, 0.75, 1)]
     ready = everything[0] if everything[0] < first else None
-    labels = sorted({k for t in everything for k in samples[t]}, key=lambda k: (k == "shm", k.startswith("stub:"), k))
+    labels = sorted({k for t in everything for k in samples[t]} - {PSS},
+                    key=lambda k: (k == "shm", k.startswith("stub:"), k))
     for t in everything:
         samples[t]["tritonserver + stubs"] = sum(
             v for k, v in samples[t].items() if k in SERVER or k.startswith("stub:")
         )
     labels.append("tritonserver + stubs")
+    if any(PSS in samples[t] for t in everything):
+        labels.append(PSS)
     columns = ([ready] if ready is not None else []) + marks
     head = ["MB at", *(f"{t // 60}:{t % 60:02d}" for t in columns), "end - start"]
     if ready is not None:

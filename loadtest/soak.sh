@@ -45,7 +45,8 @@ p = Ports.free(); print(p.http, p.grpc, p.metrics, free_port())")
 $PY -m serving.serve --checkpoint "$checkpoint" --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" \
     --openai-port "$openai" --work-dir "$out/runs" "$@" >"$out/launcher.log" 2>&1 &
 launcher=$!
-trap 'kill -TERM $launcher 2>/dev/null || true; wait $launcher || true' EXIT
+sampler=""
+trap 'kill -TERM $launcher $sampler 2>/dev/null || true; wait $launcher || true' EXIT
 echo "soak: $checkpoint, $minutes min, $users users + $cancellers cancelling clients; files in $out"
 for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$http/v2/health/ready" && break

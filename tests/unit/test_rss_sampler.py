@@ -48,6 +48,7 @@ def test_a_sample_holds_every_process_of_the_tree_and_the_shm_regions(tmp_path):
         child.wait()
     by_pid = {row[1]: row for row in rows if row[0] != "shm"}
     assert by_pid[launcher][0] == "launcher" and by_pid[launcher][2] > 1  # MB
+    assert 0 < by_pid[launcher][6] <= by_pid[launcher][2] + 1  # PSS: at most the RSS
     assert by_pid[child.pid][0] == "sleep"
     shm = next(row for row in rows if row[0] == "shm")
     assert shm[1] == 2 and shm[2] == 2.0  # regions, allocated MB
@@ -74,15 +75,17 @@ def test_report_takes_quarters_sums_the_server_and_starts_where_asked(tmp_path):
         w = csv.writer(f)
         w.writerow(rss_sampler.FIELDS)
         for t in range(0, 1201, 60):
-            w.writerow([t, "tritonserver", 1, 100 if t < 120 else 200, 0, 0, 0])
-            w.writerow([t, "stub:tts", 2, 50, 0, 0, 0])
-            w.writerow([t, "gateway", 3, 10 + t // 60, 0, 0, 0])
+            w.writerow([t, "tritonserver", 1, 100 if t < 120 else 200, 0, 0, 0, 80])
+            w.writerow([t, "stub:tts", 2, 50, 0, 0, 0, 40])
+            w.writerow([t, "gateway", 3, 10 + t // 60, 0, 0, 0, 0])
     text = rss_sampler.report(out)
     server = next(line for line in text.splitlines() if "tritonserver + stubs" in line).split()
     assert server[3] == "150" and server[7] == "250" and server[-2:] == ["(+67", "%)"]
     assert "0:00" in text and "5:00" in text and "20:00" in text
     gateway = next(line for line in text.splitlines() if line.strip().startswith("gateway")).split()
     assert gateway[1:6] == ["10", "15", "20", "25", "30"]
+    pss = next(line for line in text.splitlines() if "stubs, PSS" in line).split()
+    assert pss[4:9] == ["120"] * 5  # the gateway's is not in it
     text = rss_sampler.report(out, start_at=300)
     server = next(line for line in text.splitlines() if "tritonserver + stubs" in line).split()
     # the sample at ready first, then the window from 5:00; the change from the start, then from ready
