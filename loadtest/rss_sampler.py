@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import signal
 import sys
 import threading
@@ -165,8 +164,9 @@ def report(path: Path, start_at: float = 0.0) -> str:
     first, last = times[0], times[-1]
     marks = [min(times, key=lambda t: abs(t - (first + q * (last - first)))) for q in (0, 0.25, 0.5, 0.75, 1)]
     ready = everything[0] if everything[0] < first else None
-    labels = sorted({k for t in everything for k in samples[t]} - {PSS},
-                    key=lambda k: (k == "shm", k.startswith("stub:"), k))
+    labels = sorted(
+        {k for t in everything for k in samples[t]} - {PSS}, key=lambda k: (k == "shm", k.startswith("stub:"), k)
+    )
     for t in everything:
         samples[t]["tritonserver + stubs"] = sum(
             v for k, v in samples[t].items() if k in SERVER or k.startswith("stub:")
@@ -191,7 +191,11 @@ def report(path: Path, start_at: float = 0.0) -> str:
         "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
         for line in lines
     )
-    note = f"; start {first // 60}:{first % 60:02d} in, after the warm-up (the first column: at ready)" if ready is not None else ""
+    note = (
+        f"; start {first // 60}:{first % 60:02d} in, after the warm-up (the first column: at ready)"
+        if ready is not None
+        else ""
+    )
     return f"RSS per process, {len(everything)} samples{note}:\n{text}"
 
 

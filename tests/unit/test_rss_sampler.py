@@ -57,8 +57,18 @@ def test_a_sample_holds_every_process_of_the_tree_and_the_shm_regions(tmp_path):
 def test_sampling_stops_on_sigterm_with_a_last_sample(tmp_path):
     out = tmp_path / "rss.csv"
     sampler = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.rss_sampler", "sample", "--launcher", str(os.getpid()),
-         "--csv", str(out), "--every", "0.5"],
+        [
+            sys.executable,
+            "-m",
+            "loadtest.rss_sampler",
+            "sample",
+            "--launcher",
+            str(os.getpid()),
+            "--csv",
+            str(out),
+            "--every",
+            "0.5",
+        ],
     )
     time.sleep(1.6)
     sampler.send_signal(signal.SIGTERM)
