@@ -5,15 +5,20 @@
 # tritonserver and its stubs at the start and the end. Exits 1 on a failure or a leak.
 #
 #   loadtest/soak.sh [--preset small|tiny | --checkpoint DIR] [--minutes 10] [--users 16] [--cancellers 2]
-#                    [--attacks SECONDS] [-- more launcher options, e.g. --slots 16]
+#                    [--attacks SECONDS] [--rss-every 30] [--rss-from SECONDS] [-- more launcher options]
 # --attacks: a second process replays the open-door attacks (loadtest/attacks.py, the gateway's included)
 # every SECONDS meanwhile, from 127.0.0.2 (a client apart from the load's). The gate (admission places and
 # generator slots held) must be 0 at the end, and the supervisor must have logged no incident (a restart
 # hides its failures behind a recovered gate).
+# --rss-every: loadtest/rss_sampler.py writes each process's RSS (tritonserver, each stub by model, the
+# gateway, the launcher) and the Python backend's /dev/shm regions to rss.csv every SECONDS, and prints a
+# table (start / 25 % / 50 % / 75 % / end) at the end. --rss-from: that table's start, SECONDS after ready
+# (default a quarter of the soak, at most 300 s: the first minutes are warm-up, docs/benchmarks.md); the
+# sample at ready stays in the table, with the change from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-preset=small checkpoint="" minutes=10 users=16 cancellers=2 attacks=0
+preset=small checkpoint="" minutes=10 users=16 cancellers=2 attacks=0 rss_every=30 rss_from=
 while [ $# -gt 0 ]; do
     case $1 in
         --preset) preset=$2; shift 2 ;;
@@ -22,10 +27,13 @@ while [ $# -gt 0 ]; do
         --users) users=$2; shift 2 ;;
         --cancellers) cancellers=$2; shift 2 ;;
         --attacks) attacks=$2; shift 2 ;;
+        --rss-every) rss_every=$2; shift 2 ;;
+        --rss-from) rss_from=$2; shift 2 ;;
         --) shift; break ;;
-        *) sed -n '2,12p' "$0"; exit 2 ;;
+        *) sed -n '2,17p' "$0"; exit 2 ;;
     esac
 done
+[ -n "$rss_from" ] || rss_from=$(( minutes * 15 < 300 ? minutes * 15 : 300 ))
 out=$(mktemp -d "${TMPDIR:-/tmp}/soak.XXXXXX")
 if [ -z "$checkpoint" ]; then
     checkpoint=$($PY -c "import sys; from engine.random_checkpoint import cached_checkpoint; from engine.config import cache_dir
@@ -37,7 +45,8 @@ p = Ports.free(); print(p.http, p.grpc, p.metrics, free_port())")
 $PY -m serving.serve --checkpoint "$checkpoint" --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" \
     --openai-port "$openai" --work-dir "$out/runs" "$@" >"$out/launcher.log" 2>&1 &
 launcher=$!
-trap 'kill -TERM $launcher 2>/dev/null || true; wait $launcher || true' EXIT
+sampler=""
+trap 'kill -TERM $launcher $sampler 2>/dev/null || true; wait $launcher || true' EXIT
 echo "soak: $checkpoint, $minutes min, $users users + $cancellers cancelling clients; files in $out"
 for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$http/v2/health/ready" && break
@@ -55,6 +64,8 @@ gauges() {
         grep -E '^tts_(generator_active_slots|vocoder_active_streams|requests_in_flight|ensemble_requests_in_flight|kv_pages_in_use|generator_waiting_for_kv|generator_held_responses) ' || true
 }
 echo "ready at $(date +%T); RSS at start: $(rss)"
+$PY -m loadtest.rss_sampler sample --launcher $launcher --csv "$out/rss.csv" --every "$rss_every" &
+sampler=$!
 
 # clients that leave each stream after 1..6 chunks (the server must free its slot and vocoder state)
 $PY - "$grpc" "$minutes" "$cancellers" >"$out/cancellers.log" 2>&1 <<'EOF' &
@@ -125,6 +136,9 @@ if [ -n "$attacks_pid" ]; then  # what the attacks were answered, by attack
 fi
 grep '^error: ' "$out/cancellers.log" | sort | uniq -c | sort -rn | head -5 || true
 echo "RSS at end: $(rss)"
+kill -TERM $sampler 2>/dev/null || true
+wait $sampler || true
+$PY -m loadtest.rss_sampler report "$out/rss.csv" --from "$rss_from" || true
 echo "after the load:"
 gauges | sed 's/^/  /'
 # read receipts (docs/triton.md#T23): responses the generator held for their reader, and how long in all
