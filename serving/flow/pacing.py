@@ -1,0 +1,160 @@
+"""Pacing: the generator gets no further ahead of what a request's client has taken than the deadline rule
+needs. No Triton here: ``tts`` (model_repository/tts/1/model.py) holds a :class:`Pacer` per paced request
+and the :class:`PaceTable` of them; the pause marks travel on the side channel (serving.flow.side_channel).
+
+Triton gives no back-pressure from a gRPC client into the Python backend (a response sender never
+blocks), so a client that reads nothing had its audio made up to the fronts' unsent bound, for nothing.
+A paced request names a token of its client's choosing (request parameter ``pace``, :data:`TOKEN`); while
+it runs, the client sends *pace requests* on the same gRPC stream (parameters ``pace`` = the token and
+``delivered`` = seconds of the request's audio its listener has taken). ``tts`` compares what it sent with
+what was delivered:
+
+- sent - delivered > :func:`lead_seconds` (two of the request's largest chunks: the deadline rule of
+  engine.chunking never needs more than that in hand): the request's generator streams are paused (not
+  stepped; they keep their slots and pages);
+- below half of it again: they resume;
+- paused with no delivery for ``hold`` seconds (``--pace-hold-seconds``): the request ends with
+  :data:`HOLD_ERROR`, its slot freed.
+
+``delivered`` only counts when it grows (a forged update can only unpace a stream, never stall one), and a
+request takes at most :data:`MAX_UPDATES` of them. A request without a token is unpaced, bounded by the
+fronts' unsent bound as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import re
+from collections.abc import Callable
+
+from engine.chunking import PATCH_SECONDS, ChunkSchedule
+from engine.protocol import INVALID
+
+PARAMETER, DELIVERED = "pace", "delivered"  # request parameters: a paced request's token; a pace request's
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
+MAX_UPDATES = 10_000  # pace requests one request may take
+HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
+    "(--pace-hold-seconds); the stream was ended"  # fmt: skip
+UNKNOWN_TOKEN = INVALID + "pace request: no running request has this pace token"
+# The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
+# streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
+PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
+
+
+def lead_seconds(schedule: ChunkSchedule) -> float:
+    """How far the generator may get ahead of the listener: two of the largest chunks (``chunk_next``
+    patches each; 7.68 s at the default 24). A chunk is cut at most that large, so the listener then holds
+    at least one whole chunk more than the deadline rule asks for while the next one is made."""
+    return 2 * schedule.cap * PATCH_SECONDS
+
+
+def check_token(token) -> str:
+    """A paced request's token, or ValueError naming the rule."""
+    if not isinstance(token, str) or not TOKEN.fullmatch(token):
+        raise ValueError(f"{INVALID}parameter {PARAMETER} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
+    return token
+
+
+def check_delivered(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{INVALID}pace request: parameter {DELIVERED} must be a number of seconds >= 0")
+    return float(value)
+
+
+class Pacer:
+    """One paced request: seconds sent and delivered, the generator streams it has open, whether they are
+    paused. ``mark(id)``/``unmark(id)`` pause and resume a stream (the side channel's pause marks); times are
+    seconds of one monotonic clock, given by the caller."""
+
+    def __init__(self, lead: float, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None],
+                 now: float):  # fmt: skip
+        if not lead > 0 or not hold > 0:
+            raise ValueError(f"lead and hold must be > 0 seconds, got {lead}, {hold}")
+        self.lead, self.hold, self.mark, self.unmark = lead, hold, mark, unmark
+        self.sent = self.delivered = 0.0
+        self.updates = 0
+        self.streams: set[int] = set()
+        self.paused = False
+        self.progress = now  # when delivery last grew, or the pause began
+
+    def open(self, stream_id: int) -> None:
+        """A generator stream of this request starts (paused at once if the request is)."""
+        self.streams.add(stream_id)
+        if self.paused:
+            self.mark(stream_id)
+
+    def close(self, stream_id: int) -> None:
+        """It ended: its pause mark, if any, is obsolete."""
+        self.streams.discard(stream_id)
+        if self.paused:
+            self.unmark(stream_id)
+
+    def on_sent(self, seconds: float, now: float) -> None:
+        """The request has sent its client ``seconds`` of audio in all."""
+        self.sent = seconds
+        self._decide(now)
+
+    def on_delivered(self, seconds: float, now: float) -> None:
+        """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
+        ValueError past :data:`MAX_UPDATES`."""
+        if self.updates >= MAX_UPDATES:
+            raise ValueError(f"{INVALID}pace request: a request takes at most {MAX_UPDATES} of them")
+        self.updates += 1
+        if seconds > self.delivered:
+            self.delivered, self.progress = seconds, now
+            self._decide(now)
+
+    @property
+    def ahead(self) -> float:
+        """Seconds sent and not yet delivered."""
+        return self.sent - self.delivered
+
+    def _decide(self, now: float) -> None:
+        if not self.paused and self.ahead > self.lead:
+            self.paused, self.progress = True, now
+            for stream_id in self.streams:
+                self.mark(stream_id)
+        elif self.paused and self.ahead < self.lead / 2:
+            self.end()
+
+    def expired(self, now: float) -> bool:
+        """Whether the request has been paused with no delivery for ``hold`` seconds."""
+        return self.paused and now - self.progress > self.hold
+
+    @property
+    def failure(self) -> str:
+        return HOLD_ERROR.format(hold=self.hold)
+
+    def end(self) -> None:
+        """Resume (the request's end included: no pause mark outlives it)."""
+        if self.paused:
+            self.paused = False
+            for stream_id in self.streams:
+                self.unmark(stream_id)
+
+
+class PaceTable:
+    """The running paced requests by token; bounded by the running requests (one entry each)."""
+
+    def __init__(self):
+        self.pacers: dict[str, Pacer] = {}
+
+    def add(self, token: str, pacer: Pacer) -> None:
+        """ValueError when a running request holds ``token``."""
+        if token in self.pacers:
+            raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
+        self.pacers[token] = pacer
+
+    def remove(self, token: str, pacer: Pacer) -> None:
+        if self.pacers.get(token) is pacer:
+            del self.pacers[token]
+
+    def deliver(self, parameters: dict, now: float) -> None:
+        """A pace request's parameters; ValueError (named) for a bad one or an unknown token."""
+        token = parameters.get(PARAMETER)
+        delivered = check_delivered(parameters.get(DELIVERED))
+        pacer = self.pacers.get(token) if isinstance(token, str) else None
+        if pacer is None:
+            raise ValueError(UNKNOWN_TOKEN)
+        pacer.on_delivered(delivered, now)
