@@ -30,13 +30,14 @@ from collections.abc import Callable
 
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
+from serving.contract import DELIVERED, PACE, PACE_REQUEST
 
-PARAMETER, DELIVERED = "pace", "delivered"  # request parameters: a paced request's token; a pace request's
+PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
 MAX_UPDATES = 10_000  # pace requests one request may take
 HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
     "(--pace-hold-seconds); the stream was ended"  # fmt: skip
-UNKNOWN_TOKEN = INVALID + "pace request: no running request has this pace token"
+UNKNOWN_TOKEN = INVALID + PACE_REQUEST + "no running request has this pace token"
 # The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
 # streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
 PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
@@ -58,7 +59,7 @@ def check_token(token) -> str:
 
 def check_delivered(value) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{INVALID}pace request: parameter {DELIVERED} must be a number of seconds >= 0")
+        raise ValueError(f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0")
     return float(value)
 
 
@@ -77,6 +78,7 @@ class Pacer:
         self.streams: set[int] = set()
         self.paused = False
         self.progress = now  # when delivery last grew, or the pause began
+        self.held_out = False  # expired: the request is ended with :attr:`failure`
 
     def open(self, stream_id: int) -> None:
         """A generator stream of this request starts (paused at once if the request is)."""
@@ -99,7 +101,7 @@ class Pacer:
         """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
         ValueError past :data:`MAX_UPDATES`."""
         if self.updates >= MAX_UPDATES:
-            raise ValueError(f"{INVALID}pace request: a request takes at most {MAX_UPDATES} of them")
+            raise ValueError(f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them")
         self.updates += 1
         if seconds > self.delivered:
             self.delivered, self.progress = seconds, now
@@ -119,8 +121,10 @@ class Pacer:
             self.end()
 
     def expired(self, now: float) -> bool:
-        """Whether the request has been paused with no delivery for ``hold`` seconds."""
-        return self.paused and now - self.progress > self.hold
+        """Whether the request has been paused with no delivery for ``hold`` seconds (once true, it stays:
+        :attr:`held_out`)."""
+        self.held_out = self.held_out or (self.paused and now - self.progress > self.hold)
+        return self.held_out
 
     @property
     def failure(self) -> str:

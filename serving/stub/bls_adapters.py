@@ -16,6 +16,7 @@ from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.pacing import PACING
 from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
@@ -84,18 +85,22 @@ class BLSGenerator:
             self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        if self.slots is None:
-            async with contextlib.aclosing(self._stream(segment)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            return
-        await self.slots.take()
+        """The segment's chunks. A paced request's (serving.flow.pacing.PACING, set by tts) pacer knows the
+        stream from its start to its end: it pauses it while the request's client is far behind."""
+        if self.slots is not None:
+            await self.slots.take()
+        pacer = PACING.get()
+        if pacer is not None:
+            pacer.open(segment.stream_id)
         try:
             async with contextlib.aclosing(self._stream(segment)) as chunks:
                 async for chunk in chunks:
                     yield chunk
         finally:
-            self.slots.give_back()
+            if pacer is not None:
+                pacer.close(segment.stream_id)
+            if self.slots is not None:
+                self.slots.give_back()
 
     def _request(self, segment: Segment, parameters: dict):
         pb, p = self.bls.pb, segment.params

@@ -57,10 +57,13 @@ def test_hold_bound_counts_from_the_pause_or_the_last_delivery():
     p, _ = pacer(lead=1.0, hold=30.0)
     p.open(1)
     p.on_sent(2.0, 10.0)
-    assert p.paused and not p.expired(39.0) and p.expired(40.5)
+    assert p.paused and not p.expired(39.0)
     p.on_delivered(1.2, 35.0)  # progress, but still 0.8 ahead: paused, the hold counts anew
     assert p.paused and not p.expired(64.0) and p.expired(65.5)
     assert p.failure == HOLD_ERROR.format(hold=30.0) and "took no audio for 30 s" in p.failure
+    q, _ = pacer(lead=1.0, hold=30.0)
+    q.on_sent(2.0, 10.0)
+    assert q.expired(40.5)
     unpaced, _ = pacer()
     assert not unpaced.expired(1e6)  # a request that is not paused never expires
 
@@ -98,3 +101,11 @@ def test_tokens():
     for bad in ("short", "x" * 65, "has space in it!!", 1234567890123456789, None):
         with pytest.raises(ValueError, match="16-64 characters"):
             check_token(bad)
+
+
+def test_a_request_held_out_stays_held_out():
+    p, _ = pacer(lead=1.0, hold=5.0)
+    p.on_sent(2.0, 0.0)
+    assert p.expired(6.0) and p.held_out
+    p.end()  # its streams resume to end (cancelled): it is still the hold that ended it
+    assert p.expired(7.0)

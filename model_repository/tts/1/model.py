@@ -1,10 +1,14 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
 every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
-(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once."""
+(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once. A
+request with the parameter ``pace`` is paced by its client's pace requests (serving.flow.pacing), which are
+answered at once, before anything else."""
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import time
 
 import triton_python_backend_utils as pb
@@ -17,6 +21,7 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.pacing import DELIVERED, PACING, PARAMETER, Pacer, PaceTable, check_token, lead_seconds
 from serving.flow.places import Place, TextPlace
 from serving.flow.receipts import Receipts
 from serving.flow.receipts import capacity as receipt_capacity
@@ -25,7 +30,7 @@ from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
-from serving.security.auth import Keys
+from serving.security.auth import Keys, parameter_dict
 from serving.stub.bls import BLS, PolledFlags, watch_request
 from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
 from serving.stub.metric_batch import MetricBatch
@@ -57,7 +62,8 @@ class TritonPythonModel:
         self.threads = StubThreads("tts")
         self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
-        channel = SideChannel(opts.cancel_dir or None)
+        self.channel = channel = SideChannel(opts.cancel_dir or None)
+        self.paces, self.pace_hold = PaceTable(), opts.pace_hold_seconds  # paced requests by token
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
         receipts = Receipts(channel.dir, "tts", receipt_capacity(opts.slots))  # docs/triton.md#T23
         self.generator = generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts,
@@ -93,6 +99,13 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
+        try:
+            parameters = parameter_dict(request.parameters())
+        except ValueError:
+            parameters = {}  # (parse_request names the fault)
+        if DELIVERED in parameters:  # a pace request: answered at once, before any admission
+            self._pace(request, parameters)
+            return
         key = request.correlation_id()
         if key and not request.flags() & START:  # a text-in stream's later piece: answered at once
             error = take_piece(pb, self.text_streams, request, key)
@@ -103,6 +116,34 @@ class TritonPythonModel:
         if refusal:
             refuse(sender, refusal)
             return
+        pacer, token = None, parameters.get(PARAMETER)
+        if token is not None:  # a paced request: its token is its client's, one running request's at a time
+            try:
+                # its lead is set once its chunk schedule is read (_stream)
+                marks = self.channel.mark_paused, self.channel.unmark_paused
+                pacer = Pacer(math.inf, self.pace_hold, *marks, time.monotonic())
+                self.paces.add(check_token(token), pacer)
+            except ValueError as e:
+                self.metrics.increment(self.outcome["error"], 1)
+                sender.send(error_response(pb, str(e)), flags=FINAL)
+                return
+        try:
+            await self._admit(request, sender, key, pacer)
+        finally:
+            if pacer is not None:
+                pacer.end()  # no pause mark outlives the request
+                self.paces.remove(token, pacer)
+
+    def _pace(self, request, parameters: dict) -> None:
+        """A pace request: what its client's listener has taken of the request with its token."""
+        try:
+            self.paces.deliver(parameters, time.monotonic())
+            error = None
+        except ValueError as e:
+            error = error_response(pb, str(e))
+        request.get_response_sender().send(error, flags=FINAL)
+
+    async def _admit(self, request, sender, key: int, pacer: Pacer | None):
         stream, place = None, self._place()  # serving.flow.places: a text-in stream's is taken by its text
         if key:  # a text-in stream: its first piece
             stream, error = start_stream(pb, self.text_streams, request, key)
@@ -119,7 +160,9 @@ class TritonPythonModel:
         try:
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
-            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place)
+            PACING.set(pacer)  # ... and its generator streams': serving.stub.bls_adapters
+            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place,
+                                       pacer)  # fmt: skip
         finally:
             if stream is not None:
                 self.text_streams.close(stream)  # gives its place back
@@ -135,16 +178,22 @@ class TritonPythonModel:
         self.metrics.set(self.in_flight_gauge, self.in_flight)
         self.metrics.set(self.waiting_gauge, self.waiting)
 
-    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place):
-        task = asyncio.ensure_future(self._stream(request, responses, stream, place))
-        # the orchestrator cleans up a cancelled one
-        broken = await watch_request(task, request, self.polled, lingering)
+    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place,
+                              pacer: Pacer | None):  # fmt: skip
+        task = asyncio.ensure_future(self._stream(request, responses, stream, place, pacer))
+        # the orchestrator cleans up a cancelled one; a paced request held out is cancelled like one whose client left
+        held = None if pacer is None else (lambda: pacer.expired(time.monotonic()))
+        broken = await watch_request(task, request, self.polled, lingering, held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
+            if pacer is not None and pacer.held_out:  # its client took nothing for the hold bound
+                log.warning("a paced request ended: %s", pacer.failure)
+                self.metrics.increment(self.outcome["error"], 1)
+                return await responses.final(error_response(pb, pacer.failure), FINAL)
             self.metrics.increment(self.outcome["cancelled"], 1)
             await responses.final(flags=FINAL)
         except Exception as e:
@@ -160,14 +209,20 @@ class TritonPythonModel:
             self.metrics.increment(self.outcome["ok"], 1)
             self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
-    async def _stream(self, request, responses: Responses, stream, place: Place):
-        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place), sending
-        all but the final piece; returns that piece and the samples in all."""
+    async def _stream(self, request, responses: Responses, stream, place: Place, pacer: Pacer | None):
+        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place; ``pacer``:
+        a paced request's), sending all but the final piece; returns that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         inputs = tts_inputs(pb, request, None if stream is None else STREAMED)
+        if pacer is not None:  # its token is no speech parameter
+            given = parameter_dict(inputs.parameters)
+            given.pop(PARAMETER)
+            inputs = dataclasses.replace(inputs, parameters=given)
         release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
+        if pacer is not None:
+            pacer.lead = lead_seconds(utterance.schedule)
         sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
                else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
@@ -192,6 +247,8 @@ class TritonPythonModel:
                     return piece, sent
                 chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
                 await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
+                if pacer is not None:
+                    pacer.on_sent(sent / SAMPLE_RATE, time.monotonic())
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
