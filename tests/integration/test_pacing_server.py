@@ -1,0 +1,123 @@
+"""Pacing against a real server (serving.flow.pacing): a paced request whose client takes nothing is paused
+once it is a lead ahead and ended at the hold bound; one whose client reads slowly is paused and resumed and
+its audio is bit for bit an unpaced request's; a pace request with a token nobody holds is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client import AsyncTTSClient, TTSError
+from client.pace import Pace, pace_request
+from engine.chunking import PATCH_SECONDS
+from engine.protocol import SAMPLE_RATE
+
+pytestmark = pytest.mark.integration
+
+# chunk_next 3: a lead of 2 x 3 x 0.16 = 0.96 s; fixed chunks: bit for bit comparable (their sizes move
+# float32 rounding); 40 patches: 6.4 s of audio
+PARAMS = {"max_patches": 40, "chunk_first": 2, "chunk_next": 3, "chunk_fixed": True}
+LEAD = 2 * 3 * PATCH_SECONDS
+TEXT = "Paced speech for a listener."
+
+
+def url(server) -> str:
+    return f"127.0.0.1:{server.ports.grpc}"
+
+
+async def collect(server, **kw) -> tuple[list[np.ndarray], Exception | None]:
+    """The chunks of one request (reading each after ``delay`` s), and the error that ended it, if any."""
+    delay = kw.pop("delay", 0.0)
+    chunks, error = [], None
+    async with AsyncTTSClient(url(server), timeout=60) as tts:
+        try:
+            async for chunk in tts.stream(TEXT, seed=3, parameters=PARAMS, **kw):
+                chunks.append(chunk.audio)
+                await asyncio.sleep(delay)
+        except TTSError as e:
+            error = e
+    return chunks, error
+
+
+@pytest.fixture(scope="module")
+def unpaced(server) -> np.ndarray:
+    chunks, error = asyncio.run(collect(server))
+    assert error is None
+    audio = np.concatenate(chunks)
+    assert audio.size == 40 * PATCH_SECONDS * SAMPLE_RATE
+    return audio
+
+
+def stream_steps(server) -> float:
+    return server.metrics(("tts_generator_stream_steps_total",))["tts_generator_stream_steps_total"]
+
+
+def test_a_client_that_takes_nothing_is_paused_at_the_lead_then_ended(server, unpaced):
+    before = stream_steps(server)
+    t0 = time.monotonic()
+    chunks, error = asyncio.run(collect(server, pace=Pace()))  # a pace that never reports anything taken
+    took = time.monotonic() - t0
+    sent = sum(c.size for c in chunks) / SAMPLE_RATE
+    made = (stream_steps(server) - before - 1) * PATCH_SECONDS  # (its first step is the prefill)
+    print(f"non-reader: sent {sent:.2f} s, made {made:.2f} s of {unpaced.size / SAMPLE_RATE:.2f} s; "
+          f"lead {LEAD:.2f} s; ended after {took:.1f} s")  # fmt: skip
+    assert error is not None and "took no audio for 4 s" in str(error) and "pace-hold-seconds" in str(error)
+    assert LEAD < sent <= LEAD + 3 * PATCH_SECONDS + 1e-6  # the lead and one chunk
+    assert made < unpaced.size / SAMPLE_RATE / 2  # most of the utterance was never made
+    again, error = asyncio.run(collect(server))  # its slot and pages are free, the server as before
+    assert error is None and np.array_equal(np.concatenate(again), unpaced)
+
+
+def test_a_slow_reader_is_paced_and_gets_the_same_audio(server, server_options, unpaced):
+    """The reader takes a 0.48 s chunk every 0.3 s (the tiny model makes one far sooner): its streams are
+    paused and resumed, and its audio is that of the unpaced request. A forged pace request meanwhile (a
+    token no request holds) is refused by name and touches nothing."""
+    marks, stop = set(), threading.Event()
+    board = Path(server_options.cancel_dir)
+
+    def watch() -> None:
+        while not stop.is_set():
+            marks.update(p.name for p in board.glob("pause-*"))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    async def both():
+        forged = asyncio.ensure_future(forge(server))
+        got = await collect(server, pace=True, delay=0.3)
+        return got, await forged
+
+    try:
+        (chunks, error), forged = asyncio.run(both())
+    finally:
+        stop.set()
+        watcher.join()
+    assert error is None
+    assert np.array_equal(np.concatenate(chunks), unpaced)
+    assert marks, "the stream was never paused"
+    assert not list(board.glob("pause-*"))  # no mark outlives its request
+    assert "no running request has this pace token" in forged
+
+
+async def forge(server) -> str:
+    """A pace request with a token nobody holds, on a stream of its own: its error message."""
+    from tritonclient.grpc import aio
+
+    await asyncio.sleep(0.5)
+    client = aio.InferenceServerClient(url(server))
+    try:
+
+        async def one():
+            yield pace_request("tts", "forged-token-of-nobody", 1e6)
+
+        async for result, error in client.stream_infer(one()):
+            return str(error) if error is not None else f"answered: {result.get_response()}"
+        return "no answer"
+    finally:
+        await client.close()
