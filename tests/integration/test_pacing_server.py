@@ -5,6 +5,8 @@ its audio is bit for bit an unpaced request's; a pace request with a token nobod
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from client import AsyncTTSClient, TTSError
 from client.pace import Pace, pace_request
 from engine.chunking import PATCH_SECONDS
 from engine.protocol import SAMPLE_RATE
+from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +124,35 @@ async def forge(server) -> str:
         return "no answer"
     finally:
         await client.close()
+
+
+def test_a_speech_client_that_stops_reading_stops_the_generator(server, server_options, gateway):
+    """Through the gateway (the speech route): a client that reads the headers and then nothing more, on a
+    socket with a small receive buffer. The generator stops making its audio once the gateway's buffers and
+    the lead are full, long before the gateway's unsent bound (30 s) would have cut it, and the request ends
+    at the hold bound (4 s here) with its slot freed while the client is still connected."""
+    host, port = gateway.removeprefix("http://").split(":")
+    body = json.dumps({"input": "A listener who left the room.", "response_format": "pcm", "seed": 5,
+                       "max_patches": 300, "chunk_first": 3, "chunk_next": 6, "chunk_fixed": True}).encode()  # fmt: skip
+    before = stream_steps(server)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connect: the window stays small)
+    sock.connect((host, int(port)))
+    try:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        made, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the generator has made nothing for 2 s
+            time.sleep(0.5)
+            made.append(stream_steps(server) - before)
+            if len(made) > 4 and made[-1] == made[-5]:
+                break
+        seconds = (made[-1] - 1) * PATCH_SECONDS
+        print(f"speech route, client not reading: the generator made {seconds:.1f} s of 48 s, then stopped "
+              f"(lead {2 * 6 * PATCH_SECONDS:.2f} s)")  # fmt: skip
+        assert made[-1] == made[-5] and seconds < 20  # stopped, far short of the 30 s bound and the 48 s
+        m = wait_gauges_zero(server, timeout=30)  # held out: ended, its slot freed, the client still there
+        assert m["tts_generator_active_slots"] == 0 and not list(Path(server_options.cancel_dir).glob("pause-*"))
+    finally:
+        sock.close()
