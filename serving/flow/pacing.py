@@ -24,14 +24,20 @@ fronts' unsent bound as before.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import logging
 import math
 import re
+import time
 from collections.abc import Callable
 
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
 from serving.contract import DELIVERED, PACE, PACE_REQUEST
+from serving.intake.requests import TTSInputs
+from serving.security.auth import parameter_dict
 
+log = logging.getLogger("tts")
 PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
 MAX_UPDATES = 10_000  # pace requests one request may take
@@ -79,6 +85,16 @@ class Pacer:
         self.paused = False
         self.progress = now  # when delivery last grew, or the pause began
         self.held_out = False  # expired: the request is ended with :attr:`failure`
+        self.token = ""  # its token in the table (PaceTable.start)
+
+    def paced_by(self, schedule: ChunkSchedule) -> None:
+        """The request's chunk schedule is read: a paced request's lead is two of its largest chunks."""
+        if self.token:
+            self.lead = lead_seconds(schedule)
+
+    def held(self) -> bool:
+        """:meth:`expired` now."""
+        return self.expired(time.monotonic())
 
     def open(self, stream_id: int) -> None:
         """A generator stream of this request starts (paused at once if the request is)."""
@@ -123,7 +139,9 @@ class Pacer:
     def expired(self, now: float) -> bool:
         """Whether the request has been paused with no delivery for ``hold`` seconds (once true, it stays:
         :attr:`held_out`)."""
-        self.held_out = self.held_out or (self.paused and now - self.progress > self.hold)
+        if not self.held_out and self.paused and now - self.progress > self.hold:
+            self.held_out = True
+            log.warning("a paced request is ended: its client took no audio for %g s while it was paused", self.hold)
         return self.held_out
 
     @property
@@ -138,11 +156,41 @@ class Pacer:
                 self.unmark(stream_id)
 
 
-class PaceTable:
-    """The running paced requests by token; bounded by the running requests (one entry each)."""
+def _unmarked(stream_id: int) -> None:
+    """A table's pacers without marks (tests)."""
 
-    def __init__(self):
+
+class PaceTable:
+    """The running paced requests by token; bounded by the running requests (one entry each). ``hold`` and
+    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them)."""
+
+    def __init__(self, hold: float = 30.0, mark: Callable[[int], None] = _unmarked,
+                 unmark: Callable[[int], None] = _unmarked):  # fmt: skip
         self.pacers: dict[str, Pacer] = {}
+        self.hold, self.mark, self.unmark = hold, mark, unmark
+
+    def start(self, parameters: dict, now: float) -> Pacer:
+        """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
+        A request without a token gets one that never pauses (its lead stays infinite: :meth:`Pacer.paced_by`)."""
+        pacer = Pacer(math.inf, self.hold, self.mark, self.unmark, now)
+        token = parameters.get(PARAMETER)
+        if token is not None:
+            pacer.token = check_token(token)
+            self.add(pacer.token, pacer)
+        return pacer
+
+    def end(self, pacer: Pacer) -> None:
+        """The request is over: no pause mark outlives it, its token is free."""
+        pacer.end()
+        self.remove(pacer.token, pacer)
+
+    def answer(self, parameters: dict, now: float) -> str | None:
+        """A pace request -> the error of its answer (None: taken)."""
+        try:
+            self.deliver(parameters, now)
+        except ValueError as e:
+            return str(e)
+        return None
 
     def add(self, token: str, pacer: Pacer) -> None:
         """ValueError when a running request holds ``token``."""
@@ -162,3 +210,19 @@ class PaceTable:
         if pacer is None:
             raise ValueError(UNKNOWN_TOKEN)
         pacer.on_delivered(delivered, now)
+
+
+def parameters_of(raw) -> dict:
+    """A request's parameters (Triton's JSON text) as a dict; {} when malformed (its parse names the fault)."""
+    try:
+        return parameter_dict(raw)
+    except ValueError:
+        return {}
+
+
+def without_token(inputs: TTSInputs) -> TTSInputs:
+    """A paced request's inputs without its token, which is no speech parameter."""
+    given = parameter_dict(inputs.parameters)
+    if given.pop(PARAMETER, None) is None:
+        return inputs
+    return dataclasses.replace(inputs, parameters=given)

@@ -109,3 +109,33 @@ def test_a_request_held_out_stays_held_out():
     assert p.expired(6.0) and p.held_out
     p.end()  # its streams resume to end (cancelled): it is still the hold that ended it
     assert p.expired(7.0)
+
+
+def test_the_table_starts_paced_and_unpaced_requests_and_ends_them():
+    from serving.flow.pacing import without_token
+    from serving.intake.requests import TTSInputs
+
+    marks: list = []
+    table = PaceTable(30.0, lambda i: marks.append(("pause", i)), lambda i: marks.append(("resume", i)))
+    unpaced = table.start({"max_patches": 5}, 0.0)
+    unpaced.paced_by(ChunkSchedule(3, 24))
+    unpaced.open(1)
+    unpaced.on_sent(1e6, 1.0)  # never paused: it has no token, its lead stays infinite
+    assert not unpaced.paused and table.pacers == {} and marks == []
+    paced = table.start({"pace": "p" * 20}, 0.0)
+    paced.paced_by(ChunkSchedule(3, 24))
+    assert paced.lead == pytest.approx(7.68) and table.pacers == {"p" * 20: paced}
+    with pytest.raises(ValueError, match="in use"):
+        table.start({"pace": "p" * 20}, 0.0)
+    with pytest.raises(ValueError, match="16-64"):
+        table.start({"pace": "short"}, 0.0)
+    paced.open(2)
+    paced.on_sent(8.0, 1.0)
+    assert table.answer({"pace": "p" * 20, "delivered": 1.0}, 2.0) is None and marks == [("pause", 2)]
+    assert "no running request" in table.answer({"pace": "q" * 20, "delivered": 1.0}, 2.0)
+    table.end(paced)  # the request is over: its mark goes, its token is free
+    table.end(unpaced)
+    assert marks[-1] == ("resume", 2) and table.pacers == {}
+    inputs = TTSInputs(text="x", parameters='{"pace": "pppppppppppppppppppp", "seed": 1}')
+    assert without_token(inputs).parameters == {"seed": 1}
+    assert without_token(TTSInputs(text="x", parameters="{}")).parameters == "{}"
