@@ -9,10 +9,11 @@ it runs, the client sends *pace requests* on the same gRPC stream (parameters ``
 ``delivered`` = seconds of the request's audio its listener has taken). ``tts`` compares what it sent with
 what was delivered:
 
-- sent - delivered > :func:`lead_seconds` (two of the request's largest chunks: the deadline rule of
-  engine.chunking never needs more than that in hand): the request's generator streams are paused (not
-  stepped; they keep their slots and pages);
-- below half of it again: they resume;
+- made - delivered > :func:`lead_seconds` (two of the request's largest chunks: the deadline rule of
+  engine.chunking never needs more than that in hand; made: the audio of the chunks tts has had from the
+  generator, sent or not): the request's generator streams are paused (not stepped; they keep their slots
+  and pages);
+- below half of it again, or once the client has taken all it was sent: they resume;
 - paused with no delivery for ``hold`` seconds (``--pace-hold-seconds``): the request ends with
   :data:`HOLD_ERROR`, its slot freed.
 
@@ -79,7 +80,8 @@ class Pacer:
         if not lead > 0 or not hold > 0:
             raise ValueError(f"lead and hold must be > 0 seconds, got {lead}, {hold}")
         self.lead, self.hold, self.mark, self.unmark = lead, hold, mark, unmark
-        self.sent = self.delivered = 0.0
+        self.sent = self.made = self.delivered = 0.0
+        self.speed = 1.0  # the request's speaking rate: made seconds / speed are seconds of its audio
         self.updates = 0
         self.streams: set[int] = set()
         self.paused = False
@@ -87,10 +89,10 @@ class Pacer:
         self.held_out = False  # expired: the request is ended with :attr:`failure`
         self.token = ""  # its token in the table (PaceTable.start)
 
-    def paced_by(self, schedule: ChunkSchedule) -> None:
-        """The request's chunk schedule is read: a paced request's lead is two of its largest chunks."""
+    def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
+        """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
         if self.token:
-            self.lead = lead_seconds(schedule)
+            self.lead, self.speed = lead_seconds(schedule), speed
 
     def held(self) -> bool:
         """:meth:`expired` now."""
@@ -113,6 +115,12 @@ class Pacer:
         self.sent = seconds
         self._decide(now)
 
+    def on_made(self, seconds: float, now: float) -> None:
+        """A chunk of ``seconds`` of speech (at the model's rate) came from the generator: counted at once, not
+        when it is sent, so that a backlog between the generator and the client's sends cannot hide it."""
+        self.made += seconds / self.speed
+        self._decide(now)
+
     def on_delivered(self, seconds: float, now: float) -> None:
         """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
         ValueError past :data:`MAX_UPDATES`."""
@@ -125,15 +133,16 @@ class Pacer:
 
     @property
     def ahead(self) -> float:
-        """Seconds sent and not yet delivered."""
-        return self.sent - self.delivered
+        """Seconds made (or sent) and not yet delivered."""
+        return max(self.made, self.sent) - self.delivered
 
     def _decide(self, now: float) -> None:
         if not self.paused and self.ahead > self.lead:
             self.paused, self.progress = True, now
             for stream_id in self.streams:
                 self.mark(stream_id)
-        elif self.paused and self.ahead < self.lead / 2:
+        elif self.paused and (self.ahead < self.lead / 2 or 0 < self.sent <= self.delivered):
+            # (the second: its client took all it was sent; what it waits for is made and not sent yet)
             self.end()
 
     def expired(self, now: float) -> bool:

@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
+from engine.chunking import PATCH_SECONDS
+from engine.config import PATCH_SIZE
 from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
@@ -28,6 +30,7 @@ from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
+LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chunk
 
 
 class BLSPrompts:
@@ -95,6 +98,8 @@ class BLSGenerator:
         try:
             async with contextlib.aclosing(self._stream(segment)) as chunks:
                 async for chunk in chunks:
+                    if pacer is not None:
+                        pacer.on_made(len(chunk.latents) * LATENT_SECONDS, time.monotonic())
                     yield chunk
         finally:
             if pacer is not None:

@@ -71,7 +71,7 @@ def test_a_client_that_takes_nothing_is_paused_at_the_lead_then_ended(server, un
           f"lead {LEAD:.2f} s; ended after {took:.1f} s")  # fmt: skip
     assert error is not None and "took no audio for 4 s" in str(error) and "pace-hold-seconds" in str(error)
     assert LEAD < sent <= LEAD + 3 * PATCH_SECONDS + 1e-6  # the lead and one chunk
-    assert made < unpaced.size / SAMPLE_RATE / 2  # most of the utterance was never made
+    assert made <= LEAD + 2 * 3 * PATCH_SECONDS + 1e-6  # and the next chunk's patches, at most
     again, error = asyncio.run(collect(server))  # its slot and pages are free, the server as before
     assert error is None and np.array_equal(np.concatenate(again), unpaced)
 
@@ -156,3 +156,29 @@ def test_a_speech_client_that_stops_reading_stops_the_generator(server, server_o
         assert m["tts_generator_active_slots"] == 0 and not list(Path(server_options.cancel_dir).glob("pause-*"))
     finally:
         sock.close()
+
+
+async def text_in(server, pace, delay: float = 0.0) -> tuple[list[np.ndarray], Exception | None]:
+    """A text-in stream (its text in three pieces), read with ``delay`` s per chunk."""
+    chunks, error = [], None
+    async with AsyncTTSClient(url(server), timeout=60) as tts:
+        try:
+            async for chunk in tts.stream_text(["Paced text ", "comes in ", "pieces."], seed=3, parameters=PARAMS,
+                                               pace=pace):  # fmt: skip
+                chunks.append(chunk.audio)
+                await asyncio.sleep(delay)
+        except TTSError as e:
+            error = e
+    return chunks, error
+
+
+def test_a_text_in_stream_is_paced_alike(server):
+    """gRPC text-in: a slow reader's audio is an unpaced stream's, bit for bit; a stream whose pace reports
+    nothing taken is ended at the hold bound, having been sent no more than the lead and a chunk."""
+    unpaced, error = asyncio.run(text_in(server, None))
+    assert error is None
+    slow, error = asyncio.run(text_in(server, True, delay=0.3))
+    assert error is None and np.array_equal(np.concatenate(slow), np.concatenate(unpaced))
+    held, error = asyncio.run(text_in(server, Pace()))
+    assert error is not None and "took no audio" in str(error)
+    assert sum(c.size for c in held) / SAMPLE_RATE <= LEAD + 3 * PATCH_SECONDS + 1e-6

@@ -139,3 +139,22 @@ def test_the_table_starts_paced_and_unpaced_requests_and_ends_them():
     inputs = TTSInputs(text="x", parameters='{"pace": "pppppppppppppppppppp", "seed": 1}')
     assert without_token(inputs).parameters == {"seed": 1}
     assert without_token(TTSInputs(text="x", parameters="{}")).parameters == "{}"
+
+
+def test_made_counts_before_it_is_sent_and_a_caught_up_client_resumes():
+    """Chunks tts has had from the generator count at once (a backlog before the sends hides nothing); at a
+    speed of 2 a second of speech is half a second of audio; a client that took all it was sent resumes."""
+    p, marks = pacer(lead=2.0)
+    p.token = "t" * 16
+    p.paced_by(ChunkSchedule(3, 6), speed=2.0)
+    assert p.lead == pytest.approx(1.92)
+    p.open(1)
+    p.on_made(3.84, 1.0)  # 1.92 s of audio: at the lead
+    assert not p.paused
+    p.on_made(0.48, 1.1)
+    assert p.paused and marks == [("pause", 1)]
+    p.on_sent(0.5, 1.2)
+    p.on_delivered(0.4, 1.3)  # 1.76 ahead of what was taken, of which 0.1 s was sent: paused
+    assert p.paused
+    p.on_delivered(0.5, 1.4)  # it took all it was sent: what it waits for is on its way
+    assert not p.paused and marks[-1] == ("resume", 1)

@@ -165,7 +165,7 @@ class TritonPythonModel:
         release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
-        pacer.paced_by(utterance.schedule)
+        pacer.paced_by(utterance.schedule, utterance.speed)
         sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
                else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
