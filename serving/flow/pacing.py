@@ -165,16 +165,11 @@ class Pacer:
                 self.unmark(stream_id)
 
 
-def _unmarked(stream_id: int) -> None:
-    """A table's pacers without marks (tests)."""
-
-
 class PaceTable:
     """The running paced requests by token; bounded by the running requests (one entry each). ``hold`` and
     ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them)."""
 
-    def __init__(self, hold: float = 30.0, mark: Callable[[int], None] = _unmarked,
-                 unmark: Callable[[int], None] = _unmarked):  # fmt: skip
+    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None]):
         self.pacers: dict[str, Pacer] = {}
         self.hold, self.mark, self.unmark = hold, mark, unmark
 

@@ -77,7 +77,7 @@ def test_updates_are_bounded():
 
 
 def test_table_refuses_a_token_in_use_and_names_an_unknown_one():
-    table, (a, _), (b, _) = PaceTable(), pacer(), pacer()
+    table, (a, _), (b, _) = PaceTable(30.0, print, print), pacer(), pacer()
     token = "t" * 16
     table.add(token, a)
     with pytest.raises(ValueError, match="in use by a running request"):
