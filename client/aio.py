@@ -22,6 +22,7 @@ from typing import Self, Unpack
 
 import numpy as np
 
+from client.pace import PACE, REQUEST_ID, Pace, PaceFeed, is_pace_error, next_response
 from client.request import RequestSettings, TTSRequest, edit_task, grpc_error, grpc_inputs, is_final
 from client.text_in import AsyncTextStream
 from client.tts_client import Chunk, _host_port, chunk_of
@@ -101,32 +102,40 @@ class AsyncTTSClient:
                 self._unreachable(client)
             raise error from None
 
-    async def stream(self, text: str | None, **settings: Unpack[RequestSettings]) -> AsyncIterator[Chunk]:
+    async def stream(self, text: str | None, pace: Pace | bool | None = None,
+                     **settings: Unpack[RequestSettings]) -> AsyncIterator[Chunk]:  # fmt: skip
         """Chunks as the server sends them (``settings``: as :meth:`client.TTSClient.stream`'s; ``on_plan``
-        gets the plan text before the first chunk; ``speed`` is the ``speed`` parameter)."""
+        gets the plan text before the first chunk; ``speed`` is the ``speed`` parameter). ``pace``
+        (:mod:`client.pace`): True paces the server by this iteration (a chunk is taken when the next one is
+        asked for); a :class:`~client.pace.Pace` by what its owner counts (``pace.took``); None: unpaced."""
         import grpc  # here, not at import time: `import client` stays light (and gevent-agnostic)
 
         tts_request = TTSRequest.of(text, settings)
         on_plan = tts_request.on_plan
+        own = pace is True
+        pace = Pace() if own else pace or None
+        parameters = tts_request.parameters if pace is None else {**tts_request.parameters, PACE: pace.token}
         request = {
             "model_name": self.model,
             "inputs": grpc_inputs(tts_request.fields, model=self.model),
-            "parameters": tts_request.parameters,
+            "parameters": parameters,
         }
-
-        async def one_request():
-            # then the request side half-closes: the server ends the stream after the request's final
-            # response (the aio client cannot ask for Triton's empty final response, so that is the end marker)
-            yield request
+        # the request, then (paced) its pace reports; then the request side half-closes: the server ends the
+        # stream after the request's final response (the aio client cannot ask for Triton's empty final
+        # response, so that is the end marker)
+        feed = PaceFeed(self.model, pace)
+        feed.put(request)
+        if pace is None:
+            feed.close()
 
         t0 = time.perf_counter()
         client = self._channel()
-        responses = client.stream_infer(one_request(), stream_timeout=self.stream_timeout)
+        responses = client.stream_infer(feed.requests(), stream_timeout=self.stream_timeout)
         done = False
         try:
             while not done:
                 try:
-                    result, error = await asyncio.wait_for(anext(responses), self.timeout)
+                    result, error = await next_response(responses, pace, own, self.timeout)
                 except TimeoutError:
                     raise TimeoutError(f"no response from the server for {self.timeout:g} s") from None
                 except StopAsyncIteration:
@@ -136,13 +145,20 @@ class AsyncTTSClient:
                     done = True
                     raise self._failed(client, e) from None
                 if error is not None:
+                    if pace is not None and is_pace_error(error):  # a report's answer, not the stream's
+                        continue
                     done = True
                     raise self._failed(client, error)
+                if pace is not None and result.get_response().id == REQUEST_ID:
+                    continue
                 done = is_final(result)
                 chunk = chunk_of(result, on_plan, t0)
                 if chunk is not None:
                     yield chunk
+                    if own:  # asked for the next one: this one was taken
+                        pace.took(chunk.audio.size)
         finally:
+            feed.close()
             if not done:
                 responses.cancel()
 
@@ -152,23 +168,26 @@ class AsyncTTSClient:
             self._unreachable(client)
         return exc
 
-    async def open_text(self, *, release: str | None = None, **settings: Unpack[RequestSettings]) -> AsyncTextStream:
+    async def open_text(self, *, release: str | None = None, pace: Pace | bool | None = None,
+                        **settings: Unpack[RequestSettings]) -> AsyncTextStream:  # fmt: skip
         """Open a text-in stream (:mod:`client.text_in`): ``await ts.send(text, flush=False)``, ``await
         ts.end()``, ``await ts.cancel()``, ``async for item in ts`` (:class:`Chunk` and :class:`Flushed`).
         ``settings``: :meth:`stream`'s; ``release``: ``sentence`` (the server's default: a segment is also
-        cut at each sentence end) or ``flush`` (only at flushes and the end). The request goes out now: the
-        server admits the stream and encodes the voice while the text is still being written."""
+        cut at each sentence end) or ``flush`` (only at flushes and the end); ``pace``: as :meth:`stream`'s.
+        The request goes out now: the server admits the stream and encodes the voice while the text is still
+        being written."""
         request = TTSRequest.of(None, settings)
         fields = request.fields if release is None else {**request.fields, "RELEASE": release}
-        return AsyncTextStream(self, fields, request.parameters, request.on_plan)
+        return AsyncTextStream(self, fields, request.parameters, request.on_plan, pace)
 
     async def stream_text(
-        self, pieces, flush: bool = False, release: str | None = None, **settings: Unpack[RequestSettings]
-    ) -> AsyncIterator[Chunk]:
+        self, pieces, flush: bool = False, release: str | None = None, pace: Pace | bool | None = None,
+        **settings: Unpack[RequestSettings],
+    ) -> AsyncIterator[Chunk]:  # fmt: skip
         """The audio of a text sent as ``pieces`` (an iterable or async iterable of str, read as they come),
         as it is made; ``flush``: flush after every piece; ``release`` and ``settings``: as :meth:`open_text`.
-        Leaving early cancels the stream on the server."""
-        text_stream = await self.open_text(release=release, **settings)
+        Leaving early cancels the stream on the server; ``pace``: as :meth:`stream`'s."""
+        text_stream = await self.open_text(release=release, pace=pace, **settings)
 
         async def feed():
             try:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Self
 
+from client.pace import PACE, REQUEST_ID, Pace, is_pace_error, next_response, pace_request
 from client.request import Chunk, chunk_of, is_final, piece_request, raise_if_failed, sequence_id
 
 
@@ -37,13 +38,20 @@ class AsyncTextStream:
     called from one task while another iterates; iterating yields :class:`client.Chunk` and :class:`Flushed`
     and ends once all audio is out after :meth:`end`; errors are the client's (:mod:`client.tts_client`)."""
 
-    def __init__(self, client, fields: dict, parameters: dict, on_plan=None):
+    def __init__(self, client, fields: dict, parameters: dict, on_plan=None, pace: Pace | bool | None = None):
+        """``pace`` (client.pace): True paces the server by this iteration, a Pace by what its owner counts."""
         self.client, self.model = client, client.model
         self.sequence = sequence_id()
         self.on_plan = on_plan
         self.flushes = 0
         self.ended = self.done = False
         self.requests: asyncio.Queue = asyncio.Queue()  # stream_infer's dicts; None: no more
+        self.own = pace is True
+        self.pace = Pace() if self.own else pace or None
+        self.taken = 0  # (own pace) samples of the chunk returned last: taken when the next item is asked for
+        if self.pace is not None:  # its reports go on the stream (outside the sequence) until the stream is over
+            parameters = {**parameters, PACE: self.pace.token}
+            self.pace.attach(lambda s: self.requests.put_nowait(pace_request(self.model, self.pace.token, s)))
         self.requests.put_nowait(piece_request(self.model, self.sequence, "", False, start=True, fields=fields,
                                                parameters=parameters))  # fmt: skip
         self.channel = client._channel()
@@ -70,7 +78,8 @@ class AsyncTextStream:
             return
         self.ended = True
         self.requests.put_nowait(piece_request(self.model, self.sequence, "", False, end=True))
-        self.requests.put_nowait(None)  # the request side half-closes; the server ends after the audio
+        if self.pace is None:  # (paced: once the audio is over, the reports stop and it half-closes)
+            self.requests.put_nowait(None)  # the request side half-closes; the server ends after the audio
 
     async def cancel(self) -> None:
         """Barge-in: the server stops generating (within a step) and frees the stream's slot; the
@@ -92,10 +101,13 @@ class AsyncTextStream:
     async def __anext__(self) -> Chunk | Flushed:
         import grpc
 
+        if self.taken:
+            self.pace.took(self.taken)
+            self.taken = 0
         while not self.done:
             try:  # before end() the server's idle bound, not this client's timeout, limits the wait
                 timeout = self.client.timeout if self.ended else None
-                result, error = await asyncio.wait_for(anext(self.responses), timeout)
+                result, error = await next_response(self.responses, self.pace, self.own, timeout)
             except TimeoutError:
                 await self.cancel()
                 raise TimeoutError(f"no response from the server for {self.client.timeout:g} s") from None
@@ -109,8 +121,12 @@ class AsyncTextStream:
                     raise
                 raise self.client._failed(self.channel, e) from None
             if error is not None:
+                if self.pace is not None and is_pace_error(error):  # a report's answer, not the stream's
+                    continue
                 await self.cancel()
                 raise self.client._failed(self.channel, error)
+            if self.pace is not None and result.get_response().id == REQUEST_ID:
+                continue
             if is_final(result):  # the stream is over (all its audio, or its failure)
                 self.done = True
                 self.requests.put_nowait(None)
@@ -120,6 +136,8 @@ class AsyncTextStream:
                 return Flushed(int(flushed.reshape(-1)[0]))
             chunk = chunk_of(result, self.on_plan, self.t0)
             if chunk is not None:
+                if self.own:
+                    self.taken = chunk.audio.size
                 return chunk
         self.done = True
         raise StopAsyncIteration

@@ -101,6 +101,11 @@ class ChunkClock:
         self.origin: float | None = now if schedule.buffered > 0 else None
         self.sent = schedule.buffered
 
+    def rest(self, now: float) -> None:
+        """The stream was not stepped in the step that ended at ``now`` (paused: its client is behind,
+        serving.flow.pacing): that wait is no step of its, so it does not enter :attr:`step`."""
+        self.last = now
+
     def left(self, now: float) -> float:
         """Seconds of audio the listener still holds at ``now`` (0 before the first chunk)."""
         return 0.0 if self.origin is None else self.sent - (now - self.origin)

@@ -146,13 +146,19 @@ class GeneratorService:
 
         A chunk is due when the stream's :class:`~engine.chunking.ChunkClock` says so and when the
         stream ends; a stream's first chunk carries its prompt latents. Finished streams are freed. A
-        stream still waiting for cache pages is not stepped (None).
+        stream still waiting for cache pages is not stepped (None). A live stream not in ``stream_ids``
+        (paused) keeps its slot and pages, and its chunk clock does not count this step as its own.
         """
         plan = self.scheduler.schedule(stream_ids)
         out: dict[int, Chunk | None] = dict.fromkeys(plan.waiting)
         streams = [self.live[i] for i in plan.run]
         results = self.gen.step([s.state for s in streams], plan.pages) if streams else []
         now = self.clock()
+        if len(stream_ids) < len(self.live):  # streams not asked (paused) rest: their clocks skip this step
+            asked = set(stream_ids)
+            for s in self.live.values():
+                if s.stream_id not in asked:
+                    s.clock.rest(now)
         for s, r in zip(streams, results, strict=True):
             if r.latents is not None:
                 s.pending.append(r.latents)

@@ -8,6 +8,12 @@ connection's :class:`Outbox`, and one writer takes from it as the client's socke
 socket's contexts share one bound) may wait there; past it, :class:`Cut` ends the connection at once
 (``transport.abort``: nothing waits on a peer that does not read) with one log line naming the peer and
 why, and the surface cancels its streams (their slots are free at the generator's next step).
+
+Pacing: every Triton stream a surface opens is paced (client.pace, serving.flow.pacing) by what its client
+takes: the audio an item carries counts as delivered when the writer takes the item from the outbox, and
+when the writer finds the outbox empty its client has taken all it was given. So the server keeps its
+generator at most two of the stream's largest chunks ahead of the client, and a client that stops reading
+has little more than that made for it, long before the unsent bound would cut it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from client.pace import Pace
 from engine.protocol import SAMPLE_RATE
 
 ABORT = "gateway.abort"  # scope["extensions"][ABORT]: cuts the connection now (gateway.server's protocols set it)
@@ -29,25 +36,34 @@ class ClientNotReading(Exception):
 
 
 class Outbox:
-    """A connection's replies in order, each with the samples of audio it carries (24 kHz), from
-    :meth:`put` (never blocks) to :meth:`get` (the connection's one writer)."""
+    """A connection's replies in order, each with the samples of audio it carries (24 kHz) and the
+    :class:`~client.pace.Pace` of the stream they came from, from :meth:`put` (never blocks) to :meth:`get`
+    (the connection's one writer), which counts them delivered."""
 
     def __init__(self, unsent_seconds: float):
         self.limit = int(unsent_seconds * SAMPLE_RATE)
         self.items: asyncio.Queue = asyncio.Queue()
         self.waiting = 0  # samples put and not yet taken
+        self.paces: set[Pace] = set()  # the paces of items taken since the outbox was last found empty
 
-    def put(self, item, samples: int = 0) -> None:
+    def put(self, item, samples: int = 0, pace: Pace | None = None) -> None:
         """Queue ``item``; :class:`ClientNotReading` (nothing queued) if that would leave more than the
         bound waiting."""
         if self.waiting + samples > self.limit:
             raise ClientNotReading(self.waiting + samples, self.limit)
         self.waiting += samples
-        self.items.put_nowait((item, samples))
+        self.items.put_nowait((item, samples, pace))
 
     async def get(self):
-        item, samples = await self.items.get()
+        if self.items.empty() and self.paces:  # the client took all it was given: it is caught up
+            for pace in self.paces:
+                pace.caught_up()
+            self.paces.clear()
+        item, samples, pace = await self.items.get()
         self.waiting -= samples
+        if pace is not None and samples:
+            pace.took(samples)
+            self.paces.add(pace)
         return item
 
     def empty(self) -> bool:

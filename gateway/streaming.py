@@ -6,8 +6,9 @@ The request goes to Triton before the headers: the first chunk is awaited, so a 
 error status, not a broken stream, and the plan text, which the server sends before any audio, is known
 by then.
 
-Back-pressure: the Triton stream is read as fast as the server makes it, whether or not the client takes
-the audio, into the connection's outbox (:mod:`gateway.outbox`, the bound every surface shares): a client
+Back-pressure: the Triton stream is paced by what the client takes (:mod:`gateway.outbox`): the server
+makes its audio at most a lead ahead of the client. It is read as fast as the server sends it into the
+connection's outbox (:mod:`gateway.outbox`, the bound every surface shares): a client
 that leaves more than ``unsent_seconds`` of audio untaken (made by the server, not yet accepted by the
 connection's socket; what the kernel's socket buffers hold is on top) has its stream closed (the slot is
 free at the generator's next step) and its connection cut, with one log line. A stream that fails after
@@ -26,6 +27,7 @@ from urllib.parse import quote
 
 from fastapi.responses import StreamingResponse
 
+from client.pace import Pace
 from client.request import TTSError
 from gateway.encode import Encoder
 from gateway.errors import from_tts_error
@@ -48,14 +50,17 @@ async def stream_response(
     if shares is not None:
         open_stream = held(open_stream, shares, host_of(scope))
     plans: list[str] = []
-    stream = open_stream(**kw, on_plan=plans.append)
+    pace = Pace() if unsent_seconds is not None else None  # what the client takes paces the stream (gateway.outbox)
+    stream = open_stream(**kw, on_plan=plans.append, **({} if pace is None else {"pace": pace}))
     try:
         first = await anext(stream, None)
     except (TTSError, ConnectionError, TimeoutError) as e:
         raise from_tts_error(e) from None
     cut = Cut(((scope or {}).get("extensions") or {}).get(ABORT), peer_of(scope), "a speech stream")
     if unsent_seconds is not None:
-        stream = Unsent(stream, unsent_seconds, cut)
+        stream = Unsent(stream, unsent_seconds, cut, pace)
+        if first is not None:  # handed to the response with the headers
+            pace.took(first.audio.size)
     plan = plans[0] if plans else None
     headers = {PLAN_HEADER: quote(plan, safe="")} if plan is not None else {}
     encoder = Encoder(response_format, sample_rate)
@@ -114,15 +119,16 @@ class Unsent:
     :class:`Outbox` of ``unsent_seconds``, and handed on as the response takes them. Past the bound, the
     Triton stream is closed, ``cut`` ends the connection, and iterating raises :class:`ClientNotReading`."""
 
-    def __init__(self, stream, unsent_seconds: float, cut: Cut):
-        self.stream, self.cut = stream, cut
+    def __init__(self, stream, unsent_seconds: float, cut: Cut, pace: Pace | None = None):
+        """``pace``: the stream's (client.pace), told what the response takes."""
+        self.stream, self.cut, self.pace = stream, cut, pace
         self.outbox = Outbox(unsent_seconds)
         self.task = asyncio.create_task(self._pump())
 
     async def _pump(self) -> None:
         try:
             async for chunk in self.stream:
-                self.outbox.put(chunk, chunk.audio.size)
+                self.outbox.put(chunk, chunk.audio.size, self.pace)
             self.outbox.put(StopAsyncIteration())
         except ClientNotReading as e:
             self.cut(str(e))  # first: the response is blocked in a send that only the cut ends

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from client.pace import Pace
 from client.request import TTSError
 from client.text_in import Flushed
 from gateway.errors import APIError, from_tts_error
@@ -83,8 +84,8 @@ class Dialect(Protocol):
 class Context:
     """One context: its text stream, the task reading its audio, and what its replies need."""
 
-    def __init__(self, context_id: str, options: Options, stream):
-        self.id, self.options, self.stream = context_id, options, stream
+    def __init__(self, context_id: str, options: Options, stream, pace: Pace | None = None):
+        self.id, self.options, self.stream, self.pace = context_id, options, stream, pace
         self.output = options.output()  # push(float32 24 kHz) -> bytes, finish() -> bytes
         self.chars, self.ended, self.last_text = 0, False, time.monotonic()
         self.cancelled = False  # dropped: nothing more is sent for it (its iteration may still end normally)
@@ -132,13 +133,13 @@ class TextSocket:
                     await writer
             writer.cancel()
 
-    def send(self, reply: dict | None, samples: int = 0) -> None:
-        """Queue ``reply`` (carrying ``samples`` of 24 kHz audio) for the writer; past the unsent-audio bound
-        the socket is cut."""
+    def send(self, reply: dict | None, samples: int = 0, pace: Pace | None = None) -> None:
+        """Queue ``reply`` (carrying ``samples`` of 24 kHz audio of the stream paced by ``pace``) for the
+        writer; past the unsent-audio bound the socket is cut."""
         if self.closed or reply is None:
             return
         try:
-            self.outbox.put(json.dumps(reply), samples)
+            self.outbox.put(json.dumps(reply), samples, pace)
         except ClientNotReading as e:
             self._cut(str(e))
 
@@ -241,8 +242,9 @@ class TextSocket:
             raise ProtocolError("the socket is closing: no new context is opened", "context_id", context_id)
         if len(self.contexts) >= self.bounds.contexts:
             raise ProtocolError(TOO_MANY_CONTEXTS.format(n=self.bounds.contexts), "context_id", context_id)
-        stream = await self.open_text(**await stream_fields(options, self.voices, context_id))
-        ctx = self.contexts[context_id] = Context(context_id, options, stream)
+        pace = Pace()  # what the writer takes paces the context's stream (gateway.outbox)
+        stream = await self.open_text(**await stream_fields(options, self.voices, context_id), pace=pace)
+        ctx = self.contexts[context_id] = Context(context_id, options, stream, pace)
         ctx.reader = asyncio.create_task(self._read(ctx))
         return ctx
 
@@ -323,7 +325,9 @@ class TextSocket:
 
     def _chunk(self, ctx: Context, data: bytes, samples: int = 0) -> None:
         if data:
-            self.send(self.dialect.chunk(ctx, data, 1000 * seconds(ctx.samples)), samples)
+            self.send(self.dialect.chunk(ctx, data, 1000 * seconds(ctx.samples)), samples, ctx.pace)
+        elif samples and ctx.pace is not None:  # the encoder holds them: they go with the next reply, taken
+            ctx.pace.took(samples)
 
     def _timed(self, ctx: Context, n: int) -> None:
         """The units up to the ``n``-th, timed over the audio since the last timed unit."""

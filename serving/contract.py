@@ -51,6 +51,9 @@ SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's siz
 MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
 
 # What a client's request may carry, checked where it enters (tts, the gateway) by these same values:
+# Pacing (serving.flow.pacing): a paced request's token parameter, a pace request's parameters, and what
+# every pace request's error message starts with after its kind (a client tells them from its stream's)
+PACE, DELIVERED, PACE_REQUEST = "pace", "delivered", "pace request: "
 MAX_TEXT_CHARS = 4000  # TEXT (the gateway's ``input``): characters before the front end (long texts: split)
 VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # VOICE_ID, the voices model's NAME: safe as a file name
 SEED_RANGE = (-(2**63), 2**63 - 1)  # SEED: an int64 (bool is no seed)

@@ -84,6 +84,7 @@ class TTSOptions(ModelOptions, _Gate):
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
     text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
     generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
+    pace_hold_seconds: float  # a paced request paused this long with no delivery is ended (serving.flow.pacing)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
@@ -91,7 +92,7 @@ class TTSOptions(ModelOptions, _Gate):
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
                    starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
                    text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
-                   generator_pipe=opts.generator_pipe)  # fmt: skip
+                   generator_pipe=opts.generator_pipe, pace_hold_seconds=opts.pace_hold_seconds)  # fmt: skip
 
 
 @dataclass(frozen=True)

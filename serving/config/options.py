@@ -59,6 +59,10 @@ class ServeOptions:
                                       "this long is closed, its place freed")  # fmt: skip
     text_max_seconds: float = option(float(DEFAULT_TEXT_MAX_SECONDS), "a text-in stream still open (no END) this "
                                      "long after its START is closed; send a stream per turn")  # fmt: skip
+    # a paced request (serving.flow.pacing) whose client takes no audio this long while it is paused is ended;
+    # under bls_timeout_seconds (a paused stream's reader gives up waiting for its next chunk at that)
+    pace_hold_seconds: float = option(30.0, "a paced request (request parameter pace) whose client takes no audio "
+                                      "for this long while its generation is paused is ended, its slot freed")  # fmt: skip
     # tts -> generator cancellation marks (default: serving.flow.side_channel.default_dir())
     cancel_dir: Folder = Folder("")
     # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
@@ -106,6 +110,9 @@ class ServeOptions:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:
             raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
+        if not 0 < self.pace_hold_seconds < self.bls_timeout_seconds:
+            raise ValueError(f"pace_hold_seconds must be in (0, {self.bls_timeout_seconds}) (the BLS timeout), "
+                             f"got {self.pace_hold_seconds}")  # fmt: skip
         if not 0 < self.text_max_seconds <= 86400:
             raise ValueError(f"text_max_seconds must be in (0, 86400], got {self.text_max_seconds}")
 

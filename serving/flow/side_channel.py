@@ -7,6 +7,8 @@ file                          written by                                  read b
 ============================  ==========================================  ======================================
 ``cancel-<id>``               tts, ensemble_generator, vocoder            generator (once per step), removed by
                               (:meth:`~SideChannel.mark_cancelled`)       it when acted on, else by the marker
+``pause-<id>``                tts (:meth:`~SideChannel.mark_paused`)      generator (the same listing), which
+                                                                          skips it; removed at the stream's end
 ``lost-<id>``                 generator (:meth:`~SideChannel.mark_lost`)  tts waiting for that stream's chunk
 ``live/<id>``,                generator (:meth:`LiveStreams.sync`)        vocoder (:meth:`LiveStreams.state`),
 ``live/ended-<id>``                                                       which removes ``ended-`` (``claim``)
@@ -27,6 +29,12 @@ acts on; the marker removes one the stream ended without seeing; marks left behi
 (:meth:`SideChannel.sweep`) once they are a minute old. The other direction, ``lost``: the generator gave
 a stream up (its responses could not be sent), and tts, waiting for that stream's next chunk, ends it
 with an error instead of waiting for a timeout.
+
+Pausing. A request whose client is far behind what it was sent (serving.flow.pacing) has its streams
+marked ``pause-<id>``; the generator reads those marks in the same one listing per step as the cancel marks
+and does not step a paused stream (it keeps its slot and pages) until tts removes the mark. The generator
+removes a stream's pause mark when the stream ends, and tts when its request ends; the sweep removes a
+pause mark only once it is a minute old and its stream is not on the live board.
 
 Live streams. The vocoder is reachable by any client (it is a step of ``tts_ensemble``), and a vocoder
 stream holds decoder state. So it opens a stream only for a chunk of a stream the generator issued and
@@ -63,7 +71,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-CANCEL, LOST = "cancel-", "lost-"
+CANCEL, LOST, PAUSE = "cancel-", "lost-", "pause-"
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
 # last change may have missed a mark made in the same tick, so the next check lists it again.
 _TIMESTAMP_SLACK_NS = 50_000_000
@@ -84,6 +92,7 @@ class SideChannel:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._listed_mtime: int | None = None
         self._marked: set[int] = set()
+        self._paused: set[int] = set()
         self.live = LiveStreams(self.dir)  # live/ended streams: the generator -> the vocoder
 
     def _path(self, prefix: str, stream_id: int) -> str:
@@ -108,12 +117,30 @@ class SideChannel:
 
     def cancelled(self) -> set[int]:
         """The ids marked cancelled: a ``stat`` of the folder, and a listing only when it changed (the
-        generator asks once per step, for all its streams)."""
+        generator asks once per step, for all its streams; :meth:`paused` answers from the same listing)."""
         mtime = os.stat(self.dir).st_mtime_ns
         if mtime != self._listed_mtime or time.time_ns() - mtime < _TIMESTAMP_SLACK_NS:
-            self._marked = {int(n[len(CANCEL) :]) for n in os.listdir(self.dir) if n.startswith(CANCEL)}
-            self._listed_mtime = mtime
+            cancelled, paused = set(), set()
+            for name in os.listdir(self.dir):
+                if name.startswith(CANCEL):
+                    cancelled.add(int(name[len(CANCEL) :]))
+                elif name.startswith(PAUSE):
+                    paused.add(int(name[len(PAUSE) :]))
+            self._marked, self._paused, self._listed_mtime = cancelled, paused, mtime
         return self._marked
+
+    # ---- paused: tts -> the generator ----
+    def mark_paused(self, stream_id: int) -> None:
+        """The stream's client is far behind: the generator does not step it until :meth:`unmark_paused`."""
+        _touch(self._path(PAUSE, stream_id))
+
+    def unmark_paused(self, stream_id: int) -> None:
+        """The stream may step again (or it ended)."""
+        _remove(self._path(PAUSE, stream_id))
+
+    def paused(self) -> set[int]:
+        """The ids marked paused as of the latest :meth:`cancelled` (one listing for both)."""
+        return self._paused
 
     # ---- lost: the generator -> tts ----
     def mark_lost(self, stream_id: int) -> None:
@@ -135,10 +162,14 @@ class SideChannel:
 
     def sweep(self, max_age: float = 60.0) -> int:
         """Remove cancelled and lost marks older than ``max_age`` seconds (a live stream acts on its mark
-        within one step); the live board sweeps itself (:meth:`LiveStreams.sync`)."""
+        within one step), and pause marks as old whose stream is not live; the live board sweeps itself
+        (:meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
         for entry in os.scandir(self.dir):
-            if not entry.name.startswith((CANCEL, LOST)):
+            if entry.name.startswith(PAUSE):  # a paused stream may wait long: only one no longer live goes
+                if self.live.state(int(entry.name[len(PAUSE) :])) == LIVE:
+                    continue
+            elif not entry.name.startswith((CANCEL, LOST)):
                 continue
             try:
                 if entry.stat().st_mtime < cutoff:

@@ -46,17 +46,20 @@ class PolledFlags:
         return self.value
 
 
-async def watch_request(task: asyncio.Task, request, flags, lingering: set) -> str | None:
+async def watch_request(task: asyncio.Task, request, flags, lingering: set,
+                        stop: Callable[[], bool] | None = None) -> str | None:  # fmt: skip
     """:func:`engine.lifetime.watch` for a Triton ``request`` served by ``task``: its client's leaving is
     ``request.is_cancelled()``, asked on the stub's watch thread (:data:`serving.stub.cancel_watch.CANCELS`,
     through :data:`RETIRED`: docs/triton.md#T18), the server's breaking ``flags.broken()``
     (:class:`PolledFlags` or ``serving.supervision.run_folder.RunFlags``). The caller sends the final response
     after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the cleanup, whose BLS
-    requests must outlive their tasks (docs/triton.md#T4)."""
+    requests must outlive their tasks (docs/triton.md#T4). ``stop()`` true ends the task as a client's leaving
+    does (a paced request held past its bound: serving.flow.pacing)."""
     entry = CANCELS.add(request)
     broken = None
+    left = (lambda: entry.cancelled) if stop is None else (lambda: entry.cancelled or stop())
     try:
-        broken = await watch(task, lambda: entry.cancelled, flags.broken, lingering)
+        broken = await watch(task, left, flags.broken, lingering)
     finally:  # the iterators this request's streams left (T18) are let go by the watch's last call
         await CANCELS.remove(entry, last=broken is None)
     return broken

@@ -11,11 +11,14 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 
+from engine.chunking import PATCH_SECONDS
+from engine.config import PATCH_SIZE
 from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.pacing import PACING
 from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
@@ -27,6 +30,7 @@ from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, read_chunk, tensors
 
 log = logging.getLogger("tts")
+LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chunk
 
 
 class BLSPrompts:
@@ -84,18 +88,24 @@ class BLSGenerator:
             self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        if self.slots is None:
-            async with contextlib.aclosing(self._stream(segment)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            return
-        await self.slots.take()
+        """The segment's chunks. A paced request's (serving.flow.pacing.PACING, set by tts) pacer knows the
+        stream from its start to its end: it pauses it while the request's client is far behind."""
+        if self.slots is not None:
+            await self.slots.take()
+        pacer = PACING.get()
+        if pacer is not None:
+            pacer.open(segment.stream_id)
         try:
             async with contextlib.aclosing(self._stream(segment)) as chunks:
                 async for chunk in chunks:
+                    if pacer is not None:
+                        pacer.on_made(len(chunk.latents) * LATENT_SECONDS, time.monotonic())
                     yield chunk
         finally:
-            self.slots.give_back()
+            if pacer is not None:
+                pacer.close(segment.stream_id)
+            if self.slots is not None:
+                self.slots.give_back()
 
     def _request(self, segment: Segment, parameters: dict):
         pb, p = self.bls.pb, segment.params

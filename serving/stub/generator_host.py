@@ -109,6 +109,7 @@ class GeneratorHost:
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
         self.outboxes: dict[int, Outbox] = {}  # stream -> its sender and unsent chunks, until its last is sent
         self.held: set[int] = set()  # streams whose outbox waits for a receipt (engine thread only)
+        self.pausing: set[int] = set()  # live streams marked paused at the latest step (engine thread only)
         self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
         self.send_failures = Throttled(log)
         self.stopping = threading.Event()
@@ -125,13 +126,14 @@ class GeneratorHost:
         next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
         while not self.stopping.is_set():
             try:
-                idle = not self.service.live and not self.waiting
+                paused = self.channel.paused()  # (as of the latest listing) all paused: nothing to step
+                idle = not self.waiting and all(i in paused for i in self.service.live)
                 unsent = self.pipes.unsent()
                 held = self.held or unsent
                 self._take(wait=IDLE_WAIT_SECONDS if idle and not held else RECEIPT_POLL_SECONDS if idle else 0)
                 self._cancel_marked()
                 self._admit()
-                if self.service.live:
+                if self.service.live or self.pausing:  # (pausing: a paused stream's end removes its mark)
                     self._step()
                 if self.held:
                     self._drain_held()
@@ -226,10 +228,18 @@ class GeneratorHost:
             self.service.admit(stream_id, *inputs)
 
     def _step(self) -> None:
-        """One step of every live stream; each chunk that is due goes out at once."""
-        for stream_id, chunk in self.step(list(self.service.live)).items():
+        """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
+        they keep their slots); each chunk that is due goes out at once. A paused stream that ended has its
+        pause mark removed."""
+        paused = self.channel.paused()
+        live = list(self.service.live)
+        run = [i for i in live if i not in paused] if paused else live
+        for stream_id, chunk in (self.step(run) if run else self.service.step([])).items():
             if chunk is not None:
                 self._post(stream_id, chunk)
+        for stream_id in self.pausing - self.service.live.keys():
+            self.channel.unmark_paused(stream_id)
+        self.pausing = paused & self.service.live.keys()
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
         """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""

@@ -49,6 +49,7 @@ def server_options(nostop_ckpt, tmp_path_factory) -> ServeOptions:
         cancel_dir=str(work / "cancel"),
         voice_dir=str(work / "voices"),
         run_dir=str(work),  # heartbeats: stubs exit with their tritonserver (no supervisor here)
+        pace_hold_seconds=4.0,  # a paced request held out ends within seconds (test_pacing_server)
     )
 
 

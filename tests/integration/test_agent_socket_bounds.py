@@ -28,8 +28,10 @@ from tests.integration.test_agent_socket_server import GOOD, SHORT, Socket, audi
 pytestmark = pytest.mark.integration
 UNSENT_SECONDS = 2.0
 SEND_SECONDS = 2.0
-# 800 patches a context (128 s of audio, 12 MB of float32): unread, tritonserver kept it all (issue 47: 4.3 MB/s)
-LONG = {"max_patches": 800, "chunk_first": 1, "chunk_next": 1, "chunk_fixed": True}
+# 800 patches a context (128 s of audio, 12 MB of float32): unread, tritonserver kept it all (issue 47: 4.3 MB/s).
+# Chunks of 50 patches (8 s): the stream's pacing lead (2 x 8 s) is above the unsent bound, which is what
+# ends it here (with chunks smaller than the bound the server pauses the stream first: test_pacing_server)
+LONG = {"max_patches": 800, "chunk_first": 1, "chunk_next": 50, "chunk_fixed": True}
 F32 = {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 48000}  # the fattest output: buffers fill first
 RSS_MARGIN_MB = 20  # four such contexts unread grew tritonserver by ~50 MB before the bound
 LEGIT_TEXT = "A legitimate request."

@@ -25,8 +25,10 @@ UNSENT_SECONDS = 1.0
 # fixed chunks: the bytes are compared before and after an attack
 LEGIT = {"model": "fireredtts3", "input": "A legitimate stream.", "response_format": "pcm", "seed": 5,
          "max_patches": 6, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True}  # fmt: skip
+# 64 s of audio, 3 MB of PCM; chunks of 24 patches (3.84 s): the stream's pacing lead (7.68 s) is above the
+# unsent bound, which is what ends it here (test_pacing_server: pacing stops a non-reader first)
 LONG = {"input": "Nobody reads this one.", "response_format": "pcm", "max_patches": 400,
-        "chunk_first": 1, "chunk_next": 1}  # 64 s of audio, 3 MB of PCM  # fmt: skip
+        "chunk_first": 1, "chunk_next": 24, "chunk_fixed": True}  # fmt: skip
 FIRST_BYTE_SECONDS = 30.0  # max_sequence_idle, the longest a stream's step may take: a generous bound here
 
 

@@ -85,8 +85,9 @@ class FakeStreams:
         self.opened: list[FakeStream] = []
         self.fail, self.hold_first = fail, hold_first
 
-    async def __call__(self, **fields) -> FakeStream:
+    async def __call__(self, pace=None, **fields) -> FakeStream:
         self.opened.append(FakeStream(fields, self.fail, self.hold_first and not self.opened))
+        self.opened[-1].pace = pace  # every context's stream is paced (gateway.outbox)
         return self.opened[-1]
 
 

@@ -185,3 +185,17 @@ def test_bad_schedules_are_refused():
 def test_chunking_imports_no_torch():
     code = "import sys, engine.chunking; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_rest_is_not_a_step():
+    """A paused stream's clock rests (engine.streams: a live stream not stepped); a 30 s pause between two
+    100 ms steps leaves the step estimate at 100 ms, where counting it would have made it ~7.6 s."""
+    rested, counted = ChunkClock(RULE, 0.0), ChunkClock(RULE, 0.0)
+    for clock in (rested, counted):
+        clock.due(0, 0.5)  # the first step (a prefill) is not in the estimate
+        clock.due(0, 0.6)
+    rested.rest(30.6)
+    rested.due(0, 30.7)
+    counted.due(0, 30.7)
+    assert rested.step == pytest.approx(0.1) and rested.took == pytest.approx(0.1)
+    assert counted.step > 7 and rested.keeping_up and not counted.keeping_up

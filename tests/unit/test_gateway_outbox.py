@@ -11,6 +11,7 @@ import logging
 
 import pytest
 
+from client.pace import Pace
 from gateway.dialects.cartesia_socket import CartesiaSocket
 from gateway.outbox import ABORT, ClientNotReading, Cut, Outbox
 from gateway.socket_bounds import OpenSockets, SocketBounds
@@ -33,6 +34,37 @@ def test_the_outbox_holds_at_most_its_seconds_of_audio_and_counts_what_is_taken(
         return [await box.get() for _ in range(3)], box.waiting
 
     assert asyncio.run(run()) == (["marker", "b", "c"], 0)
+
+
+def test_the_outbox_reports_what_its_writer_takes_to_each_streams_pace():
+    """Audio counts as delivered when the writer takes it; a report goes out per second taken, and at once
+    when the writer finds the outbox empty (its client took all it was given)."""
+    reports: dict[str, list[float]] = {"a": [], "b": []}
+    paces = {k: Pace(report_seconds=1.0) for k in reports}
+    for k, pace in paces.items():
+        pace.attach(reports[k].append)
+
+    async def run():
+        box = Outbox(10.0)
+        for _ in range(3):
+            box.put("a", 12_000, paces["a"])  # 0.5 s each
+        box.put("b", 6_000, paces["b"])
+        box.put("marker")
+        await box.get()
+        assert reports == {"a": [], "b": []}  # 0.5 s taken: not reported yet
+        await box.get()
+        assert reports["a"] == [1.0]  # a second taken
+        for _ in range(3):
+            await box.get()
+        assert reports == {"a": [1.0], "b": []}  # the rest waits for a report...
+        getting = asyncio.ensure_future(box.get())  # ... until the writer finds the outbox empty
+        await asyncio.sleep(0)
+        assert reports == {"a": [1.0, 1.5], "b": [0.25]}
+        box.put("late", 2_400, paces["b"])
+        assert await getting == "late"
+
+    asyncio.run(run())
+    assert paces["b"].taken == 8_400
 
 
 def test_a_cut_aborts_once_and_logs_one_line(caplog):

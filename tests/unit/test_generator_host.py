@@ -256,3 +256,26 @@ def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
     wait(lambda: host.channel.take_lost(401), 30)  # its tts hears it was lost (serving.stub.pipe_reader)
     wait(lambda: not host.pipes.open and not host.service.live and not host.outboxes, 10)
     assert len(host.service.free) == 2
+
+
+def test_a_paused_stream_is_not_stepped_keeps_its_slot_and_loses_its_mark_at_its_end(host, model):
+    """tts marks a stream paused (serving.flow.pacing): the engine steps the others, not it; it keeps its
+    slot until the mark goes, then carries on as if never paused; its mark is removed when it ends."""
+    pipe = PipeSender()
+    host.submit(PipeOpening(9100, pipe, None))
+    host.channel.mark_paused(301)  # paused before it is admitted (a stream opened while its request is paused)
+    for i in (301, 302):
+        host.submit(Arrival(i, inputs(model, seed=i), PipeSender(), None, 9100))
+    wait(lambda: any(c.last for c in pipe.chunks(302)))
+    assert pipe.chunks(301) == [] and 301 in host.service.live and len(host.service.free) == 1
+    host.channel.unmark_paused(301)
+    wait(lambda: any(c.last for c in pipe.chunks(301)))
+    same_as_alone(model, 301, pipe.chunks(301))
+    host.channel.mark_paused(303)
+    host.submit(Arrival(303, inputs(model, seed=3), PipeSender(), None, 9100))
+    wait(lambda: 303 in host.service.live)
+    host.channel.mark_cancelled(303)  # a paused stream still ends when cancelled, and its mark goes with it
+    wait(lambda: any(c.last for c in pipe.chunks(303)))
+    assert pipe.chunks(303)[-1].finish_reason == CANCELLED
+    wait(lambda: not host.service.live and not (host.channel.dir / "pause-303").exists())
+    assert len(host.service.free) == 2

@@ -271,6 +271,27 @@ def test_side_channel_lists_marks_once_per_change(tmp_path):
     assert other.cancelled() == {9, 11}
 
 
+def test_side_channel_pause_marks(tmp_path):
+    """tts marks a stream paused, the generator reads the marks in its one listing per step (with the cancel
+    marks); the sweep leaves a live stream's old pause mark and removes one whose stream is gone."""
+    import os
+
+    tts, generator = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
+    tts.mark_paused(3)
+    tts.mark_paused(4)
+    tts.mark_cancelled(5)
+    assert generator.cancelled() == {5} and generator.paused() == {3, 4}
+    tts.unmark_paused(4)
+    tts.unmark_paused(4)  # twice: the generator may have removed it at the stream's end
+    assert generator.cancelled() == {5} and generator.paused() == {3}
+    generator.live.sync([3])
+    tts.mark_paused(6)  # a stream that is not live (its tts died, say)
+    for name in ("pause-3", "pause-6"):
+        os.utime(os.path.join(tts.dir, name), (0, 0))
+    assert tts.sweep(60) == 1
+    assert generator.cancelled() == {5} and generator.paused() == {3}
+
+
 def test_side_channel(tmp_path):
     b = SideChannel(tmp_path / "c")
     assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
@@ -417,3 +438,34 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
     assert asyncio.run(run(True, None)) == (None, True, True)  # cancelled, and its cleanup awaited
     answer, cancelled, _ = asyncio.run(run(False, "unavailable: restarting"))
     assert answer == "unavailable: restarting" and cancelled
+
+
+def test_a_paused_stream_keeps_its_slot_and_its_math(model):
+    """A live stream left out of steps (paused by tts: serving.flow.pacing) keeps its slot and pages, its
+    clock does not count the steps it sat out, and its chunks are bit for bit those of the same stream never
+    paused. (Who shares a step moves float32 rounding, ~1e-5: each run here steps its stream alone.)"""
+    prompt = model.encode_prompt(None)
+    params = GenerationParams(seed=5, min_patches=7, max_patches=7)
+    tokens = model.tokens("Paused", "English", prompt)
+
+    def run(sat_out: range) -> list:
+        now = [0.0]
+        svc = GeneratorService(model, slots=2, max_len=512, clock=lambda: now[0])
+        svc.admit(2, tokens, prompt, params, ChunkSchedule(2, 3, fixed=True))
+        chunks = []
+        for k in range(20):
+            now[0] += 100.0 if k == 3 else 0.1  # one of the steps it sits out is 100 s long
+            chunk = svc.step([] if k in sat_out else [2]).get(2)
+            if chunk is not None:
+                chunks.append(chunk)
+            if k == 4 and sat_out:
+                assert svc.active == 1 and svc.scheduler.streams[2].slot is not None and len(svc.free) == 1
+                assert svc.live[2].clock.step < 1.0  # the 100 s it sat out is no step of its
+            if not svc.live:
+                break
+        return chunks
+
+    paused, never = run(range(2, 6)), run(range(0))
+    assert [len(c.latents) for c in paused] == [len(c.latents) for c in never] == [8, 12, 8]
+    for a, b in zip(paused, never, strict=True):
+        np.testing.assert_array_equal(a.latents, b.latents)

@@ -1,7 +1,8 @@
 """tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
 calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
 every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
-(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once."""
+(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once; so
+are pace requests, before anything else (serving.flow.pacing: a request with a pace token is paced)."""
 
 import asyncio
 import contextlib
@@ -17,6 +18,7 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of, without_token
 from serving.flow.places import Place, TextPlace
 from serving.flow.receipts import Receipts
 from serving.flow.receipts import capacity as receipt_capacity
@@ -31,6 +33,7 @@ from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
 from serving.stub.metric_batch import MetricBatch
 from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
+from serving.stub.tts_metrics import TTSMetrics
 from serving.stub.vocoder_batch import BLSVocoder
 from serving.supervision.run_folder import RunFlags, start_heartbeat
 
@@ -58,6 +61,7 @@ class TritonPythonModel:
         self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
         bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
+        self.paces = PaceTable(opts.pace_hold_seconds, channel.mark_paused, channel.unmark_paused)  # by token
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
         receipts = Receipts(channel.dir, "tts", receipt_capacity(opts.slots))  # docs/triton.md#T23
         self.generator = generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts,
@@ -70,39 +74,37 @@ class TritonPythonModel:
         self.admission = channel.gate("tts", opts.capacity)
         self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
                                         TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
-        self.in_flight, self.waiting, self.metrics = 0, 0, MetricBatch(threaded=True)  # once per turn, off the loop
-        self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
-        self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.gauges = [
-            pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
-            pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
-            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
-        ]
-        self.in_flight_gauge, self.waiting_gauge, self.open_gauge = (g.Metric() for g in self.gauges)
-        self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
-        self.audio_seconds = self.audio_family.Metric()
-        self.first_family = pb.MetricFamily(
-            "tts_first_chunk_seconds", "request arrival to first audio chunk sent", pb.MetricFamily.HISTOGRAM
-        )
-        self.first_chunk = self.first_family.Metric(
-            buckets=[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
-        )
+        self.metrics = MetricBatch(threaded=True)  # once per turn, off the loop
+        self.families = m = TTSMetrics(pb, self.metrics)
+        self.outcome, self.audio_seconds, self.first_chunk = m.outcome, m.audio_seconds, m.first_chunk
 
     async def execute(self, requests):
         await self.threads.serve(requests, self._serve)
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
+        parameters = parameters_of(request.parameters())
+        if DELIVERED in parameters:  # a pace request (serving.flow.pacing): answered at once, before any admission
+            error = self.paces.answer(parameters, time.monotonic())
+            return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         key = request.correlation_id()
         if key and not request.flags() & START:  # a text-in stream's later piece: answered at once
             error = take_piece(pb, self.text_streams, request, key)
-            request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
-            return
+            return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         sender = request.get_response_sender()
-        refusal = self.flags.refusal()  # the launcher restarts or stops the server
-        if refusal:
-            refuse(sender, refusal)
-            return
+        if refusal := self.flags.refusal():  # the launcher restarts or stops the server
+            return refuse(sender, refusal)
+        try:  # its pacer (a token names a paced request: one running request's at a time)
+            pacer = self.paces.start(parameters, time.monotonic())
+        except ValueError as e:
+            self.metrics.increment(self.outcome["error"], 1)
+            return sender.send(error_response(pb, str(e)), flags=FINAL)
+        try:
+            await self._admit(request, sender, key, pacer)
+        finally:
+            self.paces.end(pacer)
+
+    async def _admit(self, request, sender, key: int, pacer: Pacer):
         stream, place = None, self._place()  # serving.flow.places: a text-in stream's is taken by its text
         if key:  # a text-in stream: its first piece
             stream, error = start_stream(pb, self.text_streams, request, key)
@@ -111,7 +113,7 @@ class TritonPythonModel:
                 sender.send(error_response(pb, error), flags=FINAL)
                 return
             place = stream.place.place
-            self.metrics.set(self.open_gauge, len(self.text_streams.open))
+            self.families.streams_open(len(self.text_streams.open))
         elif not place.take():
             self.metrics.increment(self.outcome["busy"], 1)
             refuse(sender, self.admission.busy_message())
@@ -119,34 +121,29 @@ class TritonPythonModel:
         try:
             lingering: set = set()
             LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
-            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place)
+            PACING.set(pacer)  # ... and its generator streams': serving.stub.bls_adapters
+            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place, pacer)
         finally:
             if stream is not None:
                 self.text_streams.close(stream)  # gives its place back
-                self.metrics.set(self.open_gauge, len(self.text_streams.open))
+                self.families.streams_open(len(self.text_streams.open))
             place.give()
 
     def _place(self) -> Place:  # a request's admission place, counted in the gauges
-        return Place(self.admission, self._count)
+        return Place(self.admission, self.families.count)
 
-    def _count(self, in_flight: int, waiting: int) -> None:
-        self.in_flight += in_flight
-        self.waiting += waiting
-        self.metrics.set(self.in_flight_gauge, self.in_flight)
-        self.metrics.set(self.waiting_gauge, self.waiting)
-
-    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place):
-        task = asyncio.ensure_future(self._stream(request, responses, stream, place))
-        # the orchestrator cleans up a cancelled one
-        broken = await watch_request(task, request, self.polled, lingering)
+    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place, pacer):
+        task = asyncio.ensure_future(self._stream(request, responses, stream, place, pacer))
+        # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
+        broken = await watch_request(task, request, self.polled, lingering, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
         try:
             final, samples = task.result()
         except asyncio.CancelledError:
-            self.metrics.increment(self.outcome["cancelled"], 1)
-            await responses.final(flags=FINAL)
+            self.metrics.increment(self.outcome["error" if pacer.held_out else "cancelled"], 1)
+            await responses.final(error_response(pb, pacer.failure) if pacer.held_out else None, FINAL)
         except Exception as e:
             self.metrics.increment(self.outcome["error"], 1)
             message = e.reason if isinstance(e, StreamFailed) else tagged(e)
@@ -160,14 +157,15 @@ class TritonPythonModel:
             self.metrics.increment(self.outcome["ok"], 1)
             self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
-    async def _stream(self, request, responses: Responses, stream, place: Place):
-        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place), sending
-        all but the final piece; returns that piece and the samples in all."""
+    async def _stream(self, request, responses: Responses, stream, place: Place, pacer: Pacer):
+        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place; ``pacer``:
+        a paced request's), sending all but the final piece; returns that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
-        inputs = tts_inputs(pb, request, None if stream is None else STREAMED)
+        inputs = without_token(tts_inputs(pb, request, None if stream is None else STREAMED))
         release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
+        pacer.paced_by(utterance.schedule, utterance.speed)
         sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
                else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
@@ -192,6 +190,7 @@ class TritonPythonModel:
                     return piece, sent
                 chunk = tensors(pb, TTS_OUTPUTS, {"AUDIO": piece.audio}, batch=False)
                 await responses.send(pb.InferenceResponse(chunk))  # on a thread: the loop serves others meanwhile
+                pacer.on_sent(sent / SAMPLE_RATE, time.monotonic())
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):

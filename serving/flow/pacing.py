@@ -1,0 +1,232 @@
+"""Pacing: the generator gets no further ahead of what a request's client has taken than the deadline rule
+needs. No Triton here: ``tts`` (model_repository/tts/1/model.py) holds a :class:`Pacer` per paced request
+and the :class:`PaceTable` of them; the pause marks travel on the side channel (serving.flow.side_channel).
+
+Triton gives no back-pressure from a gRPC client into the Python backend (a response sender never
+blocks), so a client that reads nothing had its audio made up to the fronts' unsent bound, for nothing.
+A paced request names a token of its client's choosing (request parameter ``pace``, :data:`TOKEN`); while
+it runs, the client sends *pace requests* on the same gRPC stream (parameters ``pace`` = the token and
+``delivered`` = seconds of the request's audio its listener has taken). ``tts`` compares what it sent with
+what was delivered:
+
+- made - delivered > :func:`lead_seconds` (two of the request's largest chunks: the deadline rule of
+  engine.chunking never needs more than that in hand; made: the audio of the chunks tts has had from the
+  generator, sent or not): the request's generator streams are paused (not stepped; they keep their slots
+  and pages);
+- below half of it again, or once the client has taken all it was sent: they resume;
+- paused with no delivery for ``hold`` seconds (``--pace-hold-seconds``): the request ends with
+  :data:`HOLD_ERROR`, its slot freed.
+
+``delivered`` only counts when it grows (a forged update can only unpace a stream, never stall one), and a
+request takes at most :data:`MAX_UPDATES` of them. A request without a token is unpaced, bounded by the
+fronts' unsent bound as before.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+
+from engine.chunking import PATCH_SECONDS, ChunkSchedule
+from engine.protocol import INVALID
+from serving.contract import DELIVERED, PACE, PACE_REQUEST
+from serving.intake.requests import TTSInputs
+from serving.security.auth import parameter_dict
+
+log = logging.getLogger("tts")
+PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
+MAX_UPDATES = 10_000  # pace requests one request may take
+HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
+    "(--pace-hold-seconds); the stream was ended"  # fmt: skip
+UNKNOWN_TOKEN = INVALID + PACE_REQUEST + "no running request has this pace token"
+# The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
+# streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
+PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
+
+
+def lead_seconds(schedule: ChunkSchedule) -> float:
+    """How far the generator may get ahead of the listener: two of the largest chunks (``chunk_next``
+    patches each; 7.68 s at the default 24). A chunk is cut at most that large, so the listener then holds
+    at least one whole chunk more than the deadline rule asks for while the next one is made."""
+    return 2 * schedule.cap * PATCH_SECONDS
+
+
+def check_token(token) -> str:
+    """A paced request's token, or ValueError naming the rule."""
+    if not isinstance(token, str) or not TOKEN.fullmatch(token):
+        raise ValueError(f"{INVALID}parameter {PARAMETER} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
+    return token
+
+
+def check_delivered(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0")
+    return float(value)
+
+
+class Pacer:
+    """One paced request: seconds sent and delivered, the generator streams it has open, whether they are
+    paused. ``mark(id)``/``unmark(id)`` pause and resume a stream (the side channel's pause marks); times are
+    seconds of one monotonic clock, given by the caller."""
+
+    def __init__(self, lead: float, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None],
+                 now: float):  # fmt: skip
+        if not lead > 0 or not hold > 0:
+            raise ValueError(f"lead and hold must be > 0 seconds, got {lead}, {hold}")
+        self.lead, self.hold, self.mark, self.unmark = lead, hold, mark, unmark
+        self.sent = self.made = self.delivered = 0.0
+        self.speed = 1.0  # the request's speaking rate: made seconds / speed are seconds of its audio
+        self.updates = 0
+        self.streams: set[int] = set()
+        self.paused = False
+        self.progress = now  # when delivery last grew, or the pause began
+        self.held_out = False  # expired: the request is ended with :attr:`failure`
+        self.token = ""  # its token in the table (PaceTable.start)
+
+    def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
+        """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
+        if self.token:
+            self.lead, self.speed = lead_seconds(schedule), speed
+
+    def held(self) -> bool:
+        """:meth:`expired` now."""
+        return self.expired(time.monotonic())
+
+    def open(self, stream_id: int) -> None:
+        """A generator stream of this request starts (paused at once if the request is)."""
+        self.streams.add(stream_id)
+        if self.paused:
+            self.mark(stream_id)
+
+    def close(self, stream_id: int) -> None:
+        """It ended: its pause mark, if any, is obsolete."""
+        self.streams.discard(stream_id)
+        if self.paused:
+            self.unmark(stream_id)
+
+    def on_sent(self, seconds: float, now: float) -> None:
+        """The request has sent its client ``seconds`` of audio in all."""
+        self.sent = seconds
+        self._decide(now)
+
+    def on_made(self, seconds: float, now: float) -> None:
+        """A chunk of ``seconds`` of speech (at the model's rate) came from the generator: counted at once, not
+        when it is sent, so that a backlog between the generator and the client's sends cannot hide it."""
+        self.made += seconds / self.speed
+        self._decide(now)
+
+    def on_delivered(self, seconds: float, now: float) -> None:
+        """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
+        ValueError past :data:`MAX_UPDATES`."""
+        if self.updates >= MAX_UPDATES:
+            raise ValueError(f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them")
+        self.updates += 1
+        if seconds > self.delivered:
+            self.delivered, self.progress = seconds, now
+            self._decide(now)
+
+    @property
+    def ahead(self) -> float:
+        """Seconds made (or sent) and not yet delivered."""
+        return max(self.made, self.sent) - self.delivered
+
+    def _decide(self, now: float) -> None:
+        if not self.paused and self.ahead > self.lead:
+            self.paused, self.progress = True, now
+            for stream_id in self.streams:
+                self.mark(stream_id)
+        elif self.paused and (self.ahead < self.lead / 2 or 0 < self.sent <= self.delivered):
+            # (the second: its client took all it was sent; what it waits for is made and not sent yet)
+            self.end()
+
+    def expired(self, now: float) -> bool:
+        """Whether the request has been paused with no delivery for ``hold`` seconds (once true, it stays:
+        :attr:`held_out`)."""
+        if not self.held_out and self.paused and now - self.progress > self.hold:
+            self.held_out = True
+            log.warning("a paced request is ended: its client took no audio for %g s while it was paused", self.hold)
+        return self.held_out
+
+    @property
+    def failure(self) -> str:
+        return HOLD_ERROR.format(hold=self.hold)
+
+    def end(self) -> None:
+        """Resume (the request's end included: no pause mark outlives it)."""
+        if self.paused:
+            self.paused = False
+            for stream_id in self.streams:
+                self.unmark(stream_id)
+
+
+class PaceTable:
+    """The running paced requests by token; bounded by the running requests (one entry each). ``hold`` and
+    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them)."""
+
+    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None]):
+        self.pacers: dict[str, Pacer] = {}
+        self.hold, self.mark, self.unmark = hold, mark, unmark
+
+    def start(self, parameters: dict, now: float) -> Pacer:
+        """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
+        A request without a token gets one that never pauses (its lead stays infinite: :meth:`Pacer.paced_by`)."""
+        pacer = Pacer(math.inf, self.hold, self.mark, self.unmark, now)
+        token = parameters.get(PARAMETER)
+        if token is not None:
+            pacer.token = check_token(token)
+            self.add(pacer.token, pacer)
+        return pacer
+
+    def end(self, pacer: Pacer) -> None:
+        """The request is over: no pause mark outlives it, its token is free."""
+        pacer.end()
+        self.remove(pacer.token, pacer)
+
+    def answer(self, parameters: dict, now: float) -> str | None:
+        """A pace request -> the error of its answer (None: taken)."""
+        try:
+            self.deliver(parameters, now)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def add(self, token: str, pacer: Pacer) -> None:
+        """ValueError when a running request holds ``token``."""
+        if token in self.pacers:
+            raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
+        self.pacers[token] = pacer
+
+    def remove(self, token: str, pacer: Pacer) -> None:
+        if self.pacers.get(token) is pacer:
+            del self.pacers[token]
+
+    def deliver(self, parameters: dict, now: float) -> None:
+        """A pace request's parameters; ValueError (named) for a bad one or an unknown token."""
+        token = parameters.get(PARAMETER)
+        delivered = check_delivered(parameters.get(DELIVERED))
+        pacer = self.pacers.get(token) if isinstance(token, str) else None
+        if pacer is None:
+            raise ValueError(UNKNOWN_TOKEN)
+        pacer.on_delivered(delivered, now)
+
+
+def parameters_of(raw) -> dict:
+    """A request's parameters (Triton's JSON text) as a dict; {} when malformed (its parse names the fault)."""
+    try:
+        return parameter_dict(raw)
+    except ValueError:
+        return {}
+
+
+def without_token(inputs: TTSInputs) -> TTSInputs:
+    """A paced request's inputs without its token, which is no speech parameter."""
+    given = parameter_dict(inputs.parameters)
+    if given.pop(PARAMETER, None) is None:
+        return inputs
+    return dataclasses.replace(inputs, parameters=given)
