@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from engine.lifetime import linger, unlinger
-from engine.orchestrator import Segment
+from engine.orchestrator import Segment, Yielded
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
@@ -78,6 +78,14 @@ class BLSGenerator:
         self.bls, self.channel, self.model, self.slots, self.receipts = bls, channel, model, slots, receipts
         self.pipe = None if pipe_ids is None else PipeReader(bls, channel, model, receipts, pipe_ids)
 
+    def free_slots(self) -> int:
+        """For read-ahead (engine.orchestrator.ReadAheadSlots): generator slots free now."""
+        return 1 if self.slots is None else self.slots.free_slots()
+
+    def starts_waiting(self) -> int:
+        """For read-ahead: streams waiting for a generator slot now, in every sender."""
+        return 0 if self.slots is None else self.slots.starts_waiting()
+
     def close(self) -> None:
         """At the model's unload: the generator ends this process's pipe."""
         if self.pipe is not None:
@@ -89,7 +97,10 @@ class BLSGenerator:
                 async for chunk in chunks:
                     yield chunk
             return
-        await self.slots.take()
+        if not segment.ahead:
+            await self.slots.take()
+        elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
+            raise Yielded("no free generator slot")
         try:
             async with contextlib.aclosing(self._stream(segment)) as chunks:
                 async for chunk in chunks:
