@@ -54,7 +54,7 @@ class Utterance:
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
     task: str = ""  # "": Base; else an Instruct task (engine.instructions.TASK_DEFAULTS' keys)
     instruction: str = ""  # Instruct: the checked, stripped instruction (engine.instructions.task_instruction)
-    read_ahead: int = READ_AHEAD.default  # segments that may generate at once (engine.segments; capped by the orchestrator)
+    read_ahead: int = READ_AHEAD.default  # segments generating at once (capped by the orchestrator)
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,8 @@ class _ReadAhead:
         self.index, self.playing = 0, True  # the segment being played; its stream is open (not ahead)
         self.runs: dict[int, _Run] = {}  # segments started ahead, by index (the one being played's too)
         self.yielding: set[asyncio.Task] = set()  # runs cancelled for a waiting start, until their slot is back
-        self.wake, self.closed = asyncio.Event(), False  # something changed here: the pump looks at once (else every poll)
+        self.wake = asyncio.Event()  # something changed here: the pump looks at once (else every poll)
+        self.closed = False
         self.pump = asyncio.ensure_future(self._pump())
 
     def current(self, i: int, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str, str | None]]:
@@ -539,8 +540,8 @@ class _ReadAhead:
         while not self.closed:
             running = sorted((r for r in self.runs.values() if r.ahead and not r.task.done()), key=lambda r: r.index)
             waiting = self.slots.starts_waiting()
-            for run in reversed(running[len(running) - ahead_to_yield(waiting, len(self.yielding), len(running)):]):
-                self._yield(run)
+            for _ in range(ahead_to_yield(waiting, len(self.yielding), len(running))):
+                self._yield(running.pop())  # the newest first
             j = self._next()
             if (not waiting and j is not None and self._generating() < self.k
                     and sum(r.samples for r in self.runs.values()) < self.bound

@@ -20,8 +20,10 @@ from engine.synthesize import instruct_run, synthesize
 from serving.flow.generator_slots import GeneratorSlots
 from tests.unit.test_orchestrator import collect
 
-TEXT = ("The first sentence is long enough here. And a second sentence comes after it. A third sentence, "
-        "the last one, is long enough to stand on its own as well.")  # (a short last one joins the one before)
+TEXT = (
+    "The first sentence is long enough here. And a second sentence comes after it. A third sentence, "
+    "the last one, is long enough to stand on its own as well."
+)  # (a short last one joins the one before)
 SPLIT = 8  # each sentence its own segment
 PARAMS = GenerationParams(seed=11, min_patches=10)  # (a small max_patches would cut the sentences further)
 FIXED = ChunkSchedule(1, 1, fixed=True)  # a chunk per patch (the deadline rule would size chunks by the clock)
@@ -141,5 +143,7 @@ def test_read_ahead_yields_to_waiting_starts_and_runs_again_the_same(model, task
     contended = Contended(model, 3)
     pieces = run(model, contended, 3, **kw)
     assert contended.yielded and max(contended.admitted.values()) >= 2  # yielded, and ran again
-    assert np.concatenate([p.audio for p in pieces]).tobytes() == np.concatenate([p.audio for p in sequential]).tobytes()
+    assert (
+        np.concatenate([p.audio for p in pieces]).tobytes() == np.concatenate([p.audio for p in sequential]).tobytes()
+    )
     assert contended.service.active == 0
