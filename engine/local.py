@@ -7,6 +7,7 @@ construction; the tests compare both against an independent whole-utterance deco
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -15,7 +16,7 @@ import numpy as np
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import Stream
 from engine.generator_state import base_prefix, positions_needed
-from engine.orchestrator import Orchestrator, Segment
+from engine.orchestrator import Orchestrator, Segment, Yielded
 from engine.prompt import VoicePrompt
 from engine.protocol import Chunk, end_chunk, failure_reason
 from engine.streams import GeneratorService
@@ -39,7 +40,12 @@ class LocalPrompts:
 
 class LocalGenerator:
     """Generator streams stepped one at a time in this process (a slot each, up to ``slots`` at once).
-    ``clock``: the service's (:class:`~engine.streams.GeneratorService`), which times the chunks."""
+    ``clock``: the service's (:class:`~engine.streams.GeneratorService`), which times the chunks.
+
+    Each stream is stepped alone (a batch of one), so a segment read ahead (the orchestrator's read-ahead)
+    makes the same numbers as one run after the other, bit for bit. Nothing waits for a slot here (a stream
+    that finds none fails, as before): a read-ahead segment starts only on a free slot of a service that
+    holds it (:class:`~engine.orchestrator.Yielded` otherwise), and no start is ever left waiting."""
 
     def __init__(
         self, model: FireRedTTS3, slots: int = 1, max_len: int | None = None,
@@ -62,6 +68,19 @@ class LocalGenerator:
             self.service = svc = GeneratorService(self.model, self.slots, self.max_len or need, clock=self.clock)
         return svc
 
+    def free_slots(self) -> int:
+        return self.slots if self.service is None else len(self.service.free)
+
+    def starts_waiting(self) -> int:
+        return 0
+
+    def _fits_now(self, need: int) -> bool:
+        """Would a stream needing ``need`` cache positions be admitted now without failing another's?"""
+        svc = self.service
+        if svc is None or svc.active == 0:
+            return True
+        return bool(svc.free) and (bool(self.max_len) or svc.gen.cache.max_len >= need)
+
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         prompt: VoicePrompt | None = segment.prompt
         try:
@@ -71,20 +90,27 @@ class LocalGenerator:
                     "" if prompt is None else prompt.text,
                 )  # fmt: skip
                 need = positions_needed(len(given.tokens), given.sampling is not None, segment.params.max_patches)
+                if segment.ahead and not self._fits_now(need):
+                    raise Yielded("no free slot that holds it now")
                 service = self._service(need)
                 service.admit_instruct(segment.stream_id, given, segment.params, segment.schedule)
             else:
                 tokens = self.model.tokens(segment.text, segment.language, prompt)
                 need = positions_needed(base_prefix(len(tokens), prompt.num_patches), False, segment.params.max_patches)
+                if segment.ahead and not self._fits_now(need):
+                    raise Yielded("no free slot that holds it now")
                 service = self._service(need)
                 service.admit(segment.stream_id, tokens, prompt, segment.params, segment.schedule)
             if self.on_admit is not None:
                 self.on_admit(segment, service.live[segment.stream_id].state)
+        except Yielded:
+            raise
         except Exception as e:  # reported the way the generator model reports it
             yield end_chunk(segment.stream_id, failure_reason(e))
             return
         try:
             while True:
+                await asyncio.sleep(0)  # a step each, in turn with this loop's other streams (and read-ahead)
                 chunk = service.step([segment.stream_id])[segment.stream_id]
                 if chunk is not None:
                     if self.on_chunk is not None:

@@ -32,9 +32,9 @@ from engine.frontend import Prepared, prepare
 from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import DESIGN, EDITS
 from engine.lifetime import linger
-from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, SPEED, GenerationParams
+from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, READ_AHEAD, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
-from engine.segments import Joiner, segment_schedule
+from engine.segments import Joiner, ahead_may_start, ahead_to_yield, segment_schedule
 from engine.time_stretch import TimeStretch
 
 
@@ -54,6 +54,7 @@ class Utterance:
     speed: float = SPEED.default  # speaking rate (engine.time_stretch); 1.0: the audio as made
     task: str = ""  # "": Base; else an Instruct task (engine.instructions.TASK_DEFAULTS' keys)
     instruction: str = ""  # Instruct: the checked, stripped instruction (engine.instructions.task_instruction)
+    read_ahead: int = READ_AHEAD.default  # segments generating at once (capped by the orchestrator)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Segment:
     schedule: ChunkSchedule  # a later segment's carries what the listener holds as it starts
     task: str = ""  # "": a Base stream; else the Instruct task
     instruction: str = ""  # Instruct: the description or edit instruction (the same for every segment)
+    ahead: bool = False  # a read-ahead segment: it takes a slot only if one is free and no start waits (Yielded)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,22 @@ class PromptEncoder(Protocol):
 class GeneratorStreams(Protocol):
     def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The segment's chunks, ending with one whose ``last`` is set. Closing the iterator before
-        that cancels the stream and frees its slot."""
+        that cancels the stream and frees its slot. A segment with ``ahead`` raises :class:`Yielded`
+        before its first chunk instead of waiting when it cannot have a slot at once."""
+
+
+class ReadAheadSlots(Protocol):
+    """What a generator offers for read-ahead (a generator without these attributes gets none)."""
+
+    def free_slots(self) -> int:
+        """Generator slots nobody holds now."""
+
+    def starts_waiting(self) -> int:
+        """Streams that are not read-ahead segments waiting for a slot now."""
+
+
+class Yielded(Exception):
+    """A read-ahead segment could not have a generator slot (another stream came first): run it later."""
 
 
 class Vocoder(Protocol):
@@ -123,6 +140,8 @@ class Vocoder(Protocol):
 
 
 PREPARED_KEPT = 512  # texts whose front-end result an orchestrator keeps (the least recently used goes)
+READ_AHEAD_SECONDS = 60.0  # default bound on a request's read-ahead audio waiting to be sent
+AHEAD_POLL_SECONDS = 0.02  # how often an utterance with read-ahead looks at the generator's slots
 
 
 def new_stream_id() -> int:
@@ -140,11 +159,21 @@ class Orchestrator:
         stream_ids: Callable[[], int] = new_stream_id,
         clock: Callable[[], float] = time.monotonic,
         starting: int = 0,
+        read_ahead_cap: int = READ_AHEAD.high,
+        read_ahead_seconds: float = READ_AHEAD_SECONDS,
     ):
         """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts;
-        ``starting``: utterances whose first audio may be on its way at once (0: no limit; see :meth:`_spoken`)."""
+        ``starting``: utterances whose first audio may be on its way at once (0: no limit; see :meth:`_spoken`);
+        ``read_ahead_cap``: the most segments of one utterance generating at once, whatever it asks
+        (1: none ahead); ``read_ahead_seconds``: no further segment starts ahead while an utterance holds
+        this much audio of segments run ahead and not yet sent (see :class:`_ReadAhead`)."""
         if starting < 0:
             raise ValueError(f"starting must be >= 0 (0: no limit), got {starting}")
+        if not 1 <= read_ahead_cap <= READ_AHEAD.high:
+            raise ValueError(f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {read_ahead_cap}")
+        if not read_ahead_seconds > 0:
+            raise ValueError(f"read_ahead_seconds must be > 0, got {read_ahead_seconds}")
+        self.read_ahead_cap, self.read_ahead_seconds = read_ahead_cap, read_ahead_seconds
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
         self.starts = asyncio.Semaphore(starting) if starting else None  # first come, first served
         self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
@@ -186,7 +215,11 @@ class Orchestrator:
             for i, text in enumerate(texts):
                 yield Cut(text, language, last=i == len(texts) - 1)
 
-        async with contextlib.aclosing(self._spoken(u, _ready(prompt), cuts())) as pieces:
+        k = min(u.read_ahead, self.read_ahead_cap)
+        ahead = k > 1 and len(texts) > 1 and hasattr(self.generator, "starts_waiting")
+        later = [Cut(text, language, last=i == len(texts) - 1) for i, text in enumerate(texts)]
+        spoken = self._spoken(u, _ready(prompt), cuts(), k if ahead else 1, later)
+        async with contextlib.aclosing(spoken) as pieces:
             async for piece in pieces:
                 yield piece
 
@@ -277,7 +310,9 @@ class Orchestrator:
                     with contextlib.suppress(BaseException):
                         await task
 
-    async def _spoken(self, u: Utterance, prompt, cuts: AsyncIterator[Cut | int]) -> AsyncIterator[Piece]:
+    async def _spoken(
+        self, u: Utterance, prompt, cuts: AsyncIterator[Cut | int], read_ahead: int = 1, later: list[Cut] = (),
+    ) -> AsyncIterator[Piece]:  # fmt: skip
         """The audio of ``cuts`` (segments in speaking order, and flush counts) joined with the cross-fade,
         then the final piece. ``prompt``: an awaitable of the voice prompt (None: none), awaited at the first
         segment. A segment that is not ``last`` holds back the fade's samples; the last is known only at the
@@ -291,48 +326,57 @@ class Orchestrator:
         burst of new streams queues its chunks there in front of the next chunk of streams already playing,
         which then stall. Waiting for a place costs a new stream first-audio latency, never a stall; the
         place comes back as fast as the server delivers first audio (self-clocking), so a server that keeps
-        up hardly waits."""
+        up hardly waits.
+
+        Read-ahead (``read_ahead`` K > 1; ``later``: all the cuts, a whole text's): once the first audio (or
+        plan) is out, the segments after the one being played may generate meanwhile (:class:`_ReadAhead`);
+        the audio, its order and the cross-fade are the same."""
         joiner, reasons, tail = Joiner(), [], np.zeros(0, np.float32)
-        # the listener: `sent` seconds of audio since `began` (the first audio out; None: none yet), as if
-        # playback began then and never stalled (engine.chunking's clock, at this end of the pipeline)
-        began, sent, i = None, 0.0, 0
-        async for cut in cuts:
-            if isinstance(cut, int):  # all audio of the text up to flush `cut` is out (but the held fade)
-                yield Piece(np.zeros(0, np.float32), flushed=cut)
-                continue
-            if i == 0 and prompt is not None:
-                prompt = await prompt
-            held = 0.0 if began is None else sent - (self.clock() - began)
-            segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
-                              segment_schedule(i, u.schedule, held), u.task, u.instruction)  # fmt: skip
-            joiner.start_segment()
-            starting = i == 0 and self.starts is not None  # holds a place until its first audio or plan is out
-            if starting:
-                await self.starts.acquire()  # a caller cancelled meanwhile takes no place
-            try:
-                async with contextlib.aclosing(self._segment(segment)) as pieces:
-                    async for audio, reason, text in pieces:
-                        out = None if text is not None else joiner.push(audio, not cut.last)
-                        if starting and (out is None or out.size):  # its first audio, or its plan: the next starts
-                            starting = False
-                            self.starts.release()
-                        if out is None:  # the plan: the first segment's goes out (the reference's choice)
-                            if i == 0:
-                                yield Piece(np.zeros(0, np.float32), text=text)
-                            continue
-                        if reason:
-                            reasons.append(reason)
-                        if not cut.last or not reason:
-                            if out.size:
-                                began = self.clock() if began is None else began
-                                sent += out.size / SAMPLE_RATE
-                                yield Piece(out)
-                        else:
-                            tail = out  # the last segment's tail goes out with the final piece
-            finally:
-                if starting:  # ended, failed or cancelled before any audio
-                    self.starts.release()
-            i += 1
+        listener, i, ahead = _Listener(self.clock), 0, None
+        try:
+            async for cut in cuts:
+                if isinstance(cut, int):  # all audio of the text up to flush `cut` is out (but the held fade)
+                    yield Piece(np.zeros(0, np.float32), flushed=cut)
+                    continue
+                if i == 0 and prompt is not None:
+                    prompt = await prompt
+                if ahead is None and read_ahead > 1 and i > 0:  # (a first segment that sent no audio)
+                    ahead = _ReadAhead(self, u, prompt, later, read_ahead, listener)
+                segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
+                                  segment_schedule(i, u.schedule, listener.held()), u.task, u.instruction)  # fmt: skip
+                joiner.start_segment()
+                starting = i == 0 and self.starts is not None  # holds a place until its first audio or plan is out
+                if starting:
+                    await self.starts.acquire()  # a caller cancelled meanwhile takes no place
+                try:
+                    source = self._segment(segment) if ahead is None else ahead.current(i, segment)
+                    async with contextlib.aclosing(source) as pieces:
+                        async for audio, reason, text in pieces:
+                            out = None if text is not None else joiner.push(audio, not cut.last)
+                            if starting and (out is None or out.size):  # its first audio, or its plan: the next starts
+                                starting = False
+                                self.starts.release()
+                            if ahead is None and read_ahead > 1 and (out is None or out.size):  # later ones may start
+                                ahead = _ReadAhead(self, u, prompt, later, read_ahead, listener)
+                            if out is None:  # the plan: the first segment's goes out (the reference's choice)
+                                if i == 0:
+                                    yield Piece(np.zeros(0, np.float32), text=text)
+                                continue
+                            if reason:
+                                reasons.append(reason)
+                            if not cut.last or not reason:
+                                if out.size:
+                                    listener.out(out.size)
+                                    yield Piece(out)
+                            else:
+                                tail = out  # the last segment's tail goes out with the final piece
+                finally:
+                    if starting:  # ended, failed or cancelled before any audio
+                        self.starts.release()
+                i += 1
+        finally:
+            if ahead is not None:  # shielded: a caller cancelled again must not leave a stream open
+                await asyncio.shield(linger(ahead.close()))
         reason = LENGTH if LENGTH in reasons else STOP
         yield Piece(np.concatenate([tail, joiner.finish()]), final=True, finish_reason=reason)
 
@@ -368,6 +412,192 @@ class Orchestrator:
             # its end arrives, however late (serving.flow.side_channel), so every stream's end goes there.
             if not vocoder_ended:
                 await self.vocoder.decode(end_chunk(stream_id))
+
+
+class _Listener:
+    """The listener of one utterance: ``sent`` seconds of audio since ``began`` (the first audio out; None:
+    none yet), as if playback began then and never stalled (engine.chunking's clock, at this end)."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock, self.began, self.sent = clock, None, 0.0
+
+    def out(self, samples: int) -> None:
+        self.began = self.clock() if self.began is None else self.began
+        self.sent += samples / SAMPLE_RATE
+
+    def held(self) -> float:
+        """Seconds of audio the listener holds now (0 before the first audio)."""
+        return 0.0 if self.began is None else self.sent - (self.clock() - self.began)
+
+
+_END, _YIELDED = object(), object()  # a run's last item: its stream ended; it never had a slot
+
+
+@dataclass(eq=False)
+class _Run:
+    """One segment generating ahead: its pieces wait in ``items`` (then _END, _YIELDED or the exception)."""
+
+    index: int
+    segment: Segment
+    items: asyncio.Queue
+    task: asyncio.Task | None = None
+    ahead: bool = True  # not the segment being played yet: it is the first to yield its slot
+    begun: bool = False  # its task ran (its stream has a slot, or is yielding)
+    made: bool = False  # its first piece came (it surely has a slot), or it ended
+    samples: int = 0  # audio in ``items``, not read yet
+
+
+class _ReadAhead:
+    """The segments after the one being played, generating meanwhile (an utterance's ``read_ahead`` K > 1).
+
+    - **At once**: at most K of the utterance's segments generate together (the one being played counts),
+      and no further one starts while the utterance holds ``read_ahead_seconds`` of audio made ahead and
+      not yet sent (so a request buffers at most that plus what its running segments make).
+    - **In order**: segments start ahead in speaking order, each as a stream of its own with the same seed,
+      prompt and settings (:mod:`engine.segments`); their pieces wait in order, and the segment being played
+      reads its own as they come, through the same cross-fade: the audio is the sequential audio.
+    - **Fairness** (:func:`engine.segments.ahead_may_start`, :func:`~engine.segments.ahead_to_yield`): a
+      segment starts ahead only while the generator has a free slot and no start waits for one (the
+      generator's :meth:`~ReadAheadSlots.starts_waiting`); while starts wait, the newest segments running
+      ahead are cancelled, their audio dropped, and run again later from scratch (same seed, same audio).
+      The segment being played is never cancelled: once the listener reaches it, it is a start like any.
+    - **Deadlines**: a segment's chunk schedule starts from what the listener holds when it starts (as a
+      sequential one's does), less than it will hold when its audio plays: its chunks are never later than
+      the deadline rule needs.
+    """
+
+    def __init__(self, orchestrator: Orchestrator, u: Utterance, prompt, cuts: list[Cut], k: int, listener: _Listener):
+        self.o, self.u, self.prompt, self.cuts, self.k, self.listener = orchestrator, u, prompt, cuts, k, listener
+        self.slots: ReadAheadSlots = orchestrator.generator
+        self.bound = int(orchestrator.read_ahead_seconds * SAMPLE_RATE)
+        self.index, self.playing = 0, True  # the segment being played; its stream is open (not ahead)
+        self.runs: dict[int, _Run] = {}  # segments started ahead, by index (the one being played's too)
+        self.yielding: set[asyncio.Task] = set()  # runs cancelled for a waiting start, until their slot is back
+        self.wake = asyncio.Event()  # something changed here: the pump looks at once (else every poll)
+        self.closed = False
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def current(self, i: int, segment: Segment) -> AsyncIterator[tuple[np.ndarray, str, str | None]]:
+        """The pieces of segment ``i``, now being played (``segment``: it, should it not have started ahead)."""
+        self.index = i
+        self.wake.set()
+        run = self.runs.get(i)
+        if run is not None and not run.begun:  # not on its way yet: it starts now, as any segment played
+            del self.runs[i]
+            run.task.cancel()
+            run = None
+        if run is None:  # nothing after it runs ahead either: runs start in order, the newest yields first
+            return self._direct(segment)
+        run.ahead, self.playing = False, False  # its run counts while it generates
+        return self._read(run, segment)
+
+    async def _direct(self, segment: Segment):
+        self.playing = True
+        try:
+            async with contextlib.aclosing(self.o._segment(segment)) as pieces:
+                async for item in pieces:
+                    if item[1]:  # its stream ended
+                        self.playing = False
+                    yield item
+        finally:
+            self.playing = False
+
+    async def _read(self, run: _Run, segment: Segment):
+        try:
+            while True:
+                item = await run.items.get()
+                if item is _END:
+                    return
+                if item is _YIELDED:  # it never had a slot: it starts now, as a segment being played does
+                    async with contextlib.aclosing(self._direct(segment)) as pieces:
+                        async for piece in pieces:
+                            yield piece
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                run.samples -= item[0].size
+                self.wake.set()
+                yield item
+        finally:
+            self.runs.pop(run.index, None)
+            if not run.task.done():  # the caller stopped early: its stream goes too
+                run.task.cancel()
+                await asyncio.wait({run.task})
+
+    def _generating(self) -> int:
+        return self.playing + sum(not r.task.done() for r in self.runs.values())
+
+    def _next(self) -> int | None:
+        """The next segment to start ahead: the first after the one being played that has not started."""
+        j = self.index + 1
+        while j in self.runs:
+            if not self.runs[j].made:  # one at a time: it has its slot (or yielded) before the next starts
+                return None
+            j += 1
+        return j if j < len(self.cuts) else None
+
+    async def _pump(self) -> None:
+        while not self.closed:
+            running = sorted((r for r in self.runs.values() if r.ahead and not r.task.done()), key=lambda r: r.index)
+            waiting = self.slots.starts_waiting()
+            for _ in range(ahead_to_yield(waiting, len(self.yielding), len(running))):
+                self._yield(running.pop())  # the newest first
+            j = self._next()
+            if (not waiting and j is not None and self._generating() < self.k
+                    and sum(r.samples for r in self.runs.values()) < self.bound
+                    and ahead_may_start(self.slots.free_slots(), waiting)):  # fmt: skip
+                self._start(j)
+                await asyncio.sleep(0)  # it takes its slot (or yields) before the next look
+                continue
+            waiter = asyncio.ensure_future(self.wake.wait())  # (not wait_for: 3.11's can swallow a cancel)
+            try:
+                await asyncio.wait({waiter}, timeout=AHEAD_POLL_SECONDS)
+            finally:
+                waiter.cancel()
+            self.wake.clear()
+
+    def _start(self, j: int) -> None:
+        cut, u = self.cuts[j], self.u
+        segment = Segment(self.o.stream_ids(), cut.text, cut.language, self.prompt, u.params,
+                          segment_schedule(j, u.schedule, self.listener.held()), u.task, u.instruction, ahead=True)  # fmt: skip
+        run = self.runs[j] = _Run(j, segment, asyncio.Queue())
+        run.task = linger(self._run(run))  # a request waits for its streams' ends (engine.lifetime)
+
+    def _yield(self, run: _Run) -> None:
+        """Cancel a segment running ahead for a waiting start; it runs again later, from scratch."""
+        del self.runs[run.index]
+        run.task.cancel()
+        self.yielding.add(run.task)
+        run.task.add_done_callback(self.yielding.discard)  # done once its stream is closed (its slot back)
+
+    async def _run(self, run: _Run) -> None:
+        run.begun = True
+        try:
+            async with contextlib.aclosing(self.o._segment(run.segment)) as pieces:
+                async for item in pieces:
+                    run.samples += item[0].size
+                    run.made = True
+                    self.wake.set()
+                    run.items.put_nowait(item)
+            run.items.put_nowait(_END)
+        except Yielded:  # the generator had no slot for it after all: run again later
+            if self.runs.get(run.index) is run and run.ahead:
+                del self.runs[run.index]
+            run.items.put_nowait(_YIELDED)
+        except Exception as e:  # noqa: BLE001 (raised in order, when the listener reaches this segment)
+            run.items.put_nowait(e)
+        finally:
+            run.made = True
+            self.wake.set()
+
+    async def close(self) -> None:
+        """Stop: every stream started ahead is closed (and waited for)."""
+        self.closed = True
+        self.pump.cancel()
+        tasks = [self.pump, *(r.task for r in self.runs.values())]
+        for task in tasks[1:]:
+            task.cancel()
+        await asyncio.wait(tasks)
 
 
 async def stretched(pieces: AsyncIterator[Piece], speed: float) -> AsyncIterator[Piece]:

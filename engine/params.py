@@ -138,7 +138,13 @@ SPEED = Parameter(
     "speaking rate: 2.0 is twice as fast, 0.5 half as fast, at the same pitch (the audio is time-stretched "
     "as it streams; 1.0 leaves it untouched)",
 )  # fmt: skip
-UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE, SPEED)
+READ_AHEAD = Parameter(
+    "read_ahead", int, 1, 1, 16,
+    "segments of a long text that may generate at once on free generator slots (1: one after another); "
+    "the audio is the same, byte for byte in-process; a server caps it (--read-ahead-cap) and lets a "
+    "waiting new request go first",
+)  # fmt: skip
+UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE, SPEED, READ_AHEAD)
 
 
 def parse_parameters(given: dict | None, known: tuple[Parameter, ...] = UTTERANCE_PARAMETERS) -> dict:

@@ -1,5 +1,13 @@
-"""Long text: its segments (made by :func:`engine.frontend.prepare`) are synthesized one after another,
-each with the same seed, and joined with a 50 ms linear cross-fade, as the reference does.
+"""Long text: its segments (made by :func:`engine.frontend.prepare`) are synthesized each with the same
+seed, and joined in order with a 50 ms linear cross-fade, as the reference does.
+
+Read-ahead (the ``read_ahead`` request parameter): up to K segments of one utterance may generate at once
+on free generator slots (:class:`engine.orchestrator.Orchestrator`); their audio waits in order and goes
+through the same cross-fade. Each segment's stream draws its noise from a generator of its own seeded with
+the utterance's seed (``GenerationParams.seed``, the same for every segment: the reference reseeds per
+sentence), so what a segment samples depends on nothing but its text, prompt and seed, never on when it
+starts or what ran before it: a segment run ahead, or cancelled and run again from scratch, makes the same
+latents. Who gets a free slot first is :func:`ahead_may_start` and :func:`ahead_to_yield` below.
 
 Both the offline path and the ``tts`` model use these functions, so a long text streams exactly as it
 synthesizes offline. Nothing here imports torch.
@@ -74,3 +82,21 @@ class Joiner:
         self.held = self.head = np.zeros(0, np.float32)
         self.joining = False
         return out
+
+
+# ---- read-ahead: who gets a generator slot (plain ints; the orchestrator and the slot keepers apply it) ----
+
+
+def ahead_may_start(free: int, waiting: int) -> bool:
+    """May a read-ahead segment take a generator slot now? Only when one is ``free`` and no start
+    (anyone's first segment, or a segment being played) is ``waiting`` for one: a read-ahead segment
+    never takes the slot a waiting start needs."""
+    return free > 0 and waiting == 0
+
+
+def ahead_to_yield(waiting: int, yielding: int, ahead: int) -> int:
+    """How many of the ``ahead`` running read-ahead segments to cancel now, so that each of the
+    ``waiting`` starts gets a slot: one per start not already covered by one of the ``yielding``
+    segments on their way out. A cancelled segment runs again later from scratch (same seed, same
+    latents); the newest goes first."""
+    return max(0, min(waiting - yielding, ahead))

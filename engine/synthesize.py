@@ -30,6 +30,7 @@ from engine.params import (
     DEFAULT_SCHEDULE,
     DEFAULT_SEED,
     DEFAULT_SPLIT_TOKENS,
+    READ_AHEAD,
     SPEED,
     UTTERANCE_PARAMETERS,
     GenerationParams,
@@ -55,6 +56,7 @@ def stream_audio(
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
     speed: float = SPEED.default,
+    read_ahead: int = READ_AHEAD.default,
 ) -> Iterator[np.ndarray]:
     """Yield float32 audio chunks of one utterance as they are decoded (one stream, batch of 1).
 
@@ -62,10 +64,11 @@ def stream_audio(
     (:func:`engine.frontend.prepare`: cleaning, language detection when ``language`` is None, sentence
     grouping by ``split_tokens``, normalization unless ``normalize`` is False), and each segment is
     generated with the same seed and joined with a 50 ms cross-fade, then played ``speed`` times as fast
-    at the same pitch (:mod:`engine.time_stretch`). Raises ValueError for bad input.
+    at the same pitch (:mod:`engine.time_stretch`). ``read_ahead`` segments generate at once (on as many
+    slots, each stepped alone: the same samples as one after another). Raises ValueError for bad input.
     """
-    utterance = Utterance(text, language, params, schedule, split_tokens, normalize, speed)
-    for piece in _pieces(local_orchestrator(model), utterance, prompt):
+    utterance = Utterance(text, language, params, schedule, split_tokens, normalize, speed, read_ahead=read_ahead)
+    for piece in _pieces(local_orchestrator(model, slots=read_ahead), utterance, prompt):
         if piece.audio.size or piece.final:
             yield piece.audio
 
@@ -99,6 +102,7 @@ def synthesize(
     split_tokens: int = DEFAULT_SPLIT_TOKENS,
     normalize: bool = True,
     speed: float = SPEED.default,
+    read_ahead: int = READ_AHEAD.default,
 ) -> np.ndarray:
     """Whole utterance as one float32 array at 24 kHz: patches * 3840 samples per text segment, minus
     the 1200-sample cross-fade between segments, divided by ``speed`` (rounded).
@@ -106,7 +110,7 @@ def synthesize(
     Without ``ref_audio`` the voice prompt is one patch of silence (the model then picks a voice).
     """
     prompt = model.encode_prompt(ref_audio, ref_sample_rate, ref_text) if ref_audio is not None else None
-    chunks = stream_audio(model, text, language, prompt, params, schedule, split_tokens, normalize, speed)
+    chunks = stream_audio(model, text, language, prompt, params, schedule, split_tokens, normalize, speed, read_ahead)
     return np.concatenate(list(chunks))
 
 
@@ -138,6 +142,7 @@ def instruct_run(
     normalize: bool = True,
     schedule: ChunkSchedule = OFFLINE_SCHEDULE,
     speed: float = SPEED.default,
+    read_ahead: int = READ_AHEAD.default,
 ) -> InstructResult:
     """Run one FireRedTTS3-Instruct task in this process, as a server streams it.
 
@@ -149,6 +154,7 @@ def instruct_run(
             2.0 for cloning, 1234 and 1.2 for edits).
         language, split_tokens, normalize: the text front end (design and clone), as for Base.
         speed: the speaking rate, as for Base (the latents are the model's, at 1.0).
+        read_ahead: segments generating at once, as for Base (the same result).
     Raises:
         ValueError: bad input (the message names it).
     """
@@ -168,12 +174,12 @@ def instruct_run(
             check_edit_length(len(audio), sample_rate)
         voice = VoicePrompt(model.encode_latents(audio, sample_rate), torch.zeros(0), prompt_text)
     instruction = task_instruction(task.value, instruction)  # this entry point's check: the orchestrator trusts it
-    orchestrator = local_orchestrator(model)
+    orchestrator = local_orchestrator(model, slots=read_ahead)
     streams, latents = [], {}
     orchestrator.generator.on_admit = lambda segment, state: streams.append((segment.stream_id, state))
     orchestrator.generator.on_chunk = lambda chunk: latents.setdefault(chunk.stream_id, []).append(chunk.latents)
     utterance = Utterance(text, language, params, schedule, split_tokens, normalize, speed,
-                          task=task.value, instruction=instruction)  # fmt: skip
+                          task=task.value, instruction=instruction, read_ahead=read_ahead)  # fmt: skip
     try:
         pieces = list(_pieces(orchestrator, utterance, voice))
     except StreamFailed as e:
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = load_audio(args.ref_audio) if args.ref_audio else (None, SAMPLE_RATE)
         wav = synthesize(
             model, text, args.language, ref[0], ref[1], args.ref_text, params, schedule, values["split_tokens"],
-            values["normalize"], values["speed"],
+            values["normalize"], values["speed"], values["read_ahead"],
         )  # fmt: skip
         t2 = time.perf_counter()
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, no traceback
@@ -276,7 +282,7 @@ def _instruct_main(args, task: Task, text: str, params: GenerationParams, schedu
     result = instruct_run(
         model, task, text, args.instruction or "", audio, rate or SAMPLE_RATE, args.ref_text, params.seed, params.cfg,
         params.steps, params.max_patches, args.language, values["split_tokens"], values["normalize"], schedule,
-        values["speed"],
+        values["speed"], values["read_ahead"],
     )  # fmt: skip
     t2 = time.perf_counter()
     wav = result.audio

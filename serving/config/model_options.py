@@ -85,6 +85,12 @@ class TTSOptions(ModelOptions, _Gate):
     text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
     generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
     pace_hold_seconds: float  # a paced request paused this long with no delivery is ended (serving.flow.pacing)
+    read_ahead_cap: int  # most segments of one request generating at once (engine.orchestrator)
+    read_ahead_seconds: float  # a request's read-ahead audio not yet sent, before no further segment starts ahead
+
+    def read_ahead(self) -> dict:
+        """The orchestrator's read-ahead keywords (engine.orchestrator.Orchestrator)."""
+        return {"read_ahead_cap": self.read_ahead_cap, "read_ahead_seconds": self.read_ahead_seconds}
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
@@ -92,7 +98,8 @@ class TTSOptions(ModelOptions, _Gate):
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
                    starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
                    text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
-                   generator_pipe=opts.generator_pipe, pace_hold_seconds=opts.pace_hold_seconds)  # fmt: skip
+                   generator_pipe=opts.generator_pipe, pace_hold_seconds=opts.pace_hold_seconds,
+                   read_ahead_cap=opts.read_ahead_cap, read_ahead_seconds=opts.read_ahead_seconds)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NewType
 
 from engine.layers.attention import ATTENTION_CHOICES
+from engine.params import READ_AHEAD
 from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, DEFAULT_TEXT_MAX_SECONDS
 
 # A folder's path (a str; empty: the default the field's comment names). Its fields' defaults are plain
@@ -74,6 +75,12 @@ class ServeOptions:
     # front of the next chunk of streams already playing (engine.orchestrator, Starts under load).
     starting: int = option(32, "tts requests whose first audio may be on its way at once; more wait for one "
                            "of them to send it, so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
+    # A long text's later segments may generate while an earlier one plays (the request parameter read_ahead,
+    # engine.orchestrator._ReadAhead): on free generator slots only, yielding them to any waiting stream.
+    read_ahead_cap: int = option(4, "most segments of one tts request generating at once, whatever its read_ahead "
+                                 "asks (1: one after another)")  # fmt: skip
+    read_ahead_seconds: float = option(60.0, "a tts request starts no further segment ahead while it holds this "
+                                       "much audio made ahead and not yet sent")  # fmt: skip
     # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
     # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
     # they refuse them. The generator never does.
@@ -106,6 +113,10 @@ class ServeOptions:
         parse_models(self.models)  # ValueError names a model that is not one
         if self.starting < 0:
             raise ValueError(f"starting must be >= 0 (0: no limit), got {self.starting}")
+        if not 1 <= self.read_ahead_cap <= READ_AHEAD.high:
+            raise ValueError(f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {self.read_ahead_cap}")
+        if not 0 < self.read_ahead_seconds <= 3600:
+            raise ValueError(f"read_ahead_seconds must be in (0, 3600], got {self.read_ahead_seconds}")
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:

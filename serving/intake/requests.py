@@ -206,7 +206,7 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     params, schedule = generation_params(check_seed(seed), values)
     task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
-                          values["speed"], task, instruction)  # fmt: skip
+                          values["speed"], task, instruction, values["read_ahead"])  # fmt: skip
     return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""), instruct)
 
 

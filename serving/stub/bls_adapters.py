@@ -14,7 +14,7 @@ import numpy as np
 from engine.chunking import PATCH_SECONDS
 from engine.config import PATCH_SIZE
 from engine.lifetime import linger, unlinger
-from engine.orchestrator import Segment
+from engine.orchestrator import Segment, Yielded
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
@@ -82,16 +82,29 @@ class BLSGenerator:
         self.bls, self.channel, self.model, self.slots, self.receipts = bls, channel, model, slots, receipts
         self.pipe = None if pipe_ids is None else PipeReader(bls, channel, model, receipts, pipe_ids)
 
+    def free_slots(self) -> int:
+        """For read-ahead (engine.orchestrator.ReadAheadSlots): generator slots free now."""
+        return 1 if self.slots is None else self.slots.free_slots()
+
+    def starts_waiting(self) -> int:
+        """For read-ahead: streams waiting for a generator slot now, in every sender."""
+        return 0 if self.slots is None else self.slots.starts_waiting()
+
     def close(self) -> None:
         """At the model's unload: the generator ends this process's pipe."""
         if self.pipe is not None:
             self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        """The segment's chunks. A paced request's (serving.flow.pacing.PACING, set by tts) pacer knows the
-        stream from its start to its end: it pauses it while the request's client is far behind."""
+        """The segment's chunks. A read-ahead segment (``segment.ahead``) takes a slot only if one is free and
+        no start waits for one (else :class:`~engine.orchestrator.Yielded`). A paced request's
+        (serving.flow.pacing.PACING, set by tts) pacer knows the stream from its start to its end: it pauses it
+        while the request's client is far behind."""
         if self.slots is not None:
-            await self.slots.take()
+            if not segment.ahead:
+                await self.slots.take()
+            elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
+                raise Yielded("no free generator slot")
         pacer = PACING.get()
         if pacer is not None:
             pacer.open(segment.stream_id)

@@ -260,3 +260,47 @@ def test_normalize_false_speaks_the_cleaned_text(server, offline):
 def test_text_with_nothing_to_speak_is_invalid(server):
     with pytest.raises(TTSError, match="TEXT: nothing to speak after cleaning"):
         grpc(server).synthesize("\U0001f600 \u200b", seed=1)
+
+
+def test_read_ahead_gives_the_sequential_audio(server):
+    """A long text with read_ahead 4 (its segments side by side on the server's free slots) against the
+    same request with read_ahead 1: the same length and the same audio. Not byte for byte: the generator
+    steps the segments in one batch, and a batch of several rows rounds differently from a batch of one
+    (docs/serving.md#long-form-text-read-ahead); fixed chunks, so the vocoder adds no difference."""
+    text = " ".join(f"Sentence number {n} is spoken here, one of several in a row." for n in range(6))
+    params = {"max_patches": 6, "split_tokens": 12, "chunk_fixed": True}
+    one = grpc(server).synthesize(text, seed=5, parameters=params)
+    again = grpc(server).synthesize(text, seed=5, parameters=params)
+    assert one.tobytes() == again.tobytes()  # read_ahead 1 alone: the same bytes every run
+    four = grpc(server).synthesize(text, seed=5, parameters={**params, "read_ahead": 4})
+    assert four.shape == one.shape and len(one) > 5 * 6 * 3840 - 6 * 1200
+    pcm = [np.round(np.clip(a, -1, 1) * 32767).astype(np.int16).astype(np.int32) for a in (one, four)]
+    print(f"read_ahead 4 vs 1: max |diff| {np.abs(four - one).max():.2e}, 16-bit samples that differ "
+          f"{int((pcm[0] != pcm[1]).sum())} of {len(one)} (at most {int(np.abs(pcm[0] - pcm[1]).max())} steps)")  # fmt: skip
+    assert snr_db(one, four) >= 60  # measured: 1 step of 16-bit PCM at most here
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
+def test_starts_beside_a_request_reading_ahead_are_served_and_everything_is_freed(server):
+    """A request reading ahead holds every free slot (4 segments at once on 4 slots) while three other
+    requests start: read-ahead yields them its slots (docs/serving.md#long-form-text-read-ahead), every
+    request ends well, each one's audio is its own (float-close to it alone), and nothing stays held."""
+    text = " ".join(f"Sentence number {n} is spoken here, one of several in a row." for n in range(4))
+    params = {"max_patches": 8, "split_tokens": 12, "chunk_fixed": True}
+    short = ["A second request comes in.", "A third one as well.", "And a fourth one too."]
+    alone = [grpc(server).synthesize(t, seed=3, parameters=params) for t in short]
+    sequential = grpc(server).synthesize(text, seed=5, parameters=params)
+
+    def request(i):
+        if i == 0:
+            return grpc(server).synthesize(text, seed=5, parameters={**params, "read_ahead": 4})
+        time.sleep(1.0)  # (once the long one reads ahead; the order changes what is compared with nothing)
+        return grpc(server).synthesize(short[i - 1], seed=3, parameters=params)
+
+    got = in_parallel(request, 4, timeout=300)
+    assert got[0].shape == sequential.shape and snr_db(sequential, got[0]) >= 60
+    for i, want in enumerate(alone, 1):
+        assert got[i].shape == want.shape and snr_db(want, got[i]) >= 60
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0

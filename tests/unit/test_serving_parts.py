@@ -134,7 +134,7 @@ def test_parameter_ranges_come_from_one_place():
     assert p.parse(5) == 5
     with pytest.raises(ValueError, match="x must be in 1..5"):
         p.parse(6)
-    front_end = {"split_tokens", "normalize", "speed"}  # tts only: the ensemble speaks one segment as made
+    front_end = {"split_tokens", "normalize", "speed", "read_ahead"}  # tts only: the ensemble speaks one segment
     assert {p.name for p in contract.ENSEMBLE_PARAMETERS} == {p.name for p in contract.TTS_PARAMETERS} - front_end
     flag = Parameter("flag", bool, True, False, True, "")
     assert flag.parse(False) is False

@@ -68,7 +68,7 @@ class TritonPythonModel:
                                                   keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder, lambda text: len(tokenizer.encode(text)),
-                                         keys.new_stream_id, starting=opts.starting)  # fmt: skip
+                                         keys.new_stream_id, starting=opts.starting, **opts.read_ahead())  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
         self.admission = channel.gate("tts", opts.capacity)
