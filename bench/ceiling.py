@@ -292,8 +292,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--starting", type=int, default=ServeOptions.starting,
                     help="the server's --starting: requests between their start and their first audio at once "
                     f"(default {ServeOptions.starting}; 0: no limit, to compare)")  # fmt: skip
+    ap.add_argument("--synthetic-step", default="", metavar="COST",
+                    help="how long the synthetic generator's step lasts: FIXED+ROW ms for a step of N streams "
+                    "(FIXED + N x ROW), or a GPU-like preset (h100, l4): engine/step_cost.py "
+                    "(default: free math, a burst rather than live streams)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
+    from engine.step_cost import StepCost
+
+    try:
+        args.step_cost = StepCost.parse(args.synthetic_step)
+    except ValueError as e:
+        ap.error(f"--synthetic-step: {e}")
     if args.starting < 0:
         ap.error("need --starting >= 0 (0: no limit)")
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
@@ -318,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
                                                   generator_pipe=args.generator_pipe,
-                                                  starting=args.starting))  # fmt: skip
+                                                  starting=args.starting,
+                                                  synthetic_step=args.synthetic_step))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
@@ -362,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
-        f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
+        f"synthetic math (step {args.step_cost}), {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
         f"generator pipe {'on' if args.generator_pipe else 'off'}, starting {args.starting or 'no limit'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
@@ -374,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
-               "generator_pipe": args.generator_pipe, "starting": args.starting}  # fmt: skip
+               "generator_pipe": args.generator_pipe, "starting": args.starting,
+               "synthetic_step": str(args.step_cost)}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

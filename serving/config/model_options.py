@@ -145,6 +145,7 @@ class GeneratorOptions(ModelOptions):
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
+    synthetic_step: str  # how long a synthetic step lasts (engine.synthetic.StepCost.parse; "": free)
     models: str  # the release's models to load (serving.intake.served; empty: what the checkpoint holds)
 
     @classmethod
@@ -152,7 +153,7 @@ class GeneratorOptions(ModelOptions):
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
                    attention=opts.attention, synthetic_math=opts.synthetic_math,
-                   models=opts.models)  # fmt: skip
+                   synthetic_step=opts.synthetic_step, models=opts.models)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class ServeOptions:
                                   "(--no-generator-pipe: a response per chunk)")  # fmt: skip
     synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
                                   "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
+    synthetic_step: str = option("", "benchmarks only, with --synthetic-math: how long a generator step lasts, "
+                                 "FIXED+ROW milliseconds (a step of N streams: FIXED + N x ROW; e.g. 12+0.25) or a "
+                                 "GPU-like preset: h100, l4 (default: no time, free math)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= MAX_SLOTS:
@@ -100,6 +103,10 @@ class ServeOptions:
         from serving.intake.served import parse_models
 
         parse_models(self.models)  # ValueError names a model that is not one
+        from engine.step_cost import StepCost
+
+        if not StepCost.parse(self.synthetic_step).free and not self.synthetic_math:
+            raise ValueError("synthetic_step needs synthetic_math (--synthetic-step times the synthetic generator)")
         if self.starting < 0:
             raise ValueError(f"starting must be >= 0 (0: no limit), got {self.starting}")
         if self.max_queue < -1:

@@ -87,13 +87,16 @@ class GeneratorHost:
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
                  send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
         from engine.streams import GeneratorService
+        from engine.step_cost import StepCost
         from engine.synthetic import SyntheticFireRedTTS3
         from serving.stub.synthetic_math import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))
         if opts.synthetic_math:  # benchmarks only: steps without the model's math (engine.synthetic)
-            self.model, self.synthetic = SyntheticFireRedTTS3(self.model), announce(pb, log, "generator")
+            cost = StepCost.parse(opts.synthetic_step)
+            self.model, self.synthetic = SyntheticFireRedTTS3(self.model, cost), announce(pb, log, "generator")
+            log.warning("synthetic step: %s", cost)
         # kv_memory_gb 0: the default pool (slots x max_len positions)
         kv_memory_gb = opts.kv_memory_gb or None
         self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,

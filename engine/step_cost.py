@@ -1,0 +1,56 @@
+"""How long a synthetic generator step lasts (``--synthetic-step``; plain Python, no torch): the cost model
+of :mod:`engine.synthetic`, so that a benchmark on a machine without a GPU holds streams alive for as long
+as a GPU's steps would. ``fixed + row x rows`` milliseconds: a GPU's batched step reads the weights once
+(fixed) and adds each row's flow head and KV-cache read (row). docs/benchmarks.md, "A step-cost model",
+derives the presets from the model's sizes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """How long one synthetic generator step lasts: ``fixed_ms + row_ms x rows`` (rows: the streams it
+    steps). The default costs nothing (free math)."""
+
+    fixed_ms: float = 0.0
+    row_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.fixed_ms <= 10_000 and 0 <= self.row_ms <= 1_000):
+            raise ValueError(f"a step cost needs 0 <= fixed <= 10000 ms and 0 <= row <= 1000 ms, got {self}")
+
+    def seconds(self, rows: int) -> float:
+        return (self.fixed_ms + self.row_ms * rows) / 1000.0
+
+    @property
+    def free(self) -> bool:
+        return self.fixed_ms == 0 and self.row_ms == 0
+
+    def __str__(self) -> str:
+        return "free" if self.free else f"{self.fixed_ms:g}+{self.row_ms:g} ms"
+
+    @classmethod
+    def parse(cls, text: str) -> StepCost:
+        """``""`` or ``"0"`` (free), a preset name (:data:`STEP_PRESETS`), ``"FIXED"`` or ``"FIXED+ROW"`` in
+        milliseconds (``"80"``, ``"12+0.25"``); ValueError naming what it takes."""
+        text = (text or "").strip().lower()
+        if text in STEP_PRESETS:
+            return STEP_PRESETS[text]
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)(?:\+(\d+(?:\.\d+)?))?", text or "0")
+        if not m:
+            raise ValueError(f"synthetic step must be FIXED or FIXED+ROW milliseconds (e.g. 80 or 12+0.25) or one "
+                             f"of {', '.join(STEP_PRESETS)}, got {text!r}")  # fmt: skip
+        return cls(float(m[1]), float(m[2] or 0))
+
+
+# Estimates of one batched step of the released model (docs/benchmarks.md, "A step-cost model", shows the
+# arithmetic): the fixed part reads the weights once and launches the kernels, each row adds its DiT flow
+# (10 Euler steps x 2 CFG rows over 12 tokens, ~70 GFLOP) and its KV-cache read.
+STEP_PRESETS = {
+    "h100": StepCost(12.0, 0.25),
+    "l4": StepCost(35.0, 1.8),
+}
