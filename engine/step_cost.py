@@ -54,3 +54,47 @@ STEP_PRESETS = {
     "h100": StepCost(12.0, 0.25),
     "l4": StepCost(35.0, 1.8),
 }
+
+
+PATCH_SECONDS = 0.16  # audio one step adds to each stream (engine.chunking.PATCH_SECONDS)
+BATCH_FLOOR = 8  # streams the generator always batches, whatever a step costs (throughput when real time is out of reach)
+
+
+class StepBudget:
+    """How many more streams the generator may admit before its next step, so that a step stays within
+    ``budget_seconds`` (default 0.8 x 160 ms: every live stream then keeps up with its listener, with room
+    for jitter). A step that grows with its batch (a GPU's: the weights once, then each row) makes too large a
+    batch too slow for everyone in it; this keeps the batch at the size the hardware carries in real time, and
+    the rest wait for a slot in arrival order (first-audio latency, never a stall).
+
+    An idle generator starts a burst with a batch of :data:`BATCH_FLOOR`; the cost of one more row is
+    estimated as the last step's time over its rows: at least the true marginal
+    cost (the fixed part is spread over the rows), so the estimate errs on the side of fewer streams, and a
+    step measured too slow admits nobody until streams end. Up to :data:`BATCH_FLOOR` streams are always
+    admitted: where even a small batch cannot keep real time (the real model on a CPU) batching still
+    gives more audio per second than one stream at a time. ``budget_seconds`` 0: no budget."""
+
+    def __init__(self, budget_seconds: float = 0.8 * PATCH_SECONDS, floor: int = BATCH_FLOOR):
+        if not 0 <= budget_seconds <= 10:
+            raise ValueError(f"a step budget must be 0 (none) to 10 seconds, got {budget_seconds}")
+        self.budget, self.floor = budget_seconds, floor
+        self.seconds = 0.0  # the last step's wall time
+        self.rows = 0  # its rows
+
+    def stepped(self, seconds: float, rows: int) -> None:
+        """A step of ``rows`` streams took ``seconds``."""
+        self.seconds, self.rows = seconds, rows
+
+    def room(self, live: int) -> int | None:
+        """Streams that may join the ``live`` ones now (None: any number). Before any step is measured, a
+        first batch of the floor; from there the batch grows as fast as the measured steps show room."""
+        if not self.budget:
+            return None
+        if not self.rows:
+            return max(self.floor - live, 0)
+        per_row = self.seconds / self.rows
+        if per_row <= 0:
+            return None
+        predicted = per_row * live
+        fits = int((self.budget - predicted) / per_row + 1e-9) if predicted < self.budget else 0
+        return max(fits, self.floor - live, 0)
