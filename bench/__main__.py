@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="FireRedTTS3-Instruct voice design with this description (default: Base); "
         "its plan text comes before the first audio, so first-chunk latency includes it",
     )
+    ap.add_argument("--synthetic-step", metavar="COST",
+                    help="serve the started server with synthetic math whose generator step lasts COST: FIXED+ROW "
+                    "ms or a preset (h100, l4); engine/step_cost.py (default: the real model)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "results" / "bench")
     ap.add_argument(
@@ -72,6 +75,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = ap.parse_args(argv)
     args.rates = None
+    if args.synthetic_step is not None:
+        from engine.step_cost import StepCost
+
+        if args.url:
+            ap.error("--synthetic-step sets up the started server; a running one (--url) has its own")
+        try:
+            args.step_cost = StepCost.parse(args.synthetic_step)
+        except ValueError as e:
+            ap.error(f"--synthetic-step: {e}")
     if args.rate is not None:
         if args.concurrency is not None or args.requests is not None:
             ap.error("--rate (open loop) takes neither --concurrency nor --requests")
@@ -139,11 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bench.server import local_server
 
-            server = stack.enter_context(local_server(args.preset, args.slots, args.device))
+            synthetic = {} if args.synthetic_step is None else {"synthetic_math": True,
+                                                                 "synthetic_step": args.synthetic_step}  # fmt: skip
+            server = stack.enter_context(local_server(args.preset, args.slots, args.device, **synthetic))
             port = server.ports.grpc if args.protocol == "grpc" else server.ports.http
+            synth = "" if args.synthetic_step is None else f", synthetic math with a {args.step_cost} step"
             url, target = (
                 f"127.0.0.1:{port}",
-                f"{args.preset} checkpoint (stop head off), {args.slots} slots, {args.device}",
+                f"{args.preset} checkpoint (stop head off), {args.slots} slots, {args.device}{synth}",
             )
         client = TTSClient(url, args.protocol, timeout=args.timeout)
         warm = one_stream(client, texts[0], seed=0, request=request)  # first-use costs stay out of the table
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.out_dir / name
     stem.with_suffix(".md").write_text(table)
     raw = {"name": name, "target": target, "protocol": args.protocol, "request": request, "notes": notes,
-           "levels": [lv.to_json() for lv in levels]}  # fmt: skip
+           "synthetic_step": args.synthetic_step, "levels": [lv.to_json() for lv in levels]}  # fmt: skip
     if is_open_loop:
         raw |= {"mode": "open-loop", "rates": args.rates, "duration_s": args.duration, "seed": args.seed,
                 "drain_timeout_s": args.drain_timeout, "texts": texts}  # fmt: skip

@@ -14,8 +14,8 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
-The server lets at most ``--starting`` requests be between their start and their first audio (its
-default; ``--starting 0``: no limit, to compare): without it, a level's streams all start together and
+The server's start window (``--start-rate``, engine.start_window) bounds the requests between their start and
+their first audio (``--start-rate 0``: no window, to compare): without it, a level's streams all start together and
 the ones that got their first chunk early stall (docs/serving.md, Starts under load).
 
 With ``--rate-start R`` the levels are arrival rates instead (open loop, :mod:`bench.openloop`): at each
@@ -289,13 +289,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=True,
                     help="the server's --generator-pipe (the default): one generator response per step and reader; "
                     "--no-generator-pipe: one per chunk (to compare)")  # fmt: skip
-    ap.add_argument("--starting", type=int, default=ServeOptions.starting,
-                    help="the server's --starting: requests between their start and their first audio at once "
-                    f"(default {ServeOptions.starting}; 0: no limit, to compare)")  # fmt: skip
+    ap.add_argument("--start-rate", type=float, default=ServeOptions.start_rate,
+                    help="the server's --start-rate: the starts a second its start window is sized for "
+                    f"(default {ServeOptions.start_rate:g}; 0: no window, to compare)")  # fmt: skip
+    ap.add_argument(
+        "--step-budget-ms",
+        type=float,
+        default=ServeOptions.step_budget_ms,
+        help=f"the server's --step-budget-ms (default {ServeOptions.step_budget_ms:g}; 0: none, to compare)",
+    )
+    ap.add_argument("--synthetic-step", default="", metavar="COST",
+                    help="how long the synthetic generator's step lasts: FIXED+ROW ms for a step of N streams "
+                    "(FIXED + N x ROW), or a GPU-like preset (h100, l4): engine/step_cost.py "
+                    "(default: free math, a burst rather than live streams)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
-    if args.starting < 0:
-        ap.error("need --starting >= 0 (0: no limit)")
+    from engine.step_cost import StepCost
+
+    try:
+        args.step_cost = StepCost.parse(args.synthetic_step)
+    except ValueError as e:
+        ap.error(f"--synthetic-step: {e}")
+    if args.start_rate < 0 or args.step_budget_ms < 0:
+        ap.error("need --start-rate >= 0 (0: no window) and --step-budget-ms >= 0 (0: none)")
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
         ap.error(f"need 1 <= --start <= --slots <= {MAX_SLOTS}")
     if args.rate_start is not None and not 0 < args.rate_start <= args.rate_max:
@@ -318,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
                                                   generator_pipe=args.generator_pipe,
-                                                  starting=args.starting))  # fmt: skip
+                                                  start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
+                                                  synthetic_step=args.synthetic_step))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
@@ -362,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
-        f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
-        f"generator pipe {'on' if args.generator_pipe else 'off'}, starting {args.starting or 'no limit'}, "
+        f"synthetic math (step {args.step_cost}), {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
+        f"generator pipe {'on' if args.generator_pipe else 'off'}, "
+        f"start rate {f'{args.start_rate:g}/s' if args.start_rate else 'no window'}, "
+        f"step budget {f'{args.step_budget_ms:g} ms' if args.step_budget_ms else 'none'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
@@ -374,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
-               "generator_pipe": args.generator_pipe, "starting": args.starting}  # fmt: skip
+               "generator_pipe": args.generator_pipe, "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
+               "synthetic_step": str(args.step_cost)}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

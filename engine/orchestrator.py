@@ -35,6 +35,7 @@ from engine.lifetime import linger
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, READ_AHEAD, SPEED, GenerationParams
 from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
 from engine.segments import Joiner, ahead_may_start, ahead_to_yield, segment_schedule
+from engine.start_window import StartWindow
 from engine.time_stretch import TimeStretch
 
 
@@ -158,24 +159,22 @@ class Orchestrator:
         count_tokens: Callable[[str], int],
         stream_ids: Callable[[], int] = new_stream_id,
         clock: Callable[[], float] = time.monotonic,
-        starting: int = 0,
+        starts: StartWindow | None = None,
         read_ahead_cap: int = READ_AHEAD.high,
         read_ahead_seconds: float = READ_AHEAD_SECONDS,
     ):
         """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts;
-        ``starting``: utterances whose first audio may be on its way at once (0: no limit; see :meth:`_spoken`);
+        ``starts``: the start window (None: none; see :meth:`_spoken`);
         ``read_ahead_cap``: the most segments of one utterance generating at once, whatever it asks
         (1: none ahead); ``read_ahead_seconds``: no further segment starts ahead while an utterance holds
         this much audio of segments run ahead and not yet sent (see :class:`_ReadAhead`)."""
-        if starting < 0:
-            raise ValueError(f"starting must be >= 0 (0: no limit), got {starting}")
         if not 1 <= read_ahead_cap <= READ_AHEAD.high:
             raise ValueError(f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {read_ahead_cap}")
         if not read_ahead_seconds > 0:
             raise ValueError(f"read_ahead_seconds must be > 0, got {read_ahead_seconds}")
         self.read_ahead_cap, self.read_ahead_seconds = read_ahead_cap, read_ahead_seconds
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
-        self.starts = asyncio.Semaphore(starting) if starting else None  # first come, first served
+        self.starts = starts  # first come, first served
         self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
         # the front end's results for recent texts: prepare() is a pure function of its arguments here
         # (count_tokens is this orchestrator's), ~2 ms of CPU per short text; a failure is not kept
@@ -318,8 +317,9 @@ class Orchestrator:
         segment. A segment that is not ``last`` holds back the fade's samples; the last is known only at the
         end for a text stream, where they come with the final piece (the same samples either way).
 
-        Starts under load (:attr:`starts`): the first segment starts only while fewer than ``starting``
-        utterances are between their first segment's start and their first audio, or their plan (Instruct:
+        Starts under load (:attr:`starts`, :class:`~engine.start_window.StartWindow`): the first segment
+        starts only while the window has a place among the utterances between their first segment's start
+        and their first audio, or their plan (Instruct:
         a plan takes as many steps as it has tokens, and holding a place meanwhile would hold up every other
         start); the others wait, in arrival order. A stream's chunks and everyone else's share one delivery
         path (the vocoder, the sends), and the generator runs a new stream far ahead of its listener: a
@@ -345,17 +345,17 @@ class Orchestrator:
                 segment = Segment(self.stream_ids(), cut.text, cut.language, prompt, u.params,
                                   segment_schedule(i, u.schedule, listener.held()), u.task, u.instruction)  # fmt: skip
                 joiner.start_segment()
-                starting = i == 0 and self.starts is not None  # holds a place until its first audio or plan is out
-                if starting:
-                    await self.starts.acquire()  # a caller cancelled meanwhile takes no place
+                start = None  # the first segment's place in the window until its first audio or plan is out
+                if i == 0 and self.starts is not None:
+                    start = await self.starts.acquire()  # a caller cancelled meanwhile takes no place
                 try:
                     source = self._segment(segment) if ahead is None else ahead.current(i, segment)
                     async with contextlib.aclosing(source) as pieces:
                         async for audio, reason, text in pieces:
                             out = None if text is not None else joiner.push(audio, not cut.last)
-                            if starting and (out is None or out.size):  # its first audio, or its plan: the next starts
-                                starting = False
-                                self.starts.release()
+                            if start is not None and (out is None or out.size):  # first audio or plan: the next starts
+                                start.delivered()
+                                start = None
                             if ahead is None and read_ahead > 1 and (out is None or out.size):  # later ones may start
                                 ahead = _ReadAhead(self, u, prompt, later, read_ahead, listener)
                             if out is None:  # the plan: the first segment's goes out (the reference's choice)
@@ -367,12 +367,16 @@ class Orchestrator:
                             if not cut.last or not reason:
                                 if out.size:
                                     listener.out(out.size)
+                                    if self.starts is not None:  # the window watches the listener within a segment
+                                        self.starts.played(joiner, out.size / SAMPLE_RATE)
                                     yield Piece(out)
                             else:
                                 tail = out  # the last segment's tail goes out with the final piece
                 finally:
-                    if starting:  # ended, failed or cancelled before any audio
-                        self.starts.release()
+                    if start is not None:  # ended, failed or cancelled before any audio
+                        start.abandoned()
+                    if self.starts is not None:  # the next segment may wait for text: no verdict across
+                        self.starts.stopped(joiner)
                 i += 1
         finally:
             if ahead is not None:  # shielded: a caller cancelled again must not leave a stream open

@@ -13,12 +13,22 @@ scheduler, chunking, tensors, gRPC, the client) runs for real and costs what it 
   stream table (start, unknown stream, end, idle reaping) is the real one.
 
 The prompt encoder stays real. Served with ``--synthetic-math`` (``python -m bench.ceiling`` does).
+
+Free synthetic math makes a step cost almost nothing, so a stream is generated in a fraction of a second
+and few are ever alive at once: a benchmark then measures a burst, not live streams. :class:`StepCost`
+(``--synthetic-step``) gives the synthetic step the duration of a real one, ``fixed + row x rows``
+milliseconds, as a GPU's batched step grows with its batch; the step sleeps out what its bookkeeping did
+not use (``time.sleep`` lets go of the GIL, so the rest of the process runs meanwhile, as it does while a
+GPU computes). How the presets' numbers come from the model's sizes: docs/benchmarks.md, "A step-cost
+model".
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,6 +37,7 @@ from engine.config import PATCH_SAMPLES, SAMPLES_PER_LATENT
 from engine.fireredtts3 import FireRedTTS3
 from engine.generator import Generator, StepResult, Stream
 from engine.protocol import LENGTH, SAMPLE_RATE
+from engine.step_cost import StepCost
 from engine.vocoder_service import VocoderService
 
 BANNER = "SYNTHETIC MATH: ready-made latents and audio instead of the model (benchmarks only, no speech)"
@@ -47,6 +58,10 @@ class SyntheticGenerator(Generator):
     does, and returns :func:`ready_patch`.
     """
 
+    cost: StepCost = field(default_factory=StepCost)  # how long a step lasts (default: free)
+    clock: Callable[[], float] = time.perf_counter
+    sleep: Callable[[float], None] = time.sleep  # lets go of the GIL while it waits, as a GPU's step does
+
     def __post_init__(self) -> None:
         cfg = self.core.cfg
         self.patch = ready_patch(cfg.patch_size, cfg.redae_dim)
@@ -54,7 +69,9 @@ class SyntheticGenerator(Generator):
 
     @torch.inference_mode()
     def step(self, streams: list[Stream], pages: dict[int, list[tuple[int, int]]] | None = None) -> list[StepResult]:
-        """Advance each stream by one patch: (4, 64) ready-made latents; finished after max_patches."""
+        """Advance each stream by one patch: (4, 64) ready-made latents; finished after max_patches. The
+        step lasts :attr:`cost` for its rows (its bookkeeping included)."""
+        t0 = self.clock()
         if len({s.slot for s in streams}) != len(streams):
             raise ValueError("two streams share a slot")
         if pages:
@@ -67,19 +84,22 @@ class SyntheticGenerator(Generator):
             s.patches += 1
             s.finished = s.patches >= s.params.max_patches
             results.append(StepResult(self.patch, s.finished, LENGTH if s.finished else ""))
+        if not self.cost.free and (left := self.cost.seconds(len(streams)) - (self.clock() - t0)) > 0:
+            self.sleep(left)
         return results
 
 
 class SyntheticFireRedTTS3(FireRedTTS3):
     """The loaded ``model``'s networks (tokenizer, configs, prompt encoder), with a synthetic generator."""
 
-    def __init__(self, model: FireRedTTS3):
+    def __init__(self, model: FireRedTTS3, cost: StepCost | None = None):
         super().__init__(model.models, model.device, model.dtype, model.dtypes)
+        self.cost = cost or StepCost()
 
     def generator(self, *args, **kwargs) -> SyntheticGenerator:
         """The real :meth:`FireRedTTS3.generator`'s cache (pages and page table) under a synthetic step."""
         real = super().generator(*args, **kwargs)
-        return SyntheticGenerator(real.core, real.cache)
+        return SyntheticGenerator(real.core, real.cache, cost=self.cost)
 
 
 class SyntheticDecoder:

@@ -78,7 +78,7 @@ class TTSOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
-    starting: int  # requests whose first audio may be on its way at once (0: no limit)
+    start_rate: float  # starts a second the delivery path takes (engine.start_window; 0: no limit)
     models: str  # the release's models served (serving.intake.served; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
@@ -96,7 +96,7 @@ class TTSOptions(ModelOptions, _Gate):
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
-                   starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
+                   start_rate=opts.start_rate, models=opts.models, vocoder_batch=opts.vocoder_batch,
                    text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
                    generator_pipe=opts.generator_pipe, pace_hold_seconds=opts.pace_hold_seconds,
                    read_ahead_cap=opts.read_ahead_cap, read_ahead_seconds=opts.read_ahead_seconds)  # fmt: skip
@@ -153,6 +153,8 @@ class GeneratorOptions(ModelOptions):
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
+    synthetic_step: str  # how long a synthetic step lasts (engine.step_cost.StepCost.parse; "": free)
+    step_budget_ms: float  # the generator's step budget (engine.step_cost.StepBudget; 0: none)
     models: str  # the release's models to load (serving.intake.served; empty: what the checkpoint holds)
 
     @classmethod
@@ -160,6 +162,7 @@ class GeneratorOptions(ModelOptions):
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
                    attention=opts.attention, synthetic_math=opts.synthetic_math,
+                   synthetic_step=opts.synthetic_step, step_budget_ms=opts.step_budget_ms,
                    models=opts.models)  # fmt: skip
 
 

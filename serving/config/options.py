@@ -72,9 +72,15 @@ class ServeOptions:
                             "(default -1: 4 x slots)")  # fmt: skip
     # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
     # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
-    # front of the next chunk of streams already playing (engine.orchestrator, Starts under load).
-    starting: int = option(32, "tts requests whose first audio may be on its way at once; more wait for one "
-                           "of them to send it, so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
+    # front of the next chunk of streams already playing (engine.start_window: the window follows the step).
+    start_rate: float = option(128.0, "starts a second the delivery path takes: tts lets this rate x the least "
+                               "recent time to first audio be between their start and their first audio at once "
+                               "(it grows while starts wait and nothing queues, halves when a listener is "
+                               "late), so a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
+    # A generator step that grows with its batch (a GPU's) makes too large a batch too slow for all in it
+    step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
+                                   "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
+                                   "stream keeps real time; 8 streams are always batched (0: no budget)")  # fmt: skip
     # A long text's later segments may generate while an earlier one plays (the request parameter read_ahead,
     # engine.orchestrator._ReadAhead): on free generator slots only, yielding them to any waiting stream.
     read_ahead_cap: int = option(4, "most segments of one tts request generating at once, whatever its read_ahead "
@@ -93,6 +99,9 @@ class ServeOptions:
                                   "(--no-generator-pipe: a response per chunk)")  # fmt: skip
     synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
                                   "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
+    synthetic_step: str = option("", "benchmarks only, with --synthetic-math: how long a generator step lasts, "
+                                 "FIXED+ROW milliseconds (a step of N streams: FIXED + N x ROW; e.g. 12+0.25) or a "
+                                 "GPU-like preset: h100, l4 (default: no time, free math)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= MAX_SLOTS:
@@ -111,12 +120,18 @@ class ServeOptions:
         from serving.intake.served import parse_models
 
         parse_models(self.models)  # ValueError names a model that is not one
-        if self.starting < 0:
-            raise ValueError(f"starting must be >= 0 (0: no limit), got {self.starting}")
         if not 1 <= self.read_ahead_cap <= READ_AHEAD.high:
             raise ValueError(f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {self.read_ahead_cap}")
         if not 0 < self.read_ahead_seconds <= 3600:
             raise ValueError(f"read_ahead_seconds must be in (0, 3600], got {self.read_ahead_seconds}")
+        from engine.step_cost import StepCost
+
+        if not StepCost.parse(self.synthetic_step).free and not self.synthetic_math:
+            raise ValueError("synthetic_step needs synthetic_math (--synthetic-step times the synthetic generator)")
+        if not 0 <= self.start_rate <= 100_000:
+            raise ValueError(f"start_rate must be in [0, 100000] starts a second (0: no limit), got {self.start_rate}")
+        if not 0 <= self.step_budget_ms <= 10_000:
+            raise ValueError(f"step_budget_ms must be in [0, 10000] (0: no budget), got {self.step_budget_ms}")
         if self.max_queue < -1:
             raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
         if not 0 < self.text_idle_seconds <= 3600:

@@ -14,7 +14,8 @@ file                          written by                                  read b
 ``live/ended-<id>``                                                       which removes ``ended-`` (``claim``)
 ``admission``                 tts, ensemble_generator                     every admitter, prompt_encoder, the
                               (:meth:`~SideChannel.gate`)                 launcher (leaks: serving.supervision.vitals)
-``generator_slots``           tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`)
+``generator_slots``           tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`);
+                              its cap: the generator (its step budget)
 ``receipts-<sender>``         tts, ensemble_generator                     generator, before it sends a stream's
                               (serving.flow.receipts: responses read)     next response (docs/triton.md#T23)
 ============================  ==========================================  ======================================
@@ -263,7 +264,8 @@ class LiveStreams:
 
 
 ADMITTERS = ("tts", "ensemble_generator")  # one counter each, in this order
-_SIZE = 8 * len(ADMITTERS)
+_SIZE = 8 * (len(ADMITTERS) + 1)  # the counters, then a cap below capacity that its owner may set (0: none)
+_CAP = 8 * len(ADMITTERS)
 
 
 class Admission:
@@ -296,7 +298,17 @@ class Admission:
         return sum(self.counts())
 
     def full(self) -> bool:
-        return self.total() >= self.capacity
+        return self.total() >= self.limit()
+
+    def limit(self) -> int:
+        """Places now: ``capacity``, or less while a cap is set (:meth:`set_cap`)."""
+        cap = int.from_bytes(self.map[_CAP : _CAP + 8], "little", signed=True)
+        return min(self.capacity, cap) if cap > 0 else self.capacity
+
+    def set_cap(self, cap: int) -> None:
+        """Hold the places to ``cap`` (0: no cap) for everyone who enters from now on; those inside stay. The
+        generator sets it on its ``generator_slots`` from its step budget (engine.step_cost.StepBudget)."""
+        self.map[_CAP : _CAP + 8] = max(0, int(cap)).to_bytes(8, "little", signed=True)
 
     def enter(self) -> bool:
         """Take a place; False (nothing taken) when all ``capacity`` are held."""
@@ -305,7 +317,7 @@ class Admission:
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         try:
             counts = self.counts()
-            if sum(counts) >= self.capacity:
+            if sum(counts) >= self.limit():
                 return False
             self._write(counts[self.index] + 1)
             return True

@@ -36,9 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
+from engine.step_cost import StepBudget
 from serving.config.model_options import GeneratorOptions
+from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.flow.receipts import ReceiptBoard
-from serving.flow.side_channel import SideChannel
+from serving.flow.side_channel import Admission, SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
 from serving.stub.generator_pipes import PipeOpening, Pipes
@@ -86,6 +88,7 @@ class GeneratorHost:
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
                  send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
+        from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
         from serving.stub.synthetic_math import announce
@@ -93,7 +96,9 @@ class GeneratorHost:
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))
         if opts.synthetic_math:  # benchmarks only: steps without the model's math (engine.synthetic)
-            self.model, self.synthetic = SyntheticFireRedTTS3(self.model), announce(pb, log, "generator")
+            cost = StepCost.parse(opts.synthetic_step)
+            self.model, self.synthetic = SyntheticFireRedTTS3(self.model, cost), announce(pb, log, "generator")
+            log.warning("synthetic step: %s", cost)
         # kv_memory_gb 0: the default pool (slots x max_len positions)
         kv_memory_gb = opts.kv_memory_gb or None
         self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
@@ -102,6 +107,11 @@ class GeneratorHost:
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
         self.receipts = ReceiptBoard(self.channel.dir)  # the readers' receipts (execute reads the entries)
+        # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
+        self.budget = StepBudget(opts.step_budget_ms / 1000)
+        self.slot_cap = Admission(self.channel.dir, None, opts.slots, file=SLOTS_FILE)
+        self.cap = -1  # the cap last set (engine thread only)
+        self._set_cap()
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
         self.send, self.send_pipe = send, send_pipe
@@ -251,8 +261,19 @@ class GeneratorHost:
             out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
             for i in stream_ids:
                 self.service.drop(i)
-        self.metrics.stepped(time.perf_counter() - t0, len(stream_ids))
+        took = time.perf_counter() - t0
+        self.metrics.stepped(took, len(stream_ids))
+        self.budget.stepped(took, len(stream_ids))
+        self._set_cap()
         return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
+
+    def _set_cap(self) -> None:
+        """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""
+        room = self.budget.room(len(self.service.live))
+        cap = 0 if room is None else len(self.service.live) + room
+        if cap != self.cap:
+            self.slot_cap.set_cap(cap)
+            self.cap = cap
 
     def _post(self, stream_id: int, chunk: Chunk) -> None:
         """Send a stream's ``chunk`` as soon as its reader has read the response before (on a pipe: with the

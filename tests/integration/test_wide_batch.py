@@ -28,9 +28,9 @@ PATCHES = 24
 
 
 def test_more_streams_are_live_in_the_generator_than_the_backend_has_threads(nostop_ckpt, tmp_path):
-    # starting=0: all 40 start at once (the default lets 32 be between their start and their first audio)
+    # start_rate=0: all 40 start at once (the default window lets ~32 be between their start and their first audio)
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=STREAMS, max_len=256, cancel_dir=str(tmp_path / "cancel"),
-                        voice_dir=str(tmp_path / "voices"), run_dir=str(tmp_path), starting=0)  # fmt: skip
+                        voice_dir=str(tmp_path / "voices"), run_dir=str(tmp_path), start_rate=0)  # fmt: skip
     with TritonServer(build(tmp_path / "model_repository", opts), tmp_path, Ports.free()) as srv:
         tts = TTSClient(f"127.0.0.1:{srv.ports.grpc}", timeout=120)
         tts.synthesize("Warm up.", parameters={"max_patches": 2})

@@ -61,3 +61,29 @@ def test_a_generator_request_that_never_answers_fails_as_unavailable(tmp_path, h
         started.cancel()
 
     asyncio.run(main())
+
+
+def test_the_generators_cap_holds_the_slots_below_their_number_and_lifting_it_frees_them(tmp_path):
+    """The generator's step budget caps the slots (serving.stub.generator_host): a sender waits for a slot at
+    the cap with slots still free, and takes one as soon as the cap is lifted (0: no cap)."""
+    from serving.flow.generator_slots import FILE
+    from serving.flow.side_channel import Admission
+
+    async def main():
+        tts = GeneratorSlots(tmp_path, "tts", 8)
+        cap = Admission(tmp_path, None, 8, file=FILE)  # as the generator opens it
+        cap.set_cap(2)
+        await tts.take()
+        await tts.take()
+        third = asyncio.ensure_future(tts.take())
+        for _ in range(10):  # five polls of the waiting sender (POLL_SECONDS)
+            await asyncio.sleep(0.02)
+        assert not third.done() and tts.held() == 2 and cap.limit() == 2 and cap.full()
+        assert not Admission(tmp_path, "ensemble_generator", 8, file=FILE).enter()  # refused at the cap, at once
+        cap.set_cap(0)
+        await asyncio.wait_for(third, 5)
+        assert tts.held() == 3 and cap.limit() == 8
+        cap.set_cap(100)  # a cap above the slots changes nothing
+        assert cap.limit() == 8
+
+    asyncio.run(main())

@@ -1,6 +1,8 @@
-"""Starts under load (engine.orchestrator, ``starting``), without a model: at most ``starting`` utterances are
-between their first stream's start and their first audio; the others wait in arrival order, and a place
-comes back with the first audio, or when the utterance ends, fails or is cancelled before any."""
+"""Starts under load (engine.orchestrator with an engine.start_window.StartWindow), without a model: at most the
+window's places of utterances are between their first stream's start and their first audio; the others wait
+in arrival order, and a place comes back with the first audio, or when the utterance ends, fails or is
+cancelled before any. (A frozen clock: each start's time to first audio is 0, so the window stays at
+``least``.)"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from engine.orchestrator import Orchestrator, Utterance
 from engine.protocol import LATENT_DIM, STOP, Chunk, StreamFailed
+from engine.start_window import StartWindow
 
 SAMPLES_PER_LATENT = 960
 
@@ -76,13 +79,18 @@ async def spoken(orchestrator, text: str) -> list:
 
 
 def waiting(orchestrator) -> int:
-    return len(orchestrator.starts._waiters or ())
+    return len(orchestrator.starts.waiting)
+
+
+def window(places: int) -> StartWindow:
+    """A window of ``places`` whatever the times (a frozen clock)."""
+    return StartWindow(rate=4 * places, least=places, clock=lambda: 0.0)
 
 
 def test_a_burst_starts_as_first_audio_goes_out_in_arrival_order():
     async def go():
         generator = Generator()
-        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=2)
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starts=window(2))
         firsts: dict[str, asyncio.Event] = {}
 
         async def listen(text: str):
@@ -110,7 +118,7 @@ def test_a_burst_starts_as_first_audio_goes_out_in_arrival_order():
             generator.go[text].set()
         finals = await asyncio.gather(*tasks)
         assert all(f.final and f.finish_reason == STOP for f in finals)
-        assert orchestrator.starts._value == 2  # every place came back
+        assert orchestrator.starts.starting == 0 and orchestrator.starts.limit == 2  # every place came back
 
     asyncio.run(go())
 
@@ -118,7 +126,7 @@ def test_a_burst_starts_as_first_audio_goes_out_in_arrival_order():
 def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter_takes_none():
     async def go():
         generator = Generator()
-        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starts=window(1))
 
         failing = asyncio.ensure_future(spoken(orchestrator, "fail first"))
         await until(lambda: generator.started == ["fail first"])
@@ -142,7 +150,7 @@ def test_a_failed_or_cancelled_start_gives_its_place_back_and_a_cancelled_waiter
         generator.go["last"].set()
         pieces = await spoken(orchestrator, "last")  # the place is free again
         assert pieces[-1].final and generator.started[-1] == "last"
-        assert orchestrator.starts._value == 1
+        assert orchestrator.starts.starting == 0
 
     asyncio.run(go())
 
@@ -152,7 +160,7 @@ def test_a_plan_gives_the_place_back_before_its_audio():
 
     async def go():
         generator = Generator()
-        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starting=1)
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starts=window(1))
 
         design = asyncio.ensure_future(spoken(orchestrator, "plan first"))
         await until(lambda: generator.started == ["plan first"])
@@ -162,12 +170,23 @@ def test_a_plan_gives_the_place_back_before_its_audio():
             generator.go[text].set()
         got = await design
         assert got[0].text == "a warm low voice" and got[-1].final and (await other)[-1].final
-        assert orchestrator.starts._value == 1
+        assert orchestrator.starts.starting == 0
 
     asyncio.run(go())
 
 
-def test_no_limit_by_default_and_a_negative_one_is_refused():
+def test_no_window_by_default():
     assert Orchestrator(Prompts(), Generator(), Vocoder(), len).starts is None
-    with pytest.raises(ValueError, match="starting"):
-        Orchestrator(Prompts(), Generator(), Vocoder(), len, starting=-1)
+
+
+def test_the_window_watches_listeners_within_a_segment_and_forgets_them_after():
+    async def go():
+        generator = Generator()
+        starts = window(2)
+        orchestrator = Orchestrator(Prompts(), generator, Vocoder(), len, starts=starts)
+        generator.go["one"] = asyncio.Event()
+        generator.go["one"].set()
+        pieces = await spoken(orchestrator, "one")
+        assert pieces[-1].final and starts.starting == 0 and not starts.listeners and starts.late == 0
+
+    asyncio.run(go())

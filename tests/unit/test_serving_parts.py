@@ -358,7 +358,14 @@ def test_vocoder_batches_streams_past_priming(model):
 
 
 @pytest.mark.parametrize(
-    "bad", [["--slots", "0"], ["--max-queue", "-5"], ["--voice-store-max-gb", "0"], ["--starting", "-1"]]
+    "bad",
+    [
+        ["--slots", "0"],
+        ["--max-queue", "-5"],
+        ["--voice-store-max-gb", "0"],
+        ["--start-rate", "-1"],
+        ["--step-budget-ms", "-1"],
+    ],
 )
 def test_launcher_refuses_bad_options_before_writing_anything(tmp_path, bad, capsys):
     from serving import serve

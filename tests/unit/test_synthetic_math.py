@@ -95,3 +95,50 @@ def test_synthetic_math_is_off_unless_asked_for():
     off, on = ServeOptions(), ServeOptions(synthetic_math=True)
     assert not GeneratorOptions.of(off).synthetic_math and not VocoderOptions.of(off).synthetic_math
     assert GeneratorOptions.of(on).synthetic_math and VocoderOptions.of(on).synthetic_math
+
+
+def test_step_cost_parses_presets_and_numbers_and_refuses_the_rest():
+    from engine.step_cost import STEP_PRESETS, StepCost
+
+    assert StepCost.parse("").free and StepCost.parse("0").free and str(StepCost.parse("")) == "free"
+    assert StepCost.parse("80") == StepCost(80.0, 0.0)
+    assert StepCost.parse(" 12+0.25 ") == StepCost(12.0, 0.25)
+    assert StepCost.parse("H100") == STEP_PRESETS["h100"]
+    assert StepCost(12, 0.25).seconds(200) == pytest.approx(0.062)
+    for bad in ("fast", "-5", "1+2+3", "80ms", "20000"):
+        with pytest.raises(ValueError, match="synthetic step|step cost"):
+            StepCost.parse(bad)
+
+
+def test_a_synthetic_step_lasts_its_cost_for_its_rows(model):
+    """The step sleeps what its bookkeeping left of fixed + row x rows (an injected clock, not wall time)."""
+    from engine.step_cost import StepCost
+
+    synthetic_model = SyntheticFireRedTTS3(model, StepCost(40.0, 2.0))
+    svc = GeneratorService(synthetic_model, slots=4, max_len=512)
+    now, slept = [100.0], []
+    svc.gen.clock = lambda: now[0]
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    svc.gen.sleep = sleep
+    prompt = synthetic_model.encode_prompt(None)
+    for i in range(3):
+        params = GenerationParams(seed=i, min_patches=4, max_patches=4)
+        svc.admit(
+            i, synthetic_model.tokens(f"stream {i}", "English", prompt), prompt, params, ChunkSchedule(1, 4, True)
+        )
+    svc.step(list(svc.live))
+    assert slept == [pytest.approx(0.046)]  # 40 ms + 3 rows x 2 ms, none of it used by the (frozen) clock
+    svc.step([0])
+    assert slept[-1] == pytest.approx(0.042)  # a step of one row
+
+
+def test_synthetic_step_needs_synthetic_math_and_reaches_the_generator():
+    with pytest.raises(ValueError, match="synthetic_step needs synthetic_math"):
+        ServeOptions(synthetic_step="h100")
+    with pytest.raises(ValueError, match="synthetic step must be"):
+        ServeOptions(synthetic_math=True, synthetic_step="fast")
+    assert GeneratorOptions.of(ServeOptions(synthetic_math=True, synthetic_step="12+0.25")).synthetic_step == "12+0.25"

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.lifetime import LINGERING
-from engine.orchestrator import Orchestrator
+from engine.orchestrator import Orchestrator, StartWindow
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, UNAVAILABLE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
@@ -68,7 +68,8 @@ class TritonPythonModel:
                                                   keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder, lambda text: len(tokenizer.encode(text)),
-                                         keys.new_stream_id, starting=opts.starting, **opts.read_ahead())  # fmt: skip
+                                         keys.new_stream_id, starts=StartWindow.of(opts.start_rate),
+                                         **opts.read_ahead())  # fmt: skip
         # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
         # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
         self.admission = channel.gate("tts", opts.capacity)
