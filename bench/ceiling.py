@@ -286,9 +286,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client", choices=["aio", "threads"], default="aio",
                     help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
                     "(default), or a thread and a channel per stream in this process")  # fmt: skip
-    ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=True,
-                    help="the server's --generator-pipe (the default): one generator response per step and reader; "
-                    "--no-generator-pipe: one per chunk (to compare)")  # fmt: skip
     ap.add_argument("--starting", type=int, default=ServeOptions.starting,
                     help="the server's --starting: requests between their start and their first audio at once "
                     f"(default {ServeOptions.starting}; 0: no limit, to compare)")  # fmt: skip
@@ -317,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
-                                                  generator_pipe=args.generator_pipe,
                                                   starting=args.starting))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
@@ -363,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math, {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
-        f"generator pipe {'on' if args.generator_pipe else 'off'}, starting {args.starting or 'no limit'}, "
+        f"starting {args.starting or 'no limit'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
@@ -374,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
-               "generator_pipe": args.generator_pipe, "starting": args.starting}  # fmt: skip
+               "starting": args.starting}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -83,15 +83,13 @@ class TTSOptions(ModelOptions, _Gate):
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
     text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
-    generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> TTSOptions:
         return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
                    starting=opts.starting, models=opts.models, vocoder_batch=opts.vocoder_batch,
-                   text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
-                   generator_pipe=opts.generator_pipe)  # fmt: skip
+                   text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,12 +123,11 @@ class EnsembleGeneratorOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
-    generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> EnsembleGeneratorOptions:
         return cls(run_dir=opts.run_dir, cancel_dir=opts.cancel_dir, bls_timeout_seconds=opts.bls_timeout_seconds,
-                   slots=opts.slots, max_queue=opts.queue, generator_pipe=opts.generator_pipe)  # fmt: skip
+                   slots=opts.slots, max_queue=opts.queue)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,7 @@ def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
 
     async def main():
         LINGERING.set(set())
-        bls = BLS(pb, timeout=60.0, pool=None, flags=flags)
+        bls = BLS(pb, timeout=60.0, flags=flags)
         call = asyncio.create_task(bls.call("prompt_encoder", [], ["X"]))
         await asyncio.sleep(0.5)
         assert not call.done()  # it waits while the model lives
