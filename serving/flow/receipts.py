@@ -117,7 +117,8 @@ class ReceiptBoard:
 
     def entry(self, value: str) -> tuple[mmap.mmap, int] | None:
         """A request's :data:`PARAMETER` -> its entry (map, byte offset), or None: no parameter, or a board
-        that does not exist (its pipe goes unpaced). ValueError for a value that names no entry."""
+        that does not exist: its pipe goes unpaced (a test's or a benchmark's over gRPC; tts and
+        ensemble_generator always name an entry). ValueError for a value that names no entry."""
         if not value:
             return None
         sender, _, index = str(value).partition(":")
