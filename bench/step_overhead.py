@@ -123,7 +123,7 @@ class GeneratorClient:
     empty, once the generator admits it. The pipe is opened without a read receipt (unpaced: the T23
     deadlock is a BLS one, and this is a gRPC client)."""
 
-    def __init__(self, srv: TritonServer, model: FireRedTTS3):
+    def __init__(self, srv: TritonServer, model: FireRedTTS3, cancel_dir: Path):
         import tritonclient.grpc as grpcclient
 
         self.g = grpcclient
@@ -136,7 +136,7 @@ class GeneratorClient:
         self.seq = itertools.count(int(time.time()) << 20)
         self.internal = Keys(srv.internal_key).parameters()  # the generator as tts calls it
         self.generator = srv.generator_model  # its name in Triton, a secret of the run
-        self.pipe = next(self.seq)
+        self.pipe, self.cancel_dir = next(self.seq), cancel_dir
         self.client.async_stream_infer(self.generator, self._inputs(0), request_id=f"p{self.pipe}",
                                        parameters={**self.internal, PIPE: OPEN}, sequence_id=self.pipe,
                                        sequence_start=True, enable_empty_final_response=True)  # fmt: skip
@@ -202,7 +202,12 @@ class GeneratorClient:
         return last - t0
 
     def close(self):
-        self.client.stop_stream()
+        """The generator ends the pipe (a cancel mark, as tts's unload asks); the stream is stopped without
+        waiting for it (a stop that waits for every request waits for the pipe's end)."""
+        from serving.flow.side_channel import SideChannel
+
+        SideChannel(self.cancel_dir).mark_cancelled(self.pipe)
+        self.client.stop_stream(cancel_requests=True)
         self.client.close()
 
 
@@ -249,7 +254,7 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
         return wall, s, c
 
     with srv:
-        gc = GeneratorClient(srv, local.model)
+        gc = GeneratorClient(srv, local.model, Path(opts.cancel_dir))
         try:
             for n in args.streams:
                 row = rows[(preset, n)]
