@@ -286,9 +286,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client", choices=["aio", "threads"], default="aio",
                     help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
                     "(default), or a thread and a channel per stream in this process")  # fmt: skip
-    ap.add_argument("--generator-pipe", action=argparse.BooleanOptionalAction, default=True,
-                    help="the server's --generator-pipe (the default): one generator response per step and reader; "
-                    "--no-generator-pipe: one per chunk (to compare)")  # fmt: skip
     ap.add_argument("--start-rate", type=float, default=ServeOptions.start_rate,
                     help="the server's --start-rate: the starts a second its start window is sized for "
                     f"(default {ServeOptions.start_rate:g}; 0: no window, to compare)")  # fmt: skip
@@ -333,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
-                                                  generator_pipe=args.generator_pipe,
                                                   start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
                                                   synthetic_step=args.synthetic_step))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
@@ -380,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
         f"synthetic math (step {args.step_cost}), {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
-        f"generator pipe {'on' if args.generator_pipe else 'off'}, "
         f"start rate {f'{args.start_rate:g}/s' if args.start_rate else 'no window'}, "
         f"step budget {f'{args.step_budget_ms:g} ms' if args.step_budget_ms else 'none'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
@@ -393,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
-               "generator_pipe": args.generator_pipe, "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
+               "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
                "synthetic_step": str(args.step_cost)}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)

@@ -7,8 +7,9 @@ and every stream count N, it measures:
 
 - in-process: ``GeneratorService.step`` over N streams until all finish (the floor);
 - ``generator`` over gRPC: N concurrent streaming requests straight to the generator model (one
-  decoupled request per stream, stepped by the model's engine thread: serving.stub.generator_host), wall
-  time from the first request sent to the last final response; the model's
+  decoupled request per stream, stepped by the model's engine thread: serving.stub.generator_host; their
+  chunks on one pipe, as tts reads them), wall time from the first request sent to the last stream's last
+  chunk; the model's
   ``tts_generator_step_seconds`` histogram splits that into in-model step time and the rest (admission,
   tensors, responses, gRPC);
 - end to end (``--e2e``): N TTSClient streams through ``tts`` with chunk_first = chunk_next = P, so
@@ -57,9 +58,12 @@ from engine.fireredtts3 import FireRedTTS3
 from engine.params import GenerationParams
 from engine.random_checkpoint import make_checkpoint
 from engine.streams import GeneratorService
+from serving import contract
 from serving.config.options import MAX_SLOTS
 from serving.config.repository import ServeOptions, build
 from serving.security.auth import Keys
+from serving.stub.chunk_pipe import OPEN
+from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.supervision.triton_env import Ports, TritonServer
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -114,9 +118,12 @@ class InProcess:
 
 
 class GeneratorClient:
-    """Concurrent streaming requests to a generator model over one gRPC stream."""
+    """Concurrent streaming requests to the generator model over one gRPC stream, as tts sends them: one
+    pipe (serving.stub.chunk_pipe) carries every stream's chunks; each stream's own request is answered,
+    empty, once the generator admits it. The pipe is opened without a read receipt (unpaced: the T23
+    deadlock is a BLS one, and this is a gRPC client)."""
 
-    def __init__(self, srv: TritonServer, model: FireRedTTS3):
+    def __init__(self, srv: TritonServer, model: FireRedTTS3, cancel_dir: Path):
         import tritonclient.grpc as grpcclient
 
         self.g = grpcclient
@@ -129,14 +136,34 @@ class GeneratorClient:
         self.seq = itertools.count(int(time.time()) << 20)
         self.internal = Keys(srv.internal_key).parameters()  # the generator as tts calls it
         self.generator = srv.generator_model  # its name in Triton, a secret of the run
+        self.pipe, self.cancel_dir = next(self.seq), cancel_dir
+        self.client.async_stream_infer(self.generator, self._inputs(0), request_id=f"p{self.pipe}",
+                                       parameters={**self.internal, PIPE: OPEN}, sequence_id=self.pipe,
+                                       sequence_start=True, enable_empty_final_response=True)  # fmt: skip
+        now, rid, final, err = self.events.get(timeout=600)  # the opening, answered at once
+        if err is not None or final:
+            raise RuntimeError(f"the generator did not open a pipe: {err or 'it ended it'}")
 
     def _cb(self, result, error):
+        """Events ``(time, stream id or None, error)``: a stream whose last chunk came on the pipe, or a
+        refusal (on the stream's own request, or the pipe's end)."""
         now = time.perf_counter()
         if error is not None:
             self.events.put((now, None, True, error))
             return
         resp = result.get_response()
-        self.events.put((now, resp.id, resp.parameters["triton_final_response"].bool_param, None))
+        final = resp.parameters["triton_final_response"].bool_param
+        if resp.id == f"p{self.pipe}":
+            chunks = result.as_numpy("PIPE_CHUNKS")
+            if final:
+                self.events.put((now, None, True, "the generator ended the pipe"))
+            elif chunks is None:
+                self.events.put((now, None, False, None))  # the opening
+            for row in () if chunks is None else chunks.reshape(-1, contract.PIPE_COLUMNS):
+                if row[5]:  # the stream's last chunk
+                    self.events.put((now, int(row[0]), True, None))
+        elif final and result.as_numpy("FINISH_REASON") is not None:  # refused before it started
+            self.events.put((now, None, True, result.as_numpy("FINISH_REASON").reshape(-1)[0].decode()))
 
     def _inputs(self, seed: int):
         arrs = {"TEXT": np.array([[TEXT.encode()]], np.object_), "PROMPT_LATENTS": self.latents,
@@ -150,32 +177,37 @@ class GeneratorClient:
             out.append(t)
         return out
 
-    def run(self, model: str, n: int, P: int, steps: int, timeout: float = 600.0) -> float:
-        """Wall seconds from the first request sent to the last final response of n streams."""
-        reqs = [(f"r{next(self.seq)}", self._inputs(1000 + i)) for i in range(n)]
-        params = {"max_patches": P, "chunk_first": P, "chunk_next": P, "steps": steps}
+    def run(self, n: int, P: int, steps: int, timeout: float = 600.0) -> float:
+        """Wall seconds from the first request sent to the last chunk of n streams."""
+        reqs = [(next(self.seq), self._inputs(1000 + i)) for i in range(n)]
+        params = {"max_patches": P, "chunk_first": P, "chunk_next": P, "steps": steps, **self.internal,
+                  PIPE: f"{self.pipe:x}"}  # fmt: skip
         t0 = time.perf_counter()
-        for rid, inputs in reqs:
-            kw = {"sequence_id": int(rid[1:]), "sequence_start": True} if model == self.generator else {}
-            given = {**params, **self.internal} if model == self.generator else params
-            self.client.async_stream_infer(model, inputs, request_id=rid, parameters=given,
-                                           enable_empty_final_response=True, **kw)  # fmt: skip
-        pending, last = {rid for rid, _ in reqs}, t0
+        for sid, inputs in reqs:
+            self.client.async_stream_infer(self.generator, inputs, request_id=f"r{sid}", parameters=params,
+                                           sequence_id=sid, sequence_start=True,
+                                           enable_empty_final_response=True)  # fmt: skip
+        pending, last = {sid for sid, _ in reqs}, t0
         deadline = time.monotonic() + timeout
         while pending:
             try:
-                now, rid, final, err = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
+                now, sid, final, err = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
-                raise TimeoutError(f"{model}: {len(pending)} of {n} streams unfinished") from None
+                raise TimeoutError(f"generator: {len(pending)} of {n} streams unfinished") from None
             if err is not None:
-                raise RuntimeError(f"{model}: {err}")
-            if final and rid in pending:
-                pending.discard(rid)
+                raise RuntimeError(f"generator: {err}")
+            if final and sid in pending:
+                pending.discard(sid)
                 last = now
         return last - t0
 
     def close(self):
-        self.client.stop_stream()
+        """The generator ends the pipe (a cancel mark, as tts's unload asks); the stream is stopped without
+        waiting for it (a stop that waits for every request waits for the pipe's end)."""
+        from serving.flow.side_channel import SideChannel
+
+        SideChannel(self.cancel_dir).mark_cancelled(self.pipe)
+        self.client.stop_stream(cancel_requests=True)
         self.client.close()
 
 
@@ -214,26 +246,26 @@ def measure(ck: Path, preset: str, rows: dict, args) -> None:
         srv.log_path.unlink()
     P, steps = args.patches, args.steps
 
-    def served(gc, model, metric, n, patches):
+    def served(gc, metric, n, patches):
         m0 = srv.metrics(("tts_",))
-        wall = gc.run(model, n, patches, steps)
+        wall = gc.run(n, patches, steps)
         m1 = srv.metrics(("tts_",))
         s, c = (m1.get(f"{metric}_{k}", float("nan")) - m0.get(f"{metric}_{k}", 0.0) for k in ("sum", "count"))
         return wall, s, c
 
     with srv:
-        gc = GeneratorClient(srv, local.model)
+        gc = GeneratorClient(srv, local.model, Path(opts.cancel_dir))
         try:
             for n in args.streams:
                 row = rows[(preset, n)]
                 local.run(n, WARM)
-                gc.run(srv.generator_model, n, WARM, steps)
+                gc.run(n, WARM, steps)
                 if args.e2e:
                     e2e_run(srv, n, WARM, steps)
                 res: dict[str, list] = {"local": [], "gen": [], "e2e": []}
                 for _ in range(args.reps):
                     res["local"].append(local.run(n, P))
-                    res["gen"].append(served(gc, srv.generator_model, "tts_generator_step_seconds", n, P))
+                    res["gen"].append(served(gc, "tts_generator_step_seconds", n, P))
                     if args.e2e:
                         res["e2e"].append(e2e_run(srv, n, P, steps))
                 row.inproc = min(res["local"]) / P

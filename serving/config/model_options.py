@@ -83,7 +83,6 @@ class TTSOptions(ModelOptions, _Gate):
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
     text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
-    generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
     pace_hold_seconds: float  # a paced request paused this long with no delivery is ended (serving.flow.pacing)
     read_ahead_cap: int  # most segments of one request generating at once (engine.orchestrator)
     read_ahead_seconds: float  # a request's read-ahead audio not yet sent, before no further segment starts ahead
@@ -98,7 +97,7 @@ class TTSOptions(ModelOptions, _Gate):
                    bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
                    start_rate=opts.start_rate, models=opts.models, vocoder_batch=opts.vocoder_batch,
                    text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
-                   generator_pipe=opts.generator_pipe, pace_hold_seconds=opts.pace_hold_seconds,
+                   pace_hold_seconds=opts.pace_hold_seconds,
                    read_ahead_cap=opts.read_ahead_cap, read_ahead_seconds=opts.read_ahead_seconds)  # fmt: skip
 
 
@@ -133,12 +132,11 @@ class EnsembleGeneratorOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
-    generator_pipe: bool  # its streams' chunks come on one pipe (serving.stub.chunk_pipe)
 
     @classmethod
     def of(cls, opts: ServeOptions) -> EnsembleGeneratorOptions:
         return cls(run_dir=opts.run_dir, cancel_dir=opts.cancel_dir, bls_timeout_seconds=opts.bls_timeout_seconds,
-                   slots=opts.slots, max_queue=opts.queue, generator_pipe=opts.generator_pipe)  # fmt: skip
+                   slots=opts.slots, max_queue=opts.queue)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,6 @@ class ServeOptions:
     # they refuse them. The generator never does.
     ensemble: bool = option(True, "serve tts_ensemble (--no-ensemble: the internal models then refuse every "
                             "request but tts's)")  # fmt: skip
-    # Triton 2.51's BLS response iterator keeps every response it has returned until it is let go of
-    # (docs/triton.md#T25): a reader rotates its pipe (serving.stub.pipe_reader), so its memory stays bounded
-    generator_pipe: bool = option(True, "tts and ensemble_generator read their streams' chunks on one pipe each, a "
-                                  "generator step's in one response: a third less CPU per stream-step "
-                                  "(--no-generator-pipe: a response per chunk)")  # fmt: skip
     synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
                                   "ready-made latents and audio instead of the model (engine.synthetic)")  # fmt: skip
     synthetic_step: str = option("", "benchmarks only, with --synthetic-math: how long a generator step lasts, "

@@ -1,28 +1,28 @@
-"""Read receipts: the generator sends a stream's next response only once its reader has read the one before.
+"""Read receipts: the generator sends a pipe's next response only once its reader has read the one before.
 
 Why (docs/triton.md#T23): Triton's Python backend deadlocks a stub for good when, in one instant, a reader
 woken in a BLS response iterator's ``next`` waits for the GIL while it holds that iterator's mutex, the
 stub's parent-to-stub thread holds the table of iterators while it waits for that mutex (a second response
 for the same iterator is being handed in), and another thread holds the GIL while it waits for the table (a
-new BLS call). With at most one unread response per generator stream, the second response of that
-instant never exists: the parent-to-stub thread never hands a response to an iterator whose reader is
-still waking, so the cycle cannot close. The vocoder's and the prompt encoder's streams have one response
-each, so only generator streams need it.
+new BLS call). With at most one unread response per generator pipe (serving.stub.chunk_pipe: the only
+generator request with more than one response; a stream's own request gets one), the second response of
+that instant never exists: the parent-to-stub thread never hands a response to an iterator whose reader is
+still waking, so the cycle cannot close. The vocoder's and the prompt encoder's calls have one response
+each.
 
-The board: one file per sending model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side
-channel folder (serving.flow.side_channel), ``capacity`` entries of two little-endian int64: a stream id,
-then how many of its responses were read. The sender owns its file. :meth:`Receipts.open` gives a stream an
-entry (a free list in the sending process) and writes (id, 0) before the request goes out; the stream's
-request names the entry in its :data:`PARAMETER` (``"tts:3"``); the reading thread counts each response as
-soon as ``next`` has returned it (:meth:`Receipt.read`); :meth:`Receipt.close` writes id 0 once nobody
-reads the stream any more. The generator only reads (:class:`ReceiptBoard`): an entry that names another
-stream (closed, or reused) means nobody reads this one, and its responses go out unpaced. A sender with
-no free entry sends its stream without one (unpaced; logged).
+The board: one file per reading model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side
+channel folder (serving.flow.side_channel), :data:`ENTRIES` entries of two little-endian int64: a pipe id,
+then how many of its responses were read. The reader owns its file. :meth:`Receipts.open` gives a pipe an
+entry (a free list in the reading process) and writes (id, 0) before the pipe's opening request goes out;
+the request names the entry in its :data:`PARAMETER` (``"tts:3"``); the pipe's reading thread counts each
+response as soon as ``next`` has returned it (:meth:`Receipt.read`); :meth:`Receipt.close` writes id 0 once
+nobody reads the pipe any more. The generator only reads (:class:`ReceiptBoard`): an entry that names
+another pipe (closed, or reused) means nobody reads this one, and the generator ends it. A reader with no
+free entry opens no pipe (serving.stub.pipe_reader).
 """
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import struct
@@ -31,16 +31,12 @@ from pathlib import Path
 
 from serving.flow.side_channel import ADMITTERS
 
-log = logging.getLogger("receipts")
-PARAMETER = "receipt"  # a generator request's entry on its sender's board: "<sender>:<index>"
-FILE = "receipts-"  # + the sending model's name
-_ENTRY = struct.Struct("<qq")  # stream id, responses read
-
-
-def capacity(slots: int) -> int:
-    """Entries a sender's board has for ``slots`` generator slots: a sender holds a slot per stream it
-    sends, and a stream cut short keeps its entry a little longer, until its end is read."""
-    return max(64, 4 * slots)
+PARAMETER = "receipt"  # a pipe opening's entry on its reader's board: "<reader>:<index>"
+FILE = "receipts-"  # + the reading model's name
+# entries per board: a reader holds one per pipe whose reading thread runs (its open pipe, the rotated ones
+# that still carry streams: serving.stub.pipe_reader, and ones the generator has not ended yet)
+ENTRIES = 64
+_ENTRY = struct.Struct("<qq")  # pipe id, responses read
 
 
 def _path(board: str | Path, sender: str) -> Path:
@@ -50,10 +46,10 @@ def _path(board: str | Path, sender: str) -> Path:
 
 
 class Receipts:
-    """A sending model's board (``tts`` or ``ensemble_generator``), ``capacity`` entries; one per process, used
-    from its event loop (:meth:`open`) and its reading threads (:meth:`Receipt.read`)."""
+    """A reading model's board (``tts`` or ``ensemble_generator``), ``capacity`` entries; one per process, used
+    from its event loop (:meth:`open`) and its pipes' reading threads (:meth:`Receipt.read`)."""
 
-    def __init__(self, board: str | Path, sender: str, capacity: int):
+    def __init__(self, board: str | Path, sender: str, capacity: int = ENTRIES):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.sender, self.capacity = sender, capacity
@@ -68,47 +64,42 @@ class Receipts:
         self.map[:] = bytes(size)  # a dead run's entries are void
         self.free = list(range(capacity - 1, -1, -1))  # entries nobody uses, the lowest taken first
         self.lock = threading.Lock()  # an entry is counted (a reading thread) or reopened (the loop), never both
-        self.short = False  # logged once: every entry was in use
 
-    def open(self, stream_id: int) -> Receipt | None:
-        """An entry for ``stream_id``, written (id, 0 read); None when every entry is in use."""
+    def open(self, pipe_id: int) -> Receipt | None:
+        """An entry for ``pipe_id``, written (id, 0 read); None when every entry is in use."""
         if not self.free:
-            if not self.short:
-                log.warning("all %d read-receipt entries are in use: streams go unpaced (docs/triton.md#T23)",
-                            self.capacity)  # fmt: skip
-                self.short = True
             return None
         index = self.free.pop()
         with self.lock:
-            _ENTRY.pack_into(self.map, _ENTRY.size * index, int(stream_id), 0)
-        return Receipt(self, index, int(stream_id))
+            _ENTRY.pack_into(self.map, _ENTRY.size * index, int(pipe_id), 0)
+        return Receipt(self, index, int(pipe_id))
 
 
 class Receipt:
-    """One stream's entry on its sender's board."""
+    """One pipe's entry on its reader's board."""
 
-    def __init__(self, receipts: Receipts, index: int, stream_id: int):
-        self.receipts, self.index, self.stream_id = receipts, index, stream_id
+    def __init__(self, receipts: Receipts, index: int, pipe_id: int):
+        self.receipts, self.index, self.pipe_id = receipts, index, pipe_id
         self.closed = False
 
     @property
     def parameter(self) -> str:
-        """The value of the stream's :data:`PARAMETER`."""
+        """The value of the pipe opening's :data:`PARAMETER`."""
         return f"{self.receipts.sender}:{self.index}"
 
     def read(self) -> None:
-        """One more response of the stream was read (from the thread that read it)."""
+        """One more response of the pipe was read (from the thread that read it)."""
         at = _ENTRY.size * self.index
         with self.receipts.lock:
-            stream_id, count = _ENTRY.unpack_from(self.receipts.map, at)
-            if stream_id == self.stream_id and not self.closed:  # a late read of a closed entry counts nothing
+            pipe_id, count = _ENTRY.unpack_from(self.receipts.map, at)
+            if pipe_id == self.pipe_id and not self.closed:  # a late read of a closed entry counts nothing
                 # the count alone, copied in whole: struct's pack_into zero-fills its target before it
                 # writes the fields, and the generator (another process) then saw id 0 for an instant: "its
                 # reader left", and a pipe ended with its streams on it
                 self.receipts.map[at + 8 : at + 16] = (count + 1).to_bytes(8, "little", signed=True)
 
     def close(self) -> None:
-        """Nobody reads the stream any more: its responses may go out unpaced, and the entry is free."""
+        """Nobody reads the pipe any more: the generator ends it, and the entry is free."""
         if self.closed:
             return
         self.closed = True
@@ -118,7 +109,7 @@ class Receipt:
 
 
 class ReceiptBoard:
-    """The generator's view of every sender's board (read only; a board is opened when a stream names it)."""
+    """The generator's view of every reader's board (read only; a board is opened when a pipe names it)."""
 
     def __init__(self, board: str | Path):
         self.dir = Path(board)
@@ -126,7 +117,8 @@ class ReceiptBoard:
 
     def entry(self, value: str) -> tuple[mmap.mmap, int] | None:
         """A request's :data:`PARAMETER` -> its entry (map, byte offset), or None: no parameter, or a board
-        that does not exist (its stream goes unpaced). ValueError for a value that names no entry."""
+        that does not exist: its pipe goes unpaced (a test's or a benchmark's over gRPC; tts and
+        ensemble_generator always name an entry). ValueError for a value that names no entry."""
         if not value:
             return None
         sender, _, index = str(value).partition(":")
@@ -148,8 +140,8 @@ class ReceiptBoard:
         return board, int(index) * _ENTRY.size
 
     @staticmethod
-    def read(entry: tuple[mmap.mmap, int], stream_id: int) -> int | None:
-        """How many of ``stream_id``'s responses were read; None when the entry names another stream."""
+    def read(entry: tuple[mmap.mmap, int], pipe_id: int) -> int | None:
+        """How many of ``pipe_id``'s responses were read; None when the entry names another pipe."""
         board, at = entry
         entry_id, count = _ENTRY.unpack_from(board, at)
-        return count if entry_id == stream_id else None
+        return count if entry_id == pipe_id else None

@@ -15,15 +15,14 @@ from engine.chunking import PATCH_SECONDS
 from engine.config import PATCH_SIZE
 from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment, Yielded
-from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from engine.protocol import LATENT_DIM, Chunk
 from serving import contract
 from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.pacing import PACING
-from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, generator_parameters
-from serving.stub.bls import BLS, LOST, LOST_POLL_SECONDS, ResponseStream
+from serving.stub.bls import BLS
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import Inbox, PipeReader
 from serving.stub.retired_iterators import RETIRED
@@ -70,17 +69,17 @@ NO_PROMPT = {
 
 
 class BLSGenerator:
-    """Generator streams; closing one before its last chunk marks it cancelled and waits for its end."""
+    """Generator streams, their chunks on this process's pipe (serving.stub.chunk_pipe); closing one before
+    its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, channel: SideChannel, model: str = "generator", slots: GeneratorSlots | None = None,
-                 receipts: Receipts | None = None, pipe_ids: Callable[[], int] | None = None):  # fmt: skip
+    def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: GeneratorSlots,
+                 receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
         ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots);
-        ``receipts``: this sender's read receipts, one entry per stream it reads (serving.flow.receipts);
-        ``pipe_ids``: new ids for this process's pipe (serving.stub.chunk_pipe), on which every stream's
-        chunks then come; None: each stream's come on its own request."""
-        self.bls, self.channel, self.model, self.slots, self.receipts = bls, channel, model, slots, receipts
-        self.pipe = None if pipe_ids is None else PipeReader(bls, channel, model, receipts, pipe_ids)
+        ``receipts``: this sender's read receipts, one entry per pipe it reads (serving.flow.receipts);
+        ``pipe_ids``: new ids for this process's pipe (serving.stub.pipe_reader)."""
+        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
+        self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
 
     def free_slots(self) -> int:
         """For read-ahead (engine.orchestrator.ReadAheadSlots): generator slots free now."""
@@ -92,8 +91,7 @@ class BLSGenerator:
 
     def close(self) -> None:
         """At the model's unload: the generator ends this process's pipe."""
-        if self.pipe is not None:
-            self.pipe.close()
+        self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The segment's chunks. A read-ahead segment (``segment.ahead``) takes a slot only if one is free and
@@ -120,65 +118,24 @@ class BLSGenerator:
             if self.slots is not None:
                 self.slots.give_back()
 
-    def _request(self, segment: Segment, parameters: dict):
+    def _request(self, segment: Segment, pipe_id: int):
         pb, p = self.bls.pb, segment.params
         values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
         if segment.task:  # FireRedTTS3-Instruct
             values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
         return pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values),
-            parameters={**generator_parameters(p, segment.schedule), **self.bls.parameters, **parameters},
+            parameters={**generator_parameters(p, segment.schedule), **self.bls.parameters, PIPE: f"{pipe_id:x}"},
             requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
 
     async def _stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        if self.pipe is not None:
-            async with contextlib.aclosing(self._piped(segment)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-            return
-        pb = self.bls.pb
-        parameters = {}
-        receipt = None if self.receipts is None else self.receipts.open(segment.stream_id)
-        if receipt is not None:  # the generator sends each response once the one before was read (T23)
-            parameters[RECEIPT] = receipt.parameter
-        request = self._request(segment, parameters)
-        started = self.bls.submit(request, decoupled=True)
-        try:
-            responses = ResponseStream(self.bls, "generator", await self._started(segment.stream_id, started), receipt)
-        except asyncio.CancelledError:  # the stream starts anyway: end it as soon as it has
-            linger(self._cancel_once_started(segment.stream_id, started, request, receipt))
-            raise
-        except BaseException:  # nobody reads it: the generator sends it unpaced
-            if receipt is not None:
-                receipt.close()
-            raise
-        ended = False
-        try:
-            while not ended:
-                response = await responses.next(lambda: self.channel.take_lost(segment.stream_id))
-                if response is None:
-                    return  # the orchestrator reports a stream that ended without a last chunk
-                self.bls.raise_for("generator", response)
-                if not response.output_tensors():
-                    continue
-                chunk = read_chunk(lambda n, r=response: _output(pb, r, n))
-                ended = chunk.last
-                yield chunk
-        finally:
-            if not ended:  # shielded: cut short, it would drop the request before its stream ended
-                await asyncio.shield(linger(self._cancel(segment.stream_id, responses, request)))
-            else:
-                responses.close()
-
-    # ---- on the pipe (serving.stub.chunk_pipe) ----
-    async def _piped(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The stream's chunks from the pipe; its own request gets one final response (None in its inbox)
         once the generator has admitted it (docs/triton.md#T28), or a chunk when it never started."""
         stream_id = segment.stream_id
         pipe_id, inbox = await self.pipe.join(stream_id)
-        own = linger(self._own_end(self._request(segment, {PIPE: f"{pipe_id:x}"}), inbox))
+        own = linger(self._own_end(self._request(segment, pipe_id), inbox))
         ended = False
         try:
             while not ended:
@@ -199,10 +156,10 @@ class BLSGenerator:
                 self.pipe.leave(stream_id)
             else:  # shielded: cut short, it would drop the request before its stream ended; it leaves the
                 # pipe at its end, even when this frame is cancelled again meanwhile
-                await asyncio.shield(linger(self._cancel_piped(stream_id, inbox)))
+                await asyncio.shield(linger(self._cancel(stream_id, inbox)))
 
     async def _own_end(self, request, inbox: Inbox) -> None:
-        """Send a piped stream's request and put its one final response in ``inbox``: None (the generator
+        """Send a stream's request and put its one final response in ``inbox``: None (the generator
         admitted it: its chunks come on the pipe), a chunk (refused before it started, or cancelled while
         waiting for a slot) or the error. ``request`` is held until then: Triton reads its inputs (T4)."""
         try:
@@ -221,8 +178,8 @@ class BLSGenerator:
             item = e
         inbox.put(item)
 
-    async def _cancel_piped(self, stream_id: int, inbox: Inbox) -> None:
-        """Ask the generator to end a piped stream (at its next step), wait for its last chunk, leave the pipe."""
+    async def _cancel(self, stream_id: int, inbox: Inbox) -> None:
+        """Ask the generator to end a stream (at its next step), wait for its last chunk, leave the pipe."""
         self.channel.mark_cancelled(stream_id)
         try:
             while True:
@@ -237,63 +194,6 @@ class BLSGenerator:
         finally:
             self.pipe.leave(stream_id)
         self.channel.unmark_cancelled(stream_id)
-
-    async def _started(self, stream_id: int, started: asyncio.Task):
-        """The stream's response iterator, once the generator has answered it. StreamFailed (unavailable)
-        when the generator lost the stream first, or nothing came within the timeout: Triton dropped the
-        request and will never answer it (docs/triton.md#T14), so its BLS call stops holding up this
-        request's final response (``engine.lifetime.unlinger``); the task itself stays alive (engine.lifetime
-        keeps it), with the request whose tensors Triton might read (docs/triton.md#T4)."""
-        deadline = time.monotonic() + self.bls.timeout
-        while not started.done():
-            await asyncio.wait({started}, timeout=LOST_POLL_SECONDS)  # a cancelled caller leaves ``started`` be
-            if started.done():
-                break
-            lost = self.channel.take_lost(stream_id)
-            if lost or time.monotonic() > deadline:
-                unlinger(started)
-                if not lost:  # should the generator ever step it, it ends it at once
-                    self.channel.mark_cancelled(stream_id)
-                late = f"the generator did not start the stream within {self.bls.timeout:.0f} s; retry"
-                raise StreamFailed(UNAVAILABLE + (LOST if lost else late))
-        return started.result()
-
-    async def _cancel_once_started(self, stream_id: int, started: asyncio.Task, request, receipt) -> None:
-        try:
-            responses = ResponseStream(self.bls, "generator", await started, receipt)
-        except BaseException as e:
-            if receipt is not None:
-                receipt.close()
-            if isinstance(e, Exception):
-                log.warning("stream %x: could not cancel it: %s", stream_id, e)
-                return
-            raise
-        try:
-            await self._cancel(stream_id, responses, request)
-        except Exception as e:
-            log.warning("stream %x: could not cancel it: %s", stream_id, e)
-
-    async def _cancel(self, stream_id: int, responses: ResponseStream, request) -> None:
-        """Ask the generator to end the stream (it does so at its next step) and wait for that.
-
-        ``request`` is held until then: Triton reads its input tensors at every step of the stream
-        (docs/triton.md#T4)."""
-        self.channel.mark_cancelled(stream_id)
-        try:
-            while True:
-                response = await responses.next(lambda: self.channel.take_lost(stream_id))
-                if response is None or response.has_error():
-                    break
-                if response.output_tensors() and _output(self.bls.pb, response, "LAST").reshape(-1)[0]:
-                    break
-        except StreamFailed:  # the generator gave the stream up itself
-            pass
-        except TimeoutError as e:  # the mark stays: the generator consumes it if it ever steps again
-            log.warning("stream %x: %s after it was cancelled", stream_id, e)
-            return
-        finally:
-            responses.close()
-        self.channel.unmark_cancelled(stream_id)  # the stream is over; a mark it did not consume is obsolete
 
 
 def _output(pb, response, name: str):

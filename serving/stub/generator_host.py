@@ -4,24 +4,22 @@ The triton vllm_backend pattern: a stream is one long-lived decoupled request, a
 nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
 new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
 ends the streams whose callers asked to stop (cancellation marks, serving.flow.side_channel), admits the streams
-that arrived while a slot is free, steps all live streams in one batched call and sends each stream's
-chunk through its request's response sender, the last one with the FINAL flag. So admission (the
-parsing above all) overlaps the step, and a step costs no per-stream round trip through Triton
-(docs/triton.md#T21, #T17). A stream's next response goes out only once its reader has read the one
-before (its read receipt, serving.flow.receipts: docs/triton.md#T23); until then it waits in the
-stream's :class:`Outbox`, and the engine thread looks again after every step. A stream whose request names
-a pipe (serving.stub.chunk_pipe) sends its chunks on the pipe instead: after a step, one response per pipe
-carries the chunks of all its streams that are due (serving.stub.generator_pipes, paced by the pipe's own
-receipt), and the stream's own request gets a final response without tensors as soon as the stream is
-admitted: Triton's Python backend holds one of its threads for every BLS call until the call's first
-response (docs/triton.md#T28), so an own request answered only at the stream's end held one for the
-stream's whole life, and the backend's 32 threads were the most streams that could generate at once.
+that arrived while a slot is free, steps all live streams in one batched call and queues each chunk that
+is due on its stream's pipe (serving.stub.chunk_pipe, one per reading process): after a step, one response
+per pipe carries the chunks of all its streams, the last ones included (serving.stub.generator_pipes). So
+admission (the parsing above all) overlaps the step, and a step costs no per-stream round trip through
+Triton (docs/triton.md#T21, #T17). A pipe's next response goes out only once its reader has read the one before
+(the pipe's read receipt, serving.flow.receipts: docs/triton.md#T23); until then its chunks wait, and the
+engine thread looks again after every step. A stream's own request gets one final response without
+tensors as soon as the stream is admitted: Triton's Python backend holds one of its threads for every BLS
+call until the call's first response (docs/triton.md#T28), so an own request answered only at the stream's
+end held one for the stream's whole life, and the backend's 32 threads were the most streams that could
+generate at once.
 
 Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
 channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
-its last chunk, a refusal, or a cancel (a stream cancelled before it got a slot is answered too).
-Past 300 lines on purpose: one thread's loop and all it touches (arrivals, admission, the step, the two
-ways a chunk leaves, the shutdown), read top to bottom.
+the empty one at its admission, or a refusal or a cancel as a chunk of its own (a stream cancelled before
+it got a slot is answered too); a pipe gets one when it ends.
 """
 
 from __future__ import annotations
@@ -50,9 +48,9 @@ from serving.supervision.run_folder import start_heartbeat
 log = logging.getLogger("generator")
 IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)
 SWEEP_EVERY_SECONDS = 30.0  # stale cancellation marks are swept this often
-RECEIPT_POLL_SECONDS = 0.002  # with nothing to step but responses waiting for receipts, looked at this often
-# a reader that has not read a stream's previous response for this long is gone (tts gives up a stream far
-# sooner, and then says so on the board): the stream's responses go out unpaced from then on
+RECEIPT_POLL_SECONDS = 0.002  # with nothing to step but chunks waiting for receipts, looked at this often
+# a reader that has not read its pipe's previous response for this long is gone (tts gives up a stream far
+# sooner, and then says so on the board): the pipe is ended, its streams lost
 RECEIPT_BACKSTOP_SECONDS = 300.0
 
 
@@ -62,29 +60,15 @@ class Arrival:
 
     stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
     inputs: tuple  # serving.intake.request_inputs.stream_request's parse of its tensors and parameters
-    sender: object  # its response sender: every chunk of the stream goes out through it
-    receipt: tuple | None = None  # its entry on its reader's board (serving.flow.receipts.ReceiptBoard.entry)
-    pipe: int = 0  # the pipe its chunks go on (serving.stub.chunk_pipe); 0: its own responses
-
-
-class Outbox:
-    """A live stream's response sender and the chunks that wait for its reader's receipt (on a pipe: the
-    pipe's id and no sender, its own request answered at admission; its chunks wait on the pipe)."""
-
-    __slots__ = ("pipe", "queue", "receipt", "sender", "sent", "since")
-
-    def __init__(self, sender, receipt: tuple | None, pipe: int = 0):
-        self.sender, self.receipt, self.pipe = sender, receipt, pipe  # receipt None: unpaced
-        self.sent = 0  # responses sent
-        self.queue: deque[Chunk] = deque()  # chunks not sent yet, oldest first
-        self.since = 0.0  # when the oldest began to wait (monotonic)
+    sender: object  # its own request's response sender: the empty final at admission, or a refusal
+    pipe: int  # the pipe its chunks go on (serving.stub.chunk_pipe)
 
 
 class GeneratorHost:
     """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
-    a response (FINAL with the last one); ``send_pipe(sender, chunks, final)`` sends ``chunks`` packed
-    (serving.stub.chunk_pipe) as one response, or only the FINAL flag when ``chunks`` is None; both raise
-    when the response cannot go out."""
+    a final response (a refusal on a stream's own request); ``send_pipe(sender, chunks, final)`` sends
+    ``chunks`` packed (serving.stub.chunk_pipe) as one response, or only the FINAL flag when ``chunks`` is
+    None; both raise when the response cannot go out."""
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
                  send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
@@ -106,7 +90,7 @@ class GeneratorHost:
         self.scheduler = self.service.scheduler
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
-        self.receipts = ReceiptBoard(self.channel.dir)  # the readers' receipts (execute reads the entries)
+        self.receipts = ReceiptBoard(self.channel.dir)  # the pipes' receipts (execute reads the entries)
         # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
         self.budget = StepBudget(opts.step_budget_ms / 1000)
         self.slot_cap = Admission(self.channel.dir, None, opts.slots, file=SLOTS_FILE)
@@ -117,8 +101,6 @@ class GeneratorHost:
         self.send, self.send_pipe = send, send_pipe
         self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
-        self.outboxes: dict[int, Outbox] = {}  # stream -> its sender and unsent chunks, until its last is sent
-        self.held: set[int] = set()  # streams whose outbox waits for a receipt (engine thread only)
         self.pausing: set[int] = set()  # live streams marked paused at the latest step (engine thread only)
         self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
         self.send_failures = Throttled(log)
@@ -139,18 +121,15 @@ class GeneratorHost:
                 paused = self.channel.paused()  # (as of the latest listing) all paused: nothing to step
                 idle = not self.waiting and all(i in paused for i in self.service.live)
                 unsent = self.pipes.unsent()
-                held = self.held or unsent
-                self._take(wait=IDLE_WAIT_SECONDS if idle and not held else RECEIPT_POLL_SECONDS if idle else 0)
+                self._take(wait=IDLE_WAIT_SECONDS if idle and not unsent else RECEIPT_POLL_SECONDS if idle else 0)
                 self._cancel_marked()
                 self._admit()
                 if self.service.live or self.pausing:  # (pausing: a paused stream's end removes its mark)
                     self._step()
-                if self.held:
-                    self._drain_held()
                 if self.pipes.open:
-                    self._flush_pipes()
+                    self.pipes.flush()
                 self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
-                self.metrics.update(unsent + (sum(len(self.outboxes[i].queue) for i in self.held) if self.held else 0))
+                self.metrics.update(unsent)
                 if time.monotonic() >= next_sweep:
                     self.channel.sweep()
                     next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
@@ -172,8 +151,8 @@ class GeneratorHost:
     def _arrived(self, a: Arrival | PipeOpening) -> None:
         if isinstance(a, PipeOpening):
             self.pipes.start(a)
-        elif a.stream_id in self.service.live or a.stream_id in self.outboxes:
-            self._deliver(0, a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
+        elif a.stream_id in self.service.live or self.pipes.carries(a.stream_id):
+            self._answer(a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
         else:
             self.waiting.append(a)
 
@@ -188,13 +167,13 @@ class GeneratorHost:
             self.pipes.end(pipe_id, "its reader closed it")
         for stream_id in [i for i in self.service.live if i in marked]:
             self.channel.take_cancelled(stream_id)
-            self._post(stream_id, self.keys.seal(self.service.cancel(stream_id)))
+            self.pipes.post(self.keys.seal(self.service.cancel(stream_id)))
         if any(a.stream_id in marked for a in self.waiting):
             kept = deque()
             for a in self.waiting:
                 if a.stream_id in marked and a.stream_id not in self.service.live:
                     self.channel.take_cancelled(a.stream_id)
-                    self._deliver(a.stream_id, a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
+                    self._answer(a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
                 else:
                     kept.append(a)
             self.waiting = kept
@@ -208,7 +187,7 @@ class GeneratorHost:
             try:
                 if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
                     raise ValueError(why)
-                if a.pipe and a.pipe not in self.pipes:
+                if a.pipe not in self.pipes:
                     raise Unavailable(
                         f"the generator has no pipe {a.pipe:x} (closed, or the generator restarted); retry"
                     )
@@ -216,15 +195,11 @@ class GeneratorHost:
             except Exception as e:  # bad input fails this request only; it never held a slot
                 if not isinstance(e, ValueError | Unavailable):
                     log.exception("could not start a stream")
-                self._deliver(0, a.sender, end_chunk(0, failure_reason(e)))
+                self._answer(a.sender, end_chunk(0, failure_reason(e)))
                 continue
-            if a.pipe:  # its own request is answered now (T28): its chunks, the last included, go on the pipe
-                self.outboxes[a.stream_id] = Outbox(None, None, a.pipe)
-                self.pipes.add(a.pipe, a.stream_id)
-                with contextlib.suppress(Exception):  # its caller is gone: its pipe's reader drops its chunks
-                    self.send_pipe(a.sender, None, True)
-            else:
-                self.outboxes[a.stream_id] = Outbox(a.sender, a.receipt)
+            self.pipes.add(a.pipe, a.stream_id)  # its chunks, the last included, go on the pipe
+            with contextlib.suppress(Exception):  # its own request is answered now (T28); a caller that is
+                self.send_pipe(a.sender, None, True)  # gone: its pipe's reader drops its chunks
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
@@ -239,14 +214,14 @@ class GeneratorHost:
 
     def _step(self) -> None:
         """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
-        they keep their slots); each chunk that is due goes out at once. A paused stream that ended has its
-        pause mark removed."""
+        they keep their slots); each chunk that is due waits for its pipe's next response. A paused stream that
+        ended has its pause mark removed."""
         paused = self.channel.paused()
         live = list(self.service.live)
         run = [i for i in live if i not in paused] if paused else live
-        for stream_id, chunk in (self.step(run) if run else self.service.step([])).items():
+        for chunk in (self.step(run) if run else self.service.step([])).values():
             if chunk is not None:
-                self._post(stream_id, chunk)
+                self.pipes.post(chunk)
         for stream_id in self.pausing - self.service.live.keys():
             self.channel.unmark_paused(stream_id)
         self.pausing = paused & self.service.live.keys()
@@ -275,78 +250,20 @@ class GeneratorHost:
             self.slot_cap.set_cap(cap)
             self.cap = cap
 
-    def _post(self, stream_id: int, chunk: Chunk) -> None:
-        """Send a stream's ``chunk`` as soon as its reader has read the response before (on a pipe: with the
-        pipe's next response)."""
-        out = self.outboxes[stream_id]
-        if out.pipe:
-            self.pipes.post(out.pipe, chunk)
-            return
-        if not out.queue:
-            out.since = time.monotonic()
-        out.queue.append(chunk)
-        self._drain(stream_id, out)
-
-    def _drain_held(self) -> None:
-        for stream_id in list(self.held):
-            out = self.outboxes.get(stream_id)
-            if out is None:
-                self.held.discard(stream_id)
-            else:
-                self._drain(stream_id, out)
-
-    def _drain(self, stream_id: int, out: Outbox) -> None:
-        """Send the stream's waiting chunks while its reader has read every response sent before (all of
-        them when it is unpaced); hold the rest (:attr:`held`)."""
-        while out.queue:
-            if out.receipt is not None:
-                read = ReceiptBoard.read(out.receipt, stream_id)
-                if read is None:  # the entry names another stream: nobody reads this one any more
-                    out.receipt = None
-                elif read < out.sent:
-                    if time.monotonic() - out.since < RECEIPT_BACKSTOP_SECONDS:
-                        self.held.add(stream_id)
-                        return
-                    log.warning("stream %x: its reader read nothing for %.0f s; its responses go out unpaced",
-                                stream_id, RECEIPT_BACKSTOP_SECONDS)  # fmt: skip
-                    out.receipt = None
-            chunk = out.queue.popleft()
-            now = time.monotonic()
-            if stream_id in self.held:  # it waited for the receipt
-                self.metrics.waited(now - out.since)
-            out.since = now
-            if chunk.last:
-                self.outboxes.pop(stream_id, None)
-            if not self._deliver(stream_id, out.sender, chunk):
-                self.outboxes.pop(stream_id, None)
-                break
-            out.sent += 1
-        self.held.discard(stream_id)
-
-    def _deliver(self, stream_id: int, sender, chunk: Chunk) -> bool:
-        """Send ``chunk``; a live stream whose response cannot go out is ended (its caller is gone) and
-        marked lost, so that a caller still waiting hears of it (serving.stub.bls). Whether it went out."""
+    def _answer(self, sender, chunk: Chunk) -> None:
+        """A stream's own request ends with ``chunk`` (a refusal or a cancel before it started); a caller
+        that is gone has nothing to hear."""
         try:
             self.send(sender, chunk)
-            return True
-        except Exception as e:  # noqa: BLE001 (any failure to send: the stream's caller is gone)
-            self.send_failures.warning("generator: a response could not be sent (%s); its stream ends", e)
-            if stream_id and self.service.drop(stream_id):
-                self.channel.mark_lost(stream_id)
-            return False
-
-    def _flush_pipes(self, paced: bool = True) -> None:
-        """The pipes' responses; a stream whose last chunk went out is done."""
-        for stream_id in self.pipes.flush(paced):
-            self.outboxes.pop(stream_id, None)
+        except Exception as e:  # noqa: BLE001 (any failure to send: the caller is gone)
+            self.send_failures.warning("generator: a response could not be sent (%s)", e)
 
     def _lose(self, stream_ids: set[int], why: str) -> None:
         """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:
         serving.stub.pipe_reader; their own requests were answered when they were admitted)."""
         for stream_id in stream_ids:
-            out = self.outboxes.pop(stream_id, None)
-            if self.service.drop(stream_id) or out is not None:
-                self.channel.mark_lost(stream_id)
+            self.service.drop(stream_id)
+            self.channel.mark_lost(stream_id)
 
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""
@@ -356,14 +273,11 @@ class GeneratorHost:
         bye = failure_reason(Unavailable("the generator is shutting down; retry"))
         for stream_id in list(self.service.live):
             self.service.drop(stream_id)
-            self._post(stream_id, self.keys.seal(end_chunk(stream_id, bye)))
-        self._flush_pipes(paced=False)  # unpaced now: every request gets its final response
+            self.pipes.post(self.keys.seal(end_chunk(stream_id, bye)))
+        self.pipes.flush(paced=False)  # unpaced now: every stream gets its last chunk
         for pipe_id in list(self.pipes.open):
             self.pipes.end(pipe_id, "the generator is shutting down")
-        for stream_id, out in list(self.outboxes.items()):  # every request gets its final response now
-            out.receipt = None
-            self._drain(stream_id, out)
         for a in self.waiting:
-            self._deliver(0, a.sender, end_chunk(a.stream_id, bye))
+            self._answer(a.sender, end_chunk(a.stream_id, bye))
         self.waiting.clear()
         self.channel.live.clear()

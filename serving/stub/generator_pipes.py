@@ -52,10 +52,15 @@ class Pipes:
                  lose: Callable[[set[int], str], None], waited: Callable[[float], None], backstop: float):  # fmt: skip
         self.send, self.lose, self.waited, self.backstop = send, lose, waited, backstop
         self.open: dict[int, Pipe] = {}
+        self.riding: dict[int, int] = {}  # stream -> its pipe, until its last chunk went out
         self.failures = Throttled(log)
 
     def __contains__(self, pipe_id: int) -> bool:
         return pipe_id in self.open
+
+    def carries(self, stream_id: int) -> bool:
+        """Whether the stream is on a pipe (live, or its last chunk not sent yet)."""
+        return stream_id in self.riding
 
     def unsent(self) -> int:
         """Chunks queued on the pipes, not sent yet."""
@@ -75,19 +80,20 @@ class Pipes:
             pipe.sent = 1
 
     def add(self, pipe_id: int, stream_id: int) -> None:
+        """The stream's chunks go on the pipe."""
         self.open[pipe_id].streams.add(stream_id)
+        self.riding[stream_id] = pipe_id
 
-    def post(self, pipe_id: int, chunk: Chunk) -> None:
+    def post(self, chunk: Chunk) -> None:
         """Queue a stream's chunk for its pipe's next response."""
-        pipe = self.open[pipe_id]  # a pipe that ends loses its streams first: they post nothing more
+        pipe = self.open[self.riding[chunk.stream_id]]  # a pipe that ends loses its streams: they post no more
         if not pipe.queue:
             pipe.since = time.monotonic()
         pipe.queue.append(chunk)
 
-    def flush(self, paced: bool = True) -> list[int]:
+    def flush(self, paced: bool = True) -> None:
         """Send each pipe's queued chunks as one response once its reader has read the one before (all at
-        once when not ``paced``) -> the streams whose last chunk went out."""
-        finished = []
+        once when not ``paced``); a stream whose last chunk went out is done."""
         for pipe_id, pipe in list(self.open.items()):
             if not pipe.queue:
                 continue
@@ -112,12 +118,13 @@ class Pipes:
             for chunk in chunks:
                 if chunk.last:
                     pipe.streams.discard(chunk.stream_id)
-                    finished.append(chunk.stream_id)
-        return finished
+                    self.riding.pop(chunk.stream_id, None)
 
     def end(self, pipe_id: int, why: str) -> None:
         """End a pipe: its streams are lost (``lose``), its request gets its final response."""
         pipe = self.open.pop(pipe_id)
+        for stream_id in pipe.streams:
+            self.riding.pop(stream_id, None)
         if pipe.streams:
             log.warning("pipe %x ended (%s): its %d streams are lost", pipe_id, why, len(pipe.streams))
             self.lose(pipe.streams, why)

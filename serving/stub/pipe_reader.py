@@ -155,9 +155,12 @@ class PipeReader:
 
     async def _open(self) -> None:
         pb, pipe_id = self.bls.pb, self.new_id()
-        receipt = None if self.receipts is None else self.receipts.open(pipe_id)
-        parameters = {**self.bls.parameters, PARAMETER: OPEN}
-        if receipt is not None:  # the generator sends each response once the one before was read (T23)
+        parameters, receipt = {**self.bls.parameters, PARAMETER: OPEN}, None
+        if self.receipts is not None:  # the generator sends each response once the one before was read (T23)
+            receipt = self.receipts.open(pipe_id)
+            if receipt is None:  # never unpaced
+                raise StreamFailed(f"{UNAVAILABLE}all {self.receipts.capacity} read-receipt entries are in use "
+                                   "(docs/triton.md#T23): no new pipe to the generator; retry")  # fmt: skip
             parameters[RECEIPT] = receipt.parameter
         values = {"TEXT": "", "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
                   "SPEAKER": np.zeros(0, np.float32), "PROMPT_TEXT": ""}  # fmt: skip

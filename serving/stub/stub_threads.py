@@ -22,14 +22,14 @@ SETTLE_SECONDS = 0.05
 
 
 class StubThreads:
-    """An async model's two thread pools: ``pool`` for every blocking BLS wait (iterating a decoupled
-    stream, and ``async_exec`` itself, which uses the event loop's default executor: docs/triton.md#T5),
+    """An async model's two thread pools: ``pool`` for every blocking BLS wait (``async_exec`` uses the
+    event loop's default executor: docs/triton.md#T5; a generator pipe is read on a thread of its own),
     ``sends`` for its response sends (:class:`Responses`)."""
 
     def __init__(self, name: str):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=BLS_THREADS, thread_name_prefix=f"{name}-bls")
-        # response sends (:class:`Responses`): apart, so that streams blocked reading the pool's threads
-        # never hold them up; each takes a round trip, so a few overlap
+        # response sends (:class:`Responses`): apart, so that BLS calls waiting on the pool's threads never
+        # hold them up; each takes a round trip, so a few overlap
         self.sends = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix=f"{name}-send")
         self.loop: asyncio.AbstractEventLoop | None = None
 

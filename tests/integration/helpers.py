@@ -118,3 +118,96 @@ def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
                           http_front=http_front)  # fmt: skip
     with server:
         yield server
+
+
+class GeneratorPipe:
+    """A pipe to the generator over one gRPC stream (serving.stub.chunk_pipe), opened as tts opens its own
+    but without a read receipt (unpaced: the deadlock receipts prevent is a BLS one), for tests that act as
+    the pipeline with the internal key: every stream sent on it names the pipe, its chunks come on the
+    pipe and its own request's one response to :meth:`answer`. :meth:`close` asks the generator to end the
+    pipe (a cancel mark in ``cancel_dir``), as tts does, and the streams still on it are lost."""
+
+    def __init__(self, url: str, model: str, key: str, cancel_dir: Path, timeout: float = 60.0):
+        import queue
+        import secrets
+
+        import tritonclient.grpc as grpcclient
+
+        from loadtest.attacks import inputs
+
+        self.model, self.key, self.cancel_dir, self.inputs = model, key, Path(cancel_dir), inputs
+        self.pipe_id = secrets.randbits(62) | (1 << 62)
+        self.queues: dict[str, queue.Queue] = {"pipe": queue.Queue()}  # request id -> (result, error)
+        self.chunks: dict[int, list] = {}  # stream id -> its chunks read on the pipe so far
+        self.sent, self.closed = 0, False
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=self._received)
+        self._send("pipe", SILENT, self.pipe_id, {"pipe": "open"}, start=True)
+        result, error = self.queues["pipe"].get(timeout=timeout)  # the opening, answered at once
+        assert error is None and not result.get_response().outputs, error
+
+    def _received(self, result, error) -> None:
+        if error is not None:  # a stream error names no request: every reader hears it
+            for q in self.queues.values():
+                q.put((None, error))
+        else:
+            self.queues[result.get_response().id].put((result, None))
+
+    def _send(self, request_id: str, values: dict, sequence_id: int, parameters: dict, start: bool) -> None:
+        import queue
+
+        self.queues.setdefault(request_id, queue.Queue())
+        self.client.async_stream_infer(self.model, self.inputs(self.model, values), request_id=request_id,
+                                       parameters={**parameters, "internal_key": self.key}, sequence_id=sequence_id,
+                                       sequence_start=start, enable_empty_final_response=True)  # fmt: skip
+
+    def send(self, values: dict, sequence_id: int, parameters: dict, start: bool = True) -> str:
+        """A stream request naming the pipe -> its request id (for :meth:`answer`)."""
+        self.sent += 1
+        request_id = f"s{self.sent}"
+        self._send(request_id, values, sequence_id, {**parameters, "pipe": f"{self.pipe_id:x}"}, start)
+        return request_id
+
+    def answer(self, request_id: str, timeout: float = 60.0) -> str | None:
+        """A stream's own request's one response: None (admitted: its chunks come on the pipe), or its
+        FINISH_REASON (refused) or error."""
+        from serving.contract import text_of
+
+        result, error = self.queues[request_id].get(timeout=timeout)
+        if error is not None:
+            return str(error)
+        return text_of(result.as_numpy("FINISH_REASON")) if result.get_response().outputs else None
+
+    def read(self, stream_id: int, timeout: float = 60.0) -> list:
+        """The stream's chunks (engine.protocol.Chunk), read on the pipe until its last one came (or
+        ``timeout`` seconds passed)."""
+        import queue
+
+        from serving.stub.chunk_pipe import unpack
+
+        deadline = time.monotonic() + timeout
+        while not (chunks := self.chunks.get(stream_id)) or not chunks[-1].last:
+            try:
+                result, error = self.queues["pipe"].get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            assert error is None, error
+            for chunk in unpack(result.as_numpy) if result.get_response().outputs else ():
+                self.chunks.setdefault(chunk.stream_id, []).append(chunk)
+        return self.chunks.get(stream_id, [])
+
+    def close(self) -> None:
+        from serving.flow.side_channel import SideChannel
+
+        if self.closed:
+            return
+        self.closed = True
+        SideChannel(self.cancel_dir).mark_cancelled(self.pipe_id)  # the generator ends it, its streams lost
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+    def __enter__(self) -> GeneratorPipe:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -23,7 +23,7 @@ from loadtest import attacks
 from serving import contract
 from serving.security.auth import Keys
 from serving.supervision.triton_env import GRPC_ADMIN_HEADER
-from tests.integration.helpers import SILENT, gateway_for, in_parallel, metrics, wait_gauges_zero
+from tests.integration.helpers import SILENT, GeneratorPipe, gateway_for, in_parallel, metrics, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -308,30 +308,25 @@ def test_ensemble_requests_need_no_sequence_id(server, protocol):
     assert reason == "length"
 
 
-def test_a_start_on_a_live_correlation_id_is_refused_and_leaks_no_slot(server):
-    """Triton itself hands a live sequence to a new START on its correlation id and drops the running
-    request unanswered: why the pipeline's ids are 63 random bits (no client reaches the generator).
-    Should two of ours ever collide, the generator refuses the newcomer and frees the orphaned slot."""
-    import threading
+def _pipe(server) -> GeneratorPipe:
+    """A pipe to the generator, as the pipeline opens one (tests/integration/helpers.py)."""
+    url = f"127.0.0.1:{server.ports.grpc}"
+    return GeneratorPipe(url, server.generator_model, server.internal_key, server.work_dir / "cancel")
 
-    victim, ours = {}, {"internal_key": server.internal_key}
-    params = {"max_patches": 150, "chunk_first": 1, "chunk_next": 1, **ours}
-    t = threading.Thread(
-        target=lambda: victim.update(out=_generator_stream(server, SILENT, VICTIM_ID, params, timeout=5))
-    )
-    t.start()
-    deadline = time.monotonic() + 30
-    while not metrics(server)["tts_generator_active_slots"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    t0 = time.monotonic()
-    results, errors = _generator_stream(server, SILENT, VICTIM_ID, {"max_patches": 3, **ours}, timeout=20)
-    print(f"newcomer answered in {time.monotonic() - t0:.1f} s")
-    reason = contract.text_of(results[-1].as_numpy("FINISH_REASON")) if results else errors[0]
-    assert "in use" in reason and str(VICTIM_ID) not in reason
-    t.join(60)
-    print(
-        f"victim: {len(victim['out'][0])} chunks, errors {victim['out'][1]}, done after {time.monotonic() - t0:.1f} s"
-    )
+
+def test_a_start_on_a_live_correlation_id_is_refused_and_leaves_its_stream_alone(server):
+    """Triton itself hands a live sequence to a new START on its correlation id: why the pipeline's ids
+    are 63 random bits (no client reaches the generator). Should two of ours ever collide, the generator
+    refuses the newcomer by name, and the stream already running on that id runs on to its end."""
+    with _pipe(server) as pipe:
+        params = {"max_patches": 150, "chunk_first": 1, "chunk_next": 1}
+        assert pipe.answer(pipe.send(SILENT, VICTIM_ID, params)) is None  # admitted
+        t0 = time.monotonic()
+        reason = pipe.answer(pipe.send(SILENT, VICTIM_ID, {"max_patches": 3}), timeout=20)
+        print(f"newcomer answered in {time.monotonic() - t0:.1f} s")
+        assert "in use" in reason and str(VICTIM_ID) not in reason
+        chunks = pipe.read(VICTIM_ID, timeout=120)
+        assert len(chunks) == 150 and chunks[-1].last and chunks[-1].finish_reason == "length"
     m = wait_gauges_zero(server, 30)
     assert m["tts_generator_active_slots"] == 0
     audio = TTSClient(f"127.0.0.1:{server.ports.grpc}").synthesize("Still serving", parameters={"max_patches": 4})
@@ -499,28 +494,28 @@ def test_clients_leaving_early_do_not_disturb_other_streams(server):
         assert "no longer schedules" not in f.read()  # the safety net was not needed
 
 
-def test_a_new_stream_waits_while_slots_triton_dropped_are_freed(server):
-    """Every slot held by a stream Triton took away (a START on each live id): a new request waits until
-    the generator notices and frees them, then runs; it is not failed with 'all slots are in use'."""
-    import threading
+def test_a_new_stream_waits_while_every_slot_is_held_and_runs_once_their_reader_leaves(server):
+    """Every slot held by streams whose reader leaves (its pipe ends: the streams are lost): a new request
+    waits for a slot meanwhile, then runs; it is not failed with 'all slots are in use'."""
+    from concurrent.futures import ThreadPoolExecutor
 
     ids = [(1 << 59) + 1000 + i for i in range(4)]  # the server has 4 slots
-    ours = {"internal_key": server.internal_key}  # only the pipeline reaches the generator
-    params = {"max_patches": 300, "chunk_first": 1, "chunk_next": 1, **ours}
-    victims = [threading.Thread(target=_generator_stream, args=(server, SILENT, i, params, True, 5)) for i in ids]
-    for t in victims:
-        t.start()
-    deadline = time.monotonic() + 30
-    while metrics(server)["tts_generator_active_slots"] < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for i in ids:  # refused, but Triton has handed each sequence to the newcomer and dropped the victim
-        _generator_stream(server, SILENT, i, {"max_patches": 3, **ours}, timeout=20)
-    t0 = time.monotonic()
-    audio = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=60).synthesize("Next", parameters={"max_patches": 4})
-    print(f"the new request waited {time.monotonic() - t0:.1f} s")
+    pipe = _pipe(server)
+    try:
+        for i in ids:
+            assert pipe.answer(pipe.send(SILENT, i, {"max_patches": 300, "chunk_first": 1, "chunk_next": 1})) is None
+        for i in ids:  # a newcomer on each live id: refused, the stream left alone
+            assert "in use" in pipe.answer(pipe.send(SILENT, i, {"max_patches": 3}), timeout=20)
+        client = TTSClient(f"127.0.0.1:{server.ports.grpc}", timeout=60)
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(client.synthesize, "Next", parameters={"max_patches": 4})
+            t0 = time.monotonic()
+            pipe.close()  # the reader leaves
+            audio = waiting.result(60)
+    finally:
+        pipe.close()
+    print(f"the new request was answered {time.monotonic() - t0:.1f} s after the slots' reader left")
     assert audio.size == 4 * 3840
-    for t in victims:
-        t.join(60)
     assert wait_gauges_zero(server, 30)["tts_generator_active_slots"] == 0
 
 

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 from serving import contract
 from serving.stub.triton_io import read_chunk
 from serving.stub.vocoder_batch import request_values
-from tests.integration.helpers import SILENT, wait_gauges_zero
+from tests.integration.helpers import SILENT, GeneratorPipe, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,16 @@ def _stream(server, model: str, requests: list[tuple[dict, dict]], ends: int, **
 
 
 def _generate(server, patches: int) -> list:
-    """A stream of ``patches`` patches, one a chunk, straight from the generator, as tts gets it (its id
-    63 random bits, as tts's are)."""
-    params = {"max_patches": patches, "chunk_first": 1, "chunk_next": 1, "internal_key": server.internal_key}
+    """A stream of ``patches`` patches, one a chunk, straight from the generator on a pipe, as tts gets it
+    (its id 63 random bits, as tts's are)."""
     stream_id = secrets.randbits(62) | (1 << 62)
-    responses = _stream(server, server.generator_model, [(SILENT, params)], ends=1, sequence_id=stream_id,
-                        sequence_start=True)  # fmt: skip
-    return [read_chunk(r.as_numpy) for r in responses if r.as_numpy("STREAM_ID") is not None]
+    url = f"127.0.0.1:{server.ports.grpc}"
+    with GeneratorPipe(url, server.generator_model, server.internal_key, server.work_dir / "cancel") as pipe:
+        assert (
+            pipe.answer(pipe.send(SILENT, stream_id, {"max_patches": patches, "chunk_first": 1, "chunk_next": 1}))
+            is None
+        )
+        return pipe.read(stream_id)
 
 
 def _decode(server, batches: list[list]) -> list[tuple[str, int]]:

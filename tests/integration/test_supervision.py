@@ -272,43 +272,24 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     """What wedged every generator slot of Triton 2.51's iterative sequence batcher, the stub running on:
     ``slots`` streams, then a request with the correlation id of each live stream and no START (which held
     that sequence's slot for good). No client can do this (the generator answers only the pipeline, whose
-    ids nobody sees): the test acts as the pipeline, with the internal key read from tritonserver's
-    environment (same user). Returns the answers to the second requests (FINISH_REASON or error) and the
-    gRPC clients, to close afterwards."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
-    from loadtest import attacks
-    from serving import contract
+    ids nobody sees): the test acts as the pipeline, on a pipe of its own, with the internal key read from
+    tritonserver's environment (same user). Returns the answers to the second requests (FINISH_REASON or
+    error) and the pipe, to close afterwards."""
     from serving.security.auth import INTERNAL_KEY_ENV, Keys
-    from tests.integration.helpers import SILENT
+    from tests.integration.helpers import SILENT, GeneratorPipe
 
     environ = open(f"/proc/{launcher.servers()[0]}/environ", "rb").read().split(b"\0")
     key = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(INTERNAL_KEY_ENV.encode() + b"="))
-    clients, ids = [], [secrets.randbits(62) | (1 << 62) for _ in range(slots)]  # random 63-bit ids
-
-    def send(sequence_id: int, start: bool, parameters: dict) -> queue.Queue:
-        got = queue.Queue()
-        client = grpcclient.InferenceServerClient(f"127.0.0.1:{launcher.ports.grpc}")
-        client.start_stream(callback=lambda result, error: got.put((result, error)))
-        inputs = attacks.inputs("generator", SILENT, grpcclient)
-        client.async_stream_infer(Keys(key).generator_model, inputs, sequence_id=sequence_id, sequence_start=start,
-                                  parameters=parameters)  # fmt: skip
-        clients.append(client)
-        return got
-
+    ids = [secrets.randbits(62) | (1 << 62) for _ in range(slots)]  # random 63-bit ids
+    url = f"127.0.0.1:{launcher.ports.grpc}"
+    pipe = GeneratorPipe(url, Keys(key).generator_model, key, launcher.run_dir / "cancel")
     for i in ids:
-        send(i, True, {**LONG, "internal_key": key})
+        pipe.send(SILENT, i, LONG)
     deadline = time.monotonic() + 30
     while launcher.metrics().get("tts_generator_active_slots", 0) < slots:
         assert time.monotonic() < deadline, "the generator streams did not start"
         time.sleep(0.05)
-    answers = []
-    for got in [send(i, False, {"max_patches": 3, "internal_key": key}) for i in ids]:
-        result, error = got.get(timeout=60)
-        answers.append(str(error) if error is not None else contract.text_of(result.as_numpy("FINISH_REASON")))
-    return answers, clients
+    return [pipe.answer(pipe.send(SILENT, i, {"max_patches": 3}, start=False)) for i in ids], [pipe]
 
 
 def test_admission_places_held_with_nothing_running_are_an_incident(launcher):

@@ -1,14 +1,15 @@
 """The generator's engine thread (serving.stub.generator_host) with the tiny checkpoint, no Triton: response
 senders and metrics are recorders. Every arrival ends with exactly one final response, slots come back,
-a stream whose caller asked to stop (before or after it got a slot) ends cancelled, an id in use is
-refused without disturbing its stream, and a stream whose responses cannot go out is freed and marked
-lost. The stream's chunks are what the same stream gives alone, in-process (engine.streams).
+a stream whose caller asked to stop (before or after it got a slot) ends cancelled, an id in use (live, or
+its last chunk not sent yet) is refused without disturbing its stream. The stream's chunks are what the
+same stream gives alone, in-process (engine.streams).
 
-On a pipe (serving.stub.chunk_pipe): its streams' chunks come on it, several streams' in one response; their
-own requests get one final response without tensors as soon as they are admitted, before any chunk (so
-that Triton's Python backend does not hold a thread for each live stream: docs/triton.md#T28); a reader
-that is behind gets what waited in one response once it reads; a stream naming a pipe the generator does
-not know is refused as unavailable; a pipe that cannot send loses its streams, each marked lost."""
+Every stream's chunks come on its reader's pipe (serving.stub.chunk_pipe), several streams' in one
+response; their own requests get one final response without tensors as soon as they are admitted, before
+any chunk (so that Triton's Python backend does not hold a thread for each live stream: docs/triton.md#T28);
+a reader that is behind gets what waited in one response once it reads; a stream naming a pipe the
+generator does not know is refused as unavailable; a pipe that cannot send loses its streams, each marked
+lost."""
 
 from __future__ import annotations
 
@@ -57,33 +58,21 @@ class FakePb:
             return Metric()
 
 
-class Sender:
-    """A response sender that records chunks; ``broken``: every send raises, as for a caller that is gone."""
-
-    def __init__(self, broken: bool = False):
-        self.chunks, self.broken, self.done = [], broken, threading.Event()
-
-    def send(self, chunk):
-        if self.broken:
-            raise RuntimeError("the request is gone")
-        self.chunks.append(chunk)
-        if chunk.last:
-            self.done.set()
-
-    def finals(self) -> int:
-        return sum(c.last for c in self.chunks)
-
-
 class PipeSender:
-    """A pipe's (or a piped stream's own) response sender: records ``(chunks, final)`` per response."""
+    """A pipe's (or a stream's own) response sender: records ``(chunks, final)`` per response; ``broken``:
+    every send raises, as for a caller that is gone; ``reader``: a pipe's receipt, counted as each response
+    is sent (a reader that reads at once)."""
 
     def __init__(self, broken: bool = False):
         self.responses, self.broken, self.done = [], broken, threading.Event()
+        self.reader = None
 
     def pipe(self, chunks, final: bool):
         if self.broken:
             raise RuntimeError("the request is gone")
         self.responses.append((chunks, final))
+        if self.reader is not None:
+            self.reader.read()
         if final:
             self.done.set()
 
@@ -124,61 +113,6 @@ def alone(model, seed: int) -> list:
     return chunks
 
 
-def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
-    ids = [101, 102, 103, 104, 105]
-    senders = {i: Sender(broken=i == 104) for i in ids}
-    host.channel.mark_cancelled(105)  # its caller left before it got one of the 2 slots
-    for i in ids:
-        host.submit(Arrival(i, inputs(model, seed=i), senders[i]))
-    deadline = time.monotonic() + 30
-    while 101 not in host.service.live and not senders[101].done.is_set():
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    duplicate = Sender()
-    host.submit(Arrival(101, inputs(model, seed=1), duplicate))  # an id in use (if 101 still runs)
-    for s in [*(senders[i] for i in ids if i != 104), duplicate]:
-        assert s.done.wait(60)
-    deadline = time.monotonic() + 10
-    while host.service.live and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-    assert all(s.finals() == 1 and s.chunks[-1].last for s in (*senders.values(), duplicate) if s.chunks)
-    for i in (101, 102, 103):  # complete, sealed, and as the stream is alone in-process
-        chunks, want = senders[i].chunks, alone(model, i)
-        assert [(len(c.latents), c.finish_reason) for c in chunks] == [(len(c.latents), c.finish_reason) for c in want]
-        assert chunks[-1].finish_reason in (LENGTH, STOP) and sum(len(c.latents) for c in chunks) >= 6
-        assert all(host.keys.sealed(c) and c.stream_id == i for c in chunks)
-        got, expected = (np.concatenate([c.latents for c in x]) for x in (chunks, want))
-        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)  # batched beside others: float-close
-    assert [c.finish_reason for c in senders[105].chunks] == [CANCELLED]
-    assert host.channel.take_lost(104) and not senders[104].chunks  # its tts hears it was lost
-    if duplicate.chunks[-1].finish_reason not in (LENGTH, STOP):  # 101 was still live: refused, 101 undisturbed
-        assert duplicate.finals() == 1 and "in use" in duplicate.chunks[-1].finish_reason
-    assert not host.service.live and len(host.service.free) == 2 and not host.waiting
-    assert not host.outboxes and not host.held
-
-
-def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
-    sender = Sender()
-    long = GenerationParams(seed=1, max_patches=400, min_patches=400)  # the stop head never ends it first
-    prompt = model.encode_prompt(None)
-    tokens = model.tokens("Hello there.", "English", prompt)
-    host.submit(Arrival(7, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), sender))
-    deadline = time.monotonic() + 30
-    while not sender.chunks:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    host.channel.mark_cancelled(7)
-    assert sender.done.wait(30)
-    assert sender.finals() == 1 and sender.chunks[-1].finish_reason == CANCELLED
-    assert sum(len(c.latents) for c in sender.chunks) < 400  # ended early, not at max_patches
-    deadline = time.monotonic() + 5
-    while host.service.live and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not host.service.live and len(host.service.free) == 2
-
-
-# ---- pipes (serving.stub.chunk_pipe) ----
 def wait(condition, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -194,15 +128,66 @@ def same_as_alone(model, stream_id: int, chunks: list) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)  # batched beside others: float-close
 
 
+def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
+    receipt = Receipts(host.channel.dir, "tts").open(9000)
+    pipe = PipeSender()
+    host.submit(PipeOpening(9000, pipe, host.receipts.entry(receipt.parameter)))  # its reader reads nothing yet
+    ids = [101, 102, 103, 104, 105]
+    own = {i: PipeSender(broken=i == 104) for i in ids}  # 104's caller left: its final cannot be sent
+    host.channel.mark_cancelled(105)  # its caller left before it got one of the 2 slots
+    for i in ids:
+        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9000))
+    wait(lambda: host.pipes.carries(101))
+    duplicate = PipeSender()  # an id in use: 101 is live, or its last chunk waits for the reader
+    host.submit(Arrival(101, inputs(model, seed=1), duplicate, 9000))
+    assert duplicate.done.wait(30)
+    pipe.reader = receipt
+    receipt.read()  # the reader reads the opening, then each response as it comes
+    for i in (101, 102, 103, 105):
+        assert own[i].done.wait(60)
+    wait(lambda: not host.service.live and not host.pipes.riding)
+
+    for i in (101, 102, 103, 104):  # complete, sealed, and as the stream is alone in-process
+        assert own[i].responses == ([] if i == 104 else [(None, True)])  # its own request: answered at admission
+        chunks = pipe.chunks(i)
+        same_as_alone(model, i, chunks)
+        assert all(host.keys.sealed(c) for c in chunks)
+    (cancelled,) = own[105].chunks()
+    assert own[105].responses == [([cancelled], True)] and cancelled.finish_reason == CANCELLED
+    assert not pipe.chunks(105)
+    (refusal,) = duplicate.chunks()
+    assert duplicate.responses == [([refusal], True)] and "in use" in refusal.finish_reason
+    assert not any(final for _, final in pipe.responses)  # the pipe stays open
+    assert not host.service.live and len(host.service.free) == 2 and not host.waiting and not host.pipes.riding
+
+
+def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
+    pipe, own = PipeSender(), PipeSender()
+    host.submit(PipeOpening(9003, pipe, None))
+    long = GenerationParams(seed=1, max_patches=400, min_patches=400)  # the stop head never ends it first
+    prompt = model.encode_prompt(None)
+    tokens = model.tokens("Hello there.", "English", prompt)
+    host.submit(Arrival(7, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9003))
+    wait(lambda: pipe.chunks(7), 30)
+    host.channel.mark_cancelled(7)
+    wait(lambda: (chunks := pipe.chunks(7)) and chunks[-1].last, 30)
+    chunks = pipe.chunks(7)
+    assert sum(c.last for c in chunks) == 1 and chunks[-1].finish_reason == CANCELLED
+    assert sum(len(c.latents) for c in chunks) < 400  # ended early, not at max_patches
+    assert own.responses == [(None, True)]
+    wait(lambda: not host.service.live, 5)
+    assert len(host.service.free) == 2 and not host.pipes.riding
+
+
 def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
     pipe = PipeSender()
     host.submit(PipeOpening(9000, pipe, None))
     ids = [201, 202, 203]  # 2 slots: two run together, the third after
     own = {i: PipeSender() for i in ids}
     for i in ids:
-        host.submit(Arrival(i, inputs(model, seed=i), own[i], None, 9000))
+        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9000))
     stray = PipeSender()
-    host.submit(Arrival(204, inputs(model, seed=4), stray, None, 0x1234))
+    host.submit(Arrival(204, inputs(model, seed=4), stray, 0x1234))
     for s in [*own.values(), stray]:
         assert s.done.wait(60)
 
@@ -216,7 +201,7 @@ def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
     assert any(len({c.stream_id for c in chunks}) > 1 for chunks, _ in pipe.responses)  # a step's chunks together
     (refusal,) = stray.chunks()
     assert refusal.last and refusal.finish_reason.startswith(UNAVAILABLE) and "no pipe 1234" in refusal.finish_reason
-    wait(lambda: not host.service.live and not host.outboxes)
+    wait(lambda: not host.service.live and not host.pipes.riding)
 
     host.channel.mark_cancelled(9000)  # its reader closes it
     assert pipe.done.wait(10) and pipe.responses[-1] == (None, True)
@@ -225,12 +210,12 @@ def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
 
 
 def test_a_pipe_whose_reader_is_behind_gets_what_waited_in_one_response(host, model):
-    receipt = Receipts(host.channel.dir, "tts", 64).open(9001)
+    receipt = Receipts(host.channel.dir, "tts").open(9001)
     pipe = PipeSender()
     host.submit(PipeOpening(9001, pipe, host.receipts.entry(receipt.parameter)))
     own = {i: PipeSender() for i in (301, 302)}
     for i in own:
-        host.submit(Arrival(i, inputs(model, seed=i), own[i], None, 9001))
+        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9001))
     wait(lambda: host.pipes.unsent() and not host.service.live)  # both generated to their end, nothing read
     assert pipe.responses == [([], False)]
     for s in own.values():  # answered at admission, before any of their chunks went out (T28)
@@ -239,7 +224,7 @@ def test_a_pipe_whose_reader_is_behind_gets_what_waited_in_one_response(host, mo
     wait(lambda: len(pipe.responses) == 2)  # everything that waited, in one response
     for i in own:
         same_as_alone(model, i, pipe.chunks(i))
-    assert host.pipes.unsent() == 0 and not host.outboxes
+    assert host.pipes.unsent() == 0 and not host.pipes.riding
 
 
 def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
@@ -251,10 +236,10 @@ def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
     long = GenerationParams(seed=1, max_patches=400, min_patches=400)
     prompt = model.encode_prompt(None)
     tokens = model.tokens("Hello there.", "English", prompt)
-    host.submit(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, None, 9002))
+    host.submit(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9002))
     assert own.done.wait(30) and own.responses == [(None, True)]  # admitted: answered at once
     wait(lambda: host.channel.take_lost(401), 30)  # its tts hears it was lost (serving.stub.pipe_reader)
-    wait(lambda: not host.pipes.open and not host.service.live and not host.outboxes, 10)
+    wait(lambda: not host.pipes.open and not host.service.live and not host.pipes.riding, 10)
     assert len(host.service.free) == 2
 
 

@@ -1,6 +1,6 @@
 """Streams wait for a generator slot in the process that sends them (serving.flow.generator_slots), never in
-Triton's sequence batcher; and a generator request Triton dropped before its first response is answered as
-unavailable instead of holding its tts request (and admission place) for good (serving.stub.bls). No Triton."""
+Triton's sequence batcher. No Triton. (A stream whose generator request Triton dropped, or the generator
+lost, fails as unavailable: tests/unit/test_pipe_reader.py.)"""
 
 from __future__ import annotations
 
@@ -8,12 +8,7 @@ import asyncio
 
 import pytest
 
-from engine.lifetime import LINGERING, linger
-from engine.protocol import StreamFailed
 from serving.flow.generator_slots import GeneratorSlots
-from serving.flow.side_channel import SideChannel
-from serving.stub.bls import BLS
-from serving.stub.bls_adapters import BLSGenerator
 
 
 def test_slots_are_shared_across_senders_and_come_back(tmp_path):
@@ -37,28 +32,6 @@ def test_slots_are_shared_across_senders_and_come_back(tmp_path):
         assert tts.held() == 1
         assert GeneratorSlots(tmp_path, "ensemble_generator", 2).held() == 1  # a new one keeps tts's slot
         assert GeneratorSlots(tmp_path, "tts", 2).held() == 0  # a restarted tts: what the old one held is void
-
-    asyncio.run(main())
-
-
-@pytest.mark.parametrize("how", ["lost", "timeout"])
-def test_a_generator_request_that_never_answers_fails_as_unavailable(tmp_path, how):
-    """Triton dropped it unanswered (its reschedule failed): the generator marks it lost, or nothing comes
-    within the BLS timeout; either way the caller is told, and its final response no longer waits for it."""
-    board, stream_id = SideChannel(tmp_path), 12345
-
-    async def main():
-        generator = BLSGenerator(BLS(None, timeout=0.5 if how == "timeout" else 60.0, pool=None), board)
-        lingering: set = set()
-        LINGERING.set(lingering)
-        started = linger(asyncio.Event().wait())  # an async_exec that never returns
-        if how == "lost":
-            board.mark_lost(stream_id)
-        with pytest.raises(StreamFailed) as failed:
-            await asyncio.wait_for(generator._started(stream_id, started), 10)
-        assert failed.value.reason.startswith("unavailable: ")
-        assert started not in lingering and not started.done()  # kept alive, no longer waited for
-        started.cancel()
 
     asyncio.run(main())
 

@@ -2,11 +2,10 @@
 (tests/fakes/pb.py): the real model.py files and engine on the tiny checkpoint, BLS calls answered by
 the other models loaded beside them. No tritonserver: these run in seconds, and reach the paths that
 the integration tests only reach through a live server (the vocoder's guard, tts's BLS calls, the
-generator's one request per stream, stepped by its engine thread)."""
+generator's pipe and its one request per stream, stepped by its engine thread)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -43,7 +42,7 @@ def strings(**values) -> dict[str, np.ndarray]:
 def triton(tiny_ckpt, tmp_path_factory):
     """The five models of the tts pipeline, loaded as Triton would load them, under the run's keys."""
     work = tmp_path_factory.mktemp("in_process")
-    opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"), generator_pipe=True,
+    opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"),
                         voice_dir=str(work / "voices"), vocoder_queue_delay_us=0)  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         fake.install(mp)
@@ -83,36 +82,8 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
     assert got.shape == ref.shape == (6 * 3840,)
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert outputs[-1]["FINISH_REASON"][0].decode() in (LENGTH, STOP)
-    assert not triton.generator.host.service.live
+    assert not triton.generator.host.service.live and not triton.generator.host.pipes.riding
     assert triton.vocoder.service.active == 0
-
-
-def test_tts_on_the_pipe_or_without_it_streams_the_same_audio(triton):
-    """With a pipe (the default: serving.stub.chunk_pipe) and without one (--no-generator-pipe): the same
-    audio, and each stream's generator request ends either way."""
-    inputs = {**strings(TEXT="The same either way"), "SEED": np.array([7], np.int64)}
-    parameters = {"max_patches": 8, "chunk_first": 2, "chunk_next": 3}
-
-    def audio(tts) -> list[np.ndarray]:
-        request = fake.request(inputs, parameters)
-        triton.execute(tts, [request])
-        assert request.sender.finals == 1 and request.sender.errors() == []
-        return [o["AUDIO"] for o in request.sender.outputs() if "AUDIO" in o]
-
-    piped = audio(triton.tts)
-    # A second tts in one run starts the read-receipt board afresh (serving.flow.receipts), voiding the
-    # first one's pipe entry: it is loaded after the first has spoken, and the first opens a new pipe after.
-    unpiped_tts = triton.load("tts", TTSOptions.of(dataclasses.replace(triton.opts, generator_pipe=False)).parameters())
-    try:
-        assert triton.tts.generator.pipe is not None and unpiped_tts.generator.pipe is None
-        unpiped = audio(unpiped_tts)
-    finally:
-        unpiped_tts.finalize()
-        triton.tts.generator.close()
-    assert len(piped) >= 2 and len(unpiped) >= 2  # streamed (where chunks are cut follows the timing)
-    # float-close, as against offline: the vocoder decodes a chunk in whatever batch it lands in
-    np.testing.assert_allclose(np.concatenate(piped), np.concatenate(unpiped), atol=1e-5)
-    assert not triton.generator.host.service.live and not triton.generator.host.outboxes
 
 
 def test_a_pipe_the_generator_ended_is_opened_again_by_the_next_stream(triton):
@@ -273,35 +244,53 @@ def test_vocoder_guard_answers_every_forged_chunk_once(triton):
     assert triton.vocoder.service.active == 0
 
 
-def test_generator_streams_one_request_to_its_last_chunk_and_refuses_keyless(triton, model):
-    """The generator's execute as Triton calls it: one request per stream, released at once; the engine
-    thread steps it and sends its chunks through the request's sender, the response that ends the stream
-    being the only final one. A key-less request is refused at once."""
+def test_generator_streams_one_request_to_its_last_chunk_on_its_pipe_and_refuses_keyless(triton, model):
+    """The generator's execute as Triton calls it: a pipe's opening (answered at once, empty), then one
+    request per stream naming the pipe, released at once and answered by one empty final response once
+    admitted; the engine thread steps it and its chunks come on the pipe, the last one marked. A key-less
+    request, and a stream that names no pipe, are refused at once, by name."""
+    from serving.stub.chunk_pipe import unpack
+
     gen = triton.generator
-    sid = 0x1234567
+    sid, pipe_id = 0x1234567, 0x7654321
     prompt = model.encode_prompt(None)
     inputs = {**strings(TEXT="Generated here", LANGUAGE="English", PROMPT_TEXT=prompt.text),
               "SEED": np.array([3], np.int64), "PROMPT_LATENTS": prompt.latents.numpy(),
               "SPEAKER": prompt.speaker.numpy()}  # fmt: skip
-    keyless = fake.request(inputs, {}, correlation_id=sid + 1, flags=fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+    start = fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    keyless = fake.request(inputs, {}, correlation_id=sid + 1, flags=start)
     gen.execute([keyless])
     assert keyless.sender.finals == 1 and keyless.sender.errors()[0].startswith(FORBIDDEN)
-    request = fake.request(inputs, {INTERNAL_PARAMETER: KEY, "max_patches": 6, "chunk_fixed": True,
-                                    "chunk_first": 1, "chunk_next": 1},
-                           correlation_id=sid, flags=fake.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)  # fmt: skip
+    stream = {INTERNAL_PARAMETER: KEY, "max_patches": 6, "chunk_fixed": True, "chunk_first": 1, "chunk_next": 1}
+    pipeless = fake.request(inputs, stream, correlation_id=sid + 2, flags=start)
+    gen.execute([pipeless])
+    assert pipeless.sender.finals == 1 and pipeless.sender.closed.is_set()
+    (refused,) = pipeless.sender.outputs()
+    assert "pipe" in refused["FINISH_REASON"].reshape(-1)[0].decode() and refused["LAST"].reshape(-1)[0]
+    pipe = fake.request(inputs, {INTERNAL_PARAMETER: KEY, "pipe": "open"}, correlation_id=pipe_id, flags=start)
+    gen.execute([pipe])
+    request = fake.request(inputs, {**stream, "pipe": f"{pipe_id:x}"}, correlation_id=sid, flags=start)
     gen.execute([request])
     assert request.release_flags != fake.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE  # never back in a batch
     assert request.sender.closed.wait(60)
-    assert request.sender.finals == 1 and request.sender.errors() == []
-    outs = request.sender.outputs()
-    assert [o["LAST"].reshape(-1)[0] for o in outs] == [False] * (len(outs) - 1) + [True]
-    got = np.concatenate([o["LATENTS"].reshape(-1, 64) for o in outs])
+    assert request.sender.finals == 1 and request.sender.outputs() == [{}]  # admitted: its chunks on the pipe
+    chunks: list = []
+    deadline = time.monotonic() + 60
+    while not (chunks and chunks[-1].last):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+        chunks = [c for out in pipe.sender.outputs() if out for c in unpack(out.get) if c.stream_id == sid]
+    assert pipe.sender.outputs()[0] == {} and not pipe.sender.closed.is_set()  # the opening; the pipe stays open
+    assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    got = np.concatenate([c.latents for c in chunks])
     ref = reference_latents(model, "Generated here", GenerationParams(seed=3, max_patches=6), prompt)
     assert got.shape == ref.shape == (6 * 4, 64)  # 6 patches of 4 latents: a chunk each
     np.testing.assert_allclose(got, ref.numpy(), atol=1e-5)
-    assert [len(o["LATENTS"].reshape(-1, 64)) for o in outs if len(o["LATENTS"].reshape(-1))] == [4] * 6
-    assert outs[-1]["FINISH_REASON"].reshape(-1)[0].decode() == LENGTH
-    assert not gen.host.service.live
+    assert [len(c.latents) for c in chunks if len(c.latents)] == [4] * 6
+    assert chunks[-1].finish_reason == LENGTH and all(gen.host.keys.sealed(c) for c in chunks)
+    gen.host.channel.mark_cancelled(pipe_id)  # its reader ends it
+    assert pipe.sender.closed.wait(10) and pipe.sender.finals == 1
+    assert not gen.host.service.live and pipe_id not in gen.host.pipes.open
 
 
 def test_ensemble_generator_relays_the_generators_chunks_and_fails_in_band(triton, model):

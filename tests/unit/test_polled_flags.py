@@ -36,12 +36,3 @@ def test_cancellation_polls_stay_within_their_budget_at_any_concurrency():
     assert cancel_poll_seconds(1) == CANCEL_POLL_SECONDS  # a few streams: as often as ever
     for watching in (1, 8, 50, 51, 256, 1024):
         assert watching / cancel_poll_seconds(watching) <= CANCEL_CHECKS_PER_SECOND * (1 + 1e-9)
-
-
-def test_lost_stream_checks_stay_within_their_budget_at_any_concurrency():
-    from serving.stub.bls import LOST_CHECKS_PER_SECOND, LOST_POLL_SECONDS, lost_poll_seconds
-
-    assert lost_poll_seconds(1) == LOST_POLL_SECONDS  # a few streams: as often as ever
-    for reading in (1, 8, 100, 101, 512, 1024):
-        assert reading / lost_poll_seconds(reading) <= LOST_CHECKS_PER_SECOND * (1 + 1e-9)
-    assert lost_poll_seconds(512) > LOST_POLL_SECONDS

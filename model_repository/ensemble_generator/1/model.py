@@ -22,7 +22,6 @@ from serving import contract
 from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.receipts import Receipts
-from serving.flow.receipts import capacity as receipt_capacity
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import check_language, check_text, generation_request
 from serving.security.auth import Keys, parameter_dict
@@ -54,13 +53,12 @@ class TritonPythonModel:
         self.flags = RunFlags(opts.run_dir)
         self.keys = Keys.from_env("ensemble_generator")
         self.threads = StubThreads("ensemble")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
         channel = SideChannel(opts.cancel_dir or None)
-        bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, self.keys.parameters(), self.flags)
+        bls = BLS(pb, opts.bls_timeout_seconds, self.keys.parameters(), self.flags)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
-        receipts = Receipts(channel.dir, "ensemble_generator", receipt_capacity(opts.slots))  # docs/triton.md#T23
-        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts,
-                                      self.keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
+        receipts = Receipts(channel.dir, "ensemble_generator")  # its pipes' (docs/triton.md#T23)
+        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts, self.keys.new_stream_id)
         self.admission = channel.gate("ensemble_generator", opts.capacity)
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),

@@ -2,12 +2,13 @@
 
 Decoupled, one long-lived request per stream (the triton vllm_backend pattern, no sequence batcher):
 ``execute`` authenticates and parses each new request and hands it to serving.stub.generator_host, whose
-engine thread admits it between two steps, steps all live streams in one batched call and sends each
-stream's chunks through its response sender, the last one FINAL. Responses carry the vocoder's inputs,
-sealed; a failed stream ends with a normal last response whose FINISH_REASON says why. A stream's next
-response waits until its reader has read the one before (the request's ``receipt`` parameter:
-serving.flow.receipts, docs/triton.md#T23). A reader may open a pipe (the ``pipe`` parameter:
-serving.stub.chunk_pipe): its streams' chunks then go out on it, a step's in one response.
+engine thread admits it between two steps and steps all live streams in one batched call. Each reading
+process (tts, ensemble_generator) opens a pipe (the ``pipe`` parameter: serving.stub.chunk_pipe) and names
+it in every stream request: its streams' chunks go out on it, a step's in one response, each response once
+its reader has read the one before (the opening's ``receipt`` parameter: serving.flow.receipts,
+docs/triton.md#T23). Chunks carry the vocoder's inputs, sealed; a failed stream ends with a normal last
+chunk whose FINISH_REASON says why. A stream's own request gets one final response: empty once the stream
+is admitted, or a chunk that refuses it.
 
 Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
 correlation ids, which name the streams): every key-less request is refused.
@@ -46,13 +47,13 @@ class TritonPythonModel:
                 continue
             try:
                 stream_id = r.correlation_id()
-                receipt = host.receipts.entry(given.pop(RECEIPT, ""))  # its reader's (T23)
                 pipe = given.pop(PIPE, "")
-                if pipe == OPEN:
-                    host.submit(PipeOpening(stream_id, sender, receipt))
+                if pipe == OPEN:  # paced by its reader's receipt (T23)
+                    host.submit(PipeOpening(stream_id, sender, host.receipts.entry(given.pop(RECEIPT, ""))))
                     continue
-                pipe_id = int(pipe, 16) if pipe else 0
-                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, receipt, pipe_id))
+                if not pipe:
+                    raise ValueError(f"a generator stream names its pipe (the {PIPE!r} parameter)")
+                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, int(pipe, 16)))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")

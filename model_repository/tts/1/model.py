@@ -21,7 +21,6 @@ from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of, without_token
 from serving.flow.places import Place, TextPlace
 from serving.flow.receipts import Receipts
-from serving.flow.receipts import capacity as receipt_capacity
 from serving.flow.side_channel import SideChannel
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
@@ -58,14 +57,14 @@ class TritonPythonModel:
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.threads = StubThreads("tts")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's BLS reads hold one each
-        bls = BLS(pb, opts.bls_timeout_seconds, self.threads.pool, keys.parameters(), self.flags)
+        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
+        bls = BLS(pb, opts.bls_timeout_seconds, keys.parameters(), self.flags)
         channel = SideChannel(opts.cancel_dir or None)
         self.paces = PaceTable(opts.pace_hold_seconds, channel.mark_paused, channel.unmark_paused)  # by token
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
-        receipts = Receipts(channel.dir, "tts", receipt_capacity(opts.slots))  # docs/triton.md#T23
-        self.generator = generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts,
-                                                  keys.new_stream_id if opts.generator_pipe else None)  # fmt: skip
+        receipts = Receipts(channel.dir, "tts")  # its pipes' (docs/triton.md#T23)
+        generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts, keys.new_stream_id)
+        self.generator = generator
         vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder, lambda text: len(tokenizer.encode(text)),
                                          keys.new_stream_id, starts=StartWindow.of(opts.start_rate),
