@@ -250,14 +250,14 @@ def test_a_paused_stream_is_not_stepped_keeps_its_slot_and_loses_its_mark_at_its
     host.submit(PipeOpening(9100, pipe, None))
     host.channel.mark_paused(301)  # paused before it is admitted (a stream opened while its request is paused)
     for i in (301, 302):
-        host.submit(Arrival(i, inputs(model, seed=i), PipeSender(), None, 9100))
+        host.submit(Arrival(i, inputs(model, seed=i), PipeSender(), 9100))
     wait(lambda: any(c.last for c in pipe.chunks(302)))
     assert pipe.chunks(301) == [] and 301 in host.service.live and len(host.service.free) == 1
     host.channel.unmark_paused(301)
     wait(lambda: any(c.last for c in pipe.chunks(301)))
     same_as_alone(model, 301, pipe.chunks(301))
     host.channel.mark_paused(303)
-    host.submit(Arrival(303, inputs(model, seed=3), PipeSender(), None, 9100))
+    host.submit(Arrival(303, inputs(model, seed=3), PipeSender(), 9100))
     wait(lambda: 303 in host.service.live)
     host.channel.mark_cancelled(303)  # a paused stream still ends when cancelled, and its mark goes with it
     wait(lambda: any(c.last for c in pipe.chunks(303)))
