@@ -5,21 +5,24 @@ path (the vocoder, the sends), and the generator runs a new stream far ahead of 
 new streams queues its chunks there in front of the next chunk of streams already playing, which then
 stall. Holding a start back costs it first-audio latency, never a stall.
 
-Why it is not a fixed number: a window of W places, each held from a start to its first audio (about four
-generator steps), admits at most W / (4 x step) starts a second. Sized on a CPU with free math (32), it makes
-starts wait in line on a GPU whose step is 80 ms (~100 starts a second), and would let too many through on a
-faster step. What the delivery path can take is a rate of starts (each start puts about five chunks on it
-in its first seconds: engine.chunking's doubling), so the window is that rate times the time a start takes
-to reach its first audio when nothing queues (Little's law): ``W = rate x base``, where ``base`` is the
-least time to first audio of the last :data:`BASE_STARTS` starts. ``base`` follows the step (an 80 ms step
-gives a window about four times a free-math one) and not the queue: a window that grew with queued time
-would let in more the more congested the path (a start that waits in line is still counted in the
-window, so the starts in flight stay W and the path self-clocks).
+Why it is not only a fixed number: a window of W places, each held from a start to its first audio (about
+four generator steps), admits at most W / (4 x step) starts a second. So a fixed window admits fewer starts
+a second the slower the step, while what the delivery path can take is a rate of starts (each start puts
+about five chunks on it in its first seconds: engine.chunking's doubling). The window is therefore the
+larger of ``least`` (32: what the fixed window measured safe here) and that rate times the time a start
+takes to reach its first audio when nothing queues (Little's law): ``W = max(least, rate x base)``, where
+``base`` is the least time to first audio of the last :data:`BASE_STARTS` starts. ``base`` follows the step
+and not the queue: a window that grew with queued time would let in more the more congested the path (a
+start that waits in line is still counted in the window, so the starts in flight stay W and the path
+self-clocks). The default rate, 96 starts a second, is what a 2-core machine's path carried at an 80 ms
+step without a stall (docs/benchmarks.md, "The start window"); a window that let in more there (128 a
+second and growing) gave first audio sooner but stalled listeners at 128 requests a second. A larger
+machine can take a higher ``--start-rate``.
 
 - **A late listener backs it off.** A playing stream whose chunk goes out when its listener holds less than
-  ``late_seconds`` of audio (:meth:`played`) halves the window, at most once a round (the smoothed time to
-  first audio); each round with no late listener gives back a tenth of what was taken, up to the full
-  window.
+  ``late_seconds`` of audio (:meth:`played`) halves the rate part of the window (never below ``least``), at
+  most once a round (the smoothed time to first audio); each round with no late listener gives back a tenth
+  of what was taken.
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
 
@@ -64,19 +67,17 @@ class Start:
 
 BASE_STARTS = 256  # starts whose least time to first audio is the window's base
 FIRST_GUESS_SECONDS = 0.25  # the base before any start has reached its first audio
-GROWTH, GROW_BELOW = 1.05, 1.5  # the rate grows 5 % a round while starts wait and first audio is near its base
 
 
 class StartWindow:
     """Places for starts (see the module's description): ``rate`` starts a second times the base time to
     first audio, within ``least`` and ``most`` places."""
 
-    def __init__(self, rate: float = 128.0, least: int = 4, most: int = 4096, late_seconds: float = 0.05,
+    def __init__(self, rate: float = 96.0, least: int = 32, most: int = 4096, late_seconds: float = 0.05,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
         if not rate > 0 or not 1 <= least <= most:
             raise ValueError(f"need rate > 0 and 1 <= least <= most, got {rate}, {least}, {most}")
         self.rate, self.least, self.most, self.late_seconds, self.clock = rate, least, most, late_seconds, clock
-        self.most_rate = 16 * rate
         self.penalty = 1.0  # what late listeners left of the window (0.5 after one, back to 1 a tenth a round)
         self.starting = 0  # places held
         self.waiting: deque[asyncio.Future] = deque()  # starts waiting for a place, oldest first
@@ -145,12 +146,9 @@ class StartWindow:
             took = now - start.began
             self.recent.append(took)
             self.first = took if self.first is None else self.first + 0.25 * (took - self.first)
-            if now - max(self.backed_off, self.recovered) >= self.round:  # a round with no late listener
+            if self.penalty < 1 and now - max(self.backed_off, self.recovered) >= self.round:  # no late listener
                 self.recovered = now
-                if self.penalty < 1:
-                    self.penalty = min(1.0, self.penalty + 0.1)
-                elif self.first <= GROW_BELOW * self.base and self.waiting:  # starts wait, nothing queues
-                    self.rate = min(self.rate * GROWTH, self.most_rate)
+                self.penalty = min(1.0, self.penalty + 0.1)
         self._admit()
 
     def _admit(self) -> None:

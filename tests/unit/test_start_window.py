@@ -97,32 +97,6 @@ def test_a_stream_that_waited_for_its_own_client_is_not_late():
     assert w.late == 0 and w.limit == 32
 
 
-def test_the_rate_grows_only_while_starts_wait_and_first_audio_is_near_its_least():
-    async def main():
-        clock = Clock()
-        w = StartWindow(rate=16, least=1, clock=clock)  # 4 places
-        held = [await w.acquire() for _ in range(4)]
-        waiter = asyncio.ensure_future(w.acquire())
-        await asyncio.sleep(0)
-        clock.now += 0.25
-        held[0].delivered()  # a start waits, first audio at its least: the rate grows 5 %
-        assert w.rate == pytest.approx(16 * 1.05)
-        (await asyncio.wait_for(waiter, 1)).delivered()
-        clock.now += 1.0
-        held[1].delivered()  # nobody waits: no growth
-        assert w.rate == pytest.approx(16 * 1.05)
-        waiters = [asyncio.ensure_future(w.acquire()) for _ in range(3)]
-        await asyncio.sleep(0)
-        clock.now += 5.0
-        held[2].delivered()  # starts wait, but first audio took 5.25 s, far over its least: queueing, no growth
-        assert w.rate == pytest.approx(16 * 1.05)
-        held[3].delivered()
-        for t in waiters:
-            (await asyncio.wait_for(t, 1)).abandoned()
-
-    run(main())
-
-
 def test_waiting_starts_are_admitted_in_arrival_order_and_a_cancelled_one_leaks_no_place():
     async def main():
         w = StartWindow(rate=4, least=1, clock=Clock())  # 1 place
@@ -230,27 +204,31 @@ def simulate(window: StartWindow | None, clock: Clock, arrivals: int = 1024, cap
     return asyncio.run(main())
 
 
-def test_a_burst_starts_everyone_in_order_sooner_than_a_fixed_window_and_without_stalls():
-    """1,024 streams at once at an 80 ms step. With every stream let in at once, a path that carries 40
-    chunks a step stalls most listeners. The fixed window of 32 stalls none and gives first audio p90 of
-    11.5 s on any path (the real server measured 11.2 s, issue 44). The window here stalls none on paths
-    of 20, 40 and 400 chunks a step and, where the path has room, starts everyone far sooner."""
+def test_a_burst_on_a_slow_step_starts_at_the_rate_and_on_a_fast_one_as_the_fixed_window():
+    """1,024 streams at once. At an 80 ms step the window is the fixed 32 (the rate part, 96/s x 0.32 s, is
+    smaller), so it does what the fixed window did: no stalls, first audio p90 11.5 s (the real server
+    measured 10.6-11.2 s). At a 120 ms step a fixed 32 admits 67 starts a second; the window keeps 96, and
+    first audio comes sooner, without stalls on a path with room."""
     results = {}
-    for capacity in (400, 40, 20):
-        for name, window in (("all at once", lambda c: None), ("fixed 32", lambda c: FixedWindow(32)),
-                             ("window", lambda c: StartWindow(128, 4, clock=c))):  # fmt: skip
+    for step in (0.08, 0.12):
+        for name, window in (("fixed 32", lambda c: FixedWindow(32)), ("window", lambda c: StartWindow(clock=c))):
             clock = Clock()
-            results[name, capacity] = simulate(window(clock), clock, capacity=capacity)
+            results[name, step] = simulate(window(clock), clock, capacity=400, step=step)
     print({k: {m: v for m, v in r.items() if m != "order"} for k, r in results.items()})
     for r in results.values():
-        assert r["chunks"] == 1024 * len(SIZES)
-    for capacity in (400, 40, 20):
-        assert results["window", capacity]["order"] == list(range(1024))
-        assert results["window", capacity]["stalls"] == 0
-        assert results["window", capacity]["first_p90"] <= results["fixed 32", capacity]["first_p90"]
-    assert results["all at once", 40]["stalls"] > 500
-    assert results["fixed 32", 400]["first_p90"] > 10
-    assert results["window", 400]["first_p90"] < 0.6 * results["fixed 32", 400]["first_p90"]
+        assert r["chunks"] == 1024 * len(SIZES) and r["stalls"] == 0
+    assert results["window", 0.12]["order"] == list(range(1024))
+    assert results["window", 0.08]["first_p90"] == results["fixed 32", 0.08]["first_p90"] > 10
+    assert results["window", 0.12]["first_p90"] < results["fixed 32", 0.12]["first_p90"] / 1.3
+
+
+def test_everyone_at_once_stalls_where_the_window_does_not():
+    """The reason for a window at all: on a path that carries 40 chunks a step, 1,024 streams let in at once
+    stall most listeners; the window stalls none."""
+    clock = Clock()
+    window = simulate(StartWindow(clock=clock), clock, capacity=40)
+    free = simulate(None, Clock(), capacity=40)
+    assert free["stalls"] > 500 and window["stalls"] == 0
 
 
 def test_the_window_needs_a_rate_and_least_le_most():
