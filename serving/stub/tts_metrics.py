@@ -12,20 +12,20 @@ class TTSMetrics:
 
     def __init__(self, pb, batch):
         """``batch``: the serving.stub.metric_batch.MetricBatch that moves them."""
-        self.batch, family = batch, pb.MetricFamily
-        self.requests = family("tts_requests_total", "tts requests by outcome", family.COUNTER)
+        self.batch = batch
+        self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
         self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.gauges = [
-            family("tts_requests_in_flight", "tts requests holding an admission place", family.GAUGE),
-            family("tts_requests_waiting", "tts requests with no audio sent yet", family.GAUGE),
-            family("tts_text_streams_open", "text-in streams open", family.GAUGE),
+            pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
         ]
         self.in_flight, self.waiting, self.open = (g.Metric() for g in self.gauges)
         self.counts = [0, 0]  # requests in flight, waiting
-        self.audio_family = family("tts_audio_seconds_total", "audio streamed", family.COUNTER)
+        self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
         self.audio_seconds = self.audio_family.Metric()
-        self.first_family = family("tts_first_chunk_seconds", "request arrival to first audio chunk sent",
-                                   family.HISTOGRAM)  # fmt: skip
+        self.first_family = pb.MetricFamily("tts_first_chunk_seconds", "request arrival to first audio chunk sent",
+                                            pb.MetricFamily.HISTOGRAM)  # fmt: skip
         self.first_chunk = self.first_family.Metric(buckets=FIRST_CHUNK_BUCKETS)
 
     def count(self, in_flight: int, waiting: int) -> None:
