@@ -197,25 +197,16 @@ def synthesize_long(client: TTSClient, text: str, request: dict, out: str, part_
         print(f"error: cannot write {out}: {e}", file=sys.stderr)
         return 1
     progress = _PartProgress(sys.stderr, len("".join(split_text(text, part_chars))), enabled=not quiet)
-    try:
+
+    def write() -> None:
         for part in speak_long(client, text, part_chars, **request, on_plan=progress.plan):
             if part.index:
                 sink.write(silence())
             sink.write(part.audio)
             progress.part(part)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (TTSError, ConnectionError, TimeoutError) as e:
-        progress.end()
-        print(f"error: {e}", file=sys.stderr)
-        _discard(sink, out)
-        return 1
-    except KeyboardInterrupt:
-        progress.end()
-        _discard(sink, out)
-        return 130
-    sink.close()
+
+    if (failed := _written(sink, out, progress, write)) is not None:
+        return failed
     progress.end()
     if not quiet:
         where = "stdout (s16le, 24 kHz mono)" if out == "-" else f"{out} (24 kHz mono 16-bit WAV)"
@@ -254,7 +245,8 @@ def synthesize(client: TTSClient, text: str | None, request: dict, out: str, qui
         print(f"error: cannot write {out}: {e}", file=sys.stderr)
         return 1
     progress = _Progress(sys.stderr, enabled=not quiet)
-    try:
+
+    def write() -> None:
         # the plan text arrives before the first chunk, so it is printed above the progress line
         chunks = (client.stream(text, **request, on_plan=progress.plan) if lines is None
                   else client.stream_text(lines, flush=True, **request, on_plan=progress.plan))  # fmt: skip
@@ -262,6 +254,18 @@ def synthesize(client: TTSClient, text: str | None, request: dict, out: str, qui
             for chunk in chunks:
                 sink.write(chunk.audio)
                 progress.chunk(chunk)
+
+    if (failed := _written(sink, out, progress, write)) is not None:
+        return failed
+    progress.summary(out)
+    return 0
+
+
+def _written(sink, out: str, progress, write: Callable[[], None]) -> int | None:
+    """Run ``write`` into ``sink`` and close it: None, or on a failure the exit status (the error on stderr,
+    a partial ``out`` removed)."""
+    try:
+        write()
     except BrokenPipeError:  # the reader of --out - went away (e.g. the player was closed)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 1
@@ -275,8 +279,7 @@ def synthesize(client: TTSClient, text: str | None, request: dict, out: str, qui
         _discard(sink, out)
         return 130
     sink.close()
-    progress.summary(out)
-    return 0
+    return None
 
 
 def _discard(sink, out: str) -> None:
