@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from serving.config.options import ServeOptions
 
 # The vocoder's stream table holds a stream for every request admission lets in (slots + max_queue: each
-# has at most one stream open at a time, generating or ended with its chunks still on their way through a
-# backlogged consumer), and room besides (a stream whose consumer died waits for reaping).
+# has one stream open at a time, generating or ended with its chunks still on their way through a
+# backlogged consumer; read-ahead segments add streams only on free generator slots, so generating streams
+# stay within slots), and room besides (a stream whose consumer died waits for reaping).
 VOCODER_SPARE_STREAMS = 64
 _INTEGER = re.compile(r"-?[0-9]+")
 
