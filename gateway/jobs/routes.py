@@ -11,9 +11,11 @@ Another owner's job is 404, as an id that never was: ids cannot be probed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, StreamingResponse
@@ -30,7 +32,7 @@ from gateway.jobs.runner import STORAGE_FULL, JobRunner
 from gateway.jobs.store import DONE, ENDED, Job, JobStore
 from gateway.shares import RATE_LIMIT_TYPE, host_of
 
-EVENT_POLL_SECONDS = 0.5  # how often an events stream looks for a change
+EVENT_WAKE_SECONDS = 1.0  # an events stream wakes at each change of the store, and at least this often
 KEEPALIVE_SECONDS = 15.0  # an SSE comment this often when nothing changes (proxies close idle streams)
 NOT_FOUND = "no job {id} (jobs are seen only with the key, or from the address, that made them)"
 
@@ -159,9 +161,11 @@ def check_room(store: JobStore, options: JobOptions, owner: str, address: str) -
 
 
 async def events(job_id: str, store: JobStore, shown_job):
-    """SSE: ``data: <job object>`` now and at each change, until the job ends (or is deleted: an error event)."""
+    """SSE: ``data: <job object>`` now and at each change, until the job ends (or is deleted: an error event).
+    It wakes at each write of the store (every part made is seen), and each second for the changing ETA."""
     last, quiet = None, 0.0
     while True:
+        change = store.changed()  # taken before the read: a write after it still wakes us
         job = store.get(job_id)
         if job is None:
             yield f"data: {json.dumps({'error': {'message': NOT_FOUND.format(id=job_id)}})}\n\n"
@@ -176,5 +180,8 @@ async def events(job_id: str, store: JobStore, shown_job):
             yield ": keep-alive\n\n"
         if job.state in ENDED:
             return
-        await asyncio.sleep(EVENT_POLL_SECONDS)
-        quiet += EVENT_POLL_SECONDS
+        started = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EVENT_WAKE_SECONDS):
+                await change.wait()
+        quiet += time.monotonic() - started

@@ -5,6 +5,7 @@ scoped by owner: a job of another owner is absent, not forbidden. Used from the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -88,6 +89,16 @@ class JobStore:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        self._change = asyncio.Event()  # set (and replaced) at each write: events streams wake on it
+
+    def changed(self) -> asyncio.Event:
+        """The event the next write sets: take it *before* reading, so a write between the read and the
+        wait still wakes the waiter."""
+        return self._change
+
+    def _wrote(self) -> None:
+        self._change.set()
+        self._change = asyncio.Event()
 
     def close(self) -> None:
         self.db.close()
@@ -105,6 +116,7 @@ class JobStore:
             )  # fmt: skip
             self.db.executemany("INSERT INTO parts (job, idx, text) VALUES (?, ?, ?)",
                                 [(job_id, i, text) for i, text in enumerate(parts)])  # fmt: skip
+        self._wrote()
 
     def get(self, job_id: str, owner: str | None = None) -> Job | None:
         """The job ``job_id``, or None (also when ``owner`` is given and is not its owner)."""
@@ -144,13 +156,16 @@ class JobStore:
             self.db.execute("BEGIN")
             self.db.execute("UPDATE parts SET samples = ? WHERE job = ? AND idx = ?", (samples, job_id, index))
             self.db.execute("UPDATE jobs SET bytes = bytes + ? WHERE id = ?", (nbytes, job_id))
+        self._wrote()
 
     def part_lost(self, job_id: str, index: int) -> None:
         """Part ``index``'s file is gone: it is made again."""
         self.db.execute("UPDATE parts SET samples = NULL WHERE job = ? AND idx = ?", (job_id, index))
+        self._wrote()
 
     def set_bytes(self, job_id: str, nbytes: int) -> None:
         self.db.execute("UPDATE jobs SET bytes = ? WHERE id = ?", (nbytes, job_id))
+        self._wrote()
 
     def set_state(self, job_id: str, state: str, error: str | None = None) -> None:
         """``state`` (an ended one stamps ``finished``); a job that has ended keeps its state."""
@@ -159,10 +174,12 @@ class JobStore:
             f"UPDATE jobs SET state = ?, error = ?, finished = ? WHERE id = ? AND state NOT IN ({','.join('?' * 3)})",
             (state, error, finished, job_id, *ENDED),
         )
+        self._wrote()
 
     def requeue(self, job_id: str) -> None:
         """A job left running by a gateway that stopped is queued again (its made parts kept)."""
         self.db.execute("UPDATE jobs SET state = ? WHERE id = ? AND state = ?", (QUEUED, job_id, RUNNING))
+        self._wrote()
 
     def ended_before(self, when: float) -> list[str]:
         """Ids of the jobs that ended before Unix time ``when``."""
@@ -171,3 +188,4 @@ class JobStore:
 
     def delete(self, job_id: str) -> None:
         self.db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))  # its parts go with it (ON DELETE CASCADE)
+        self._wrote()

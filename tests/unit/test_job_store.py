@@ -45,3 +45,18 @@ def test_an_ended_job_keeps_its_state_and_is_found_by_age_and_deleted_with_its_p
     assert store.ended_before(time.time() + 1) == ["j1"] and store.ended_before(job.finished - 1) == []
     store.delete("j1")
     assert store.get("j1") is None and store.parts("j1") == []
+
+
+def test_each_write_sets_the_event_taken_before_it_and_no_later_one(tmp_path):
+    """An events stream takes ``changed()`` before it reads: the next write wakes it (no part made is missed
+    between two polls), and a read alone wakes nobody."""
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    before_add = store.changed()
+    store.add("j1", "o", "a", {}, "wav", None, ["x", "y"])
+    assert before_add.is_set()
+    before_part = store.changed()
+    assert not before_part.is_set()
+    store.get("j1"), store.parts("j1"), store.count("o", "a")
+    assert not before_part.is_set()
+    store.part_made("j1", 0, 10, 40)
+    assert before_part.is_set() and not store.changed().is_set()
