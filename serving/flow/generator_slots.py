@@ -6,7 +6,7 @@ its ``slots`` is free: the sequence batcher's backlog stays empty, and how long 
 bounded by the admission gate (serving.flow.side_channel), not by Triton's idle timer.
 
 The count is shared by both senders through a file in the run's cancellation folder, as the admission
-gate's is (the same :class:`~serving.flow.side_channel.Admission`, with ``slots`` places). A sender takes a slot
+gate's is (the same :class:`~serving.flow.admission.Admission`, with ``slots`` places). A sender takes a slot
 before it sends a stream and gives it back once the generator has ended it (its last chunk, a cancel
 answered, or the stream lost).
 
@@ -22,7 +22,7 @@ import asyncio
 from pathlib import Path
 
 from engine.segments import ahead_may_start
-from serving.flow.side_channel import Admission
+from serving.flow.admission import Admission
 
 FILE = "generator_slots"
 WAITERS_FILE = "generator_slot_waiters"  # streams (not read-ahead) waiting for a slot, per sender
@@ -31,7 +31,7 @@ POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free 
 
 class GeneratorSlots:
     """``slots`` places shared by every process that sends streams to the generator; ``model`` is this one
-    (one of :data:`serving.flow.side_channel.ADMITTERS`)."""
+    (one of :data:`serving.flow.admission.ADMITTERS`)."""
 
     def __init__(self, board: str | Path, model: str, slots: int):
         self.gate = Admission(board, model, slots, file=FILE)

@@ -1,7 +1,7 @@
 """The admission place of one ``tts`` request, and when a text-in stream holds it. No Triton, no files of its own.
 
 :class:`Place` is the one owner of a request's place: it takes it from the gate (serving.flow.side_channel's
-:class:`~serving.flow.side_channel.Admission`, shared with tts_ensemble), gives it back, and keeps the two gauges
+:class:`~serving.flow.admission.Admission`, shared with tts_ensemble), gives it back, and keeps the two gauges
 that count places (``count(in_flight, waiting)``: held, and held with no audio sent since taken) in the same
 calls, so that the gate and the gauges cannot disagree whichever way a request ends.
 

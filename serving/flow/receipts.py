@@ -29,7 +29,7 @@ import struct
 import threading
 from pathlib import Path
 
-from serving.flow.side_channel import ADMITTERS
+from serving.flow.admission import ADMITTERS
 
 PARAMETER = "receipt"  # a pipe opening's entry on its reader's board: "<reader>:<index>"
 FILE = "receipts-"  # + the reading model's name

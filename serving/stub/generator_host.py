@@ -36,9 +36,10 @@ from dataclasses import dataclass
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
 from engine.step_cost import StepBudget
 from serving.config.model_options import GeneratorOptions
+from serving.flow.admission import Admission
 from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.flow.receipts import ReceiptBoard
-from serving.flow.side_channel import Admission, SideChannel
+from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
 from serving.stub.generator_pipes import PipeOpening, Pipes

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving.flow.side_channel import Admission
+from serving.flow.admission import Admission
 from serving.supervision.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
 from serving.supervision.vitals import (
     EXECUTED,

@@ -24,8 +24,8 @@ import pytest
 
 from client import TTSClient
 from serving.config.repository import ServeOptions, build
+from serving.flow.admission import Admission
 from serving.flow.generator_slots import FILE as SLOTS_FILE
-from serving.flow.side_channel import Admission
 from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel
 from tests.reference import snr_db

@@ -297,7 +297,7 @@ def test_admission_places_held_with_nothing_running_are_an_incident(launcher):
     nothing queued and nothing executing; readiness stayed 200 and the supervisor silent while such
     places piled up (24 of 40 after a 10-minute soak). Here the place is taken from outside, as a lost
     request held it: the leak rule replaces the server after --stall-seconds, which frees it."""
-    from serving.flow.side_channel import Admission
+    from serving.flow.admission import Admission
 
     log_start = len(launcher.text())
     watch = ReadyWatch(launcher)

@@ -15,7 +15,7 @@ from client import AsyncTTSClient, Chunk, InvalidRequest, ServerBusy, TTSClient
 from client.text_in import piece_request
 from serving.config.repository import ServeOptions, build
 from serving.contract import TEXT_STREAMS_PER_PLACE
-from serving.flow.side_channel import Admission
+from serving.flow.admission import Admission
 from serving.intake.requests import MAX_TEXT_CHARS
 from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import wait_gauges_zero

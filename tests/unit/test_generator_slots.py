@@ -39,8 +39,8 @@ def test_slots_are_shared_across_senders_and_come_back(tmp_path):
 def test_the_generators_cap_holds_the_slots_below_their_number_and_lifting_it_frees_them(tmp_path):
     """The generator's step budget caps the slots (serving.stub.generator_host): a sender waits for a slot at
     the cap with slots still free, and takes one as soon as the cap is lifted (0: no cap)."""
+    from serving.flow.admission import Admission
     from serving.flow.generator_slots import FILE
-    from serving.flow.side_channel import Admission
 
     async def main():
         tts = GeneratorSlots(tmp_path, "tts", 8)

@@ -60,7 +60,7 @@ class PieceRequest:
 
 
 class CountingGate:
-    """The admission gate's counts, in memory (serving.flow.side_channel.Admission's rule)."""
+    """The admission gate's counts, in memory (serving.flow.admission.Admission's rule)."""
 
     def __init__(self, capacity: int):
         self.capacity, self.held = capacity, 0

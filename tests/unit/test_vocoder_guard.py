@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from engine.protocol import Chunk, Unavailable, end_chunk, error_kind, tagged
-from serving.flow.side_channel import UNCLAIMED_SECONDS, Admission, LiveStreams, SideChannel
+from serving.flow.admission import Admission
+from serving.flow.side_channel import UNCLAIMED_SECONDS, LiveStreams, SideChannel
 from serving.security.auth import Keys
 from serving.security.vocoder_guard import (
     DROPPED,
