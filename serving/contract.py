@@ -1,11 +1,9 @@
-"""Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once.
+"""Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once,
+and the one encoding of a generator stream's settings (:func:`encode_settings`, :func:`decode_settings`).
 
-``config.pbtxt`` files are rendered from these specs (:mod:`serving.config.repository`), the model files,
-the BLS calls and the client read and write through them, and a test checks the tables in docs/serving.md
-against them (``python -m serving.contract`` prints those tables). Shapes exclude the batch dimension of
-models with ``max_batch_size > 0``. Request defaults and limits come from :mod:`engine.params`.
-Past 300 lines on purpose: every model's tensors, and what a client's request may carry, in one table
-a reader (and the docs' test) can hold side by side.
+``config.pbtxt`` files are rendered from these specs, and the tables in docs/serving.md are checked against
+them (``python -m serving.contract`` prints them; docs/serving.md, "Inside").
+Shapes exclude the batch dimension of models with ``max_batch_size > 0``. Defaults and limits: :mod:`engine.params`.
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import protocol as _p
+from engine.chunking import ChunkSchedule
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, CoreConfig
 from engine.instructions import (
     ACOUSTIC_EDIT,
@@ -28,31 +28,31 @@ from engine.instructions import (
     TASK_DEFAULTS,
     TASKS,
 )
-from engine.params import CFG, DEFAULT_SEED, GENERATION_PARAMETERS, UTTERANCE_PARAMETERS, Parameter
-from engine.protocol import (
-    CANCELLED,
-    ERROR,
-    INVALID,
-    LATENT_DIM,
-    LENGTH,
-    MAX_REFERENCE_SECONDS,
-    SAMPLE_RATE,
-    STOP,
-    UNAVAILABLE,
+from engine.params import (
+    BUFFERED_MS,
+    CFG,
+    DEFAULT_SEED,
+    GENERATION_PARAMETERS,
+    GENERATOR_PARAMETERS,
+    UTTERANCE_PARAMETERS,
+    GenerationParams,
+    Parameter,
+    generation_params,
+    parse_parameters,
 )
+from engine.protocol import LATENT_DIM, LENGTH, MAX_REFERENCE_SECONDS, SAMPLE_RATE, STOP
 
-# Bounds on the tensors the internal models take, from the contract (no internal model trusts its
-# caller's sizes): prompt latents of the longest reference, left-padded to whole patches ...
+# Bounds on the tensors the internal models take (none trusts its caller's sizes): prompt latents of the
+# longest reference and of the longest recording an Instruct edit takes, left-padded to whole patches, the
+# longest chunk a generator stream sends (the largest chunk_first / chunk_next), the CAM++ embedding's size.
 MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
-# ... the longest chunk a generator stream sends (the largest chunk_first / chunk_next) ...
-MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name in ("chunk_first", "chunk_next"))
-SPEAKER_DIM = CoreConfig.spk_in_dim  # ... and the CAM++ speaker embedding's size
-# ... and the latents of the longest recording an Instruct edit takes (whole patches)
 MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
+MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name in ("chunk_first", "chunk_next"))
+SPEAKER_DIM = CoreConfig.spk_in_dim
 
-# What a client's request may carry, checked where it enters (tts, the gateway) by these same values:
+# What a client's request may carry, checked where it enters (tts, the gateway) by these same values.
 # Pacing (serving.flow.pacing): a paced request's token parameter, a pace request's parameters, and what
-# every pace request's error message starts with after its kind (a client tells them from its stream's)
+# every pace request's error message starts with after its kind (a client tells them from its stream's).
 PACE, DELIVERED, PACE_REQUEST = "pace", "delivered", "pace request: "
 MAX_TEXT_CHARS = 4000  # TEXT (the gateway's ``input``): characters before the front end (long texts: split)
 VOICE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # VOICE_ID, the voices model's NAME: safe as a file name
@@ -64,15 +64,16 @@ def is_seed(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and SEED_RANGE[0] <= value <= SEED_RANGE[1]
 
 
+def check_seed(seed) -> int | None:
+    """A SEED (:func:`is_seed`), or None when absent; ValueError otherwise."""
+    if seed is not None and not is_seed(seed):
+        raise ValueError(f"SEED must be an int64, got {seed!r}")
+    return seed
+
+
 # Triton config type -> (datatype on the wire, numpy dtype)
-_TYPES = {
-    "TYPE_FP32": ("FP32", np.float32),
-    "TYPE_INT32": ("INT32", np.int32),
-    "TYPE_INT64": ("INT64", np.int64),
-    "TYPE_UINT64": ("UINT64", np.uint64),
-    "TYPE_BOOL": ("BOOL", np.bool_),
-    "TYPE_STRING": ("BYTES", np.object_),
-}
+_TYPES = {"TYPE_FP32": ("FP32", np.float32), "TYPE_INT32": ("INT32", np.int32), "TYPE_INT64": ("INT64", np.int64),
+          "TYPE_UINT64": ("UINT64", np.uint64), "TYPE_BOOL": ("BOOL", np.bool_), "TYPE_STRING": ("BYTES", np.object_)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,7 @@ def text_of(arr) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-FINISH_REASONS = (
-    f"`{STOP}`, `{LENGTH}`, `{CANCELLED}`, `{INVALID}<message>`, `{UNAVAILABLE}<message>` or `{ERROR}<message>`"
-)
+FINISH_REASONS = f"`{STOP}`, `{LENGTH}`, `{_p.CANCELLED}`, `{_p.INVALID}<message>`, `{_p.UNAVAILABLE}<message>` or `{_p.ERROR}<message>`"
 
 DEFAULT_RELEASE = "sentence"  # a text-in stream's segments: cut at sentence ends too (engine.frontend.text_in)
 
@@ -152,21 +151,12 @@ TTS_INPUTS = (
          "text-in streams, first request: `sentence` (the default: a segment is cut at each sentence end too) or "
          "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
-# A text-in stream (a client's gRPC sequence to tts: serving.intake.text_streams) holds an admission place only while
-# it has text to speak (serving.flow.places); these bound what a stranger can make one hold, and how many may be open.
-# A piece's TEXT has MAX_TEXT_CHARS (serving.intake.requests).
-MAX_STREAM_CHARS = 16_000  # text of one stream, all its pieces together (four whole-text requests)
-MAX_STREAM_PIECES = 2_000  # requests of one stream
-# the longest wait for a stream's next piece (serving.config.options: --text-idle-seconds)
-DEFAULT_TEXT_IDLE_SECONDS = 30
-# The longest a stream may stay open for text, START to END (--text-max-seconds). An agent opens a stream per turn
-# and a turn's text comes in seconds (an LLM writes a reply of a few sentences in 1-10 s); five minutes is a long
-# monologue sent at speaking pace. Without it, a piece every idle bound keeps a stream open for MAX_STREAM_PIECES x
-# 30 s, about 16 h.
-DEFAULT_TEXT_MAX_SECONDS = 300
-# Open text streams per admission place (slots + max_queue): the most that one tts holds at once; a START beyond
-# them is refused, "unavailable: too many open text streams". A stream holding no place costs a table entry, a queue
-# and a coroutine here; four a place lets every place have an agent's next turn open beside the one speaking.
+# Text-in streams (serving.intake.text_streams; why these values: docs/serving.md "Bounds", docs/architecture.md's
+# limits table): text and requests of one stream, the idle and lifetime bounds' defaults (--text-idle-seconds,
+# --text-max-seconds: an agent's turn comes in seconds; without it a piece every 30 s kept a stream ~16 h), and the
+# open streams per admission place (an agent's next turn open beside the one speaking, a table entry each).
+MAX_STREAM_CHARS, MAX_STREAM_PIECES = 16_000, 2_000
+DEFAULT_TEXT_IDLE_SECONDS, DEFAULT_TEXT_MAX_SECONDS = 30, 300
 TEXT_STREAMS_PER_PLACE = 4
 TTS_OUTPUTS = (
     Spec("AUDIO", "TYPE_FP32", (-1,), doc="mono 24 kHz samples; one chunk per response, in order"),
@@ -230,9 +220,8 @@ SPOKEN_OUTPUTS = (  # what the generator is asked to say, for tts_ensemble ("" w
 PROMPT_OUTPUTS = VOICE_PROMPT_OUTPUTS + SPOKEN_OUTPUTS
 
 # ---- generator (decoupled, its own engine thread; one request = one stream; internal key only) ----
-# Generation settings arrive as request parameters (GENERATION_PARAMETERS): tts and ensemble_generator
-# set them on their BLS requests. ensemble_generator, tts_ensemble's generation step, takes the same
-# inputs and sends the same outputs (it passes the generator's chunks on).
+# ensemble_generator, tts_ensemble's generation step, takes the same inputs and sends the same outputs (it
+# passes the generator's chunks on). A stream's settings cross as SEED and request parameters: see below.
 GENERATOR_INPUTS = (
     Spec("TEXT", "TYPE_STRING", (1,), doc="one text segment"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True),
@@ -248,25 +237,36 @@ GENERATOR_INPUTS = (
 # Every response carries all the vocoder's inputs (engine.protocol.Chunk), so that an ensemble can
 # feed it straight on; a failed stream ends with a normal last response whose reason says why.
 GENERATOR_OUTPUTS = (
-    Spec(
-        "STREAM_ID",
-        "TYPE_UINT64",
-        (1,),
-        doc="the stream's id, issued with a MAC (serving.security.auth); keys the vocoder state",
-    ),
+    Spec("STREAM_ID", "TYPE_UINT64", (1,),
+         doc="the stream's id, issued with a MAC (serving.security.auth); keys the vocoder state"),
     Spec("LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="a chunk of generated latents (may be empty when LAST)"),
     Spec("PROMPT_LATENTS", "TYPE_FP32", (-1, LATENT_DIM), doc="first response: the prompt latents; then empty"),
     Spec("LAST", "TYPE_BOOL", (1,), doc="the stream's last response"),
     Spec("FINISH_REASON", "TYPE_STRING", (1,), doc=f'"" until LAST, then {FINISH_REASONS}'),
     Spec("SEAL", "TYPE_UINT64", (2,), doc="the chunk's index in its stream and the generator's MAC over the chunk"),
-    Spec(
-        "TEXT",
-        "TYPE_STRING",
-        (1,),
-        doc='"" but on an Instruct stream\'s plan response (not LAST, no LATENTS), '
-        "which never goes to the vocoder: the text it wrote before it speaks",
-    ),
-)
+    Spec("TEXT", "TYPE_STRING", (1,), doc='"" but on an Instruct stream\'s plan response (not LAST, no LATENTS), '
+         "which never goes to the vocoder: the text it wrote before it speaks"),
+)  # fmt: skip
+
+
+# A generator stream's settings (GenerationParams, ChunkSchedule), tts and ensemble_generator -> generator, encoded
+# once: the seed as SEED, the rest as request parameters (GENERATOR_PARAMETERS), cfg as its exact text (BLS requests
+# refuse floats: docs/triton.md#T11), what the listener holds (a later text segment's) as whole milliseconds.
+def encode_settings(params: GenerationParams, schedule: ChunkSchedule) -> tuple[int, dict[str, int | str | bool]]:
+    """-> (SEED, request parameters) of a generator stream, which :func:`decode_settings` reads back."""
+    given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
+             "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
+    buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
+    return params.seed, given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
+
+
+def decode_settings(seed, parameters: dict, known: tuple[Parameter, ...] = GENERATOR_PARAMETERS):
+    """SEED and request parameters -> (GenerationParams, ChunkSchedule); ValueError naming the one at fault. The
+    generator reads :func:`encode_settings`' this way, ensemble_generator its client's (``known``:
+    ENSEMBLE_PARAMETERS, the names a client may send). An absent one is its default."""
+    return generation_params(check_seed(seed), parse_parameters(parameters, known))
+
+
 # A pipe response (serving.stub.chunk_pipe): the chunks of many streams of one reader, packed; the
 # generator sends either these or GENERATOR_OUTPUTS in a response, never both.
 PIPE_COLUMNS = 6
@@ -317,28 +317,20 @@ def input_spec(model: str, name: str) -> Spec:
     return specs[name]
 
 
-def _shape(spec: Spec) -> str:
-    return "[" + ", ".join(map(str, spec.dims)) + "]"
-
-
 def tensor_table(specs: tuple[Spec, ...], heading: str) -> str:
     """A markdown table of tensors, as the README shows them."""
     rows = [f"| {heading} | type | shape | |", "|---|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.datatype} | {_shape(s)} | {s.doc} |" for s in specs]
+    rows += [f"| `{s.name}` | {s.datatype} | [{', '.join(map(str, s.dims))}] | {s.doc} |" for s in specs]
     return "\n".join(rows)
-
-
-def _value(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _range(p: Parameter) -> str:
-    return "true, false" if p.type is bool else f"{p.low}..{p.high}"
 
 
 def parameter_table(params: tuple[Parameter, ...]) -> str:
     rows = ["| parameter | type | default | range | |", "|---|---|---|---|---|"]
-    rows += [f"| `{p.name}` | {p.type.__name__} | {_value(p.default)} | {_range(p)} | {p.doc} |" for p in params]
+    for p in params:
+        default, bounds = (
+            (str(p.default).lower(), "true, false") if p.type is bool else (p.default, f"{p.low}..{p.high}")
+        )
+        rows.append(f"| `{p.name}` | {p.type.__name__} | {default} | {bounds} | {p.doc} |")
     return "\n".join(rows)
 
 
@@ -346,18 +338,10 @@ def task_table() -> str:
     """The tasks of ``tts`` as the README shows them, with the defaults a request without SEED / cfg gets."""
     rows = ["| `TASK` | model | needs | refuses | default seed, cfg | |", "|---|---|---|---|---|---|"]
     for task, (model, needs, refuses, what) in TASK_RULES.items():
-        defaults = TASK_DEFAULTS.get(task)
-        seed_cfg = f"{defaults.seed}, {defaults.cfg}" if defaults else f"{DEFAULT_SEED}, {CFG.default}"
+        d = TASK_DEFAULTS.get(task)
+        seed_cfg = f"{d.seed}, {d.cfg}" if d else f"{DEFAULT_SEED}, {CFG.default}"
         rows.append(f"| `{task}` | {model} | {needs} | {refuses or '-'} | {seed_cfg} | {what} |")
     return "\n".join(rows)
-
-
-def acoustic_templates() -> str:
-    """The acoustic edits the model knows, one line each."""
-    return (
-        "\n".join(f"- `{shown}`" for shown in ACOUSTIC_TEMPLATES)
-        + f"\n\nEdits take recordings of at most {MAX_EDIT_SECONDS:g} s."
-    )
 
 
 def readme_tables() -> dict[str, str]:
@@ -366,7 +350,8 @@ def readme_tables() -> dict[str, str]:
         "tts inputs": tensor_table(TTS_INPUTS, "input"),
         "tts outputs": tensor_table(TTS_OUTPUTS, "output"),
         "tts tasks": task_table(),
-        "acoustic edits": acoustic_templates(),
+        "acoustic edits": "\n".join(f"- `{shown}`" for shown in ACOUSTIC_TEMPLATES)
+        + f"\n\nEdits take recordings of at most {MAX_EDIT_SECONDS:g} s.",
         "request parameters": parameter_table(TTS_PARAMETERS),
         "tts_ensemble inputs": tensor_table(ENSEMBLE_INPUTS, "input"),
         "tts_ensemble outputs": tensor_table(ENSEMBLE_OUTPUTS, "output"),

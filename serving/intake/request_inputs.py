@@ -1,9 +1,5 @@
-"""A request's inputs read off Triton's tensors, once: ``tts``'s (:func:`tts_inputs`, which
-:func:`serving.intake.requests.parse_request` checks) and a generator stream's (:func:`stream_request`, which
-the generator trusts but for the sizes of its tensors: only the pipeline reaches it).
-
-``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub.
-"""
+"""A request's inputs read off Triton's tensors, once: ``tts``'s (:func:`tts_inputs`) and a generator stream's
+(:func:`stream_request`). ``pb`` is ``triton_python_backend_utils``, passed in: it only exists inside the stub."""
 
 from __future__ import annotations
 
@@ -11,8 +7,7 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import TTSInputs, stream_settings
-from serving.security.auth import parameter_dict
+from serving.intake.requests import TTSInputs
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
@@ -33,10 +28,10 @@ def tts_inputs(pb, request, text: str | None = None) -> TTSInputs:
     )
 
 
-def stream_request(pb, request, model, parameters: str | dict | None = None):
+def stream_request(pb, request, model, parameters: dict):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule), or for an Instruct
-    stream (InstructInput, GenerationParams, chunk schedule). ``parameters``: the request's, if already read
-    (default: all of them). Used by the generator model (and the benchmark's engine-thread variant).
+    stream (InstructInput, GenerationParams, chunk schedule). ``parameters``: the request's, less the internal
+    key and the pipe (:func:`serving.contract.decode_settings` reads them).
 
     Only the pipeline reaches the generator (its name is the run's secret): ``tts``, which checked its
     client's request once (:func:`serving.intake.requests.parse_request`), and ``tts_ensemble``'s
@@ -51,7 +46,7 @@ def stream_request(pb, request, model, parameters: str | dict | None = None):
         raise ValueError("this server does not run FireRedTTS3-Base: it runs only " + ", ".join(model.models.cores))
     text = _spoken_text(pb, request)
     language = string(pb, request, "LANGUAGE", "") or detect_language(text)
-    params, schedule = _settings(pb, request, parameters)
+    params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     latents = _prompt_rows(pb, request).astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
@@ -68,11 +63,6 @@ def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -
     if len(text) > SPOKEN_TEXT_CHARS:
         raise ValueError(f"{field} is {len(text)} characters; the limit is {SPOKEN_TEXT_CHARS}")
     return text
-
-
-def _settings(pb, request, parameters):
-    given = parameter_dict(request.parameters() if parameters is None else parameters)
-    return stream_settings(scalar(pb, request, "SEED", None), given)
 
 
 def _prompt_rows(pb, request) -> np.ndarray:
@@ -101,7 +91,7 @@ def _instruct_request(pb, request, model, task: str, parameters):
                          "--models base,instruct on a checkpoint that has fireredtts3_instruct/)")  # fmt: skip
     instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
     text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
-    params, schedule = _settings(pb, request, parameters)
+    params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     rows = _prompt_rows(pb, request)
     if task == instructions.DESIGN:
         if len(rows):

@@ -14,22 +14,12 @@ import numpy as np
 
 from engine import instructions
 from engine.audio import check_reference
-from engine.chunking import ChunkSchedule
 from engine.frontend.cleaning import clean
 from engine.instructions import CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
-from engine.params import (
-    BUFFERED_MS,
-    GENERATION_PARAMETERS,
-    GENERATOR_PARAMETERS,
-    GenerationParams,
-    Parameter,
-    generation_params,
-    parse_parameters,
-    shown,
-)
+from engine.params import Parameter, generation_params, parse_parameters, shown
 from engine.text import canonical_language
-from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, is_seed
+from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, check_seed
 from serving.security.auth import parameter_dict
 
 
@@ -94,13 +84,6 @@ def check_text(text: str | None, field: str = "TEXT", required: bool = True, lim
     return text
 
 
-def check_seed(seed, field: str = "SEED") -> int | None:
-    """A seed (:func:`serving.contract.is_seed`), or None when absent."""
-    if seed is not None and not is_seed(seed):
-        raise ValueError(f"{field} must be an int64, got {seed!r}")
-    return seed
-
-
 def check_name(name: str, field: str = "NAME") -> str:
     """A voice name (:data:`serving.contract.VOICE_NAME`), safe as a file name."""
     if not isinstance(name, str) or not VOICE_NAME.fullmatch(name):
@@ -116,36 +99,6 @@ def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
     """
     audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
     return audio, int(sample_rate)
-
-
-def generation_request(
-    seed: int | None, parameters: str | dict | None, known: tuple[Parameter, ...] = GENERATION_PARAMETERS
-) -> tuple[GenerationParams, ChunkSchedule]:
-    """A generator stream's seed and request parameters -> (GenerationParams, chunk schedule). ``known``:
-    a client's (GENERATION_PARAMETERS) or what tts sends the generator (engine.params.GENERATOR_PARAMETERS)."""
-    return generation_params(check_seed(seed), request_parameters(parameters, known))
-
-
-def generator_parameters(params: GenerationParams, schedule: ChunkSchedule) -> dict[str, int | str | bool]:
-    """The request parameters of a generator stream (GENERATOR_PARAMETERS, which :func:`stream_settings`
-    reads back); floats as their text: BLS requests cannot carry floats (they do carry bools). The seed
-    travels as SEED; what the listener holds (a later text segment's) as whole milliseconds, if any."""
-    given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
-             "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
-    buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
-    return given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
-
-
-def stream_settings(seed: int | None, given: dict) -> tuple[GenerationParams, ChunkSchedule]:
-    """A generator stream's SEED and request parameters as the pipeline wrote them (:func:`generator_parameters`,
-    or ensemble_generator's :func:`generation_request`) -> (GenerationParams, chunk schedule), read back
-    without checking the ranges again: they were checked where the request entered, and only requests that
-    carry the internal key reach the generator. An absent one is its default; an unknown one, a bug here."""
-    given = dict(given)
-    values = {p.name: p.type(given.pop(p.name, p.default)) for p in GENERATOR_PARAMETERS}
-    if given:
-        raise ValueError(f"unknown generator parameters: {sorted(given)}")
-    return generation_params(seed, values)
 
 
 @dataclass(frozen=True)
@@ -272,5 +225,5 @@ def with_task_defaults(request: InstructRequest | None, seed: int | None, parame
     if request is None:
         return seed, given
     defaults = TASK_DEFAULTS[request.task]
-    given.setdefault("cfg", repr(defaults.cfg))  # as text: what a BLS request carries
+    given.setdefault("cfg", defaults.cfg)
     return (defaults.seed if seed is None else seed), given

@@ -21,7 +21,7 @@ from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.pacing import PACING
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
-from serving.intake.requests import Voice, generator_parameters
+from serving.intake.requests import Voice
 from serving.stub.bls import BLS
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import Inbox, PipeReader
@@ -119,13 +119,13 @@ class BLSGenerator:
                 self.slots.give_back()
 
     def _request(self, segment: Segment, pipe_id: int):
-        pb, p = self.bls.pb, segment.params
-        values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": p.seed}
+        pb, (seed, settings) = self.bls.pb, contract.encode_settings(segment.params, segment.schedule)
+        values = {**(segment.prompt or NO_PROMPT), "TEXT": segment.text, "LANGUAGE": segment.language, "SEED": seed}
         if segment.task:  # FireRedTTS3-Instruct
             values |= {"TASK": segment.task, "INSTRUCTION": segment.instruction}
         return pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values),
-            parameters={**generator_parameters(p, segment.schedule), **self.bls.parameters, PIPE: f"{pipe_id:x}"},
+            parameters={**settings, **self.bls.parameters, PIPE: f"{pipe_id:x}"},
             requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip

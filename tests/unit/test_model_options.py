@@ -9,8 +9,6 @@ from dataclasses import replace
 
 import pytest
 
-from engine.chunking import ChunkSchedule
-from engine.params import GENERATION_PARAMETERS, GENERATOR_PARAMETERS, GenerationParams
 from serving.config.model_options import (
     EnsembleGeneratorOptions,
     GeneratorOptions,
@@ -21,7 +19,6 @@ from serving.config.model_options import (
 )
 from serving.config.options import ServeOptions, add_arguments, from_arguments
 from serving.config.repository import render
-from serving.intake.requests import generation_request, generator_parameters, stream_settings
 from tests.docs import pages
 
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
@@ -121,29 +118,3 @@ def test_the_docs_name_every_launcher_option():
     for action in ap._actions[1:]:
         flag = action.option_strings[-1]  # --no-ensemble for a boolean
         assert re.search(rf"{re.escape(flag)}(?![\w-])", readme), flag
-
-
-def test_generator_parameters_read_back_as_given():
-    params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
-    given = generator_parameters(params, ChunkSchedule(2, 9, fixed=True))
-    assert set(given) == {p.name for p in GENERATION_PARAMETERS}
-    assert given == {
-        "steps": 4,
-        "cfg": "1.25",
-        "max_patches": 90,
-        "chunk_first": 2,
-        "chunk_next": 9,
-        "chunk_fixed": True,
-    }
-    assert generation_request(7, given) == (params, ChunkSchedule(2, 9, fixed=True))
-    assert stream_settings(7, given) == (params, ChunkSchedule(2, 9, fixed=True))  # the generator's read
-    # a later text segment's: what the listener holds, in whole milliseconds, for the generator only
-    given = generator_parameters(params, ChunkSchedule(2, 9, buffered=1.2345))
-    assert given["buffered_ms"] == 1234 and not given["chunk_fixed"]
-    assert generation_request(7, given, GENERATOR_PARAMETERS)[1] == ChunkSchedule(2, 9, buffered=1.234)
-    assert stream_settings(7, given) == (params, ChunkSchedule(2, 9, buffered=1.234))
-    assert stream_settings(None, {}) == (GenerationParams(1234, 10, 2.0, max_patches=400), ChunkSchedule(3, 24))
-    with pytest.raises(ValueError, match="unknown generator parameters"):
-        stream_settings(7, {**given, "max_patch": 3})
-    with pytest.raises(ValueError, match="unknown request parameters"):  # a client cannot send it
-        generation_request(7, given)

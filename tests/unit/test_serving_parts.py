@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.chunking import ChunkSchedule
-from engine.params import DEFAULT_SCHEDULE, GenerationParams, Parameter, parse_parameters
+from engine.params import DEFAULT_SCHEDULE, GENERATION_PARAMETERS, GenerationParams, Parameter, parse_parameters
 from engine.protocol import CANCELLED, Chunk, end_chunk
 from engine.streams import GeneratorService
 from engine.vocoder_service import VocoderService
@@ -107,6 +107,40 @@ def test_ensemble_wires_every_vocoder_input_from_the_generator():
         assert f'input_map {{ key: "{spec.name}" value: "_gen_{spec.name.lower()}" }}' in text
     # every generator output but the plan text (Instruct's, which the orchestrator keeps from the vocoder)
     assert {s.name for s in contract.VOCODER_INPUTS} == {s.name for s in contract.GENERATOR_OUTPUTS} - {"TEXT"}
+
+
+def test_generator_settings_read_back_as_given():
+    """One encoding of a stream's settings between the models (serving.contract): tts writes, the generator reads."""
+    params = GenerationParams(seed=7, steps=4, cfg=1.25, max_patches=90, min_patches=6)
+    seed, given = contract.encode_settings(params, ChunkSchedule(2, 9, fixed=True))
+    assert seed == 7 and set(given) == {p.name for p in GENERATION_PARAMETERS}
+    assert given == {
+        "steps": 4,
+        "cfg": "1.25",
+        "max_patches": 90,
+        "chunk_first": 2,
+        "chunk_next": 9,
+        "chunk_fixed": True,
+    }
+    assert contract.decode_settings(seed, given) == (params, ChunkSchedule(2, 9, fixed=True))  # the generator's read
+    # ensemble_generator reads its client's the same way, with the client's names
+    assert contract.decode_settings(7, given, contract.ENSEMBLE_PARAMETERS) == (params, ChunkSchedule(2, 9, fixed=True))
+    # a later text segment's: what the listener holds, in whole milliseconds, for the generator only
+    seed, given = contract.encode_settings(params, ChunkSchedule(2, 9, buffered=1.2345))
+    assert given["buffered_ms"] == 1234 and not given["chunk_fixed"]
+    assert contract.decode_settings(seed, given) == (params, ChunkSchedule(2, 9, buffered=1.234))
+    cfg = GenerationParams(cfg=0.1 + 0.2)  # a float's exact value crosses as its text (docs/triton.md#T11)
+    assert contract.decode_settings(*contract.encode_settings(cfg, DEFAULT_SCHEDULE))[0] == cfg
+    assert contract.decode_settings(None, {}) == (
+        GenerationParams(1234, 10, 2.0, max_patches=400),
+        ChunkSchedule(3, 24),
+    )
+    with pytest.raises(ValueError, match="unknown request parameters"):
+        contract.decode_settings(7, {**given, "max_patch": 3})
+    with pytest.raises(ValueError, match="unknown request parameters"):  # a client cannot send it
+        contract.decode_settings(7, given, contract.ENSEMBLE_PARAMETERS)
+    with pytest.raises(ValueError, match="SEED must be an int64"):
+        contract.decode_settings(True, {})
 
 
 def test_parse_parameters_defaults_and_errors():

@@ -23,7 +23,7 @@ from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.generator_slots import GeneratorSlots
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
-from serving.intake.requests import check_language, check_text, generation_request
+from serving.intake.requests import check_language, check_text
 from serving.security.auth import Keys, parameter_dict
 from serving.stub.bls import BLS, watch_request
 from serving.stub.bls_adapters import BLSGenerator
@@ -154,5 +154,5 @@ def read_segment(request, stream_id: int) -> Segment:
     given = parameter_dict(request.parameters())
     for name in TRITON_SEQUENCE_PARAMETERS:  # Triton's own (HTTP clients send a sequence id as one): not ours
         given.pop(name, None)
-    params, schedule = generation_request(scalar(pb, request, "SEED", None), given)
+    params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), given, contract.ENSEMBLE_PARAMETERS)
     return Segment(stream_id, text, language, prompt, params, schedule)
