@@ -2,7 +2,7 @@
 and the one encoding of a generator stream's settings (:func:`encode_settings`, :func:`decode_settings`).
 
 ``config.pbtxt`` files are rendered from these specs, and the tables in docs/serving.md are checked against
-them (``python -m serving.contract`` prints them; docs/serving.md, "Inside").
+them (``python -m tests.docs`` prints them; docs/serving.md, "Inside").
 Shapes exclude the batch dimension of models with ``max_batch_size > 0``. Defaults and limits: :mod:`engine.params`.
 """
 
@@ -13,40 +13,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import instructions as _i
+from engine import params as _ep
 from engine import protocol as _p
 from engine.chunking import ChunkSchedule
 from engine.config import PATCH_SAMPLES, PATCH_SIZE, CoreConfig
-from engine.instructions import (
-    ACOUSTIC_EDIT,
-    ACOUSTIC_TEMPLATES,
-    CLONE,
-    DESIGN,
-    MAX_EDIT_SECONDS,
-    MAX_INSTRUCTION_CHARS,
-    SEMANTIC_EDIT,
-    SPEAK,
-    TASK_DEFAULTS,
-    TASKS,
-)
-from engine.params import (
-    BUFFERED_MS,
-    CFG,
-    DEFAULT_SEED,
-    GENERATION_PARAMETERS,
-    GENERATOR_PARAMETERS,
-    UTTERANCE_PARAMETERS,
-    GenerationParams,
-    Parameter,
-    generation_params,
-    parse_parameters,
-)
+from engine.instructions import ACOUSTIC_EDIT, CLONE, DESIGN, SEMANTIC_EDIT, SPEAK, TASK_DEFAULTS
+from engine.params import DEFAULT_SEED, GENERATION_PARAMETERS, GenerationParams, Parameter
 from engine.protocol import LATENT_DIM, LENGTH, MAX_REFERENCE_SECONDS, SAMPLE_RATE, STOP
 
 # Bounds on the tensors the internal models take (none trusts its caller's sizes): prompt latents of the
 # longest reference and of the longest recording an Instruct edit takes, left-padded to whole patches, the
 # longest chunk a generator stream sends (the largest chunk_first / chunk_next), the CAM++ embedding's size.
 MAX_PROMPT_LATENTS = -(-int(MAX_REFERENCE_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
-MAX_EDIT_LATENTS = -(-int(MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
+MAX_EDIT_LATENTS = -(-int(_i.MAX_EDIT_SECONDS * SAMPLE_RATE) // PATCH_SAMPLES) * PATCH_SIZE
 MAX_CHUNK_LATENTS = PATCH_SIZE * max(p.high for p in GENERATION_PARAMETERS if p.name in ("chunk_first", "chunk_next"))
 SPEAKER_DIM = CoreConfig.spk_in_dim
 
@@ -73,7 +53,8 @@ def check_seed(seed) -> int | None:
 
 # Triton config type -> (datatype on the wire, numpy dtype)
 _TYPES = {"TYPE_FP32": ("FP32", np.float32), "TYPE_INT32": ("INT32", np.int32), "TYPE_INT64": ("INT64", np.int64),
-          "TYPE_UINT64": ("UINT64", np.uint64), "TYPE_BOOL": ("BOOL", np.bool_), "TYPE_STRING": ("BYTES", np.object_)}  # fmt: skip
+          "TYPE_UINT64": ("UINT64", np.uint64), "TYPE_BOOL": ("BOOL", np.bool_),
+          "TYPE_STRING": ("BYTES", np.object_)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -116,7 +97,8 @@ def text_of(arr) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
 
 
-FINISH_REASONS = f"`{STOP}`, `{LENGTH}`, `{_p.CANCELLED}`, `{_p.INVALID}<message>`, `{_p.UNAVAILABLE}<message>` or `{_p.ERROR}<message>`"
+FINISH_REASONS = (f"`{STOP}`, `{LENGTH}`, `{_p.CANCELLED}`, `{_p.INVALID}<message>`, `{_p.UNAVAILABLE}<message>` or "
+                  f"`{_p.ERROR}<message>`")  # fmt: skip
 
 DEFAULT_RELEASE = "sentence"  # a text-in stream's segments: cut at sentence ends too (engine.frontend.text_in)
 
@@ -143,8 +125,8 @@ TTS_INPUTS = (
     *(Spec(s.name, s.dtype, s.dims, True, _TTS_DOCS.get(s.name, s.doc)) for s in BASE_INPUTS),
     Spec("INSTRUCTION", "TYPE_STRING", (1,), True,
          f"a voice description (voice design: with `TEXT` and no voice) or the edit's instruction; at most "
-         f"{MAX_INSTRUCTION_CHARS} characters"),
-    Spec("TASK", "TYPE_STRING", (1,), True, f"{', '.join(f'`{t}`' for t in TASKS)}; default `{SPEAK}`"),
+         f"{_i.MAX_INSTRUCTION_CHARS} characters"),
+    Spec("TASK", "TYPE_STRING", (1,), True, f"{', '.join(f'`{t}`' for t in _i.TASKS)}; default `{SPEAK}`"),
     Spec("FLUSH", "TYPE_BOOL", (1,), True,
          "text-in streams (a request with a sequence id): speak the text sent so far now, as its own segment"),
     Spec("RELEASE", "TYPE_STRING", (1,), True,
@@ -182,7 +164,7 @@ TASK_RULES = {
     ACOUSTIC_EDIT: ("Instruct", "`REF_AUDIO` (the recording), `INSTRUCTION` from the templates",
                     "`TEXT`, `VOICE_ID`, `REF_TEXT`", "change the recording's speed, pitch or volume"),
 }  # fmt: skip
-TTS_PARAMETERS: tuple[Parameter, ...] = UTTERANCE_PARAMETERS
+TTS_PARAMETERS: tuple[Parameter, ...] = _ep.UTTERANCE_PARAMETERS
 
 # ---- tts_ensemble: prompt_encoder -> generator -> vocoder as a Triton ensemble (max_batch_size 0) ----
 # Its steps are batched models, so each tensor has the leading batch dimension of 1 written out.
@@ -201,10 +183,9 @@ PROMPT_INPUTS = (
     Spec("REF_TEXT", "TYPE_STRING", (1,), True),
     Spec("VOICE_ID", "TYPE_STRING", (1,), True),
     Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
-    # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not
-    # in the generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its
-    # orchestrator runs the front end itself. TEXT also keeps a silent-prompt request from being empty
-    # (docs/triton.md#T12).
+    # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not in the
+    # generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its orchestrator
+    # runs the front end itself. TEXT also keeps a silent-prompt request from being empty (docs/triton.md#T12).
     Spec("TEXT", "TYPE_STRING", (1,), True, "the text to speak: cleaned and normalized into SPOKEN_TEXT"),
     Spec("LANGUAGE", "TYPE_STRING", (1,), True, "with TEXT; detected when absent or auto"),
 )
@@ -256,15 +237,15 @@ def encode_settings(params: GenerationParams, schedule: ChunkSchedule) -> tuple[
     """-> (SEED, request parameters) of a generator stream, which :func:`decode_settings` reads back."""
     given = {"steps": params.steps, "cfg": repr(params.cfg), "max_patches": params.max_patches,
              "chunk_first": schedule.first, "chunk_next": schedule.cap, "chunk_fixed": schedule.fixed}  # fmt: skip
-    buffered_ms = min(int(schedule.buffered * 1000), BUFFERED_MS.high)
-    return params.seed, given | {BUFFERED_MS.name: buffered_ms} if buffered_ms else given
+    buffered_ms = min(int(schedule.buffered * 1000), _ep.BUFFERED_MS.high)
+    return params.seed, given | {_ep.BUFFERED_MS.name: buffered_ms} if buffered_ms else given
 
 
-def decode_settings(seed, parameters: dict, known: tuple[Parameter, ...] = GENERATOR_PARAMETERS):
+def decode_settings(seed, parameters: dict, known: tuple[Parameter, ...] = _ep.GENERATOR_PARAMETERS):
     """SEED and request parameters -> (GenerationParams, ChunkSchedule); ValueError naming the one at fault. The
     generator reads :func:`encode_settings`' this way, ensemble_generator its client's (``known``:
     ENSEMBLE_PARAMETERS, the names a client may send). An absent one is its default."""
-    return generation_params(check_seed(seed), parse_parameters(parameters, known))
+    return _ep.generation_params(check_seed(seed), _ep.parse_parameters(parameters, known))
 
 
 # A pipe response (serving.stub.chunk_pipe): the chunks of many streams of one reader, packed; the
@@ -315,49 +296,3 @@ def input_spec(model: str, name: str) -> Spec:
     if name not in specs:
         raise KeyError(f"model {model} has no input {name}; it has {sorted(specs)}")
     return specs[name]
-
-
-def tensor_table(specs: tuple[Spec, ...], heading: str) -> str:
-    """A markdown table of tensors, as the README shows them."""
-    rows = [f"| {heading} | type | shape | |", "|---|---|---|---|"]
-    rows += [f"| `{s.name}` | {s.datatype} | [{', '.join(map(str, s.dims))}] | {s.doc} |" for s in specs]
-    return "\n".join(rows)
-
-
-def parameter_table(params: tuple[Parameter, ...]) -> str:
-    rows = ["| parameter | type | default | range | |", "|---|---|---|---|---|"]
-    for p in params:
-        default, bounds = (
-            (str(p.default).lower(), "true, false") if p.type is bool else (p.default, f"{p.low}..{p.high}")
-        )
-        rows.append(f"| `{p.name}` | {p.type.__name__} | {default} | {bounds} | {p.doc} |")
-    return "\n".join(rows)
-
-
-def task_table() -> str:
-    """The tasks of ``tts`` as the README shows them, with the defaults a request without SEED / cfg gets."""
-    rows = ["| `TASK` | model | needs | refuses | default seed, cfg | |", "|---|---|---|---|---|---|"]
-    for task, (model, needs, refuses, what) in TASK_RULES.items():
-        d = TASK_DEFAULTS.get(task)
-        seed_cfg = f"{d.seed}, {d.cfg}" if d else f"{DEFAULT_SEED}, {CFG.default}"
-        rows.append(f"| `{task}` | {model} | {needs} | {refuses or '-'} | {seed_cfg} | {what} |")
-    return "\n".join(rows)
-
-
-def readme_tables() -> dict[str, str]:
-    """The README's contract tables, keyed by the heading of the section that holds them."""
-    return {
-        "tts inputs": tensor_table(TTS_INPUTS, "input"),
-        "tts outputs": tensor_table(TTS_OUTPUTS, "output"),
-        "tts tasks": task_table(),
-        "acoustic edits": "\n".join(f"- `{shown}`" for shown in ACOUSTIC_TEMPLATES)
-        + f"\n\nEdits take recordings of at most {MAX_EDIT_SECONDS:g} s.",
-        "request parameters": parameter_table(TTS_PARAMETERS),
-        "tts_ensemble inputs": tensor_table(ENSEMBLE_INPUTS, "input"),
-        "tts_ensemble outputs": tensor_table(ENSEMBLE_OUTPUTS, "output"),
-    }
-
-
-if __name__ == "__main__":
-    for title, table in readme_tables().items():
-        print(f"{title}:\n\n{table}\n")

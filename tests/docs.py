@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from engine.instructions import ACOUSTIC_TEMPLATES, MAX_EDIT_SECONDS
+from engine.params import CFG, DEFAULT_SEED, Parameter
+from serving import contract as c
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -51,3 +55,50 @@ def links(text: str) -> list[str]:
     """Relative link targets (``docs/x.md#anchor``, ``#anchor``) outside code; web addresses left out."""
     prose = re.sub(r"^```.*?^```$", "", text, flags=re.MULTILINE | re.DOTALL)
     return [t for t in re.findall(r"\]\(([^)\s]+)\)", prose) if not re.match(r"[a-z]+:", t)]
+
+
+def tensor_table(specs: tuple[c.Spec, ...], heading: str) -> str:
+    """A markdown table of tensors, as the README shows them."""
+    rows = [f"| {heading} | type | shape | |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.datatype} | [{', '.join(map(str, s.dims))}] | {s.doc} |" for s in specs]
+    return "\n".join(rows)
+
+
+def parameter_table(params: tuple[Parameter, ...]) -> str:
+    rows = ["| parameter | type | default | range | |", "|---|---|---|---|---|"]
+    for p in params:
+        default, bounds = (
+            (str(p.default).lower(), "true, false") if p.type is bool else (p.default, f"{p.low}..{p.high}")
+        )
+        rows.append(f"| `{p.name}` | {p.type.__name__} | {default} | {bounds} | {p.doc} |")
+    return "\n".join(rows)
+
+
+def task_table() -> str:
+    """The tasks of ``tts`` as the README shows them, with the defaults a request without SEED / cfg gets."""
+    rows = ["| `TASK` | model | needs | refuses | default seed, cfg | |", "|---|---|---|---|---|---|"]
+    for task, (model, needs, refuses, what) in c.TASK_RULES.items():
+        d = c.TASK_DEFAULTS.get(task)
+        seed_cfg = f"{d.seed}, {d.cfg}" if d else f"{DEFAULT_SEED}, {CFG.default}"
+        rows.append(f"| `{task}` | {model} | {needs} | {refuses or '-'} | {seed_cfg} | {what} |")
+    return "\n".join(rows)
+
+
+def contract_tables() -> dict[str, str]:
+    """The contract's tables in docs/serving.md (serving.contract), keyed by the heading of the section that
+    holds them; ``python -m tests.docs`` prints them."""
+    return {
+        "tts inputs": tensor_table(c.TTS_INPUTS, "input"),
+        "tts outputs": tensor_table(c.TTS_OUTPUTS, "output"),
+        "tts tasks": task_table(),
+        "acoustic edits": "\n".join(f"- `{shown}`" for shown in ACOUSTIC_TEMPLATES)
+        + f"\n\nEdits take recordings of at most {MAX_EDIT_SECONDS:g} s.",
+        "request parameters": parameter_table(c.TTS_PARAMETERS),
+        "tts_ensemble inputs": tensor_table(c.ENSEMBLE_INPUTS, "input"),
+        "tts_ensemble outputs": tensor_table(c.ENSEMBLE_OUTPUTS, "output"),
+    }
+
+
+if __name__ == "__main__":
+    for title, table in contract_tables().items():
+        print(f"{title}:\n\n{table}\n")

@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serving.contract import readme_tables
-from tests.docs import DOCS, README, anchors, links, pages, section
+from tests.docs import DOCS, README, anchors, contract_tables, links, pages, section
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_FACING = ("serving", "gateway", "tritonclient", "triton_python_backend_utils", "client")
@@ -26,8 +25,8 @@ def test_offline_synthesis_loads_no_serving_module():
 def test_readme_tables_match_the_contract():
     """The tables live in docs/serving.md (the README links to it)."""
     page = (DOCS / "serving.md").read_text()
-    for title, table in readme_tables().items():
-        assert table in page, f"docs/serving.md's {title} table differs from python -m serving.contract"
+    for title, table in contract_tables().items():
+        assert table in page, f"docs/serving.md's {title} table differs from python -m tests.docs"
 
 
 def test_the_readme_and_docs_link_only_to_pages_and_headings_that_exist():
