@@ -7,7 +7,8 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import TTSInputs
+from serving.intake.requests import InstructRequest, TTSInputs
+from serving.intake.served import ServedModels
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
@@ -40,20 +41,19 @@ def stream_request(pb, request, model, parameters: dict):
     itself needs: the size of every tensor before anything is copied, and that it runs the model asked for.
     """
     task = string(pb, request, "TASK", "")
+    ServedModels(tuple(model.models.cores)).check(InstructRequest(task, "") if task else None)
+    settings = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     if task:
-        return _instruct_request(pb, request, model, task, parameters)
-    if "base" not in model.models.cores:
-        raise ValueError("this server does not run FireRedTTS3-Base: it runs only " + ", ".join(model.models.cores))
+        return _instruct_input(pb, request, model, task), *settings
     text = _spoken_text(pb, request)
     language = string(pb, request, "LANGUAGE", "") or detect_language(text)
-    params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     latents = _prompt_rows(pb, request).astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
     speaker = speaker.astype(np.float32)
     prompt = _voice_prompt(latents, speaker, string(pb, request, "PROMPT_TEXT", ""))
-    return model.tokens(text, language, prompt), prompt, params, schedule
+    return model.tokens(text, language, prompt), prompt, *settings
 
 
 def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -> str:
@@ -80,18 +80,14 @@ def _voice_prompt(latents: np.ndarray, speaker: np.ndarray, text: str):
         raise ValueError(f"PROMPT_LATENTS: {e}") from None
 
 
-def _instruct_request(pb, request, model, task: str, parameters):
-    """:func:`stream_request` of an Instruct stream -> (InstructInput, GenerationParams, chunk schedule)."""
+def _instruct_input(pb, request, model, task: str):
+    """The InstructInput of an Instruct stream (:func:`stream_request`)."""
     import torch
 
     from engine import instructions
 
-    if "instruct" not in model.models.cores:
-        raise ValueError(f"TASK {task} needs FireRedTTS3-Instruct, which this server does not run (start it with "
-                         "--models base,instruct on a checkpoint that has fireredtts3_instruct/)")  # fmt: skip
     instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
     text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
-    params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     rows = _prompt_rows(pb, request)
     if task == instructions.DESIGN:
         if len(rows):
@@ -106,4 +102,4 @@ def _instruct_request(pb, request, model, task: str, parameters):
         if not torch.isfinite(latents).all():
             raise ValueError("PROMPT_LATENTS has non-finite values")
     prompt_text = _spoken_text(pb, request, "PROMPT_TEXT", "").strip() if task == instructions.CLONE else ""
-    return model.instruct_input(task, instruction, text, latents, prompt_text), params, schedule
+    return model.instruct_input(task, instruction, text, latents, prompt_text)

@@ -1,9 +1,8 @@
 """A ``tts`` request checked once, where it enters: :func:`parse_request` turns its inputs as read off the
 wire (:class:`TTSInputs`) into a :class:`SpeechRequest`, a frozen value the orchestrator and the generator
-streams it opens take as it is (they check nothing of it again). Also the checks the other entry points
-share (a text field, a language, a seed, a voice name, a reference clip) and a generator stream's settings.
-
-Every error is a ValueError that names the input or parameter as the client spelled it. No Triton here.
+streams it opens take as it is. Also the checks the other entry points share (a text field, a language, a
+voice name, a reference clip). Every error is a ValueError that names the input or parameter as the client
+spelled it. No Triton here.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from serving.security.auth import parameter_dict
 
 @dataclass(frozen=True)
 class TTSInputs:
-    """A ``tts`` request's inputs and parameters as they came (``serving.stub.triton_io.tts_inputs``), unchecked:
-    absent inputs are "" (strings), None (REF_AUDIO, SEED) or 0 (REF_SAMPLE_RATE)."""
+    """A ``tts`` request's inputs and parameters as they came (``serving.intake.request_inputs.tts_inputs``),
+    unchecked: absent inputs are "" (strings), None (REF_AUDIO, SEED) or 0 (REF_SAMPLE_RATE)."""
 
     text: str | None = ""  # TEXT; a text-in stream's is serving.intake.text_streams.STREAMED
     language: str | None = ""  # LANGUAGE
@@ -92,11 +91,8 @@ def check_name(name: str, field: str = "NAME") -> str:
 
 
 def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
-    """REF_AUDIO ([n], or [1, n] with a batch dimension) and REF_SAMPLE_RATE -> (float32 (n,), rate).
-
-    Non-finite samples and peaks above engine.audio.MAX_REFERENCE_PEAK are refused, not normalised
-    (see :func:`engine.audio.check_reference`); the tts front door, prompt_encoder and voices share this.
-    """
+    """REF_AUDIO ([n], or [1, n] with a batch dimension) and REF_SAMPLE_RATE -> (float32 (n,), rate), as
+    :func:`engine.audio.check_reference` checks them (non-finite samples and peaks are refused, not normalised)."""
     audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
     return audio, int(sample_rate)
 

@@ -1,16 +1,7 @@
-"""Text-in streams of the ``tts`` model: a client's gRPC sequence whose requests carry the pieces of one
-utterance's text (no Triton here; the ``tts`` model feeds it, :meth:`engine.orchestrator.Orchestrator.run_text`
-reads it).
-
-A stream is keyed by the client's sequence id (``request.correlation_id()``: Triton hands it to a model
-without a sequence batcher, with the START and END flags, in the order the requests came on the stream).
-The START request opens it and carries its audio back; every later request is one piece, answered at once
-(or refused), and END is the last. Bounds: :data:`~serving.contract.MAX_STREAM_CHARS` of text and
-:data:`~serving.contract.MAX_STREAM_PIECES` requests per stream, ``idle_seconds`` between pieces and
-``max_seconds`` from START to END; a stream past one fails with an ``invalid:`` message naming it, and so
-frees what it held. A stream holds an admission place only while it has text to speak (its
-:class:`~serving.flow.places.TextPlace`), so the open streams are bounded apart: ``max_open`` at once, a
-START beyond them is refused as ``unavailable:``.
+"""Text-in streams of the ``tts`` model: a client's gRPC sequence (keyed by its ``correlation_id()``) whose
+requests carry the pieces of one utterance's text; the ``tts`` model feeds it,
+:meth:`engine.orchestrator.Orchestrator.run_text` reads it. What a stream is, its bounds and why ``tts`` keeps
+the table itself: docs/serving.md, "Text in: a gRPC sequence".
 """
 
 from __future__ import annotations
