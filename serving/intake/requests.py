@@ -120,7 +120,7 @@ class SpeechRequest:
     utterance: Utterance  # text, language, GenerationParams (seed, steps, cfg, max_patches), chunk schedule,
     # split_tokens, normalize, speed, and the Instruct task ("": Base) and its stripped instruction
     voice: Voice  # REF_AUDIO (float32, checked) and its rate, REF_TEXT, or VOICE_ID; all empty: a silent prompt
-    instruct: InstructRequest | None = None  # the Instruct task as asked (None: Base), for the served-model check
+    instruct: InstructRequest | None = None  # the Instruct task as asked (None: Base)
 
 
 def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
