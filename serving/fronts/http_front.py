@@ -1,26 +1,9 @@
-"""A bounded HTTP/1.1 front for Triton's HTTP port: standard clients (``tritonclient.http``, curl) talk to it
-unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both ways.
-
-Triton's HTTP listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of
-:class:`serving.fronts.front_limits.HttpFrontLimits`, each a launcher flag:
-
-- a request head larger than ``max_header_kb`` gets 431, one not complete ``header_seconds`` after the
-  connection opened (or after its first byte, on a kept-alive connection) is closed: Triton never sees it;
-- a body whose ``Content-Length`` passes ``max_body_mb`` gets 413 before Triton sees a byte of it; a
-  chunked body is counted as it streams, and one that passes the bound ends both connections (Triton
-  drops the request it was receiving) with 413 to the client;
-- a kept-alive connection with no request for ``idle_seconds`` is closed, as is one whose body stops
-  coming for as long; past ``max_connections`` open connections a new one gets 503 and is closed;
-- the front reads Triton's response as it comes (so tritonserver never holds it) and writes it on
-  (``generate_stream`` events arrive one by one); a client that leaves more than ``max_unsent_mb``
-  unread, or takes nothing for ``max_unsent_seconds`` while some waits, loses its connection, and so does
-  Triton's request (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
-
-Each error is Triton's JSON shape (``{"error": "..."}``) naming the flag. The front adds no privilege:
-it forwards the client's headers as they came, less the hop-by-hop ones, and nothing of its own
-(Triton's restricted APIs still need their key from the client).
-Past 300 lines on purpose: one connection's forwarding, both ways with every bound on it, is one class
-(_Client); the bounds themselves are the front limits' module.
+"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): standard clients (``tritonclient.http``,
+curl) talk to it unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both
+ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`. Each refusal is Triton's JSON error shape
+naming its flag; the client's headers go on less the hop-by-hop ones, with nothing of the front's own. What
+each bound does and why: docs/operations.md#the-http-front. A cut response ends Triton's request with the
+connection (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
 """
 
 from __future__ import annotations
