@@ -63,7 +63,7 @@ class _Outbox:
         self.client = client  # the client's address (for the log)
         self.moved_at = time.monotonic()  # when a request last came from the client or a response from Triton
         self.asked = False  # a request went to Triton after its last response: the call holds something
-        self.items: collections.deque[tuple[bytes, float]] = collections.deque()  # (message, when read)
+        self.items: collections.deque[bytes] = collections.deque()
         self.bytes = 0
         self.ready = asyncio.Event()
         self.end: tuple[grpc.StatusCode, str, tuple] | None = None  # how the client's stream ends
@@ -73,7 +73,7 @@ class _Outbox:
 
     def put(self, message: bytes) -> None:
         self.moved_at, self.asked = time.monotonic(), False
-        self.items.append((message, time.monotonic()))
+        self.items.append(message)
         self.bytes += len(message)
         self.ready.set()
 
@@ -176,7 +176,7 @@ class GrpcFront(FrontLoop):
             while True:
                 await outbox.ready.wait()
                 if outbox.items:
-                    message, _ = outbox.items.popleft()
+                    message = outbox.items.popleft()
                     outbox.bytes -= len(message)
                     outbox.writing_since = time.monotonic()
                     await context.write(message)
