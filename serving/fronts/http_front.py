@@ -42,11 +42,12 @@ def forwarded_headers(headers, keep_framing: bool = False) -> list[tuple[bytes, 
     return out
 
 
-def error_response(status: int, message: str) -> tuple[h11.Response, bytes]:
+def error_response(status: int, message: str) -> list:
+    """The h11 events of an error answer in Triton's shape, ``{"error": message}``."""
     body = json.dumps({"error": message}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")]  # fmt: skip
-    return h11.Response(status_code=status, headers=headers), body
+    return [h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()]
 
 
 class _Client:
@@ -72,11 +73,9 @@ class _Client:
     async def answer(self, status: int, message: str) -> None:
         """An error response, then close (only before the response to this request began)."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            response, body = error_response(status, message)
             try:
-                self.send(response)
-                self.send(h11.Data(data=body))
-                self.send(h11.EndOfMessage())
+                for event in error_response(status, message):
+                    self.send(event)
                 await asyncio.wait_for(self.writer.drain(), 5)
                 await self.linger()
             except (h11.LocalProtocolError, OSError, asyncio.TimeoutError):
@@ -252,12 +251,11 @@ class HttpFront(FrontLoop):
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.clients) >= self.limits.max_connections:
-            response, body = error_response(503, f"unavailable: the server has {len(self.clients)} connections "
-                                            "open (--http-front-max-connections)")  # fmt: skip
             conn = h11.Connection(h11.SERVER)
             conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # only so that h11 writes a response
             conn.next_event()
-            writer.write(conn.send(response) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+            writer.write(b"".join(conn.send(e) for e in error_response(503, f"unavailable: the server has "
+                                  f"{len(self.clients)} connections open (--http-front-max-connections)")))  # fmt: skip
             self.loop.call_later(1.0, writer.transport.abort)
             return
         client = _Client(self, reader, writer)
