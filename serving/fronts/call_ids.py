@@ -73,10 +73,8 @@ class CallIds:
         self.open: dict[int | str, int] = {}  # the client's id of each sequence STARTed -> its private id
 
     def rewrite(self, message: bytes) -> bytes:
-        """A request as the client sent it -> as Triton gets it (the same bytes when it names no sequence).
-        Only the request's parameters are decoded (its tensors, up to ``max_message_mb``, are only skipped
-        over and copied once when the id changes); a message that does not parse is passed on as it came
-        (Triton refuses it in its own words)."""
+        """A request as the client sent it -> as Triton gets it: the same bytes when it names no sequence or does
+        not parse (Triton refuses it in its own words); its tensors are skipped over, copied once if the id changes."""
         found = parameters_of(message)
         if found is None:
             return message
