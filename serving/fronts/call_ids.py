@@ -1,14 +1,8 @@
-"""Each gRPC stream call through the front gets a namespace of sequence ids of its own, so that a text-in
-stream (serving.intake.text_streams, keyed by the sequence id ``tts`` sees) belongs to the call that opened it.
-
-The front decodes every request of a ModelStreamInfer call (a ``ModelInferRequest``; responses stay raw bytes:
-Triton does not echo the sequence id in them) and replaces a non-zero ``sequence_id`` parameter by one
-private to the call: a START (``sequence_start``) names a new random 63-bit id and the call keeps it until
-the END of that sequence; a later request of the call with the same client id gets the same private id; a
-request of an id this call never STARTed (another client's id, or one already ENDed) gets a fresh random id
-that names no stream, so ``tts`` answers it as any unknown id ("no open text stream"). The table holds at
-most MAX_SEQUENCES ids a call STARTed and did not END; a START past that drops the oldest (its later pieces
-are then unknown): a client needs one per text stream, and the server bounds its open streams anyway.
+"""Each gRPC stream call through the front gets sequence ids of its own, so that a text-in stream
+(serving.intake.text_streams, keyed by the sequence id ``tts`` sees) belongs to the call that opened it:
+START names a new random 63-bit id, later requests of the call map to it, END retires it, an id the call never
+STARTed gets a fresh id that names no stream. Only a request's parameters are decoded; responses stay raw.
+Why and how: docs/operations.md ("Text streams belong to their call").
 """
 
 from __future__ import annotations
@@ -79,10 +73,8 @@ class CallIds:
         self.open: dict[int | str, int] = {}  # the client's id of each sequence STARTed -> its private id
 
     def rewrite(self, message: bytes) -> bytes:
-        """A request as the client sent it -> as Triton gets it (the same bytes when it names no sequence).
-        Only the request's parameters are decoded (its tensors, up to ``max_message_mb``, are only skipped
-        over and copied once when the id changes); a message that does not parse is passed on as it came
-        (Triton refuses it in its own words)."""
+        """A request as the client sent it -> as Triton gets it: the same bytes when it names no sequence or does
+        not parse (Triton refuses it in its own words); its tensors are skipped over, copied once if the id changes."""
         found = parameters_of(message)
         if found is None:
             return message

@@ -1,8 +1,6 @@
-"""The bounds of the fronts, written once: :class:`FrontLimits` for the gRPC front (:mod:`serving.fronts.grpc_front`)
-and :class:`HttpFrontLimits` for the HTTP front (:mod:`serving.fronts.http_front`), one launcher flag per field
-(``--grpc-front-max-message-mb`` for ``FrontLimits.max_message_mb``, ``--http-front-max-body-mb`` for
-``HttpFrontLimits.max_body_mb``), and when the launcher puts a front in place (``--grpc-front`` and
-``--http-front``, each ``auto|on|off``)."""
+"""The fronts' bounds, written once: :class:`FrontLimits` (gRPC) and :class:`HttpFrontLimits` (HTTP), one
+launcher flag per field (``--grpc-front-max-message-mb`` for ``FrontLimits.max_message_mb``), and when the
+launcher puts a front in place (``--grpc-front``, ``--http-front``: ``auto|on|off``)."""
 
 from __future__ import annotations
 
@@ -92,11 +90,9 @@ class FrontLimits(_Bounds):
                                       "wait for it; then the stream is ended, its slot freed")  # fmt: skip
 
     def for_places(self, places: int, text_idle_seconds: float = 0.0) -> FrontLimits:
-        """``max_calls`` 0 resolved for a server with ``places`` admission places (slots + queue): each
-        stream holds one call, and as many again may be refused as busy beside health and metadata calls.
-        ValueError if ``call_idle_seconds`` is not above the server's ``text_idle_seconds``: a text-in stream
-        between two pieces holds nothing by the front's measure, and only the server's bound, which answers
-        it, may end it."""
+        """``max_calls`` 0 resolved for ``places`` admission places (slots + queue): a call per stream, as many
+        again refused as busy, and 32 for health and metadata. ValueError if ``call_idle_seconds`` is not above
+        ``text_idle_seconds`` (a text-in stream between pieces is for the server's bound to end, with an answer)."""
         if self.call_idle_seconds <= text_idle_seconds:
             raise ValueError(f"--grpc-front-call-idle-seconds ({self.call_idle_seconds:g}) must be above "
                              f"--text-idle-seconds ({text_idle_seconds:g})")  # fmt: skip

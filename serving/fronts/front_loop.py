@@ -1,5 +1,5 @@
-"""What the two fronts (:mod:`serving.fronts.grpc_front`, :mod:`serving.fronts.http_front`) share: each runs on an
-asyncio event loop of its own thread in the launcher's process, and checks its streams every REAP_SECONDS."""
+"""What the two fronts share: each runs on an asyncio event loop of its own thread in the launcher's process,
+and checks its streams every REAP_SECONDS."""
 
 from __future__ import annotations
 

@@ -1,33 +1,10 @@
-"""A bounded gRPC front for Triton: standard ``tritonclient.grpc`` clients talk to it unchanged, and it
-forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on loopback.
-
-Triton's gRPC listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of
-:class:`FrontLimits`, each a launcher flag, and answers a call past one with a gRPC status that names it:
-
-- responses are forwarded as raw bytes (nothing decoded: the hop costs 0.2-0.5 ms of CPU per response,
-  docs/operations.md), and so are unary requests; of a stream's requests only the parameters are read, to
-  give the call sequence ids of its own (:mod:`serving.fronts.call_ids`: a text-in stream belongs to the
-  call that opened it); a message larger than ``max_message_mb`` is refused by gRPC itself
-  (RESOURCE_EXHAUSTED) before Triton sees a byte of it;
-- connections, streams per connection, calls, idle connections, unfinished handshakes and unanswered
-  pings are bounded by gRPC's own server options (:meth:`FrontLimits.server_options`; each pinned by a
-  test in tests/unit/test_grpc_front_standin.py); gRPC's ``max_calls`` counts all clients as one, so the
-  front also counts each client address's calls (:mod:`serving.fronts.call_shares`) and refuses one past
-  ``max_calls_per_client`` (RESOURCE_EXHAUSTED, naming it);
-- a stream call that holds nothing for ``call_idle_seconds`` (every request it sent answered, no response
-  waiting for its client) is ended with RESOURCE_EXHAUSTED naming the bound (an open call counts against
-  ``max_calls`` and its client's share, and HTTP/2's idle bound sees only connections without a call);
-- the front reads Triton's responses as they come (so tritonserver never keeps them), and a stream whose
-  client does not take them is ended once ``max_unsent_mb`` wait, or once it has taken none for
-  ``max_unsent_seconds`` while they wait (a slow reader that keeps taking meets only the first): its
-  Triton call is cancelled (``tts`` frees its slot at its next step) and the client's stream ends with
-  RESOURCE_EXHAUSTED naming the bound. gRPC cannot send a status behind data the client does not read: a
-  client that reads again within CUT_GRACE gets the status; one that never does keeps only what gRPC
-  holds for its stream (one response and the flow-control window) until it closes its connection.
-
-The front adds no privilege: it forwards the client's metadata as it came (Triton's restricted APIs
-still need their key) and nothing of its own; the internal key travels inside request parameters, which
-the front passes on as they came (it rewrites only ``sequence_id``; serving.security.auth).
+"""A bounded gRPC front for Triton (docs/triton.md#T22): standard ``tritonclient.grpc`` clients talk to it
+unchanged, and it forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on
+loopback, within :class:`serving.fronts.front_limits.FrontLimits`; a call past a bound gets a gRPC status
+naming its flag. Messages go on as raw bytes (of a stream's requests only the parameters are read, for
+:mod:`serving.fronts.call_ids`), with the client's metadata as it came and nothing of the front's own. Each
+client address's share of calls is :mod:`serving.fronts.call_shares`. What each bound does and why, the cut
+of a stream whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front.
 """
 
 from __future__ import annotations
@@ -86,7 +63,7 @@ class _Outbox:
         self.client = client  # the client's address (for the log)
         self.moved_at = time.monotonic()  # when a request last came from the client or a response from Triton
         self.asked = False  # a request went to Triton after its last response: the call holds something
-        self.items: collections.deque[tuple[bytes, float]] = collections.deque()  # (message, when read)
+        self.items: collections.deque[bytes] = collections.deque()
         self.bytes = 0
         self.ready = asyncio.Event()
         self.end: tuple[grpc.StatusCode, str, tuple] | None = None  # how the client's stream ends
@@ -96,7 +73,7 @@ class _Outbox:
 
     def put(self, message: bytes) -> None:
         self.moved_at, self.asked = time.monotonic(), False
-        self.items.append((message, time.monotonic()))
+        self.items.append(message)
         self.bytes += len(message)
         self.ready.set()
 
@@ -199,7 +176,7 @@ class GrpcFront(FrontLoop):
             while True:
                 await outbox.ready.wait()
                 if outbox.items:
-                    message, _ = outbox.items.popleft()
+                    message = outbox.items.popleft()
                     outbox.bytes -= len(message)
                     outbox.writing_since = time.monotonic()
                     await context.write(message)

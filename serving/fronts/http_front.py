@@ -1,26 +1,9 @@
-"""A bounded HTTP/1.1 front for Triton's HTTP port: standard clients (``tritonclient.http``, curl) talk to it
-unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both ways.
-
-Triton's HTTP listener bounds nothing a stranger controls (docs/triton.md#T22). The front holds the bounds of
-:class:`serving.fronts.front_limits.HttpFrontLimits`, each a launcher flag:
-
-- a request head larger than ``max_header_kb`` gets 431, one not complete ``header_seconds`` after the
-  connection opened (or after its first byte, on a kept-alive connection) is closed: Triton never sees it;
-- a body whose ``Content-Length`` passes ``max_body_mb`` gets 413 before Triton sees a byte of it; a
-  chunked body is counted as it streams, and one that passes the bound ends both connections (Triton
-  drops the request it was receiving) with 413 to the client;
-- a kept-alive connection with no request for ``idle_seconds`` is closed, as is one whose body stops
-  coming for as long; past ``max_connections`` open connections a new one gets 503 and is closed;
-- the front reads Triton's response as it comes (so tritonserver never holds it) and writes it on
-  (``generate_stream`` events arrive one by one); a client that leaves more than ``max_unsent_mb``
-  unread, or takes nothing for ``max_unsent_seconds`` while some waits, loses its connection, and so does
-  Triton's request (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
-
-Each error is Triton's JSON shape (``{"error": "..."}``) naming the flag. The front adds no privilege:
-it forwards the client's headers as they came, less the hop-by-hop ones, and nothing of its own
-(Triton's restricted APIs still need their key from the client).
-Past 300 lines on purpose: one connection's forwarding, both ways with every bound on it, is one class
-(_Client); the bounds themselves are the front limits' module.
+"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): standard clients (``tritonclient.http``,
+curl) talk to it unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both
+ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`. Each refusal is Triton's JSON error shape
+naming its flag; the client's headers go on less the hop-by-hop ones, with nothing of the front's own. What
+each bound does and why: docs/operations.md#the-http-front. A cut response ends Triton's request with the
+connection (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
 """
 
 from __future__ import annotations
@@ -59,11 +42,12 @@ def forwarded_headers(headers, keep_framing: bool = False) -> list[tuple[bytes, 
     return out
 
 
-def error_response(status: int, message: str) -> tuple[h11.Response, bytes]:
+def error_response(status: int, message: str) -> list:
+    """The h11 events of an error answer in Triton's shape, ``{"error": message}``."""
     body = json.dumps({"error": message}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")]  # fmt: skip
-    return h11.Response(status_code=status, headers=headers), body
+    return [h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()]
 
 
 class _Client:
@@ -89,11 +73,9 @@ class _Client:
     async def answer(self, status: int, message: str) -> None:
         """An error response, then close (only before the response to this request began)."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            response, body = error_response(status, message)
             try:
-                self.send(response)
-                self.send(h11.Data(data=body))
-                self.send(h11.EndOfMessage())
+                for event in error_response(status, message):
+                    self.send(event)
                 await asyncio.wait_for(self.writer.drain(), 5)
                 await self.linger()
             except (h11.LocalProtocolError, OSError, asyncio.TimeoutError):
@@ -269,12 +251,11 @@ class HttpFront(FrontLoop):
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.clients) >= self.limits.max_connections:
-            response, body = error_response(503, f"unavailable: the server has {len(self.clients)} connections "
-                                            "open (--http-front-max-connections)")  # fmt: skip
             conn = h11.Connection(h11.SERVER)
             conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # only so that h11 writes a response
             conn.next_event()
-            writer.write(conn.send(response) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
+            writer.write(b"".join(conn.send(e) for e in error_response(503, f"unavailable: the server has "
+                                  f"{len(self.clients)} connections open (--http-front-max-connections)")))  # fmt: skip
             self.loop.call_later(1.0, writer.transport.abort)
             return
         client = _Client(self, reader, writer)

@@ -1,14 +1,8 @@
-"""The metrics port, as Prometheus and dashboards see it, in front of Triton's own (which listens on a
-private loopback port): the same page, with the generator's run-secret model name shown as ``generator``.
-
-The generator's name is a secret of the run (:meth:`serving.security.auth.Keys.generator_model`): a client that
-can address Triton's sequence batcher can take its slots, and Triton offers no way to keep a model from
-clients but not knowing its name. Triton's metrics page would name it; this relay does not.
-
-The relay is open to anyone who reaches the port, so it is bounded: at most :data:`MAX_CONNECTIONS` at a
-time (a connection beyond is closed at once, unanswered), and each connection is cut
-:data:`CONNECTION_SECONDS` after it was accepted, whatever it sends or does not (before, 72 slow
-connections stayed open 100 s, and the launcher's threads went from 2 to 70). One request per connection.
+"""The metrics port, as Prometheus and dashboards see it, in front of Triton's own (on a private loopback port):
+the same page, with the generator's run-secret name (:meth:`serving.security.auth.Keys.generator_model`)
+shown as ``generator``, and the launcher's own counters. Open to anyone, so bounded: MAX_CONNECTIONS at a
+time (beyond, closed unanswered), each cut CONNECTION_SECONDS after it was accepted, one request each
+(docs/operations.md, "What each port accepts"; docs/security.md).
 """
 
 from __future__ import annotations
@@ -89,10 +83,6 @@ class MetricsRelay(ThreadingHTTPServer):
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:  # already gone
                     pass
-
-    def connections(self) -> int:
-        with self.lock:
-            return len(self.open)
 
     def page(self) -> bytes:
         with urllib.request.urlopen(self.source, timeout=5) as r:

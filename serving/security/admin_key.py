@@ -1,11 +1,6 @@
-"""The operator's admin key (it adds and removes voices), kept across restarts.
-
-Without ``--admin-key``/``--admin-key-file`` the launcher uses ``<state dir>/admin_key`` (default
-``~/.cache/fireredtts3-triton/admin_key``, mode 0600), generating it on first use, so a voice added
-yesterday can be removed today with the same key, and the client CLI on the same machine finds it there.
-``python -m serving.security.admin_key rotate`` replaces it (running servers keep the old key until they restart);
-``python -m serving.security.admin_key path`` prints where it is.
-"""
+"""The operator's admin key (it adds and removes voices), kept across restarts in ``<state dir>/admin_key``
+(mode 0600, generated on first use): ``rotate`` replaces it (running servers keep the old key until they
+restart), ``path`` prints where it is. docs/security.md ("The admin key")."""
 
 from __future__ import annotations
 
@@ -44,11 +39,15 @@ def _written(path: Path) -> tuple[str, Path]:
     return key, tmp
 
 
+def _path(state_dir: Path) -> Path:
+    (path := Path(state_dir) / FILE).parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def load_or_create(state_dir: Path) -> tuple[str, bool]:
     """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one: the
     key is written whole, then linked into place only if no key is there (a reader never sees half a key)."""
-    path = Path(state_dir) / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _path(state_dir)
     if path.exists():
         return _read(path), False
     key, tmp = _written(path)
@@ -63,8 +62,7 @@ def load_or_create(state_dir: Path) -> tuple[str, bool]:
 
 def rotate(state_dir: Path) -> str:
     """A new kept key, written whole then renamed over the old one (a reader never sees half a key)."""
-    path = Path(state_dir) / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _path(state_dir)
     key, tmp = _written(path)
     os.replace(tmp, path)
     return key

@@ -1,26 +1,9 @@
-"""Who may ask the models what: the per-run internal key, the admin key, and unforgeable stream ids.
-
-The launcher puts two values in tritonserver's environment, which its stubs inherit and no Triton API
-shows: a random internal key, which ``tts`` and ``voices`` attach to every BLS request as the request
-parameter ``internal_key``, and the SHA-256 of the admin key, which adding or removing a voice needs.
-
-The internal models (``prompt_encoder``, ``generator``, ``vocoder``) serve requests that carry the
-internal key. ``tts_ensemble`` cannot add one (an ensemble forwards what its client sent), so while the
-ensemble is served (``public`` below) they also take key-less requests for exactly what the ensemble
-does, and nothing that touches another client's state is reachable that way:
-
-- stream ids are minted with a MAC under the internal key (31 random bits + 32 bits of HMAC) by tts
-  and ensemble_generator, the only callers of the generator (which refuses every key-less request:
-  Triton's sequence batcher itself can be wedged by a client that addresses a live sequence); the ids
-  are random, never sequential, and no error message carries one;
-- every chunk the generator sends is sealed (:meth:`Keys.seal`: a MAC over the stream id, the chunk's
-  index, its latents, prompt latents, last flag and finish reason), and the vocoder decodes only
-  sealed chunks, each once and in order: a caller cannot make the vocoder decode anything the
-  generator did not make;
-- registering a voice needs the internal key (``voices`` checks the admin key first).
-
-Without the environment (models loaded by a tritonserver that ``serving.serve`` did not start) there
-is no key: every caller is trusted and the models log that once.
+"""Who may ask the models what: the per-run internal key (``tts``, ``ensemble_generator`` and ``voices`` attach
+it to every BLS request as the parameter ``internal_key``), the admin key's SHA-256 (adding or removing a
+voice), stream ids minted with a MAC (31 random bits + 32 bits of HMAC; no error message carries one), chunk
+seals, and the generator's secret name. The launcher puts the keys in tritonserver's environment; without it
+(a tritonserver that ``serving.serve`` did not start) every caller is trusted, and each model logs that once.
+Who reaches what, and why: docs/security.md ("Internal models"), docs/architecture.md ("Auth", "Sealing").
 """
 
 from __future__ import annotations
@@ -167,13 +150,9 @@ class Keys:
     def _chunk_mac(self, chunk: Chunk) -> int:
         h = hashlib.blake2b(key=self.internal[:64], digest_size=8, person=b"tts-chunk")
         reason = chunk.finish_reason.encode("utf-8", "surrogatepass")
-        latents, prompt = _contiguous(chunk.latents), _contiguous(chunk.prompt_latents)
+        latents, prompt = (np.ascontiguousarray(a, np.float32) for a in (chunk.latents, chunk.prompt_latents))
         h.update(struct.pack(">QQ?QQQ", chunk.stream_id, chunk.seq, chunk.last, len(reason), latents.nbytes,
                              prompt.nbytes))  # fmt: skip
         for part in (reason, latents, prompt):
             h.update(part)
         return int.from_bytes(h.digest(), "big")
-
-
-def _contiguous(array) -> np.ndarray:
-    return np.ascontiguousarray(array, np.float32)

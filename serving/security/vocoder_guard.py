@@ -1,30 +1,16 @@
-"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch).
+"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch). The vocoder is a
+step of ``tts_ensemble``, so any client can send it chunks; it acts only on what the generator made, once, in
+order, for streams the generator's board lists (docs/security.md, "the vocoder decodes only what the
+generator made"; the board: :mod:`serving.flow.side_channel`). Beyond the doc:
 
-The vocoder is a step of ``tts_ensemble``, so any client can send it chunks. It acts only on what the
-generator made, once, in order, for streams the generator holds:
-
-- a chunk that decodes must carry the generator's seal (:meth:`serving.security.auth.Keys.sealed`) and be the
-  next chunk of its stream (``seq``); a stream opens with its chunk 0 (the one with the prompt latents,
-  which Instruct's design and edits leave empty), only while the generator's board lists the stream
-  (:mod:`serving.flow.side_channel`: generating, or ended with its end not yet here, however late its
-  consumer is), and only once (an id is remembered as opened while the board lists it, and the board
-  forgets it when its end arrives here; from then on the guard remembers the id as finished for
-  :data:`FINISHED_SECONDS`, so a replay of a finished stream's chunk is the client's ``invalid:``, whenever
-  it comes in that time, and never the server's ``unavailable:``);
-- a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id
-  nobody can guess, and decodes nothing;
-- a stream's end (its last chunk, sealed or ending only) takes it off the board
-  (:meth:`~serving.flow.side_channel.LiveStreams.claim`);
-- a chunk whose ensemble client has gone (Triton hands the vocoder such chunks already cancelled) ends
-  the vocoder stream and asks the generator to end the stream too (:mod:`serving.flow.side_channel`), so an
-  abandoned ensemble stream stops generating within a step of its next chunk;
-- the table holds at most ``max_streams`` streams; a new stream that finds it full takes the place of
-  one off the board, else of an ended one that a key-less request opened (least recently fed first), and
-  is refused as busy only if every stream in the table is generating or owed to tts (opened with the
-  internal key, its end still to come), which ``max_streams`` > the requests admission lets in rules
-  out (each admitted request has at most one stream at a time). Ended streams stay openable by anyone
-  who holds their sealed chunk 0 (ensemble_generator is public), but a key-less one never keeps a place
-  from a stream that is generating or owed.
+- an id is remembered as opened while the board lists it; once its end arrives here, as finished for
+  :data:`FINISHED_SECONDS`, so a replay of a finished stream's chunk is the client's ``invalid:``, never the
+  server's ``unavailable:``;
+- a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id nobody can
+  guess and decodes nothing; a stream's end, sealed or ending only, takes it off the board;
+- a cancelled chunk (its ensemble client gone) ends the vocoder stream and marks it for the generator;
+- a table past ``max_streams`` is refused as busy only if every stream in it is generating or owed to tts
+  (opened with the internal key), which ``max_streams`` > the requests admission lets in rules out.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
-"""The on-disk format of a stored voice: checksummed safetensors files, written atomically.
-
-Two kinds of file, each one safetensors file (tensors + a str->str header; nothing is ever unpickled):
-
-- a *prompt* (``<key>.prompt.safetensors``): ``latents`` and ``speaker`` of a :class:`VoicePrompt`, with the
-  format version, checkpoint identity, preprocessing, transcript, creation time and sha256 in its header,
-  and for a named voice the sha256 of the source it was encoded from (``source``);
-- a *source* (``<key>.source.safetensors``): the reference it was encoded from, as ``audio`` samples (N,)
-  at the rate in its header, with the transcript and sha256.
-
-Writes go to a unique temporary file (``.<name>.<pid>.<ns>.tmp``) and are renamed into place, so readers
-see a whole old or a whole new file. Every file carries a sha256 of what it holds; a file that does not
-match raises ValueError. A prompt whose ``source`` is not its voice's source is stale (a replacement was
-cut short between its two renames) and raises ValueError too.
-Where the files live and which are kept is :mod:`serving.voices.voice_store`'s business.
+"""The on-disk format of a stored voice (docs/voices.md): a *prompt* (``<key>.prompt.safetensors``: a
+:class:`VoicePrompt`'s ``latents`` and ``speaker``, with format version, checkpoint identity, preprocessing,
+transcript, creation time, sha256 and, for a named voice, the sha256 of its ``source``) and a *source*
+(``<key>.source.safetensors``: ``audio`` samples (N,) at the rate in its header, transcript, sha256). Nothing
+is unpickled; writes go to a unique ``.<name>.<pid>.<ns>.tmp`` renamed into place; a file that does not
+match its sha256, and a prompt whose ``source`` is not its voice's source, raise ValueError.
 """
 
 from __future__ import annotations
@@ -20,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,17 +62,24 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
             tmp.unlink()
 
 
-def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and header of a safetensors file whose checksum matches (or, with ``unchecked_ok``, that
-    has none: written before checksums); FileNotFoundError if absent, any other problem raises ValueError."""
+@contextmanager
+def opened(path: Path):
+    """A safetensors file open for reading; FileNotFoundError if absent, any other problem raises ValueError."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-        actual = checksum(tensors, meta.get("text", ""))
+            yield f
     except FileNotFoundError:
         raise
     except Exception as e:  # safetensors raises several types for damaged files
         raise ValueError(f"{path.name}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and header of a safetensors file whose checksum matches (or, with ``unchecked_ok``, that
+    has none: written before checksums); FileNotFoundError if absent, any other problem raises ValueError."""
+    with opened(path) as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+        actual = checksum(tensors, meta.get("text", ""))
     digest = meta.get("sha256")
     if (digest or not unchecked_ok) and digest != actual:
         raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
@@ -151,13 +150,8 @@ def load_source(s_path: Path) -> Source:
 def source_digest(s_path: Path) -> str:
     """The sha256 in a source file's header ("" if it has none), without reading its samples;
     FileNotFoundError if absent, ValueError if its header cannot be read."""
-    try:
-        with safe_open(str(s_path), framework="pt") as f:
-            return dict(f.metadata() or {}).get("sha256", "")
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # safetensors raises several types for damaged files
-        raise ValueError(f"{s_path.name}: unreadable ({type(e).__name__}: {e})") from None
+    with opened(s_path) as f:
+        return dict(f.metadata() or {}).get("sha256", "")
 
 
 def source_info(s_path: Path) -> tuple[str, float]:

@@ -224,6 +224,7 @@ def test_an_openai_stream_cut_by_the_server_going_away_is_one_log_line(server, c
     body = {"model": "fireredtts3", "input": "This stream is cut.", "response_format": "pcm",
             "max_patches": 400, "chunk_first": 1, "chunk_next": 1, "chunk_fixed": True}  # fmt: skip
     uvicorn_log = logging.getLogger("uvicorn")  # its own handlers, not propagated: caplog's is added to them
+    gateways = {t for t in threading.enumerate() if t.name == "gateway"}  # the module's, which stay
     try:
         with in_thread(proxy.address) as url, caplog.at_level(logging.INFO):
             uvicorn_log.addHandler(caplog.handler)  # (once started: uvicorn's logging config sets its handlers)
@@ -235,10 +236,11 @@ def test_an_openai_stream_cut_by_the_server_going_away_is_one_log_line(server, c
                     got += part
                     if len(got) > 100_000:  # audio is flowing: the server goes away
                         proxy.cut()
-            time.sleep(1)  # anything the gateway logs after the cut
-    finally:
+            wait_for_log(caplog, "cut: the stream failed after its start", 30, server)
+    finally:  # (leaving in_thread waits for the gateway's requests to end: anything it logs after the cut is in)
         uvicorn_log.removeHandler(caplog.handler)
         proxy.close()
+    assert not {t for t in threading.enumerate() if t.name == "gateway"} - gateways  # it ended, its requests too
     assert 0 < len(got) < 400 * 3840 * 2  # a broken answer, not a complete-looking one
     cut = [r for r in caplog.records if "cut: the stream failed after its start" in r.getMessage()]
     assert len(cut) == 1 and cut[0].getMessage().startswith("a speech stream from 127.0.0.1:"), caplog.text

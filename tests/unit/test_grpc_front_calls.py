@@ -209,9 +209,20 @@ def test_a_call_that_holds_nothing_is_ended_and_one_waiting_for_an_answer_is_not
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--grpc-front-call-idle-seconds" in e.value.details() and f"{IDLE:g} s" in e.value.details()
         assert time.monotonic() - t0 < IDLE + 5 and front.idle_ended == 1
-        time.sleep(IDLE * 2)
-        assert front.idle_ended == 1 and len(front.streams) == 1  # the waiting call is still there
-        assert front.shares.calls == {"127.0.0.1": 1}  # the ended call left its client's share
+        later = Call(front.address)  # idle from after the waiting call's request: the check that ends it
+        try:  # saw the waiting call longer without an answer than the bound
+            later.send(request(7))
+            later.answer()
+            with pytest.raises(grpc.RpcError):
+                later.answer()
+        finally:
+            later.close()
+        deadline = time.monotonic() + 30
+        while len(front.streams) > 1:  # the ended calls' handlers finish
+            assert time.monotonic() < deadline, front.streams
+            time.sleep(0.05)
+        assert front.idle_ended == 2 and len(front.streams) == 1  # the waiting call is still there
+        assert front.shares.calls == {"127.0.0.1": 1}  # the ended calls left their client's share
     finally:
         idle.close()
         waiting.close()

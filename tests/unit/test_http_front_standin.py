@@ -71,9 +71,17 @@ class Handler(BaseHTTPRequestHandler):
             pass  # (not `gone`, which the streaming tests wait for: a late one of another test would satisfy them)
 
 
+class Upstream(ThreadingHTTPServer):
+    accepted = 0  # connections accepted, counted in order by the one accepting thread
+
+    def process_request(self, request, client_address):
+        self.accepted += 1
+        super().process_request(request, client_address)
+
+
 @pytest.fixture(scope="module")
 def upstream():
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    server = Upstream(("127.0.0.1", free_port()), Handler)
     server.seen, server.sent, server.gone, server.gate = [], 0, threading.Event(), threading.Event()
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -96,6 +104,15 @@ def post(front, path, body=b"", headers=None, conn=None):
     conn.request("POST", path, body=body, headers=headers or {}, encode_chunked=chunked)
     r = conn.getresponse()
     return r.status, r.read(), conn
+
+
+def accepted_so_far(front, upstream) -> int:
+    """Connections the upstream has accepted, every one the front opened so far included: a probe through the
+    front on a connection of its own is answered only once the upstream accepted it, after every earlier one."""
+    status, _, conn = post(front, "/probe")
+    conn.close()
+    assert status == 200
+    return upstream.accepted
 
 
 def wait_closed(sock: socket.socket, seconds: float) -> bool:
@@ -130,12 +147,10 @@ def test_chunked_body_is_forwarded_and_counted(front):
 
 
 def test_oversized_body_gets_413_before_upstream(front, upstream):
-    # its own path: a chunked request of the test before may reach the upstream's log late (the front streams a
-    # chunked body and answers 413 midway, while the upstream's handler thread is still starting)
+    before = accepted_so_far(front, upstream)
     status, body, _ = post(front, "/oversized", b"z" * (2**20 + 1))
     assert status == 413 and "--http-front-max-body-mb" in json.loads(body)["error"]
-    time.sleep(0.2)  # time for a wrongly forwarded head to show in the log
-    assert "/oversized" not in [path for path, _ in upstream.seen]
+    assert accepted_so_far(front, upstream) == before + 1  # the probe's: the front never opened one for it
 
 
 def test_large_head_gets_431(front):
@@ -199,7 +214,7 @@ def test_a_client_that_leaves_ends_the_upstream_response(front, upstream):
 def test_connections_past_the_bound_get_503(front):
     socks = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(4)]
     try:
-        time.sleep(0.3)
+        wait_until_true(lambda: len(front.clients) == 4)  # the front took them all
         extra = socket.create_connection(("127.0.0.1", front.port))
         extra.settimeout(5)
         assert extra.recv(1000).startswith(b"HTTP/1.1 503")
@@ -229,12 +244,12 @@ def test_expect_100_continue_gets_the_upstreams_100_or_the_bound_before_any_body
         while not answer.endswith(b"}"):
             answer += s.recv(1000)
         assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'"bytes": 5, "probe": null}')
-    before = len(upstream.seen)
+    before = accepted_so_far(front, upstream)
     with socket.create_connection(("127.0.0.1", front.port)) as s:
         s.settimeout(30)
         s.sendall(head % (2**20 + 1))
         assert s.recv(1000).startswith(b"HTTP/1.1 413 ")
-    assert len(upstream.seen) == before
+    assert accepted_so_far(front, upstream) == before + 1  # the probe's only
 
 
 def test_a_body_that_stops_coming_is_closed_after_idle_seconds(front):

@@ -10,15 +10,7 @@ from engine.protocol import NOT_FOUND, Unavailable
 from serving.config.model_options import VoicesOptions
 from serving.intake.requests import check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.triton_io import (
-    bls_error,
-    bytes_tensor,
-    error_response,
-    get,
-    scalar,
-    setup_logging,
-    string,
-)
+from serving.stub.triton_io import bls_error, bytes_tensor, error_response, get, scalar, setup_logging, string
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceStore
 
@@ -65,12 +57,9 @@ class TritonPythonModel:
                         raise Refused(refusal)
                     if action == "check":  # the admin key, before a caller does costly work (a voice design)
                         result = {"admin": True}
-                        out.append(pb.InferenceResponse([bytes_tensor(pb, "RESULT", json.dumps(result), batch=False)]))
-                        continue
-                    name = check_name(string(pb, r, "NAME", ""))
-                    if action == "add":
-                        result = self._add(r, name)
-                    elif self.store.remove(name):
+                    elif action == "add":
+                        result = self._add(r, check_name(string(pb, r, "NAME", "")))
+                    elif self.store.remove(name := check_name(string(pb, r, "NAME", ""))):
                         result = {"name": name, "removed": True}
                     else:
                         raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
