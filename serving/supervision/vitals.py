@@ -51,6 +51,7 @@ PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_cou
 # The generator's own progress: its streams are one request each, stepped by its engine thread, so its
 # execution count moves only when a stream arrives; its steps count here (serving.stub.generator_metrics).
 STEPPED = "tts_generator_stream_steps_total"
+PROGRESS = (PENDING, EXECUTED, STEPPED)  # what the supervisor reads at every poll (Observation.metrics)
 # A drain waits for their sum: 0. An open text-in stream holds no place while it has nothing to say
 # (serving.flow.places) and is counted apart: its next turn's text may still come, and is spoken.
 IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight", "tts_text_streams_open")
