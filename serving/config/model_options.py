@@ -174,9 +174,7 @@ class VoicesOptions(ModelOptions):
 
 
 def _text(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 def _parse(kind: type, text: str, what: str):
