@@ -120,9 +120,6 @@ class LateStacks:
         faulthandler.dump_traceback_later(self.late, file=self.file)
         self.armed = now
 
-    def disarm(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
-
 
 class RunFlags:
     """The launcher's word to tts, as files in the run folder (one syscall per check: tts checks every

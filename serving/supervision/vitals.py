@@ -99,9 +99,8 @@ class Vitals:
 
     def reset(self) -> None:
         """Forget everything: a new tritonserver."""
-        self.pause, self._last, self._beats, self._waiting, self._answered = 0.0, None, {}, {}, None
-        self._silent = {}
-        self._held = None
+        self.pause, self._last, self._answered, self._held = 0.0, None, None, None
+        self._beats, self._silent, self._waiting = {}, {}, {}
 
     def observe(self, seen: Observation) -> Incident | None:
         at = seen.at
