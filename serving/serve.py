@@ -89,13 +89,16 @@ def run_folder(parent: Path | None) -> Path:
 
 def write_key(path: Path) -> str:
     key = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(key + "\n")
     return key
 
 
 GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port, triton_host,
                       args.host if front else None, args.host if http_front else None)  # fmt: skip
     if busy:  # before anything is written: a running server's files stay as they are
-        print("cannot start:\n  " + "\n  ".join(busy), file=sys.stderr)
+        say("cannot start:\n  " + "\n  ".join(busy))
         return 2
     ckpt = (args.checkpoint or default_checkpoint()).resolve()
     if not ckpt.is_dir():
@@ -177,50 +180,42 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     if os.geteuid() == 0:
-        print("warning: running as root, and so are tritonserver and its Python stubs, which run this repository's "
-              "code for every request: run as an unprivileged user, or in the image (uid 1000)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        say("warning: running as root, and so are tritonserver and its Python stubs, which run this repository's "
+            "code for every request: run as an unprivileged user, or in the image (uid 1000)")  # fmt: skip
     work = run_folder(args.work_dir)
-    print(f"run folder: {work}", file=sys.stderr, flush=True)
+    say(f"run folder: {work}")
     if admin_key is None:
         state = (args.state_dir or default_state_dir()).resolve()
         try:
             admin_key, made = load_or_create(state)
         except (OSError, ValueError) as e:
-            print(f"cannot start: the admin key: {e}", file=sys.stderr)
+            say(f"cannot start: the admin key: {e}")
             return 2
-        how = "generated now" if made else "kept"
-        print(f"admin key: {state / ADMIN_KEY_FILE} ({how}; the voices CLI on this machine reads it there; "
-              "rotate: python -m serving.security.admin_key rotate)", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"admin key: {state / ADMIN_KEY_FILE} ({'generated now' if made else 'kept'}; the voices CLI on this "
+            "machine reads it there; rotate: python -m serving.security.admin_key rotate)")  # fmt: skip
     # Triton's restricted APIs get a key of their own: Triton takes it on its command line, which any local
     # user can read (/proc/<pid>/cmdline); the operator's key reaches the models only as its digest.
     triton_key = write_key(work / "triton_admin_key")
-    print(f"Triton admin key (repository index, shared memory, logging, trace): {work / 'triton_admin_key'}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    say(f"Triton admin key (repository index, shared memory, logging, trace): {work / 'triton_admin_key'}")
     opts = dataclasses.replace(opts, cancel_dir=str(work / "cancel"), run_dir=str(work))
     repo = build(work / "model_repository", opts)
     server = TritonServer(repo, work, ports, host=triton_host, metrics_host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
                           triton_key=triton_key, grpc_front=limits, http_front=http_limits)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
     signals = []
-    signal.signal(signal.SIGINT, lambda signum, _frame: signals.append(signum))
-    signal.signal(signal.SIGTERM, lambda signum, _frame: signals.append(signum))
-    print(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}", file=sys.stderr, flush=True)
-    random_weights = has_random_weights(ckpt)
-    if random_weights:
-        print(f"note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr, flush=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _frame: signals.append(signum))
+    say(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}")
+    if random_weights := has_random_weights(ckpt):
+        say(f"note: {RANDOM_WEIGHTS_NOTE}")
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     # the gateway is ours: it reaches Triton's own gRPC port, behind the front when there is one
     if not any(a.split("=", 1)[0] == "--jobs-dir" for a in gateway_args):  # jobs are kept with the state
         gateway_args = [*gateway_args, "--jobs-dir", str((args.state_dir or default_state_dir()).resolve() / "jobs")]
-    gateway = (
-        None
-        if args.no_openai
-        else Gateway(args.host, server.triton_grpc, args.openai_port, random_weights, gateway_args)
-    )
+    gateway = None if args.no_openai else Gateway(args.host, server.triton_grpc, args.openai_port, random_weights,
+                                                  gateway_args)  # fmt: skip
     stopping = lambda: bool(signals)  # noqa: E731
-    print("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything "
-          "answers", file=sys.stderr, flush=True)  # fmt: skip
+    say("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything answers")
 
     def ready(seconds: float) -> None:
         """The addresses, once tritonserver is ready and the gateway reaches it (never before: a request
@@ -229,35 +224,31 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is None:
             return
         if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():
-            print(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
-                  "its addresses:", file=sys.stderr, flush=True)  # fmt: skip
+            say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; its "
+                "addresses:")  # fmt: skip
         for line in gateway.addresses():
-            print(line, file=sys.stderr, flush=True)
-        print("ready: every address above answers" + (" (random weights: see the note above)" if random_weights
-              else ""), file=sys.stderr, flush=True)  # fmt: skip
+            say(line)
+        say("ready: every address above answers" + (" (random weights: see the note above)" if random_weights else ""))
 
     try:
         supervisor.run(stopping=stopping, tick=gateway.keep_up if gateway else lambda: None, ready=ready)
     except RuntimeError as e:  # tritonserver exited before it was ready
-        print(e, file=sys.stderr)
+        say(str(e))
         code = 1
     finally:
         t0 = time.monotonic()
         supervisor.shutdown(args.drain_seconds if code == 0 else 0, hurry=lambda: len(signals) > 1)
         if gateway is not None:  # after the drain: it was carrying the streams that finished
             gateway.stop()
+        for dump in (work / STACKS).glob("*"):  # the stubs' stacks at late heartbeats: only those dumped stay
+            if not dump.stat().st_size:
+                dump.unlink()
         for entry in work.iterdir():  # keep the log and any stack dumps; the key dies with the server
-            if entry.is_dir():
-                if entry.name == STACKS:  # the stubs' stacks at late heartbeats, if any were dumped
-                    for dump in entry.iterdir():
-                        if not dump.stat().st_size:
-                            dump.unlink()
-                    if any(entry.iterdir()):
-                        continue
+            if entry.is_dir() and not (entry.name == STACKS and any(entry.iterdir())):
                 shutil.rmtree(entry)
-            elif entry.name != "tritonserver.log":
+            elif not entry.is_dir() and entry.name != "tritonserver.log":
                 entry.unlink()
-        print(f"tritonserver stopped in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+        say(f"tritonserver stopped in {time.monotonic() - t0:.1f} s")
     return code
 
 

@@ -39,6 +39,17 @@ class ModelOptions:
     """A model's options as config parameters and back (the base of the frozen dataclasses below)."""
 
     MODEL: ClassVar[str] = ""  # the Triton model that reads them, for error messages
+    # The fields not named as in ServeOptions, each with how the server's options give it.
+    DERIVED: ClassVar[dict] = {  # field -> Callable[[ServeOptions], value]
+        "max_queue": lambda opts: opts.queue,  # -1 resolved
+        "public_steps": lambda opts: opts.ensemble,  # key-less requests are tts_ensemble's (serving.security.auth)
+    }
+
+    @classmethod
+    def of(cls, opts: ServeOptions) -> Self:
+        """The model's options from the server's: ServeOptions' field of each name, or DERIVED."""
+        get = lambda name: cls.DERIVED[name](opts) if name in cls.DERIVED else getattr(opts, name)  # noqa: E731
+        return cls(**{f.name: get(f.name) for f in fields(cls)})
 
     def parameters(self) -> dict[str, str]:
         """Parameter name -> string value, in field order (booleans as 1 or 0)."""
@@ -92,15 +103,6 @@ class TTSOptions(ModelOptions, _Gate):
         """The orchestrator's read-ahead keywords (engine.orchestrator.Orchestrator)."""
         return {"read_ahead_cap": self.read_ahead_cap, "read_ahead_seconds": self.read_ahead_seconds}
 
-    @classmethod
-    def of(cls, opts: ServeOptions) -> TTSOptions:
-        return cls(checkpoint=opts.checkpoint, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   bls_timeout_seconds=opts.bls_timeout_seconds, slots=opts.slots, max_queue=opts.queue,
-                   start_rate=opts.start_rate, models=opts.models, vocoder_batch=opts.vocoder_batch,
-                   text_idle_seconds=opts.text_idle_seconds, text_max_seconds=opts.text_max_seconds,
-                   pace_hold_seconds=opts.pace_hold_seconds,
-                   read_ahead_cap=opts.read_ahead_cap, read_ahead_seconds=opts.read_ahead_seconds)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class PromptEncoderOptions(ModelOptions, _Gate):
@@ -117,13 +119,6 @@ class PromptEncoderOptions(ModelOptions, _Gate):
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
 
-    @classmethod
-    def of(cls, opts: ServeOptions) -> PromptEncoderOptions:
-        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   voice_dir=opts.voice_dir, max_anonymous_voices=opts.max_anonymous_voices,
-                   voice_store_max_gb=opts.voice_store_max_gb, public_steps=opts.ensemble, slots=opts.slots,
-                   max_queue=opts.queue)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class EnsembleGeneratorOptions(ModelOptions, _Gate):
@@ -133,11 +128,6 @@ class EnsembleGeneratorOptions(ModelOptions, _Gate):
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
-
-    @classmethod
-    def of(cls, opts: ServeOptions) -> EnsembleGeneratorOptions:
-        return cls(run_dir=opts.run_dir, cancel_dir=opts.cancel_dir, bls_timeout_seconds=opts.bls_timeout_seconds,
-                   slots=opts.slots, max_queue=opts.queue)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -156,14 +146,6 @@ class GeneratorOptions(ModelOptions):
     step_budget_ms: float  # the generator's step budget (engine.step_cost.StepBudget; 0: none)
     models: str  # the release's models to load (serving.intake.served; empty: what the checkpoint holds)
 
-    @classmethod
-    def of(cls, opts: ServeOptions) -> GeneratorOptions:
-        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   slots=opts.slots, max_len=opts.max_len, kv_memory_gb=opts.kv_memory_gb,
-                   attention=opts.attention, synthetic_math=opts.synthetic_math,
-                   synthetic_step=opts.synthetic_step, step_budget_ms=opts.step_budget_ms,
-                   models=opts.models)  # fmt: skip
-
 
 @dataclass(frozen=True)
 class VocoderOptions(ModelOptions):
@@ -178,13 +160,9 @@ class VocoderOptions(ModelOptions):
     queue_delay_us: int  # how long the engine thread gathers chunks of several streams
     public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
     synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
-
-    @classmethod
-    def of(cls, opts: ServeOptions) -> VocoderOptions:
-        return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
-                   max_streams=opts.slots + opts.queue + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
-                   batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us,
-                   public_steps=opts.ensemble, synthetic_math=opts.synthetic_math)  # fmt: skip
+    DERIVED = {**ModelOptions.DERIVED, "max_streams": lambda o: o.slots + o.queue + VOCODER_SPARE_STREAMS,
+               "idle_seconds": lambda o: o.vocoder_idle_seconds, "batch": lambda o: o.vocoder_batch,
+               "queue_delay_us": lambda o: o.vocoder_queue_delay_us}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -194,15 +172,9 @@ class VoicesOptions(ModelOptions):
     voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
     bls_timeout_seconds: int  # registration's BLS call to prompt_encoder
 
-    @classmethod
-    def of(cls, opts: ServeOptions) -> VoicesOptions:
-        return cls(run_dir=opts.run_dir, voice_dir=opts.voice_dir, bls_timeout_seconds=opts.bls_timeout_seconds)
-
 
 def _text(value) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 def _parse(kind: type, text: str, what: str):

@@ -99,43 +99,40 @@ class ServeOptions:
                                  "GPU-like preset: h100, l4 (default: no time, free math)")  # fmt: skip
 
     def __post_init__(self) -> None:
-        if not 1 <= self.slots <= MAX_SLOTS:
-            raise ValueError(f"slots must be in 1..{MAX_SLOTS}, got {self.slots}")
-        if self.max_len < 64:
-            raise ValueError("max_len must be >= 64")
-        if not self.voice_store_max_gb > 0:
-            raise ValueError(f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}")
-        if not self.kv_memory_gb >= 0:
-            raise ValueError(f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}")
+        from engine.step_cost import StepCost
+        from serving.intake.served import parse_models
+
+        for ok, problem in [
+            (1 <= self.slots <= MAX_SLOTS, f"slots must be in 1..{MAX_SLOTS}, got {self.slots}"),
+            (self.max_len >= 64, "max_len must be >= 64"),
+            (self.voice_store_max_gb > 0, f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}"),
+            (self.kv_memory_gb >= 0, f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}"),
+            (1 <= self.read_ahead_cap <= READ_AHEAD.high,
+             f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {self.read_ahead_cap}"),
+            (0 < self.read_ahead_seconds <= 3600,
+             f"read_ahead_seconds must be in (0, 3600], got {self.read_ahead_seconds}"),
+            (StepCost.parse(self.synthetic_step).free or self.synthetic_math,
+             "synthetic_step needs synthetic_math (--synthetic-step times the synthetic generator)"),
+            (0 <= self.start_rate <= 100_000,
+             f"start_rate must be in [0, 100000] starts a second (0: no limit), got {self.start_rate}"),
+            (0 <= self.step_budget_ms <= 10_000,
+             f"step_budget_ms must be in [0, 10000] (0: no budget), got {self.step_budget_ms}"),
+            (self.max_queue >= -1, f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}"),
+            (0 < self.text_idle_seconds <= 3600,
+             f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}"),
+            (0 < self.pace_hold_seconds < self.bls_timeout_seconds, f"pace_hold_seconds must be in "
+             f"(0, {self.bls_timeout_seconds}) (the BLS timeout), got {self.pace_hold_seconds}"),
+            (0 < self.text_max_seconds <= 86400,
+             f"text_max_seconds must be in (0, 86400], got {self.text_max_seconds}"),
+        ]:  # fmt: skip
+            if not ok:
+                raise ValueError(problem)
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
                 raise ValueError(f"{f.name} must be {listed}, got {getattr(self, f.name)!r}")
-        from serving.intake.served import parse_models
-
         parse_models(self.models)  # ValueError names a model that is not one
-        if not 1 <= self.read_ahead_cap <= READ_AHEAD.high:
-            raise ValueError(f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {self.read_ahead_cap}")
-        if not 0 < self.read_ahead_seconds <= 3600:
-            raise ValueError(f"read_ahead_seconds must be in (0, 3600], got {self.read_ahead_seconds}")
-        from engine.step_cost import StepCost
-
-        if not StepCost.parse(self.synthetic_step).free and not self.synthetic_math:
-            raise ValueError("synthetic_step needs synthetic_math (--synthetic-step times the synthetic generator)")
-        if not 0 <= self.start_rate <= 100_000:
-            raise ValueError(f"start_rate must be in [0, 100000] starts a second (0: no limit), got {self.start_rate}")
-        if not 0 <= self.step_budget_ms <= 10_000:
-            raise ValueError(f"step_budget_ms must be in [0, 10000] (0: no budget), got {self.step_budget_ms}")
-        if self.max_queue < -1:
-            raise ValueError(f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}")
-        if not 0 < self.text_idle_seconds <= 3600:
-            raise ValueError(f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}")
-        if not 0 < self.pace_hold_seconds < self.bls_timeout_seconds:
-            raise ValueError(f"pace_hold_seconds must be in (0, {self.bls_timeout_seconds}) (the BLS timeout), "
-                             f"got {self.pace_hold_seconds}")  # fmt: skip
-        if not 0 < self.text_max_seconds <= 86400:
-            raise ValueError(f"text_max_seconds must be in (0, 86400], got {self.text_max_seconds}")
 
     @property
     def queue(self) -> int:
@@ -143,43 +140,28 @@ class ServeOptions:
         return 4 * self.slots if self.max_queue == -1 else self.max_queue
 
 
-def flags() -> list[tuple[str, dict]]:
-    """``(flag, argparse keywords)`` for every ServeOptions field with help, in field order."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The launcher flags of :class:`ServeOptions`: every field with help, in field order."""
     types = typing.get_type_hints(ServeOptions)
-    out = []
     for f in fields(ServeOptions):
         if "help" not in f.metadata:
             continue
-        kind, default = types[f.name], f.default
+        kind, default, help = types[f.name], f.default, f.metadata["help"]
         assert default is not MISSING, f.name
-        help = f.metadata["help"]
-        kw: dict = {"dest": f.name}
+        kw: dict = {"dest": f.name} | ({"choices": f.metadata["choices"]} if f.metadata["choices"] else {})
         if kind is bool:
             kw |= {"action": argparse.BooleanOptionalAction, "default": default}
         elif kind is Folder:  # resolved by the launcher: None when not given
             kw |= {"type": Path, "default": None, "metavar": "DIR"}
         else:
             kw |= {"type": kind, "default": default}
-            if "default" not in help:
-                help += f" (default: {default})"
-        if f.metadata["choices"]:
-            kw["choices"] = f.metadata["choices"]
-        out.append(("--" + f.name.replace("_", "-"), {**kw, "help": help}))
-    return out
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The launcher flags of :class:`ServeOptions` (:func:`flags`)."""
-    for flag, kw in flags():
-        parser.add_argument(flag, **kw)
+            help += "" if "default" in help else f" (default: {default})"
+        parser.add_argument("--" + f.name.replace("_", "-"), help=help, **kw)
 
 
 def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
     """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
     launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
-    values = {}
-    for _flag, kw in flags():
-        value = getattr(args, kw["dest"])
-        if value is not None:
-            values[kw["dest"]] = str(value) if isinstance(value, Path) else value
+    given = {f.name: getattr(args, f.name) for f in fields(ServeOptions) if "help" in f.metadata}
+    values = {name: str(v) if isinstance(v, Path) else v for name, v in given.items() if v is not None}
     return ServeOptions(**(values | resolved))

@@ -42,59 +42,37 @@ def _quoted(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+RENDERED = "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
+
+
+def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
+    """A Python-backend model's config.pbtxt: one CPU instance, its options as parameters."""
+    return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
+            + ("model_transaction_policy { decoupled: true }\n" if decoupled else "") + batching + _io(inputs, outputs,
+            ragged) + "instance_group [ { kind: KIND_CPU count: 1 } ]\n" + _params(options))  # fmt: skip
+
+
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    header = '# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\nbackend: "python"\n'
-    tts = (
-        f'name: "tts"\n{header}max_batch_size: 0\nmodel_transaction_policy {{ decoupled: true }}\n'
-        + _io(contract.TTS_INPUTS, contract.TTS_OUTPUTS)
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(TTSOptions.of(opts))
-    )
+    gen, prompt = ("PROMPT_LATENTS", "SPEAKER"), PromptEncoderOptions.of(opts)
     # its queue is bounded: key-less requests (tts_ensemble's first step) are answered here before the gate
-    prompt_options = PromptEncoderOptions.of(opts)
-    prompt = (
-        f'name: "prompt_encoder"\n{header}max_batch_size: 8\n'
-        + "dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
-        + f"  default_queue_policy {{ max_queue_size: {2 * prompt_options.capacity} }}\n}}\n"
-        + _io(contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ragged=("REF_AUDIO",))
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(prompt_options)
-    )
-    ensemble_gen = (
-        f'name: "ensemble_generator"\n{header}max_batch_size: 1\nmodel_transaction_policy {{ decoupled: true }}\n'
-        + _io(contract.GENERATOR_INPUTS, contract.GENERATOR_OUTPUTS, ragged=("PROMPT_LATENTS", "SPEAKER"))
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(EnsembleGeneratorOptions.of(opts))
-    )
-    # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.stub.generator_host)
-    gen = (
-        f'name: "generator"\n{header}max_batch_size: 1\n'
-        + "model_transaction_policy { decoupled: true }\n"
-        + _io(
-            contract.GENERATOR_INPUTS,
-            contract.GENERATOR_OUTPUTS + contract.PIPE_OUTPUTS,
-            ragged=("PROMPT_LATENTS", "SPEAKER"),
-        )
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(GeneratorOptions.of(opts))
-    )
-    # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
-    voc = (
-        f'name: "vocoder"\n{header}max_batch_size: {opts.vocoder_batch}\n'
-        + "model_transaction_policy { decoupled: true }\n"
-        + _io(contract.VOCODER_INPUTS, contract.VOCODER_OUTPUTS, ragged=("LATENTS", "PROMPT_LATENTS"))
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(VocoderOptions.of(opts))
-    )
-    voices = (
-        f'name: "voices"\n{header}max_batch_size: 0\n'
-        + _io(contract.VOICES_INPUTS, contract.VOICES_OUTPUTS)
-        + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
-        + _params(VoicesOptions.of(opts))
-    )
-    models = {"tts": tts, "tts_ensemble": ensemble(), "prompt_encoder": prompt, "ensemble_generator": ensemble_gen,
-              "generator": gen, "vocoder": voc, "voices": voices}  # fmt: skip
+    batching = ("dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
+                f"  default_queue_policy {{ max_queue_size: {2 * prompt.capacity} }}\n}}\n")  # fmt: skip
+    models = {
+        "tts": _python(TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
+        "tts_ensemble": ensemble(),
+        "prompt_encoder": _python(prompt, 8, contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ("REF_AUDIO",),
+                                  decoupled=False, batching=batching),
+        "ensemble_generator": _python(EnsembleGeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+                                      contract.GENERATOR_OUTPUTS, gen),
+        # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.stub.generator_host)
+        "generator": _python(GeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+                             contract.GENERATOR_OUTPUTS + contract.PIPE_OUTPUTS, gen),
+        # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
+        "vocoder": _python(VocoderOptions.of(opts), opts.vocoder_batch, contract.VOCODER_INPUTS,
+                           contract.VOCODER_OUTPUTS, ("LATENTS", "PROMPT_LATENTS")),
+        "voices": _python(VoicesOptions.of(opts), 0, contract.VOICES_INPUTS, contract.VOICES_OUTPUTS, decoupled=False),
+    }  # fmt: skip
     if not opts.ensemble:
         del models["tts_ensemble"], models["ensemble_generator"]
     return models
@@ -128,21 +106,15 @@ def ensemble() -> str:
         _step("vocoder", {s.name: gen_out[s.name] for s in contract.VOCODER_INPUTS},
               {s.name: s.name for s in contract.VOCODER_ENSEMBLE_OUTPUTS}),
     ]  # fmt: skip
-    return (
-        "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
-        'name: "tts_ensemble"\nplatform: "ensemble"\nmax_batch_size: 0\n'
-        + _io(contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS)
-        + "ensemble_scheduling {\n  step [\n"
-        + ",\n".join(steps)
-        + "\n  ]\n}\n"
-    )
+    return (RENDERED + 'name: "tts_ensemble"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+            + _io(contract.ENSEMBLE_INPUTS, contract.ENSEMBLE_OUTPUTS)
+            + "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n")  # fmt: skip
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:
     """Write a complete model repository to ``dest`` (replacing it), readable by this user only: the launcher
     renames the generator's folder to its secret model name (serving.security.auth.Keys.generator_model)."""
-    if dest.exists():
-        shutil.rmtree(dest)
+    shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, mode=0o700)
     dest.chmod(0o700)  # whatever the umask
     for name, text in render(opts).items():

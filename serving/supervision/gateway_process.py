@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 from serving.fronts.metrics_relay import LAUNCHER
+from serving.supervision.supervise import say
 from serving.supervision.triton_env import REPO_ROOT, die_with_parent
 
 BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
@@ -70,8 +71,8 @@ class Gateway:
         self.restarts += 1
         LAUNCHER.increment(GATEWAY_RESTARTS)
         self.backoff = BACKOFF_FIRST if now - self.started >= BACKOFF_RESET else min(2 * self.backoff, BACKOFF_MOST)
-        print(f"[supervisor] gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
-              f"({self.restarts} restarts so far)", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
+            f"({self.restarts} restarts so far)")  # fmt: skip
         self.proc, self.restart_at = None, now + self.backoff
 
     def stop(self) -> None:

@@ -15,9 +15,8 @@ from pathlib import Path
 
 HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
 HEARTBEATS = "heartbeat"  # the run folder's subfolder of heartbeat files, <model>.<pid>
-# A beat this late dumps every thread's Python stack into <run_dir>/stacks/<model>.<pid>.txt (appended):
-# faulthandler's watchdog thread runs without the GIL, so the dump names whatever holds it. Re-armed at
-# every beat; once the file has STACKS_BYTES, no more dumps (a dump is ~100 threads' stacks at most).
+# A beat this late dumps every thread's Python stack into <run_dir>/stacks/<model>.<pid>.txt, until the file has
+# STACKS_BYTES (a dump is ~100 threads' stacks at most): LateStacks; docs/operations.md, Late heartbeats.
 LATE_SECONDS = 2.0
 STACKS = "stacks"
 STACKS_BYTES = 4 << 20
@@ -83,22 +82,19 @@ def longest_beat(path: Path) -> tuple[float, str] | None:
 
 
 class LateStacks:
-    """faulthandler's ``dump_traceback_later``, re-armed at every beat: a beat ``late`` seconds late dumps
-    every thread's Python stack to ``path`` (appended), from faulthandler's own watchdog thread, which needs
-    no GIL. When a dump has been written, a line after it says when (wall clock). One per process
-    (faulthandler has one such timer). Stops once the file has ``cap`` bytes."""
+    """faulthandler's ``dump_traceback_later``, re-armed at every beat: a beat ``late`` seconds late dumps every
+    thread's Python stack to ``path`` (appended) from faulthandler's watchdog thread, which needs no GIL; the next
+    beat adds a line saying when. One per process (faulthandler has one such timer). Stops at ``cap`` bytes."""
 
     def __init__(self, path: Path, late: float = LATE_SECONDS, cap: int = STACKS_BYTES):
         self.path, self.late, self.cap = path, late, cap
-        self.file = None
-        self.size = 0
-        self.armed: float | None = None  # when it was last armed
+        self.file, self.size, self.armed = None, 0, None  # armed: when it was last armed
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a")  # noqa: SIM115 - held open: the watchdog writes to its descriptor
             self.size = os.fstat(self.file.fileno()).st_size
         except OSError:
-            self.file = None
+            pass
 
     def arm(self) -> None:
         """No system call unless the watchdog may have dumped since the last beat (it was armed ``late``
@@ -123,9 +119,6 @@ class LateStacks:
                 return
         faulthandler.dump_traceback_later(self.late, file=self.file)
         self.armed = now
-
-    def disarm(self) -> None:
-        faulthandler.cancel_dump_traceback_later()
 
 
 class RunFlags:

@@ -1,25 +1,18 @@
-"""Supervision of the tritonserver the launcher runs (:mod:`serving.serve`).
-
-Triton does not restart a Python-backend stub that dies or hangs, and stays ready (docs/triton.md#T15):
-a dead generator left its clients waiting 120 s for an empty error, a dead tts stub forever. So every
-stub beats a heartbeat file and exits when its tritonserver is gone (stub side: :mod:`serving.supervision.run_folder`), and the launcher watches the
-stub processes, the heartbeats and the models' progress on Triton's metrics port (:class:`Supervisor`;
-the rules: :mod:`serving.supervision.vitals`). On an incident it fails the tts requests in flight with a message
-naming the model (the ``broken`` flag, read by tts through :class:`RunFlags`), then restarts the whole
-tritonserver: restarting only the failed stub would keep the generator's slots, the vocoder's stream
-state and tts's BLS streams of the old one, out of step with each other (and with model-control mode
-none, Triton cannot reload one model). A dead stub that no running stream uses (DEFERRABLE) lets the
-running streams finish first, for up to ``drain_seconds``, while new requests are refused.
-Past 300 lines on purpose: Supervisor is one state machine (poll, incident, drain, restart); its rules are
-apart (vitals), tested on hand-built observations.
+"""Supervision of the tritonserver the launcher runs (:mod:`serving.serve`): Triton neither restarts a dead
+stub nor stops reporting ready (docs/triton.md#T15). :class:`Supervisor` watches the stubs, their heartbeats
+(stub side: :mod:`serving.supervision.run_folder`) and the models' progress (the rules:
+:mod:`serving.supervision.vitals`); on an incident it raises ``broken`` and restarts the whole tritonserver,
+after a drain when the dead model is DEFERRABLE. Why and how: docs/operations.md, Supervision and shutdown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,27 +22,16 @@ from typing import TYPE_CHECKING
 
 from serving.flow.admission import Admission
 from serving.supervision.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
-from serving.supervision.vitals import (
-    EXECUTED,
-    IN_FLIGHT,
-    PENDING,
-    STALL_SECONDS,
-    STEPPED,
-    Incident,
-    Observation,
-    Vitals,
-    samples,
-)
+from serving.supervision.vitals import IN_FLIGHT, PROGRESS, STALL_SECONDS, Incident, Observation, Vitals, samples
 
-if TYPE_CHECKING:  # the stubs import this module: keep their imports light
+if TYPE_CHECKING:  # the watchdog (python -m serving.supervision.supervise) stays light
     from serving.supervision.triton_env import TritonServer
 
 POLL_SECONDS = 0.5  # the launcher checks stubs, heartbeats and progress this often
 METRICS_TIMEOUT = 0.5  # one read of the metrics port at a poll (no answer: no progress news this poll)
 DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restart or shutdown
-# Models no running stream uses: prompt_encoder serves a request's first step, voices no stream at all.
-# When one dies, the running streams finish before the restart (new requests are refused meanwhile).
-# Any other dead model (tts, generator, vocoder, ensemble_generator) breaks running streams: restart at once.
+# Models no running stream uses (a request's first step; no stream): when one dies, the running streams finish
+# first (docs/operations.md has the table); any other dead model breaks them: restart at once.
 DEFERRABLE = frozenset({"prompt_encoder", "voices"})
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
@@ -65,8 +47,7 @@ def find_stubs(repo: Path) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
@@ -75,8 +56,8 @@ def find_stubs(repo: Path) -> dict[int, str]:
 
 
 def model_of(folder: Path) -> str:
-    """The model a repository folder serves, as the logs and metrics name it: ``generator`` for the
-    generator's folder, whose name carries the run's secret (serving.security.auth.Keys.generator_model)."""
+    """The model a repository folder serves, as logs and metrics name it (the generator's folder name carries the
+    run's secret: serving.security.auth.Keys.generator_model)."""
     return folder.name.partition("-")[0]
 
 
@@ -112,10 +93,8 @@ class Supervisor:
         self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
         self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
-    def run(
-        self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None,
-        ready: Callable[[float], None] | None = None,
-    ) -> None:  # fmt: skip
+    def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None,
+            ready: Callable[[float], None] | None = None) -> None:  # fmt: skip
         """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
         RuntimeError when tritonserver exits before it is ready. ``ready(seconds)``, once tritonserver is
         first ready: the launcher's announcement (default: the addresses, with ``[supervisor] ready``)."""
@@ -125,18 +104,15 @@ class Supervisor:
         (ready or self.announce)(time.monotonic() - t0)
         while not stopping():
             tick()
-            incident = self.check()
-            if incident:
+            if incident := self.check():
                 self.recover(incident, stopping)
             else:
                 time.sleep(POLL_SECONDS)
 
     def announce(self, seconds: float) -> None:
-        s = self.server
-        front = " (the bounded front)" if s.grpc_front else ""
-        http_front = " (the bounded front)" if s.http_front else ""
-        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front}, HTTP http://{s.http_host}:{s.ports.http}"
-            f"{http_front}, "
+        s, front = self.server, lambda on: " (the bounded front)" if on else ""
+        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front(s.grpc_front)}, "
+            f"HTTP http://{s.http_host}:{s.ports.http}{front(s.http_front)}, "
             f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
 
     def _start(self, stopping: Callable[[], bool]) -> bool:
@@ -154,11 +130,9 @@ class Supervisor:
         return True
 
     def check(self) -> Incident | None:
-        incident = self._exited()
-        if incident:
+        if incident := self._exited():
             return incident
-        missing = sorted(self.models - set(self.stubs.values()))
-        if missing:
+        if missing := sorted(self.models - set(self.stubs.values())):
             return Incident(missing[0], "it has no stub process", True)
         incident = self.vitals.observe(self._observe())
         if self.vitals.pause:
@@ -178,17 +152,15 @@ class Supervisor:
     def _observe(self) -> Observation:
         # the time of the heartbeats' look, not of the metrics read after it (up to METRICS_TIMEOUT, more
         # on a loaded machine): a file is judged by how long it stood unchanged when it was looked at
-        at = time.monotonic()
-        beats = {}
+        at, beats, metrics = time.monotonic(), {}, None
         for pid, model in self.stubs.items():
             try:
                 beats[pid] = os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime_ns
             except FileNotFoundError:
                 beats[pid] = None
-        metrics = None
         if self.stall_seconds:
             try:
-                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), (PENDING, EXECUTED, STEPPED))
+                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), PROGRESS)
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
         return Observation(at, dict(self.stubs), beats, metrics, self._held())
@@ -205,9 +177,9 @@ class Supervisor:
     def recover(self, incident: Incident, stopping: Callable[[], bool]) -> None:
         """Fail tts's requests with the incident's message, then replace the whole tritonserver; for a dead
         stub that no running stream uses, refuse new requests and let the running ones finish first."""
-        t0 = time.monotonic()
+        t0, how = time.monotonic(), incident.how
         if incident.dead and incident.model in DEFERRABLE:
-            say(f"{incident.model}: {incident.how}; restarting tritonserver once the running streams end "
+            say(f"{incident.model}: {how}; restarting tritonserver once the running streams end "
                 f"(within {self.drain_seconds:g} s)")  # fmt: skip
             message = (f"unavailable: {incident.model} backend died; the server restarts once the running streams "
                        "end, retry shortly")  # fmt: skip
@@ -223,23 +195,17 @@ class Supervisor:
             self._wait_idle(self.drain_seconds, hurry)
             if stopping():  # the launcher's shutdown drains what is left
                 return
-            if worse:
-                incident = worse[0]
-                say(f"{incident.model}: {incident.how}; restarting tritonserver")
-            else:
-                say(f"{incident.model}: drained in {time.monotonic() - t0:.1f} s; restarting tritonserver")
-        else:
-            say(f"{incident.model}: {incident.how}; restarting tritonserver")
+            incident = (worse or [incident])[0]
+            how = incident.how if worse else f"drained in {time.monotonic() - t0:.1f} s"
+        say(f"{incident.model}: {how}; restarting tritonserver")
         if not incident.dead:  # a stub's late heartbeats dumped its threads' stacks (serving.supervision.run_folder)
             for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
-        if not incident.dead:  # the native stacks say which thread holds the GIL (its clients know by now)
-            for pid, model in self.stubs.items():
-                if model == incident.model and f"(pid {pid})" in incident.how:
-                    dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
-                    if native_stacks(pid, dump):
-                        say(f"{model}: its native stacks: {dump}")
+        for pid, model in self.stubs.items() if not incident.dead else ():  # which thread holds the GIL
+            if model == incident.model and f"(pid {pid})" in incident.how:
+                if native_stacks(pid, dump := self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"):
+                    say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload
@@ -253,14 +219,7 @@ class Supervisor:
         """Stop tritonserver's process group (SIGKILL after ``grace`` s; its shared memory goes too) and any
         stub of this run that outlived it; clear the heartbeats and cancellation marks."""
         self.server.stop(timeout=grace)
-        deadline = time.monotonic() + 2
-        while (left := find_stubs(self.server.model_repository)) and time.monotonic() < deadline:
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
+        kill_stubs(self.server.model_repository, 2)
         for name in (HEARTBEATS, "cancel"):
             shutil.rmtree(self.run_dir / name, ignore_errors=True)
         self.stubs = {}
@@ -276,9 +235,8 @@ class Supervisor:
         self.flags.clear()
 
     def _wait_idle(self, seconds: float, hurry: Callable[[], bool]) -> None:
-        """Until no tts or tts_ensemble request is running or waiting and no text-in stream is open (IN_FLIGHT
-        sum to 0), at most ``seconds``; at once when nothing listens on the metrics port (no request can be in
-        flight)."""
+        """Until the IN_FLIGHT gauges sum to 0, at most ``seconds``; at once when nothing listens on the metrics
+        port (no request can be in flight)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not hurry():
             if self.server.proc is None or self.server.proc.poll() is not None:
@@ -296,10 +254,7 @@ class Supervisor:
 def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
     """Append gdb's backtrace of every thread of ``pid`` to ``path`` (the thread that holds the GIL is the
     one not waiting in ``take_gil``); False without gdb. Python's own dump (faulthandler) cannot show it."""
-    import subprocess
-
-    gdb = shutil.which("gdb")
-    if gdb is None:
+    if (gdb := shutil.which("gdb")) is None:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as out:
@@ -314,32 +269,31 @@ def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
 
 
 def start_watchdog(repo: Path, shm_prefix: str) -> None:
-    """A process in its own session that outlives the launcher: once the launcher is gone (even by
-    ``kill -9``) it kills the stubs serving ``repo`` and removes the shared memory named ``shm_prefix``.
-    tritonserver itself dies with the launcher (its parent-death signal); its stubs would not: their
-    own parent check runs on a Python thread, which a stub shutting itself down sometimes never runs
-    again (seen here: one in three launcher kills left the generator or vocoder stub behind)."""
-    import subprocess
-
+    """A process in its own session: once the launcher is gone (even by ``kill -9``) it kills the stubs serving
+    ``repo`` and removes the shared memory named ``shm_prefix`` (why: docs/operations.md, Supervision)."""
     subprocess.Popen([sys.executable, "-m", "serving.supervision.supervise", str(os.getpid()), str(repo), shm_prefix],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
 
 
-def watch(launcher: int, repo: Path, shm_prefix: str) -> None:
-    while is_alive(launcher):
-        time.sleep(POLL_SECONDS)
-    deadline = time.monotonic() + 5
+def kill_stubs(repo: Path, seconds: float) -> None:
+    """SIGKILL every stub serving ``repo`` (a stopped one too) until none is left, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
     while (left := find_stubs(repo)) and time.monotonic() < deadline:
         for pid in left:
-            for sig in (signal.SIGCONT, signal.SIGKILL):  # a stopped stub too
-                try:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        time.sleep(0.1)
-    for segment in Path("/dev/shm").glob(f"{shm_prefix}*"):
+        time.sleep(0.05)
+
+
+def remove_segments(prefix: str) -> None:
+    """Remove the /dev/shm segments named ``prefix*`` (a server's Python backend leaves them when killed)."""
+    for segment in Path("/dev/shm").glob(f"{prefix}*"):
         segment.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":  # the watchdog: python -m serving.supervision.supervise LAUNCHER_PID REPO SHM_PREFIX
-    watch(int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    while is_alive(int(sys.argv[1])):
+        time.sleep(POLL_SECONDS)
+    kill_stubs(Path(sys.argv[2]), 5)
+    remove_segments(sys.argv[3])

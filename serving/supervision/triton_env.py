@@ -1,13 +1,10 @@
 """Find a ``tritonserver`` and run it: the NGC image's /opt/tritonserver, else the binary bundled in the
-``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python.
-
-Used by the launcher (:mod:`serving.serve`) and by the integration tests.
-Past 300 lines on purpose: finding tritonserver and running it share the environment built here, and
-TritonServer is one process's life (start, ready, logs, stop, its shared memory).
-"""
+``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python. Used by the
+launcher (:mod:`serving.serve`) and by the integration tests."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -27,6 +24,7 @@ from typing import TYPE_CHECKING
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
 from serving.fronts.metrics_relay import MetricsRelay
 from serving.security.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
+from serving.supervision.supervise import remove_segments
 
 if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
     from serving.fronts.grpc_front import GrpcFront
@@ -34,11 +32,8 @@ if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launche
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NGC_ROOT = Path("/opt/tritonserver")
-# Triton APIs that touch the model repository or shared memory, or change logging and tracing: refused to
-# any request without the Triton key (HTTP header ``admin-key``; gRPC metadata ``triton-grpc-protocol-admin-key``,
-# Triton prefixes gRPC keys). Statistics name every model and a model's config is its own (the generator's is
-# under its secret name): both need the key too. Inference, health and metadata stay open. No key
-# loads code: the server runs with --model-control-mode=none (docs/triton.md#T16).
+# Triton's APIs refused without the Triton key (docs/security.md has the table; docs/triton.md#T16). Statistics
+# name every model and a model's config is its own (the generator's is under its secret name).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
@@ -66,8 +61,7 @@ def find_triton(work_dir: Path) -> TritonInstall:
     if not stub.is_file():
         raise RuntimeError(f"nvidia-pytriton has no Python backend stub for Python {ver} ({stub})")
     dest = work_dir / "backends" / "python"
-    if dest.exists():
-        shutil.rmtree(dest)
+    shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(stub, dest / "triton_python_backend_stub")
     libs = [Path(sysconfig.get_config_var("LIBDIR") or ""), root.parent.parent / "nvidia_pytriton.libs"]
@@ -96,22 +90,17 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies, so a
-    killed launcher (or test run) leaves no server behind; its stubs then exit on their own
-    (:func:`serving.supervision.run_folder.start_heartbeat`). Runs between fork and exec: no imports here."""
+    """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies (a killed launcher
+    or test run leaves no server; its stubs exit on their own: run_folder). Between fork and exec: no imports."""
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).strip(
-        os.pathsep
-    )
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).strip(os.pathsep)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra or {})
-    return env
+def server_env(install: TritonInstall, extra: dict[str, str]) -> dict[str, str]:
+    env, path = dict(os.environ), lambda *parts: os.pathsep.join(str(p) for p in parts if p)
+    env["LD_LIBRARY_PATH"] = path(*install.lib_dirs, env.get("LD_LIBRARY_PATH"))
+    env["PATH"] = path(Path(sys.executable).parent, env.get("PATH"))
+    env["PYTHONPATH"] = path(REPO_ROOT, env.get("PYTHONPATH"))
+    return {"OMP_NUM_THREADS": "1", **env, **extra}
 
 
 SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
@@ -139,66 +128,51 @@ class TritonServer:
     ports: Ports = field(default_factory=Ports)
     host: str = "127.0.0.1"  # Triton's HTTP and gRPC ports listen here
     metrics_host: str | None = None  # the metrics relay listens here (None: ``host``)
-    extra_env: dict[str, str] = field(default_factory=dict)
-    extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
-    # The operator's key for adding and removing voices: only its SHA-256 reaches the models, through the
-    # environment (/proc/<pid>/environ is readable by the same user only; the command line by anyone).
+    # The operator's key (its SHA-256 reaches the models) and Triton's for RESTRICTED_APIS: docs/security.md
     admin_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    # Triton's key for RESTRICTED_APIS, which Triton takes on its command line only: one of its own per run,
-    # never the operator's.
     triton_key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
     # Triton's own metrics page, on loopback: the metrics port is a relay that does not name the generator
     triton_metrics_port: int = field(default_factory=lambda: free_port())
     relay: MetricsRelay | None = None
-    # With limits, ``ports.grpc`` is the bounded gRPC front (serving.fronts.grpc_front) on ``front_host`` (None:
-    # ``metrics_host`` or ``host``), and Triton's own gRPC listens on loopback at ``triton_grpc_port``.
+    # With grpc_front (http_front) limits, ports.grpc (ports.http) is the bounded front (serving.fronts) on
+    # front_host (metrics_host, else host), and Triton's own listens on loopback at triton_grpc_port (_http_).
     grpc_front: FrontLimits | None = None
-    front_host: str | None = None
     triton_grpc_port: int = field(default_factory=lambda: free_port())
     front: GrpcFront | None = None
-    # With http limits, ``ports.http`` is the bounded HTTP front (serving.fronts.http_front) on ``front_host`` (as
-    # above), and Triton's own HTTP listens on loopback at ``triton_http_port``.
     http_front: HttpFrontLimits | None = None
     triton_http_port: int = field(default_factory=lambda: free_port())
     http_proxy: HttpFront | None = None
 
     @property
-    def generator_model(self) -> str:
-        """The generator's name in Triton: a secret of the run (serving.security.auth.Keys.generator_model)."""
+    def generator_model(self) -> str:  # its name in Triton, a secret of the run (serving.security.auth.Keys)
         return Keys(self.internal_key).generator_model
 
     @property
-    def shm_prefix(self) -> str:
-        """Names of the Python backend's /dev/shm segments of this server (cleaned up by the launcher)."""
+    def shm_prefix(self) -> str:  # of this server's Python-backend /dev/shm segments (cleaned up by the launcher)
         return f"tts{os.getpid()}_{self.ports.grpc}_"
 
     @property
-    def local_host(self) -> str:
-        """``host`` as this machine reaches it in a URL (a wildcard address is no destination)."""
+    def local_host(self) -> str:  # host as this machine reaches it in a URL (a wildcard address is no destination)
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         return f"[{host}]" if ":" in host else host
 
     @property
-    def grpc_host(self) -> str:
-        """Where ``ports.grpc`` listens: the front's host, or Triton's."""
-        return (self.front_host or self.metrics_host or self.host) if self.grpc_front else self.host
+    def grpc_host(self) -> str:  # Where ports.grpc listens: the front's host, or Triton's
+        return (self.metrics_host or self.host) if self.grpc_front else self.host
 
     @property
-    def http_host(self) -> str:
-        """Where ``ports.http`` listens: the front's host, or Triton's."""
-        return (self.front_host or self.metrics_host or self.host) if self.http_front else self.host
+    def http_host(self) -> str:  # Where ports.http listens: the front's host, or Triton's
+        return (self.metrics_host or self.host) if self.http_front else self.host
 
     @property
-    def triton_http(self) -> str:
-        """Triton's own HTTP address (host:port), as this machine reaches it (behind the front, when there is one)."""
+    def triton_http(self) -> str:  # Triton's own HTTP host:port as this machine reaches it (behind any front)
         return f"127.0.0.1:{self.triton_http_port}" if self.http_front else f"{self.local_host}:{self.ports.http}"
 
     @property
-    def triton_grpc(self) -> str:
-        """Triton's own gRPC address, as this machine reaches it (behind the front, when there is one)."""
+    def triton_grpc(self) -> str:  # Triton's own gRPC host:port as this machine reaches it (behind any front)
         return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
 
     def command(self, install: TritonInstall) -> list[str]:
@@ -221,7 +195,6 @@ class TritonServer:
             "--log-verbose=0",
             f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
             f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
-            *self.extra_args,
         ]
 
     def _hide_generator(self) -> None:
@@ -252,12 +225,9 @@ class TritonServer:
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
         log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         os.fchmod(log.fileno(), 0o600)
-        env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key),
-                                   **self.extra_env})  # fmt: skip
-        self.proc = subprocess.Popen(
-            self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+        env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key)})
+        self.proc = subprocess.Popen(self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         log.close()
         return self
 
@@ -273,12 +243,11 @@ class TritonServer:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.is_ready():
-                return
+        while not self.is_ready():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
             time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
 
     def metrics_text(self, timeout: float = 10.0) -> str:
         """The metrics port's page (Prometheus text)."""
@@ -287,50 +256,34 @@ class TritonServer:
 
     def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
         """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
-        out = {}
-        for line in self.metrics_text(timeout).splitlines():
-            name, _, value = line.rpartition(" ")
-            if name.startswith(prefixes):
-                out[name] = float(value)
-        return out
+        lines = (line.rpartition(" ") for line in self.metrics_text(timeout).splitlines())
+        return {name: float(value) for name, _, value in lines if name.startswith(prefixes)}
 
     def log_tail(self, n: int = 60) -> str:
-        if not self.log_path or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        exists = self.log_path and self.log_path.exists()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:]) if exists else ""
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers; remove the
         shared memory a killed server leaves behind."""
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
-        if self.proc is not None:  # a stub tritonserver gave up on (--exit-timeout-secs) is still in its group
-            try:
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
+                if self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+                    self.proc.wait(timeout)
+            # a tritonserver past ``timeout``, or a stub it gave up on (--exit-timeout-secs), is still in its group
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for segment in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
-            segment.unlink(missing_ok=True)
+            self.proc.wait(10)
+        remove_segments(self.shm_prefix)
 
     def close(self) -> None:
         """Stop the server and its metrics relay."""
         self.stop()
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
-        if self.front is not None:
-            self.front.close()
-            self.front = None
-        if self.http_proxy is not None:
-            self.http_proxy.close()
-            self.http_proxy = None
+        for name in ("relay", "front", "http_proxy"):
+            if (part := getattr(self, name)) is not None:
+                part.close()
+                setattr(self, name, None)
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -1,34 +1,8 @@
-"""Is a tritonserver alive and making progress? The launcher's supervisor (:mod:`serving.supervision.supervise`) looks
-at its stubs' heartbeat files and its metrics port at every poll; this module judges what it saw
-(:class:`Observation`), with no processes, files or clocks of its own, so that the rules are tested with
-hand-built observations.
-
-Both rules count time on the supervisor's own monotonic clock, from its own observations:
-
-- **heartbeat**: every stub touches its heartbeat file each second; one whose file has not *changed*
-  (mtime) for ``stale_seconds`` while the others beat is wedged (stopped, or a thread holding the GIL).
-  Judged by change, not by the file's age, so that a wall-clock jump is no incident. A stub's silence counts
-  over the polls between which another stub of the server beat (all of them, if it has no other): when
-  every stub is silent at once the machine stalled them all (a disk stall blocks every ``touch``, a loaded
-  machine runs none of them), which a wedge of one stub does not do; a silence longer than
-  ``ALL_QUIET_SECONDS`` is an incident all the same. With six stubs beating each second and polls half a
-  second apart, another stub beats between nearly every two polls, so a wedge is still found in about
-  ``stale_seconds``;
-- **progress**: a model with requests waiting (``nv_inference_pending_request_count`` > 0 at every poll)
-  whose execution count (``nv_inference_exec_count``) has not changed for ``stall_seconds`` is stalled: a
-  stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
-  within ``stall_seconds``, or tritonserver is wedged.
-
-- **leak**: admission places held (serving.flow.side_channel: requests admitted and not yet answered) at every
-  poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
-  requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
-  and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
-  is executing (the generator's steps, ``STEPPED``, count as executing), or queued where the progress
-  rule sees it. A generator whose engine thread stops stepping is found here.
-
-A poll long after the one before (``pause_seconds``; normally POLL_SECONDS plus a metrics read) means the
-supervisor, or the whole machine, was paused: the processes it watches were most likely paused with it,
-so every timer starts over at that poll instead of counting the gap.
+"""Is a tritonserver alive and making progress? The supervisor (:mod:`serving.supervision.supervise`) looks at
+its stubs' heartbeat files and its metrics port at every poll; this module judges what it saw
+(:class:`Observation`) by the heartbeat, progress and leak rules, and tells a pause, with no processes, files or
+clocks of its own, so that the rules are tested on hand-built observations. The rules, their numbers and why:
+docs/operations.md, Supervision and shutdown. Time is the supervisor's own monotonic clock, from its looks.
 """
 
 from __future__ import annotations
@@ -40,17 +14,15 @@ STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it i
 # Every stub silent this long is an incident even though none beat (a stall of the whole machine longer than
 # this is not one a listener survives anyway; the stall measured is in docs/operations.md, Supervision and shutdown).
 ALL_QUIET_SECONDS = 4 * STALE_SECONDS
-# Requests waiting this long for a model that executes nothing: a stall. Well above the longest legitimate
-# execute measured: a prompt_encoder batch of 8 references of 60 s with 4,000-character texts (tiny
-# checkpoint, 2 shared CPU cores) took 3.7 s idle and up to 12.8 s beside 4 generating streams, since
-# encoding runs at nice 10; its exec count then stood still for up to 14.7 s with requests queued. A
-# false stall kills every running stream; a real one is rare (the heartbeat catches stopped stubs).
+# Requests waiting this long for a model that executes nothing: a stall. Well above the longest execute
+# measured (docs/operations.md): a false stall kills every running stream.
 STALL_SECONDS = 30.0
 PAUSE_SECONDS = 2.0  # a gap between two polls longer than this is a pause (polls are ~0.5-1 s apart)
 PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_count"
 # The generator's own progress: its streams are one request each, stepped by its engine thread, so its
 # execution count moves only when a stream arrives; its steps count here (serving.stub.generator_metrics).
 STEPPED = "tts_generator_stream_steps_total"
+PROGRESS = (PENDING, EXECUTED, STEPPED)  # what the supervisor reads at every poll (Observation.metrics)
 # A drain waits for their sum: 0. An open text-in stream holds no place while it has nothing to say
 # (serving.flow.places) and is counted apart: its next turn's text may still come, and is spoken.
 IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight", "tts_text_streams_open")
@@ -127,9 +99,8 @@ class Vitals:
 
     def reset(self) -> None:
         """Forget everything: a new tritonserver."""
-        self.pause, self._last, self._beats, self._waiting, self._answered = 0.0, None, {}, {}, None
-        self._silent = {}
-        self._held = None
+        self.pause, self._last, self._answered, self._held = 0.0, None, None, None
+        self._beats, self._silent, self._waiting = {}, {}, {}
 
     def observe(self, seen: Observation) -> Incident | None:
         at = seen.at
