@@ -57,12 +57,10 @@ class TritonPythonModel:
         keys = Keys.from_env("tts")
         self.threads = StubThreads("tts")
         self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
-        # marks, and the launcher's flags (a backend failed, or draining): running requests poll one read
-        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)
+        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)  # marks; the launcher's flags
         bls = BLS(pb, opts.bls_timeout_seconds, keys.parameters(), channel)
-        self.paces = PaceTable(
-            opts.pace_hold_seconds, partial(channel.mark, "pause"), partial(channel.unmark, "pause")
-        )  # by token
+        pause = partial(channel.mark, "pause"), partial(channel.unmark, "pause")
+        self.paces = PaceTable(opts.pace_hold_seconds, *pause)  # by token
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
         receipts = Receipts(channel.dir, "tts")  # its pipes' (docs/triton.md#T23)
         generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts, keys.new_stream_id)
