@@ -64,7 +64,7 @@ from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, SHUTTING_DOWN
 
 KINDS = ("cancel", "pause", "lost")  # a stream's mark is the file <kind>-<id>
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
-# last change may have missed a mark made in the same tick, so the next check lists it again.
+# last change may have missed a mark made in the same tick, so the next poll lists it again.
 _TIMESTAMP_SLACK_NS = 50_000_000
 
 
@@ -82,7 +82,7 @@ class SideChannel:
         self.dir = Path(directory) if directory else default_dir()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.run_dir = str(run_dir) if run_dir else ""
-        self._listed_mtime: int | None = None
+        self._listed_mtime, self._listed_at = -1, 0  # the latest listing: the folder's mtime then, when (ns)
         self._marks: dict[str, set[int]] = {kind: set() for kind in KINDS}  # as of the latest listing
         self._flags: dict[str, tuple[float, str | None]] = {}  # flag -> (when read, its message)
         self.live = LiveStreams(self.dir)  # live/ended streams: the generator -> the vocoder
@@ -109,15 +109,13 @@ class SideChannel:
         self._marks[kind].discard(stream_id)
         return _remove(self._path(kind, stream_id))
 
-    def is_marked(self, kind: str, stream_id: int) -> bool:
-        return os.path.exists(self._path(kind, stream_id))
-
     def poll(self) -> dict[str, set[int]]:
         """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed (the
         generator asks once per step for all its streams, tts once per look at all its pipes' streams)."""
         mtime = os.stat(self.dir).st_mtime_ns
-        if mtime != self._listed_mtime or time.time_ns() - mtime < _TIMESTAMP_SLACK_NS:
+        if mtime != self._listed_mtime or self._listed_at - mtime < _TIMESTAMP_SLACK_NS:
             marks: dict[str, set[int]] = {kind: set() for kind in KINDS}
+            self._listed_at = time.time_ns()
             for name in os.listdir(self.dir):
                 kind, _, number = name.partition("-")
                 if kind in marks and number.isdigit():
