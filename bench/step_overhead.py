@@ -206,7 +206,7 @@ class GeneratorClient:
         waiting for it (a stop that waits for every request waits for the pipe's end)."""
         from serving.flow.side_channel import SideChannel
 
-        SideChannel(self.cancel_dir).mark_cancelled(self.pipe)
+        SideChannel(self.cancel_dir).mark("cancel", self.pipe)
         self.client.stop_stream(cancel_requests=True)
         self.client.close()
 

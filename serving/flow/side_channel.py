@@ -2,40 +2,33 @@
 stubs of one server tell each other about streams, where Triton has no way to (docs/triton.md#T6, #T13).
 A restart of the server clears it with the run folder. :class:`SideChannel` is its one API:
 
-============================  ==========================================  ======================================
-file                          written by                                  read by
-============================  ==========================================  ======================================
-``cancel-<id>``               tts, ensemble_generator, vocoder            generator (once per step), removed by
-                              (:meth:`~SideChannel.mark_cancelled`)       it when acted on, else by the marker
-``pause-<id>``                tts (:meth:`~SideChannel.mark_paused`)      generator (the same listing), which
-                                                                          skips it; removed at the stream's end
-``lost-<id>``                 generator (:meth:`~SideChannel.mark_lost`)  tts waiting for that stream's chunk
-``live/<id>``,                generator (:meth:`LiveStreams.sync`)        vocoder (:meth:`LiveStreams.state`),
-``live/ended-<id>``                                                       which removes ``ended-`` (``claim``)
-``admission``                 tts, ensemble_generator                     every admitter, prompt_encoder, the
-                              (:meth:`~SideChannel.gate`)                 launcher (leaks: serving.supervision.vitals)
-``generator_slots``           tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`);
-                              its cap: the generator (its step budget)
-``receipts-<sender>``         tts, ensemble_generator                     generator, before it sends a stream's
-                              (serving.flow.receipts: responses read)     next response (docs/triton.md#T23)
-============================  ==========================================  ======================================
+=============================  ===========================================  ======================================
+file                           written by                                   read by
+=============================  ===========================================  ======================================
+``cancel-<id>``                tts, ensemble_generator, vocoder             generator (:meth:`~SideChannel.poll`,
+                               (``mark("cancel", id)``)                     once per step), removed by it when
+                                                                            acted on, else by the marker
+``pause-<id>``                 tts (``mark("pause", id)``, its pacers)      generator (the same listing), which
+                                                                            skips it; removed at the stream's end
+``lost-<id>``                  generator (``mark("lost", id)``)             tts, for all its pipes' streams
+``live/<id>``,                 generator (:meth:`LiveStreams.sync`)         vocoder (:meth:`LiveStreams.state`),
+``live/ended-<id>``                                                         which removes ``ended-`` (``claim``)
+``admission``                  tts, ensemble_generator                      every admitter, prompt_encoder, the
+                               (:meth:`~SideChannel.gate`)                  launcher (leaks: serving.supervision.vitals)
+``generator_slots``            tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`);
+                               its cap: the generator (its step budget)
+``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a stream's
+                               (serving.flow.receipts: responses read)      next response (docs/triton.md#T23)
+``<run folder>/broken``,       the launcher                                 tts, ensemble_generator
+``draining``, ``dead.<model>`` (serving.supervision.run_folder.RunFlags)    (:meth:`~SideChannel.flag`)
+=============================  ===========================================  ======================================
 
-Cancellation. Triton cannot cancel a BLS request or a running ensemble step (docs/triton.md#T6), so a
-stream whose client left would keep its generator slot until the utterance ends. Instead its id is marked:
-``tts`` marks the streams of a cancelled request, ``ensemble_generator`` those of a cancelled direct caller,
-and the ``vocoder`` a ``tts_ensemble`` stream whose client left (Triton hands the vocoder that stream's later
-chunks already cancelled). The generator reads the marks once per step (one ``stat`` of the folder, a
-listing only when it changed) and ends a marked stream within one step. The generator removes a mark it
-acts on; the marker removes one the stream ended without seeing; marks left behind are swept
-(:meth:`SideChannel.sweep`) once they are a minute old. The other direction, ``lost``: the generator gave
-a stream up (its responses could not be sent), and tts, waiting for that stream's next chunk, ends it
-with an error instead of waiting for a timeout.
-
-Pausing. A request whose client is far behind what it was sent (serving.flow.pacing) has its streams
-marked ``pause-<id>``; the generator reads those marks in the same one listing per step as the cancel marks
-and does not step a paused stream (it keeps its slot and pages) until tts removes the mark. The generator
-removes a stream's pause mark when the stream ends, and tts when its request ends; the sweep removes a
-pause mark only once it is a minute old and its stream is not on the live board.
+Ends. :class:`SideChannel` is the one owner of how a stream's or the server's end travels between the
+processes and is read (docs/architecture.md, "Cancellation"): marks ``<kind>-<id>`` (``cancel``, ``pause``,
+``lost``) with one API (:meth:`~SideChannel.mark`, :meth:`~SideChannel.unmark`, :meth:`~SideChannel.take`)
+read in one listing for all kinds (:meth:`~SideChannel.poll`: one ``stat``, a listing only when the folder
+changed), swept once a minute old (:meth:`~SideChannel.sweep`); and the launcher's flags, each read at most
+once per interval for all the requests of a process (:meth:`~SideChannel.flag`).
 
 Live streams. The vocoder is reachable by any client (it is a step of ``tts_ensemble``), and a vocoder
 stream holds decoder state. So it opens a stream only for a chunk of a stream the generator issued and
@@ -53,22 +46,25 @@ The generator writes only when streams start or end, the vocoder reads only when
 table needs room and writes once per stream.
 
 One file rather than three modules: the folder, its sweep and its file helpers are one subject, and
-every stub that uses one part opens the same folder (~280 lines, most of them this description).
+every stub that uses one part opens the same folder.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from engine.lifetime import CANCEL_POLL_SECONDS
 from serving.flow.admission import ADMISSION, Admission
+from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, SHUTTING_DOWN
 
-CANCEL, LOST, PAUSE = "cancel-", "lost-", "pause-"
+KINDS = ("cancel", "pause", "lost")  # a stream's mark is the file <kind>-<id>
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
-# last change may have missed a mark made in the same tick, so the next check lists it again.
+# last change may have missed a mark made in the same tick, so the next poll lists it again.
 _TIMESTAMP_SLACK_NS = 50_000_000
 
 
@@ -78,76 +74,88 @@ def default_dir() -> Path:
 
 
 class SideChannel:
-    """The run's side-channel folder, as one process sees it (``directory`` None: :func:`default_dir`).
-    Stream ids are ints only: an id never names another path."""
+    """The ends of streams and of the server, as one process sees them: stream marks in the run's side-channel
+    folder (``directory`` None: :func:`default_dir`) and the launcher's flags in its run folder (``run_dir``
+    empty: none are ever raised). Stream ids are ints only: an id never names another path."""
 
-    def __init__(self, directory: str | Path | None = None):
+    def __init__(self, directory: str | Path | None = None, run_dir: str | Path = ""):
         self.dir = Path(directory) if directory else default_dir()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._listed_mtime: int | None = None
-        self._marked: set[int] = set()
-        self._paused: set[int] = set()
+        self.run_dir = str(run_dir) if run_dir else ""
+        self._listed_mtime, self._listed_at = -1, 0  # the latest listing: the folder's mtime then, when (ns)
+        self._marks: dict[str, set[int]] = {kind: set() for kind in KINDS}  # as of the latest listing
+        self._flags: dict[str, tuple[float, str | None]] = {}  # flag -> (when read, its message)
         self.live = LiveStreams(self.dir)  # live/ended streams: the generator -> the vocoder
 
-    def _path(self, prefix: str, stream_id: int) -> str:
-        return os.path.join(self.dir, f"{prefix}{int(stream_id)}")
+    def _path(self, kind: str, stream_id: int) -> str:
+        if kind not in KINDS:
+            raise ValueError(f"no mark {kind!r}")
+        return os.path.join(self.dir, f"{kind}-{int(stream_id)}")
 
-    # ---- cancelled: tts, ensemble_generator, vocoder -> the generator ----
-    def mark_cancelled(self, stream_id: int) -> None:
-        """The stream's caller left: the generator ends it at its next step."""
-        _touch(self._path(CANCEL, stream_id))
+    # ---- marks: cancel, pause (tts, ensemble_generator, vocoder -> the generator); lost (the generator -> tts) ----
+    def mark(self, kind: str, stream_id: int) -> None:
+        """``cancel``: the stream's caller left, the generator ends it at its next step; ``pause``: its client
+        is far behind, the generator does not step it until it is unmarked; ``lost``: the generator gave it up
+        (its responses could not be sent)."""
+        _touch(self._path(kind, stream_id))
 
-    def is_cancelled(self, stream_id: int) -> bool:
-        return os.path.exists(self._path(CANCEL, stream_id))
+    def unmark(self, kind: str, stream_id: int) -> None:
+        """The mark is obsolete (the stream ended without seeing it; a paused stream may step again)."""
+        self._marks[kind].discard(stream_id)
+        _remove(self._path(kind, stream_id))
 
-    def unmark_cancelled(self, stream_id: int) -> None:
-        """The stream ended without seeing its mark: the mark is obsolete."""
-        _remove(self._path(CANCEL, stream_id))
-
-    def take_cancelled(self, stream_id: int) -> bool:
+    def take(self, kind: str, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
-        self._marked.discard(stream_id)
-        return _remove(self._path(CANCEL, stream_id))
+        self._marks[kind].discard(stream_id)
+        return _remove(self._path(kind, stream_id))
 
-    def cancelled(self) -> set[int]:
-        """The ids marked cancelled: a ``stat`` of the folder, and a listing only when it changed (the
-        generator asks once per step, for all its streams; :meth:`paused` answers from the same listing)."""
+    def poll(self) -> dict[str, set[int]]:
+        """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed (the
+        generator asks once per step for all its streams, tts once per look at all its pipes' streams)."""
         mtime = os.stat(self.dir).st_mtime_ns
-        if mtime != self._listed_mtime or time.time_ns() - mtime < _TIMESTAMP_SLACK_NS:
-            cancelled, paused = set(), set()
+        if mtime != self._listed_mtime or self._listed_at - mtime < _TIMESTAMP_SLACK_NS:
+            marks: dict[str, set[int]] = {kind: set() for kind in KINDS}
+            self._listed_at = time.time_ns()
             for name in os.listdir(self.dir):
-                if name.startswith(CANCEL):
-                    cancelled.add(int(name[len(CANCEL) :]))
-                elif name.startswith(PAUSE):
-                    paused.add(int(name[len(PAUSE) :]))
-            self._marked, self._paused, self._listed_mtime = cancelled, paused, mtime
-        return self._marked
+                kind, _, number = name.partition("-")
+                if kind in marks and number.isdigit():
+                    marks[kind].add(int(number))
+            self._marks, self._listed_mtime = marks, mtime
+        return self._marks
 
-    # ---- paused: tts -> the generator ----
-    def mark_paused(self, stream_id: int) -> None:
-        """The stream's client is far behind: the generator does not step it until :meth:`unmark_paused`."""
-        _touch(self._path(PAUSE, stream_id))
+    def marked(self, kind: str) -> set[int]:
+        """The ids marked ``kind`` as of the latest :meth:`poll` (no system call)."""
+        return self._marks[kind]
 
-    def unmark_paused(self, stream_id: int) -> None:
-        """The stream may step again (or it ended)."""
-        _remove(self._path(PAUSE, stream_id))
+    # ---- flags: the launcher -> the stubs (serving.supervision.run_folder.RunFlags raises them) ----
+    def flag(self, name: str, within: float = CANCEL_POLL_SECONDS) -> str | None:
+        """The launcher's flag ``name`` (``broken``, ``draining``, ``dead.<model>``): its message, or None when
+        it is down. Read from its file at most once per ``within`` seconds for all who ask (0: now): every
+        running request polls ``broken``, and 256 of them polling one open() each made 5,000 a second."""
+        now = time.monotonic()
+        read_at, message = self._flags.get(name, (-math.inf, None))
+        if now - read_at >= within:
+            message = self._read_flag(name)
+            self._flags[name] = (now, message)
+        return message
 
-    def paused(self) -> set[int]:
-        """The ids marked paused as of the latest :meth:`cancelled` (one listing for both)."""
-        return self._paused
+    def refusal(self) -> str | None:
+        """Why a new request is refused now, if it is (read now): ``broken`` wins over ``draining``."""
+        return self.flag(BROKEN, 0) or self.flag(DRAINING, 0)
 
-    # ---- lost: the generator -> tts ----
-    def mark_lost(self, stream_id: int) -> None:
-        """The generator gave the stream up (its responses could not be sent)."""
-        _touch(self._path(LOST, stream_id))
-
-    def take_lost(self, stream_id: int) -> bool:
-        """Whether the stream was lost; the mark is removed."""
-        return _remove(self._path(LOST, stream_id))
-
-    def lost(self) -> set[int]:
-        """The ids marked lost now (one listing: a reader of many streams asks once for all of them)."""
-        return {int(n[len(LOST) :]) for n in os.listdir(self.dir) if n.startswith(LOST)}
+    def _read_flag(self, name: str) -> str | None:
+        if not self.run_dir:
+            return None
+        try:
+            with open(os.path.join(self.run_dir, name)) as f:
+                message = f.read()
+        except FileNotFoundError:
+            return None
+        if message:
+            return message
+        if name == BROKEN:
+            return "unavailable: the server is restarting; retry shortly"
+        return SHUTTING_DOWN if name == DRAINING else f"unavailable: {name[len(DEAD) :]} backend died; retry shortly"
 
     # ---- admitted: tts, ensemble_generator (readers: prompt_encoder, the launcher) ----
     def gate(self, model: str | None, capacity: int, file: str = ADMISSION) -> Admission:
@@ -155,15 +163,15 @@ class SideChannel:
         return Admission(self.dir, model, capacity, file=file)
 
     def sweep(self, max_age: float = 60.0) -> int:
-        """Remove cancelled and lost marks older than ``max_age`` seconds (a live stream acts on its mark
-        within one step), and pause marks as old whose stream is not live; the live board sweeps itself
+        """Remove cancel and lost marks older than ``max_age`` seconds (a live stream acts on its mark within
+        one step), and pause marks as old whose stream is not live; the live board sweeps itself
         (:meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
         for entry in os.scandir(self.dir):
-            if entry.name.startswith(PAUSE):  # a paused stream may wait long: only one no longer live goes
-                if self.live.state(int(entry.name[len(PAUSE) :])) == LIVE:
-                    continue
-            elif not entry.name.startswith((CANCEL, LOST)):
+            kind, _, number = entry.name.partition("-")
+            if kind not in KINDS or not number.isdigit():
+                continue
+            if kind == "pause" and self.live.state(int(number)) == LIVE:  # a paused stream may wait long
                 continue
             try:
                 if entry.stat().st_mtime < cutoff:

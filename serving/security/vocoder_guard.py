@@ -66,7 +66,7 @@ class VocoderGuard:
         ends_only = chunk.last and chunk.finish_reason not in (STOP, LENGTH)
         if cancelled:  # the ensemble's client left: nothing to decode for anybody
             if sid in streams or (self.keys.sealed(chunk) and self.live_streams.state(sid) != GONE):
-                self.channel.mark_cancelled(sid)  # the generator ends the stream at its next step
+                self.channel.mark("cancel", sid)  # the generator ends the stream at its next step
             self.forget(sid, streams)
             self._end(sid)
             return Decision(False, CANCELLED)

@@ -14,39 +14,25 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine.lifetime import CANCEL_POLL_SECONDS, linger, watch
+from engine.lifetime import linger, watch
 from engine.protocol import Unavailable, error_kind
+from serving.flow.side_channel import SideChannel
 from serving.stub.cancel_watch import CANCELS
 from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error
+from serving.supervision.run_folder import BROKEN, DEAD
 
 log = logging.getLogger("tts")
 DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its stub died
 LOST = "the generator lost this stream: its responses could not be sent; retry"
 
 
-class PolledFlags:
-    """The launcher's ``broken`` flag (serving.supervision.run_folder.RunFlags) as every running request of a model
-    polls it in :func:`watch_request`: read from its file at most once per ``seconds`` for all of them (256
-    streams polled one open() each, 5,000 a second). Used from one event loop only."""
-
-    def __init__(self, flags, seconds: float = CANCEL_POLL_SECONDS):
-        self.flags, self.seconds = flags, seconds
-        self.read_at, self.value = -float("inf"), None
-
-    def broken(self) -> str | None:
-        now = time.monotonic()
-        if now - self.read_at >= self.seconds:
-            self.value, self.read_at = self.flags.broken(), now
-        return self.value
-
-
-async def watch_request(task: asyncio.Task, request, flags, lingering: set,
+async def watch_request(task: asyncio.Task, request, channel: SideChannel, lingering: set,
                         stop: Callable[[], bool] | None = None) -> str | None:  # fmt: skip
     """:func:`engine.lifetime.watch` for a Triton ``request`` served by ``task``: its client's leaving is
     ``request.is_cancelled()``, asked on the stub's watch thread (:data:`serving.stub.cancel_watch.CANCELS`,
-    through :data:`RETIRED`: docs/triton.md#T18), the server's breaking ``flags.broken()``
-    (:class:`PolledFlags` or ``serving.supervision.run_folder.RunFlags``). The caller sends the final response
+    through :data:`RETIRED`: docs/triton.md#T18), the server's breaking the launcher's ``broken`` flag
+    (:meth:`SideChannel.flag`, one read per interval for all requests). The caller sends the final response
     after this returns: after the last ``is_cancelled()`` (docs/triton.md#T3) and the cleanup, whose BLS
     requests must outlive their tasks (docs/triton.md#T4). ``stop()`` true ends the task as a client's leaving
     does (a paced request held past its bound: serving.flow.pacing)."""
@@ -54,7 +40,7 @@ async def watch_request(task: asyncio.Task, request, flags, lingering: set,
     broken = None
     left = (lambda: entry.cancelled) if stop is None else (lambda: entry.cancelled or stop())
     try:
-        broken = await watch(task, left, flags.broken, lingering)
+        broken = await watch(task, left, lambda: channel.flag(BROKEN), lingering)
     finally:  # the iterators this request's streams left (T18) are let go by the watch's last call
         await CANCELS.remove(entry, last=broken is None)
     return broken
@@ -64,9 +50,10 @@ class BLS:
     """What the three clients share: ``pb``, the timeout and the request parameters that mark a request as
     ours (:class:`serving.security.auth.Keys`)."""
 
-    def __init__(self, pb, timeout: float, parameters: dict[str, str] | None = None, flags=None):
+    def __init__(self, pb, timeout: float, parameters: dict[str, str] | None = None,
+                 channel: SideChannel | None = None):  # fmt: skip
         self.pb, self.timeout, self.parameters = pb, timeout, dict(parameters or {})
-        self.flags = flags  # serving.supervision.run_folder.RunFlags: a call to a model whose stub died ends at once
+        self.channel = channel  # the launcher's dead.<model> flags: a call to a model whose stub died ends at once
 
     def submit(self, request, **kw) -> asyncio.Task:
         """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
@@ -102,7 +89,7 @@ class BLS:
                 raise TimeoutError(f"{model} did not answer within {self.timeout:.0f} s")
             await asyncio.wait({task}, timeout=min(left, DEAD_POLL_SECONDS))
             # a stub that died mid-request never answers it; the launcher says so (serving.supervision.supervise)
-            if not task.done() and self.flags is not None and (dead := self.flags.dead(model)):
+            if not task.done() and self.channel is not None and (dead := self.channel.flag(f"{DEAD}{model}")):
                 raise Unavailable(error_kind(dead)[1])
         response = task.result()
         self.raise_for(model, response)

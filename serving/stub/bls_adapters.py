@@ -145,7 +145,7 @@ class BLSGenerator:
                     ended = True  # nothing is left to cancel
                     if not own.done():
                         unlinger(own)  # the request stays alive (the task holds it) until answered, if ever
-                        self.channel.mark_cancelled(stream_id)  # should the generator ever step it, it ends it
+                        self.channel.mark("cancel", stream_id)  # should the generator ever step it, it ends it
                     raise
                 if chunk is None:  # the stream's own final: it started, its chunks come on the pipe
                     continue
@@ -180,7 +180,7 @@ class BLSGenerator:
 
     async def _cancel(self, stream_id: int, inbox: Inbox) -> None:
         """Ask the generator to end a stream (at its next step), wait for its last chunk, leave the pipe."""
-        self.channel.mark_cancelled(stream_id)
+        self.channel.mark("cancel", stream_id)
         try:
             while True:
                 item = await inbox.get()
@@ -193,7 +193,7 @@ class BLSGenerator:
             pass
         finally:
             self.pipe.leave(stream_id)
-        self.channel.unmark_cancelled(stream_id)
+        self.channel.unmark("cancel", stream_id)
 
 
 def _output(pb, response, name: str):

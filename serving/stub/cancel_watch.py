@@ -1,20 +1,12 @@
-"""Whether a running request's client left (``request.is_cancelled()``), asked on a thread of its own.
-
-``is_cancelled()`` is a round trip to Triton's process (~0.5 ms, more when that process is busy:
-docs/triton.md#T20). Asked on the event loop of ``tts`` for every running request, it took a third of the
-loop's busy time while hundreds of streams started together, and every chunk, admission and metric of
-the stub waited behind it. Here one thread per stub asks it for every watched request in turn, at most
-:data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all, and the event loop reads a flag.
-
-Two rules of the Python backend hold:
-
-- no ``is_cancelled()`` after a request's final response (docs/triton.md#T3): :meth:`CancelWatch.remove`
-  returns only once the thread has let go of the request for good, and the final response is sent after it;
-- retired BLS iterators are let go only after an ``is_cancelled()`` that went through the stub's queue
-  (docs/triton.md#T18): every call here goes through :data:`serving.stub.retired_iterators.RETIRED`, and
-  :meth:`CancelWatch.remove` asks once more, last, when iterators are waiting for it.
-
-No Triton here: a request is anything with ``is_cancelled()``.
+"""Whether a running request's client left (``request.is_cancelled()``): the one source of that end
+(docs/architecture.md, "Cancellation"), asked on one thread per stub for every watched request in turn, at
+most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all. Each question is a round trip to
+Triton's process; asked on the event loop, they took a third of its busy time while hundreds of streams
+started together (docs/triton.md#T20). Two rules hold: no question after the request's final response
+(docs/triton.md#T3: :meth:`CancelWatch.remove` returns once the thread has let go of the request for good,
+and the final response is sent after it); every question goes through
+:data:`serving.stub.retired_iterators.RETIRED`, and ``remove`` asks once more, last, when retired iterators
+wait for it (docs/triton.md#T18). No Triton here: a request is anything with ``is_cancelled()``.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class GeneratorHost:
         next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
         while not self.stopping.is_set():
             try:
-                paused = self.channel.paused()  # (as of the latest listing) all paused: nothing to step
+                paused = self.channel.marked("pause")  # (as of the latest listing) all paused: nothing to step
                 idle = not self.waiting and all(i in paused for i in self.service.live)
                 unsent = self.pipes.unsent()
                 self._take(wait=IDLE_WAIT_SECONDS if idle and not unsent else RECEIPT_POLL_SECONDS if idle else 0)
@@ -160,20 +160,20 @@ class GeneratorHost:
     def _cancel_marked(self) -> None:
         """End the streams whose callers asked to (live or still waiting for a slot), each with its
         cancelled last chunk."""
-        marked = self.channel.cancelled()
+        marked = self.channel.poll()["cancel"]  # one listing per step: cancel and pause marks
         if not marked:
             return
         for pipe_id in [i for i in self.pipes.open if i in marked]:  # its reader closed it
-            self.channel.take_cancelled(pipe_id)
+            self.channel.take("cancel", pipe_id)
             self.pipes.end(pipe_id, "its reader closed it")
         for stream_id in [i for i in self.service.live if i in marked]:
-            self.channel.take_cancelled(stream_id)
+            self.channel.take("cancel", stream_id)
             self.pipes.post(self.keys.seal(self.service.cancel(stream_id)))
         if any(a.stream_id in marked for a in self.waiting):
             kept = deque()
             for a in self.waiting:
                 if a.stream_id in marked and a.stream_id not in self.service.live:
-                    self.channel.take_cancelled(a.stream_id)
+                    self.channel.take("cancel", a.stream_id)
                     self._answer(a.sender, self.keys.seal(end_chunk(a.stream_id, CANCELLED)))
                 else:
                     kept.append(a)
@@ -217,14 +217,14 @@ class GeneratorHost:
         """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
         they keep their slots); each chunk that is due waits for its pipe's next response. A paused stream that
         ended has its pause mark removed."""
-        paused = self.channel.paused()
+        paused = self.channel.marked("pause")
         live = list(self.service.live)
         run = [i for i in live if i not in paused] if paused else live
         for chunk in (self.step(run) if run else self.service.step([])).values():
             if chunk is not None:
                 self.pipes.post(chunk)
         for stream_id in self.pausing - self.service.live.keys():
-            self.channel.unmark_paused(stream_id)
+            self.channel.unmark("pause", stream_id)
         self.pausing = paused & self.service.live.keys()
 
     def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
@@ -264,7 +264,7 @@ class GeneratorHost:
         serving.stub.pipe_reader; their own requests were answered when they were admitted)."""
         for stream_id in stream_ids:
             self.service.drop(stream_id)
-            self.channel.mark_lost(stream_id)
+            self.channel.mark("lost", stream_id)
 
     def close(self) -> None:
         """Stop the engine thread, then end every stream it held or had not admitted yet."""

@@ -137,14 +137,14 @@ class PipeReader:
 
     def _finish(self, pipe_id: int) -> None:
         self.draining.discard(pipe_id)
-        self.channel.mark_cancelled(pipe_id)  # the generator ends it; its reading thread then lets go (_ended)
+        self.channel.mark("cancel", pipe_id)  # the generator ends it; its reading thread then lets go (_ended)
 
     def close(self, wait: float = CLOSE_SECONDS) -> None:
         """At the model's unload: ask the generator to end the open pipe and wait (at most ``wait`` s) for
         its final response. A pipe still open when its reader's model unloads gets that response after the
         reader is gone, and tritonserver crashed on it (SIGSEGV in the Python backend, at a shutdown)."""
         for pipe_id in {self.pipe_id, *self.draining} - {0}:
-            self.channel.mark_cancelled(pipe_id)
+            self.channel.mark("cancel", pipe_id)
         self.pipe_id = 0
         self.draining.clear()
         deadline = time.monotonic() + wait
@@ -173,7 +173,7 @@ class PipeReader:
         try:
             await asyncio.wait({started}, timeout=self.bls.timeout)
             if not started.done():  # should the generator ever open it, it ends it at once
-                self.channel.mark_cancelled(pipe_id)
+                self.channel.mark("cancel", pipe_id)
                 raise StreamFailed(
                     f"{UNAVAILABLE}the generator did not open a pipe within {self.bls.timeout:.0f} s; retry"
                 )
@@ -222,9 +222,9 @@ class PipeReader:
         (nothing for the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
         try:
             if self.inboxes:
-                lost, now = self.channel.lost(), time.monotonic()
+                lost, now = self.channel.poll()["lost"], time.monotonic()
                 for stream_id, (_, inbox) in list(self.inboxes.items()):
-                    if stream_id in lost and self.channel.take_lost(stream_id):
+                    if stream_id in lost and self.channel.take("lost", stream_id):
                         inbox.put(StreamFailed(UNAVAILABLE + LOST))
                     elif inbox.waiter is not None and now - inbox.since > self.bls.timeout:
                         inbox.put(

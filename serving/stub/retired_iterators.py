@@ -1,13 +1,10 @@
-"""Decoupled BLS response iterators, let go of only after Triton's stub has let go of them (docs/triton.md#T18).
+"""Decoupled BLS response iterators, let go of only after Triton's stub has let go of them (docs/triton.md#T18:
+the stub's table drops its reference on a thread without the GIL, which corrupts the heap when it is the last).
 
-The stub's table of open BLS streams lets go of a decoupled call's ``ResponseIterator`` on its stub-to-parent thread,
-without the GIL; were that the last reference, the heap would be corrupted (docs/triton.md#T18).
-
-That thread serves its queue in order, and ``request.is_cancelled()`` waits for its own turn in the same queue.
-So once such a call, begun after an iterator was retired, has been answered by the queue (it returned False: a
-True is cached by the stub and waits for nothing), the table's reference is gone and ours is the last one; it
-is dropped here, with the GIL (on the thread that asked: serving.stub.cancel_watch). No Triton here: ``request`` is
-anything with ``is_cancelled()``.
+``request.is_cancelled()`` waits for its turn in the same stub queue as that release. So once such a call,
+begun after an iterator was retired, has been answered by the queue (it returned False: a True is cached by
+the stub and waits for nothing), ours is the last reference, dropped here with the GIL (on the thread that
+asked: serving.stub.cancel_watch). No Triton here: ``request`` is anything with ``is_cancelled()``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The stubs' side of the launcher's run folder: heartbeats out, flags in.
 
 Every model's stub beats a heartbeat file (:func:`start_heartbeat`), which the launcher's supervisor
-(:mod:`serving.supervision.supervise`) watches, and reads the launcher's word to it as files (:class:`RunFlags`).
-Kept apart from the supervisor so that the stubs load only this.
+(:mod:`serving.supervision.supervise`) watches, and reads the launcher's word to it as files (:class:`RunFlags`,
+read by :meth:`serving.flow.side_channel.SideChannel.flag`). Kept apart from the supervisor so that the stubs load only this.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ LATE_SECONDS = 2.0
 STACKS = "stacks"
 STACKS_BYTES = 4 << 20
 SHUTTING_DOWN = "unavailable: server is shutting down"
+BROKEN, DRAINING, DEAD = "broken", "draining", "dead."  # the launcher's flags: files in the run folder
 
 
 def start_heartbeat(run_dir: str, model: str) -> None:
@@ -122,63 +123,31 @@ class LateStacks:
 
 
 class RunFlags:
-    """The launcher's word to tts, as files in the run folder (one syscall per check: tts checks every
-    50 ms per request): ``broken`` holds the message for clients while a failed server is replaced (tts
-    fails its running requests with it), ``draining`` the message for new requests while the running ones
-    may finish (shutdown, or a restart that waits for them)."""
+    """The launcher's word to the stubs, as files in the run folder, written here and read by
+    :meth:`serving.flow.side_channel.SideChannel.flag`: ``broken`` holds the message for clients while a failed
+    server is replaced (tts fails its running requests with it), ``draining`` the message for new requests
+    while the running ones may finish (shutdown, or a restart that waits for them), ``dead.<model>`` the
+    message for a request waiting on ``model`` when its stub has died (the launcher restarts the server once
+    the running streams end, but that request would not get its answer before)."""
 
     def __init__(self, run_dir: str | Path):
-        self.dir = str(run_dir) if run_dir else ""
-        self._broken, self._draining = os.path.join(self.dir, "broken"), os.path.join(self.dir, "draining")
-
-    def broken(self) -> str | None:
-        if not self.dir:
-            return None
-        try:
-            with open(self._broken) as f:
-                return f.read() or "unavailable: the server is restarting; retry shortly"
-        except FileNotFoundError:
-            return None
-
-    def draining(self) -> str | None:
-        if not self.dir:
-            return None
-        try:
-            with open(self._draining) as f:
-                return f.read() or SHUTTING_DOWN
-        except FileNotFoundError:
-            return None
-
-    def dead(self, model: str) -> str | None:
-        """The message for a request waiting on ``model`` when its stub has died (the launcher restarts the
-        server once the running streams end, but that request would not get its answer before)."""
-        if not self.dir:
-            return None
-        try:
-            with open(os.path.join(self.dir, f"dead.{model}")) as f:
-                return f.read() or f"unavailable: {model} backend died; retry shortly"
-        except FileNotFoundError:
-            return None
-
-    def set_dead(self, model: str, message: str) -> None:
-        self._write(os.path.join(self.dir, f"dead.{model}"), message)
-
-    def refusal(self) -> str | None:
-        """Why a new request is refused now, if it is."""
-        return self.broken() or self.draining()
+        self.dir = str(run_dir)
 
     def set_broken(self, message: str) -> None:
-        self._write(self._broken, message)
+        self._write(BROKEN, message)
 
     def set_draining(self, message: str = SHUTTING_DOWN) -> None:
-        self._write(self._draining, message)
+        self._write(DRAINING, message)
 
-    @staticmethod
-    def _write(path: str, message: str) -> None:
+    def set_dead(self, model: str, message: str) -> None:
+        self._write(f"{DEAD}{model}", message)
+
+    def _write(self, name: str, message: str) -> None:
+        path = os.path.join(self.dir, name)
         tmp = f"{path}.tmp"  # written whole, then renamed: a reader never sees half a message
         Path(tmp).write_text(message)
         os.replace(tmp, path)
 
     def clear(self) -> None:
-        for path in (self._broken, self._draining, *Path(self.dir).glob("dead.*")):
-            Path(path).unlink(missing_ok=True)
+        for path in (BROKEN, DRAINING, *(p.name for p in Path(self.dir).glob(f"{DEAD}*"))):
+            Path(self.dir, path).unlink(missing_ok=True)

@@ -202,7 +202,7 @@ class GeneratorPipe:
         if self.closed:
             return
         self.closed = True
-        SideChannel(self.cancel_dir).mark_cancelled(self.pipe_id)  # the generator ends it, its streams lost
+        SideChannel(self.cancel_dir).mark("cancel", self.pipe_id)  # the generator ends it, its streams lost
         self.client.stop_stream(cancel_requests=True)
         self.client.close()
 

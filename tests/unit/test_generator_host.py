@@ -134,7 +134,7 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
     host.submit(PipeOpening(9000, pipe, host.receipts.entry(receipt.parameter)))  # its reader reads nothing yet
     ids = [101, 102, 103, 104, 105]
     own = {i: PipeSender(broken=i == 104) for i in ids}  # 104's caller left: its final cannot be sent
-    host.channel.mark_cancelled(105)  # its caller left before it got one of the 2 slots
+    host.channel.mark("cancel", 105)  # its caller left before it got one of the 2 slots
     for i in ids:
         host.submit(Arrival(i, inputs(model, seed=i), own[i], 9000))
     wait(lambda: host.pipes.carries(101))
@@ -169,7 +169,7 @@ def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
     tokens = model.tokens("Hello there.", "English", prompt)
     host.submit(Arrival(7, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9003))
     wait(lambda: pipe.chunks(7), 30)
-    host.channel.mark_cancelled(7)
+    host.channel.mark("cancel", 7)
     wait(lambda: (chunks := pipe.chunks(7)) and chunks[-1].last, 30)
     chunks = pipe.chunks(7)
     assert sum(c.last for c in chunks) == 1 and chunks[-1].finish_reason == CANCELLED
@@ -203,7 +203,7 @@ def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
     assert refusal.last and refusal.finish_reason.startswith(UNAVAILABLE) and "no pipe 1234" in refusal.finish_reason
     wait(lambda: not host.service.live and not host.pipes.riding)
 
-    host.channel.mark_cancelled(9000)  # its reader closes it
+    host.channel.mark("cancel", 9000)  # its reader closes it
     assert pipe.done.wait(10) and pipe.responses[-1] == (None, True)
     wait(lambda: not host.pipes.open)
     assert len(host.service.free) == 2
@@ -238,7 +238,7 @@ def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
     tokens = model.tokens("Hello there.", "English", prompt)
     host.submit(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9002))
     assert own.done.wait(30) and own.responses == [(None, True)]  # admitted: answered at once
-    wait(lambda: host.channel.take_lost(401), 30)  # its tts hears it was lost (serving.stub.pipe_reader)
+    wait(lambda: host.channel.take("lost", 401), 30)  # its tts hears it was lost (serving.stub.pipe_reader)
     wait(lambda: not host.pipes.open and not host.service.live and not host.pipes.riding, 10)
     assert len(host.service.free) == 2
 
@@ -248,18 +248,18 @@ def test_a_paused_stream_is_not_stepped_keeps_its_slot_and_loses_its_mark_at_its
     slot until the mark goes, then carries on as if never paused; its mark is removed when it ends."""
     pipe = PipeSender()
     host.submit(PipeOpening(9100, pipe, None))
-    host.channel.mark_paused(301)  # paused before it is admitted (a stream opened while its request is paused)
+    host.channel.mark("pause", 301)  # paused before it is admitted (a stream opened while its request is paused)
     for i in (301, 302):
         host.submit(Arrival(i, inputs(model, seed=i), PipeSender(), 9100))
     wait(lambda: any(c.last for c in pipe.chunks(302)))
     assert pipe.chunks(301) == [] and 301 in host.service.live and len(host.service.free) == 1
-    host.channel.unmark_paused(301)
+    host.channel.unmark("pause", 301)
     wait(lambda: any(c.last for c in pipe.chunks(301)))
     same_as_alone(model, 301, pipe.chunks(301))
-    host.channel.mark_paused(303)
+    host.channel.mark("pause", 303)
     host.submit(Arrival(303, inputs(model, seed=3), PipeSender(), 9100))
     wait(lambda: 303 in host.service.live)
-    host.channel.mark_cancelled(303)  # a paused stream still ends when cancelled, and its mark goes with it
+    host.channel.mark("cancel", 303)  # a paused stream still ends when cancelled, and its mark goes with it
     wait(lambda: any(c.last for c in pipe.chunks(303)))
     assert pipe.chunks(303)[-1].finish_reason == CANCELLED
     wait(lambda: not host.service.live and not (host.channel.dir / "pause-303").exists())

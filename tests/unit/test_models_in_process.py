@@ -91,7 +91,7 @@ def test_a_pipe_the_generator_ended_is_opened_again_by_the_next_stream(triton):
     pipe = triton.tts.generator.pipe
     assert run_tts(triton, inputs, {"max_patches": 4}).errors() == []
     first = pipe.pipe_id
-    triton.generator.host.channel.mark_cancelled(first)  # the generator ends it (as when its reader left)
+    triton.generator.host.channel.mark("cancel", first)  # the generator ends it (as when its reader left)
     deadline = time.monotonic() + 10
     while pipe.pipe_id == first:  # the reader heard its end
         assert time.monotonic() < deadline
@@ -288,7 +288,7 @@ def test_generator_streams_one_request_to_its_last_chunk_on_its_pipe_and_refuses
     np.testing.assert_allclose(got, ref.numpy(), atol=1e-5)
     assert [len(c.latents) for c in chunks if len(c.latents)] == [4] * 6
     assert chunks[-1].finish_reason == LENGTH and all(gen.host.keys.sealed(c) for c in chunks)
-    gen.host.channel.mark_cancelled(pipe_id)  # its reader ends it
+    gen.host.channel.mark("cancel", pipe_id)  # its reader ends it
     assert pipe.sender.closed.wait(10) and pipe.sender.finals == 1
     assert not gen.host.service.live and pipe_id not in gen.host.pipes.open
 

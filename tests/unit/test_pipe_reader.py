@@ -32,7 +32,7 @@ def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path,
         lost, silent, served = Inbox(), Inbox(), Inbox()
         r.inboxes = {1: (9, lost), 2: (9, silent), 3: (9, served)}
         r.watcher = asyncio.get_running_loop().call_later(pipe_reader.WATCH_SECONDS, r._watch)
-        r.channel.mark_lost(1)
+        r.channel.mark("lost", 1)
         waits = [asyncio.ensure_future(i.get()) for i in (lost, silent)]
         served.put("a chunk")
         with pytest.raises(StreamFailed, match="lost this stream"):
@@ -40,7 +40,7 @@ def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path,
         assert not waits[1].done()
         with pytest.raises(TimeoutError, match=f"^{UNAVAILABLE}generator sent nothing for 0 s"):
             await asyncio.wait_for(waits[1], 2)
-        assert not r.channel.take_lost(1)  # the mark was taken
+        assert not r.channel.take("lost", 1)  # the mark was taken
         assert await served.get() == "a chunk" and not served.items  # failed nothing while not waiting
         assert not r.watcher.cancelled()  # it goes on looking
         r.watcher.cancel()
@@ -90,9 +90,9 @@ def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, mo
         c, _ = await r.join(3)
         assert c == 11 and r.draining == {10}
         r.leave(1)
-        assert not r.channel.is_cancelled(10)  # stream 2 is still on it
+        assert 10 not in r.channel.poll()["cancel"]  # stream 2 is still on it
         r._deliver([Chunk(2, np.zeros((4, LATENT_DIM), np.float32), np.zeros((0, LATENT_DIM), np.float32), last=True)])
-        assert r.channel.is_cancelled(10) and not r.draining  # it carried stream 2's last chunk: ended
+        assert 10 in r.channel.poll()["cancel"] and not r.draining  # it carried stream 2's last chunk: ended
         assert 2 in r.inboxes  # stream 2's reader has yet to read it: that holds no pipe
         r._ended(10, object(), "its reader closed it")
         assert len(r.inboxes[2][1].items) == 1  # its last chunk alone: a stream carried to its end is not failed
@@ -101,7 +101,7 @@ def test_a_worn_pipe_is_rotated_and_ended_once_its_own_streams_left(tmp_path, mo
         r.carried[11][1] = pipe_reader.ROTATE_RESPONSES  # worn by its responses, no stream left on it
         r.leave(3)
         d, _ = await r.join(4)
-        assert d == 12 and r.channel.is_cancelled(11) and r.draining == {10}  # ended at once: nobody on it
+        assert d == 12 and 11 in r.channel.poll()["cancel"] and r.draining == {10}  # ended at once: nobody on it
         r.draining = {10, 11}
         r.carried[12][0] = pipe_reader.ROTATE_BYTES
         e, _ = await r.join(5)

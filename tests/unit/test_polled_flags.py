@@ -1,33 +1,55 @@
-"""serving.stub.bls: what every running request of a stub polls (the launcher's flag, is_cancelled()) is
-asked at a bounded rate however many requests run."""
+"""serving.flow.side_channel: what every running request of a stub polls (the launcher's flags, is_cancelled())
+is asked at a bounded rate however many requests run; the flags carry the launcher's messages."""
 
-from serving.stub.bls import PolledFlags
+from serving.flow.side_channel import SideChannel
+from serving.supervision.run_folder import RunFlags
 
 
-class Flags:
-    def __init__(self):
-        self.reads, self.message = 0, None
+class Flags(SideChannel):
+    """A side channel that counts its reads of the launcher's flag files."""
 
-    def broken(self):
+    def __init__(self, tmp_path):
+        super().__init__(tmp_path / "marks", run_dir=tmp_path)
+        self.reads = 0
+
+    def _read_flag(self, name):
         self.reads += 1
-        return self.message
+        return super()._read_flag(name)
 
 
-def test_many_polls_within_the_interval_read_the_flag_once():
-    flags = Flags()
-    polled = PolledFlags(flags, seconds=3600)
-    flags.message = "unavailable: restarting"
-    assert [polled.broken() for _ in range(256)] == ["unavailable: restarting"] * 256
+def test_many_polls_within_the_interval_read_the_flag_once(tmp_path):
+    flags = Flags(tmp_path)
+    RunFlags(tmp_path).set_broken("unavailable: restarting")
+    assert [flags.flag("broken", 3600) for _ in range(256)] == ["unavailable: restarting"] * 256
     assert flags.reads == 1
 
 
-def test_a_flag_set_later_is_seen_once_the_interval_is_over():
-    flags = Flags()
-    polled = PolledFlags(flags, seconds=0)  # every poll is past the interval
-    assert polled.broken() is None
-    flags.message = "unavailable: restarting"
-    assert polled.broken() == "unavailable: restarting"
+def test_a_flag_set_later_is_seen_once_the_interval_is_over(tmp_path):
+    flags = Flags(tmp_path)
+    assert flags.flag("broken", 0) is None  # every poll is past the interval
+    RunFlags(tmp_path).set_broken("unavailable: restarting")
+    assert flags.flag("broken", 0) == "unavailable: restarting"
     assert flags.reads == 2
+
+
+def test_run_flags_carry_their_messages(tmp_path):
+    launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
+    assert flags.refusal() is None
+    launcher.set_draining()
+    assert flags.flag("draining", 0) == flags.refusal() == "unavailable: server is shutting down"
+    launcher.set_broken("unavailable: generator backend died; the server is restarting, retry shortly")
+    assert flags.refusal().startswith("unavailable: generator")  # broken wins: running requests fail too
+    launcher.clear()
+    assert flags.refusal() is None and SideChannel(tmp_path / "marks").refusal() is None
+
+
+def test_an_empty_flag_file_says_the_default_message(tmp_path):
+    flags = SideChannel(tmp_path / "marks", run_dir=tmp_path)
+    for name in ("broken", "draining", "dead.voices"):
+        (tmp_path / name).touch()
+    assert flags.flag("broken", 0) == "unavailable: the server is restarting; retry shortly"
+    assert flags.flag("draining", 0) == "unavailable: server is shutting down"
+    assert flags.flag("dead.voices", 0) == "unavailable: voices backend died; retry shortly"
 
 
 def test_cancellation_polls_stay_within_their_budget_at_any_concurrency():

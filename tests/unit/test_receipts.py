@@ -153,7 +153,7 @@ def test_the_generator_sends_a_pipes_next_response_once_the_one_before_was_read(
     wait_for(lambda: host.pipes.unsent())
     receipt.close()  # nobody reads the pipe any more: it ends, never sent unpaced, and its stream is lost
     assert pipe.done.wait(30) and pipe.responses[3:] == [(None, True)]
-    wait_for(lambda: host.channel.take_lost(9))
+    wait_for(lambda: host.channel.take("lost", 9))
     wait_for(lambda: not host.service.live and not host.pipes.open and host.metrics.held.value == 0)
 
 

@@ -86,8 +86,8 @@ def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
     retired = RetiredIterators()
     monkeypatch.setattr(cancel_watch, "RETIRED", retired)
 
-    class Flags:
-        def broken(self):
+    class Flags:  # the launcher's flags (serving.flow.side_channel.SideChannel.flag): none raised
+        def flag(self, name):
             return None
 
     async def scenario():

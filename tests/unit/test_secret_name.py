@@ -11,6 +11,7 @@ import pytest
 
 from engine.lifetime import LINGERING
 from engine.protocol import Unavailable
+from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.bls import BLS
 from serving.stub.triton_io import bls_error, error_response
@@ -64,28 +65,30 @@ def test_no_error_response_carries_the_secret_name():
 
 
 def test_dead_flags_are_per_model_and_cleared(tmp_path):
-    flags = RunFlags(tmp_path)
-    assert flags.dead("prompt_encoder") is None
-    flags.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry")
-    assert flags.dead("prompt_encoder").startswith("unavailable: ") and flags.dead("voices") is None
-    flags.clear()
-    assert flags.dead("prompt_encoder") is None
+    launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
+    assert flags.flag("dead.prompt_encoder", 0) is None
+    launcher.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry")
+    assert flags.flag("dead.prompt_encoder", 0).startswith("unavailable: ") and flags.flag("dead.voices", 0) is None
+    launcher.clear()
+    assert flags.flag("dead.prompt_encoder", 0) is None
 
 
-class CountedFlags(RunFlags):
-    """RunFlags that count the times a model's death was asked about (each one a look that found it alive)."""
+class CountedFlags(SideChannel):
+    """The launcher's flags, counting the times a model's death was asked about (each one a look that found
+    it alive)."""
 
     def __init__(self, folder):
-        super().__init__(folder)
+        super().__init__(folder / "marks", run_dir=folder)
         self.asked: dict[str, int] = {}
 
-    def dead(self, model):
+    def flag(self, name, within=0.0):
+        model = name.removeprefix("dead.")
         self.asked[model] = self.asked.get(model, 0) + 1
-        return super().dead(model)
+        return super().flag(name, within)
 
 
 def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
-    flags = CountedFlags(tmp_path)
+    flags, launcher = CountedFlags(tmp_path), RunFlags(tmp_path)
     never = asyncio.Event()
 
     class Request:  # an InferenceRequest whose stub died: async_exec never returns
@@ -99,14 +102,14 @@ def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
 
     async def main():
         LINGERING.set(set())
-        bls = BLS(pb, timeout=60.0, flags=flags)
+        bls = BLS(pb, timeout=60.0, channel=flags)
         call = asyncio.create_task(bls.call("prompt_encoder", [], ["X"]))
         for _ in range(1000):  # the call looked at the flag three times, found the model alive and went on
             if flags.asked.get("prompt_encoder", 0) >= 3 or call.done():
                 break
             await asyncio.sleep(0.01)
         assert flags.asked.get("prompt_encoder", 0) >= 3 and not call.done()  # it waits while the model lives
-        flags.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
+        launcher.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
         with pytest.raises(Unavailable, match="prompt_encoder backend died"):
             await asyncio.wait_for(call, 10)  # well before the 60 s timeout
         never.set()

@@ -282,27 +282,43 @@ def test_side_channel_sweeps_old_marks(tmp_path):
     import os
 
     board = SideChannel(tmp_path / "marks")
-    board.mark_cancelled(1)
-    board.mark_cancelled(2)
+    board.mark("cancel", 1)
+    board.mark("cancel", 2)
     old = os.path.join(board.dir, "cancel-1")
     os.utime(old, (0, 0))
     (board.dir / "admission").write_bytes(bytes(16))  # other files of the folder are not marks
     os.utime(board.dir / "admission", (0, 0))
     assert board.sweep(60) == 1
-    assert not board.is_cancelled(1) and board.is_cancelled(2) and (board.dir / "admission").exists()
+    assert 1 not in board.poll()["cancel"] and 2 in board.poll()["cancel"] and (board.dir / "admission").exists()
 
 
 def test_side_channel_lists_marks_once_per_change(tmp_path):
     board = SideChannel(tmp_path / "marks")
-    assert board.cancelled() == set()
-    board.mark_cancelled(7)
-    board.mark_cancelled(9)
-    assert board.cancelled() == {7, 9}
-    assert board.take_cancelled(7) and board.cancelled() == {9}
+    assert board.poll()["cancel"] == set()
+    board.mark("cancel", 7)
+    board.mark("cancel", 9)
+    assert board.poll()["cancel"] == {7, 9}
+    assert board.take("cancel", 7) and board.poll()["cancel"] == {9}
     other = SideChannel(tmp_path / "marks")  # another process's view: its listing follows the folder
-    assert other.cancelled() == {9}
-    board.mark_cancelled(11)
-    assert other.cancelled() == {9, 11}
+    assert other.poll()["cancel"] == {9}
+    board.mark("cancel", 11)
+    assert other.poll()["cancel"] == {9, 11}
+
+
+def test_side_channel_lists_again_a_mark_made_in_the_tick_of_its_listing(tmp_path, monkeypatch):
+    """A mark made in the kernel tick of a listing leaves the folder's mtime as it was: a poll however much
+    later lists the folder again (the next poll after a listing taken well after the last change does not)."""
+    import os
+    import time
+
+    generator, tts = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
+    now = time.time_ns()
+    os.utime(tts.dir, ns=(now, now))
+    assert tts.poll()["lost"] == set()  # listed in the tick of the folder's latest change
+    generator.mark("lost", 4)
+    os.utime(tts.dir, ns=(now, now))  # ... and a mark made in that same tick
+    monkeypatch.setattr(time, "time_ns", lambda: now + 10**9)  # polled a second later
+    assert tts.poll()["lost"] == {4} and tts.poll()["lost"] == {4}
 
 
 def test_side_channel_pause_marks(tmp_path):
@@ -311,34 +327,45 @@ def test_side_channel_pause_marks(tmp_path):
     import os
 
     tts, generator = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
-    tts.mark_paused(3)
-    tts.mark_paused(4)
-    tts.mark_cancelled(5)
-    assert generator.cancelled() == {5} and generator.paused() == {3, 4}
-    tts.unmark_paused(4)
-    tts.unmark_paused(4)  # twice: the generator may have removed it at the stream's end
-    assert generator.cancelled() == {5} and generator.paused() == {3}
+    tts.mark("pause", 3)
+    tts.mark("pause", 4)
+    tts.mark("cancel", 5)
+    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3, 4}
+    tts.unmark("pause", 4)
+    tts.unmark("pause", 4)  # twice: the generator may have removed it at the stream's end
+    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3}
     generator.live.sync([3])
-    tts.mark_paused(6)  # a stream that is not live (its tts died, say)
+    tts.mark("pause", 6)  # a stream that is not live (its tts died, say)
     for name in ("pause-3", "pause-6"):
         os.utime(os.path.join(tts.dir, name), (0, 0))
     assert tts.sweep(60) == 1
-    assert generator.cancelled() == {5} and generator.paused() == {3}
+    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3}
 
 
 def test_side_channel(tmp_path):
     b = SideChannel(tmp_path / "c")
     assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
-    assert not b.is_cancelled(5) and not b.take_cancelled(5)
-    b.mark_cancelled(5)
-    assert b.is_cancelled(5)
-    assert b.take_cancelled(5) and not b.is_cancelled(5)
-    b.mark_cancelled(6)
-    b.unmark_cancelled(6)
-    b.unmark_cancelled(6)
-    assert not b.is_cancelled(6)
+    assert 5 not in b.poll()["cancel"] and not b.take("cancel", 5)
+    b.mark("cancel", 5)
+    assert 5 in b.poll()["cancel"]
+    assert b.take("cancel", 5) and 5 not in b.poll()["cancel"]
+    b.mark("cancel", 6)
+    b.unmark("cancel", 6)
+    b.unmark("cancel", 6)
+    assert 6 not in b.poll()["cancel"]
     with pytest.raises(ValueError):
-        b.mark_cancelled("../etc")
+        b.mark("cancel", "../etc")
+    with pytest.raises(ValueError):
+        b.mark("admission", 1)  # only the three kinds of marks: never another file of the folder
+
+
+def test_side_channel_lost_marks_come_in_the_same_listing(tmp_path):
+    generator, tts = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
+    generator.mark("lost", 8)
+    generator.mark("cancel", 9)
+    assert tts.poll() == {"cancel": {9}, "pause": set(), "lost": {8}}
+    assert tts.take("lost", 8) and tts.marked("lost") == set() and not tts.take("lost", 8)
+    assert tts.poll()["lost"] == set() and tts.marked("cancel") == {9}
 
 
 def test_stop_head_reason(model):
@@ -437,10 +464,11 @@ def test_kv_cache_and_attention_options_reach_the_generator():
         ServeOptions(kv_memory_gb=-1)
 
 
-def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
+def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_path):
     import asyncio
 
     from serving.stub.bls import watch_request as watch
+    from serving.supervision.run_folder import RunFlags
 
     class Request:
         cancelled = False
@@ -448,14 +476,10 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
         def is_cancelled(self):
             return self.cancelled
 
-    class Flags:
-        message = None
-
-        def broken(self):
-            return self.message
-
     async def run(leave: bool, broken: str | None):
-        request, flags, lingering = Request(), Flags(), set()
+        request, lingering = Request(), set()
+        launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
+        launcher.clear()
         cleanup = asyncio.Event()
 
         async def stream():
@@ -468,7 +492,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server():
 
         task = asyncio.ensure_future(stream())
         asyncio.get_running_loop().call_later(0.1, lambda: (setattr(request, "cancelled", leave),
-                                                            setattr(flags, "message", broken)))  # fmt: skip
+                                                            broken and launcher.set_broken(broken)))  # fmt: skip
         asyncio.get_running_loop().call_later(0.3, cleanup.set)
         answer = await watch(task, request, flags, lingering)
         asked_to_stop = task.cancelled() or task.cancelling() > 0  # a broken server: returned without waiting

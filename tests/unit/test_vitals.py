@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.supervision.run_folder import RunFlags
+from serving.flow.side_channel import SideChannel
 from serving.supervision.supervise import DEFERRABLE, Supervisor
 from serving.supervision.vitals import (
     ALL_QUIET_SECONDS,
@@ -336,7 +336,7 @@ def test_reset_forgets_the_old_server():
 class FakeServer:
     """What Supervisor uses of TritonServer; ``in_flight`` is what the metrics port says."""
 
-    def __init__(self, tmp: Path, flags: RunFlags):
+    def __init__(self, tmp: Path, flags: SideChannel):
         self.model_repository = tmp / "model_repository"
         for model in MODELS:
             (self.model_repository / model / "1").mkdir(parents=True)
@@ -356,7 +356,7 @@ class FakeServer:
         return page
 
     def stop(self, timeout: float) -> None:
-        self.events.append(f"stop, broken {self.flags.broken()!r}")
+        self.events.append(f"stop, broken {self.flags.flag('broken', 0)!r}")
         self.proc.kill()
         self.proc.wait()
 
@@ -370,7 +370,7 @@ class FakeServer:
 
 @pytest.fixture
 def supervised(tmp_path):
-    server = FakeServer(tmp_path, RunFlags(tmp_path))
+    server = FakeServer(tmp_path, SideChannel(tmp_path / "marks", run_dir=tmp_path))  # what tts reads
     yield Supervisor(server, tmp_path, drain_seconds=5), server
     server.proc.kill()
 
@@ -385,7 +385,7 @@ def test_a_dead_stub_no_stream_uses_lets_the_running_streams_finish_first(superv
     assert all(f"'unavailable: {model} backend died; the server restarts once" in e for e in drain)
     restarting = f"stop, broken 'unavailable: {model} backend died; the server is restarting, retry shortly'"
     assert server.events[len(drain) :] == [restarting, "start"]
-    assert supervisor.flags.refusal() is None  # cleared for the new server
+    assert server.flags.refusal() is None  # cleared for the new server
 
 
 @pytest.mark.parametrize("model", ["tts", "generator", "vocoder", "ensemble_generator"])
@@ -425,17 +425,6 @@ def test_a_shutdown_during_the_drain_leaves_the_rest_to_the_shutdown(supervised)
 
     supervisor.recover(Incident("voices", "its stub (pid 1) exited", dead=True), stopping)
     assert server.events and not any(e.startswith(("stop", "start")) for e in server.events)
-
-
-def test_run_flags_carry_their_messages(tmp_path):
-    flags = RunFlags(tmp_path)
-    assert flags.refusal() is None
-    flags.set_draining()
-    assert flags.draining() == flags.refusal() == "unavailable: server is shutting down"
-    flags.set_broken("unavailable: generator backend died; the server is restarting, retry shortly")
-    assert flags.refusal().startswith("unavailable: generator")  # broken wins: running requests fail too
-    flags.clear()
-    assert flags.refusal() is None and RunFlags("").refusal() is None
 
 
 def test_heartbeats_are_judged_when_looked_at_not_after_the_metrics_read(supervised, monkeypatch):

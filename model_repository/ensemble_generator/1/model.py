@@ -37,7 +37,7 @@ from serving.stub.triton_io import (
     setup_logging,
     string,
 )
-from serving.supervision.run_folder import RunFlags, start_heartbeat
+from serving.supervision.run_folder import start_heartbeat
 
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,12 +50,11 @@ class TritonPythonModel:
     def initialize(self, args):
         opts = EnsembleGeneratorOptions.read(args)
         start_heartbeat(opts.run_dir, "ensemble_generator")
-        self.flags = RunFlags(opts.run_dir)
         self.keys = Keys.from_env("ensemble_generator")
         self.threads = StubThreads("ensemble")
         self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
-        channel = SideChannel(opts.cancel_dir or None)
-        bls = BLS(pb, opts.bls_timeout_seconds, self.keys.parameters(), self.flags)
+        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)  # marks, the launcher's flags
+        bls = BLS(pb, opts.bls_timeout_seconds, self.keys.parameters(), channel)
         slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
         receipts = Receipts(channel.dir, "ensemble_generator")  # its pipes' (docs/triton.md#T23)
         self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts, self.keys.new_stream_id)
@@ -73,7 +72,7 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         sender = request.get_response_sender()
-        refusal = self.flags.refusal()  # the launcher restarts or stops the server
+        refusal = self.channel.refusal()  # the launcher restarts or stops the server
         if refusal:
             finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
             return
@@ -102,7 +101,7 @@ class TritonPythonModel:
         stream_id = self.keys.new_stream_id()
         task = asyncio.ensure_future(self._relay(request, responses, stream_id))
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
-        broken = await watch_request(task, request, self.flags, lingering)
+        broken = await watch_request(task, request, self.channel, lingering)
         if broken:
             with contextlib.suppress(BaseException):
                 await task

@@ -7,6 +7,7 @@ are pace requests, before anything else (serving.flow.pacing: a request with a p
 import asyncio
 import contextlib
 import time
+from functools import partial
 
 import triton_python_backend_utils as pb
 
@@ -27,14 +28,14 @@ from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.security.auth import Keys
-from serving.stub.bls import BLS, PolledFlags, watch_request
+from serving.stub.bls import BLS, watch_request
 from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
 from serving.stub.metric_batch import MetricBatch
 from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.tts_metrics import TTSMetrics
 from serving.stub.vocoder_batch import BLSVocoder
-from serving.supervision.run_folder import RunFlags, start_heartbeat
+from serving.supervision.run_folder import start_heartbeat
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,17 +51,16 @@ class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
         start_heartbeat(opts.run_dir, "tts")
-        self.flags = RunFlags(opts.run_dir)  # set by the launcher: a backend failed, or draining
-        self.polled = PolledFlags(self.flags)  # what running requests poll: one read for all of them
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
         keys = Keys.from_env("tts")
         self.threads = StubThreads("tts")
         self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
-        bls = BLS(pb, opts.bls_timeout_seconds, keys.parameters(), self.flags)
-        channel = SideChannel(opts.cancel_dir or None)
-        self.paces = PaceTable(opts.pace_hold_seconds, channel.mark_paused, channel.unmark_paused)  # by token
+        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)  # marks; the launcher's flags
+        bls = BLS(pb, opts.bls_timeout_seconds, keys.parameters(), channel)
+        pause = partial(channel.mark, "pause"), partial(channel.unmark, "pause")
+        self.paces = PaceTable(opts.pace_hold_seconds, *pause)  # by token
         slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
         receipts = Receipts(channel.dir, "tts")  # its pipes' (docs/triton.md#T23)
         generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts, keys.new_stream_id)
@@ -92,7 +92,7 @@ class TritonPythonModel:
             error = take_piece(pb, self.text_streams, request, key)
             return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         sender = request.get_response_sender()
-        if refusal := self.flags.refusal():  # the launcher restarts or stops the server
+        if refusal := self.channel.refusal():  # the launcher restarts or stops the server
             return refuse(sender, refusal)
         try:  # its pacer (a token names a paced request: one running request's at a time)
             pacer = self.paces.start(parameters, time.monotonic())
@@ -135,7 +135,7 @@ class TritonPythonModel:
     async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place, pacer):
         task = asyncio.ensure_future(self._stream(request, responses, stream, place, pacer))
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
-        broken = await watch_request(task, request, self.polled, lingering, pacer.held)
+        broken = await watch_request(task, request, self.channel, lingering, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
