@@ -153,7 +153,7 @@ TTS_INPUTS = (
          "`flush` (only at `FLUSH` and the end)"),
 )  # fmt: skip
 # A text-in stream (a client's gRPC sequence to tts: serving.intake.text_streams) holds an admission place only while
-# it has text to speak (serving.flow.places); these bound what a stranger can make one hold, and how many may be open.
+# it has text to speak (serving.flow.admission); these bound what a stranger can make one hold, and how many may be open.
 # A piece's TEXT has MAX_TEXT_CHARS (serving.intake.requests).
 MAX_STREAM_CHARS = 16_000  # text of one stream, all its pieces together (four whole-text requests)
 MAX_STREAM_PIECES = 2_000  # requests of one stream

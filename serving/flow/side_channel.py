@@ -12,10 +12,9 @@ file                          written by                                  read b
 ``lost-<id>``                 generator (:meth:`~SideChannel.mark_lost`)  tts waiting for that stream's chunk
 ``live/<id>``,                generator (:meth:`LiveStreams.sync`)        vocoder (:meth:`LiveStreams.state`),
 ``live/ended-<id>``                                                       which removes ``ended-`` (``claim``)
-``admission``                 tts, ensemble_generator                     every admitter, prompt_encoder, the
-                              (:meth:`~SideChannel.gate`)                 launcher (leaks: serving.supervision.vitals)
-``generator_slots``           tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`);
-                              its cap: the generator (its step budget)
+``admission``                 tts, ensemble_generator (places, generator  every admitter, prompt_encoder, the
+                              slots and their waiters), the generator     launcher (leaks: serving.supervision.vitals)
+                              (its slot cap): serving.flow.admission
 ``receipts-<sender>``         tts, ensemble_generator                     generator, before it sends a stream's
                               (serving.flow.receipts: responses read)     next response (docs/triton.md#T23)
 ============================  ==========================================  ======================================
@@ -63,8 +62,6 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-
-from serving.flow.admission import ADMISSION, Admission
 
 CANCEL, LOST, PAUSE = "cancel-", "lost-", "pause-"
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
@@ -148,11 +145,6 @@ class SideChannel:
     def lost(self) -> set[int]:
         """The ids marked lost now (one listing: a reader of many streams asks once for all of them)."""
         return {int(n[len(LOST) :]) for n in os.listdir(self.dir) if n.startswith(LOST)}
-
-    # ---- admitted: tts, ensemble_generator (readers: prompt_encoder, the launcher) ----
-    def gate(self, model: str | None, capacity: int, file: str = ADMISSION) -> Admission:
-        """The shared counter ``file`` of this folder (:class:`Admission`)."""
-        return Admission(self.dir, model, capacity, file=file)
 
     def sweep(self, max_age: float = 60.0) -> int:
         """Remove cancelled and lost marks older than ``max_age`` seconds (a live stream acts on its mark

@@ -9,7 +9,7 @@ The START request opens it and carries its audio back; every later request is on
 :data:`~serving.contract.MAX_STREAM_PIECES` requests per stream, ``idle_seconds`` between pieces and
 ``max_seconds`` from START to END; a stream past one fails with an ``invalid:`` message naming it, and so
 frees what it held. A stream holds an admission place only while it has text to speak (its
-:class:`~serving.flow.places.TextPlace`), so the open streams are bounded apart: ``max_open`` at once, a
+:class:`~serving.flow.admission.TextPlace`), so the open streams are bounded apart: ``max_open`` at once, a
 START beyond them is refused as ``unavailable:``.
 """
 
@@ -24,7 +24,7 @@ from engine.orchestrator import TextPiece
 from engine.params import shown
 from engine.protocol import Unavailable, tagged
 from serving.contract import DEFAULT_RELEASE, DEFAULT_TEXT_MAX_SECONDS, MAX_STREAM_CHARS, MAX_STREAM_PIECES
-from serving.flow.places import TextPlace
+from serving.flow.admission import TextPlace
 from serving.intake.requests import check_text
 from serving.stub.triton_io import scalar, string
 

@@ -19,7 +19,7 @@ Both rules count time on the supervisor's own monotonic clock, from its own obse
   stub whose main thread deadlocked while its heartbeat thread beats on. The metrics port itself must answer
   within ``stall_seconds``, or tritonserver is wedged.
 
-- **leak**: admission places held (serving.flow.side_channel: requests admitted and not yet answered) at every
+- **leak**: admission places held (serving.flow.admission: requests admitted and not yet answered) at every
   poll while no request is queued anywhere and no model executes anything for ``stall_seconds``:
   requests that nothing will ever answer (a BLS call Triton dropped), which hold their places for good
   and refuse everyone once they fill the gate. Every admitted request is either waiting for a model that
@@ -52,7 +52,7 @@ PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_cou
 # execution count moves only when a stream arrives; its steps count here (serving.stub.generator_metrics).
 STEPPED = "tts_generator_stream_steps_total"
 # A drain waits for their sum: 0. An open text-in stream holds no place while it has nothing to say
-# (serving.flow.places) and is counted apart: its next turn's text may still come, and is spoken.
+# (serving.flow.admission) and is counted apart: its next turn's text may still come, and is spoken.
 IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight", "tts_text_streams_open")
 # A model whose execute waits on another's (voices registers a voice through prompt_encoder, synchronously)
 # is making progress while that one executes.
@@ -103,7 +103,7 @@ class Observation:
     stubs: dict[int, str]  # pid -> model of the stubs it watches
     beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
     metrics: dict[str, dict[str, float]] | None  # samples() of PENDING, EXECUTED and STEPPED; None: no answer
-    held: int = 0  # admission places held (serving.flow.side_channel), by every entry point together
+    held: int = 0  # admission places held (serving.flow.admission), by every entry point together
 
 
 @dataclass
