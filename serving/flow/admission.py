@@ -1,32 +1,17 @@
-"""Admission: the one owner that decides whether a stream may enter and when (docs/architecture.md#limits).
-
-``slots + max_queue`` places: a request beyond them is refused at once as busy, whichever entry point
-(``tts``, ``ensemble_generator``) it came to, and holds its place from admission to its end. ``slots``
-generator slots: a stream waits for one here, in the process that sends it, never in Triton's sequence
-batcher (a stream that waited there could be lost: docs/triton.md#T14), and gives it back once the generator
-ended it (its last chunk, a cancel answered, or the stream lost). The generator caps the slots from its step
-budget (:meth:`Admission.set_cap`). Read-ahead segments take a slot only when one is free and no stream waits
-for one (:func:`engine.segments.ahead_may_start`). The start window (engine.start_window, this process's) is
-built here too (:attr:`Admission.starts`) and handed to the orchestrator.
-
-The two admitters are separate processes, so every count lives in ONE shared file (``admission``) under
-one exclusive ``flock``: per admitter its places, its slots and its waiters, then the slot cap. Counts are
-written as whole bytes because other processes read them without the lock (docs/triton.md#T27).
-
-:class:`Place` is one request's place and keeps the two gauges that count places (``count(in_flight,
-waiting)``) in the same calls, so the gate and the gauges cannot disagree whichever way a request ends.
-:class:`TextPlace` is a text-in stream's rule: it holds its place only while it has text to speak. A piece
-with text takes the place before it is queued; the place goes back once the orchestrator reports everything
-read so far spoken (:meth:`engine.orchestrator.Orchestrator.run_text`'s ``idle``) and no piece with text is
-still unread. So whitespace sent to keep a stream open refuses nobody. A piece with text that finds the gate
-full fails its stream with the busy message (``unavailable:``), as a whole-text request is refused: a voice
-agent gets a definite answer at once and retries the turn, here or on another replica (waiting instead would
-make its audio late by an amount it cannot see; ``max_queue`` places already wait for a slot).
+"""Admission: the one owner that decides whether a stream may enter and when (docs/architecture.md, "Admission:
+one owner", and its limits table). ``slots + max_queue`` places, held from admission to the end of a request
+(beyond them: refused at once as busy, at ``tts`` and ``tts_ensemble`` alike); ``slots`` generator slots,
+waited for here and never in Triton (docs/triton.md#T14), capped by the generator's step budget
+(:meth:`Admission.set_cap`); their waiters, which read-ahead yields to; and this process's start window.
+Every count is in one shared file under one ``flock``, written as whole bytes (docs/triton.md#T27).
+:class:`Place` and :class:`TextPlace`: a request's place with its gauges, and a text-in stream's rule (it
+holds its place only while it has text to speak: docs/serving.md, text-in streams).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import mmap
 import os
@@ -158,8 +143,13 @@ class Admission:
             self._write(WAITERS, 0)
 
     # ---- the file ----
+    @contextlib.contextmanager
     def _locked(self):
-        return _Flock(self.fd)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def _take(self, kind: int, limit: int | None) -> bool:
         if self.index is None:
@@ -180,17 +170,6 @@ class Admission:
         reader without the lock (``full``, in another process) would see 0 for an instant."""
         at = kind + 8 * self.index
         self.map[at : at + 8] = count.to_bytes(8, "little", signed=True)
-
-
-class _Flock:
-    def __init__(self, fd: int):
-        self.fd = fd
-
-    def __enter__(self):
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
 class Gate(Protocol):
@@ -234,7 +213,8 @@ class Place:
 
 
 class TextPlace:
-    """The place of one text-in stream: held while it has text to speak (see the module)."""
+    """The place of one text-in stream: a piece with text takes it before it is queued (a full gate fails the
+    stream with the busy message); it goes back once everything read is spoken and no piece with text is unread."""
 
     def __init__(self, place: Place):
         self.place = place

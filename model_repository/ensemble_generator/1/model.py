@@ -49,33 +49,28 @@ class TritonPythonModel:
                             pb.MetricFamily.GAUGE),
         ]  # fmt: skip
         self.outcome = {k: self.families[0].Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight_gauge, self.in_flight = self.families[1].Metric(), 0
+        self.in_flight = self.families[1].Metric()
 
     async def execute(self, requests):
         await self.entry.execute(requests, self._serve)
 
     async def _serve(self, request):
         sender = request.get_response_sender()
-        admission = self.entry.admission  # places: one gate with tts (serving.flow.admission)
+        # its place, one gate with tts's (serving.flow.admission), in the gauge (increment(), not set(): T19)
+        place = self.entry.admission.place(lambda held, _: self.in_flight.increment(held))
         if refusal := self.entry.flags.refusal():  # the launcher restarts or stops the server
             finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
             return
-        if not admission.enter():
+        if not place.take():
             self.outcome["busy"].increment(1)
-            finish(sender, end_chunk(0, tagged(Unavailable(admission.busy_message()))))
+            finish(sender, end_chunk(0, tagged(Unavailable(self.entry.admission.busy_message()))))
             return
-        self._count(1)
         try:
             last = await self._watch(request, self.entry.responses(sender))
         finally:
-            admission.leave()
-            self._count(-1)
+            place.give()
         outcome = "cancelled" if last is None or last.finish_reason == "cancelled" else "error" if last.failed else "ok"
         self.outcome[outcome].increment(1)
-
-    def _count(self, delta: int) -> None:
-        self.in_flight += delta
-        self.in_flight_gauge.increment(delta)  # not set(): docs/triton.md#T19
 
     async def _watch(self, request, responses: Responses) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response
