@@ -1,104 +1,245 @@
-"""Admission. ``slots`` streams generate and ``max_queue`` more may wait for a slot; a request beyond that
-is refused at once as busy, whichever entry point (``tts``, ``ensemble_generator``) it came to. The two
-run in separate processes, so the count lives in a shared file: one 8-byte counter per admitting model,
-read and written under an exclusive ``flock``. A request holds its place from admission to its end.
-
-The same file type counts the generator slots (``generator_slots``, serving.flow.generator_slots), whose
-cap the generator sets from its step budget.
+"""Admission: the one owner that decides whether a stream may enter and when (docs/architecture.md, "Admission:
+one owner", and its limits table). ``slots + max_queue`` places, held from admission to the end of a request
+(beyond them: refused at once as busy, at ``tts`` and ``tts_ensemble`` alike); ``slots`` generator slots,
+waited for here and never in Triton (docs/triton.md#T14), capped by the generator's step budget
+(:meth:`Admission.set_cap`); their waiters, which read-ahead yields to; and this process's start window.
+Every count is in one shared file under one ``flock``, written as whole bytes (docs/triton.md#T27).
+:class:`Place` and :class:`TextPlace`: a request's place with its gauges, and a text-in stream's rule (it
+holds its place only while it has text to speak: docs/serving.md, text-in streams).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
-ADMISSION = "admission"  # the admission gate's counters
-ADMITTERS = ("tts", "ensemble_generator")  # one counter each, in this order
-_SIZE = 8 * (len(ADMITTERS) + 1)  # the counters, then a cap below capacity that its owner may set (0: none)
-_CAP = 8 * len(ADMITTERS)
+from engine.protocol import Unavailable
+from engine.segments import ahead_may_start
+from engine.start_window import StartWindow
+
+ADMISSION = "admission"  # the one file of every count below
+ADMITTERS = ("tts", "ensemble_generator")  # one counter of each kind each, in this order
+_N = len(ADMITTERS)
+PLACES, SLOTS, WAITERS = 0, 8 * _N, 16 * _N  # each kind's counters' offset; WAITERS: streams waiting for a slot
+_CAP = 24 * _N  # a cap on the slots that the generator sets (0: none)
+_SIZE = _CAP + 8
+POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free slot
 
 
 class Admission:
-    """A shared counter file of the folder (``admission``, ``generator_slots``). Places for ``model`` out of ``capacity`` shared with the other admitters (``model`` None: a reader
-    that only asks whether the gate is full)."""
+    """The places, generator slots and slot waiters of the run, as ``model`` sees them (one of
+    :data:`ADMITTERS`; None: a reader, such as prompt_encoder asking whether the gate is full, the launcher
+    counting places, or the generator writing its cap)."""
 
-    def __init__(self, board: str | Path, model: str | None, capacity: int, file: str = ADMISSION, create: bool = True):
-        """``file``: the counters' file in ``board``; ``create`` False: FileNotFoundError until a model made it."""
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        self.index, self.capacity = (None if model is None else ADMITTERS.index(model)), capacity
-        self.fd = os.open(Path(board) / file, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
+    def __init__(self, board: str | Path, model: str | None, places: int, slots: int = 1, start_rate: float = 0.0,
+                 create: bool = True):  # fmt: skip
+        """``places``: slots + max_queue; ``start_rate``: the start window's (0: none); ``create`` False:
+        FileNotFoundError until a model made the file."""
+        if places < 1 or slots < 1:
+            raise ValueError(f"places and slots must be >= 1, got {places}, {slots}")
+        self.index, self.capacity, self.slots = (None if model is None else ADMITTERS.index(model)), places, slots
+        self.fd = os.open(Path(board) / ADMISSION, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        with self._locked():
             short = os.fstat(self.fd).st_size < _SIZE
             if short and create:
                 os.ftruncate(self.fd, _SIZE)
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
         if short and not create:
             os.close(self.fd)
-            raise FileNotFoundError(f"{file} is not made yet")
+            raise FileNotFoundError(f"{ADMISSION} is not made yet")
         self.map = mmap.mmap(self.fd, _SIZE)
+        self.starts = StartWindow.of(start_rate)  # this process's starts (the orchestrator asks it)
+        self.turn = asyncio.Lock()  # this process's slot waiters, first come first served
 
-    def counts(self) -> tuple[int, ...]:
-        """Requests admitted by each of :data:`ADMITTERS`."""
-        return struct.unpack_from(f"<{len(ADMITTERS)}q", self.map)
+    # ---- places: admission to the end of a request ----
+    def counts(self, kind: int = PLACES) -> tuple[int, ...]:
+        """Places (or ``kind``'s counts) held by each of :data:`ADMITTERS`."""
+        return struct.unpack_from(f"<{_N}q", self.map, kind)
 
     def total(self) -> int:
+        """Places held by every admitter together."""
         return sum(self.counts())
 
     def full(self) -> bool:
-        return self.total() >= self.limit()
-
-    def limit(self) -> int:
-        """Places now: ``capacity``, or less while a cap is set (:meth:`set_cap`)."""
-        cap = int.from_bytes(self.map[_CAP : _CAP + 8], "little", signed=True)
-        return min(self.capacity, cap) if cap > 0 else self.capacity
-
-    def set_cap(self, cap: int) -> None:
-        """Hold the places to ``cap`` (0: no cap) for everyone who enters from now on; those inside stay. The
-        generator sets it on its ``generator_slots`` from its step budget (engine.step_cost.StepBudget)."""
-        self.map[_CAP : _CAP + 8] = max(0, int(cap)).to_bytes(8, "little", signed=True)
+        return self.total() >= self.capacity
 
     def enter(self) -> bool:
-        """Take a place; False (nothing taken) when all ``capacity`` are held."""
-        if self.index is None:
-            raise ValueError("a reader of the gate takes no place")
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            counts = self.counts()
-            if sum(counts) >= self.limit():
-                return False
-            self._write(counts[self.index] + 1)
-            return True
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        """Take a place; False (nothing taken) when all are held."""
+        return self._take(PLACES, self.capacity)
 
     def leave(self) -> None:
         """Give back a place taken by :meth:`enter`."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            own = self.counts()[self.index]
-            self._write(max(0, own - 1))
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-
-    def clear(self) -> None:
-        """Set this model's count to 0 (at its start: a count left by a server that died is void)."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        try:
-            self._write(0)
-        finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-
-    def _write(self, count: int) -> None:
-        """This model's count, copied in whole: ``struct.pack_into`` zero-fills its target first, and a
-        reader without the lock (``full``, in another process) would see 0 for an instant."""
-        self.map[8 * self.index : 8 * self.index + 8] = count.to_bytes(8, "little", signed=True)
+        self._add(PLACES, -1)
 
     def busy_message(self) -> str:
         held = self.total()
         return f"server busy: {held} requests are running or waiting (limit {self.capacity}); retry shortly"
+
+    def place(self, count: Callable[[int, int], None]) -> Place:
+        """A request's place, counted in the gauges by ``count(in_flight, waiting)``."""
+        return Place(self, count)
+
+    # ---- generator slots: from a stream's send to its end in the generator ----
+    def limit(self) -> int:
+        """Slots now: ``slots``, or fewer while the generator's cap is set (:meth:`set_cap`)."""
+        cap = int.from_bytes(self.map[_CAP : _CAP + 8], "little", signed=True)
+        return min(self.slots, cap) if cap > 0 else self.slots
+
+    def set_cap(self, cap: int) -> None:
+        """Hold the slots to ``cap`` (0: no cap) for every stream sent from now on; those inside stay. The
+        generator sets it from its step budget (engine.step_cost.StepBudget)."""
+        self.map[_CAP : _CAP + 8] = max(0, int(cap)).to_bytes(8, "little", signed=True)
+
+    def slots_held(self) -> int:
+        """Slots held by every sender together."""
+        return sum(self.counts(SLOTS))
+
+    def slots_full(self) -> bool:
+        return self.slots_held() >= self.limit()
+
+    def free_slots(self) -> int:
+        return max(0, self.slots - self.slots_held())
+
+    def starts_waiting(self) -> int:
+        """Streams waiting for a slot in every sender (read-ahead segments never wait)."""
+        return sum(self.counts(WAITERS))
+
+    def try_slot(self) -> bool:
+        """Take a slot at once if one is free under the cap (False: nothing taken)."""
+        return self._take(SLOTS, None)
+
+    async def take_slot(self) -> None:
+        """Wait until a slot is free and take it (cancellable: nothing is taken then). A stream that waits
+        is counted in :meth:`starts_waiting` meanwhile: read-ahead segments yield it their slots."""
+        if not self.turn.locked() and self.try_slot():
+            return
+        self._add(WAITERS, 1)
+        try:
+            async with self.turn:
+                while not self.try_slot():
+                    await asyncio.sleep(POLL_SECONDS)
+        finally:
+            self._add(WAITERS, -1)
+
+    def take_ahead(self) -> bool:
+        """Take a slot for a read-ahead segment, at once or never: only when one is free and no stream
+        waits for one (:func:`engine.segments.ahead_may_start`). False: nothing taken."""
+        return ahead_may_start(self.free_slots(), self.starts_waiting()) and self.try_slot()
+
+    def give_slot(self) -> None:
+        self._add(SLOTS, -1)
+
+    def clear(self) -> None:
+        """Set this model's slots and waiters to 0, at its start: what a server that died held is void (no
+        deadlock on it). Places are the launcher's to void (a restart starts a new folder's counts)."""
+        with self._locked():
+            self._write(SLOTS, 0)
+            self._write(WAITERS, 0)
+
+    # ---- the file ----
+    @contextlib.contextmanager
+    def _locked(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _take(self, kind: int, limit: int | None) -> bool:
+        if self.index is None:
+            raise ValueError("a reader of the gate takes no place")
+        with self._locked():
+            counts = self.counts(kind)
+            if sum(counts) >= (self.limit() if limit is None else limit):
+                return False
+            self._write(kind, counts[self.index] + 1)
+            return True
+
+    def _add(self, kind: int, delta: int) -> None:
+        with self._locked():
+            self._write(kind, max(0, self.counts(kind)[self.index] + delta))
+
+    def _write(self, kind: int, count: int) -> None:
+        """This model's count, copied in whole: ``struct.pack_into`` zero-fills its target first, and a
+        reader without the lock (``full``, in another process) would see 0 for an instant."""
+        at = kind + 8 * self.index
+        self.map[at : at + 8] = count.to_bytes(8, "little", signed=True)
+
+
+class Gate(Protocol):
+    """What a place needs of the admission gate."""
+
+    def enter(self) -> bool: ...
+    def leave(self) -> None: ...
+    def busy_message(self) -> str: ...
+
+
+class Place:
+    """One request's admission place (taken at most once at a time; ``give`` is safe to repeat)."""
+
+    def __init__(self, gate: Gate, count: Callable[[int, int], None]):
+        """``count(in_flight, waiting)``: add to the gauges (places held; held and no audio sent since)."""
+        self.gate, self.count = gate, count
+        self.held = self.waiting = False
+
+    def take(self) -> bool:
+        """Hold the place (True at once if held); False, nothing taken, when the gate is full."""
+        if self.held:
+            return True
+        if not self.gate.enter():
+            return False
+        self.held = self.waiting = True
+        self.count(1, 1)
+        return True
+
+    def audio(self) -> None:
+        """Audio was sent: the request no longer waits (until the place is taken anew)."""
+        if self.waiting:
+            self.waiting = False
+            self.count(0, -1)
+
+    def give(self) -> None:
+        """Give the place back, if held, with what the gauges count of it."""
+        if self.held:
+            self.gate.leave()
+            self.count(-1, -1 if self.waiting else 0)
+            self.held = self.waiting = False
+
+
+class TextPlace:
+    """The place of one text-in stream: a piece with text takes it before it is queued (a full gate fails the
+    stream with the busy message); it goes back once everything read is spoken and no piece with text is unread."""
+
+    def __init__(self, place: Place):
+        self.place = place
+        self.unread = 0  # pieces with text queued and not yet read by the orchestrator
+
+    def came(self, text: str) -> None:
+        """A piece arrived, before it is queued: text takes the place; Unavailable (the gate's busy message,
+        nothing taken) when the gate is full. Whitespace takes nothing."""
+        if not text.strip():
+            return
+        if not self.place.take():
+            raise Unavailable(self.place.gate.busy_message())
+        self.unread += 1
+
+    def read(self, text: str) -> None:
+        """The orchestrator read a piece (it is the orchestrator's to report on from now)."""
+        if text.strip():
+            self.unread -= 1
+
+    def idle(self) -> None:
+        """The orchestrator has spoken everything it read: the place goes back unless a piece with text is
+        still queued (it would take it anew at once)."""
+        if self.unread == 0:
+            self.place.give()
+
+    def close(self) -> None:
+        """The stream is over (ended, failed or cancelled): whatever it holds goes back."""
+        self.place.give()

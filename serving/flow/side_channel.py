@@ -13,10 +13,9 @@ file                           written by                                   read
 ``lost-<id>``                  generator (``mark("lost", id)``)             tts, for all its pipes' streams
 ``live/<id>``,                 generator (:meth:`LiveStreams.sync`)         vocoder (:meth:`LiveStreams.state`),
 ``live/ended-<id>``                                                         which removes ``ended-`` (``claim``)
-``admission``                  tts, ensemble_generator                      every admitter, prompt_encoder, the
-                               (:meth:`~SideChannel.gate`)                  launcher (leaks: serving.supervision.vitals)
-``generator_slots``            tts, ensemble_generator (serving.flow.generator_slots, the same :class:`Admission`);
-                               its cap: the generator (its step budget)
+``admission``                  tts, ensemble_generator (places, generator   every admitter, prompt_encoder, the
+                               slots, their waiters), the generator (its    launcher (leaks: serving.supervision.vitals)
+                               slot cap): serving.flow.admission
 ``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a stream's
                                (serving.flow.receipts: responses read)      next response (docs/triton.md#T23)
 ``<run folder>/broken``,       the launcher                                 tts, ensemble_generator
@@ -59,7 +58,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from engine.lifetime import CANCEL_POLL_SECONDS
-from serving.flow.admission import ADMISSION, Admission
 from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, SHUTTING_DOWN
 
 KINDS = ("cancel", "pause", "lost")  # a stream's mark is the file <kind>-<id>
@@ -156,11 +154,6 @@ class SideChannel:
         if name == BROKEN:
             return "unavailable: the server is restarting; retry shortly"
         return SHUTTING_DOWN if name == DRAINING else f"unavailable: {name[len(DEAD) :]} backend died; retry shortly"
-
-    # ---- admitted: tts, ensemble_generator (readers: prompt_encoder, the launcher) ----
-    def gate(self, model: str | None, capacity: int, file: str = ADMISSION) -> Admission:
-        """The shared counter ``file`` of this folder (:class:`Admission`)."""
-        return Admission(self.dir, model, capacity, file=file)
 
     def sweep(self, max_age: float = 60.0) -> int:
         """Remove cancel and lost marks older than ``max_age`` seconds (a live stream acts on its mark within

@@ -15,7 +15,7 @@ from engine.orchestrator import TextPiece
 from engine.params import shown
 from engine.protocol import Unavailable, tagged
 from serving.contract import DEFAULT_RELEASE, DEFAULT_TEXT_MAX_SECONDS, MAX_STREAM_CHARS, MAX_STREAM_PIECES
-from serving.flow.places import TextPlace
+from serving.flow.admission import TextPlace
 from serving.intake.requests import check_text
 from serving.stub.triton_io import scalar, string
 

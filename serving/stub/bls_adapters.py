@@ -17,7 +17,7 @@ from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment, Yielded
 from engine.protocol import LATENT_DIM, Chunk
 from serving import contract
-from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.admission import Admission
 from serving.flow.pacing import PACING
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
@@ -72,10 +72,10 @@ class BLSGenerator:
     """Generator streams, their chunks on this process's pipe (serving.stub.chunk_pipe); closing one before
     its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: GeneratorSlots,
+    def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: Admission,
                  receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
-        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.generator_slots);
+        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.admission);
         ``receipts``: this sender's read receipts, one entry per pipe it reads (serving.flow.receipts);
         ``pipe_ids``: new ids for this process's pipe (serving.stub.pipe_reader)."""
         self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
@@ -100,7 +100,7 @@ class BLSGenerator:
         while the request's client is far behind."""
         if self.slots is not None:
             if not segment.ahead:
-                await self.slots.take()
+                await self.slots.take_slot()
             elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
                 raise Yielded("no free generator slot")
         pacer = PACING.get()
@@ -116,7 +116,7 @@ class BLSGenerator:
             if pacer is not None:
                 pacer.close(segment.stream_id)
             if self.slots is not None:
-                self.slots.give_back()
+                self.slots.give_slot()
 
     def _request(self, segment: Segment, pipe_id: int):
         pb, (seed, settings) = self.bls.pb, contract.encode_settings(segment.params, segment.schedule)

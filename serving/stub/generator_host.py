@@ -37,7 +37,6 @@ from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_re
 from engine.step_cost import StepBudget
 from serving.config.model_options import GeneratorOptions
 from serving.flow.admission import Admission
-from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
@@ -94,7 +93,7 @@ class GeneratorHost:
         self.receipts = ReceiptBoard(self.channel.dir)  # the pipes' receipts (execute reads the entries)
         # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
         self.budget = StepBudget(opts.step_budget_ms / 1000)
-        self.slot_cap = Admission(self.channel.dir, None, opts.slots, file=SLOTS_FILE)
+        self.slot_cap = Admission(self.channel.dir, None, 1, opts.slots)  # its cap: serving.flow.admission
         self.cap = -1  # the cap last set (engine thread only)
         self._set_cap()
         self.keys = Keys.from_env("generator")  # never key-less

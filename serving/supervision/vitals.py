@@ -24,7 +24,7 @@ PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_cou
 STEPPED = "tts_generator_stream_steps_total"
 PROGRESS = (PENDING, EXECUTED, STEPPED)  # what the supervisor reads at every poll (Observation.metrics)
 # A drain waits for their sum: 0. An open text-in stream holds no place while it has nothing to say
-# (serving.flow.places) and is counted apart: its next turn's text may still come, and is spoken.
+# (serving.flow.admission) and is counted apart: its next turn's text may still come, and is spoken.
 IN_FLIGHT = ("tts_requests_in_flight", "tts_ensemble_requests_in_flight", "tts_text_streams_open")
 # A model whose execute waits on another's (voices registers a voice through prompt_encoder, synchronously)
 # is making progress while that one executes.
@@ -75,7 +75,7 @@ class Observation:
     stubs: dict[int, str]  # pid -> model of the stubs it watches
     beats: dict[int, int | None]  # pid -> mtime (ns) of the stub's heartbeat file; None: no file
     metrics: dict[str, dict[str, float]] | None  # samples() of PENDING, EXECUTED and STEPPED; None: no answer
-    held: int = 0  # admission places held (serving.flow.side_channel), by every entry point together
+    held: int = 0  # admission places held (serving.flow.admission), by every entry point together
 
 
 @dataclass

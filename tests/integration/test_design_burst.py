@@ -6,7 +6,7 @@ Before the fix, a stream waited for its slot in Triton's sequence batcher; once 
 Triton dropped the request unanswered and tts waited on it for good, holding its admission place (16
 voice designs with a 500-character instruction on 8 slots: 8 places held after 150 s, 24 of 40 after a
 10-minute soak, readiness 200). Now tts and ensemble_generator hold a stream until a generator slot is
-free (serving.flow.generator_slots). Whether Triton drops a stream that waited too long is a race (the old
+free (serving.flow.admission). Whether Triton drops a stream that waited too long is a race (the old
 code lost one of two such streams in one run here and none in two others), so the test asserts the cause
 away as well: while streams wait, Triton holds no generator request beyond the running streams' own.
 The size: 1 slot, 3 designs, max_sequence_idle 5 s, each design 400 patches (several seconds here), so
@@ -25,7 +25,6 @@ import pytest
 from client import TTSClient
 from serving.config.repository import ServeOptions, build
 from serving.flow.admission import Admission
-from serving.flow.generator_slots import FILE as SLOTS_FILE
 from serving.supervision.triton_env import Ports, TritonServer
 from tests.integration.helpers import in_parallel
 from tests.reference import snr_db
@@ -51,8 +50,10 @@ def served(nostop_ckpt, tmp_path_factory):
     assert "must specify the START flag" not in log  # no stream of ours waited in the sequence batcher
 
 
-def held(board, file: str = "admission") -> int:
-    return Admission(board, None, 1, file=file, create=False).total()
+def held(board) -> tuple[int, int]:
+    """Admission places and generator slots held (serving.flow.admission)."""
+    gate = Admission(board, None, 1, create=False)
+    return gate.total(), gate.slots_held()
 
 
 def test_a_design_burst_past_max_sequence_idle_answers_everyone_and_frees_every_place(served):
@@ -85,7 +86,7 @@ def test_a_design_burst_past_max_sequence_idle_answers_everyone_and_frees_every_
     # the premise: the last of them waited for its slot longer than max_sequence_idle
     waited = sorted(t for _, t in results.values())
     assert waited[-2] > IDLE, waited  # the last started once the one before it ended
-    assert held(board) == 0 and held(board, SLOTS_FILE) == 0  # every place given back
+    assert held(board) == (0, 0)  # every place and slot given back
     # a legitimate stream starts within max_sequence_idle of being sent, and sounds as before
     started = time.monotonic()
     chunks = TTSClient(url, timeout=IDLE).stream(**LEGIT)

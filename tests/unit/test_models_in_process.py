@@ -88,7 +88,7 @@ def test_tts_streams_audio_equal_to_offline_and_frees_everything(triton, model):
 
 def test_a_pipe_the_generator_ended_is_opened_again_by_the_next_stream(triton):
     inputs = {**strings(TEXT="Again"), "SEED": np.array([3], np.int64)}
-    pipe = triton.tts.generator.pipe
+    pipe = triton.tts.entry.generator.pipe
     assert run_tts(triton, inputs, {"max_patches": 4}).errors() == []
     first = pipe.pipe_id
     triton.generator.host.channel.mark("cancel", first)  # the generator ends it (as when its reader left)
@@ -107,7 +107,7 @@ def test_a_worn_pipe_is_rotated_and_the_generator_ends_it_after_its_streams(trit
     from serving.stub import pipe_reader
 
     inputs = {**strings(TEXT="Rotated"), "SEED": np.array([4], np.int64)}
-    pipe = triton.tts.generator.pipe
+    pipe = triton.tts.entry.generator.pipe
     before = run_tts(triton, inputs, {"max_patches": 4})
     assert before.errors() == []
     first = pipe.pipe_id

@@ -17,7 +17,7 @@ from engine.orchestrator import Orchestrator, Utterance
 from engine.params import GenerationParams
 from engine.segments import ahead_may_start, ahead_to_yield
 from engine.synthesize import instruct_run, synthesize
-from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.admission import Admission
 from tests.unit.test_orchestrator import collect
 
 TEXT = (
@@ -92,18 +92,18 @@ def test_generator_slots_admit_a_waiting_start_before_any_read_ahead(tmp_path):
     """tts's slot keeper, over the real shared files: read-ahead takes only a free slot nobody waits for."""
 
     async def main():
-        tts, ensemble = GeneratorSlots(tmp_path, "tts", 2), GeneratorSlots(tmp_path, "ensemble_generator", 2)
-        await tts.take()  # a request's first segment
-        assert tts.take_ahead() and tts.held() == 2  # its second, ahead, on the free slot
-        start = asyncio.ensure_future(ensemble.take())  # another request's first segment waits ...
+        tts, ensemble = Admission(tmp_path, "tts", 40, 2), Admission(tmp_path, "ensemble_generator", 40, 2)
+        await tts.take_slot()  # a request's first segment
+        assert tts.take_ahead() and tts.slots_held() == 2  # its second, ahead, on the free slot
+        start = asyncio.ensure_future(ensemble.take_slot())  # another request's first segment waits ...
         await asyncio.sleep(0.1)
         assert not start.done() and tts.starts_waiting() == 1  # ... seen by every sender
         assert ahead_to_yield(tts.starts_waiting(), 0, 1) == 1  # so the read-ahead segment yields
-        tts.give_back()
+        tts.give_slot()
         assert not tts.take_ahead()  # and no read-ahead takes the slot back while the start waits
         await asyncio.wait_for(start, 5)  # the start has it
-        assert tts.starts_waiting() == 0 and tts.held() == 2 and not tts.take_ahead()
-        ensemble.give_back()
+        assert tts.starts_waiting() == 0 and tts.slots_held() == 2 and not tts.take_ahead()
+        ensemble.give_slot()
         assert tts.take_ahead()
 
     asyncio.run(main())

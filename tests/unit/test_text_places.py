@@ -1,4 +1,4 @@
-"""When a text-in stream holds an admission place (serving.flow.places), without Triton: pieces go in through
+"""When a text-in stream holds an admission place (serving.flow.admission), without Triton: pieces go in through
 ``take_piece`` as tts hands them over, the tiny model speaks them through the orchestrator, and a counting gate
 says what is held. Whitespace takes nothing; text takes a place that goes back once it is spoken; a full gate,
 a failure or a cancel leaves nothing held; the open streams and their lifetime are bounded."""
@@ -14,7 +14,7 @@ import pytest
 from engine.orchestrator import Utterance
 from engine.params import GenerationParams
 from engine.protocol import Unavailable
-from serving.flow.places import Place, TextPlace
+from serving.flow.admission import Place, TextPlace
 from serving.intake.text_streams import TextStreams, start_stream, take_piece
 from tests.unit.test_orchestrator import ONES, Pipeline
 

@@ -1,6 +1,6 @@
 """ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
 
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.flow.side_channel),
+It takes the generator's inputs, passes the admission gate that tts also answers to (serving.flow.admission),
 runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
 the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
 client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
@@ -15,19 +15,14 @@ import contextlib
 
 import triton_python_backend_utils as pb
 
-from engine.lifetime import LINGERING
 from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
 from serving.config.model_options import EnsembleGeneratorOptions
-from serving.flow.generator_slots import GeneratorSlots
-from serving.flow.receipts import Receipts
-from serving.flow.side_channel import SideChannel
 from serving.intake.requests import check_language, check_text
-from serving.security.auth import Keys, parameter_dict
-from serving.stub.bls import BLS, watch_request
-from serving.stub.bls_adapters import BLSGenerator
-from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
+from serving.security.auth import parameter_dict
+from serving.stub.entry import Entry
+from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
     chunk_tensors,
@@ -37,7 +32,6 @@ from serving.stub.triton_io import (
     setup_logging,
     string,
 )
-from serving.supervision.run_folder import start_heartbeat
 
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -48,60 +42,42 @@ TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 class TritonPythonModel:
     def initialize(self, args):
-        opts = EnsembleGeneratorOptions.read(args)
-        start_heartbeat(opts.run_dir, "ensemble_generator")
-        self.keys = Keys.from_env("ensemble_generator")
-        self.threads = StubThreads("ensemble")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
-        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)  # marks, the launcher's flags
-        bls = BLS(pb, opts.bls_timeout_seconds, self.keys.parameters(), channel)
-        slots = GeneratorSlots(channel.dir, "ensemble_generator", opts.slots)  # never waiting in Triton's queue
-        receipts = Receipts(channel.dir, "ensemble_generator")  # its pipes' (docs/triton.md#T23)
-        self.generator = BLSGenerator(bls, channel, self.keys.generator_model, slots, receipts, self.keys.new_stream_id)
-        self.admission = channel.gate("ensemble_generator", opts.capacity)
+        self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args), "ensemble")
         self.families = [
             pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
             pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
                             pb.MetricFamily.GAUGE),
         ]  # fmt: skip
         self.outcome = {k: self.families[0].Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight_gauge, self.in_flight = self.families[1].Metric(), 0
+        self.in_flight = self.families[1].Metric()
 
     async def execute(self, requests):
-        await self.threads.serve(requests, self._serve)
+        await self.entry.execute(requests, self._serve)
 
     async def _serve(self, request):
         sender = request.get_response_sender()
-        refusal = self.channel.refusal()  # the launcher restarts or stops the server
-        if refusal:
+        # its place, one gate with tts's (serving.flow.admission), in the gauge (increment(), not set(): T19)
+        place = self.entry.admission.place(lambda held, _: self.in_flight.increment(held))
+        if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
             finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
             return
-        if not self.admission.enter():
+        if not place.take():
             self.outcome["busy"].increment(1)
-            finish(sender, end_chunk(0, tagged(Unavailable(self.admission.busy_message()))))
+            finish(sender, end_chunk(0, tagged(Unavailable(self.entry.admission.busy_message()))))
             return
-        self._count(1)
-        lingering: set = set()
-        LINGERING.set(lingering)  # the stream's cleanup runs to its end before the final response
-        try:  # sends on the send threads: a send waits for Triton's process, the event loop does not
-            last = await self._watch(request, Responses(sender, self.threads.sends), lingering)
+        try:
+            last = await self._watch(request, self.entry.responses(sender))
         finally:
-            self.admission.leave()
-            self._count(-1)
+            place.give()
         outcome = "cancelled" if last is None or last.finish_reason == "cancelled" else "error" if last.failed else "ok"
         self.outcome[outcome].increment(1)
 
-    def _count(self, delta: int) -> None:
-        self.in_flight += delta
-        self.in_flight_gauge.increment(delta)  # not set(): docs/triton.md#T19
-
-    async def _watch(self, request, responses: Responses, lingering: set) -> Chunk | None:
+    async def _watch(self, request, responses: Responses) -> Chunk | None:
         """Run the stream, watching for a cancelled caller or a failed server; send its final response
         (after the last is_cancelled(): docs/triton.md#T3)."""
-        stream_id = self.keys.new_stream_id()
-        task = asyncio.ensure_future(self._relay(request, responses, stream_id))
+        stream_id = self.entry.keys.new_stream_id()
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
-        broken = await watch_request(task, request, self.channel, lingering)
+        task, broken = await self.entry.watch(request, self._relay(request, responses, stream_id))
         if broken:
             with contextlib.suppress(BaseException):
                 await task
@@ -123,7 +99,7 @@ class TritonPythonModel:
     async def _relay(self, request, responses: Responses, stream_id: int) -> Chunk:
         """Send the generator's chunks on as they come, all but the last, which is returned."""
         segment = read_segment(request, stream_id)
-        async with contextlib.aclosing(self.generator.stream(segment)) as chunks:
+        async with contextlib.aclosing(self.entry.generator.stream(segment)) as chunks:
             async for chunk in chunks:
                 if chunk.last:
                     return chunk
@@ -131,8 +107,7 @@ class TritonPythonModel:
         raise StreamFailed("error: the generator stream ended without a last chunk")
 
     def finalize(self):
-        self.generator.close()
-        self.threads.shutdown()
+        self.entry.finalize()
 
 
 def finish(sender, chunk: Chunk) -> None:

@@ -14,6 +14,7 @@ import triton_python_backend_utils as pb
 from engine import frontend
 from engine.protocol import Unavailable
 from serving.config.model_options import PromptEncoderOptions
+from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
@@ -47,7 +48,7 @@ class TritonPythonModel:
         self.keys = Keys.from_env("prompt_encoder", opts.public_steps)
         # tts_ensemble's first step: a busy server refuses it here, before any encoding (the place itself
         # is taken by ensemble_generator, the step that generates)
-        self.admission = SideChannel(opts.cancel_dir or None).gate(None, opts.capacity)
+        self.admission = Admission(SideChannel(opts.cancel_dir or None).dir, None, opts.capacity)
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
         self.families = [
             pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),

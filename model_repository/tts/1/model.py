@@ -12,30 +12,24 @@ from functools import partial
 import triton_python_backend_utils as pb
 
 from engine import frontend
-from engine.lifetime import LINGERING
-from engine.orchestrator import Orchestrator, StartWindow
+from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, UNAVAILABLE, StreamFailed, Unavailable, tagged
 from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
-from serving.flow.generator_slots import GeneratorSlots
+from serving.flow.admission import Place, TextPlace
 from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of, without_token
-from serving.flow.places import Place, TextPlace
-from serving.flow.receipts import Receipts
-from serving.flow.side_channel import SideChannel
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
-from serving.security.auth import Keys
-from serving.stub.bls import BLS, watch_request
-from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
+from serving.stub.bls_adapters import BLSPrompts
+from serving.stub.entry import Entry
 from serving.stub.metric_batch import MetricBatch
-from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
+from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.tts_metrics import TTSMetrics
 from serving.stub.vocoder_batch import BLSVocoder
-from serving.supervision.run_folder import start_heartbeat
 
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -50,28 +44,17 @@ def refuse(sender, message: str) -> None:
 class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
-        start_heartbeat(opts.run_dir, "tts")
+        self.entry = e = Entry(pb, "tts", opts, "tts", opts.start_rate)  # admission, BLS, pipe, threads, flags
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
-        keys = Keys.from_env("tts")
-        self.threads = StubThreads("tts")
-        self.threads.warm(opts.slots + WARM_EXTRA_THREADS)  # a stream's own generator request holds one
-        self.channel = channel = SideChannel(opts.cancel_dir or None, opts.run_dir)  # marks; the launcher's flags
-        bls = BLS(pb, opts.bls_timeout_seconds, keys.parameters(), channel)
-        pause = partial(channel.mark, "pause"), partial(channel.unmark, "pause")
-        self.paces = PaceTable(opts.pace_hold_seconds, *pause)  # by token
-        slots = GeneratorSlots(channel.dir, "tts", opts.slots)  # streams wait here, not in Triton
-        receipts = Receipts(channel.dir, "tts")  # its pipes' (docs/triton.md#T23)
-        generator = BLSGenerator(bls, channel, keys.generator_model, slots, receipts, keys.new_stream_id)
-        self.generator = generator
-        vocoder = BLSVocoder(bls, opts.vocoder_batch)  # chunks due together: one request
-        self.orchestrator = Orchestrator(BLSPrompts(bls), generator, vocoder, lambda text: len(tokenizer.encode(text)),
-                                         keys.new_stream_id, starts=StartWindow.of(opts.start_rate),
-                                         **opts.read_ahead())  # fmt: skip
-        # Admission: ``slots`` streams generate, ``max_queue`` more wait; beyond that a request is refused
-        # at once ("unavailable: server busy"), here and at tts_ensemble alike (one gate: serving.flow.side_channel).
-        self.admission = channel.gate("tts", opts.capacity)
+        self.paces = PaceTable(
+            opts.pace_hold_seconds, partial(e.channel.mark, "pause"), partial(e.channel.unmark, "pause")
+        )  # by token
+        vocoder = BLSVocoder(e.bls, opts.vocoder_batch)  # chunks due together: one request
+        self.orchestrator = Orchestrator(BLSPrompts(e.bls), e.generator, vocoder,
+                                         lambda text: len(tokenizer.encode(text)), e.keys.new_stream_id,
+                                         starts=e.admission.starts, **opts.read_ahead())  # fmt: skip
         self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
                                         TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
         self.metrics = MetricBatch(threaded=True)  # once per turn, off the loop
@@ -79,7 +62,7 @@ class TritonPythonModel:
         self.outcome, self.audio_seconds, self.first_chunk = m.outcome, m.audio_seconds, m.first_chunk
 
     async def execute(self, requests):
-        await self.threads.serve(requests, self._serve)
+        await self.entry.execute(requests, self._serve)
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
@@ -92,7 +75,7 @@ class TritonPythonModel:
             error = take_piece(pb, self.text_streams, request, key)
             return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         sender = request.get_response_sender()
-        if refusal := self.channel.refusal():  # the launcher restarts or stops the server
+        if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
             return refuse(sender, refusal)
         try:  # its pacer (a token names a paced request: one running request's at a time)
             pacer = self.paces.start(parameters, time.monotonic())
@@ -105,7 +88,7 @@ class TritonPythonModel:
             self.paces.end(pacer)
 
     async def _admit(self, request, sender, key: int, pacer: Pacer):
-        stream, place = None, self._place()  # serving.flow.places: a text-in stream's is taken by its text
+        stream, place = None, self._place()  # serving.flow.admission: a text-in stream's is taken by its text
         if key:  # a text-in stream: its first piece
             stream, error = start_stream(pb, self.text_streams, request, key)
             if error:
@@ -116,13 +99,11 @@ class TritonPythonModel:
             self.families.streams_open(len(self.text_streams.open))
         elif not place.take():
             self.metrics.increment(self.outcome["busy"], 1)
-            refuse(sender, self.admission.busy_message())
+            refuse(sender, self.entry.admission.busy_message())
             return
         try:
-            lingering: set = set()
-            LINGERING.set(lingering)  # this task's context, and so the stream task's: see engine.lifetime
-            PACING.set(pacer)  # ... and its generator streams': serving.stub.bls_adapters
-            await self._serve_admitted(request, Responses(sender, self.threads.sends), lingering, stream, place, pacer)
+            PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
+            await self._serve_admitted(request, self.entry.responses(sender), stream, place, pacer)
         finally:
             if stream is not None:
                 self.text_streams.close(stream)  # gives its place back
@@ -130,12 +111,12 @@ class TritonPythonModel:
             place.give()
 
     def _place(self) -> Place:  # a request's admission place, counted in the gauges
-        return Place(self.admission, self.families.count)
+        return self.entry.admission.place(self.families.count)
 
-    async def _serve_admitted(self, request, responses: Responses, lingering: set, stream, place: Place, pacer):
-        task = asyncio.ensure_future(self._stream(request, responses, stream, place, pacer))
+    async def _serve_admitted(self, request, responses: Responses, stream, place: Place, pacer):
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
-        broken = await watch_request(task, request, self.channel, lingering, pacer.held)
+        run = self._stream(request, responses, stream, place, pacer)
+        task, broken = await self.entry.watch(request, run, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
@@ -194,5 +175,4 @@ class TritonPythonModel:
         raise RuntimeError("the orchestrator ended without a final piece")
 
     def finalize(self):
-        self.generator.close()
-        self.threads.shutdown()
+        self.entry.finalize()
