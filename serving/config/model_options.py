@@ -174,8 +174,7 @@ class VocoderOptions(ModelOptions):
     cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
     max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
     idle_seconds: int  # a stream without a chunk for this long is reclaimed
-    batch: int  # chunks decoded together by the engine thread
-    queue_delay_us: int  # how long the engine thread gathers chunks of several streams
+    batch: int  # chunks decoded together by the engine thread (at least: a request is never split)
     public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
     synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
 
@@ -183,7 +182,7 @@ class VocoderOptions(ModelOptions):
     def of(cls, opts: ServeOptions) -> VocoderOptions:
         return cls(checkpoint=opts.checkpoint, device=opts.device, run_dir=opts.run_dir, cancel_dir=opts.cancel_dir,
                    max_streams=opts.slots + opts.queue + VOCODER_SPARE_STREAMS, idle_seconds=opts.vocoder_idle_seconds,
-                   batch=opts.vocoder_batch, queue_delay_us=opts.vocoder_queue_delay_us,
+                   batch=opts.vocoder_batch,
                    public_steps=opts.ensemble, synthetic_math=opts.synthetic_math)  # fmt: skip
 
 

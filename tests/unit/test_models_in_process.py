@@ -43,7 +43,7 @@ def triton(tiny_ckpt, tmp_path_factory):
     """The five models of the tts pipeline, loaded as Triton would load them, under the run's keys."""
     work = tmp_path_factory.mktemp("in_process")
     opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"),
-                        voice_dir=str(work / "voices"), vocoder_queue_delay_us=0)  # fmt: skip
+                        voice_dir=str(work / "voices"))  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         fake.install(mp)
         mp.setenv(INTERNAL_KEY_ENV, KEY)
