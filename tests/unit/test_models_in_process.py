@@ -244,6 +244,20 @@ def test_vocoder_guard_answers_every_forged_chunk_once(triton):
     assert triton.vocoder.service.active == 0
 
 
+def test_vocoder_engine_takes_what_has_queued_up_to_its_batch_of_chunks(triton):
+    """The engine thread's take: the first request, then what has queued without waiting, until they hold
+    ``most`` chunks (a request is never split); what is left goes in the next batch."""
+    import queue
+
+    take = triton.vocoder._run.__globals__["take"]
+    q = queue.SimpleQueue()
+    for rows in (3, 2, 4, 1):
+        q.put(rows)
+    assert take(q, 5, lambda rows: rows, timeout=0) == [3, 2]
+    assert take(q, 5, lambda rows: rows, timeout=0) == [4, 1]
+    assert take(q, 5, lambda rows: rows, timeout=0) == []
+
+
 def test_generator_streams_one_request_to_its_last_chunk_on_its_pipe_and_refuses_keyless(triton, model):
     """The generator's execute as Triton calls it: a pipe's opening (answered at once, empty), then one
     request per stream naming the pipe, released at once and answered by one empty final response once

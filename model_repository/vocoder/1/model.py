@@ -15,7 +15,7 @@ from engine.protocol import failure_reason
 from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
 from serving.stub.metric_batch import Level
-from serving.stub.triton_io import Throttled, load_model, read_chunk, setup_logging
+from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
 
@@ -106,7 +106,7 @@ class TritonPythonModel:
         try:
             trusted = self.keys.split(request.parameters())[1]
             self.keys.admit(trusted, "vocoder")
-            accessors = rows(lambda n: _input(request, n))
+            accessors = rows(lambda n: get(pb, request, n, required=False))
         except Exception as e:  # unreadable or refused: every chunk of it answered so
             error = e if isinstance(e, Refused) else ValueError(f"vocoder: {e}")
             return [("", error)] * max(1, _batch(request))
@@ -148,12 +148,7 @@ def take(q: queue.SimpleQueue, most: int, size, timeout: float) -> list:
 def _batch(request) -> int:
     """The rows a request says it has (1 when even that is unreadable)."""
     try:
-        t = pb.get_input_tensor_by_name(request, "STREAM_ID")
-        return 1 if t is None or not t.as_numpy().ndim else len(t.as_numpy())
+        t = get(pb, request, "STREAM_ID", required=False)
+        return 1 if t is None or not t.ndim else len(t)
     except Exception:  # noqa: BLE001 (its reading fails again in _read, and is answered there)
         return 1
-
-
-def _input(request, name):
-    t = pb.get_input_tensor_by_name(request, name)
-    return None if t is None else t.as_numpy()
