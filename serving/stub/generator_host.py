@@ -59,7 +59,7 @@ class GeneratorHost:
         from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
-        from serving.stub.synthetic_math import announce
+        from serving.stub.metric_batch import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))

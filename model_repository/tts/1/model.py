@@ -29,10 +29,9 @@ from serving.intake.text_streams import STREAMED, TextStreams, release_of, start
 from serving.security.auth import Keys
 from serving.stub.bls import BLS, PolledFlags, watch_request
 from serving.stub.bls_adapters import BLSGenerator, BLSPrompts
-from serving.stub.metric_batch import MetricBatch
+from serving.stub.metric_batch import MetricBatch, TTSMetrics
 from serving.stub.stub_threads import WARM_EXTRA_THREADS, Responses, StubThreads
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
-from serving.stub.tts_metrics import TTSMetrics
 from serving.stub.vocoder_batch import BLSVocoder
 from serving.supervision.run_folder import RunFlags, start_heartbeat
 

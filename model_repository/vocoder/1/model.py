@@ -30,7 +30,7 @@ class TritonPythonModel:
         from engine.vocoder_service import VocoderService
         from serving.flow.side_channel import SideChannel
         from serving.security.vocoder_guard import VocoderGuard
-        from serving.stub.synthetic_math import announce
+        from serving.stub.metric_batch import announce
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
