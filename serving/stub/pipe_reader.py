@@ -207,9 +207,7 @@ class PipeReader:
         loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
 
     def _watch(self) -> None:
-        """Every WATCH_SECONDS while streams are on pipes, for all of them at once: one listing of the lost
-        marks (a stream the generator gave up fails as unavailable) and a look at how long each has waited
-        (nothing for the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
+        """Every WATCH_SECONDS, for all streams at once: lost marks, and waits past the BLS timeout (T14)."""
         try:
             if self.inboxes:
                 lost, now = self.channel.lost(), time.monotonic()
