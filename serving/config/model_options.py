@@ -156,13 +156,11 @@ class VocoderOptions(ModelOptions):
     cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
     max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
     idle_seconds: int  # a stream without a chunk for this long is reclaimed
-    batch: int  # chunks decoded together by the engine thread
-    queue_delay_us: int  # how long the engine thread gathers chunks of several streams
+    batch: int  # chunks decoded together by the engine thread (at least: a request is never split)
     public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
     synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
     DERIVED = {**ModelOptions.DERIVED, "max_streams": lambda o: o.slots + o.queue + VOCODER_SPARE_STREAMS,
-               "idle_seconds": lambda o: o.vocoder_idle_seconds, "batch": lambda o: o.vocoder_batch,
-               "queue_delay_us": lambda o: o.vocoder_queue_delay_us}  # fmt: skip
+               "idle_seconds": lambda o: o.vocoder_idle_seconds, "batch": lambda o: o.vocoder_batch}  # fmt: skip
 
 
 @dataclass(frozen=True)

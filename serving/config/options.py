@@ -45,7 +45,6 @@ class ServeOptions:
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
-    vocoder_queue_delay_us: int = 1000  # how long the vocoder gathers chunks of several streams
     vocoder_idle_seconds: int = 60  # vocoder state without a chunk for this long is reclaimed
     # empty: serving.voices.voice_store.default_dir(), where the launcher's default points too
     voice_dir: Folder = option("", "the voice store (default: ~/.cache/fireredtts3-triton/voices)")  # noqa: RUF009

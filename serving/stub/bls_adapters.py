@@ -26,7 +26,7 @@ from serving.stub.bls import BLS
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import Inbox, PipeReader
 from serving.stub.retired_iterators import RETIRED
-from serving.stub.triton_io import bls_error, read_chunk, tensors
+from serving.stub.triton_io import bls_error, output, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chunk
@@ -172,7 +172,7 @@ class BLSGenerator:
                 item = None
             else:
                 item = bls_error(self.bls.pb, "generator", response) or read_chunk(
-                    lambda n, r=response: _output(self.bls.pb, r, n)
+                    lambda n, r=response: output(self.bls.pb, r, n)
                 )
         except Exception as e:  # noqa: BLE001 (the stream fails with it)
             item = e
@@ -194,8 +194,3 @@ class BLSGenerator:
         finally:
             self.pipe.leave(stream_id)
         self.channel.unmark("cancel", stream_id)
-
-
-def _output(pb, response, name: str):
-    t = pb.get_output_tensor_by_name(response, name)
-    return None if t is None else t.as_numpy()

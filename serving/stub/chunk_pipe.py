@@ -1,27 +1,6 @@
 """A pipe: one long-lived generator request per reading process (``tts``, ``ensemble_generator``) that
-carries the chunks of all that process's streams, a step's chunks in one response.
-
-Without it every chunk of every stream is a response of its own: a send in the generator, a routing in
-tritonserver and a reading thread woken in the reader, per stream per chunk (docs/benchmarks.md: most of
-``tts``'s ~2 ms of CPU per chunk). With it a step costs one response per reader, however many of its
-streams have a chunk due, and a reader has one reading thread.
-
-The protocol (serving.stub.generator_host, serving.stub.bls_adapters):
-
-- the reader opens its pipe with a generator request whose :data:`PARAMETER` is :data:`OPEN` and whose
-  correlation id names the pipe; the generator answers at once with an empty response (the pipe is
-  registered: BLS returns a stream's iterator only with its first response) and then sends every
-  response of the pipe as :func:`pack` wrote it, each once the reader has read the one before (the
-  pipe's read receipt, docs/triton.md#T23);
-- a stream request that names the pipe in :data:`PARAMETER` (its id in hex) gets its chunks on the pipe,
-  its last one included, and on its own request one final response without tensors, sent as soon as the
-  generator admits the stream (Triton's Python backend holds a thread of its 32 for a BLS call until its
-  first response: docs/triton.md#T28); a refusal before the stream starts (a bad input, a cancel while it
-  waits for a slot) comes on its own request as before, as one final chunk;
-- a pipe ends when its reader cancels it (a cancel mark with the pipe's id) or a response on it cannot
-  be sent: every stream on it is then ended and marked lost (its reader fails them), as a stream whose
-  response could not be sent is; a stream naming a pipe the generator does not know (it restarted) is
-  refused as unavailable.
+carries the chunks of all its streams, a step's chunks in one response: its parameter and its packing.
+Why, and the protocol: docs/architecture.md, "The generator pipe and read receipts".
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""The generator model's engine: one thread that steps every live stream, Triton's request objects aside.
-
-The triton vllm_backend pattern: a stream is one long-lived decoupled request, and Triton schedules
-nothing per step. ``execute`` (model_repository/generator/1/model.py) authenticates and parses each
-new request and hands it here (:meth:`GeneratorHost.submit`); the engine thread, between two steps,
-ends the streams whose callers asked to stop (cancellation marks, serving.flow.side_channel), admits the streams
-that arrived while a slot is free, steps all live streams in one batched call and queues each chunk that
-is due on its stream's pipe (serving.stub.chunk_pipe, one per reading process): after a step, one response
-per pipe carries the chunks of all its streams, the last ones included (serving.stub.generator_pipes). So
-admission (the parsing above all) overlaps the step, and a step costs no per-stream round trip through
-Triton (docs/triton.md#T21, #T17). A pipe's next response goes out only once its reader has read the one before
-(the pipe's read receipt, serving.flow.receipts: docs/triton.md#T23); until then its chunks wait, and the
-engine thread looks again after every step. A stream's own request gets one final response without
-tensors as soon as the stream is admitted: Triton's Python backend holds one of its threads for every BLS
-call until the call's first response (docs/triton.md#T28), so an own request answered only at the stream's
-end held one for the stream's whole life, and the backend's 32 threads were the most streams that could
-generate at once.
-
-Only the engine thread touches :attr:`service` (and so the scheduler), the senders and the side
-channels; ``execute`` only puts arrivals on a queue. Every arrival gets exactly one final response:
-the empty one at its admission, or a refusal or a cancel as a chunk of its own (a stream cancelled before
-it got a slot is answered too); a pipe gets one when it ends.
+"""The generator model's engine: one thread that steps every live stream, Triton's request objects aside
+(the triton vllm_backend pattern: docs/triton.md#T21, #T17). ``execute`` (model_repository/generator/1/model.py)
+parses each new request and hands it here (:meth:`GeneratorHost.submit`); only the engine thread touches
+:attr:`service`, the senders and the side channels. What it does between two steps, and the pipe protocol:
+docs/architecture.md, "The generator's engine thread" and "The generator pipe and read receipts".
 """
 
 from __future__ import annotations
@@ -75,7 +58,7 @@ class GeneratorHost:
         from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
-        from serving.stub.synthetic_math import announce
+        from serving.stub.metric_batch import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))

@@ -1,4 +1,4 @@
-"""Metric updates of one event-loop turn, sent together.
+"""Metric updates of one event-loop turn, sent together; ``tts``'s metric families; the synthetic-math banner.
 
 In the Python backend every ``Metric.increment`` and ``Metric.set`` is a round trip to Triton's process.
 A ``tts`` request updated its gauges and counters about ten times; requests that start and end together
@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 
 log = logging.getLogger("tts")
+FIRST_CHUNK_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
 
 
 class MetricBatch:
@@ -92,3 +93,51 @@ class Level:
         if delta := value - self.value:
             self.gauge.increment(delta)
             self.value = value
+
+
+class TTSMetrics:
+    """Requests by outcome, the gauges of requests in flight, waiting and text-in streams open, the audio
+    streamed and the first chunk's latency."""
+
+    def __init__(self, pb, batch):
+        """``batch``: the :class:`MetricBatch` that moves them."""
+        self.batch = batch
+        self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
+        self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.gauges = [
+            pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
+            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
+        ]
+        self.in_flight, self.waiting, self.open = (g.Metric() for g in self.gauges)
+        self.counts = [0, 0]  # requests in flight, waiting
+        self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
+        self.audio_seconds = self.audio_family.Metric()
+        self.first_family = pb.MetricFamily("tts_first_chunk_seconds", "request arrival to first audio chunk sent",
+                                            pb.MetricFamily.HISTOGRAM)  # fmt: skip
+        self.first_chunk = self.first_family.Metric(buckets=FIRST_CHUNK_BUCKETS)
+
+    def count(self, in_flight: int, waiting: int) -> None:
+        """Requests that took (1) or gave back (-1) an admission place, or began (-1) to wait for audio."""
+        self.counts[0] += in_flight
+        self.counts[1] += waiting
+        self.batch.set(self.in_flight, self.counts[0])
+        self.batch.set(self.waiting, self.counts[1])
+
+    def streams_open(self, n: int) -> None:
+        self.batch.set(self.open, n)
+
+
+def announce(pb, log: logging.Logger, model: str) -> tuple:
+    """A model serving synthetic math (``--synthetic-math``, engine.synthetic) says so where operators look:
+    a warning in the log and the gauge ``tts_synthetic_math{model="..."} 1``. Returns what must be kept
+    alive for Triton to keep the gauge."""
+    from engine.synthetic import BANNER  # only a model serving synthetic math imports it
+
+    log.warning("%s: %s", model, BANNER)
+    family = pb.MetricFamily(
+        "tts_synthetic_math",
+        "1: this model's math is replaced by ready-made output (benchmarks only, no speech)",
+        pb.MetricFamily.GAUGE,
+    )
+    return family, Level(family.Metric(labels={"model": model}), 1)

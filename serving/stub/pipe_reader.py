@@ -1,15 +1,7 @@
 """The reading end of a generator pipe (serving.stub.chunk_pipe), in ``tts`` or ``ensemble_generator``: one
-pipe per process, opened when the first stream needs it, read on a thread of its own, each response's
-chunks handed to their streams' :class:`Inbox` in one turn of the event loop. A pipe that ends (the
-generator restarted, or ended it) fails the streams on it as unavailable; the next stream opens a new one.
-
-A pipe is rotated: Triton's BLS response iterator keeps every response it returned until it is let go of
-(docs/triton.md#T25), so once a pipe has carried :data:`ROTATE_BYTES` of tensors or :data:`ROTATE_RESPONSES`
-responses, the next stream opens a new one; the old one carries its own streams to their last chunk (or
-until they leave, cancelled or failed) and is then ended (its reader asks the generator to), and its
-iterator, with all it held, let go of. A consumer that is slow to read its inbox does not hold a pipe. At most
-:data:`MAX_DRAINING` old pipes wait for their streams at once (the generator keeps 16 pipes in all:
-serving.stub.chunk_pipe.MAX_PIPES); past it the open pipe carries on until one of them is over.
+open pipe per process, read on a thread of its own, each response's chunks handed to their streams'
+:class:`Inbox` in one turn of the event loop; rotated after :data:`ROTATE_BYTES` or :data:`ROTATE_RESPONSES`
+(docs/triton.md#T25). Docs: docs/architecture.md, "The generator pipe and read receipts".
 """
 
 from __future__ import annotations
@@ -31,14 +23,13 @@ from serving.flow.side_channel import SideChannel
 from serving.stub.bls import BLS, LOST
 from serving.stub.chunk_pipe import OPEN, PARAMETER, unpack
 from serving.stub.retired_iterators import RETIRED
-from serving.stub.triton_io import bls_error, tensors
+from serving.stub.triton_io import bls_error, output, tensors
 
 log = logging.getLogger("tts")
 CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
 WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
 ROTATE_BYTES = 32 << 20  # tensor bytes a pipe carries before new streams go on a new one (T25)
-ROTATE_RESPONSES = 2_000  # responses a pipe carries before new streams go on a new one (T25: each one held
-# costs ~20 KB, its tensors aside)
+ROTATE_RESPONSES = 2_000  # responses a pipe carries before new streams go on a new one (T25: ~20 KB each)
 MAX_DRAINING = 4  # rotated pipes that may still carry streams at once
 
 
@@ -140,9 +131,8 @@ class PipeReader:
         self.channel.mark("cancel", pipe_id)  # the generator ends it; its reading thread then lets go (_ended)
 
     def close(self, wait: float = CLOSE_SECONDS) -> None:
-        """At the model's unload: ask the generator to end the open pipe and wait (at most ``wait`` s) for
-        its final response. A pipe still open when its reader's model unloads gets that response after the
-        reader is gone, and tritonserver crashed on it (SIGSEGV in the Python backend, at a shutdown)."""
+        """At the model's unload: ask the generator to end its pipes and wait (at most ``wait`` s) for their
+        final responses (one that came after the reader was gone crashed tritonserver)."""
         for pipe_id in {self.pipe_id, *self.draining} - {0}:
             self.channel.mark("cancel", pipe_id)
         self.pipe_id = 0
@@ -205,7 +195,7 @@ class PipeReader:
                     break
                 carried[1] += 1
                 if response.output_tensors():
-                    chunks = unpack(lambda n, r=response: _output(self.bls.pb, r, n))
+                    chunks = unpack(lambda n, r=response: output(self.bls.pb, r, n))
                     carried[0] += sum(c.latents.nbytes + c.prompt_latents.nbytes for c in chunks)
                     loop.call_soon_threadsafe(self._deliver, chunks)
         except Exception as e:  # noqa: BLE001 (any failure ends the pipe; its streams are told)
@@ -217,9 +207,7 @@ class PipeReader:
         loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
 
     def _watch(self) -> None:
-        """Every WATCH_SECONDS while streams are on pipes, for all of them at once: one listing of the lost
-        marks (a stream the generator gave up fails as unavailable) and a look at how long each has waited
-        (nothing for the BLS timeout: Triton dropped it, docs/triton.md#T14)."""
+        """Every WATCH_SECONDS, for all streams at once: lost marks, and waits past the BLS timeout (T14)."""
         try:
             if self.inboxes:
                 lost, now = self.channel.poll()["lost"], time.monotonic()
@@ -258,8 +246,3 @@ class PipeReader:
         log.warning("the pipe to the generator ended (%s): %d streams on it fail", why, len(lost))
         for _, inbox in lost:
             inbox.put(StreamFailed(f"{UNAVAILABLE}the generator's pipe ended ({why}); retry"))
-
-
-def _output(pb, response, name: str):
-    t = pb.get_output_tensor_by_name(response, name)
-    return None if t is None else t.as_numpy()

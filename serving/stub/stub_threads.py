@@ -1,8 +1,5 @@
-"""The threads an async model's blocking calls into Triton run on (``tts``, ``ensemble_generator``).
-
-:class:`StubThreads` holds every blocking BLS wait of a stub (docs/triton.md#T5) and the sends of its own
-responses (:class:`Responses`), so that neither holds up the event loop.
-"""
+"""The threads an async model's (``tts``, ``ensemble_generator``) blocking calls into Triton run on, off the
+event loop: every BLS wait (docs/triton.md#T5) and the sends of its own responses (#T20)."""
 
 from __future__ import annotations
 
@@ -34,12 +31,9 @@ class StubThreads:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def warm(self, threads: int, seconds: float = 30.0) -> bool:
-        """Start ``threads`` of ``pool`` now, at load. A BLS call holds one of them for its whole round trip
-        (``async_exec`` runs ``exec`` on the default executor; a piped stream's own request until the
-        generator admits the stream); a pool that starts them on demand starts them in a burst of new
-        streams, each start on the event loop's thread and waiting for the new thread to run (a tenth of
-        ``tts``'s loop at 512 streams).
-        -> whether they all started within ``seconds``."""
+        """Start ``threads`` of ``pool`` now, at load -> whether they all started within ``seconds``. A BLS
+        call holds one for its round trip; started on demand, a burst of new streams starts them on the
+        event loop's thread, each waiting for its thread to run (a tenth of ``tts``'s loop at 512 streams)."""
         threads = min(threads, BLS_THREADS)  # more could never all wait at once: the barrier would time out
         barrier = threading.Barrier(threads + 1)
         for _ in range(threads):  # each waits at the barrier: none is idle, so each submit starts a thread

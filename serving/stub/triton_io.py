@@ -153,13 +153,18 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
     return [pb.Tensor(name, arr[None] if batch else arr) for name, arr in arrays.items()]
 
 
-def chunk_tensors(pb, chunk, batch: bool = True, specs=None) -> list:
-    """A :class:`~engine.protocol.Chunk` as the generator's outputs (``specs``: ``contract.VOCODER_INPUTS`` for a
-    vocoder request, which leaves out the plan's TEXT)."""
+def chunk_tensors(pb, chunk) -> list:
+    """A :class:`~engine.protocol.Chunk` as the generator's outputs."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
               "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal),
               "TEXT": chunk.text}  # fmt: skip
-    return tensors(pb, contract.GENERATOR_OUTPUTS if specs is None else specs, values, batch)
+    return tensors(pb, contract.GENERATOR_OUTPUTS, values)
+
+
+def output(pb, response, name: str):
+    """A BLS response's output tensor as numpy (None when absent)."""
+    t = pb.get_output_tensor_by_name(response, name)
+    return None if t is None else t.as_numpy()
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
@@ -174,11 +179,8 @@ def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
 
 def read_chunk(tensor):
     """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy.
-
-    ValueError naming the tensor for anything a generator never sends: a missing tensor, the wrong
-    number of values, more latents than the largest chunk (:data:`serving.contract.MAX_CHUNK_LATENTS`)
-    or prompt latents than the longest reference (:data:`serving.contract.MAX_PROMPT_LATENTS`); checked
-    before anything is copied or decoded."""
+    ValueError naming the tensor for anything a generator never sends (a missing tensor, the wrong number
+    of values, more latents than the contract's bounds), checked before anything is copied or decoded."""
 
     def arr(name, size: int | None = None, rows: int | None = None):
         value = tensor(name)

@@ -1,15 +1,5 @@
 """Vocoder requests that carry a batch of chunks: tts's side (:class:`BLSVocoder`) and the vocoder's
-(:func:`rows`, :func:`answer`).
-
-Every chunk used to be one BLS request from tts to the vocoder: an ``async_exec``, a thread hop to read
-its response and Triton's work per request, ~2 ms of CPU per chunk in tts alone, for chunks that the
-generator makes for all its streams in one step and the vocoder decodes together anyway. Here the
-``decode(chunk)`` calls that tts's streams make within :data:`GATHER_SECONDS` of each other go out
-together, one request per shape (a request's rows have equal LATENTS and PROMPT_LATENTS lengths: the
-streams' chunk 0, with their prompts, and the chunks after it form a few groups), and one response
-answers every row. A chunk's failure (its FINISH_REASON) fails that chunk's stream alone; a failed
-request (timeout, a dead vocoder) fails the streams it carried. ``tts_ensemble`` still sends one chunk
-per request (a batch of 1). No torch.
+(:func:`rows`, :func:`answer`). Why and how: docs/architecture.md, "Vocoder batching". No torch.
 """
 
 from __future__ import annotations
@@ -24,10 +14,6 @@ from engine.lifetime import linger
 from engine.protocol import KINDS, Chunk, StreamFailed
 from serving import contract
 
-# How long the first chunk of a batch waits for more: the chunks of one generator step reach tts over a
-# few milliseconds (one response per stream, each read on its own thread), and a chunk is >= 160 ms of
-# audio, so the wait costs the listener nothing and saves a request per chunk.
-GATHER_SECONDS = 0.002
 OUTPUTS = [s.name for s in contract.VOCODER_OUTPUTS]
 
 
@@ -70,31 +56,27 @@ def answer(results: list[tuple[np.ndarray | None, str]]) -> dict[str, np.ndarray
 
 
 class BLSVocoder:
-    """The orchestrator's vocoder (:class:`engine.orchestrator.Vocoder`) over BLS: ``decode`` calls made
-    within ``gather`` seconds of each other go out as one request per shape of at most ``most`` chunks."""
+    """The orchestrator's vocoder (:class:`engine.orchestrator.Vocoder`) over BLS: the ``decode`` calls made
+    in one turn of the event loop go out at the end of it, one request per shape of at most ``most`` chunks.
+    A pipe response wakes all its streams in one turn (serving.stub.pipe_reader), so a step's chunks go
+    together with no timer."""
 
-    def __init__(self, bls, most: int, gather: float = GATHER_SECONDS):
+    def __init__(self, bls, most: int):
         if most < 1:
             raise ValueError(f"most must be >= 1, got {most}")
-        self.bls, self.most, self.gather = bls, most, gather
+        self.bls, self.most = bls, most
         self.waiting: list[tuple[Chunk, asyncio.Future]] = []
-        self.timer: asyncio.TimerHandle | None = None
 
     async def decode(self, chunk: Chunk) -> np.ndarray:
         loop = asyncio.get_running_loop()
+        if not self.waiting:  # the first of this turn: the callbacks already due this turn run first
+            loop.call_soon(self.flush)
         answered = loop.create_future()
         self.waiting.append((chunk, answered))
-        if len(self.waiting) >= self.most:
-            self.flush()
-        elif self.timer is None:
-            self.timer = loop.call_later(self.gather, self.flush)
         return await answered  # a caller cancelled meanwhile: its chunk is sent all the same
 
     def flush(self) -> None:
-        """Send what waits, one request per shape."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        """Send what waits, one request per shape (equal LATENTS and PROMPT_LATENTS lengths)."""
         groups: dict[tuple[int, int], list] = {}
         for item in self.waiting:
             groups.setdefault((len(item[0].latents), len(item[0].prompt_latents)), []).append(item)

@@ -24,7 +24,7 @@ from tests.docs import pages
 MODELS = {"tts": TTSOptions, "prompt_encoder": PromptEncoderOptions, "ensemble_generator": EnsembleGeneratorOptions,
           "generator": GeneratorOptions, "vocoder": VocoderOptions, "voices": VoicesOptions}  # fmt: skip
 ODD = ServeOptions(checkpoint='/ck "quoted" \\ dir', slots=3, max_len=512, kv_memory_gb=1.5, attention="sdpa",
-                   vocoder_batch=16, vocoder_queue_delay_us=250, vocoder_idle_seconds=7, voice_dir="/v",
+                   vocoder_batch=16, vocoder_idle_seconds=7, voice_dir="/v",
                    max_anonymous_voices=9, voice_store_max_gb=0.25, device="cuda:1", bls_timeout_seconds=33,
                    cancel_dir="/c", run_dir="/r", max_queue=5, ensemble=False)  # fmt: skip
 PARAMETER = re.compile(r'parameters \{ key: "([^"]+)" value \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
@@ -59,7 +59,7 @@ def test_rendered_values_are_the_options_given():
     assert (gen.kv_memory_gb, gen.attention, gen.cancel_dir, gen.run_dir) == (1.5, "sdpa", "/c", "/r")
     voc = VocoderOptions.read(models["vocoder"])
     # max_streams: slots + queue + spare
-    assert (voc.max_streams, voc.idle_seconds, voc.batch, voc.queue_delay_us) == (3 + 5 + 64, 7, 16, 250)
+    assert (voc.max_streams, voc.idle_seconds, voc.batch) == (3 + 5 + 64, 7, 16)
     assert voc.public_steps is False
     prompt = PromptEncoderOptions.read(models["prompt_encoder"])
     assert (prompt.voice_dir, prompt.max_anonymous_voices, prompt.voice_store_max_gb) == ("/v", 9, 0.25)

@@ -43,7 +43,7 @@ def triton(tiny_ckpt, tmp_path_factory):
     """The five models of the tts pipeline, loaded as Triton would load them, under the run's keys."""
     work = tmp_path_factory.mktemp("in_process")
     opts = ServeOptions(checkpoint=str(tiny_ckpt), slots=2, max_len=1024, cancel_dir=str(work / "cancel"),
-                        voice_dir=str(work / "voices"), vocoder_queue_delay_us=0)  # fmt: skip
+                        voice_dir=str(work / "voices"))  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         fake.install(mp)
         mp.setenv(INTERNAL_KEY_ENV, KEY)
@@ -242,6 +242,20 @@ def test_vocoder_guard_answers_every_forged_chunk_once(triton):
     (out,) = requests[2].sender.outputs()  # a wrong key is key-less: the ensemble's steps are public
     assert out["SAMPLES"].reshape(-1).tolist() == [0, 0]
     assert triton.vocoder.service.active == 0
+
+
+def test_vocoder_engine_takes_what_has_queued_up_to_its_batch_of_chunks(triton):
+    """The engine thread's take: the first request, then what has queued without waiting, until they hold
+    ``most`` chunks (a request is never split); what is left goes in the next batch."""
+    import queue
+
+    take = triton.vocoder._run.__globals__["take"]
+    q = queue.SimpleQueue()
+    for rows in (3, 2, 4, 1):
+        q.put(rows)
+    assert take(q, 5, lambda rows: rows, timeout=0) == [3, 2]
+    assert take(q, 5, lambda rows: rows, timeout=0) == [4, 1]
+    assert take(q, 5, lambda rows: rows, timeout=0) == []
 
 
 def test_generator_streams_one_request_to_its_last_chunk_on_its_pipe_and_refuses_keyless(triton, model):

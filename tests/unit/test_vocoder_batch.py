@@ -99,6 +99,30 @@ def test_decodes_that_come_together_go_out_as_one_request_per_shape():
     assert sorted(fake.requests) == [[1, 2, 3], [4], [5], [6]]
 
 
+def test_the_decodes_one_turn_wakes_go_out_together_and_a_later_turn_sends_its_own():
+    """A pipe response wakes its streams in one turn (serving.stub.pipe_reader._deliver): their decodes make
+    one request, sent at the end of the next turn; a decode of a later turn waits on no timer for more."""
+    fake = FakeVocoder()
+    vocoder = BLSVocoder(fake, most=64)
+
+    async def stream(sid: int, woken: asyncio.Future):
+        await woken
+        return await vocoder.decode(chunk(sid, 8))
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        woken = [loop.create_future() for _ in range(3)]
+        tasks = [asyncio.ensure_future(stream(sid, w)) for sid, w in zip((1, 2, 3), woken, strict=True)]
+        await asyncio.sleep(0)  # every stream waits for its chunk
+        loop.call_soon(lambda: [w.set_result(None) for w in woken])  # one pipe response, one callback
+        first = await asyncio.gather(*tasks)
+        return first, await vocoder.decode(chunk(4, 8))
+
+    first, later = run(go())
+    assert [a[0] for a in first] == [1, 2, 3] and later[0] == 4
+    assert fake.requests == [[1, 2, 3], [4]]
+
+
 def test_a_refused_chunk_fails_its_own_stream_and_a_failed_request_its_own_chunks():
     fake = FakeVocoder()
     vocoder = BLSVocoder(fake, most=8)

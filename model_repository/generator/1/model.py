@@ -1,17 +1,8 @@
-"""generator: latent chunks for every live stream, stepped together on one engine thread.
-
-Decoupled, one long-lived request per stream (the triton vllm_backend pattern, no sequence batcher):
-``execute`` authenticates and parses each new request and hands it to serving.stub.generator_host, whose
-engine thread admits it between two steps and steps all live streams in one batched call. Each reading
-process (tts, ensemble_generator) opens a pipe (the ``pipe`` parameter: serving.stub.chunk_pipe) and names
-it in every stream request: its streams' chunks go out on it, a step's in one response, each response once
-its reader has read the one before (the opening's ``receipt`` parameter: serving.flow.receipts,
-docs/triton.md#T23). Chunks carry the vocoder's inputs, sealed; a failed stream ends with a normal last
-chunk whose FINISH_REASON says why. A stream's own request gets one final response: empty once the stream
-is admitted, or a chunk that refuses it.
-
-Only our own pipeline may call it (tts and ensemble_generator, with the internal key and random 63-bit
-correlation ids, which name the streams): every key-less request is refused.
+"""generator: latent chunks for every live stream, stepped together on one engine thread
+(serving.stub.generator_host). Decoupled, one long-lived request per stream; each reading process's pipe
+(serving.stub.chunk_pipe) carries its streams' chunks. Only our own pipeline may call it: every key-less
+request is refused (docs/triton.md#T9). Docs: docs/architecture.md, "The generator's engine thread" and
+"The generator pipe and read receipts".
 """
 
 import triton_python_backend_utils as pb

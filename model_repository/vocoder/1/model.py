@@ -1,13 +1,8 @@
 """vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
 
-One instance; decoupled, with an engine thread (the vllm_backend pattern): ``execute`` queues each
-request and returns, and the engine thread takes whatever has queued (up to ``batch`` requests, waiting
-``queue_delay_us`` for more), decodes chunks of several streams in one batched forward, and answers
-each request with one final response. A request carries one chunk (tts_ensemble) or a batch of them
-(tts: serving.stub.vocoder_batch), each refused or failed on its own. Triton's dynamic batcher is not
-used: it drops a chunk whose ensemble client has gone (docs/triton.md#T13); here such a chunk is
-answered, and its stream ended (serving.security.vocoder_guard). The same protocol serves the tts front
-door (BLS) and tts_ensemble.
+One instance; decoupled, with an engine thread (the vllm_backend pattern), not Triton's dynamic batcher
+(docs/triton.md#T13). ``execute`` queues each request; the engine thread takes what has queued and decodes
+it in one batched forward. Docs: docs/architecture.md, "Vocoder batching" and "Sealing".
 """
 
 import queue
@@ -20,7 +15,7 @@ from engine.protocol import failure_reason
 from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
 from serving.stub.metric_batch import Level
-from serving.stub.triton_io import Throttled, load_model, read_chunk, setup_logging
+from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
 
@@ -35,7 +30,7 @@ class TritonPythonModel:
         from engine.vocoder_service import VocoderService
         from serving.flow.side_channel import SideChannel
         from serving.security.vocoder_guard import VocoderGuard
-        from serving.stub.synthetic_math import announce
+        from serving.stub.metric_batch import announce
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
@@ -44,7 +39,7 @@ class TritonPythonModel:
         self.synthetic = announce(pb, log, "vocoder") if opts.synthetic_math else None
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         self.guard = VocoderGuard(self.keys, SideChannel(opts.cancel_dir or None), opts.max_streams)
-        self.batch, self.delay = opts.batch, opts.queue_delay_us / 1e6
+        self.batch = opts.batch
         self.family = pb.MetricFamily(
             "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
         )
@@ -64,7 +59,7 @@ class TritonPythonModel:
         """The engine thread: batches of queued chunks, and the reaper between them (one thread: no lock)."""
         next_reap = time.monotonic() + REAP_EVERY_SECONDS
         while not self.stopping.is_set():
-            batch = take(self.queue, self.batch, self.delay, timeout=max(0.0, next_reap - time.monotonic()))
+            batch = take(self.queue, self.batch, _batch, timeout=max(0.0, next_reap - time.monotonic()))
             if batch:
                 self._process(batch)
             if time.monotonic() >= next_reap:
@@ -111,7 +106,7 @@ class TritonPythonModel:
         try:
             trusted = self.keys.split(request.parameters())[1]
             self.keys.admit(trusted, "vocoder")
-            accessors = rows(lambda n: _input(request, n))
+            accessors = rows(lambda n: get(pb, request, n, required=False))
         except Exception as e:  # unreadable or refused: every chunk of it answered so
             error = e if isinstance(e, Refused) else ValueError(f"vocoder: {e}")
             return [("", error)] * max(1, _batch(request))
@@ -133,27 +128,27 @@ class TritonPythonModel:
         self.engine.join(5)
 
 
-def take(q: queue.SimpleQueue, most: int, delay: float, timeout: float) -> list:
-    """Up to ``most`` items: the first within ``timeout`` seconds, then what else comes within ``delay``."""
+def take(q: queue.SimpleQueue, most: int, size, timeout: float) -> list:
+    """The first item within ``timeout`` seconds, then what else has queued, no waiting, until the items
+    hold ``most`` rows (``size(item)``; an item is never split). What comes meanwhile waits for the next."""
     try:
         batch = [q.get(timeout=timeout)]
     except queue.Empty:
         return []
-    deadline = time.monotonic() + delay
-    while len(batch) < most and (wait := deadline - time.monotonic()) > 0:
+    rows = size(batch[0])
+    while rows < most:
         try:
-            batch.append(q.get(timeout=wait))
+            batch.append(q.get_nowait())
         except queue.Empty:
             break
+        rows += size(batch[-1])
     return batch
 
 
 def _batch(request) -> int:
     """The rows a request says it has (1 when even that is unreadable)."""
-    t = pb.get_input_tensor_by_name(request, "STREAM_ID")
-    return 1 if t is None or not t.as_numpy().ndim else len(t.as_numpy())
-
-
-def _input(request, name):
-    t = pb.get_input_tensor_by_name(request, name)
-    return None if t is None else t.as_numpy()
+    try:
+        t = get(pb, request, "STREAM_ID", required=False)
+        return 1 if t is None or not t.ndim else len(t)
+    except Exception:  # noqa: BLE001 (its reading fails again in _read, and is answered there)
+        return 1
