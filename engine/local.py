@@ -134,7 +134,6 @@ def local_orchestrator(
     model: FireRedTTS3, slots: int = 1, max_len: int | None = None, clock: Callable[[], float] = time.monotonic
 ) -> Orchestrator:
     """The whole pipeline in this process; ``clock`` times its chunks (engine.chunking)."""
-    return Orchestrator(
-        LocalPrompts(model), LocalGenerator(model, slots, max_len, clock), LocalVocoder(model),
-        lambda text: len(model.models.tokenizer.encode(text)), clock=clock,
-    )  # fmt: skip
+    generator = LocalGenerator(model, slots, max_len, clock)  # its own slots' owner
+    return Orchestrator(LocalPrompts(model), generator, LocalVocoder(model),
+                        lambda text: len(model.models.tokenizer.encode(text)), clock=clock, slots=generator)  # fmt: skip

@@ -122,7 +122,7 @@ class GeneratorStreams(Protocol):
 
 
 class ReadAheadSlots(Protocol):
-    """What a generator offers for read-ahead (a generator without these attributes gets none)."""
+    """The generator slots' owner, for read-ahead (an orchestrator without one runs no segment ahead)."""
 
     def free_slots(self) -> int:
         """Generator slots nobody holds now."""
@@ -160,11 +160,13 @@ class Orchestrator:
         stream_ids: Callable[[], int] = new_stream_id,
         clock: Callable[[], float] = time.monotonic,
         starts: StartWindow | None = None,
+        slots: ReadAheadSlots | None = None,
         read_ahead_cap: int = READ_AHEAD.high,
         read_ahead_seconds: float = READ_AHEAD_SECONDS,
     ):
         """``clock``: seconds of a monotonic clock, for what the listener holds as a later segment starts;
-        ``starts``: the start window (None: none; see :meth:`_spoken`);
+        ``starts``: the start window (None: none; see :meth:`_spoken`); ``slots``: the generator slots' owner
+        (None: no read-ahead);
         ``read_ahead_cap``: the most segments of one utterance generating at once, whatever it asks
         (1: none ahead); ``read_ahead_seconds``: no further segment starts ahead while an utterance holds
         this much audio of segments run ahead and not yet sent (see :class:`_ReadAhead`)."""
@@ -174,7 +176,7 @@ class Orchestrator:
             raise ValueError(f"read_ahead_seconds must be > 0, got {read_ahead_seconds}")
         self.read_ahead_cap, self.read_ahead_seconds = read_ahead_cap, read_ahead_seconds
         self.prompts, self.generator, self.vocoder = prompts, generator, vocoder
-        self.starts = starts  # first come, first served
+        self.starts, self.slots = starts, slots  # starts: first come, first served
         self.count_tokens, self.stream_ids, self.clock = count_tokens, stream_ids, clock
         # the front end's results for recent texts: prepare() is a pure function of its arguments here
         # (count_tokens is this orchestrator's), ~2 ms of CPU per short text; a failure is not kept
@@ -215,7 +217,7 @@ class Orchestrator:
                 yield Cut(text, language, last=i == len(texts) - 1)
 
         k = min(u.read_ahead, self.read_ahead_cap)
-        ahead = k > 1 and len(texts) > 1 and hasattr(self.generator, "starts_waiting")
+        ahead = k > 1 and len(texts) > 1 and self.slots is not None
         later = [Cut(text, language, last=i == len(texts) - 1) for i, text in enumerate(texts)]
         spoken = self._spoken(u, _ready(prompt), cuts(), k if ahead else 1, later)
         async with contextlib.aclosing(spoken) as pieces:
@@ -462,7 +464,7 @@ class _ReadAhead:
       reads its own as they come, through the same cross-fade: the audio is the sequential audio.
     - **Fairness** (:func:`engine.segments.ahead_may_start`, :func:`~engine.segments.ahead_to_yield`): a
       segment starts ahead only while the generator has a free slot and no start waits for one (the
-      generator's :meth:`~ReadAheadSlots.starts_waiting`); while starts wait, the newest segments running
+      slots' :meth:`~ReadAheadSlots.starts_waiting`); while starts wait, the newest segments running
       ahead are cancelled, their audio dropped, and run again later from scratch (same seed, same audio).
       The segment being played is never cancelled: once the listener reaches it, it is a start like any.
     - **Deadlines**: a segment's chunk schedule starts from what the listener holds when it starts (as a
@@ -472,7 +474,7 @@ class _ReadAhead:
 
     def __init__(self, orchestrator: Orchestrator, u: Utterance, prompt, cuts: list[Cut], k: int, listener: _Listener):
         self.o, self.u, self.prompt, self.cuts, self.k, self.listener = orchestrator, u, prompt, cuts, k, listener
-        self.slots: ReadAheadSlots = orchestrator.generator
+        self.slots: ReadAheadSlots = orchestrator.slots
         self.bound = int(orchestrator.read_ahead_seconds * SAMPLE_RATE)
         self.index, self.playing = 0, True  # the segment being played; its stream is open (not ahead)
         self.runs: dict[int, _Run] = {}  # segments started ahead, by index (the one being played's too)

@@ -100,9 +100,6 @@ class Admission:
         """Slots held by every sender together."""
         return sum(self.counts(SLOTS))
 
-    def slots_full(self) -> bool:
-        return self.slots_held() >= self.limit()
-
     def free_slots(self) -> int:
         return max(0, self.slots - self.slots_held())
 

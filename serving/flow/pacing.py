@@ -25,7 +25,6 @@ fronts' unsent bound as before.
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import logging
 import math
 import re
@@ -35,7 +34,6 @@ from collections.abc import Callable
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
 from serving.contract import DELIVERED, PACE, PACE_REQUEST
-from serving.intake.requests import TTSInputs
 from serving.security.auth import parameter_dict
 
 log = logging.getLogger("tts")
@@ -62,12 +60,6 @@ def check_token(token) -> str:
     if not isinstance(token, str) or not TOKEN.fullmatch(token):
         raise ValueError(f"{INVALID}parameter {PARAMETER} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
     return token
-
-
-def check_delivered(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0")
-    return float(value)
 
 
 class Pacer:
@@ -180,40 +172,31 @@ class PaceTable:
         token = parameters.get(PARAMETER)
         if token is not None:
             pacer.token = check_token(token)
-            self.add(pacer.token, pacer)
+            if token in self.pacers:
+                raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
+            self.pacers[token] = pacer
         return pacer
 
     def end(self, pacer: Pacer) -> None:
-        """The request is over: no pause mark outlives it, its token is free."""
+        """The request is over: no pause mark outlives it, its token is free (if its entry is this pacer's)."""
         pacer.end()
-        self.remove(pacer.token, pacer)
+        if self.pacers.get(pacer.token) is pacer:
+            del self.pacers[pacer.token]
 
     def answer(self, parameters: dict, now: float) -> str | None:
-        """A pace request -> the error of its answer (None: taken)."""
+        """A pace request -> the error of its answer (a bad ``delivered``, an unknown token, past
+        :data:`MAX_UPDATES`), or None: taken."""
+        token, value = parameters.get(PARAMETER), parameters.get(DELIVERED)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
+        pacer = self.pacers.get(token) if isinstance(token, str) else None
+        if pacer is None:
+            return UNKNOWN_TOKEN
         try:
-            self.deliver(parameters, now)
+            pacer.on_delivered(float(value), now)
         except ValueError as e:
             return str(e)
         return None
-
-    def add(self, token: str, pacer: Pacer) -> None:
-        """ValueError when a running request holds ``token``."""
-        if token in self.pacers:
-            raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
-        self.pacers[token] = pacer
-
-    def remove(self, token: str, pacer: Pacer) -> None:
-        if self.pacers.get(token) is pacer:
-            del self.pacers[token]
-
-    def deliver(self, parameters: dict, now: float) -> None:
-        """A pace request's parameters; ValueError (named) for a bad one or an unknown token."""
-        token = parameters.get(PARAMETER)
-        delivered = check_delivered(parameters.get(DELIVERED))
-        pacer = self.pacers.get(token) if isinstance(token, str) else None
-        if pacer is None:
-            raise ValueError(UNKNOWN_TOKEN)
-        pacer.on_delivered(delivered, now)
 
 
 def parameters_of(raw) -> dict:
@@ -222,11 +205,3 @@ def parameters_of(raw) -> dict:
         return parameter_dict(raw)
     except ValueError:
         return {}
-
-
-def without_token(inputs: TTSInputs) -> TTSInputs:
-    """A paced request's inputs without its token, which is no speech parameter."""
-    given = parameter_dict(inputs.parameters)
-    if given.pop(PARAMETER, None) is None:
-        return inputs
-    return dataclasses.replace(inputs, parameters=given)

@@ -12,9 +12,10 @@ from serving.intake.served import ServedModels
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
-def tts_inputs(pb, request, text: str | None = None) -> TTSInputs:
-    """A ``tts`` request's inputs and parameters, read once (:func:`serving.intake.requests.parse_request` checks
-    them); ``text``: what stands for TEXT (a text-in stream's, whose text comes in later pieces)."""
+def tts_inputs(pb, request, parameters: str | dict, text: str | None = None) -> TTSInputs:
+    """A ``tts`` request's inputs, read once (:func:`serving.intake.requests.parse_request` checks them), and
+    its ``parameters`` (tts parsed them); ``text``: what stands for TEXT (a text-in stream's, whose text comes
+    in later pieces)."""
     return TTSInputs(
         text=string(pb, request, "TEXT", "") if text is None else text,
         language=string(pb, request, "LANGUAGE", ""),
@@ -23,7 +24,7 @@ def tts_inputs(pb, request, text: str | None = None) -> TTSInputs:
         ref_text=string(pb, request, "REF_TEXT", ""),
         voice_id=string(pb, request, "VOICE_ID", ""),
         seed=scalar(pb, request, "SEED", None),
-        parameters=request.parameters(),
+        parameters=parameters,
         task=string(pb, request, "TASK", ""),
         instruction=string(pb, request, "INSTRUCTION", ""),
     )

@@ -16,9 +16,9 @@ from engine.audio import check_reference
 from engine.frontend.cleaning import clean
 from engine.instructions import CLONE, DESIGN, EDITS, MAX_EDIT_SECONDS, SPEAK, TASK_DEFAULTS, TASKS
 from engine.orchestrator import Utterance
-from engine.params import Parameter, generation_params, parse_parameters, shown
+from engine.params import generation_params, parse_parameters, shown
 from engine.text import canonical_language
-from serving.contract import MAX_TEXT_CHARS, TTS_PARAMETERS, VOICE_NAME, check_seed
+from serving.contract import MAX_TEXT_CHARS, PACE, TTS_PARAMETERS, VOICE_NAME, check_seed
 from serving.security.auth import parameter_dict
 
 
@@ -47,11 +47,6 @@ class Voice:
     ref_sample_rate: int = 0
     ref_text: str = ""
     voice_id: str = ""
-
-
-def request_parameters(raw: str | dict | None, known: tuple[Parameter, ...] = TTS_PARAMETERS) -> dict:
-    """Triton's request parameters (JSON text in the Python backend) -> typed values with defaults."""
-    return parse_parameters(parameter_dict(raw), known)
 
 
 def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
@@ -126,14 +121,16 @@ class SpeechRequest:
 def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     """Check one ``tts`` request -> what to say and in which voice; ValueError naming the input at fault.
 
-    The Instruct rules first (:func:`instruct_request`), then ``served.check`` (a
+    The parameters' JSON first, then the Instruct rules (:func:`instruct_request`), then ``served.check`` (a
     :class:`serving.intake.served.ServedModels`, if given: whether this server runs the model the request needs),
     then the inputs' own checks. An Instruct task's defaults fill in the seed and ``cfg`` the client did
     not give; the edits speak no text (their REF_AUDIO is the recording, at most MAX_EDIT_SECONDS long)."""
+    given = parameter_dict(inputs.parameters)  # (JSON text: parsed here, once)
+    given.pop(PACE, None)  # a paced request's token (serving.flow.pacing) is no speech parameter
     instruct = instruct_request(inputs)
     if served is not None:
         served.check(instruct)
-    seed, parameters = with_task_defaults(instruct, inputs.seed, inputs.parameters)
+    seed, given = with_task_defaults(instruct, inputs.seed, given)
     text = "" if instruct is not None and instruct.task in EDITS else check_text(inputs.text)
     language = check_language(inputs.language)
     ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
@@ -151,7 +148,7 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
     if voice_id:
         check_name(voice_id, "VOICE_ID")
-    values = request_parameters(parameters)
+    values = parse_parameters(given, TTS_PARAMETERS)
     params, schedule = generation_params(check_seed(seed), values)
     task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
@@ -213,11 +210,10 @@ def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequ
     return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
 
 
-def with_task_defaults(request: InstructRequest | None, seed: int | None, parameters: str | dict | None):
-    """The seed and request parameters of a ``tts`` request with its Instruct task's defaults filled in
-    where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for design, ...)
-    -> (seed, parameters as a dict), for :func:`parse_request`. Base's (None) are returned as they are."""
-    given = parameter_dict(parameters)
+def with_task_defaults(request: InstructRequest | None, seed: int | None, given: dict) -> tuple[int | None, dict]:
+    """The seed and request parameters (``given``, filled in place) of a ``tts`` request with its Instruct
+    task's defaults where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for
+    design, ...), for :func:`parse_request`. Base's (None) are returned as they are."""
     if request is None:
         return seed, given
     defaults = TASK_DEFAULTS[request.task]

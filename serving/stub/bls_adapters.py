@@ -81,14 +81,6 @@ class BLSGenerator:
         self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
         self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
 
-    def free_slots(self) -> int:
-        """For read-ahead (engine.orchestrator.ReadAheadSlots): generator slots free now."""
-        return 1 if self.slots is None else self.slots.free_slots()
-
-    def starts_waiting(self) -> int:
-        """For read-ahead: streams waiting for a generator slot now, in every sender."""
-        return 0 if self.slots is None else self.slots.starts_waiting()
-
     def close(self) -> None:
         """At the model's unload: the generator ends this process's pipe."""
         self.pipe.close()

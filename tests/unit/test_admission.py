@@ -57,7 +57,7 @@ def test_the_generators_cap_holds_the_slots_below_their_number_and_lifting_it_fr
         third = asyncio.ensure_future(tts.take_slot())
         for _ in range(10):  # five polls of the waiting sender (POLL_SECONDS)
             await asyncio.sleep(0.02)
-        assert not third.done() and tts.slots_held() == 2 and cap.limit() == 2 and cap.slots_full()
+        assert not third.done() and tts.slots_held() == 2 and cap.limit() == 2 <= cap.slots_held()
         assert not Admission(tmp_path, "ensemble_generator", 40, 8).try_slot()  # refused at the cap, at once
         cap.set_cap(0)
         await asyncio.wait_for(third, 5)

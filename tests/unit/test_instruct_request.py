@@ -107,17 +107,17 @@ def test_the_release_defaults_reach_the_generation_settings(task, seed, cfg):
     """The release's seed and cfg per task (core.py) when the client gives none; the client's otherwise."""
     request = InstructRequest(task, "")
     utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(request, None, None))
+        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(request, None, {}))
     ).utterance
     assert (utterance.params.seed, utterance.params.cfg) == (seed, cfg)
-    given_seed, given = with_task_defaults(request, 7, '{"cfg": 3.5, "steps": 4}')
+    given_seed, given = with_task_defaults(request, 7, {"cfg": 3.5, "steps": 4})
     utterance = parse_request(TTSInputs("Hi.", None, None, None, None, None, given_seed, given)).utterance
     assert (utterance.params.seed, utterance.params.cfg, utterance.params.steps) == (7, 3.5, 4)
 
 
 def test_base_keeps_its_defaults():
     utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(None, None, None))
+        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(None, None, {}))
     ).utterance
     assert (utterance.params.seed, utterance.params.cfg) == (1234, 2.0)
 

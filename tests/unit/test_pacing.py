@@ -77,22 +77,20 @@ def test_updates_are_bounded():
 
 
 def test_table_refuses_a_token_in_use_and_names_an_unknown_one():
-    table, (a, _), (b, _) = PaceTable(30.0, print, print), pacer(), pacer()
+    table, (b, _) = PaceTable(30.0, print, print), pacer()
     token = "t" * 16
-    table.add(token, a)
+    a = table.start({"pace": token}, 0.0)
     with pytest.raises(ValueError, match="in use by a running request"):
-        table.add(token, b)
-    table.deliver({"pace": token, "delivered": 2.5}, 1.0)
+        table.start({"pace": token}, 0.0)
+    assert table.answer({"pace": token, "delivered": 2.5}, 1.0) is None
     assert a.delivered == 2.5
-    with pytest.raises(ValueError, match="no running request has this pace token") as e:
-        table.deliver({"pace": "u" * 16, "delivered": 2.5}, 1.0)
-    assert str(e.value) == UNKNOWN_TOKEN and a.delivered == 2.5
+    assert table.answer({"pace": "u" * 16, "delivered": 2.5}, 1.0) == UNKNOWN_TOKEN and a.delivered == 2.5
     for bad in (-1, "2", float("nan"), True, None):
-        with pytest.raises(ValueError, match="delivered"):
-            table.deliver({"pace": token, "delivered": bad}, 1.0)
-    table.remove(token, b)  # not its entry: kept
+        assert "parameter delivered must be a number" in table.answer({"pace": token, "delivered": bad}, 1.0)
+    b.token = token
+    table.end(b)  # not its entry: kept
     assert table.pacers == {token: a}
-    table.remove(token, a)
+    table.end(a)
     assert table.pacers == {}
 
 
@@ -112,8 +110,7 @@ def test_a_request_held_out_stays_held_out():
 
 
 def test_the_table_starts_paced_and_unpaced_requests_and_ends_them():
-    from serving.flow.pacing import without_token
-    from serving.intake.requests import TTSInputs
+    from serving.intake.requests import TTSInputs, parse_request
 
     marks: list = []
     table = PaceTable(30.0, lambda i: marks.append(("pause", i)), lambda i: marks.append(("resume", i)))
@@ -136,9 +133,9 @@ def test_the_table_starts_paced_and_unpaced_requests_and_ends_them():
     table.end(paced)  # the request is over: its mark goes, its token is free
     table.end(unpaced)
     assert marks[-1] == ("resume", 2) and table.pacers == {}
-    inputs = TTSInputs(text="x", parameters='{"pace": "pppppppppppppppppppp", "seed": 1}')
-    assert without_token(inputs).parameters == {"seed": 1}
-    assert without_token(TTSInputs(text="x", parameters="{}")).parameters == "{}"
+    # the token is no speech parameter: parse_request drops it (an unknown one would be refused)
+    inputs = TTSInputs(text="x", parameters='{"pace": "pppppppppppppppppppp", "steps": 3}')
+    assert parse_request(inputs).utterance.params.steps == 3
 
 
 def test_made_counts_before_it_is_sent_and_a_caught_up_client_resumes():

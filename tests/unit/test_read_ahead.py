@@ -73,7 +73,7 @@ def sequential_texts(model) -> list[str]:
 
 def run(model, generator, read_ahead: int, **kw):
     orchestrator = Orchestrator(LocalPrompts(model), generator, LocalVocoder(model),
-                                lambda t: len(model.models.tokenizer.encode(t)))  # fmt: skip
+                                lambda t: len(model.models.tokenizer.encode(t)), slots=generator)  # fmt: skip
     utterance = Utterance(TEXT, params=PARAMS, schedule=FIXED, split_tokens=SPLIT, read_ahead=read_ahead, **kw)
     return collect(orchestrator.run(utterance))
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engine.audio import MAX_REFERENCE_PEAK, MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from engine.params import parse_parameters
 from engine.text import DIALECTS, LANGUAGES
 from serving.contract import TTS_PARAMETERS
 from serving.intake.requests import (
@@ -21,8 +22,8 @@ from serving.intake.requests import (
     check_ref_audio,
     check_text,
     parse_request,
-    request_parameters,
 )
+from serving.security.auth import parameter_dict
 from serving.stub.triton_io import string
 
 SPECS = {p.name: p for p in TTS_PARAMETERS}
@@ -36,6 +37,11 @@ scalars = (
 json_values = st.recursive(scalars, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=4), v, max_size=3),
                            max_leaves=6)  # fmt: skip
 keys = st.sampled_from(sorted(SPECS)) | st.text(max_size=10)
+
+
+def request_parameters(raw) -> dict:
+    """A tts request's parameters as parse_request reads them (JSON text or a dict)."""
+    return parse_parameters(parameter_dict(raw), TTS_PARAMETERS)
 
 
 def build_request(*inputs):

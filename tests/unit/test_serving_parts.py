@@ -13,7 +13,7 @@ from engine.vocoder_service import VocoderService
 from serving import contract
 from serving.config.repository import SOURCE, ServeOptions, build, render
 from serving.flow.side_channel import SideChannel
-from serving.intake.requests import TTSInputs, parse_request, request_parameters
+from serving.intake.requests import TTSInputs, parse_request
 from tests.generation import run_to_end
 from tests.reference import reference_audio
 
@@ -144,6 +144,12 @@ def test_generator_settings_read_back_as_given():
 
 
 def test_parse_parameters_defaults_and_errors():
+    from engine.params import parse_parameters
+    from serving.security.auth import parameter_dict
+
+    def request_parameters(raw) -> dict:  # as parse_request reads them
+        return parse_parameters(parameter_dict(raw), contract.TTS_PARAMETERS)
+
     assert request_parameters(None)["chunk_first"] == 3
     assert request_parameters('{"steps": 4, "cfg": 1.5}')["steps"] == 4
     assert request_parameters({"cfg": "1.5"})["cfg"] == 1.5  # BLS requests carry floats as text
@@ -154,7 +160,7 @@ def test_parse_parameters_defaults_and_errors():
     with pytest.raises(ValueError, match="cfg must be a number"):
         request_parameters({"cfg": "lots"})
     with pytest.raises(ValueError, match="not valid JSON"):
-        request_parameters("{steps")
+        parse_request(TTSInputs(text="x", parameters="{steps"))
 
 
 @pytest.mark.parametrize("value", [2.7, True, "3", None, [3]])

@@ -18,7 +18,7 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.admission import Place, TextPlace
-from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of, without_token
+from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
@@ -53,7 +53,7 @@ class TritonPythonModel:
         vocoder = BLSVocoder(e.bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(e.bls), e.generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), e.keys.new_stream_id,
-                                         starts=e.admission.starts, **opts.read_ahead())  # fmt: skip
+                                         starts=e.admission.starts, slots=e.admission, **opts.read_ahead())  # fmt: skip
         self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
                                         TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
         self.metrics = MetricBatch(threaded=True)  # once per turn, off the loop
@@ -65,7 +65,8 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
-        parameters = parameters_of(request.parameters())
+        raw = request.parameters()
+        parameters = parameters_of(raw)  # parsed once; {} when malformed (parse_request names the fault)
         if DELIVERED in parameters:  # a pace request (serving.flow.pacing): answered at once, before any admission
             error = self.paces.answer(parameters, time.monotonic())
             return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
@@ -82,11 +83,11 @@ class TritonPythonModel:
             self.metrics.increment(self.outcome["error"], 1)
             return sender.send(error_response(pb, str(e)), flags=FINAL)
         try:
-            await self._admit(request, sender, key, pacer)
+            await self._admit(request, sender, key, pacer, parameters or raw)
         finally:
             self.paces.end(pacer)
 
-    async def _admit(self, request, sender, key: int, pacer: Pacer):
+    async def _admit(self, request, sender, key: int, pacer: Pacer, parameters):
         stream, place = None, self._place()  # serving.flow.admission: a text-in stream's is taken by its text
         if key:  # a text-in stream: its first piece
             stream, error = start_stream(pb, self.text_streams, request, key)
@@ -102,7 +103,9 @@ class TritonPythonModel:
             return
         try:
             PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
-            await self._serve_admitted(request, self.entry.responses(sender), stream, place, pacer)
+            responses = self.entry.responses(sender)
+            run = self._stream(request, parameters, responses, stream, place, pacer)
+            await self._serve_admitted(request, run, responses, pacer)
         finally:
             if stream is not None:
                 self.text_streams.close(stream)  # gives its place back
@@ -112,9 +115,8 @@ class TritonPythonModel:
     def _place(self) -> Place:  # a request's admission place, counted in the gauges
         return self.entry.admission.place(self.families.count)
 
-    async def _serve_admitted(self, request, responses: Responses, stream, place: Place, pacer):
+    async def _serve_admitted(self, request, run, responses: Responses, pacer: Pacer):
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
-        run = self._stream(request, responses, stream, place, pacer)
         task, broken = await self.entry.watch(request, run, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
@@ -137,11 +139,12 @@ class TritonPythonModel:
             self.metrics.increment(self.outcome["ok"], 1)
             self.metrics.increment(self.audio_seconds, samples / SAMPLE_RATE)
 
-    async def _stream(self, request, responses: Responses, stream, place: Place, pacer: Pacer):
-        """Run one request (``stream``: its text-in stream, or None; ``place``: its admission place; ``pacer``:
-        a paced request's), sending all but the final piece; returns that piece and the samples in all."""
+    async def _stream(self, request, parameters, responses: Responses, stream, place: Place, pacer: Pacer):
+        """Run one request (``parameters``: its own, parsed or as sent; ``stream``: its text-in stream, or None;
+        ``place``: its admission place; ``pacer``: a paced request's), sending all but the final piece; returns
+        that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
-        inputs = without_token(tts_inputs(pb, request, None if stream is None else STREAMED))
+        inputs = tts_inputs(pb, request, parameters, None if stream is None else STREAMED)
         release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
