@@ -1,25 +1,10 @@
 """Pacing: the generator gets no further ahead of what a request's client has taken than the deadline rule
-needs. No Triton here: ``tts`` (model_repository/tts/1/model.py) holds a :class:`Pacer` per paced request
-and the :class:`PaceTable` of them; the pause marks travel on the side channel (serving.flow.side_channel).
-
-Triton gives no back-pressure from a gRPC client into the Python backend (a response sender never
-blocks), so a client that reads nothing had its audio made up to the fronts' unsent bound, for nothing.
-A paced request names a token of its client's choosing (request parameter ``pace``, :data:`TOKEN`); while
-it runs, the client sends *pace requests* on the same gRPC stream (parameters ``pace`` = the token and
-``delivered`` = seconds of the request's audio its listener has taken). ``tts`` compares what it sent with
-what was delivered:
-
-- made - delivered > :func:`lead_seconds` (two of the request's largest chunks: the deadline rule of
-  engine.chunking never needs more than that in hand; made: the audio of the chunks tts has had from the
-  generator, sent or not): the request's generator streams are paused (not stepped; they keep their slots
-  and pages);
-- below half of it again, or once the client has taken all it was sent: they resume;
-- paused with no delivery for ``hold`` seconds (``--pace-hold-seconds``): the request ends with
-  :data:`HOLD_ERROR`, its slot freed.
-
-``delivered`` only counts when it grows (a forged update can only unpace a stream, never stall one), and a
-request takes at most :data:`MAX_UPDATES` of them. A request without a token is unpaced, bounded by the
-fronts' unsent bound as before.
+needs (Triton gives no back-pressure from a gRPC client: T22). A paced request names a token (parameter
+``pace``); its client's pace requests report the seconds ``delivered``; past :func:`lead_seconds` ahead the
+request's generator streams are paused (side-channel ``pause`` marks), below half of it (or once the client
+took all it was sent) they resume, and paused with no delivery for ``hold`` s the request ends with
+:data:`HOLD_ERROR`. The rules and their bounds: docs/serving.md, "Pacing: a client that does not read".
+No Triton here: ``tts`` holds a :class:`Pacer` per request in a :class:`PaceTable`.
 """
 
 from __future__ import annotations

@@ -52,8 +52,15 @@ def stream_request(pb, request, model, parameters: dict):
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
-    speaker = speaker.astype(np.float32)
-    prompt = _voice_prompt(latents, speaker, string(pb, request, "PROMPT_TEXT", ""))
+    import torch
+
+    from engine.prompt import VoicePrompt
+
+    try:
+        prompt = VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker.astype(np.float32)),
+                             string(pb, request, "PROMPT_TEXT", ""))  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"PROMPT_LATENTS: {e}") from None
     return model.tokens(text, language, prompt), prompt, *settings
 
 
@@ -68,17 +75,6 @@ def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -
 
 def _prompt_rows(pb, request) -> np.ndarray:
     return latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
-
-
-def _voice_prompt(latents: np.ndarray, speaker: np.ndarray, text: str):
-    import torch
-
-    from engine.prompt import VoicePrompt
-
-    try:
-        return VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker), text)
-    except ValueError as e:
-        raise ValueError(f"PROMPT_LATENTS: {e}") from None
 
 
 def _instruct_input(pb, request, model, task: str):
