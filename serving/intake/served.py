@@ -24,18 +24,15 @@ def parse_models(value: str) -> tuple[str, ...]:
     return tuple(m for m in MODELS if m in names)
 
 
-def folder_models(checkpoint: str | Path) -> tuple[str, ...]:
-    """The cores a checkpoint folder holds."""
-    return tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
-
-
 @dataclass(frozen=True)
 class ServedModels:
     models: tuple[str, ...]
 
     @classmethod
     def of(cls, checkpoint: str | Path, option: str) -> ServedModels:
-        return cls(parse_models(option) or folder_models(checkpoint))
+        """``--models``, or when empty the cores the checkpoint folder holds."""
+        folder = tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
+        return cls(parse_models(option) or folder)
 
     def check(self, instruct) -> None:
         """ValueError when the request (its ``serving.intake.requests.InstructRequest``, None for Base) needs a model

@@ -3,7 +3,7 @@
 import pytest
 
 from serving.intake.requests import InstructRequest
-from serving.intake.served import ServedModels, folder_models, parse_models
+from serving.intake.served import ServedModels, parse_models
 
 
 def test_parse_models():
@@ -16,7 +16,6 @@ def test_parse_models():
 def test_default_is_what_the_folder_holds(tmp_path):
     (tmp_path / "fireredtts3_instruct").mkdir()
     (tmp_path / "fireredtts3_instruct" / "config.json").write_text("{}")
-    assert folder_models(tmp_path) == ("instruct",)
     assert ServedModels.of(tmp_path, "").models == ("instruct",)
     assert ServedModels.of(tmp_path, "base").models == ("base",)  # the option wins (the generator then fails)
 
