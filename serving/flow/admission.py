@@ -18,7 +18,6 @@ import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from engine.protocol import Unavailable
 from engine.segments import ahead_may_start
@@ -80,10 +79,6 @@ class Admission:
     def busy_message(self) -> str:
         held = self.total()
         return f"server busy: {held} requests are running or waiting (limit {self.capacity}); retry shortly"
-
-    def place(self, count: Callable[[int, int], None]) -> Place:
-        """A request's place, counted in the gauges by ``count(in_flight, waiting)``."""
-        return Place(self, count)
 
     # ---- generator slots: from a stream's send to its end in the generator ----
     def limit(self) -> int:
@@ -169,19 +164,12 @@ class Admission:
         self.map[at : at + 8] = count.to_bytes(8, "little", signed=True)
 
 
-class Gate(Protocol):
-    """What a place needs of the admission gate."""
-
-    def enter(self) -> bool: ...
-    def leave(self) -> None: ...
-    def busy_message(self) -> str: ...
-
-
 class Place:
     """One request's admission place (taken at most once at a time; ``give`` is safe to repeat)."""
 
-    def __init__(self, gate: Gate, count: Callable[[int, int], None]):
-        """``count(in_flight, waiting)``: add to the gauges (places held; held and no audio sent since)."""
+    def __init__(self, gate: Admission, count: Callable[[int, int], None]):
+        """``gate``: its ``enter``, ``leave`` and ``busy_message``; ``count(in_flight, waiting)``: add to the
+        gauges (places held; held and no audio sent since)."""
         self.gate, self.count = gate, count
         self.held = self.waiting = False
 

@@ -19,6 +19,7 @@ from engine.orchestrator import Segment
 from engine.protocol import Chunk, StreamFailed, Unavailable, end_chunk, failure_reason, tagged
 from serving import contract
 from serving.config.model_options import EnsembleGeneratorOptions
+from serving.flow.admission import Place
 from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
 from serving.stub.entry import Entry
@@ -57,7 +58,7 @@ class TritonPythonModel:
     async def _serve(self, request):
         sender = request.get_response_sender()
         # its place, one gate with tts's (serving.flow.admission), in the gauge (increment(), not set(): T19)
-        place = self.entry.admission.place(lambda held, _: self.in_flight.increment(held))
+        place = Place(self.entry.admission, lambda held, _: self.in_flight.increment(held))
         if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
             finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
             return

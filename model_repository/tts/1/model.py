@@ -113,7 +113,7 @@ class TritonPythonModel:
             place.give()
 
     def _place(self) -> Place:  # a request's admission place, counted in the gauges
-        return self.entry.admission.place(self.families.count)
+        return Place(self.entry.admission, self.families.count)
 
     async def _serve_admitted(self, request, run, responses: Responses, pacer: Pacer):
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
