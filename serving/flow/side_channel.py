@@ -22,27 +22,10 @@ file                           written by                                   read
 ``draining``, ``dead.<model>`` (serving.supervision.run_folder.RunFlags)    (:meth:`~SideChannel.flag`)
 =============================  ===========================================  ======================================
 
-Ends. :class:`SideChannel` is the one owner of how a stream's or the server's end travels between the
-processes and is read (docs/architecture.md, "Cancellation"): marks ``<kind>-<id>`` (``cancel``, ``pause``,
-``lost``) with one API (:meth:`~SideChannel.mark`, :meth:`~SideChannel.unmark`, :meth:`~SideChannel.take`)
-read in one listing for all kinds (:meth:`~SideChannel.poll`: one ``stat``, a listing only when the folder
-changed), swept once a minute old (:meth:`~SideChannel.sweep`); and the launcher's flags, each read at most
-once per interval for all the requests of a process (:meth:`~SideChannel.flag`).
-
-Live streams. The vocoder is reachable by any client (it is a step of ``tts_ensemble``), and a vocoder
-stream holds decoder state. So it opens a stream only for a chunk of a stream the generator issued and
-whose end the vocoder has not seen yet, and when its table is full it makes room only by evicting streams
-that are off this board: the table can never be filled by streams that are not owed to a consumer. The
-generator marks each stream it admits as a file ``live/<id>`` and, once the stream ends, renames it
-``ended-<id>``: its chunks are still on their way to the vocoder, however long its consumer takes to
-pass them on (a backlogged ``tts`` can be seconds behind the generator, and a stream's chunk 0 may reach
-the vocoder after the generator made its last chunk). The vocoder removes ``ended-<id>`` when the
-stream's end reaches it (its last chunk, the ending chunk tts sends for a stream it gave up, or a chunk
-whose ensemble client left); the generator removes what is still unclaimed :data:`UNCLAIMED_SECONDS`
-after the end, a backstop for consumers that died. So the board holds at most the streams generating
-plus the streams whose consumer has not finished them, and every consumer holds an admitted request.
-The generator writes only when streams start or end, the vocoder reads only when a stream opens or its
-table needs room and writes once per stream.
+Ends: :class:`SideChannel` is their one carrier (docs/architecture.md, "Cancellation: one carrier"): marks
+``<kind>-<id>`` read in one listing for all kinds, swept once a minute old, and the launcher's flags, each read
+at most once per interval for all the requests of a process. The live board (:class:`LiveStreams`):
+docs/architecture.md, "The live board".
 
 One file rather than three modules: the folder, its sweep and its file helpers are one subject, and
 every stub that uses one part opens the same folder.
@@ -196,7 +179,7 @@ LIVE, GONE = "live", "gone"  # states (an ended stream not yet claimed is ENDED[
 
 
 class LiveStreams:
-    """The board of live and ended streams, ``<folder>/live/`` (see the module's description)."""
+    """The board of live and ended streams, ``<folder>/live/`` (docs/architecture.md, "The live board")."""
 
     def __init__(self, board: str | Path):
         self.dir = Path(board) / "live"
