@@ -1,14 +1,7 @@
 """Read receipts: the generator sends a pipe's next response only once its reader has read the one before.
 
-Why (docs/triton.md#T23): Triton's Python backend deadlocks a stub for good when, in one instant, a reader
-woken in a BLS response iterator's ``next`` waits for the GIL while it holds that iterator's mutex, the
-stub's parent-to-stub thread holds the table of iterators while it waits for that mutex (a second response
-for the same iterator is being handed in), and another thread holds the GIL while it waits for the table (a
-new BLS call). With at most one unread response per generator pipe (serving.stub.chunk_pipe: the only
-generator request with more than one response; a stream's own request gets one), the second response of
-that instant never exists: the parent-to-stub thread never hands a response to an iterator whose reader is
-still waking, so the cycle cannot close. The vocoder's and the prompt encoder's calls have one response
-each.
+Why: docs/triton.md#T23 (a decoupled BLS call can deadlock the stub; with at most one unread response per
+generator pipe, the response that closes the cycle never exists).
 
 The board: one file per reading model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side
 channel folder (serving.flow.side_channel), :data:`ENTRIES` entries of two little-endian int64: a pipe id,
