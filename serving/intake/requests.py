@@ -115,7 +115,6 @@ class SpeechRequest:
     utterance: Utterance  # text, language, GenerationParams (seed, steps, cfg, max_patches), chunk schedule,
     # split_tokens, normalize, speed, and the Instruct task ("": Base) and its stripped instruction
     voice: Voice  # REF_AUDIO (float32, checked) and its rate, REF_TEXT, or VOICE_ID; all empty: a silent prompt
-    instruct: InstructRequest | None = None  # the Instruct task as asked (None: Base)
 
 
 def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
@@ -153,7 +152,7 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
                           values["speed"], task, instruction, values["read_ahead"])  # fmt: skip
-    return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""), instruct)
+    return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""))
 
 
 def instruct_request(inputs: TTSInputs) -> InstructRequest | None:

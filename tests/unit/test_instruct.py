@@ -262,7 +262,7 @@ def test_an_edit_of_exactly_30_s_is_taken(model, rate):
 
     audio = np.random.default_rng(3).uniform(-0.3, 0.3, 30 * rate).astype(np.float32)
     edit = dict(task="acoustic_edit", instruction="adjust the speed to 0.8x")
-    assert parse_request(TTSInputs(None, None, audio, rate, "", "", **edit)).instruct.task
+    assert parse_request(TTSInputs(None, None, audio, rate, "", "", **edit)).utterance.task
     latents = model.encode_latents(audio, rate)
     assert latents.shape[0] == 4 * 188
     assert model.instruct_input("acoustic_edit", "adjust the speed to 0.8x", latents=latents).tokens

@@ -20,7 +20,12 @@ def ask(task=None, instruction=None, text="Hello.", audio=None, rate=None, ref_t
     if audio is not None and rate is None:
         rate = RATE
     inputs = TTSInputs(text, None, audio, rate, ref_text, voice_id, task=task, instruction=instruction)
-    return parse_request(inputs).instruct
+    return instruct_of(parse_request(inputs).utterance)
+
+
+def instruct_of(utterance) -> InstructRequest | None:
+    """The Instruct task a checked request carries (its utterance's task and instruction; "": Base)."""
+    return InstructRequest(utterance.task, utterance.instruction) if utterance.task else None
 
 
 @pytest.mark.parametrize(
@@ -91,8 +96,8 @@ def test_refused_combinations_name_the_input(kw, field, words):
 
 def test_thirty_seconds_is_the_edit_limit_at_any_rate():
     for rate in (8000, 24000, 44100):
-        edit = parse_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate, task="acoustic_edit",
-                                       instruction="adjust the volume to 0.5")).instruct  # fmt: skip
+        edit = instruct_of(parse_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate,
+                                                   task="acoustic_edit", instruction="adjust the volume to 0.5")).utterance)  # fmt: skip
         assert edit == InstructRequest("acoustic_edit", "adjust the volume to 0.5")
         with pytest.raises(ValueError, match="REF_AUDIO is 30.0 s"):  # one sample over
             parse_request(TTSInputs("", None, np.zeros(30 * rate + 1, np.float32), rate, task="acoustic_edit",
