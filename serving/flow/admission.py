@@ -96,7 +96,7 @@ class Admission:
         return sum(self.counts(SLOTS))
 
     def free_slots(self) -> int:
-        return max(0, self.slots - self.slots_held())
+        return max(0, self.limit() - self.slots_held())  # under the generator's cap, as try_slot
 
     def starts_waiting(self) -> int:
         """Streams waiting for a slot in every sender (read-ahead segments never wait)."""

@@ -58,10 +58,11 @@ def test_the_generators_cap_holds_the_slots_below_their_number_and_lifting_it_fr
         for _ in range(10):  # five polls of the waiting sender (POLL_SECONDS)
             await asyncio.sleep(0.02)
         assert not third.done() and tts.slots_held() == 2 and cap.limit() == 2 <= cap.slots_held()
+        assert cap.free_slots() == 0  # read-ahead sees none free at the cap either
         assert not Admission(tmp_path, "ensemble_generator", 40, 8).try_slot()  # refused at the cap, at once
         cap.set_cap(0)
         await asyncio.wait_for(third, 5)
-        assert tts.slots_held() == 3 and cap.limit() == 8
+        assert tts.slots_held() == 3 and cap.limit() == 8 and cap.free_slots() == 5
         cap.set_cap(100)  # a cap above the slots changes nothing
         assert cap.limit() == 8
 
