@@ -64,11 +64,6 @@ class BLS:
 
         return linger(run())
 
-    def raise_for(self, model: str, response) -> None:
-        error = bls_error(self.pb, model, response)
-        if error is not None:
-            raise error
-
     async def call(self, model: str, inputs: list, outputs: list[str], decoupled: bool = False) -> dict:
         """One request, one response; ``decoupled``: the model answers with one final response."""
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
@@ -91,6 +86,6 @@ class BLS:
             # a stub that died mid-request never answers it; the launcher says so (serving.supervision.supervise)
             if not task.done() and self.channel is not None and (dead := self.channel.flag(f"{DEAD}{model}")):
                 raise Unavailable(error_kind(dead)[1])
-        response = task.result()
-        self.raise_for(model, response)
+        if (error := bls_error(self.pb, model, response := task.result())) is not None:
+            raise error
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}

@@ -1,6 +1,6 @@
 """The generator model's engine: one thread that steps every live stream, Triton's request objects aside
 (the triton vllm_backend pattern: docs/triton.md#T21, #T17). ``execute`` (model_repository/generator/1/model.py)
-parses each new request and hands it here (:meth:`GeneratorHost.submit`); only the engine thread touches
+parses each new request and hands it here (:attr:`GeneratorHost.arrivals`); only the engine thread touches
 :attr:`service`, the senders and the side channels. What it does between two steps, and the pipe protocol:
 docs/architecture.md, "The generator's engine thread" and "The generator pipe and read receipts".
 """
@@ -82,7 +82,8 @@ class GeneratorHost:
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
         self.send, self.send_pipe = send, send_pipe
-        self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
+        # execute -> engine thread: streams are admitted between two steps, in arrival order
+        self.arrivals: queue.SimpleQueue[Arrival | PipeOpening] = queue.SimpleQueue()
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
         self.pausing: set[int] = set()  # live streams marked paused at the latest step (engine thread only)
         self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
@@ -91,10 +92,6 @@ class GeneratorHost:
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()
         log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
-
-    def submit(self, arrival: Arrival | PipeOpening) -> None:
-        """From ``execute``: the stream is admitted between two steps, in arrival order."""
-        self.arrivals.put(arrival)
 
     # ---- the engine thread ----
     def _run(self) -> None:
@@ -164,6 +161,8 @@ class GeneratorHost:
     def _admit(self) -> None:
         """Admit waiting streams in arrival order while slots are free, then list them for the vocoder
         (which opens listed streams only) before their first chunk goes out."""
+        from engine.generator import InstructInput
+
         admitted = False
         while self.waiting and self.service.free:
             a = self.waiting.popleft()
@@ -174,7 +173,8 @@ class GeneratorHost:
                     raise Unavailable(
                         f"the generator has no pipe {a.pipe:x} (closed, or the generator restarted); retry"
                     )
-                self._start(a.stream_id, a.inputs)
+                admit = self.service.admit_instruct if isinstance(a.inputs[0], InstructInput) else self.service.admit
+                admit(a.stream_id, *a.inputs)
             except Exception as e:  # bad input fails this request only; it never held a slot
                 if not isinstance(e, ValueError | Unavailable):
                     log.exception("could not start a stream")
@@ -186,14 +186,6 @@ class GeneratorHost:
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
-
-    def _start(self, stream_id: int, inputs: tuple) -> None:
-        from engine.generator import InstructInput
-
-        if isinstance(inputs[0], InstructInput):
-            self.service.admit_instruct(stream_id, *inputs)
-        else:
-            self.service.admit(stream_id, *inputs)
 
     def _step(self) -> None:
         """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;

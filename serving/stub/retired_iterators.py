@@ -9,7 +9,6 @@ asked: serving.stub.cancel_watch). No Triton here: ``request`` is anything with 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 
@@ -21,15 +20,8 @@ class RetiredIterators:
         self.lock = threading.Lock()
         self.held: list = []  # iterators retired since the last call that went through the stub's queue
 
-    def retire(self, iterator, reading: asyncio.Future | None = None) -> None:
-        """Hold ``iterator`` until the stub has let it go; ``reading``: a read of it still running on a
-        thread (its final read queues the stub's release), after which it is held."""
-        if reading is None or reading.done():
-            self._hold(iterator)
-        else:
-            reading.add_done_callback(lambda _: self._hold(iterator))
-
-    def _hold(self, iterator) -> None:
+    def retire(self, iterator) -> None:
+        """Hold ``iterator`` (read to its end, or never to be read again) until the stub has let it go."""
         with self.lock:
             self.held.append(iterator)
 

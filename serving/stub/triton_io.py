@@ -98,11 +98,6 @@ def string(pb, request, name: str, default: str | None = None) -> str | None:
         raise ValueError(f"{name} is not valid UTF-8") from None
 
 
-def bytes_tensor(pb, name: str, text: str, batch: bool = True):
-    arr = np.array([text.encode("utf-8")], dtype=np.object_)
-    return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
-
-
 # The generator's secret model name (serving.security.auth.Keys.generator_model), as Triton's own messages may carry it
 # ("Stub process 'generator-<hex>_0_0' is not healthy."): no client may read it.
 SECRET_NAME = re.compile(r"generator-[0-9a-f]{32}")
@@ -161,10 +156,9 @@ def chunk_tensors(pb, chunk) -> list:
     return tensors(pb, contract.GENERATOR_OUTPUTS, values)
 
 
-def output(pb, response, name: str):
-    """A BLS response's output tensor as numpy (None when absent)."""
-    t = pb.get_output_tensor_by_name(response, name)
-    return None if t is None else t.as_numpy()
+def outputs(pb, response):
+    """A BLS response's output tensors as ``tensor(name)`` -> numpy (None when absent)."""
+    return lambda name: None if (t := pb.get_output_tensor_by_name(response, name)) is None else t.as_numpy()
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:

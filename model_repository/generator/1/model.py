@@ -40,11 +40,11 @@ class TritonPythonModel:
                 stream_id = r.correlation_id()
                 pipe = given.pop(PIPE, "")
                 if pipe == OPEN:  # paced by its reader's receipt (T23)
-                    host.submit(PipeOpening(stream_id, sender, host.receipts.entry(given.pop(RECEIPT, ""))))
+                    host.arrivals.put(PipeOpening(stream_id, sender, host.receipts.entry(given.pop(RECEIPT, ""))))
                     continue
                 if not pipe:
                     raise ValueError(f"a generator stream names its pipe (the {PIPE!r} parameter)")
-                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, int(pipe, 16)))
+                host.arrivals.put(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, int(pipe, 16)))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")
