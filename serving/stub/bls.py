@@ -55,15 +55,6 @@ class BLS:
         self.pb, self.timeout, self.parameters = pb, timeout, dict(parameters or {})
         self.channel = channel  # the launcher's dead.<model> flags: a call to a model whose stub died ends at once
 
-    def submit(self, request, **kw) -> asyncio.Task:
-        """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
-        awaits it shielded): a request cut short is freed while Triton still reads it (docs/triton.md#T4)."""
-
-        async def run():
-            return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
-
-        return linger(run())
-
     async def call(self, model: str, inputs: list, outputs: list[str], decoupled: bool = False) -> dict:
         """One request, one response; ``decoupled``: the model answers with one final response."""
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,

@@ -189,33 +189,30 @@ class GeneratorHost:
 
     def _step(self) -> None:
         """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
-        they keep their slots); each chunk that is due waits for its pipe's next response. A paused stream that
-        ended has its pause mark removed."""
+        they keep their slots); each chunk that is due, sealed, waits for its pipe's next response. A failed
+        step ends every stream in it. A paused stream that ended has its pause mark removed."""
         paused = self.channel.marked("pause")
         live = list(self.service.live)
         run = [i for i in live if i not in paused] if paused else live
-        for chunk in (self.step(run) if run else self.service.step([])).values():
+        t0 = time.perf_counter()
+        try:
+            out = self.service.step(run)  # all paused (run empty): their chunk clocks rest all the same
+        except Exception as e:
+            log.exception("generator step failed")
+            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in run}
+            for i in run:
+                self.service.drop(i)
+        if run:
+            took = time.perf_counter() - t0
+            self.metrics.stepped(took, len(run))
+            self.budget.stepped(took, len(run))
+            self._set_cap()
+        for chunk in out.values():
             if chunk is not None:
-                self.pipes.post(chunk)
+                self.pipes.post(self.keys.seal(chunk))
         for stream_id in self.pausing - self.service.live.keys():
             self.channel.unmark("pause", stream_id)
         self.pausing = paused & self.service.live.keys()
-
-    def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
-        """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
-        t0 = time.perf_counter()
-        try:
-            out = self.service.step(stream_ids)
-        except Exception as e:
-            log.exception("generator step failed")
-            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
-            for i in stream_ids:
-                self.service.drop(i)
-        took = time.perf_counter() - t0
-        self.metrics.stepped(took, len(stream_ids))
-        self.budget.stepped(took, len(stream_ids))
-        self._set_cap()
-        return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
 
     def _set_cap(self) -> None:
         """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""

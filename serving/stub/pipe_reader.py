@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.lifetime import linger
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.receipts import PARAMETER as RECEIPT
@@ -161,7 +162,12 @@ class PipeReader:
             requested_output_names=[s.name for s in contract.PIPE_OUTPUTS], correlation_id=pipe_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
-        started = self.bls.submit(request, decoupled=True)  # runs to its end, the request with it (T4)
+
+        async def exchange():  # this frame keeps the request alive until it is sent
+            return await request.async_exec(decoupled=True)
+
+        # a task that runs to its end whatever happens here: a request cut short is freed while Triton reads it (T4)
+        started = linger(exchange())
         try:
             await asyncio.wait({started}, timeout=self.bls.timeout)
             if not started.done():  # should the generator ever open it, it ends it at once

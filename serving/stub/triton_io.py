@@ -73,12 +73,9 @@ def get(pb, request, name: str, required: bool = True):
     return t.as_numpy()
 
 
-_REQUIRED = object()
-
-
-def scalar(pb, request, name: str, default=_REQUIRED):
-    """First element of an input as a Python number; ``default`` when the input is absent (else an error)."""
-    arr = get(pb, request, name, required=default is _REQUIRED)
+def scalar(pb, request, name: str, default):
+    """First element of an input as a Python number; ``default`` when the input is absent."""
+    arr = get(pb, request, name, required=False)
     if arr is None:
         return default
     if arr.size == 0:
