@@ -50,8 +50,8 @@ class Arrival:
 class GeneratorHost:
     """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
     a final response (a refusal on a stream's own request); ``send_pipe(sender, chunks, final)`` sends
-    ``chunks`` packed (serving.stub.chunk_pipe) as one response, or only the FINAL flag when ``chunks`` is
-    None; both raise when the response cannot go out."""
+    ``chunks`` packed (serving.stub.chunk_pipe) as one response (none: a response without tensors, a pipe's
+    opening), or only the FINAL flag when ``chunks`` is None; both raise when the response cannot go out."""
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
                  send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
@@ -131,7 +131,7 @@ class GeneratorHost:
     def _arrived(self, a: Arrival | PipeOpening) -> None:
         if isinstance(a, PipeOpening):
             self.pipes.start(a)
-        elif a.stream_id in self.service.live or self.pipes.carries(a.stream_id):
+        elif a.stream_id in self.service.live or a.stream_id in self.pipes.riding:
             self._answer(a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
         else:
             self.waiting.append(a)
@@ -169,7 +169,7 @@ class GeneratorHost:
             try:
                 if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
                     raise ValueError(why)
-                if a.pipe not in self.pipes:
+                if a.pipe not in self.pipes.open:
                     raise Unavailable(
                         f"the generator has no pipe {a.pipe:x} (closed, or the generator restarted); retry"
                     )

@@ -137,7 +137,7 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
     host.channel.mark("cancel", 105)  # its caller left before it got one of the 2 slots
     for i in ids:
         host.arrivals.put(Arrival(i, inputs(model, seed=i), own[i], 9000))
-    wait(lambda: host.pipes.carries(101))
+    wait(lambda: 101 in host.pipes.riding)
     duplicate = PipeSender()  # an id in use: 101 is live, or its last chunk waits for the reader
     host.arrivals.put(Arrival(101, inputs(model, seed=1), duplicate, 9000))
     assert duplicate.done.wait(30)

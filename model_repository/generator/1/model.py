@@ -58,9 +58,7 @@ def send(sender, chunk: Chunk) -> None:
     sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
 
 
-def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:
-    """A pipe response: ``chunks`` packed (serving.stub.chunk_pipe), none (a response without tensors: the
-    pipe's opening) or None: the FINAL flag alone."""
+def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:  # GeneratorHost's send_pipe
     if chunks is None:
         sender.send(flags=FINAL)
         return
