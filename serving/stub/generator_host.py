@@ -67,10 +67,8 @@ class GeneratorHost:
             self.model, self.synthetic = SyntheticFireRedTTS3(self.model, cost), announce(pb, log, "generator")
             log.warning("synthetic step: %s", cost)
         # kv_memory_gb 0: the default pool (slots x max_len positions)
-        kv_memory_gb = opts.kv_memory_gb or None
-        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
+        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=opts.kv_memory_gb or None,
                                         attention=opts.attention)  # fmt: skip
-        self.scheduler = self.service.scheduler
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
         self.receipts = ReceiptBoard(self.channel.dir)  # the pipes' receipts (execute reads the entries)
@@ -167,7 +165,7 @@ class GeneratorHost:
         while self.waiting and self.service.free:
             a = self.waiting.popleft()
             try:
-                if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
+                if why := self.service.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
                     raise ValueError(why)
                 if a.pipe not in self.pipes.open:
                     raise Unavailable(
