@@ -65,7 +65,7 @@ class BLSGenerator:
     its last chunk marks it cancelled and waits for its end."""
 
     def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: Admission,
-                 receipts: Receipts, pipe_ids: Callable[[], int]):  # fmt: skip
+                 receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
         """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
         ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.admission);
         ``receipts``: this sender's read receipts, one entry per pipe it reads (serving.flow.receipts);
@@ -75,11 +75,11 @@ class BLSGenerator:
 
     def free_slots(self) -> int:
         """For read-ahead (engine.orchestrator.ReadAheadSlots): generator slots free now."""
-        return self.slots.free_slots()
+        return 1 if self.slots is None else self.slots.free_slots()
 
     def starts_waiting(self) -> int:
         """For read-ahead: streams waiting for a generator slot now, in every sender."""
-        return self.slots.starts_waiting()
+        return 0 if self.slots is None else self.slots.starts_waiting()
 
     def close(self) -> None:
         """At the model's unload: the generator ends this process's pipe."""
