@@ -55,20 +55,6 @@ class BLS:
         self.pb, self.timeout, self.parameters = pb, timeout, dict(parameters or {})
         self.channel = channel  # the launcher's dead.<model> flags: a call to a model whose stub died ends at once
 
-    def submit(self, request, **kw) -> asyncio.Task:
-        """``request.async_exec(**kw)`` as a task that runs to its end whatever happens to the caller (who
-        awaits it shielded): a request cut short is freed while Triton still reads it (docs/triton.md#T4)."""
-
-        async def run():
-            return await request.async_exec(**kw)  # this frame keeps the request alive until it is sent
-
-        return linger(run())
-
-    def raise_for(self, model: str, response) -> None:
-        error = bls_error(self.pb, model, response)
-        if error is not None:
-            raise error
-
     async def call(self, model: str, inputs: list, outputs: list[str], decoupled: bool = False) -> dict:
         """One request, one response; ``decoupled``: the model answers with one final response."""
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
@@ -91,6 +77,6 @@ class BLS:
             # a stub that died mid-request never answers it; the launcher says so (serving.supervision.supervise)
             if not task.done() and self.channel is not None and (dead := self.channel.flag(f"{DEAD}{model}")):
                 raise Unavailable(error_kind(dead)[1])
-        response = task.result()
-        self.raise_for(model, response)
+        if (error := bls_error(self.pb, model, response := task.result())) is not None:
+            raise error
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}

@@ -15,7 +15,7 @@ from engine.chunking import PATCH_SECONDS
 from engine.config import PATCH_SIZE
 from engine.lifetime import linger, unlinger
 from engine.orchestrator import Segment, Yielded
-from engine.protocol import LATENT_DIM, Chunk
+from engine.protocol import Chunk
 from serving import contract
 from serving.flow.admission import Admission
 from serving.flow.pacing import PACING
@@ -24,9 +24,9 @@ from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice
 from serving.stub.bls import BLS
 from serving.stub.chunk_pipe import PARAMETER as PIPE
-from serving.stub.pipe_reader import Inbox, PipeReader
+from serving.stub.pipe_reader import NO_PROMPT, Inbox, PipeReader
 from serving.stub.retired_iterators import RETIRED
-from serving.stub.triton_io import bls_error, output, read_chunk, tensors
+from serving.stub.triton_io import bls_error, outputs, read_chunk, tensors
 
 log = logging.getLogger("tts")
 LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chunk
@@ -60,14 +60,6 @@ class BLSPrompts:
         return out
 
 
-# The prompt tensors of a stream without a voice prompt (Instruct's voice design).
-NO_PROMPT = {
-    "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
-    "SPEAKER": np.zeros(0, np.float32),
-    "PROMPT_TEXT": "",
-}
-
-
 class BLSGenerator:
     """Generator streams, their chunks on this process's pipe (serving.stub.chunk_pipe); closing one before
     its last chunk marks it cancelled and waits for its end."""
@@ -90,11 +82,10 @@ class BLSGenerator:
         no start waits for one (else :class:`~engine.orchestrator.Yielded`). A paced request's
         (serving.flow.pacing.PACING, set by tts) pacer knows the stream from its start to its end: it pauses it
         while the request's client is far behind."""
-        if self.slots is not None:
-            if not segment.ahead:
-                await self.slots.take_slot()
-            elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
-                raise Yielded("no free generator slot")
+        if not segment.ahead:
+            await self.slots.take_slot()
+        elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
+            raise Yielded("no free generator slot")
         pacer = PACING.get()
         if pacer is not None:
             pacer.open(segment.stream_id)
@@ -107,8 +98,7 @@ class BLSGenerator:
         finally:
             if pacer is not None:
                 pacer.close(segment.stream_id)
-            if self.slots is not None:
-                self.slots.give_slot()
+            self.slots.give_slot()
 
     def _request(self, segment: Segment, pipe_id: int):
         pb, (seed, settings) = self.bls.pb, contract.encode_settings(segment.params, segment.schedule)
@@ -163,9 +153,7 @@ class BLSGenerator:
             if response is None or not (response.has_error() or response.output_tensors()):
                 item = None
             else:
-                item = bls_error(self.bls.pb, "generator", response) or read_chunk(
-                    lambda n, r=response: output(self.bls.pb, r, n)
-                )
+                item = bls_error(self.bls.pb, "generator", response) or read_chunk(outputs(self.bls.pb, response))
         except Exception as e:  # noqa: BLE001 (the stream fails with it)
             item = e
         inbox.put(item)

@@ -1,12 +1,9 @@
-"""Whether a running request's client left (``request.is_cancelled()``): the one source of that end
-(docs/architecture.md, "Cancellation"), asked on one thread per stub for every watched request in turn, at
-most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all. Each question is a round trip to
-Triton's process; asked on the event loop, they took a third of its busy time while hundreds of streams
-started together (docs/triton.md#T20). Two rules hold: no question after the request's final response
-(docs/triton.md#T3: :meth:`CancelWatch.remove` returns once the thread has let go of the request for good,
-and the final response is sent after it); every question goes through
-:data:`serving.stub.retired_iterators.RETIRED`, and ``remove`` asks once more, last, when retired iterators
-wait for it (docs/triton.md#T18). No Triton here: a request is anything with ``is_cancelled()``.
+"""Whether a running request's client left (``request.is_cancelled()``), asked on one thread per stub for every
+watched request in turn, at most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all (on the
+event loop, these round trips took a third of its busy time with hundreds of streams starting: docs/triton.md#T20).
+Its two rules (no question after the final response, T3; every question through
+:data:`serving.stub.retired_iterators.RETIRED`, T18): docs/architecture.md, "Cancellation: one carrier".
+No Triton here: a request is anything with ``is_cancelled()``.
 """
 
 from __future__ import annotations

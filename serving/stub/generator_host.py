@@ -1,6 +1,6 @@
 """The generator model's engine: one thread that steps every live stream, Triton's request objects aside
 (the triton vllm_backend pattern: docs/triton.md#T21, #T17). ``execute`` (model_repository/generator/1/model.py)
-parses each new request and hands it here (:meth:`GeneratorHost.submit`); only the engine thread touches
+parses each new request and hands it here (:attr:`GeneratorHost.arrivals`); only the engine thread touches
 :attr:`service`, the senders and the side channels. What it does between two steps, and the pipe protocol:
 docs/architecture.md, "The generator's engine thread" and "The generator pipe and read receipts".
 """
@@ -50,8 +50,8 @@ class Arrival:
 class GeneratorHost:
     """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
     a final response (a refusal on a stream's own request); ``send_pipe(sender, chunks, final)`` sends
-    ``chunks`` packed (serving.stub.chunk_pipe) as one response, or only the FINAL flag when ``chunks`` is
-    None; both raise when the response cannot go out."""
+    ``chunks`` packed (serving.stub.chunk_pipe) as one response (none: a response without tensors, a pipe's
+    opening), or only the FINAL flag when ``chunks`` is None; both raise when the response cannot go out."""
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
                  send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
@@ -67,10 +67,8 @@ class GeneratorHost:
             self.model, self.synthetic = SyntheticFireRedTTS3(self.model, cost), announce(pb, log, "generator")
             log.warning("synthetic step: %s", cost)
         # kv_memory_gb 0: the default pool (slots x max_len positions)
-        kv_memory_gb = opts.kv_memory_gb or None
-        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=kv_memory_gb,
+        self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=opts.kv_memory_gb or None,
                                         attention=opts.attention)  # fmt: skip
-        self.scheduler = self.service.scheduler
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
         self.receipts = ReceiptBoard(self.channel.dir)  # the pipes' receipts (execute reads the entries)
@@ -82,7 +80,8 @@ class GeneratorHost:
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
         self.send, self.send_pipe = send, send_pipe
-        self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()  # execute -> engine thread
+        # execute -> engine thread: streams are admitted between two steps, in arrival order
+        self.arrivals: queue.SimpleQueue[Arrival | PipeOpening] = queue.SimpleQueue()
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
         self.pausing: set[int] = set()  # live streams marked paused at the latest step (engine thread only)
         self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
@@ -91,10 +90,6 @@ class GeneratorHost:
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()
         log.info("ready: %d slots, max_len %s", self.service.slots, opts.max_len)
-
-    def submit(self, arrival: Arrival | PipeOpening) -> None:
-        """From ``execute``: the stream is admitted between two steps, in arrival order."""
-        self.arrivals.put(arrival)
 
     # ---- the engine thread ----
     def _run(self) -> None:
@@ -134,7 +129,7 @@ class GeneratorHost:
     def _arrived(self, a: Arrival | PipeOpening) -> None:
         if isinstance(a, PipeOpening):
             self.pipes.start(a)
-        elif a.stream_id in self.service.live or self.pipes.carries(a.stream_id):
+        elif a.stream_id in self.service.live or a.stream_id in self.pipes.riding:
             self._answer(a.sender, end_chunk(0, failure_reason(ValueError("this correlation id is in use"))))
         else:
             self.waiting.append(a)
@@ -164,17 +159,20 @@ class GeneratorHost:
     def _admit(self) -> None:
         """Admit waiting streams in arrival order while slots are free, then list them for the vocoder
         (which opens listed streams only) before their first chunk goes out."""
+        from engine.generator import InstructInput
+
         admitted = False
         while self.waiting and self.service.free:
             a = self.waiting.popleft()
             try:
-                if why := self.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
+                if why := self.service.scheduler.refusal(a.stream_id):  # no id, or a live stream's (left alone)
                     raise ValueError(why)
-                if a.pipe not in self.pipes:
+                if a.pipe not in self.pipes.open:
                     raise Unavailable(
                         f"the generator has no pipe {a.pipe:x} (closed, or the generator restarted); retry"
                     )
-                self._start(a.stream_id, a.inputs)
+                admit = self.service.admit_instruct if isinstance(a.inputs[0], InstructInput) else self.service.admit
+                admit(a.stream_id, *a.inputs)
             except Exception as e:  # bad input fails this request only; it never held a slot
                 if not isinstance(e, ValueError | Unavailable):
                     log.exception("could not start a stream")
@@ -187,43 +185,32 @@ class GeneratorHost:
         if admitted:
             self.channel.live.sync(self.service.live)
 
-    def _start(self, stream_id: int, inputs: tuple) -> None:
-        from engine.generator import InstructInput
-
-        if isinstance(inputs[0], InstructInput):
-            self.service.admit_instruct(stream_id, *inputs)
-        else:
-            self.service.admit(stream_id, *inputs)
-
     def _step(self) -> None:
         """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
-        they keep their slots); each chunk that is due waits for its pipe's next response. A paused stream that
-        ended has its pause mark removed."""
+        they keep their slots); each chunk that is due, sealed, waits for its pipe's next response. A failed
+        step ends every stream in it. A paused stream that ended has its pause mark removed."""
         paused = self.channel.marked("pause")
         live = list(self.service.live)
         run = [i for i in live if i not in paused] if paused else live
-        for chunk in (self.step(run) if run else self.service.step([])).values():
+        t0 = time.perf_counter()
+        try:
+            out = self.service.step(run)  # all paused (run empty): their chunk clocks rest all the same
+        except Exception as e:
+            log.exception("generator step failed")
+            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in run}
+            for i in run:
+                self.service.drop(i)
+        if run:
+            took = time.perf_counter() - t0
+            self.metrics.stepped(took, len(run))
+            self.budget.stepped(took, len(run))
+            self._set_cap()
+        for chunk in out.values():
             if chunk is not None:
-                self.pipes.post(chunk)
+                self.pipes.post(self.keys.seal(chunk))
         for stream_id in self.pausing - self.service.live.keys():
             self.channel.unmark("pause", stream_id)
         self.pausing = paused & self.service.live.keys()
-
-    def step(self, stream_ids: list[int]) -> dict[int, Chunk | None]:
-        """One step -> per stream its sealed chunk or None. A failed step ends every stream in it."""
-        t0 = time.perf_counter()
-        try:
-            out = self.service.step(stream_ids)
-        except Exception as e:
-            log.exception("generator step failed")
-            out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in stream_ids}
-            for i in stream_ids:
-                self.service.drop(i)
-        took = time.perf_counter() - t0
-        self.metrics.stepped(took, len(stream_ids))
-        self.budget.stepped(took, len(stream_ids))
-        self._set_cap()
-        return {i: None if c is None else self.keys.seal(c) for i, c in out.items()}
 
     def _set_cap(self) -> None:
         """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""

@@ -1,10 +1,6 @@
-"""The generator model's Prometheus metrics, kept in step with its :class:`~engine.streams.GeneratorService`.
-
-Slots in use and served (use / capacity = utilisation), the step time, the streams stepped (over the
-steps: the mean batch), the paged KV cache (pages, pages holding positions, streams waiting for pages)
-and the attention path with the reason FlashInfer is not used; the responses that wait for their reader's
-receipt of the one before (serving.flow.receipts: how far the readers are behind). Triton keeps a metric
-only while its object lives, so every one is held here.
+"""The generator model's Prometheus metrics (each is described in docs/operations.md, "Metrics"), kept in step
+with its :class:`~engine.streams.GeneratorService`. Triton keeps a metric only while its object lives, so every
+one is held here.
 """
 
 from __future__ import annotations

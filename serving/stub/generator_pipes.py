@@ -52,15 +52,8 @@ class Pipes:
                  lose: Callable[[set[int], str], None], waited: Callable[[float], None], backstop: float):  # fmt: skip
         self.send, self.lose, self.waited, self.backstop = send, lose, waited, backstop
         self.open: dict[int, Pipe] = {}
-        self.riding: dict[int, int] = {}  # stream -> its pipe, until its last chunk went out
+        self.riding: dict[int, int] = {}  # stream -> its pipe (live, or its last chunk not sent yet)
         self.failures = Throttled(log)
-
-    def __contains__(self, pipe_id: int) -> bool:
-        return pipe_id in self.open
-
-    def carries(self, stream_id: int) -> bool:
-        """Whether the stream is on a pipe (live, or its last chunk not sent yet)."""
-        return stream_id in self.riding
 
     def unsent(self) -> int:
         """Chunks queued on the pipes, not sent yet."""

@@ -1,12 +1,5 @@
-"""Metric updates of one event-loop turn, sent together; ``tts``'s metric families; the synthetic-math banner.
-
-In the Python backend every ``Metric.increment`` and ``Metric.set`` is a round trip to Triton's process.
-A ``tts`` request updated its gauges and counters about ten times; requests that start and end together
-(a generator step's streams) updated the same metrics in the same turn of the event loop. Here the
-updates of one turn are summed (counters) or superseded (gauges) and sent once, at the end of the turn,
-and a gauge is not sent again at the value it already has. Values are the same as sent one by one, a
-turn later at most. A gauge moves by ``increment`` (the difference from the value last sent), never by
-``set``: Triton 2.51's ``Metric.set`` keeps the GIL through its round trip (docs/triton.md#T19). No Triton.
+"""Metric updates of one event-loop turn, sent together (docs/architecture.md, "Inside each stub"); ``tts``'s
+metric families; the synthetic-math banner. No Triton here.
 """
 
 from __future__ import annotations

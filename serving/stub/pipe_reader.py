@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.lifetime import linger
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
 from serving import contract
 from serving.flow.receipts import PARAMETER as RECEIPT
@@ -23,7 +24,7 @@ from serving.flow.side_channel import SideChannel
 from serving.stub.bls import BLS, LOST
 from serving.stub.chunk_pipe import OPEN, PARAMETER, unpack
 from serving.stub.retired_iterators import RETIRED
-from serving.stub.triton_io import bls_error, output, tensors
+from serving.stub.triton_io import bls_error, outputs, tensors
 
 log = logging.getLogger("tts")
 CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
@@ -31,6 +32,9 @@ WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (l
 ROTATE_BYTES = 32 << 20  # tensor bytes a pipe carries before new streams go on a new one (T25)
 ROTATE_RESPONSES = 2_000  # responses a pipe carries before new streams go on a new one (T25: ~20 KB each)
 MAX_DRAINING = 4  # rotated pipes that may still carry streams at once
+# The prompt tensors of a stream without a voice prompt (Instruct's voice design; a pipe's opening request).
+NO_PROMPT = {"PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32), "SPEAKER": np.zeros(0, np.float32),
+             "PROMPT_TEXT": ""}  # fmt: skip
 
 
 class Inbox:
@@ -152,14 +156,18 @@ class PipeReader:
                 raise StreamFailed(f"{UNAVAILABLE}all {self.receipts.capacity} read-receipt entries are in use "
                                    "(docs/triton.md#T23): no new pipe to the generator; retry")  # fmt: skip
             parameters[RECEIPT] = receipt.parameter
-        values = {"TEXT": "", "PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32),
-                  "SPEAKER": np.zeros(0, np.float32), "PROMPT_TEXT": ""}  # fmt: skip
         request = pb.InferenceRequest(
-            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values), parameters=parameters,
+            model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, {**NO_PROMPT, "TEXT": ""}),
+            parameters=parameters,
             requested_output_names=[s.name for s in contract.PIPE_OUTPUTS], correlation_id=pipe_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
-        started = self.bls.submit(request, decoupled=True)  # runs to its end, the request with it (T4)
+
+        async def exchange():  # this frame keeps the request alive until it is sent
+            return await request.async_exec(decoupled=True)
+
+        # a task that runs to its end whatever happens here: a request cut short is freed while Triton reads it (T4)
+        started = linger(exchange())
         try:
             await asyncio.wait({started}, timeout=self.bls.timeout)
             if not started.done():  # should the generator ever open it, it ends it at once
@@ -195,7 +203,7 @@ class PipeReader:
                     break
                 carried[1] += 1
                 if response.output_tensors():
-                    chunks = unpack(lambda n, r=response: output(self.bls.pb, r, n))
+                    chunks = unpack(outputs(self.bls.pb, response))
                     carried[0] += sum(c.latents.nbytes + c.prompt_latents.nbytes for c in chunks)
                     loop.call_soon_threadsafe(self._deliver, chunks)
         except Exception as e:  # noqa: BLE001 (any failure ends the pipe; its streams are told)

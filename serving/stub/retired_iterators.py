@@ -1,15 +1,11 @@
-"""Decoupled BLS response iterators, let go of only after Triton's stub has let go of them (docs/triton.md#T18:
-the stub's table drops its reference on a thread without the GIL, which corrupts the heap when it is the last).
-
-``request.is_cancelled()`` waits for its turn in the same stub queue as that release. So once such a call,
-begun after an iterator was retired, has been answered by the queue (it returned False: a True is cached by
-the stub and waits for nothing), ours is the last reference, dropped here with the GIL (on the thread that
-asked: serving.stub.cancel_watch). No Triton here: ``request`` is anything with ``is_cancelled()``.
+"""Decoupled BLS response iterators, let go of only after Triton's stub has let go of them: after an
+``is_cancelled()`` begun once they were retired came back False through the same stub queue, on the thread that
+asked, with the GIL (docs/triton.md#T18; serving.stub.cancel_watch asks). No Triton here: ``request`` is anything
+with ``is_cancelled()``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 
@@ -21,15 +17,8 @@ class RetiredIterators:
         self.lock = threading.Lock()
         self.held: list = []  # iterators retired since the last call that went through the stub's queue
 
-    def retire(self, iterator, reading: asyncio.Future | None = None) -> None:
-        """Hold ``iterator`` until the stub has let it go; ``reading``: a read of it still running on a
-        thread (its final read queues the stub's release), after which it is held."""
-        if reading is None or reading.done():
-            self._hold(iterator)
-        else:
-            reading.add_done_callback(lambda _: self._hold(iterator))
-
-    def _hold(self, iterator) -> None:
+    def retire(self, iterator) -> None:
+        """Hold ``iterator`` (read to its end, or never to be read again) until the stub has let it go."""
         with self.lock:
             self.held.append(iterator)
 

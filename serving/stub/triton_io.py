@@ -73,12 +73,9 @@ def get(pb, request, name: str, required: bool = True):
     return t.as_numpy()
 
 
-_REQUIRED = object()
-
-
-def scalar(pb, request, name: str, default=_REQUIRED):
-    """First element of an input as a Python number; ``default`` when the input is absent (else an error)."""
-    arr = get(pb, request, name, required=default is _REQUIRED)
+def scalar(pb, request, name: str, default):
+    """First element of an input as a Python number; ``default`` when the input is absent."""
+    arr = get(pb, request, name, required=False)
     if arr is None:
         return default
     if arr.size == 0:
@@ -96,11 +93,6 @@ def string(pb, request, name: str, default: str | None = None) -> str | None:
         return contract.text_of(arr)
     except UnicodeDecodeError:
         raise ValueError(f"{name} is not valid UTF-8") from None
-
-
-def bytes_tensor(pb, name: str, text: str, batch: bool = True):
-    arr = np.array([text.encode("utf-8")], dtype=np.object_)
-    return pb.Tensor(name, arr.reshape(1, 1) if batch else arr)
 
 
 # The generator's secret model name (serving.security.auth.Keys.generator_model), as Triton's own messages may carry it
@@ -161,10 +153,9 @@ def chunk_tensors(pb, chunk) -> list:
     return tensors(pb, contract.GENERATOR_OUTPUTS, values)
 
 
-def output(pb, response, name: str):
-    """A BLS response's output tensor as numpy (None when absent)."""
-    t = pb.get_output_tensor_by_name(response, name)
-    return None if t is None else t.as_numpy()
+def outputs(pb, response):
+    """A BLS response's output tensors as ``tensor(name)`` -> numpy (None when absent)."""
+    return lambda name: None if (t := pb.get_output_tensor_by_name(response, name)) is None else t.as_numpy()
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:

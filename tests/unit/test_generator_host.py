@@ -131,15 +131,15 @@ def same_as_alone(model, stream_id: int, chunks: list) -> None:
 def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
     receipt = Receipts(host.channel.dir, "tts").open(9000)
     pipe = PipeSender()
-    host.submit(PipeOpening(9000, pipe, host.receipts.entry(receipt.parameter)))  # its reader reads nothing yet
+    host.arrivals.put(PipeOpening(9000, pipe, host.receipts.entry(receipt.parameter)))  # its reader reads nothing yet
     ids = [101, 102, 103, 104, 105]
     own = {i: PipeSender(broken=i == 104) for i in ids}  # 104's caller left: its final cannot be sent
     host.channel.mark("cancel", 105)  # its caller left before it got one of the 2 slots
     for i in ids:
-        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9000))
-    wait(lambda: host.pipes.carries(101))
+        host.arrivals.put(Arrival(i, inputs(model, seed=i), own[i], 9000))
+    wait(lambda: 101 in host.pipes.riding)
     duplicate = PipeSender()  # an id in use: 101 is live, or its last chunk waits for the reader
-    host.submit(Arrival(101, inputs(model, seed=1), duplicate, 9000))
+    host.arrivals.put(Arrival(101, inputs(model, seed=1), duplicate, 9000))
     assert duplicate.done.wait(30)
     pipe.reader = receipt
     receipt.read()  # the reader reads the opening, then each response as it comes
@@ -163,11 +163,11 @@ def test_every_arrival_ends_once_and_every_slot_comes_back(host, model):
 
 def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
     pipe, own = PipeSender(), PipeSender()
-    host.submit(PipeOpening(9003, pipe, None))
+    host.arrivals.put(PipeOpening(9003, pipe, None))
     long = GenerationParams(seed=1, max_patches=400, min_patches=400)  # the stop head never ends it first
     prompt = model.encode_prompt(None)
     tokens = model.tokens("Hello there.", "English", prompt)
-    host.submit(Arrival(7, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9003))
+    host.arrivals.put(Arrival(7, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9003))
     wait(lambda: pipe.chunks(7), 30)
     host.channel.mark("cancel", 7)
     wait(lambda: (chunks := pipe.chunks(7)) and chunks[-1].last, 30)
@@ -181,13 +181,13 @@ def test_a_live_stream_whose_caller_leaves_ends_cancelled(host, model):
 
 def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
     pipe = PipeSender()
-    host.submit(PipeOpening(9000, pipe, None))
+    host.arrivals.put(PipeOpening(9000, pipe, None))
     ids = [201, 202, 203]  # 2 slots: two run together, the third after
     own = {i: PipeSender() for i in ids}
     for i in ids:
-        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9000))
+        host.arrivals.put(Arrival(i, inputs(model, seed=i), own[i], 9000))
     stray = PipeSender()
-    host.submit(Arrival(204, inputs(model, seed=4), stray, 0x1234))
+    host.arrivals.put(Arrival(204, inputs(model, seed=4), stray, 0x1234))
     for s in [*own.values(), stray]:
         assert s.done.wait(60)
 
@@ -212,10 +212,10 @@ def test_a_pipe_carries_its_streams_chunks_a_step_at_a_time(host, model):
 def test_a_pipe_whose_reader_is_behind_gets_what_waited_in_one_response(host, model):
     receipt = Receipts(host.channel.dir, "tts").open(9001)
     pipe = PipeSender()
-    host.submit(PipeOpening(9001, pipe, host.receipts.entry(receipt.parameter)))
+    host.arrivals.put(PipeOpening(9001, pipe, host.receipts.entry(receipt.parameter)))
     own = {i: PipeSender() for i in (301, 302)}
     for i in own:
-        host.submit(Arrival(i, inputs(model, seed=i), own[i], 9001))
+        host.arrivals.put(Arrival(i, inputs(model, seed=i), own[i], 9001))
     wait(lambda: host.pipes.unsent() and not host.service.live)  # both generated to their end, nothing read
     assert pipe.responses == [([], False)]
     for s in own.values():  # answered at admission, before any of their chunks went out (T28)
@@ -229,14 +229,14 @@ def test_a_pipe_whose_reader_is_behind_gets_what_waited_in_one_response(host, mo
 
 def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
     pipe = PipeSender()
-    host.submit(PipeOpening(9002, pipe, None))
+    host.arrivals.put(PipeOpening(9002, pipe, None))
     wait(lambda: pipe.responses)
     pipe.broken = True  # its reader is gone
     own = PipeSender()
     long = GenerationParams(seed=1, max_patches=400, min_patches=400)
     prompt = model.encode_prompt(None)
     tokens = model.tokens("Hello there.", "English", prompt)
-    host.submit(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9002))
+    host.arrivals.put(Arrival(401, (tokens, prompt, long, ChunkSchedule(1, 1, fixed=True)), own, 9002))
     assert own.done.wait(30) and own.responses == [(None, True)]  # admitted: answered at once
     wait(lambda: host.channel.take("lost", 401), 30)  # its tts hears it was lost (serving.stub.pipe_reader)
     wait(lambda: not host.pipes.open and not host.service.live and not host.pipes.riding, 10)
@@ -247,17 +247,17 @@ def test_a_paused_stream_is_not_stepped_keeps_its_slot_and_loses_its_mark_at_its
     """tts marks a stream paused (serving.flow.pacing): the engine steps the others, not it; it keeps its
     slot until the mark goes, then carries on as if never paused; its mark is removed when it ends."""
     pipe = PipeSender()
-    host.submit(PipeOpening(9100, pipe, None))
+    host.arrivals.put(PipeOpening(9100, pipe, None))
     host.channel.mark("pause", 301)  # paused before it is admitted (a stream opened while its request is paused)
     for i in (301, 302):
-        host.submit(Arrival(i, inputs(model, seed=i), PipeSender(), 9100))
+        host.arrivals.put(Arrival(i, inputs(model, seed=i), PipeSender(), 9100))
     wait(lambda: any(c.last for c in pipe.chunks(302)))
     assert pipe.chunks(301) == [] and 301 in host.service.live and len(host.service.free) == 1
     host.channel.unmark("pause", 301)
     wait(lambda: any(c.last for c in pipe.chunks(301)))
     same_as_alone(model, 301, pipe.chunks(301))
     host.channel.mark("pause", 303)
-    host.submit(Arrival(303, inputs(model, seed=3), PipeSender(), 9100))
+    host.arrivals.put(Arrival(303, inputs(model, seed=3), PipeSender(), 9100))
     wait(lambda: 303 in host.service.live)
     host.channel.mark("cancel", 303)  # a paused stream still ends when cancelled, and its mark goes with it
     wait(lambda: any(c.last for c in pipe.chunks(303)))

@@ -135,21 +135,21 @@ def stream(model, patches: int, chunk: int) -> tuple:
 
 def test_the_generator_sends_a_pipes_next_response_once_the_one_before_was_read(host, model):  # noqa: F811
     receipt, pipe = Receipts(host.channel.dir, "tts").open(70), PipeSender()
-    host.submit(PipeOpening(70, pipe, host.receipts.entry(receipt.parameter)))
-    host.submit(Arrival(7, stream(model, 12, 2), PipeSender(), 70))  # 6 chunks of 2 patches
+    host.arrivals.put(PipeOpening(70, pipe, host.receipts.entry(receipt.parameter)))
+    host.arrivals.put(Arrival(7, stream(model, 12, 2), PipeSender(), 70))  # 6 chunks of 2 patches
     wait_for(lambda: 7 not in host.service.live and host.pipes.unsent() == 6)
     assert pipe.responses == [([], False)]  # the opening, not read yet: nothing more goes out
     wait_for(lambda: host.metrics.held.value == 6)  # tts_generator_held_responses
     receipt.read()  # the opening was read: what waited goes out, in one response
     wait_for(lambda: len(pipe.responses) == 2)
     assert len(pipe.chunks(7)) == 6 and pipe.chunks(7)[-1].last
-    host.submit(Arrival(8, stream(model, 8, 2), PipeSender(), 70))
+    host.arrivals.put(Arrival(8, stream(model, 8, 2), PipeSender(), 70))
     wait_for(lambda: 8 not in host.service.live and host.pipes.unsent() == 4)
     assert len(pipe.responses) == 2  # the second response is not read yet
     receipt.read()
     wait_for(lambda: len(pipe.responses) == 3)
     assert len(pipe.chunks(8)) == 4 and host.pipes.unsent() == 0
-    host.submit(Arrival(9, stream(model, 400, 1), PipeSender(), 70))
+    host.arrivals.put(Arrival(9, stream(model, 400, 1), PipeSender(), 70))
     wait_for(lambda: host.pipes.unsent())
     receipt.close()  # nobody reads the pipe any more: it ends, never sent unpaced, and its stream is lost
     assert pipe.done.wait(30) and pipe.responses[3:] == [(None, True)]
@@ -159,8 +159,8 @@ def test_the_generator_sends_a_pipes_next_response_once_the_one_before_was_read(
 
 def test_a_generator_that_closes_sends_a_held_pipe_everything(host, model):  # noqa: F811
     receipt, pipe = Receipts(host.channel.dir, "ensemble_generator").open(90), PipeSender()
-    host.submit(PipeOpening(90, pipe, host.receipts.entry(receipt.parameter)))
-    host.submit(Arrival(9, stream(model, 8, 2), PipeSender(), 90))
+    host.arrivals.put(PipeOpening(90, pipe, host.receipts.entry(receipt.parameter)))
+    host.arrivals.put(Arrival(9, stream(model, 8, 2), PipeSender(), 90))
     wait_for(lambda: 9 not in host.service.live and host.pipes.unsent() == 4)
     closer = threading.Thread(target=host.close)
     closer.start()

@@ -25,9 +25,9 @@ class Request:
         return answer
 
 
-def retired_one(retired: RetiredIterators, reading=None) -> weakref.ref:
+def retired_one(retired: RetiredIterators) -> weakref.ref:
     iterator = Iterator()
-    retired.retire(iterator, reading)
+    retired.retire(iterator)
     return weakref.ref(iterator)
 
 
@@ -57,24 +57,6 @@ def test_held_when_the_answer_may_not_have_gone_through_the_queue(answer):
     retired.is_cancelled(request)
     gc.collect()
     assert ref() is None
-
-
-def test_an_iterator_still_read_is_held_from_the_end_of_its_read():
-    async def scenario():
-        retired = RetiredIterators()
-        reading = asyncio.get_running_loop().create_future()
-        ref = retired_one(retired, reading)
-        retired.is_cancelled(Request([False]))  # began before the read ended: lets go of nothing of it
-        gc.collect()
-        assert ref() is not None and not retired.held  # not held by ``retired`` yet: by the read's callback
-        reading.set_result(None)  # the final read: the stub queues its own release now
-        await asyncio.sleep(0)
-        assert len(retired.held) == 1
-        retired.is_cancelled(Request([False]))
-        gc.collect()
-        assert ref() is None
-
-    asyncio.run(scenario())
 
 
 def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):

@@ -40,11 +40,11 @@ class TritonPythonModel:
                 stream_id = r.correlation_id()
                 pipe = given.pop(PIPE, "")
                 if pipe == OPEN:  # paced by its reader's receipt (T23)
-                    host.submit(PipeOpening(stream_id, sender, host.receipts.entry(given.pop(RECEIPT, ""))))
+                    host.arrivals.put(PipeOpening(stream_id, sender, host.receipts.entry(given.pop(RECEIPT, ""))))
                     continue
                 if not pipe:
                     raise ValueError(f"a generator stream names its pipe (the {PIPE!r} parameter)")
-                host.submit(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, int(pipe, 16)))
+                host.arrivals.put(Arrival(stream_id, stream_request(pb, r, host.model, given), sender, int(pipe, 16)))
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")
@@ -58,9 +58,7 @@ def send(sender, chunk: Chunk) -> None:
     sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
 
 
-def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:
-    """A pipe response: ``chunks`` packed (serving.stub.chunk_pipe), none (a response without tensors: the
-    pipe's opening) or None: the FINAL flag alone."""
+def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:  # GeneratorHost's send_pipe
     if chunks is None:
         sender.send(flags=FINAL)
         return

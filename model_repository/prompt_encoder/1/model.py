@@ -8,25 +8,17 @@ For tts_ensemble it also runs the text front end on TEXT (SPOKEN_TEXT, SPOKEN_LA
 import os
 from dataclasses import replace
 
-import numpy as np
 import triton_python_backend_utils as pb
 
 from engine import frontend
 from engine.protocol import Unavailable
+from serving import contract
 from serving.config.model_options import PromptEncoderOptions
 from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.triton_io import (
-    bytes_tensor,
-    error_response,
-    get,
-    load_model,
-    scalar,
-    setup_logging,
-    string,
-)
+from serving.stub.triton_io import error_response, get, load_model, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceNotFound, VoiceStore
 
@@ -94,13 +86,9 @@ class TritonPythonModel:
                     raise Unavailable(self.admission.busy_message())
                 spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
                 prompt = self._prompt(r, trusted)
-                out.append(pb.InferenceResponse([
-                    pb.Tensor("PROMPT_LATENTS", prompt.latents.numpy()[None].astype(np.float32)),
-                    pb.Tensor("SPEAKER", prompt.speaker.numpy()[None].astype(np.float32)),
-                    bytes_tensor(pb, "PROMPT_TEXT", prompt.text),
-                    bytes_tensor(pb, "SPOKEN_TEXT", spoken),
-                    bytes_tensor(pb, "SPOKEN_LANGUAGE", language),
-                ]))  # fmt: skip
+                values = {"PROMPT_LATENTS": prompt.latents.numpy(), "SPEAKER": prompt.speaker.numpy(),
+                          "PROMPT_TEXT": prompt.text, "SPOKEN_TEXT": spoken, "SPOKEN_LANGUAGE": language}  # fmt: skip
+                out.append(pb.InferenceResponse(tensors(pb, contract.PROMPT_OUTPUTS, values)))
             except (ValueError, Unavailable) as e:
                 out.append(error_response(pb, e))
             except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault

@@ -3,14 +3,14 @@ which owns the store; listing and removal read the store directly."""
 
 import json
 
-import numpy as np
 import triton_python_backend_utils as pb
 
 from engine.protocol import NOT_FOUND, Unavailable
+from serving import contract
 from serving.config.model_options import VoicesOptions
 from serving.intake.requests import check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.triton_io import bls_error, bytes_tensor, error_response, get, scalar, setup_logging, string
+from serving.stub.triton_io import bls_error, error_response, get, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceStore
 
@@ -31,16 +31,12 @@ class TritonPythonModel:
             raise ValueError("add needs REF_AUDIO and REF_SAMPLE_RATE")
         audio, sr = check_ref_audio(audio, scalar(pb, r, "REF_SAMPLE_RATE", 0))
         text = check_text(string(pb, r, "REF_TEXT", ""), "REF_TEXT", required=False)
+        values = {"REF_AUDIO": audio, "REF_SAMPLE_RATE": sr, "REF_TEXT": text, "REGISTER_NAME": name}
         req = pb.InferenceRequest(
             model_name="prompt_encoder", requested_output_names=["PROMPT_TEXT"], timeout=self.timeout_us,
-            parameters=self.keys.parameters(),
-            inputs=[pb.Tensor("REF_AUDIO", audio.reshape(1, -1).astype(np.float32)),
-                    pb.Tensor("REF_SAMPLE_RATE", np.array([[sr]], np.int32)),
-                    bytes_tensor(pb, "REF_TEXT", text), bytes_tensor(pb, "REGISTER_NAME", name)],
+            parameters=self.keys.parameters(), inputs=tensors(pb, contract.PROMPT_INPUTS, values),
         )  # fmt: skip
-        resp = req.exec()
-        error = bls_error(pb, "prompt_encoder", resp)
-        if error is not None:
+        if (error := bls_error(pb, "prompt_encoder", req.exec())) is not None:
             raise error
         return {"name": name, "text": text, "seconds": round(audio.size / sr, 3)}
 
@@ -65,7 +61,8 @@ class TritonPythonModel:
                         raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
                 else:
                     raise ValueError(f"ACTION must be add, list, remove or check, got {action!r}")
-                out.append(pb.InferenceResponse([bytes_tensor(pb, "RESULT", json.dumps(result), batch=False)]))
+                result = tensors(pb, contract.VOICES_OUTPUTS, {"RESULT": json.dumps(result)}, batch=False)
+                out.append(pb.InferenceResponse(result))
             except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
                 out.append(error_response(pb, e))
             except Exception as e:
