@@ -206,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     stopping = lambda: bool(signals)  # noqa: E731
     say("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything answers")
 
-    def ready(seconds: float) -> None:
-        """The addresses, once tritonserver is ready and the gateway reaches it (never before: a request
-        sent earlier would be refused)."""
-        supervisor.announce(seconds)
+    def ready() -> None:
+        """The gateway's addresses, once it reaches the ready tritonserver (never before: a request sent
+        earlier would be refused)."""
         if gateway is None:
             return
         if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():
