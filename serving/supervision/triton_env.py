@@ -189,17 +189,14 @@ class TritonServer:
             f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
         ]
 
-    def _hide_generator(self) -> None:
-        """Serve the generator under its secret name: its folder and config renamed (once)."""
+    def start(self) -> TritonServer:
+        remove_orphan_segments()
+        # the generator is served under its secret name: its folder and config renamed (once)
         plain, hidden = self.model_repository / GENERATOR, self.model_repository / self.generator_model
         if plain.is_dir() and plain != hidden:
             config = plain / "config.pbtxt"
             config.write_text(config.read_text().replace(f'name: "{GENERATOR}"', f'name: "{hidden.name}"', 1))
             plain.rename(hidden)
-
-    def start(self) -> TritonServer:
-        remove_orphan_segments()
-        self._hide_generator()
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
             self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
