@@ -155,7 +155,7 @@ class _Client:
         up_reader, up_writer, up = self.up
         headers = forwarded_headers(request.headers, keep_framing=True)
         if not any(k.lower() == b"host" for k, _ in headers):  # an HTTP/1.0 client's request
-            headers.append((b"host", self.front.upstream_host.encode()))
+            headers.append((b"host", "{}:{}".format(*self.front.upstream).encode()))
         up_writer.write(up.send(h11.Request(method=request.method, target=request.target, headers=headers)))
         response = asyncio.ensure_future(self.relay_response(up_reader, up))
         try:
@@ -233,7 +233,6 @@ class HttpFront(FrontLoop):
     def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
         super().__init__("http-front")
         self.host, self.port, self.upstream = host, port, upstream
-        self.upstream_host = f"{upstream[0]}:{upstream[1]}"
         self.limits = limits or HttpFrontLimits()
         self.clients: set[_Client] = set()
         LAUNCHER.add(CUT_COUNTER, "HTTP responses the front cut because their client did not take them "
