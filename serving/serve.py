@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import ipaddress
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -31,20 +30,13 @@ from serving.config.repository import build
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
 from serving.security.admin_key import FILE as ADMIN_KEY_FILE
-from serving.security.admin_key import default_state_dir, load_or_create
+from serving.security.admin_key import default_state_dir, load_or_create, write_key
 from serving.supervision.gateway_process import Gateway
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
 from serving.supervision.triton_env import Ports, TritonServer
 from serving.supervision.vitals import STALL_SECONDS
 from serving.voices.voice_store import default_dir as default_voice_dir
-
-
-def default_checkpoint() -> Path:
-    """The tiny checkpoint in the cache, written on first use."""
-    from engine.random_checkpoint import cached_checkpoint
-
-    return cached_checkpoint("tiny", cache_dir() / "checkpoints" / "tiny-seed0")
 
 
 def is_loopback(host: str) -> bool:
@@ -85,13 +77,6 @@ def run_folder(parent: Path | None) -> Path:
     path.mkdir(parents=True, mode=0o700)
     path.chmod(0o700)  # whatever the umask
     return path
-
-
-def write_key(path: Path) -> str:
-    key = secrets.token_urlsafe(24)
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(key + "\n")
-    return key
 
 
 GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
@@ -168,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     if busy:  # before anything is written: a running server's files stay as they are
         say("cannot start:\n  " + "\n  ".join(busy))
         return 2
-    ckpt = (args.checkpoint or default_checkpoint()).resolve()
+    if not args.checkpoint:  # the tiny checkpoint in the cache, written on first use
+        from engine.random_checkpoint import cached_checkpoint
+
+        args.checkpoint = cached_checkpoint("tiny", cache_dir() / "checkpoints" / "tiny-seed0")
+    ckpt = args.checkpoint.resolve()
     if not ckpt.is_dir():
         ap.error(f"checkpoint folder not found: {ckpt}")
     voice_dir = (args.voice_dir or default_voice_dir()).resolve()
@@ -217,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     stopping = lambda: bool(signals)  # noqa: E731
     say("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything answers")
 
-    def ready(seconds: float) -> None:
-        """The addresses, once tritonserver is ready and the gateway reaches it (never before: a request
-        sent earlier would be refused)."""
-        supervisor.announce(seconds)
+    def ready() -> None:
+        """The gateway's addresses, once it reaches the ready tritonserver (never before: a request sent
+        earlier would be refused)."""
         if gateway is None:
             return
         if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():

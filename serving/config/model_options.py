@@ -29,12 +29,6 @@ VOCODER_SPARE_STREAMS = 64
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def config_parameters(args: dict) -> dict[str, str]:
-    """Triton's ``initialize`` args -> the model config's parameters (name -> string value)."""
-    config = json.loads(args["model_config"])
-    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-
-
 class ModelOptions:
     """A model's options as config parameters and back (the base of the frozen dataclasses below)."""
 
@@ -53,12 +47,15 @@ class ModelOptions:
 
     def parameters(self) -> dict[str, str]:
         """Parameter name -> string value, in field order (booleans as 1 or 0)."""
-        return {f.name: _text(getattr(self, f.name)) for f in fields(self)}
+        text = lambda v: ("1" if v else "0") if isinstance(v, bool) else str(v)  # noqa: E731
+        return {f.name: text(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def read(cls, args_or_params: dict) -> Self:
         """Triton's ``initialize`` args (or the parameters themselves) -> the options."""
-        given = config_parameters(args_or_params) if "model_config" in args_or_params else dict(args_or_params)
+        given = dict(args_or_params)
+        if "model_config" in given:  # the model config's parameters (name -> string value)
+            given = {k: v["string_value"] for k, v in json.loads(given["model_config"]).get("parameters", {}).items()}
         types = typing.get_type_hints(cls)
         values = {}
         for f in fields(cls):
@@ -169,10 +166,6 @@ class VoicesOptions(ModelOptions):
     run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
     voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
     bls_timeout_seconds: int  # registration's BLS call to prompt_encoder
-
-
-def _text(value) -> str:
-    return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 
 def _parse(kind: type, text: str, what: str):

@@ -32,24 +32,18 @@ def _io(inputs, outputs, ragged=()) -> str:
     return f"input [\n  {ins}\n]\noutput [\n  {outs}\n]\n"
 
 
-def _params(options: ModelOptions) -> str:
-    """The model's options as config parameters (string values, quoted as protobuf text)."""
-    return "".join(f'parameters {{ key: "{k}" value {{ string_value: "{_quoted(v)}" }} }}\n'
-                   for k, v in options.parameters().items())  # fmt: skip
-
-
-def _quoted(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 RENDERED = "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
 
 
 def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
-    """A Python-backend model's config.pbtxt: one CPU instance, its options as parameters."""
+    """A Python-backend model's config.pbtxt: one CPU instance, its options as parameters (string values,
+    quoted as protobuf text)."""
+    quoted = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
             + ("model_transaction_policy { decoupled: true }\n" if decoupled else "") + batching + _io(inputs, outputs,
-            ragged) + "instance_group [ { kind: KIND_CPU count: 1 } ]\n" + _params(options))  # fmt: skip
+            ragged) + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+            + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n'
+                      for k, v in options.parameters().items()))  # fmt: skip
 
 
 def render(opts: ServeOptions) -> dict[str, str]:

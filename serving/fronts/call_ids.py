@@ -87,21 +87,17 @@ class CallIds:
         client_id = getattr(given, kind) if kind in ("int64_param", "uint64_param", "string_param") else 0
         if not client_id:
             return message
-        ours = self.map(client_id, params["sequence_start"].bool_param if "sequence_start" in params else False,
-                        params["sequence_end"].bool_param if "sequence_end" in params else False)  # fmt: skip
+        # START opens a mapping (or keeps the open one: a second START on an open stream is refused by tts as
+        # before), END retires it; an id the call never STARTed gets a fresh one
+        if ("sequence_start" in params and params["sequence_start"].bool_param) and client_id not in self.open:
+            if len(self.open) >= MAX_SEQUENCES:
+                del self.open[next(iter(self.open))]
+            self.open[client_id] = private_id()
+        end = "sequence_end" in params and params["sequence_end"].bool_param
+        ours = (self.open.pop(client_id, None) if end else self.open.get(client_id)) or private_id()
         given.Clear()
         if kind == "string_param":
             given.string_param = f"{ours:x}"
         else:
             setattr(given, kind, ours)
         return b"".join([request.SerializeToString(), *rest])
-
-    def map(self, client_id: int | str, start: bool, end: bool) -> int:
-        """The private id of one request's sequence; START opens a mapping (or keeps the open one: a second
-        START on an open stream is refused by tts as before), END retires it."""
-        if start and client_id not in self.open:
-            if len(self.open) >= MAX_SEQUENCES:
-                del self.open[next(iter(self.open))]
-            self.open[client_id] = private_id()
-        ours = self.open.pop(client_id, None) if end else self.open.get(client_id)
-        return private_id() if ours is None else ours

@@ -43,22 +43,18 @@ class _Bounds:
         return int(self.max_unsent_mb * 2**20)
 
     @classmethod
-    def dest(cls, name: str) -> str:
-        return f"{cls.FLAG}_{name}".replace("-", "_")
-
-    @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         for f in fields(cls):
             help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
             metavar = ("MB" if f.name.endswith("_mb") else "KB" if f.name.endswith("_kb")
                        else "SECONDS" if f.name.endswith("_seconds") else "N")  # fmt: skip
-            parser.add_argument(f"--{cls.FLAG}-" + f.name.replace("_", "-"), dest=cls.dest(f.name),
-                                type=type(f.default), default=f.default, metavar=metavar, help=help)  # fmt: skip
+            parser.add_argument(f"--{cls.FLAG}-" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                                metavar=metavar, help=help)  # fmt: skip
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace):
         """Parsed flags -> the bounds (ValueError if one is out of range)."""
-        return cls(**{f.name: getattr(args, cls.dest(f.name)) for f in fields(cls)})
+        return cls(**{f.name: getattr(args, f"{cls.FLAG}_{f.name}".replace("-", "_")) for f in fields(cls)})
 
 
 @dataclass(frozen=True)

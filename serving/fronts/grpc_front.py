@@ -32,13 +32,6 @@ CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent be
 _log = logging.getLogger("grpc_front")
 
 
-def service_methods() -> list[str]:
-    """Every method of Triton's gRPC service, from the client library's own descriptor."""
-    from tritonclient.grpc import service_pb2
-
-    return [m.name for m in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods]
-
-
 # Triton is ours and on loopback: no message bound towards it (the front bounded what comes in), and
 # after a restart it is reached again within a second.
 UPSTREAM_OPTIONS = [
@@ -101,8 +94,6 @@ class GrpcFront(FrontLoop):
         super().__init__("grpc-front")
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
-        self.ended = 0  # streams ended by the unsent bound
-        self.idle_ended = 0  # stream calls ended by the call-idle bound
         self.shares = CallShares(self.limits.calls_per_client)
         LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
                      "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
@@ -112,9 +103,12 @@ class GrpcFront(FrontLoop):
                      "in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
 
     async def _start(self) -> None:
+        from tritonclient.grpc import service_pb2
+
         self.channel = grpc.aio.insecure_channel(self.upstream, options=UPSTREAM_OPTIONS)
         handlers = {}
-        for name in service_methods():
+        for method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:  # every one
+            name = method.name
             path = f"/{SERVICE}/{name}"
             if name == STREAM_METHOD:
                 self.stream_call = self.channel.stream_stream(path)
@@ -211,34 +205,26 @@ class GrpcFront(FrontLoop):
         """End a stream whose client does not take its responses: Triton's call cancelled, what waits dropped."""
         if outbox.end is not None:
             return
-        call.cancel()
         waiting, stalled = outbox.bytes, outbox.stalled(time.monotonic())
         outbox.items.clear()
         outbox.bytes = 0
         outbox.cut_at = time.monotonic()
         limits = self.limits
-        outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                      f"{INVALID}the client did not take this stream's responses ({waiting / 2**20:.1f} MiB waiting, "
-                      f"nothing taken for {stalled:.0f} s; the front's bounds: {limits.max_unsent_mb:g} MiB waiting, "
-                      f"{limits.max_unsent_seconds:g} s without taking any: --grpc-front-max-unsent-mb, "
-                      f"--grpc-front-max-unsent-seconds); the stream was ended")  # fmt: skip
-        self.ended += 1
-        LAUNCHER.increment(ENDED_COUNTER)
-        _log.warning("ended a gRPC stream whose client did not read: %.1f MiB waiting, nothing taken for %.0f s",
-                     waiting / 2**20, stalled)  # fmt: skip
+        self._end(outbox, call, ENDED_COUNTER,
+                  f"{INVALID}the client did not take this stream's responses ({waiting / 2**20:.1f} MiB waiting, "
+                  f"nothing taken for {stalled:.0f} s; the front's bounds: {limits.max_unsent_mb:g} MiB waiting, "
+                  f"{limits.max_unsent_seconds:g} s without taking any: --grpc-front-max-unsent-mb, "
+                  f"--grpc-front-max-unsent-seconds); the stream was ended",
+                  "ended a gRPC stream whose client did not read: %.1f MiB waiting, nothing taken for %.0f s",
+                  waiting / 2**20, stalled)  # fmt: skip
 
-    def _end_idle(self, outbox: _Outbox, call, idle: float) -> None:
-        """End a stream call that has held nothing for ``call_idle_seconds``."""
-        call.cancel()  # nothing of it is upstream; its requests' side too
-        seconds = self.limits.call_idle_seconds
-        outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                      f"{INVALID}this call held nothing for {idle:.0f} s (every request answered, no response "
-                      f"waiting; the front's bound: {seconds:g} s, --grpc-front-call-idle-seconds); the call was "
-                      "ended: open a new one for the next request")  # fmt: skip
-        self.idle_ended += 1
-        LAUNCHER.increment(IDLE_COUNTER)
-        _log.warning("ended a gRPC stream call from %s that held nothing for %.0f s (%d calls of this client "
-                     "in progress)", outbox.client, idle, self.shares.calls[outbox.client])  # fmt: skip
+    def _end(self, outbox: _Outbox, call, counter: str, message: str, *log) -> None:
+        """End a stream call by a bound: Triton's call cancelled (its requests' side too), the client told
+        ``message``, ``counter`` counted, ``log`` logged."""
+        call.cancel()
+        outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        LAUNCHER.increment(counter)
+        _log.warning(*log)
 
     def _reap(self, now: float) -> None:
         """End the streams whose client has taken nothing for ``max_unsent_seconds``, and the calls that have
@@ -248,8 +234,13 @@ class GrpcFront(FrontLoop):
         for outbox, call in list(self.streams):
             if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
                 self._cut(outbox, call)
-            elif (idle := outbox.idle(now)) > self.limits.call_idle_seconds:
-                self._end_idle(outbox, call, idle)
+            elif (idle := outbox.idle(now)) > (seconds := self.limits.call_idle_seconds):
+                self._end(outbox, call, IDLE_COUNTER,
+                          f"{INVALID}this call held nothing for {idle:.0f} s (every request answered, no response "
+                          f"waiting; the front's bound: {seconds:g} s, --grpc-front-call-idle-seconds); the call was "
+                          "ended: open a new one for the next request",
+                          "ended a gRPC stream call from %s that held nothing for %.0f s (%d calls of this client "
+                          "in progress)", outbox.client, idle, self.shares.calls[outbox.client])  # fmt: skip
             elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
                 outbox.handler.cancel()
 

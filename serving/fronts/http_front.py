@@ -77,18 +77,16 @@ class _Client:
                 for event in error_response(status, message):
                     self.send(event)
                 await asyncio.wait_for(self.writer.drain(), 5)
-                await self.linger()
+                # stop writing, and discard what the client still sends for up to LINGER seconds, so that a
+                # client still sending its body reads the answer instead of a reset
+                self.writer.write_eof()
+                end = time.monotonic() + LINGER
+                while (left := end - time.monotonic()) > 0:
+                    if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
+                        break
             except (h11.LocalProtocolError, OSError, asyncio.TimeoutError):
                 pass
         raise Closed
-
-    async def linger(self) -> None:
-        """After an error answer: stop writing, and discard what the client still sends for up to LINGER
-        seconds, so that a client still sending its body reads the answer instead of a reset."""
-        self.writer.write_eof()
-        end = time.monotonic() + LINGER
-        while (left := end - time.monotonic()) > 0 and await asyncio.wait_for(self.reader.read(READ_SIZE), left):
-            pass
 
     async def next_event(self, deadline: float | None, stall: float | None = None):
         """The client's next h11 event; Closed at ``deadline`` (monotonic) or after ``stall`` s without data."""
@@ -146,10 +144,18 @@ class _Client:
         if length is not None and int(length) > limits.body_bytes:
             await self.answer(413, f"{INVALID}the request body ({int(length) / 2**20:.1f} MiB) is larger than "
                               f"{limits.body_bytes / 2**20:.1f} MiB (--http-front-max-body-mb)")  # fmt: skip
-        up_reader, up_writer, up = await self.upstream()
+        if self.up is not None and self.up[0].at_eof():  # Triton closed it since the last request (it restarted)
+            self.close_upstream()
+        if self.up is None:
+            try:
+                reader, writer = await asyncio.open_connection(*self.front.upstream)
+            except OSError:
+                await self.answer(502, "unavailable: tritonserver is not answering yet (it is starting or restarting)")
+            self.up = (reader, writer, h11.Connection(h11.CLIENT))
+        up_reader, up_writer, up = self.up
         headers = forwarded_headers(request.headers, keep_framing=True)
         if not any(k.lower() == b"host" for k, _ in headers):  # an HTTP/1.0 client's request
-            headers.append((b"host", self.front.upstream_host.encode()))
+            headers.append((b"host", "{}:{}".format(*self.front.upstream).encode()))
         up_writer.write(up.send(h11.Request(method=request.method, target=request.target, headers=headers)))
         response = asyncio.ensure_future(self.relay_response(up_reader, up))
         try:
@@ -205,18 +211,6 @@ class _Client:
             elif isinstance(event, h11.ConnectionClosed):
                 raise Closed
 
-    async def upstream(self):
-        if self.up is not None and self.up[0].at_eof():  # Triton closed it since the last request (it restarted)
-            self.close_upstream()
-        if self.up is None:
-            host, port = self.front.upstream
-            try:
-                reader, writer = await asyncio.open_connection(host, port)
-            except OSError:
-                await self.answer(502, "unavailable: tritonserver is not answering yet (it is starting or restarting)")
-            self.up = (reader, writer, h11.Connection(h11.CLIENT))
-        return self.up
-
     def close_upstream(self) -> None:
         if self.up is not None:
             self.up[1].transport.abort()
@@ -239,10 +233,8 @@ class HttpFront(FrontLoop):
     def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
         super().__init__("http-front")
         self.host, self.port, self.upstream = host, port, upstream
-        self.upstream_host = f"{upstream[0]}:{upstream[1]}"
         self.limits = limits or HttpFrontLimits()
         self.clients: set[_Client] = set()
-        self.cuts = 0  # responses cut by the unsent bound
         LAUNCHER.add(CUT_COUNTER, "HTTP responses the front cut because their client did not take them "
                      "(--http-front-max-unsent-mb / -seconds)")  # fmt: skip
 
@@ -267,7 +259,6 @@ class HttpFront(FrontLoop):
             self.clients.discard(client)
 
     def cut(self, client: _Client, why: str) -> None:
-        self.cuts += 1
         LAUNCHER.increment(CUT_COUNTER)
         _log.warning("cut an HTTP response its client did not take (%s; %.1f MiB waiting)", why,
                      client.unsent() / 2**20)  # fmt: skip

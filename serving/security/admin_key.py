@@ -30,13 +30,18 @@ def _read(path: Path) -> str:
     return key
 
 
+def write_key(path: Path) -> str:
+    """A new key in a new private (0600) file ``path`` -> the key."""
+    key = secrets.token_urlsafe(24)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(key + "\n")
+    return key
+
+
 def _written(path: Path) -> tuple[str, Path]:
     """A new key in a private temporary file beside ``path`` -> (key, that file)."""
-    key, tmp = secrets.token_urlsafe(24), path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    return key, tmp
+    tmp = path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return write_key(tmp), tmp
 
 
 def _path(state_dir: Path) -> Path:

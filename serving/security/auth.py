@@ -90,9 +90,6 @@ class Keys:
     def digest(admin_key: str) -> str:
         return hashlib.sha256(admin_key.encode()).hexdigest()
 
-    def is_admin(self, raw: str | dict | None) -> bool:
-        return self.admin_refusal(raw, "this") is None
-
     def admin_refusal(self, raw: str | dict | None, action: str) -> str | None:
         """None when the request carries the admin key (or none is configured); else what to tell its
         sender, which says whether the key was missing or wrong and how each client sends it."""

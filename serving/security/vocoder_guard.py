@@ -100,11 +100,11 @@ class VocoderGuard:
             self.next_seq[sid] = chunk.seq + 1
         return Decision(True)
 
-    def _end(self, sid: int, now: float | None = None) -> None:
+    def _end(self, sid: int) -> None:
         """The stream's end reached the vocoder: off the board, and finished here if it was opened here."""
         self.live_streams.claim(sid)
         if sid in self.opened:
-            self.finished[sid] = time.monotonic() if now is None else now
+            self.finished[sid] = time.monotonic()
             self.finished.move_to_end(sid)
             while len(self.finished) > MAX_FINISHED:
                 self.finished.popitem(last=False)
@@ -135,12 +135,8 @@ class VocoderGuard:
         now = time.monotonic() if now is None else now
         live, ended = self.live_streams.snapshot()
         held = live | ended
-
-        def public_and_over(i: int, idle: float) -> bool:
-            return i in ended and i not in self.ours and idle > PUBLIC_ENDED_IDLE_SECONDS
-
-        dead = [i for i, s in streams.items()
-                if i not in held or now - s.last_seen > idle_seconds or public_and_over(i, now - s.last_seen)]  # fmt: skip
+        dead = [i for i, s in streams.items() if i not in held or now - s.last_seen > idle_seconds
+                or (i in ended and i not in self.ours and now - s.last_seen > PUBLIC_ENDED_IDLE_SECONDS)]  # fmt: skip
         for i in dead:
             self.forget(i, streams)
         self.opened &= held

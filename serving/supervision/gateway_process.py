@@ -21,13 +21,11 @@ class Gateway:
     """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, and the launcher
     starts it again (and says so) if it exits on its own."""
 
-    def __init__(self, host: str, triton: str, port: int, random_weights: bool = False, more: list[str] = ()):
+    def __init__(self, host: str, triton: str, port: int, random_weights: bool, more: list[str]):
         """``triton``: Triton's own gRPC address as this machine reaches it (``TritonServer.triton_grpc``);
         ``more``: the operator's further gateway options (``--gateway-args``, checked by the launcher)."""
-        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port)]
-        if random_weights:
-            self.cmd.append("--random-weights")
-        self.cmd += list(more)
+        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port),
+                    *(["--random-weights"] if random_weights else []), *more]  # fmt: skip
         self.proc, self.started = self._start(), time.monotonic()
         self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
         LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")

@@ -93,27 +93,24 @@ class Supervisor:
         self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
         self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
-    def run(self, stopping: Callable[[], bool], tick: Callable[[], None] = lambda: None,
-            ready: Callable[[float], None] | None = None) -> None:  # fmt: skip
+    def run(self, stopping: Callable[[], bool], tick: Callable[[], None], ready: Callable[[], None]) -> None:
         """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
-        RuntimeError when tritonserver exits before it is ready. ``ready(seconds)``, once tritonserver is
-        first ready: the launcher's announcement (default: the addresses, with ``[supervisor] ready``)."""
+        RuntimeError when tritonserver exits before it is ready. Once tritonserver is first ready: the
+        addresses (``[supervisor] ready in ...``), then ``ready()``, the launcher's own announcement."""
         t0 = time.monotonic()
         if not self._start(stopping):
             return
-        (ready or self.announce)(time.monotonic() - t0)
+        s, front = self.server, lambda on: " (the bounded front)" if on else ""
+        say(f"ready in {time.monotonic() - t0:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front(s.grpc_front)}, "
+            f"HTTP http://{s.http_host}:{s.ports.http}{front(s.http_front)}, "
+            f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
+        ready()
         while not stopping():
             tick()
             if incident := self.check():
                 self.recover(incident, stopping)
             else:
                 time.sleep(POLL_SECONDS)
-
-    def announce(self, seconds: float) -> None:
-        s, front = self.server, lambda on: " (the bounded front)" if on else ""
-        say(f"ready in {seconds:.1f} s: gRPC {s.grpc_host}:{s.ports.grpc}{front(s.grpc_front)}, "
-            f"HTTP http://{s.http_host}:{s.ports.http}{front(s.http_front)}, "
-            f"metrics http://{s.host}:{s.ports.metrics}/metrics")  # fmt: skip
 
     def _start(self, stopping: Callable[[], bool]) -> bool:
         """Start tritonserver and wait until it is ready (False: asked to stop first); note its stubs."""

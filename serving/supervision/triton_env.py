@@ -95,14 +95,6 @@ def die_with_parent() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def server_env(install: TritonInstall, extra: dict[str, str]) -> dict[str, str]:
-    env, path = dict(os.environ), lambda *parts: os.pathsep.join(str(p) for p in parts if p)
-    env["LD_LIBRARY_PATH"] = path(*install.lib_dirs, env.get("LD_LIBRARY_PATH"))
-    env["PATH"] = path(Path(sys.executable).parent, env.get("PATH"))
-    env["PYTHONPATH"] = path(REPO_ROOT, env.get("PYTHONPATH"))
-    return {"OMP_NUM_THREADS": "1", **env, **extra}
-
-
 SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
 
 
@@ -197,17 +189,14 @@ class TritonServer:
             f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
         ]
 
-    def _hide_generator(self) -> None:
-        """Serve the generator under its secret name: its folder and config renamed (once)."""
+    def start(self) -> TritonServer:
+        remove_orphan_segments()
+        # the generator is served under its secret name: its folder and config renamed (once)
         plain, hidden = self.model_repository / GENERATOR, self.model_repository / self.generator_model
         if plain.is_dir() and plain != hidden:
             config = plain / "config.pbtxt"
             config.write_text(config.read_text().replace(f'name: "{GENERATOR}"', f'name: "{hidden.name}"', 1))
             plain.rename(hidden)
-
-    def start(self) -> TritonServer:
-        remove_orphan_segments()
-        self._hide_generator()
         if self.relay is None:
             source = f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
             self.relay = MetricsRelay(self.metrics_host or self.host, self.ports.metrics, source, self.generator_model)
@@ -225,7 +214,12 @@ class TritonServer:
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
         log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         os.fchmod(log.fileno(), 0o600)
-        env = server_env(install, {INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key)})
+        env, path = dict(os.environ), lambda *parts: os.pathsep.join(str(p) for p in parts if p)
+        env["LD_LIBRARY_PATH"] = path(*install.lib_dirs, env.get("LD_LIBRARY_PATH"))
+        env["PATH"] = path(Path(sys.executable).parent, env.get("PATH"))
+        env["PYTHONPATH"] = path(REPO_ROOT, env.get("PYTHONPATH"))
+        env = {"OMP_NUM_THREADS": "1", **env, INTERNAL_KEY_ENV: self.internal_key,
+               ADMIN_DIGEST_ENV: Keys.digest(self.admin_key)}  # fmt: skip
         self.proc = subprocess.Popen(self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         log.close()

@@ -84,10 +84,6 @@ class Vitals:
 
     models: frozenset[str]  # the models with a stub, which the progress rule watches (not ensembles)
     stall_seconds: float = STALL_SECONDS  # 0: no progress rule
-    stale_seconds: float = STALE_SECONDS
-    all_quiet_seconds: float = ALL_QUIET_SECONDS
-    pause_seconds: float = PAUSE_SECONDS
-    waits_on: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(WAITS_ON))
     pause: float = 0.0  # the gap the last observe() took for a pause, 0 if none
     _last: float | None = None  # when the last observation was made
     _beats: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # pid -> (mtime, seen since)
@@ -105,7 +101,7 @@ class Vitals:
     def observe(self, seen: Observation) -> Incident | None:
         at = seen.at
         gap = 0.0 if self._last is None else at - self._last
-        self.pause, self._last = (gap if gap > self.pause_seconds else 0.0), at
+        self.pause, self._last = (gap if gap > PAUSE_SECONDS else 0.0), at
         if self.pause:  # whatever was quiet was paused with us: start every timer over
             self._beats = {pid: (mtime, at) for pid, (mtime, _) in self._beats.items()}
             self._silent = {}
@@ -130,7 +126,7 @@ class Vitals:
             counted = bool(beat) or len(seen.stubs) == 1  # another stub beat meanwhile, or it has none
             silent[pid] = self._silent.get(pid, 0.0) + (gap if counted else 0.0)
             quiet = seen.at - since
-            if silent[pid] > self.stale_seconds or quiet > self.all_quiet_seconds:
+            if silent[pid] > STALE_SECONDS or quiet > ALL_QUIET_SECONDS:
                 how = "has no heartbeat file" if mtime is None else f"has not beaten for {quiet:.1f} s"
                 return Incident(model, f"its stub (pid {pid}) {how} (wedged)", dead=False)
         self._silent = silent
@@ -151,7 +147,7 @@ class Vitals:
             if pending.get(model, 0.0) <= 0:
                 self._waiting.pop(model, None)
                 continue
-            counts = tuple(executed.get(m, 0.0) for m in (model, *self.waits_on.get(model, ())))
+            counts = tuple(executed.get(m, 0.0) for m in (model, *WAITS_ON.get(model, ())))
             last = self._waiting.get(model)
             if last is None or last[0] != counts:
                 self._waiting[model] = (counts, seen.at)

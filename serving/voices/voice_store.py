@@ -108,15 +108,6 @@ class VoiceStore:
         return base.with_name(key + vf.PROMPT_SUFFIX), base.with_name(key + vf.SOURCE_SUFFIX)
 
     # -- recency and eviction ------------------------------------------------------------------------
-    def _touch(self, path: Path) -> None:
-        """Mark an entry most recently used (the LRU order); a read-only store serves without it."""
-        try:
-            os.utime(path)
-        except FileNotFoundError:
-            pass  # evicted by another process meanwhile
-        except OSError as e:
-            self._read_only(e)
-
     def _entries(self, kind: str) -> dict[str, list]:
         """key -> [modification time of its prompt (0 if none), bytes of its files]."""
         out: dict[str, list] = {}
@@ -169,7 +160,12 @@ class VoiceStore:
         except ValueError as e:
             return None, str(e)
         self.hits += 1
-        self._touch(p_path)
+        try:  # most recently used now (the LRU order); a read-only store serves without it
+            os.utime(p_path)
+        except FileNotFoundError:
+            pass  # evicted by another process meanwhile
+        except OSError as e:
+            self._read_only(e)
         return prompt, ""
 
     # -- public API --------------------------------------------------------------------------------

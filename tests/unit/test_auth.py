@@ -33,10 +33,10 @@ def test_key_less_requests_are_refused_unless_the_ensemble_is_served():
 
 def test_admin_key():
     keys = Keys("k", Keys.digest("open sesame"))
-    assert keys.is_admin({"admin_key": "open sesame"})
-    assert not keys.is_admin({"admin_key": "open sesame "})
-    assert not keys.is_admin({})
-    assert not keys.is_admin({"admin_key": 1})
+    assert keys.admin_refusal({"admin_key": "open sesame"}, "this") is None
+    assert keys.admin_refusal({"admin_key": "open sesame "}, "this") is not None
+    assert keys.admin_refusal({}, "this") is not None
+    assert keys.admin_refusal({"admin_key": 1}, "this") is not None
 
 
 def test_a_missing_and_a_wrong_admin_key_are_told_apart_and_say_how_to_send_it():
@@ -64,5 +64,5 @@ def test_issued_stream_ids_verify_and_forged_ones_do_not():
 def test_without_a_key_everyone_is_trusted():
     keys = Keys()
     assert keys.split({"steps": 4}) == ({"steps": 4}, True)
-    assert keys.is_admin({})
+    assert keys.admin_refusal({}, "this") is None
     assert keys.valid_stream_id(keys.new_stream_id())

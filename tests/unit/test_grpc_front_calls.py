@@ -18,7 +18,8 @@ from loadtest.source_relay import SourceRelay
 from serving.fronts.call_ids import MAX_SEQUENCES, CallIds
 from serving.fronts.call_shares import CallShares, client_address
 from serving.fronts.front_limits import FrontLimits
-from serving.fronts.grpc_front import SERVICE, GrpcFront
+from serving.fronts.grpc_front import IDLE_COUNTER, SERVICE, GrpcFront
+from serving.fronts.metrics_relay import LAUNCHER
 from serving.supervision.triton_env import free_port
 
 
@@ -198,7 +199,7 @@ def test_two_calls_with_one_id_reach_upstream_under_different_ids(front):
 
 
 def test_a_call_that_holds_nothing_is_ended_and_one_waiting_for_an_answer_is_not(front):
-    idle, waiting = Call(front.address), Call(front.address)
+    idle, waiting, ended = Call(front.address), Call(front.address), LAUNCHER.values[IDLE_COUNTER]
     try:
         idle.send(request(5))  # answered at once (a refused piece), then the call is kept open
         idle.answer()
@@ -208,7 +209,7 @@ def test_a_call_that_holds_nothing_is_ended_and_one_waiting_for_an_answer_is_not
             idle.answer()
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--grpc-front-call-idle-seconds" in e.value.details() and f"{IDLE:g} s" in e.value.details()
-        assert time.monotonic() - t0 < IDLE + 5 and front.idle_ended == 1
+        assert time.monotonic() - t0 < IDLE + 5 and LAUNCHER.values[IDLE_COUNTER] == ended + 1
         later = Call(front.address)  # idle from after the waiting call's request: the check that ends it
         try:  # saw the waiting call longer without an answer than the bound
             later.send(request(7))
@@ -221,7 +222,7 @@ def test_a_call_that_holds_nothing_is_ended_and_one_waiting_for_an_answer_is_not
         while len(front.streams) > 1:  # the ended calls' handlers finish
             assert time.monotonic() < deadline, front.streams
             time.sleep(0.05)
-        assert front.idle_ended == 2 and len(front.streams) == 1  # the waiting call is still there
+        assert LAUNCHER.values[IDLE_COUNTER] == ended + 2 and len(front.streams) == 1  # the waiting call is still there
         assert front.shares.calls == {"127.0.0.1": 1}  # the ended calls left their client's share
     finally:
         idle.close()

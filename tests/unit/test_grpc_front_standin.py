@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from serving.fronts.front_limits import FrontLimits, default_max_message_mb
-from serving.fronts.grpc_front import SERVICE, GrpcFront, forwarded_metadata
+from serving.fronts.grpc_front import ENDED_COUNTER, SERVICE, GrpcFront, forwarded_metadata
+from serving.fronts.metrics_relay import LAUNCHER
 from serving.supervision.triton_env import free_port
 
 CHUNK = 32 * 1024  # bytes of each streamed response of the stand-in
@@ -150,22 +151,22 @@ def stream_never_read(address: str) -> Iterator[grpc.Future]:
 
 def test_a_stream_whose_client_never_reads_is_ended_and_its_upstream_cancelled(front):
     f, upstream = front
-    ended = f.ended
+    ended = LAUNCHER.values[ENDED_COUNTER]
     with stream_never_read(f.address):
         assert upstream.cancelled.wait(30), f"upstream still streaming after {upstream.sent} responses"
         sent = upstream.sent
         # the front read on past the client's window up to its bound, and no further than the bound and the
         # flow-control windows between the front and upstream
         assert LIMITS.unsent_bytes / CHUNK <= sent <= (LIMITS.unsent_bytes + 4 * 2**20) / CHUNK, sent
-        assert f.ended == ended + 1
+        assert LAUNCHER.values[ENDED_COUNTER] == ended + 1
         wait_until(lambda: not f.streams, "the cut stream's handler is still there")  # dropped CUT_GRACE later
 
 
 def test_a_client_that_reads_again_after_the_cut_gets_the_bound_named(front):
     f, upstream = front
-    ended = f.ended
+    ended = LAUNCHER.values[ENDED_COUNTER]
     with stream_never_read(f.address) as call:
-        wait_until(lambda: f.ended > ended, "the stream was not ended")
+        wait_until(lambda: LAUNCHER.values[ENDED_COUNTER] > ended, "the stream was not ended")
         with pytest.raises(grpc.RpcError) as e:
             for _ in call:  # what was in flight, then the status
                 pass

@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from serving.fronts.front_limits import HttpFrontLimits
-from serving.fronts.http_front import HttpFront, forwarded_headers
+from serving.fronts.http_front import CUT_COUNTER, HttpFront, forwarded_headers
+from serving.fronts.metrics_relay import LAUNCHER
 from serving.supervision.triton_env import free_port
 
 CHUNK = 32 * 1024
@@ -189,13 +190,13 @@ def test_each_event_is_passed_on_as_it_comes(front, upstream):
 
 
 def test_client_that_never_reads_is_cut(front, upstream):
-    cuts = front.cuts
+    cuts = LAUNCHER.values[CUT_COUNTER]
     upstream.gone.clear()
     with socket.create_connection(("127.0.0.1", front.port)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.sendall(b"POST /stream HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
         assert upstream.gone.wait(20)  # the upstream's response ended with the connection
-    assert front.cuts == cuts + 1
+    assert LAUNCHER.values[CUT_COUNTER] == cuts + 1
     status, body, _ = post(front, "/echo", b"ok")  # the front still serves
     assert status == 200
 

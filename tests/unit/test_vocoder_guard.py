@@ -107,7 +107,7 @@ def test_finished_streams_are_bounded_and_made_up_ends_fill_nothing(world):
     assert not guard.finished
     for k in range(MAX_FINISHED + 2):
         guard.opened.add(k + 1)
-        guard._end(k + 1, now=float(k))
+        guard._end(k + 1)
     assert len(guard.finished) == MAX_FINISHED and 1 not in guard.finished and MAX_FINISHED + 2 in guard.finished
 
 
