@@ -74,7 +74,7 @@ class _Gate:
 
     @property
     def capacity(self) -> int:
-        """Requests running or waiting at once, tts and tts_ensemble together (serving.flow.side_channel)."""
+        """Requests running or waiting at once, tts and tts_ensemble together (serving.flow.admission)."""
         return self.slots + self.max_queue
 
 
@@ -83,7 +83,7 @@ class TTSOptions(ModelOptions, _Gate):
     MODEL = "tts"
     checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the admission gate (serving.flow.side_channel); empty: its default
+    cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default
     bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
@@ -107,7 +107,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the prompt encoder and CAM++
     run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
-    # where the admission gate lives (serving.flow.side_channel); empty: that module's default
+    # where the admission file lives (serving.flow.admission), beside the marks; empty: serving.flow.side_channel's default
     cancel_dir: str
     voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
     max_anonymous_voices: int  # LRU bound of anonymous reference prompts kept on disk
@@ -121,7 +121,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
 class EnsembleGeneratorOptions(ModelOptions, _Gate):
     MODEL = "ensemble_generator"
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the admission gate (serving.flow.side_channel); empty: its default
+    cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default
     bls_timeout_seconds: int  # every BLS call to the generator
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
