@@ -150,9 +150,11 @@ def generator_direct(url: str, rounds: int = 200, cancel_after: float = 0.002) -
 
 
 def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int = 1,
-                   text: str = "An ensemble flood.") -> list[str]:  # fmt: skip
+                   text: str = "An ensemble flood.", patience: float = 120.0) -> list[str]:  # fmt: skip
     """``streams`` tts_ensemble requests at once, each left after ``abandon_after`` chunks (0: read to the end)
-    -> per stream the FINISH_REASON of its last response read ("" if it was left first)."""
+    -> per stream the FINISH_REASON of its last response read ("" if it was left first; "no answer" if
+    nothing came for ``patience`` seconds). Returns once every stream has ended so: a stream that waits
+    for a generator slot gets its first chunk only when a stream ahead of it has ended."""
     out: list[str] = [""] * streams
     values = {"TEXT": text}
     specs = {s.name: s for s in contract.ENSEMBLE_INPUTS}
@@ -169,7 +171,7 @@ def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int 
                                                                        "chunk_next": 1})  # fmt: skip
             seen = 0
             while True:
-                result, error = got.get(timeout=120)
+                result, error = got.get(timeout=patience)
                 if error is not None:
                     out[i] = f"error: {error}"
                     return
@@ -186,8 +188,8 @@ def ensemble_flood(url: str, streams: int, max_patches: int, abandon_after: int 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(180)
+    for t in threads:  # each ends at its stream's end, or after ``patience`` s without a response
+        t.join()
     return out
 
 

@@ -41,9 +41,11 @@ def wait_gauges_zero(server, timeout: float = 10.0) -> dict[str, float]:
 def stuck_stacks(server, seconds_each: float = 10.0) -> list[Path]:
     """gdb's stacks of tritonserver and each of its stubs (found by their heartbeat files), appended to
     ``<work dir>/stacks/<name>.<pid>.gdb.txt``: called when a server that should have settled has not, so
-    that a rare hang under load leaves where each thread waited (a loaded ``make test`` once kept four
-    tts_ensemble requests and two generator slots for good after an ensemble flood, with every heartbeat on
-    time). The paths written (none without gdb); they are printed, which a failing test's report shows."""
+    that a rare hang under load leaves where each thread waited (a loaded ``make test`` once showed four
+    tts_ensemble requests and two generator slots after an ensemble flood, with every heartbeat on time; the
+    same state, reproduced with starved stubs, was the flood still generating, 264 of its 1,200 stream-steps
+    made, when the test stopped waiting for it: test_open_door now waits for the flood's end). The paths
+    written (none without gdb); they are printed, which a failing test's report shows."""
     from serving.supervision.run_folder import HEARTBEATS
     from serving.supervision.supervise import native_stacks
 
