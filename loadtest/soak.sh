@@ -143,10 +143,10 @@ echo "after the load:"
 gauges | sed 's/^/  /'
 # read receipts (docs/triton.md#T23): responses the generator held for their reader, and how long in all
 curl -s "http://127.0.0.1:$metrics/metrics" | grep -E '^tts_generator_held_(responses_total|seconds_total) ' | sed 's/^/  /' || true
-gate() {  # admission places and generator slots held now (serving.flow.side_channel), from the run folder
-    $PY -c "import sys; from pathlib import Path; from serving.flow.side_channel import Admission
-board = next(Path(sys.argv[1]).glob('*/cancel'))
-print(Admission(board, None, 1, create=False).total(), Admission(board, None, 1, file='generator_slots', create=False).total())" "$out/runs"
+gate() {  # admission places and generator slots held now (serving.flow.admission), from the run folder
+    $PY -c "import sys; from pathlib import Path; from serving.flow.admission import Admission
+gate = Admission(next(Path(sys.argv[1]).glob('*/cancel')), None, 1, create=False)
+print(gate.total(), gate.slots_held())" "$out/runs"
 }
 read -r places slots_held < <(gate)
 echo "  gate: $places admission places held, $slots_held generator slots held"
