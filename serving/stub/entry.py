@@ -42,9 +42,6 @@ class Entry:
         self.generator = BLSGenerator(self.bls, self.channel, self.keys.generator_model, self.admission, receipts,
                                       self.keys.new_stream_id)  # fmt: skip
 
-    async def execute(self, requests, serve: Callable) -> None:
-        await self.threads.serve(requests, serve)
-
     def responses(self, sender) -> Responses:
         """The request's sends, on the send threads: a send waits for Triton's process, the loop does not."""
         return Responses(sender, self.threads.sends)

@@ -53,7 +53,7 @@ class TritonPythonModel:
         self.in_flight = self.families[1].Metric()
 
     async def execute(self, requests):
-        await self.entry.execute(requests, self._serve)
+        await self.entry.threads.serve(requests, self._serve)  # on the stub's threads (serving.stub.stub_threads)
 
     async def _serve(self, request):
         sender = request.get_response_sender()

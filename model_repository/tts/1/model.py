@@ -61,7 +61,7 @@ class TritonPythonModel:
         self.outcome, self.audio_seconds, self.first_chunk = m.outcome, m.audio_seconds, m.first_chunk
 
     async def execute(self, requests):
-        await self.entry.execute(requests, self._serve)
+        await self.entry.threads.serve(requests, self._serve)  # on the stub's threads (serving.stub.stub_threads)
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
