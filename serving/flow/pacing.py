@@ -1,7 +1,7 @@
 """Pacing: the generator gets no further ahead of what a request's client has taken than the deadline rule
 needs (Triton gives no back-pressure from a gRPC client: T22). A paced request names a token (parameter
 ``pace``); its client's pace requests report the seconds ``delivered``; past :func:`lead_seconds` ahead the
-request's generator streams are paused (side-channel ``pause`` marks), below half of it (or once the client
+request's generator streams are held (on its reader's board: serving.flow.receipts), below half of it (or once the client
 took all it was sent) they resume, and paused with no delivery for ``hold`` s the request ends with
 :data:`HOLD_ERROR`. The rules and their bounds: docs/serving.md, "Pacing: a client that does not read".
 No Triton here: ``tts`` holds a :class:`Pacer` per request in a :class:`PaceTable`.
@@ -49,7 +49,7 @@ def check_token(token) -> str:
 
 class Pacer:
     """One paced request: seconds sent and delivered, the generator streams it has open, whether they are
-    paused. ``mark(id)``/``unmark(id)`` pause and resume a stream (the side channel's pause marks); times are
+    paused. ``mark(id)``/``unmark(id)`` hold and release a stream (serving.flow.receipts.Receipts); times are
     seconds of one monotonic clock, given by the caller."""
 
     def __init__(self, lead: float, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None],

@@ -1,35 +1,44 @@
-"""Read receipts: the generator sends a pipe's next response only once its reader has read the one before.
+"""The reader's board: what a generator pipe's reader lets the generator do. Per pipe, how many of its
+responses were read (the generator sends the next one only once the one before was read: docs/triton.md#T23);
+per stream, whether it is held (its request's client is far behind: serving.flow.pacing, docs/triton.md#T22;
+the generator does not step it). One carrier for both waits of the generator on a reader:
+docs/architecture.md, "Read receipts and pacing: the reader's board".
 
-Why: docs/triton.md#T23 (a decoupled BLS call can deadlock the stub; with at most one unread response per
-generator pipe, the response that closes the cycle never exists).
-
-The board: one file per reading model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side
-channel folder (serving.flow.side_channel), :data:`ENTRIES` entries of two little-endian int64: a pipe id,
-then how many of its responses were read. The reader owns its file. :meth:`Receipts.open` gives a pipe an
-entry (a free list in the reading process) and writes (id, 0) before the pipe's opening request goes out;
-the request names the entry in its :data:`PARAMETER` (``"tts:3"``); the pipe's reading thread counts each
-response as soon as ``next`` has returned it (:meth:`Receipt.read`); :meth:`Receipt.close` writes id 0 once
-nobody reads the pipe any more. The generator only reads (:class:`ReceiptBoard`): an entry that names
-another pipe (closed, or reused) means nobody reads this one, and the generator ends it. A reader with no
-free entry opens no pipe (serving.stub.pipe_reader).
+One file per reading model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side channel
+folder, owned by the reader (:class:`Receipts`), read only by the generator (:class:`ReceiptBoard`), all
+little-endian int64: the reader's pid; :data:`HELD` held stream ids (0: free); then its entries (pipe id,
+responses read). A pipe's entry is written (id, 0) before its opening request goes out, which names
+it in :data:`PARAMETER` (``"tts:3"``); each response is counted as soon as ``next`` returned it; id 0 once
+nobody reads the pipe. An entry that names another pipe, or a reader whose pid is gone (it died: its entry
+stays, and nobody else would free it), ends the pipe. A reader with no free entry opens no pipe
+(serving.stub.pipe_reader).
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import struct
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from serving.flow.admission import ADMITTERS
 
+log = logging.getLogger("tts")
 PARAMETER = "receipt"  # a pipe opening's entry on its reader's board: "<reader>:<index>"
 FILE = "receipts-"  # + the reading model's name
 # entries per board: a reader holds one per pipe whose reading thread runs (its open pipe, the rotated ones
 # that still carry streams: serving.stub.pipe_reader, and ones the generator has not ended yet)
 ENTRIES = 64
+# held streams per board: a reader holds at most its generator streams, at most one per slot
+# (serving.config.options.MAX_SLOTS)
+HELD = 1024
 _ENTRY = struct.Struct("<qq")  # pipe id, responses read
+_HELD = 8  # after the reader's pid: the held stream ids, then the entries
+HEAD = _HELD + 8 * HELD  # bytes before the entries
 
 
 def _path(board: str | Path, sender: str) -> Path:
@@ -38,15 +47,21 @@ def _path(board: str | Path, sender: str) -> Path:
     return Path(board) / f"{FILE}{sender}"
 
 
+def _int64(value: int) -> bytes:
+    # an int64 is copied in whole, never packed: struct's pack_into zero-fills its target before it writes
+    # the fields, and the generator (another process) then saw id 0 for an instant (T27)
+    return int(value).to_bytes(8, "little", signed=True)
+
+
 class Receipts:
     """A reading model's board (``tts`` or ``ensemble_generator``), ``capacity`` entries; one per process, used
-    from its event loop (:meth:`open`) and its pipes' reading threads (:meth:`Receipt.read`)."""
+    from its event loop (:meth:`open`, :meth:`hold`) and its pipes' reading threads (:meth:`Receipt.read`)."""
 
     def __init__(self, board: str | Path, sender: str, capacity: int = ENTRIES):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.sender, self.capacity = sender, capacity
-        size = _ENTRY.size * capacity
+        size = HEAD + _ENTRY.size * capacity
         fd = os.open(_path(board, sender), os.O_RDWR | os.O_CREAT, 0o600)
         try:  # never shrunk: the generator may have it mapped (a read past its end would kill it)
             if os.fstat(fd).st_size < size:
@@ -54,8 +69,11 @@ class Receipts:
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self.map[:] = bytes(size)  # a dead run's entries are void
+        self.map[:] = bytes(size)  # a dead run's entries and holds are void
+        self.map[:_HELD] = _int64(os.getpid())
         self.free = list(range(capacity - 1, -1, -1))  # entries nobody uses, the lowest taken first
+        self.held: dict[int, int] = {}  # held stream -> its place
+        self.places = list(range(HELD - 1, -1, -1))  # places no stream holds
         self.lock = threading.Lock()  # an entry is counted (a reading thread) or reopened (the loop), never both
 
     def open(self, pipe_id: int) -> Receipt | None:
@@ -64,8 +82,27 @@ class Receipts:
             return None
         index = self.free.pop()
         with self.lock:
-            _ENTRY.pack_into(self.map, _ENTRY.size * index, int(pipe_id), 0)
+            _ENTRY.pack_into(self.map, HEAD + _ENTRY.size * index, int(pipe_id), 0)
         return Receipt(self, index, int(pipe_id))
+
+    def hold(self, stream_id: int) -> None:
+        """The generator does not step the stream until :meth:`release` (a pace mark: serving.flow.pacing)."""
+        with self.lock:
+            if stream_id in self.held:
+                return
+            if not self.places:  # more than a reader's streams: never happens; the stream is then unpaced
+                log.error("all %d held-stream places are in use: stream %x is not held", HELD, stream_id)
+                return
+            place = self.held[stream_id] = self.places.pop()
+            self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = _int64(stream_id)
+
+    def release(self, stream_id: int) -> None:
+        """The stream may step again (or it ended); releasing one not held does nothing."""
+        with self.lock:
+            place = self.held.pop(stream_id, None)
+            if place is not None:
+                self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = bytes(8)
+                self.places.append(place)
 
 
 class Receipt:
@@ -82,14 +119,11 @@ class Receipt:
 
     def read(self) -> None:
         """One more response of the pipe was read (from the thread that read it)."""
-        at = _ENTRY.size * self.index
+        at = HEAD + _ENTRY.size * self.index
         with self.receipts.lock:
             pipe_id, count = _ENTRY.unpack_from(self.receipts.map, at)
             if pipe_id == self.pipe_id and not self.closed:  # a late read of a closed entry counts nothing
-                # the count alone, copied in whole: struct's pack_into zero-fills its target before it
-                # writes the fields, and the generator (another process) then saw id 0 for an instant: "its
-                # reader left", and a pipe ended with its streams on it
-                self.receipts.map[at + 8 : at + 16] = (count + 1).to_bytes(8, "little", signed=True)
+                self.receipts.map[at + 8 : at + 16] = _int64(count + 1)  # the count alone
 
     def close(self) -> None:
         """Nobody reads the pipe any more: the generator ends it, and the entry is free."""
@@ -97,7 +131,7 @@ class Receipt:
             return
         self.closed = True
         with self.receipts.lock:
-            _ENTRY.pack_into(self.receipts.map, _ENTRY.size * self.index, 0, 0)
+            _ENTRY.pack_into(self.receipts.map, HEAD + _ENTRY.size * self.index, 0, 0)
         self.receipts.free.append(self.index)
 
 
@@ -123,14 +157,14 @@ class ReceiptBoard:
                 return None
             try:
                 size = os.fstat(fd).st_size
-                if size < _ENTRY.size:
+                if size < HEAD + _ENTRY.size:
                     return None
                 board = self.maps[sender] = mmap.mmap(fd, size, prot=mmap.PROT_READ)
             finally:
                 os.close(fd)
-        if not index.isdigit() or int(index) * _ENTRY.size >= len(board):
+        if not index.isdigit() or HEAD + (int(index) + 1) * _ENTRY.size > len(board):
             raise ValueError(f"{PARAMETER} {value!r} names no entry")
-        return board, int(index) * _ENTRY.size
+        return board, HEAD + int(index) * _ENTRY.size
 
     @staticmethod
     def read(entry: tuple[mmap.mmap, int], pipe_id: int) -> int | None:
@@ -138,3 +172,23 @@ class ReceiptBoard:
         board, at = entry
         entry_id, count = _ENTRY.unpack_from(board, at)
         return count if entry_id == pipe_id else None
+
+    @staticmethod
+    def reader_alive(entry: tuple[mmap.mmap, int]) -> bool:
+        """Whether the process that owns the entry's board still exists (a ``kill(pid, 0)``)."""
+        pid = int.from_bytes(entry[0][:_HELD], "little", signed=True)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # it exists (another user's): alive
+            pass
+        return pid > 0
+
+    def held(self) -> set[int]:
+        """The streams every open board holds (one read of each: no system call)."""
+        out: set[int] = set()
+        for board in self.maps.values():
+            ids = np.frombuffer(board, "<i8", HELD, _HELD)
+            out.update(int(i) for i in ids[ids.nonzero()])
+        return out

@@ -8,16 +8,15 @@ file                           written by                                   read
 ``cancel-<id>``                tts, ensemble_generator, vocoder             generator (:meth:`~SideChannel.poll`,
                                (``mark("cancel", id)``)                     once per step), removed by it when
                                                                             acted on, else by the marker
-``pause-<id>``                 tts (``mark("pause", id)``, its pacers)      generator (the same listing), which
-                                                                            skips it; removed at the stream's end
 ``lost-<id>``                  generator (``mark("lost", id)``)             tts, for all its pipes' streams
 ``live/<id>``,                 generator (:meth:`LiveStreams.sync`)         vocoder (:meth:`LiveStreams.state`),
 ``live/ended-<id>``                                                         which removes ``ended-`` (``claim``)
 ``admission``                  tts, ensemble_generator (places, generator   every admitter, prompt_encoder, the
                                slots, their waiters), the generator (its    launcher (leaks: serving.supervision.vitals)
                                slot cap): serving.flow.admission
-``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a stream's
-                               (serving.flow.receipts: responses read)      next response (docs/triton.md#T23)
+``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a pipe's
+                               (serving.flow.receipts: responses read,      next response (docs/triton.md#T23)
+                               held streams)                                and as it steps
 ``<run folder>/broken``,       the launcher                                 tts, ensemble_generator
 ``draining``, ``dead.<model>`` (serving.supervision.run_folder.RunFlags)    (:meth:`~SideChannel.flag`)
 =============================  ===========================================  ======================================
@@ -43,7 +42,7 @@ from pathlib import Path
 from engine.lifetime import CANCEL_POLL_SECONDS
 from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, SHUTTING_DOWN
 
-KINDS = ("cancel", "pause", "lost")  # a stream's mark is the file <kind>-<id>
+KINDS = ("cancel", "lost")  # a stream's mark is the file <kind>-<id>
 # Directory timestamps are coarse (a kernel tick): a listing taken within this long of the directory's
 # last change may have missed a mark made in the same tick, so the next poll lists it again.
 _TIMESTAMP_SLACK_NS = 50_000_000
@@ -73,15 +72,14 @@ class SideChannel:
             raise ValueError(f"no mark {kind!r}")
         return os.path.join(self.dir, f"{kind}-{int(stream_id)}")
 
-    # ---- marks: cancel, pause (tts, ensemble_generator, vocoder -> the generator); lost (the generator -> tts) ----
+    # ---- marks: cancel (tts, ensemble_generator, vocoder -> the generator); lost (the generator -> tts) ----
     def mark(self, kind: str, stream_id: int) -> None:
-        """``cancel``: the stream's caller left, the generator ends it at its next step; ``pause``: its client
-        is far behind, the generator does not step it until it is unmarked; ``lost``: the generator gave it up
-        (its responses could not be sent)."""
+        """``cancel``: the stream's caller left, the generator ends it at its next step; ``lost``: the
+        generator gave it up (its responses could not be sent)."""
         _touch(self._path(kind, stream_id))
 
     def unmark(self, kind: str, stream_id: int) -> None:
-        """The mark is obsolete (the stream ended without seeing it; a paused stream may step again)."""
+        """The mark is obsolete (the stream ended without seeing it)."""
         self._marks[kind].discard(stream_id)
         _remove(self._path(kind, stream_id))
 
@@ -139,15 +137,12 @@ class SideChannel:
         return SHUTTING_DOWN if name == DRAINING else f"unavailable: {name[len(DEAD) :]} backend died; retry shortly"
 
     def sweep(self, max_age: float = 60.0) -> int:
-        """Remove cancel and lost marks older than ``max_age`` seconds (a live stream acts on its mark within
-        one step), and pause marks as old whose stream is not live; the live board sweeps itself
-        (:meth:`LiveStreams.sync`)."""
+        """Remove marks older than ``max_age`` seconds (a live stream acts on its mark within one step); the
+        live board sweeps itself (:meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
         for entry in os.scandir(self.dir):
             kind, _, number = entry.name.partition("-")
             if kind not in KINDS or not number.isdigit():
-                continue
-            if kind == "pause" and self.live.state(int(number)) == LIVE:  # a paused stream may wait long
                 continue
             try:
                 if entry.stat().st_mtime < cutoff:

@@ -38,8 +38,8 @@ class Entry:
         # not in Triton: docs/triton.md#T14) and this process's start window
         self.admission = Admission(self.channel.dir, model, opts.capacity, opts.slots, start_rate)
         self.admission.clear()  # one instance per model: slots a dead server held are nobody's
-        receipts = Receipts(self.channel.dir, model)  # its pipes' (docs/triton.md#T23)
-        self.generator = BLSGenerator(self.bls, self.channel, self.keys.generator_model, self.admission, receipts,
+        self.receipts = Receipts(self.channel.dir, model)  # its pipes' receipts, its held streams (T23, T22)
+        self.generator = BLSGenerator(self.bls, self.channel, self.keys.generator_model, self.admission, self.receipts,
                                       self.keys.new_stream_id)  # fmt: skip
 
     def responses(self, sender) -> Responses:

@@ -7,7 +7,6 @@ docs/architecture.md, "The generator's engine thread" and "The generator pipe an
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -25,7 +24,7 @@ from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_metrics import GeneratorMetrics
 from serving.stub.generator_pipes import PipeOpening, Pipes
-from serving.stub.triton_io import Throttled, load_model
+from serving.stub.triton_io import load_model
 from serving.supervision.run_folder import start_heartbeat
 
 log = logging.getLogger("generator")
@@ -71,7 +70,7 @@ class GeneratorHost:
                                         attention=opts.attention)  # fmt: skip
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
-        self.receipts = ReceiptBoard(self.channel.dir)  # the pipes' receipts (execute reads the entries)
+        self.receipts = ReceiptBoard(self.channel.dir)  # the readers' boards: receipts and held streams
         # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
         self.budget = StepBudget(opts.step_budget_ms / 1000)
         self.slot_cap = Admission(self.channel.dir, None, 1, opts.slots)  # its cap: serving.flow.admission
@@ -83,9 +82,7 @@ class GeneratorHost:
         # execute -> engine thread: streams are admitted between two steps, in arrival order
         self.arrivals: queue.SimpleQueue[Arrival | PipeOpening] = queue.SimpleQueue()
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
-        self.pausing: set[int] = set()  # live streams marked paused at the latest step (engine thread only)
         self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
-        self.send_failures = Throttled(log)
         self.stopping = threading.Event()
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()
@@ -96,14 +93,14 @@ class GeneratorHost:
         next_sweep = time.monotonic() + SWEEP_EVERY_SECONDS
         while not self.stopping.is_set():
             try:
-                paused = self.channel.marked("pause")  # (as of the latest listing) all paused: nothing to step
-                idle = not self.waiting and all(i in paused for i in self.service.live)
+                held = self.receipts.held()  # streams whose readers' clients are far behind (serving.flow.pacing)
+                idle = not self.waiting and all(i in held for i in self.service.live)  # all held: nothing to step
                 unsent = self.pipes.unsent()
                 self._take(wait=IDLE_WAIT_SECONDS if idle and not unsent else RECEIPT_POLL_SECONDS if idle else 0)
                 self._cancel_marked()
                 self._admit()
-                if self.service.live or self.pausing:  # (pausing: a paused stream's end removes its mark)
-                    self._step()
+                if self.service.live:
+                    self._step(held)
                 if self.pipes.open:
                     self.pipes.flush()
                 self.channel.live.sync(self.service.live)  # ended streams' grace runs out between steps too
@@ -137,7 +134,7 @@ class GeneratorHost:
     def _cancel_marked(self) -> None:
         """End the streams whose callers asked to (live or still waiting for a slot), each with its
         cancelled last chunk."""
-        marked = self.channel.poll()["cancel"]  # one listing per step: cancel and pause marks
+        marked = self.channel.poll()["cancel"]  # one listing per step
         if not marked:
             return
         for pipe_id in [i for i in self.pipes.open if i in marked]:  # its reader closed it
@@ -179,22 +176,21 @@ class GeneratorHost:
                 self._answer(a.sender, end_chunk(0, failure_reason(e)))
                 continue
             self.pipes.add(a.pipe, a.stream_id)  # its chunks, the last included, go on the pipe
-            with contextlib.suppress(Exception):  # its own request is answered now (T28); a caller that is
-                self.send_pipe(a.sender, None, True)  # gone: its pipe's reader drops its chunks
+            # its own request is answered now (T28); a caller that is gone: its pipe's reader drops its chunks
+            self.pipes.safely(self.send_pipe, a.sender, None, True)
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
 
-    def _step(self) -> None:
-        """One step of every live stream but the paused ones (their clients are far behind: serving.flow.pacing;
+    def _step(self, held: set[int]) -> None:
+        """One step of every live stream but the ``held`` ones (their clients are far behind: serving.flow.pacing;
         they keep their slots); each chunk that is due, sealed, waits for its pipe's next response. A failed
-        step ends every stream in it. A paused stream that ended has its pause mark removed."""
-        paused = self.channel.marked("pause")
+        step ends every stream in it."""
         live = list(self.service.live)
-        run = [i for i in live if i not in paused] if paused else live
+        run = [i for i in live if i not in held] if held else live
         t0 = time.perf_counter()
         try:
-            out = self.service.step(run)  # all paused (run empty): their chunk clocks rest all the same
+            out = self.service.step(run)  # all held (run empty): their chunk clocks rest all the same
         except Exception as e:
             log.exception("generator step failed")
             out = {i: end_chunk(i, failure_reason(RuntimeError(f"generator step failed: {e}"))) for i in run}
@@ -208,9 +204,6 @@ class GeneratorHost:
         for chunk in out.values():
             if chunk is not None:
                 self.pipes.post(self.keys.seal(chunk))
-        for stream_id in self.pausing - self.service.live.keys():
-            self.channel.unmark("pause", stream_id)
-        self.pausing = paused & self.service.live.keys()
 
     def _set_cap(self) -> None:
         """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""
@@ -223,10 +216,7 @@ class GeneratorHost:
     def _answer(self, sender, chunk: Chunk) -> None:
         """A stream's own request ends with ``chunk`` (a refusal or a cancel before it started); a caller
         that is gone has nothing to hear."""
-        try:
-            self.send(sender, chunk)
-        except Exception as e:  # noqa: BLE001 (any failure to send: the caller is gone)
-            self.send_failures.warning("generator: a response could not be sent (%s)", e)
+        self.pipes.safely(self.send, sender, chunk)
 
     def _lose(self, stream_ids: set[int], why: str) -> None:
         """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:

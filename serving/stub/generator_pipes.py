@@ -15,6 +15,9 @@ from serving.stub.chunk_pipe import MAX_PIPES
 from serving.stub.triton_io import Throttled
 
 log = logging.getLogger("generator")
+# a pipe's reader that has left a response unread this long is asked whether it is alive (its pid: a
+# reader that died keeps its entry, and its pipe would wait for the backstop)
+READER_CHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -46,7 +49,7 @@ class Pipes:
     ``send(sender, chunks, final)``: one response, ``chunks`` packed (None: the FINAL flag alone); raises
     when it cannot go out. ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and
     marked lost. ``waited(seconds)``: how long chunks waited for a receipt (a metric).
-    ``backstop``: seconds a reader may leave a response unread before its pipe is ended."""
+    ``backstop``: seconds a live reader may leave a response unread before its pipe is ended."""
 
     def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
                  lose: Callable[[set[int], str], None], waited: Callable[[float], None], backstop: float):  # fmt: skip
@@ -97,8 +100,11 @@ class Pipes:
                     continue
                 if read < pipe.sent:
                     pipe.held = True
-                    if time.monotonic() - pipe.since > self.backstop:
+                    waited = time.monotonic() - pipe.since
+                    if waited > self.backstop:
                         self.end(pipe_id, f"its reader read nothing for {self.backstop:.0f} s")
+                    elif waited > READER_CHECK_SECONDS and not ReceiptBoard.reader_alive(pipe.receipt):
+                        self.end(pipe_id, "its reader died")
                     continue
             chunks, pipe.queue = pipe.queue, []
             if pipe.held:
@@ -124,9 +130,14 @@ class Pipes:
         self._send(pipe.sender, None, True)
 
     def _send(self, sender, chunks: list[Chunk] | None, final: bool) -> bool:
+        return self.safely(self.send, sender, chunks, final)
+
+    def safely(self, send: Callable, *args) -> bool:
+        """``send(*args)``: whether it went out. The generator's one way to send: a failure means the
+        request's reader or caller is gone, and is logged (throttled), never raised."""
         try:
-            self.send(sender, chunks, final)
+            send(*args)
             return True
-        except Exception as e:  # noqa: BLE001 (any failure to send: the pipe's reader is gone)
-            self.failures.warning("generator: a pipe response could not be sent (%s)", e)
+        except Exception as e:  # noqa: BLE001 (any failure to send: the reader or the caller is gone)
+            self.failures.warning("generator: a response could not be sent (%s)", e)
             return False

@@ -243,24 +243,26 @@ def test_a_pipe_that_cannot_send_loses_its_streams(host, model):
     assert len(host.service.free) == 2
 
 
-def test_a_paused_stream_is_not_stepped_keeps_its_slot_and_loses_its_mark_at_its_end(host, model):
-    """tts marks a stream paused (serving.flow.pacing): the engine steps the others, not it; it keeps its
-    slot until the mark goes, then carries on as if never paused; its mark is removed when it ends."""
-    pipe = PipeSender()
-    host.arrivals.put(PipeOpening(9100, pipe, None))
-    host.channel.mark("pause", 301)  # paused before it is admitted (a stream opened while its request is paused)
+def test_a_held_stream_is_not_stepped_and_keeps_its_slot(host, model):
+    """tts holds a stream on its board (serving.flow.pacing, serving.flow.receipts): the engine steps the
+    others, not it; it keeps its slot until released, then carries on as if never held; a held stream still
+    ends when cancelled."""
+    receipts, pipe = Receipts(host.channel.dir, "tts"), PipeSender()
+    pipe.reader = receipts.open(9100)  # a reader that reads each response at once
+    host.arrivals.put(PipeOpening(9100, pipe, host.receipts.entry(pipe.reader.parameter)))
+    receipts.hold(301)  # held before it is admitted (a stream opened while its request is paused)
     for i in (301, 302):
         host.arrivals.put(Arrival(i, inputs(model, seed=i), PipeSender(), 9100))
     wait(lambda: any(c.last for c in pipe.chunks(302)))
     assert pipe.chunks(301) == [] and 301 in host.service.live and len(host.service.free) == 1
-    host.channel.unmark("pause", 301)
+    receipts.release(301)
     wait(lambda: any(c.last for c in pipe.chunks(301)))
     same_as_alone(model, 301, pipe.chunks(301))
-    host.channel.mark("pause", 303)
+    receipts.hold(303)
     host.arrivals.put(Arrival(303, inputs(model, seed=3), PipeSender(), 9100))
     wait(lambda: 303 in host.service.live)
-    host.channel.mark("cancel", 303)  # a paused stream still ends when cancelled, and its mark goes with it
+    host.channel.mark("cancel", 303)
     wait(lambda: any(c.last for c in pipe.chunks(303)))
-    assert pipe.chunks(303)[-1].finish_reason == CANCELLED
-    wait(lambda: not host.service.live and not (host.channel.dir / "pause-303").exists())
+    assert pipe.chunks(303)[-1].finish_reason == CANCELLED and pipe.chunks(303)[:-1] == []
+    wait(lambda: not host.service.live)
     assert len(host.service.free) == 2

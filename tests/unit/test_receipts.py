@@ -1,9 +1,10 @@
-"""Read receipts (serving.flow.receipts, docs/triton.md#T23): a reader's board counts the responses read per
+"""The reader's board (serving.flow.receipts, docs/triton.md#T23, T22): it counts the responses read per
 pipe; the generator's view sees the count, or None once the entry names another pipe (closed, reused); a
 read that lands after its entry was closed counts nothing; a full board opens nothing, and a reader then
-opens no pipe (never one unpaced). And the generator's engine thread (serving.stub.generator_host) sends a
-pipe's next response only once the one before was read, ends the pipe (its streams lost) when its reader
-closes the entry, and sends everything at once when it shuts down. No Triton."""
+opens no pipe (never one unpaced). It holds streams (pacing) until released, and a restart releases them.
+And the generator's engine thread (serving.stub.generator_host) sends a pipe's next response only once the
+one before was read, ends the pipe (its streams lost) when its reader closes the entry or its reader died,
+and sends everything at once when it shuts down. No Triton."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from engine.chunking import ChunkSchedule
 from engine.params import GenerationParams
 from engine.protocol import StreamFailed
-from serving.flow.receipts import ENTRIES, PARAMETER, ReceiptBoard, Receipts
+from serving.flow.receipts import ENTRIES, HEAD, HELD, PARAMETER, ReceiptBoard, Receipts
 from serving.flow.side_channel import SideChannel
 from serving.stub.generator_host import Arrival
 from serving.stub.generator_pipes import PipeOpening
@@ -99,7 +100,48 @@ def test_a_restarted_sender_voids_its_entries_and_never_shrinks_the_board(tmp_pa
     board = ReceiptBoard(tmp_path)
     entry = board.entry("tts:0")
     Receipts(tmp_path, "tts", 64)  # a new sender process (a mapped board is never cut short under a reader)
-    assert board.read(entry, 5) is None and (tmp_path / "receipts-tts").stat().st_size == 128 * 16
+    assert board.read(entry, 5) is None and (tmp_path / "receipts-tts").stat().st_size == HEAD + 128 * 16
+
+
+def test_a_board_holds_streams_until_released_and_a_restart_releases_them(tmp_path):
+    """tts's pacers hold a request's streams (serving.flow.pacing); the generator reads them all in one look."""
+    receipts, board = Receipts(tmp_path, "tts", 2), ReceiptBoard(tmp_path)
+    assert board.held() == set()  # no board opened yet: nothing held
+    board.entry("tts:0")  # the generator opens a board when a pipe names it
+    receipts.hold(3)
+    receipts.hold(4)
+    receipts.hold(4)  # twice: one place
+    big = (1 << 63) - 1  # stream ids are 63 random bits
+    receipts.hold(big)
+    assert board.held() == {3, 4, big}
+    receipts.release(4)
+    receipts.release(4)  # twice, and one never held: nothing
+    receipts.release(99)
+    assert board.held() == {3, big}
+    for i in range(10, 10 + HELD - 2):  # every place in use: a stream past them is not held (never happens)
+        receipts.hold(i)
+    receipts.hold(5)
+    assert len(board.held()) == HELD and 5 not in board.held()
+    receipts.release(3)
+    receipts.hold(5)  # a released place is reused
+    assert 5 in board.held() and 3 not in board.held()
+    Receipts(tmp_path, "tts", 2)  # a restarted reader: its dead run's holds are void
+    assert board.held() == set()
+
+
+def test_the_generator_sees_whether_a_boards_reader_is_alive(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    here = Receipts(tmp_path, "tts").open(1)
+    assert ReceiptBoard.reader_alive(ReceiptBoard(tmp_path).entry(here.parameter))
+    code = f"from serving.flow.receipts import Receipts; print(Receipts({str(tmp_path)!r}, 'ensemble_generator').open(2).parameter)"
+    parameter = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=os.getcwd()
+    ).stdout.strip()
+    entry = ReceiptBoard(tmp_path).entry(parameter)  # its reader exited, its entry stays
+    assert ReceiptBoard.read(entry, 2) == 0 and not ReceiptBoard.reader_alive(entry)
 
 
 def wait_for(condition, seconds: float = 60.0) -> None:
@@ -155,6 +197,22 @@ def test_the_generator_sends_a_pipes_next_response_once_the_one_before_was_read(
     assert pipe.done.wait(30) and pipe.responses[3:] == [(None, True)]
     wait_for(lambda: host.channel.take("lost", 9))
     wait_for(lambda: not host.service.live and not host.pipes.open and host.metrics.held.value == 0)
+
+
+def test_a_pipe_whose_reader_died_is_ended_long_before_the_backstop(host, model):  # noqa: F811
+    """A reader process that dies keeps its entry (nobody closes it): the generator sees its pid is gone once
+    a response has waited READER_CHECK_SECONDS, and ends the pipe, its stream lost (not after 300 s)."""
+    import subprocess
+    import sys
+
+    code = f"from serving.flow.receipts import Receipts; print(Receipts({str(host.channel.dir)!r}, 'tts').open(80).parameter)"
+    parameter = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    pipe = PipeSender()
+    host.arrivals.put(PipeOpening(80, pipe, host.receipts.entry(parameter)))
+    host.arrivals.put(Arrival(8, stream(model, 400, 1), PipeSender(), 80))
+    assert pipe.done.wait(60) and pipe.responses == [([], False), (None, True)]  # nothing sent unread
+    wait_for(lambda: host.channel.take("lost", 8))
+    wait_for(lambda: not host.service.live and not host.pipes.open)
 
 
 def test_a_generator_that_closes_sends_a_held_pipe_everything(host, model):  # noqa: F811

@@ -327,27 +327,6 @@ def test_side_channel_lists_again_a_mark_made_in_the_tick_of_its_listing(tmp_pat
     assert tts.poll()["lost"] == {4} and tts.poll()["lost"] == {4}
 
 
-def test_side_channel_pause_marks(tmp_path):
-    """tts marks a stream paused, the generator reads the marks in its one listing per step (with the cancel
-    marks); the sweep leaves a live stream's old pause mark and removes one whose stream is gone."""
-    import os
-
-    tts, generator = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
-    tts.mark("pause", 3)
-    tts.mark("pause", 4)
-    tts.mark("cancel", 5)
-    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3, 4}
-    tts.unmark("pause", 4)
-    tts.unmark("pause", 4)  # twice: the generator may have removed it at the stream's end
-    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3}
-    generator.live.sync([3])
-    tts.mark("pause", 6)  # a stream that is not live (its tts died, say)
-    for name in ("pause-3", "pause-6"):
-        os.utime(os.path.join(tts.dir, name), (0, 0))
-    assert tts.sweep(60) == 1
-    assert generator.poll()["cancel"] == {5} and generator.marked("pause") == {3}
-
-
 def test_side_channel(tmp_path):
     b = SideChannel(tmp_path / "c")
     assert (tmp_path / "c").stat().st_mode & 0o777 == 0o700
@@ -369,7 +348,7 @@ def test_side_channel_lost_marks_come_in_the_same_listing(tmp_path):
     generator, tts = SideChannel(tmp_path / "marks"), SideChannel(tmp_path / "marks")
     generator.mark("lost", 8)
     generator.mark("cancel", 9)
-    assert tts.poll() == {"cancel": {9}, "pause": set(), "lost": {8}}
+    assert tts.poll() == {"cancel": {9}, "lost": {8}}
     assert tts.take("lost", 8) and tts.marked("lost") == set() and not tts.take("lost", 8)
     assert tts.poll()["lost"] == set() and tts.marked("cancel") == {9}
 

@@ -7,7 +7,6 @@ are pace requests, before anything else (serving.flow.pacing: a request with a p
 import asyncio
 import contextlib
 import time
-from functools import partial
 
 import triton_python_backend_utils as pb
 
@@ -47,9 +46,7 @@ class TritonPythonModel:
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
-        self.paces = PaceTable(
-            opts.pace_hold_seconds, partial(e.channel.mark, "pause"), partial(e.channel.unmark, "pause")
-        )  # by token
+        self.paces = PaceTable(opts.pace_hold_seconds, e.receipts.hold, e.receipts.release)  # by token
         vocoder = BLSVocoder(e.bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(e.bls), e.generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), e.keys.new_stream_id,
