@@ -1,22 +1,13 @@
-"""The reader's board: what a generator pipe's reader lets the generator do. Per pipe, how many of its
-responses were read (the generator sends the next one only once the one before was read: docs/triton.md#T23);
-per stream, whether it is held (its request's client is far behind: serving.flow.pacing, docs/triton.md#T22;
-the generator does not step it). One carrier for both waits of the generator on a reader:
-docs/architecture.md, "Read receipts and pacing: the reader's board".
-
-One file per reading model (``receipts-tts``, ``receipts-ensemble_generator``) in the run's side channel
-folder, owned by the reader (:class:`Receipts`), read only by the generator (:class:`ReceiptBoard`), all
-little-endian int64: the reader's pid; :data:`HELD` held stream ids (0: free); then its entries (pipe id,
-responses read). A pipe's entry is written (id, 0) before its opening request goes out, which names
-it in :data:`PARAMETER` (``"tts:3"``); each response is counted as soon as ``next`` returned it; id 0 once
-nobody reads the pipe. An entry that names another pipe, or a reader whose pid is gone (it died: its entry
-stays, and nobody else would free it), ends the pipe. A reader with no free entry opens no pipe
-(serving.stub.pipe_reader).
+"""The reader's board: all the generator waits for on a reader's side, in one mmap per reading model
+(``receipts-tts``, ``receipts-ensemble_generator``) that the reader (:class:`Receipts`) writes and the
+generator (:class:`ReceiptBoard`) reads. Little-endian int64s: the reader's pid; :data:`HELD` held streams
+(0: free; serving.flow.pacing: a far-behind client's, not stepped, docs/triton.md#T22); then per pipe (pipe id,
+responses read), its next response sent only once the one before was read (docs/triton.md#T23). Protocol
+and rules: docs/architecture.md, "Read receipts and pacing: the reader's board".
 """
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import struct
@@ -27,14 +18,12 @@ import numpy as np
 
 from serving.flow.admission import ADMITTERS
 
-log = logging.getLogger("tts")
 PARAMETER = "receipt"  # a pipe opening's entry on its reader's board: "<reader>:<index>"
 FILE = "receipts-"  # + the reading model's name
 # entries per board: a reader holds one per pipe whose reading thread runs (its open pipe, the rotated ones
 # that still carry streams: serving.stub.pipe_reader, and ones the generator has not ended yet)
 ENTRIES = 64
-# held streams per board: a reader holds at most its generator streams, at most one per slot
-# (serving.config.options.MAX_SLOTS)
+# held streams per board: a reader's generator streams, at most one per slot (serving.config.options.MAX_SLOTS)
 HELD = 1024
 _ENTRY = struct.Struct("<qq")  # pipe id, responses read
 _HELD = 8  # after the reader's pid: the held stream ids, then the entries
@@ -72,7 +61,7 @@ class Receipts:
         self.map[:] = bytes(size)  # a dead run's entries and holds are void
         self.map[:_HELD] = _int64(os.getpid())
         self.free = list(range(capacity - 1, -1, -1))  # entries nobody uses, the lowest taken first
-        self.held: dict[int, int] = {}  # held stream -> its place
+        self.held: dict[int, int] = {}  # held stream -> its place (the event loop only, as the places)
         self.places = list(range(HELD - 1, -1, -1))  # places no stream holds
         self.lock = threading.Lock()  # an entry is counted (a reading thread) or reopened (the loop), never both
 
@@ -87,22 +76,16 @@ class Receipts:
 
     def hold(self, stream_id: int) -> None:
         """The generator does not step the stream until :meth:`release` (a pace mark: serving.flow.pacing)."""
-        with self.lock:
-            if stream_id in self.held:
-                return
-            if not self.places:  # more than a reader's streams: never happens; the stream is then unpaced
-                log.error("all %d held-stream places are in use: stream %x is not held", HELD, stream_id)
-                return
+        if stream_id not in self.held:  # (places run out only past MAX_SLOTS streams: IndexError)
             place = self.held[stream_id] = self.places.pop()
             self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = _int64(stream_id)
 
     def release(self, stream_id: int) -> None:
         """The stream may step again (or it ended); releasing one not held does nothing."""
-        with self.lock:
-            place = self.held.pop(stream_id, None)
-            if place is not None:
-                self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = bytes(8)
-                self.places.append(place)
+        place = self.held.pop(stream_id, None)
+        if place is not None:
+            self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = bytes(8)
+            self.places.append(place)
 
 
 class Receipt:

@@ -1,7 +1,8 @@
 """The reading end of a generator pipe (serving.stub.chunk_pipe), in ``tts`` or ``ensemble_generator``: one
 open pipe per process, read on a thread of its own, each response's chunks handed to their streams'
 :class:`Inbox` in one turn of the event loop; rotated after :data:`ROTATE_BYTES` or :data:`ROTATE_RESPONSES`
-(docs/triton.md#T25). Docs: docs/architecture.md, "The generator pipe and read receipts".
+(docs/triton.md#T25). Docs: docs/architecture.md, "The generator pipe" and "Read receipts and pacing: the
+reader's board".
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class PipeReader:
     """This process's pipe to the generator ``model``: :meth:`join` gives a stream's pipe id and inbox
     (opening the pipe first if none is open), :meth:`leave` forgets the stream."""
 
-    def __init__(self, bls: BLS, channel: SideChannel, model: str, receipts: Receipts | None,
+    def __init__(self, bls: BLS, channel: SideChannel, model: str, receipts: Receipts,
                  new_id: Callable[[], int]):  # fmt: skip
         self.bls, self.channel, self.model, self.receipts, self.new_id = bls, channel, model, receipts, new_id
         self.pipe_id = 0  # the open pipe (0: none)
@@ -149,16 +150,13 @@ class PipeReader:
 
     async def _open(self) -> None:
         pb, pipe_id = self.bls.pb, self.new_id()
-        parameters, receipt = {**self.bls.parameters, PARAMETER: OPEN}, None
-        if self.receipts is not None:  # the generator sends each response once the one before was read (T23)
-            receipt = self.receipts.open(pipe_id)
-            if receipt is None:  # never unpaced
-                raise StreamFailed(f"{UNAVAILABLE}all {self.receipts.capacity} read-receipt entries are in use "
-                                   "(docs/triton.md#T23): no new pipe to the generator; retry")  # fmt: skip
-            parameters[RECEIPT] = receipt.parameter
+        receipt = self.receipts.open(pipe_id)  # the generator sends each response once the one before was read
+        if receipt is None:  # never unpaced (T23)
+            raise StreamFailed(f"{UNAVAILABLE}all {self.receipts.capacity} read-receipt entries are in use "
+                               "(docs/triton.md#T23): no new pipe to the generator; retry")  # fmt: skip
         request = pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, {**NO_PROMPT, "TEXT": ""}),
-            parameters=parameters,
+            parameters={**self.bls.parameters, PARAMETER: OPEN, RECEIPT: receipt.parameter},
             requested_output_names=[s.name for s in contract.PIPE_OUTPUTS], correlation_id=pipe_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
@@ -177,8 +175,7 @@ class PipeReader:
                 )
             responses = started.result()
         except BaseException:
-            if receipt is not None:
-                receipt.close()
+            receipt.close()
             raise
         loop = asyncio.get_running_loop()
         self.carried[pipe_id] = [0, 0]
@@ -196,8 +193,7 @@ class PipeReader:
         carried = self.carried[pipe_id]
         try:
             for response in responses:
-                if receipt is not None:
-                    receipt.read()
+                receipt.read()
                 if (error := bls_error(self.bls.pb, "generator", response)) is not None:
                     why = str(error)
                     break
@@ -209,8 +205,7 @@ class PipeReader:
         except Exception as e:  # noqa: BLE001 (any failure ends the pipe; its streams are told)
             why = f"reading it failed: {e}"
         finally:
-            if receipt is not None:
-                receipt.close()
+            receipt.close()
         del request
         loop.call_soon_threadsafe(self._ended, pipe_id, responses, why)
 

@@ -9,7 +9,6 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from client import AsyncTTSClient, TTSError
 from client.pace import Pace, pace_request
 from engine.chunking import PATCH_SECONDS
 from engine.protocol import SAMPLE_RATE
+from serving.flow.receipts import ReceiptBoard
 from tests.integration.helpers import wait_gauges_zero
 
 pytestmark = pytest.mark.integration
@@ -56,6 +56,13 @@ def unpaced(server) -> np.ndarray:
     return audio
 
 
+def held_streams(server_options) -> ReceiptBoard:
+    """tts's board (serving.flow.receipts) as the generator sees it: the streams its pacers hold."""
+    board = ReceiptBoard(server_options.cancel_dir)
+    assert board.entry("tts:0") is not None  # (opens the board)
+    return board
+
+
 def stream_steps(server) -> float:
     return server.metrics(("tts_generator_stream_steps_total",))["tts_generator_stream_steps_total"]
 
@@ -81,11 +88,11 @@ def test_a_slow_reader_is_paced_and_gets_the_same_audio(server, server_options, 
     paused and resumed, and its audio is that of the unpaced request. A forged pace request meanwhile (a
     token no request holds) is refused by name and touches nothing."""
     marks, stop = set(), threading.Event()
-    board = Path(server_options.cancel_dir)
+    board = held_streams(server_options)
 
     def watch() -> None:
         while not stop.is_set():
-            marks.update(p.name for p in board.glob("pause-*"))
+            marks.update(board.held())
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -104,7 +111,7 @@ def test_a_slow_reader_is_paced_and_gets_the_same_audio(server, server_options, 
     assert error is None
     assert np.array_equal(np.concatenate(chunks), unpaced)
     assert marks, "the stream was never paused"
-    assert not list(board.glob("pause-*"))  # no mark outlives its request
+    assert not board.held()  # no hold outlives its request
     assert "no running request has this pace token" in forged
 
 
@@ -153,7 +160,7 @@ def test_a_speech_client_that_stops_reading_stops_the_generator(server, server_o
               f"(lead {2 * 6 * PATCH_SECONDS:.2f} s)")  # fmt: skip
         assert made[-1] == made[-5] and seconds < 20  # stopped, far short of the 30 s bound and the 48 s
         m = wait_gauges_zero(server, timeout=30)  # held out: ended, its slot freed, the client still there
-        assert m["tts_generator_active_slots"] == 0 and not list(Path(server_options.cancel_dir).glob("pause-*"))
+        assert m["tts_generator_active_slots"] == 0 and not held_streams(server_options).held()
     finally:
         sock.close()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.protocol import LATENT_DIM, UNAVAILABLE, Chunk, StreamFailed
+from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.stub import pipe_reader
 from serving.stub.pipe_reader import Inbox, PipeReader
@@ -21,7 +22,7 @@ class FakeBLS:
 
 
 def reader(tmp_path) -> PipeReader:
-    return PipeReader(FakeBLS(), SideChannel(tmp_path), "generator", None, lambda: 7)
+    return PipeReader(FakeBLS(), SideChannel(tmp_path), "generator", Receipts(tmp_path, "tts"), lambda: 7)
 
 
 def test_one_watch_fails_lost_and_silent_streams_and_leaves_the_others(tmp_path, monkeypatch):
