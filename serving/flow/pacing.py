@@ -1,10 +1,7 @@
-"""Pacing: the generator gets no further ahead of what a request's client has taken than the deadline rule
-needs (Triton gives no back-pressure from a gRPC client: T22). A paced request names a token (parameter
-``pace``); its client's pace requests report the seconds ``delivered``; past :func:`lead_seconds` ahead the
-request's generator streams are held (on its reader's board: serving.flow.receipts), below half of it (or once the client
-took all it was sent) they resume, and paused with no delivery for ``hold`` s the request ends with
-:data:`HOLD_ERROR`. The rules and their bounds: docs/serving.md, "Pacing: a client that does not read".
-No Triton here: ``tts`` holds a :class:`Pacer` per request in a :class:`PaceTable`.
+"""Pacing (docs/triton.md#T22): a paced request's generator streams are held on its reader's board
+(serving.flow.receipts) while it is :func:`lead_seconds` ahead of what its client took, and it ends with
+:data:`HOLD_ERROR` when held too long without delivery. Rules and bounds: docs/serving.md, "Pacing: a client
+that does not read". No Triton here: ``tts`` holds a :class:`Pacer` per request in a :class:`PaceTable`.
 """
 
 from __future__ import annotations

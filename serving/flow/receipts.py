@@ -159,14 +159,13 @@ class ReceiptBoard:
     @staticmethod
     def reader_alive(entry: tuple[mmap.mmap, int]) -> bool:
         """Whether the process that owns the entry's board still exists (a ``kill(pid, 0)``)."""
-        pid = int.from_bytes(entry[0][:_HELD], "little", signed=True)
         try:
-            os.kill(pid, 0)
+            os.kill(int.from_bytes(entry[0][:_HELD], "little", signed=True), 0)
         except ProcessLookupError:
             return False
-        except PermissionError:  # it exists (another user's): alive
+        except PermissionError:  # another user's process: it exists
             pass
-        return pid > 0
+        return True
 
     def held(self) -> set[int]:
         """The streams every open board holds (one read of each: no system call)."""

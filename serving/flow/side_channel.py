@@ -102,10 +102,6 @@ class SideChannel:
             self._marks, self._listed_mtime = marks, mtime
         return self._marks
 
-    def marked(self, kind: str) -> set[int]:
-        """The ids marked ``kind`` as of the latest :meth:`poll` (no system call)."""
-        return self._marks[kind]
-
     # ---- flags: the launcher -> the stubs (serving.supervision.run_folder.RunFlags raises them) ----
     def flag(self, name: str, within: float = CANCEL_POLL_SECONDS) -> str | None:
         """The launcher's flag ``name`` (``broken``, ``draining``, ``dead.<model>``): its message, or None when

@@ -32,9 +32,6 @@ log = logging.getLogger("generator")
 IDLE_WAIT_SECONDS = 0.05  # with nothing to step, the engine waits this long for an arrival (and checks marks)
 SWEEP_EVERY_SECONDS = 30.0  # stale cancellation marks are swept this often
 RECEIPT_POLL_SECONDS = 0.002  # with nothing to step but chunks waiting for receipts, looked at this often
-# a reader that has not read its pipe's previous response for this long is gone (tts gives up a stream far
-# sooner, and then says so on the board): the pipe is ended, its streams lost
-RECEIPT_BACKSTOP_SECONDS = 300.0
 
 
 @dataclass
@@ -83,7 +80,7 @@ class GeneratorHost:
         # execute -> engine thread: streams are admitted between two steps, in arrival order
         self.arrivals: queue.SimpleQueue[Arrival | PipeOpening] = queue.SimpleQueue()
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
-        self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited, RECEIPT_BACKSTOP_SECONDS)
+        self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited)
         self.stopping = threading.Event()
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()

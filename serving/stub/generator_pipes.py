@@ -16,8 +16,9 @@ from serving.stub.triton_io import Throttled
 
 log = logging.getLogger("generator")
 # a pipe's reader that has left a response unread this long is asked whether it is alive (its pid: a
-# reader that died keeps its entry, and its pipe would wait for the backstop)
-READER_CHECK_SECONDS = 1.0
+# reader that died keeps its entry); one alive that leaves it unread RECEIPT_BACKSTOP_SECONDS is gone (tts
+# gives up a stream far sooner, and then says so on the board): either way the pipe ends, its streams lost
+READER_CHECK_SECONDS, RECEIPT_BACKSTOP_SECONDS = 1.0, 300.0
 
 
 @dataclass
@@ -48,12 +49,11 @@ class Pipes:
 
     ``send(sender, chunks, final)``: one response, ``chunks`` packed (None: the FINAL flag alone); raises
     when it cannot go out. ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and
-    marked lost. ``waited(seconds)``: how long chunks waited for a receipt (a metric).
-    ``backstop``: seconds a live reader may leave a response unread before its pipe is ended."""
+    marked lost. ``waited(seconds)``: how long chunks waited for a receipt (a metric)."""
 
     def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
-                 lose: Callable[[set[int], str], None], waited: Callable[[float], None], backstop: float):  # fmt: skip
-        self.send, self.lose, self.waited, self.backstop = send, lose, waited, backstop
+                 lose: Callable[[set[int], str], None], waited: Callable[[float], None]):  # fmt: skip
+        self.send, self.lose, self.waited = send, lose, waited
         self.open: dict[int, Pipe] = {}
         self.riding: dict[int, int] = {}  # stream -> its pipe (live, or its last chunk not sent yet)
         self.failures = Throttled(log)
@@ -101,8 +101,8 @@ class Pipes:
                 if read < pipe.sent:
                     pipe.held = True
                     waited = time.monotonic() - pipe.since
-                    if waited > self.backstop:
-                        self.end(pipe_id, f"its reader read nothing for {self.backstop:.0f} s")
+                    if waited > RECEIPT_BACKSTOP_SECONDS:
+                        self.end(pipe_id, f"its reader read nothing for {RECEIPT_BACKSTOP_SECONDS:.0f} s")
                     elif waited > READER_CHECK_SECONDS and not ReceiptBoard.reader_alive(pipe.receipt):
                         self.end(pipe_id, "its reader died")
                     continue
