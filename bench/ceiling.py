@@ -14,6 +14,9 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
+With ``--real`` the preset's networks step instead of the synthetic math, on ``--device`` (``--preset full``: the
+checkpoint :mod:`bench.full_size` writes): the ceiling of a model, which ``bench/gpu.sh --triton`` runs on a GPU.
+
 The server's start window (``--start-rate``, engine.start_window) bounds the requests between their start and
 their first audio (``--start-rate 0``: no window, to compare): without it, a level's streams all start together and
 the ones that got their first chunk early stall (docs/serving.md, Starts under load).
