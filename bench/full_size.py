@@ -13,6 +13,8 @@ Memory: the writer holds one shard (2 GB) at a time (the model is built with its
 unallocated, each layer filled when its shard is written); the server loads each network once per process
 (float32 files on CPU: no cast, one copy). Before each step the free memory is checked against what the
 step needs, and the run refuses with both numbers when it is short. Not part of ``make test``: minutes.
+Past 300 lines on purpose: one first-start check (bench/full_size.sh), whose writer, memory guard, process
+watch and report share the checkpoint's sizes and end in one table; docs/gpu.md has the measured run.
 """
 
 from __future__ import annotations
