@@ -327,15 +327,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    writer = None
-    if args.triton and not args.smoke:  # the ceiling's checkpoint, written on the CPU while the GPU is timed
-        writer = subprocess.Popen([sys.executable, "-m", "bench.full_size", "--write-only", "--nostop"])
-        args.budget_s = min(args.budget_s, TRITON_TIMED_BUDGET_S)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA device (use --smoke to run on CPU)")
     if not device.startswith("cuda") and not (args.smoke or args.syncs_only):
         ap.error("this benchmark is for a CUDA machine; --smoke runs it on CPU")
+    writer = None
+    # --triton: the ceiling's checkpoint, written on the CPU while the GPU is timed
+    if args.triton and not args.smoke and not args.syncs_only:
+        writer = subprocess.Popen([sys.executable, "-m", "bench.full_size", "--write-only", "--nostop"])
+        args.budget_s = min(args.budget_s, TRITON_TIMED_BUDGET_S)
     preset = args.preset or ("tiny" if args.smoke else "full")
     check = args.check_preset or ("tiny" if args.smoke else "small")
     streams = [int(x) for x in (args.streams or ("1,2" if args.smoke else "1,16,64,256")).split(",")]
