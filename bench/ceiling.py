@@ -14,6 +14,9 @@ patches/s) after its first chunk. Levels double from ``--start`` until one fails
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
 the first failure. The ceiling is the largest level that passed.
 
+With ``--real`` the preset's networks step instead of the synthetic math, on ``--device`` (``--preset full``: the
+checkpoint :mod:`bench.full_size` writes): the ceiling of a model, which ``bench/gpu.sh --triton`` runs on a GPU.
+
 The server's start window (``--start-rate``, engine.start_window) bounds the requests between their start and
 their first audio (``--start-rate 0``: no window, to compare): without it, a level's streams all start together and
 the ones that got their first chunk early stall (docs/serving.md, Starts under load).
@@ -281,7 +284,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--rate-max", type=float, default=64.0, help="open loop: the highest rate, requests/s (default 64)")
     add_open_loop_options(ap)
-    ap.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="checkpoint of the prompt encoder")
+    ap.add_argument(
+        "--preset",
+        choices=["tiny", "small", "full"],
+        default="tiny",
+        help="checkpoint of the prompt encoder (with --real: of every model; full: bench.full_size's)",
+    )
+    ap.add_argument(
+        "--real",
+        action="store_true",
+        help="the preset's real networks step (no --synthetic-math): the ceiling of a model on --device",
+    )
+    ap.add_argument("--device", default="cpu", help="the server's --device (default cpu; cuda with --real on a GPU)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     ap.add_argument("--client", choices=["aio", "threads"], default="aio",
                     help="the load: one asyncio loop in a process of its own, every stream on one gRPC channel "
@@ -307,6 +321,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.step_cost = StepCost.parse(args.synthetic_step)
     except ValueError as e:
         ap.error(f"--synthetic-step: {e}")
+    if args.real and args.synthetic_step:
+        ap.error("--synthetic-step times the synthetic generator; --real runs the networks")
     if args.start_rate < 0 or args.step_budget_ms < 0:
         ap.error("need --start-rate >= 0 (0: no window) and --step-budget-ms >= 0 (0: none)")
     if not 1 <= args.start <= args.slots <= MAX_SLOTS:
@@ -329,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(local_server(args.preset, args.slots, max_len=256, synthetic_math=True,
+        server = stack.enter_context(local_server(args.preset, args.slots, args.device, synthetic_math=not args.real,
+                                                  max_len=max(256, args.patches + 192),
                                                   start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
                                                   synthetic_step=args.synthetic_step))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
@@ -375,7 +392,12 @@ def main(argv: list[str] | None = None) -> int:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
         print(f"ceiling: {ceiling} concurrent real-time streams with no underrun{top}")
     print(
-        f"synthetic math (step {args.step_cost}), {args.preset} prompt encoder, {args.slots} slots, {args.patches} patches per stream, "
+        (
+            f"real math, {args.preset} preset on {args.device}"
+            if args.real
+            else f"synthetic math (step {args.step_cost}), {args.preset} prompt encoder"
+        )
+        + f", {args.slots} slots, {args.patches} patches per stream, "
         f"start rate {f'{args.start_rate:g}/s' if args.start_rate else 'no window'}, "
         f"step budget {f'{args.step_budget_ms:g} ms' if args.step_budget_ms else 'none'}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
@@ -389,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
                "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
-               "synthetic_step": str(args.step_cost)}  # fmt: skip
+               "synthetic_step": str(args.step_cost), "real": args.real, "device": args.device}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -16,10 +16,12 @@ For a CUDA machine with PyTorch, no internet and no tritonserver needed; fits in
 
 ``--smoke`` runs the same on the ``tiny`` preset with 1 and 2 streams (on CPU when there is no GPU), in
 seconds; there the syncs are counted on the meta device, in the CUDA precision policy. ``--syncs-only``
-counts only the syncs (``--device cpu``: the preset on the meta device). ``--triton`` also streams
-through a real tritonserver on the same device where one exists (the NGC image's, or the
-``nvidia-pytriton`` wheel's): ``python -m bench`` on the ``small`` preset at up to 64 concurrent streams
-(time to first chunk, real-time factor).
+counts only the syncs (``--device cpu``: the preset on the meta device). ``--triton`` also runs the
+open-loop ceiling through a real tritonserver on the same device where one exists (the NGC image's, or the
+``nvidia-pytriton`` wheel's): ``python -m bench.ceiling --real --preset full`` (the networks step, not
+``--synthetic-math``; Poisson arrivals at 4 to 64 requests/s), on the full preset's checkpoint that
+:mod:`bench.full_size` writes on the CPU while the GPU is timed; the timed points then stop at 150 s so
+that all of it fits the script's 8 minutes (``--smoke --triton``: the tiny preset on CPU, in seconds).
 Past 300 lines on purpose: one GPU check (bench/gpu.sh), whose stages (agreement, step times, host syncs,
 Triton) share the random-weight model and its device set-up, and end in one table.
 """
@@ -30,6 +32,7 @@ import argparse
 import copy
 import math
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -246,6 +249,61 @@ def sync_lines(model: FireRedTTS3, kinds: list[str], n: int, flow_steps: int = 1
     return lines
 
 
+# bench/gpu.sh --triton in its 8 minutes (GPU_BENCH_TIMEOUT): the timed points stop starting after this, the
+# ceiling (checkpoint written meanwhile, server start, 5 rates of 15 s) is cut off at the end
+TRITON_TIMED_BUDGET_S, TRITON_END_S = 150, 465
+
+
+def ceiling_command(device: str, smoke: bool) -> list[str]:
+    """The open-loop ceiling of the real networks (``bench.ceiling --real``): the full preset on ``device``
+    (Poisson arrivals, rates 4 to 64 requests/s, 15 s each), or the tiny one in seconds with ``smoke``."""
+    if smoke:
+        sizes = ["--preset", "tiny", "--slots", "4", "--start", "1", "--rate-start", "1", "--rate-max", "1", "--duration", "2",
+                 "--patches", "4", "--bisect", "0"]  # fmt: skip
+    else:
+        sizes = ["--preset", "full", "--slots", "256", "--rate-start", "4", "--rate-max", "64", "--duration", "15",
+                 "--drain-timeout", "30", "--patches", "48", "--bisect", "1"]  # fmt: skip
+    return [sys.executable, "-m", "bench.ceiling", "--real", "--device", device, *sizes]
+
+
+def triton_ceiling(args, device: str, writer: subprocess.Popen | None, t_start: float) -> str:
+    """Runs :func:`ceiling_command` through a real tritonserver (its table goes to stdout, above this
+    run's); the line to report. Without a tritonserver, says so."""
+    try:
+        from serving.supervision.triton_env import find_triton
+
+        find_triton(Path(tempfile.mkdtemp(prefix="triton-probe-")))
+    except Exception as e:
+        if writer is not None:
+            writer.kill()
+        return f"--triton: no tritonserver ({e}); skipped"
+
+    def left() -> float:
+        return TRITON_END_S - (time.perf_counter() - t_start)
+
+    if writer is not None:
+        try:
+            if writer.wait(timeout=max(1.0, left())) != 0:
+                return f"--triton: writing the full checkpoint (python -m bench.full_size) exited {writer.returncode}"
+        except subprocess.TimeoutExpired:
+            writer.kill()
+            return "--triton: the full checkpoint was not written in the time budget; skipped"
+    cmd = ceiling_command(device, args.smoke)
+    shown = " ".join(cmd[1:])
+    print(f"--triton: {shown} ({left():.0f} s left)", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd)
+    try:
+        code = proc.wait(timeout=None if args.smoke else max(30.0, left()))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # the ceiling stops its tritonserver on the way out
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return f"--triton: `{shown}` cut off at the time budget (its levels so far are in its progress above)"
+    return f"--triton: `{shown}` exited {code} (its ceiling and table are above)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny preset, 1 and 2 streams, CPU if no GPU (seconds)")
@@ -264,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--triton",
         action="store_true",
-        help="also stream through a real tritonserver on this device (python -m bench, small preset)",
+        help="also the open-loop ceiling of the full preset's real networks through a real tritonserver on this "
+        "device (python -m bench.ceiling --real; its checkpoint written meanwhile; tiny preset with --smoke)",
     )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
@@ -273,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no CUDA device (use --smoke to run on CPU)")
     if not device.startswith("cuda") and not (args.smoke or args.syncs_only):
         ap.error("this benchmark is for a CUDA machine; --smoke runs it on CPU")
+    writer = None
+    # --triton: the ceiling's checkpoint, written on the CPU while the GPU is timed
+    if args.triton and not args.smoke and not args.syncs_only:
+        writer = subprocess.Popen([sys.executable, "-m", "bench.full_size", "--write-only", "--nostop"])
+        args.budget_s = min(args.budget_s, TRITON_TIMED_BUDGET_S)
     preset = args.preset or ("tiny" if args.smoke else "full")
     check = args.check_preset or ("tiny" if args.smoke else "small")
     streams = [int(x) for x in (args.streams or ("1,2" if args.smoke else "1,16,64,256")).split(",")]
@@ -349,20 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
 
     if args.triton:  # the NGC image's /opt/tritonserver, or the nvidia-pytriton wheel's
-        try:
-            from serving.supervision.triton_env import find_triton
-
-            find_triton(Path(tempfile.mkdtemp(prefix="triton-probe-")))
-        except Exception as e:
-            info.append(f"--triton: no tritonserver ({e}); skipped")
-        else:
-            levels = ",".join(str(n) for n in streams if n <= 64)
-            cmd = [sys.executable, "-m", "bench", "--preset", "tiny" if args.smoke else "small", "--device", device,
-                   "--slots", str(max(int(x) for x in levels.split(","))), "--concurrency", levels,
-                   "--max-patches", "24", "--name", f"gpu-triton-{device.replace(':', '')}"]  # fmt: skip
-            r = subprocess.run(cmd, check=False)
-            info.append(f"--triton: `{' '.join(cmd[1:])}` exited {r.returncode} (its table is above)")
-
+        info.append(triton_ceiling(args, device, writer, t_start))
     print()
     for line in info:
         print(f"- {line}")

@@ -7,7 +7,8 @@
 #   bench/gpu.sh                 # the full run (a few minutes)
 #   bench/gpu.sh --smoke         # tiny preset, 1-2 streams, CPU if there is no GPU (seconds)
 #   bench/gpu.sh --syncs-only    # only the host syncs per step (seconds); --device cpu: on the meta device
-#   bench/gpu.sh --triton        # also through tritonserver, when one is installed
+#   bench/gpu.sh --triton        # also the open-loop ceiling of the full preset's real networks through
+#                                # tritonserver, when one is installed (bench.ceiling --real; all in 8 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}

@@ -19,8 +19,14 @@ CACHE = REPO_ROOT / "cache" / "bench"
 
 
 def nostop_checkpoint(preset: str, seed: int = 0) -> Path:
-    """``cache/bench/checkpoints/{preset}-nostop-seed{seed}``, written on first use."""
+    """``cache/bench/checkpoints/{preset}-nostop-seed{seed}``, written on first use; ``full``: Base only,
+    float32, written a shard at a time into ``cache/full_size/`` (bench.full_size, seed 0)."""
     from engine.config import nostop
+
+    if preset == "full":
+        from bench.full_size import full_checkpoint
+
+        return full_checkpoint(stop=False, progress=lambda s: print(s, file=sys.stderr, flush=True))
     from engine.random_checkpoint import cached_checkpoint
 
     return cached_checkpoint(nostop(preset), CACHE / "checkpoints" / f"{preset}-nostop-seed{seed}", seed=seed)

@@ -82,3 +82,17 @@ def test_sync_count_runs_without_a_gpu_on_the_meta_device(capsys):
     out = capsys.readouterr().out
     assert "host syncs per generator step (2 streams, sdpa, meta, the CUDA precision policy; " in out
     assert "the first step prefills): 1, 1, 1 (budget 1" in out and "OVER BUDGET" not in out
+
+
+def test_the_triton_ceiling_command_parses():
+    """--triton's command is one bench.ceiling takes: the real networks of the full preset, open loop."""
+    from bench import ceiling
+
+    for device, smoke, preset in (("cuda", False, "full"), ("cpu", True, "tiny")):
+        cmd = gpu.ceiling_command(device, smoke)
+        assert cmd[1:4] == ["-m", "bench.ceiling", "--real"]
+        args = ceiling.parse_args(cmd[3:])
+        assert (args.real, args.device, args.preset, args.synthetic_step) == (True, device, preset, "")
+        assert args.rate_start is not None  # open loop
+    with pytest.raises(SystemExit):  # --synthetic-step times the synthetic generator only
+        ceiling.parse_args(["--real", "--synthetic-step", "h100"])

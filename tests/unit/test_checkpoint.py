@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import CheckpointError, RedAE, load_models
-from engine.config import PRESETS
+from engine.checkpoint import CORE_DIR, REDAE_DIR, CheckpointError, RedAE, check_state, load_models
+from engine.config import PRESETS, load_core_config, load_redae_config
 from engine.models.core import FireRedTTS3Core
 from engine.random_checkpoint import make_checkpoint
 
@@ -200,6 +200,51 @@ def test_full_preset_layout_on_meta_device():
     assert got_redae == _expected_full_redae()
     n = sum(v.numel() for v in core.parameters())
     assert 1.9e9 < n < 2.2e9, n  # Qwen3-1.7B backbone (with its embedding) plus ~0.3 B of heads
+
+
+def test_full_preset_written_and_read_back_on_meta_device(tmp_path):
+    """bench/full_size.sh's layout at the released sizes, without data: each folder's config and shard index
+    written from the meta device, read back by the loader's config readers into meta modules, whose tensors
+    are exactly the index's and pass the loader's strict check."""
+    from bench.full_size import networks, shard_names, shard_plan, write_index
+
+    full = PRESETS["full"]
+    cfgs = {CORE_DIR: (full.core.to_json(), load_core_config, FireRedTTS3Core, _expected_full_core()),
+            REDAE_DIR: (full.redae.to_json(), load_redae_config, RedAE, _expected_full_redae())}  # fmt: skip
+    sizes = {}
+    for sub, build in networks(full).items():
+        cfg, read, cls, expected = cfgs[sub]
+        with torch.device("meta"):
+            written = build()
+        shards = shard_plan(written, int(2e9), torch.float32)
+        write_index(tmp_path / sub, written, shards, torch.float32, cfg)
+        with torch.device("meta"):
+            back = cls(read(tmp_path / sub))
+        state = back.state_dict()
+        assert {k: tuple(v.shape) for k, v in state.items()} == expected
+        index = json.loads((tmp_path / sub / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == set(state)
+        assert sorted(set(index["weight_map"].values())) == shard_names(len(shards))
+        assert all(sum(state[n].numel() * 4 for n in s) <= 2e9 for s in shards if len(s) > 1)
+        sizes[sub] = index["metadata"]["total_size"]
+        assert sizes[sub] == 4 * sum(v.numel() for v in state.values())
+        check_state(back, {k: torch.empty(v.shape, device="meta") for k, v in written.state_dict().items()}, sub)
+    assert 8.4e9 < sizes[CORE_DIR] < 8.6e9  # the published fireredtts3_base: 8.5 GB of float32
+    assert 2.1e9 < sizes[REDAE_DIR] < 2.2e9  # the published redae/ is 3.8 GB with its 3 unused embeddings
+
+
+def test_full_size_writer_round_trip_on_tiny(tmp_path):
+    """bench/full_size.py's writer (shards written one at a time) gives a checkpoint the loader takes;
+    the same seed, the same weights; norms keep their init."""
+    from bench.full_size import write_checkpoint
+
+    a = load_models(write_checkpoint(tmp_path / "a", "tiny", shard_gb=0.002))
+    b = load_models(write_checkpoint(tmp_path / "b", "tiny", shard_gb=0.002))
+    assert len(list((tmp_path / "a" / CORE_DIR).glob("model-*.safetensors"))) > 1
+    assert a.instruct is None and a.campp is not None
+    for x, y in zip(a.core.state_dict().values(), b.core.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+    assert torch.equal(a.core.backbone_llm.norm.weight, torch.ones_like(a.core.backbone_llm.norm.weight))
 
 
 def test_partial_load_keeps_other_parts_on_meta(tiny_ckpt):
