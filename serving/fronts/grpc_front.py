@@ -3,7 +3,7 @@ unchanged, and it forwards every call of ``inference.GRPCInferenceService`` to T
 loopback, within :class:`serving.fronts.front_limits.FrontLimits`; a call past a bound gets a gRPC status
 naming its flag. Messages go on as raw bytes (of a stream's requests only the parameters are read, for
 :mod:`serving.fronts.call_ids`), with the client's metadata as it came and nothing of the front's own. Each
-client address's share of calls is :mod:`serving.fronts.call_shares`. What each bound does and why, the cut
+client address's share of calls is :class:`serving.fronts.front_limits.AddressShares`. What each bound does and why, the cut
 of a stream whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front.
 """
 
@@ -17,10 +17,9 @@ import time
 import grpc
 import grpc.aio
 
-from engine.protocol import INVALID
+from engine.protocol import INVALID, UNAVAILABLE
 from serving.fronts.call_ids import CallIds
-from serving.fronts.call_shares import REFUSED_COUNTER, CallShares, client_address
-from serving.fronts.front_limits import FrontLimits
+from serving.fronts.front_limits import AddressShares, FrontLimits
 from serving.fronts.front_loop import FrontLoop
 from serving.fronts.metrics_relay import LAUNCHER
 
@@ -28,6 +27,7 @@ SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary
 ENDED_COUNTER = "tts_grpc_front_streams_ended_total"  # streams ended by the unsent-response bound
 IDLE_COUNTER = "tts_grpc_front_calls_ended_idle_total"  # stream calls ended by the call-idle bound
+REFUSED_COUNTER = "tts_grpc_front_calls_refused_total"  # calls refused by the per-client share
 CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent before its handler is dropped
 _log = logging.getLogger("grpc_front")
 
@@ -42,6 +42,13 @@ UPSTREAM_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _HOP_HEADERS = ("user-agent", "content-type", "te", "host")  # set by the front's own channel
+
+
+def client_address(peer: str) -> str:
+    """gRPC's peer (``ipv4:10.0.0.7:51234``, ``ipv6:[::1]:51234``, ``unix:/path``) -> the client's address,
+    without its port (one client may open many connections)."""
+    kind, _, rest = peer.partition(":")
+    return (rest.rpartition(":")[0] or rest) if kind in ("ipv4", "ipv6") else peer
 
 
 def forwarded_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
@@ -94,7 +101,8 @@ class GrpcFront(FrontLoop):
         super().__init__("grpc-front")
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
-        self.shares = CallShares(self.limits.calls_per_client)
+        self.shares = AddressShares(self.limits.calls_per_client, _log,
+                                    "gRPC call (--grpc-front-max-calls-per-client)")  # fmt: skip
         LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
                      "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
         LAUNCHER.add(IDLE_COUNTER, "gRPC stream calls the front ended because they held nothing "
@@ -127,10 +135,12 @@ class GrpcFront(FrontLoop):
     async def _enter(self, context: grpc.aio.ServicerContext) -> str:
         """Count the call against its client's share -> the client's address; a call past it is aborted."""
         client = client_address(context.peer())
-        refusal = self.shares.enter(client, time.monotonic())
-        if refusal:
+        if not self.shares.enter(client):
             LAUNCHER.increment(REFUSED_COUNTER)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{UNAVAILABLE}this client ({client}) has {self.shares.held[client]} calls in progress, "
+                                f"its share of the server's (--grpc-front-max-calls-per-client "
+                                f"{self.shares.share}); end one first")  # fmt: skip
         return client
 
     # ---- unary calls: one message each way ----
@@ -240,7 +250,7 @@ class GrpcFront(FrontLoop):
                           f"waiting; the front's bound: {seconds:g} s, --grpc-front-call-idle-seconds); the call was "
                           "ended: open a new one for the next request",
                           "ended a gRPC stream call from %s that held nothing for %.0f s (%d calls of this client "
-                          "in progress)", outbox.client, idle, self.shares.calls[outbox.client])  # fmt: skip
+                          "in progress)", outbox.client, idle, self.shares.held[outbox.client])  # fmt: skip
             elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
                 outbox.handler.cancel()
 
