@@ -1,10 +1,7 @@
-"""Who may ask the models what: the per-run internal key (``tts``, ``ensemble_generator`` and ``voices`` attach
-it to every BLS request as the parameter ``internal_key``), the admin key's SHA-256 (adding or removing a
-voice), stream ids minted with a MAC (31 random bits + 32 bits of HMAC; no error message carries one), chunk
-seals, and the generator's secret name. The launcher puts the keys in tritonserver's environment; without it
-(a tritonserver that ``serving.serve`` did not start) every caller is trusted, and each model logs that once.
-Who reaches what, and why: docs/security.md ("Internal models"), docs/architecture.md ("Auth", "Sealing").
-"""
+"""Who may ask the models what: the run's internal key, the admin key's SHA-256, random stream ids, chunk seals
+and the generator's secret name. Without the keys in the environment (a tritonserver that ``serving.serve``
+did not start) every caller is trusted, and each model logs that once. docs/architecture.md ("Auth",
+"Sealing"), docs/security.md ("Internal models")."""
 
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ INTERNAL_KEY_ENV = "TTS_INTERNAL_KEY"
 ADMIN_DIGEST_ENV = "TTS_ADMIN_KEY_SHA256"
 INTERNAL_PARAMETER = "internal_key"
 ADMIN_PARAMETER = "admin_key"
-_NONCE_BITS = 31
 
 
 def parameter_dict(raw: str | dict | None) -> dict:
@@ -118,20 +114,10 @@ class Keys:
             return GENERATOR
         return f"{GENERATOR}-{hashlib.sha256(b'generator model name:' + self.internal).hexdigest()[:32]}"
 
-    # ---- stream ids ----
-    def _mac(self, nonce: int) -> int:
-        return int.from_bytes(hmac.digest(self.internal, nonce.to_bytes(4, "big"), "sha256")[:4], "big")
-
-    def new_stream_id(self) -> int:
-        """A random 63-bit id that :meth:`valid_stream_id` accepts; never 0."""
-        nonce = secrets.randbits(_NONCE_BITS) | 1
-        return (nonce << 32) | self._mac(nonce) if self.internal else (nonce << 32) | secrets.randbits(32)
-
-    def valid_stream_id(self, stream_id: int) -> bool:
-        nonce, mac = stream_id >> 32, stream_id & 0xFFFFFFFF
-        if not 0 < nonce < (1 << _NONCE_BITS):
-            return False
-        return not self.internal or hmac.compare_digest(mac.to_bytes(4, "big"), self._mac(nonce).to_bytes(4, "big"))
+    @staticmethod
+    def new_stream_id() -> int:
+        """A random 63-bit id: unguessable, never 0 (what every chunk's seal covers: no MAC of its own)."""
+        return secrets.randbits(63) | 1
 
     # ---- chunk seals ----
     def seal(self, chunk: Chunk) -> Chunk:
