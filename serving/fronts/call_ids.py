@@ -1,9 +1,6 @@
-"""Each gRPC stream call through the front gets sequence ids of its own, so that a text-in stream
-(serving.intake.text_streams, keyed by the sequence id ``tts`` sees) belongs to the call that opened it:
-START names a new random 63-bit id, later requests of the call map to it, END retires it, an id the call never
-STARTed gets a fresh id that names no stream. Only a request's parameters are decoded; responses stay raw.
-Why and how: docs/operations.md ("Text streams belong to their call").
-"""
+"""Each gRPC stream call through the front gets sequence ids of its own, so that a text-in stream belongs to
+the call that opened it; only a request's parameters are decoded. How and why: docs/operations.md ("Text
+streams belong to their call")."""
 
 from __future__ import annotations
 

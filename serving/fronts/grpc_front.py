@@ -1,11 +1,7 @@
-"""A bounded gRPC front for Triton (docs/triton.md#T22): standard ``tritonclient.grpc`` clients talk to it
-unchanged, and it forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on
-loopback, within :class:`serving.fronts.front_limits.FrontLimits`; a call past a bound gets a gRPC status
-naming its flag. Messages go on as raw bytes (of a stream's requests only the parameters are read, for
-:mod:`serving.fronts.call_ids`), with the client's metadata as it came and nothing of the front's own. Each
-client address's share of calls is :class:`serving.fronts.front_limits.AddressShares`. What each bound does and why, the cut
-of a stream whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front.
-"""
+"""A bounded gRPC front for Triton (docs/triton.md#T22): it forwards every call of
+``inference.GRPCInferenceService`` to Triton's own gRPC port on loopback, as raw bytes, within
+:class:`serving.fronts.front_limits.FrontLimits`. What it reads, each bound and why, the cut of a stream
+whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front."""
 
 from __future__ import annotations
 

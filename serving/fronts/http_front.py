@@ -1,10 +1,6 @@
-"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): standard clients (``tritonclient.http``,
-curl) talk to it unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both
-ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`. Each refusal is Triton's JSON error shape
-naming its flag; the client's headers go on less the hop-by-hop ones, with nothing of the front's own. What
-each bound does and why: docs/operations.md#the-http-front. A cut response ends Triton's request with the
-connection (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
-"""
+"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): it forwards each request to Triton's
+own HTTP port on loopback, streaming both ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`.
+What it passes on, each bound and why: docs/operations.md#the-http-front."""
 
 from __future__ import annotations
 

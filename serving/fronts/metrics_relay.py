@@ -1,9 +1,6 @@
-"""The metrics port, as Prometheus and dashboards see it, in front of Triton's own (on a private loopback port):
-the same page, with the generator's run-secret name (:meth:`serving.security.auth.Keys.generator_model`)
-shown as ``generator``, and the launcher's own counters. Open to anyone, so bounded: MAX_CONNECTIONS at a
-time (beyond, closed unanswered), each cut CONNECTION_SECONDS after it was accepted, one request each
-(docs/operations.md, "What each port accepts"; docs/security.md).
-"""
+"""The metrics port in front of Triton's own (on a private loopback port): the same page, with the generator's
+run-secret name shown as ``generator``, and the launcher's own counters. Open to anyone, so bounded
+(docs/operations.md, "What each port accepts"; docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Text-in streams of the ``tts`` model: a client's gRPC sequence (keyed by its ``correlation_id()``) whose
-requests carry the pieces of one utterance's text; the ``tts`` model feeds it,
-:meth:`engine.orchestrator.Orchestrator.run_text` reads it. What a stream is, its bounds and why ``tts`` keeps
-the table itself: docs/serving.md, "Text in: a gRPC sequence".
-"""
+requests carry the pieces of one utterance's text, read by :meth:`engine.orchestrator.Orchestrator.run_text`.
+Its bounds and why ``tts`` keeps the table itself: docs/serving.md, "Text in: a gRPC sequence"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The on-disk format of a stored voice (docs/voices.md): a *prompt* (``<key>.prompt.safetensors``: a
-:class:`VoicePrompt`'s ``latents`` and ``speaker``, with format version, checkpoint identity, preprocessing,
-transcript, creation time, sha256 and, for a named voice, the sha256 of its ``source``) and a *source*
-(``<key>.source.safetensors``: ``audio`` samples (N,) at the rate in its header, transcript, sha256). Nothing
-is unpickled; writes go to a unique ``.<name>.<pid>.<ns>.tmp`` renamed into place; a file that does not
-match its sha256, and a prompt whose ``source`` is not its voice's source, raise ValueError.
-"""
+"""The on-disk format of a stored voice: a prompt file and a source file, checksummed safetensors (nothing
+unpickled), written atomically; a damaged file, or a prompt whose ``source`` is not its voice's source,
+raises ValueError. The layout and metadata: docs/voices.md."""
 
 from __future__ import annotations
 
