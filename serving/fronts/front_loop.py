@@ -1,5 +1,5 @@
-"""What the two fronts share: each runs on an asyncio event loop of its own thread in the launcher's process,
-and checks its streams every REAP_SECONDS."""
+"""What the fronts and the metrics relay share: each runs on an asyncio event loop of its own thread in the
+launcher's process, and checks its streams every REAP_SECONDS."""
 
 from __future__ import annotations
 
