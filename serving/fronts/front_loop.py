@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine
 from typing import Self
 
 REAP_SECONDS = 0.5  # how often a front checks its streams against the unsent bounds
@@ -14,11 +13,12 @@ START_SECONDS = 30.0  # a front's start (binding its port) takes at most this lo
 
 
 class FrontLoop:
-    """A front on an event loop of its own thread. A subclass writes ``_start()`` (bind its port; OSError if
-    it cannot) and ``_reap(now)`` (its check of every stream; ``now``: monotonic seconds); ``start()`` and
-    ``_close(stop)`` run them, and its ``stop`` coroutine, on the loop from any thread."""
+    """A server on ``host:port`` on an event loop of its own thread. ``start()`` runs ``_start()`` (by default
+    an asyncio stream server whose connections go to ``_accept``; OSError if it cannot bind), then
+    ``_reap(now)`` every REAP_SECONDS (``now``: monotonic seconds); ``close()`` runs ``_stop(grace)``."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, host: str, port: int):
+        self.host, self.port = host, port
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.reaper: asyncio.Future | None = None  # the check, once the front has started
@@ -29,6 +29,9 @@ class FrontLoop:
         asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
         return self
 
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+
     async def _begin(self) -> None:
         await self._start()
         self.reaper = asyncio.ensure_future(self._reaping())
@@ -38,17 +41,23 @@ class FrontLoop:
             await asyncio.sleep(REAP_SECONDS)
             self._reap(time.monotonic())
 
-    def _close(self, stop: Coroutine, timeout: float) -> None:
-        """Cancel the reaper and run ``stop`` (within ``timeout`` s), then end the loop and its thread."""
+    def _reap(self, now: float) -> None:
+        pass
+
+    async def _stop(self, grace: float) -> None:
+        self.server.close()
+
+    def close(self, grace: float = 1.0) -> None:
+        """Cancel the reaper and run ``_stop(grace)`` (within ``grace`` + 10 s), then end the loop and its
+        thread; calls in progress get ``grace`` seconds to end."""
 
         async def stopping() -> None:
             if self.reaper is not None:
                 self.reaper.cancel()
-            await stop
+            await self._stop(grace)
 
         if not self.thread.is_alive():
-            stop.close()  # never started, or closed already
-            return
-        asyncio.run_coroutine_threadsafe(stopping(), self.loop).result(timeout)
+            return  # never started, or closed already
+        asyncio.run_coroutine_threadsafe(stopping(), self.loop).result(grace + 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)

@@ -21,9 +21,12 @@ from serving.fronts.metrics_relay import LAUNCHER
 
 SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary
-ENDED_COUNTER = "tts_grpc_front_streams_ended_total"  # streams ended by the unsent-response bound
-IDLE_COUNTER = "tts_grpc_front_calls_ended_idle_total"  # stream calls ended by the call-idle bound
-REFUSED_COUNTER = "tts_grpc_front_calls_refused_total"  # calls refused by the per-client share
+ENDED_COUNTER = LAUNCHER.add("tts_grpc_front_streams_ended_total", "gRPC streams the front ended because their "
+                             "client did not take their responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
+IDLE_COUNTER = LAUNCHER.add("tts_grpc_front_calls_ended_idle_total", "gRPC stream calls the front ended because "
+                            "they held nothing (--grpc-front-call-idle-seconds)")  # fmt: skip
+REFUSED_COUNTER = LAUNCHER.add("tts_grpc_front_calls_refused_total", "gRPC calls the front refused because their "
+                               "client had its share of calls in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
 CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent before its handler is dropped
 _log = logging.getLogger("grpc_front")
 
@@ -90,21 +93,14 @@ class _Outbox:
 
 
 class GrpcFront(FrontLoop):
-    """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``), run on
-    an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
+    """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``)."""
 
     def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
-        super().__init__("grpc-front")
+        super().__init__("grpc-front", host, port)
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
         self.shares = AddressShares(self.limits.calls_per_client, _log,
                                     "gRPC call (--grpc-front-max-calls-per-client)")  # fmt: skip
-        LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
-                     "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
-        LAUNCHER.add(IDLE_COUNTER, "gRPC stream calls the front ended because they held nothing "
-                     "(--grpc-front-call-idle-seconds)")  # fmt: skip
-        LAUNCHER.add(REFUSED_COUNTER, "gRPC calls the front refused because their client had its share of calls "
-                     "in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
 
     async def _start(self) -> None:
         from tritonclient.grpc import service_pb2
@@ -249,10 +245,6 @@ class GrpcFront(FrontLoop):
                           "in progress)", outbox.client, idle, self.shares.held[outbox.client])  # fmt: skip
             elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
                 outbox.handler.cancel()
-
-    def close(self, grace: float = 1.0) -> None:
-        """Stop; calls in progress get ``grace`` seconds to end."""
-        self._close(self._stop(grace), grace + 10)
 
     async def _stop(self, grace: float) -> None:
         await self.server.stop(grace)

@@ -18,15 +18,15 @@ class Counters:
     def __init__(self):
         self.lock, self.values, self.help = threading.Lock(), {}, {}
 
-    def add(self, name: str, help_text: str) -> None:
+    def add(self, name: str, help_text: str) -> str:
         with self.lock:
             self.values.setdefault(name, 0)
             self.help[name] = help_text
+        return name
 
     def increment(self, name: str) -> None:
         with self.lock:
-            self.values[name] = self.values.get(name, 0) + 1
-            self.help.setdefault(name, name)
+            self.values[name] += 1
 
     def text(self) -> str:
         with self.lock:
@@ -45,17 +45,13 @@ class MetricsRelay(FrontLoop):
 
     def __init__(self, host: str, port: int, source: str, generator_model: str,
                  max_connections: int = MAX_CONNECTIONS, connection_seconds: float = CONNECTION_SECONDS):  # fmt: skip
-        super().__init__("metrics-relay")
+        super().__init__("metrics-relay", host, port)
         self.source, self.hidden = source, f'model="{generator_model}"'
         self.max_connections, self.connection_seconds, self.open = max_connections, connection_seconds, 0
-        self.bind = (host, port)
         self.start()
         self.server_address = self.server.sockets[0].getsockname()
 
-    async def _start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, *self.bind, reuse_address=True)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.max_connections:
             writer.close()
             return
@@ -87,12 +83,3 @@ class MetricsRelay(FrontLoop):
         with urllib.request.urlopen(self.source, timeout=5) as r:
             page = r.read().replace(self.hidden.encode(), f'model="{GENERATOR}"'.encode())
         return page + LAUNCHER.text().encode()
-
-    def _reap(self, now: float) -> None:
-        pass  # each connection ends itself (connection_seconds)
-
-    def close(self) -> None:
-        self._close(self._stop(), 10)
-
-    async def _stop(self) -> None:
-        self.server.close()
