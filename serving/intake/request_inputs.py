@@ -7,8 +7,7 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import InstructRequest, TTSInputs
-from serving.intake.served import ServedModels
+from serving.intake.requests import InstructRequest, ServedModels, TTSInputs
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 

@@ -5,6 +5,7 @@ Every error is a ValueError naming the input or parameter as the client spelled 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -200,3 +201,42 @@ def with_task_defaults(request: InstructRequest | None, seed: int | None, given:
     defaults = TASK_DEFAULTS[request.task]
     given.setdefault("cfg", defaults.cfg)
     return (defaults.seed if seed is None else seed), given
+
+
+MODELS = ("base", "instruct")  # the release's cores, in the checkpoint layout's order
+MODEL_DIRS = {"base": "fireredtts3_base", "instruct": "fireredtts3_instruct"}
+NAMES = {"base": "FireRedTTS3-Base", "instruct": "FireRedTTS3-Instruct"}
+
+
+def parse_models(value: str) -> tuple[str, ...]:
+    """``--models`` -> the cores, in MODELS order (ValueError for a name that is not one; () for empty)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in names if v not in MODELS]
+    if unknown:
+        raise ValueError(f"models: unknown {', '.join(unknown)}; choose base, instruct or base,instruct")
+    return tuple(m for m in MODELS if m in names)
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """Which of the release's two models this server runs (``--models``): the generator loads exactly these,
+    and tts refuses a request for another at once, naming it and how to start a server that has it."""
+
+    models: tuple[str, ...]
+
+    @classmethod
+    def of(cls, checkpoint: str | Path, option: str) -> ServedModels:
+        """``--models``, or when empty the cores the checkpoint folder holds."""
+        folder = tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
+        return cls(parse_models(option) or folder)
+
+    def check(self, instruct) -> None:
+        """ValueError when the request (its :class:`InstructRequest`, None for Base) needs a model this server does
+        not run."""
+        need = "base" if instruct is None else "instruct"
+        if need in self.models:
+            return
+        what = "this request (TASK speak, no INSTRUCTION)" if instruct is None else f"TASK {instruct.task}"
+        raise ValueError(f"{what} needs {NAMES[need]}, which this server does not run (it runs "
+                         f"{', '.join(NAMES[m] for m in self.models)}); start it with --models base,instruct on a "
+                         f"checkpoint that has {MODEL_DIRS[need]}/")  # fmt: skip
