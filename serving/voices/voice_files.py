@@ -54,8 +54,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -80,11 +79,6 @@ def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torc
     if (digest or not unchecked_ok) and digest != actual:
         raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
     return tensors, meta
-
-
-def nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    """Bytes of the tensors' data (a file is this plus a small header)."""
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def prompt_file(prompt: VoicePrompt, identity: str, source: str = "") -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -190,7 +190,7 @@ class VoiceStore:
         with self._writing(f"register voice {name!r}"):
             if self.max_bytes is not None:
                 others = sum(b for key, (_, b) in self._entries("named").items() if key != name)
-                need = others + vf.nbytes(source) + vf.nbytes(p_file[0])
+                need = others + sum(t.nbytes for t in [*source.values(), *p_file[0].values()])  # + small headers
                 if need > self.max_bytes:
                     raise ValueError(
                         f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, over the "
