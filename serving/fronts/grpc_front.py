@@ -207,11 +207,9 @@ class GrpcFront(FrontLoop):
         """End a stream whose client does not take its responses: Triton's call cancelled, what waits dropped."""
         if outbox.end is not None:
             return
-        waiting, stalled = outbox.bytes, outbox.stalled(time.monotonic())
+        waiting, stalled, limits = outbox.bytes, outbox.stalled(time.monotonic()), self.limits
         outbox.items.clear()
-        outbox.bytes = 0
-        outbox.cut_at = time.monotonic()
-        limits = self.limits
+        outbox.bytes, outbox.cut_at = 0, time.monotonic()
         self._end(outbox, call, ENDED_COUNTER,
                   f"{INVALID}the client did not take this stream's responses ({waiting / 2**20:.1f} MiB waiting, "
                   f"nothing taken for {stalled:.0f} s; the front's bounds: {limits.max_unsent_mb:g} MiB waiting, "
@@ -221,18 +219,15 @@ class GrpcFront(FrontLoop):
                   waiting / 2**20, stalled)  # fmt: skip
 
     def _end(self, outbox: _Outbox, call, counter: str, message: str, *log) -> None:
-        """End a stream call by a bound: Triton's call cancelled (its requests' side too), the client told
-        ``message``, ``counter`` counted, ``log`` logged."""
+        """End a stream call by a bound: Triton's call cancelled, the client told ``message``, counted, logged."""
         call.cancel()
         outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         LAUNCHER.increment(counter)
         _log.warning(*log)
 
     def _reap(self, now: float) -> None:
-        """End the streams whose client has taken nothing for ``max_unsent_seconds``, and the calls that have
-        held nothing for ``call_idle_seconds``; drop the handler of a cut stream whose client still takes
-        nothing CUT_GRACE seconds later (gRPC keeps the call until the connection closes, but it no longer
-        counts against ``max_calls``)."""
+        """End the streams whose client took nothing for ``max_unsent_seconds`` and the calls that held nothing
+        for ``call_idle_seconds``; drop the handler of a cut stream whose client still takes nothing CUT_GRACE s on."""
         for outbox, call in list(self.streams):
             if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
                 self._cut(outbox, call)
