@@ -16,8 +16,7 @@ import grpc.aio
 from engine.protocol import INVALID, UNAVAILABLE
 from serving.fronts.call_ids import CallIds
 from serving.fronts.front_limits import AddressShares, FrontLimits
-from serving.fronts.front_loop import FrontLoop
-from serving.fronts.metrics_relay import LAUNCHER
+from serving.fronts.metrics_relay import LAUNCHER, FrontLoop
 
 SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary

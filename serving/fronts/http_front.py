@@ -13,8 +13,7 @@ import h11
 
 from engine.protocol import INVALID
 from serving.fronts.front_limits import HttpFrontLimits
-from serving.fronts.front_loop import FrontLoop
-from serving.fronts.metrics_relay import LAUNCHER
+from serving.fronts.metrics_relay import LAUNCHER, FrontLoop
 
 CUT_COUNTER = LAUNCHER.add("tts_http_front_responses_cut_total", "HTTP responses the front cut because their "
                            "client did not take them (--http-front-max-unsent-mb / -seconds)")  # fmt: skip
