@@ -17,17 +17,14 @@ name a new key for each stream. Behind a proxy every client has the proxy's addr
 from __future__ import annotations
 
 import contextlib
-import time
-from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from gateway.errors import RETRY_AFTER_SECONDS, APIError, log
 from gateway.text_streams import TextStream, TextStreams
+from serving.fronts.front_limits import AddressShares
 
 TOO_MANY_STREAMS = "too many streams from your address: at most {n} at once"
 RATE_LIMIT_TYPE = "rate_limit_error"  # OpenAI's type for a 429 (its SDKs retry it, after Retry-After)
-LOG_EVERY_SECONDS = 10.0  # one log line per refused address at most this often
-LOGGED_PEERS = 1024  # addresses whose last log line is remembered (the oldest are forgotten first)
 
 
 class Share:
@@ -39,37 +36,30 @@ class Share:
     def give_back(self) -> None:
         if self.held:
             self.held = False
-            self.owner._give_back(self.peer)
+            self.owner.leave(self.peer)
 
 
-class StreamShares:
+class StreamShares(AddressShares):
     """Triton streams open now, by peer address (the client's IP as the gateway's connection sees it), at
-    most ``per_peer`` each. On the event loop: no lock."""
+    most ``per_peer`` each (the count and its log line: :class:`serving.fronts.front_limits.AddressShares`)."""
 
     def __init__(self, per_peer: int):
         if not per_peer > 0:
             raise ValueError(f"streams_per_peer must be > 0, got {per_peer}")
-        self.per_peer = per_peer
-        self.by_peer: Counter[str] = Counter()  # streams open now; an address with none is not kept
-        self.logged: OrderedDict[str, float] = OrderedDict()  # address -> when its refusal was last logged
+        super().__init__(per_peer, log, "Triton stream (--streams-per-peer)")
 
     def take(self, peer: str) -> Share:
         """One more stream for ``peer`` -> its :class:`Share`; over the share, an :class:`APIError` 429 (with
         ``Retry-After``) naming the bound, and one log line (at most every 10 s per address)."""
-        if self.by_peer[peer] >= self.per_peer:
-            self._log_refusal(peer)
-            raise APIError(429, TOO_MANY_STREAMS.format(n=self.per_peer), kind=RATE_LIMIT_TYPE,
+        if not self.enter(peer):
+            raise APIError(429, TOO_MANY_STREAMS.format(n=self.share), kind=RATE_LIMIT_TYPE,
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})  # fmt: skip
-        self.by_peer[peer] += 1
         return Share(self, peer)
 
     def try_take(self, peer: str) -> Share | None:
         """One more stream for ``peer`` if its share has room, else None (a caller that waits for room, as a
         job's part does: no refusal, no log line)."""
-        if self.by_peer[peer] >= self.per_peer:
-            return None
-        self.by_peer[peer] += 1
-        return Share(self, peer)
+        return Share(self, peer) if self.enter(peer, quiet=True) else None
 
     @contextlib.contextmanager
     def hold(self, peer: str) -> Iterator[Share]:
@@ -79,28 +69,6 @@ class StreamShares:
             yield share
         finally:
             share.give_back()
-
-    def holdings(self) -> dict[str, int]:
-        """Streams open now by address, most first (what an operator reads)."""
-        return dict(self.by_peer.most_common())
-
-    def _give_back(self, peer: str) -> None:
-        self.by_peer[peer] -= 1
-        if self.by_peer[peer] <= 0:
-            del self.by_peer[peer]
-
-    def _log_refusal(self, peer: str) -> None:
-        now = time.monotonic()
-        if now - self.logged.get(peer, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS:
-            return
-        self.logged[peer] = now
-        self.logged.move_to_end(peer)
-        while len(self.logged) > LOGGED_PEERS:
-            self.logged.popitem(last=False)
-        top = ", ".join(f"{p} {n}" for p, n in list(self.holdings().items())[:5])
-        log.warning("a stream from %s refused: it has %d open, at most %d per address (said at most every %g s "
-                    "per address); streams open by address: %s", peer, self.by_peer[peer], self.per_peer,
-                    LOG_EVERY_SECONDS, top)  # fmt: skip
 
 
 def held(open_stream: Callable, shares: StreamShares, peer: str) -> Callable:

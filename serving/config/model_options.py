@@ -88,7 +88,7 @@ class TTSOptions(ModelOptions, _Gate):
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
     start_rate: float  # starts a second the delivery path takes (engine.start_window; 0: no limit)
-    models: str  # the release's models served (serving.intake.served; empty: what the checkpoint holds)
+    models: str  # the release's models served (serving.intake.requests; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
     text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
@@ -141,7 +141,7 @@ class GeneratorOptions(ModelOptions):
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
     synthetic_step: str  # how long a synthetic step lasts (engine.step_cost.StepCost.parse; "": free)
     step_budget_ms: float  # the generator's step budget (engine.step_cost.StepBudget; 0: none)
-    models: str  # the release's models to load (serving.intake.served; empty: what the checkpoint holds)
+    models: str  # the release's models to load (serving.intake.requests; empty: what the checkpoint holds)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         from engine.step_cost import StepCost
-        from serving.intake.served import parse_models
+        from serving.intake.requests import parse_models
 
         for ok, problem in [
             (1 <= self.slots <= MAX_SLOTS, f"slots must be in 1..{MAX_SLOTS}, got {self.slots}"),

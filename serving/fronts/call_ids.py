@@ -1,24 +1,14 @@
-"""Each gRPC stream call through the front gets sequence ids of its own, so that a text-in stream
-(serving.intake.text_streams, keyed by the sequence id ``tts`` sees) belongs to the call that opened it:
-START names a new random 63-bit id, later requests of the call map to it, END retires it, an id the call never
-STARTed gets a fresh id that names no stream. Only a request's parameters are decoded; responses stay raw.
-Why and how: docs/operations.md ("Text streams belong to their call").
-"""
+"""Each gRPC stream call through the front gets sequence ids of its own, so that a text-in stream belongs to
+the call that opened it; only a request's parameters are decoded. How and why: docs/operations.md ("Text
+streams belong to their call")."""
 
 from __future__ import annotations
 
-import secrets
-
 from tritonclient.grpc import service_pb2
 
+from serving.security.auth import Keys
+
 MAX_SEQUENCES = 16  # sequences one call may have STARTed and not ENDed (client/text_in.py opens one a call)
-
-
-def private_id() -> int:
-    """A random positive 63-bit sequence id (never 0, which means "no sequence")."""
-    return secrets.randbits(63) | 1
-
-
 PARAMETERS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["parameters"].number  # 4
 
 
@@ -92,9 +82,9 @@ class CallIds:
         if ("sequence_start" in params and params["sequence_start"].bool_param) and client_id not in self.open:
             if len(self.open) >= MAX_SEQUENCES:
                 del self.open[next(iter(self.open))]
-            self.open[client_id] = private_id()
+            self.open[client_id] = Keys.new_stream_id()
         end = "sequence_end" in params and params["sequence_end"].bool_param
-        ours = (self.open.pop(client_id, None) if end else self.open.get(client_id)) or private_id()
+        ours = (self.open.pop(client_id, None) if end else self.open.get(client_id)) or Keys.new_stream_id()
         given.Clear()
         if kind == "string_param":
             given.string_param = f"{ours:x}"

@@ -1,15 +1,21 @@
 """The fronts' bounds, written once: :class:`FrontLimits` (gRPC) and :class:`HttpFrontLimits` (HTTP), one
 launcher flag per field (``--grpc-front-max-message-mb`` for ``FrontLimits.max_message_mb``), and when the
-launcher puts a front in place (``--grpc-front``, ``--http-front``: ``auto|on|off``)."""
+launcher puts a front in place (``--grpc-front``, ``--http-front``: ``auto|on|off``); and
+:class:`AddressShares`, each client address's share, held by the gRPC front and the gateway."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
 FRONT_MODES = ("auto", "on", "off")
+LOG_EVERY = 10.0  # seconds between two log lines about one address's refusals
+LOGGED_ADDRESSES = 1024  # addresses whose last log line is remembered (the oldest are forgotten first)
 RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1}  # NaN passes none
 
 
@@ -165,3 +171,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def front_wanted(mode: str, triton_reachable_from_outside: bool) -> bool:
     return mode == "on" or (mode == "auto" and triton_reachable_from_outside)
+
+
+class AddressShares:
+    """What each client address has in progress, at most ``share`` each (0: no bound): the gRPC front's calls
+    (so that one client cannot take the ``max_calls`` every client needs; gRPC's ``maximum_concurrent_rpcs``
+    counts all clients as one) and the gateway's Triton streams (``gateway.shares``). One event loop uses it."""
+
+    def __init__(self, share: int, log: logging.Logger, what: str):
+        self.share, self.log, self.what = share, log, what  # what: the thing counted and its flag, for the log
+        self.held: Counter[str] = Counter()  # an address with none is not kept
+        self.logged: OrderedDict[str, float] = OrderedDict()  # address -> when its refusal was last logged
+
+    def enter(self, address: str, quiet: bool = False) -> bool:
+        """One more for ``address`` -> True; past its share, False and (unless ``quiet``) a log line, at most
+        every LOG_EVERY s per address."""
+        if not self.share or self.held[address] < self.share:
+            self.held[address] += 1
+            return True
+        now = time.monotonic()
+        if not quiet and now - self.logged.get(address, -LOG_EVERY) >= LOG_EVERY:
+            self.logged[address] = now
+            self.logged.move_to_end(address)
+            while len(self.logged) > LOGGED_ADDRESSES:
+                self.logged.popitem(last=False)
+            self.log.warning("refused a %s from %s: it has %d in progress, at most %d per address (said at most "
+                             "every %g s per address); in progress by address: %s", self.what, address,
+                             self.held[address], self.share, LOG_EVERY,
+                             ", ".join(f"{a} {n}" for a, n in self.held.most_common(5)))  # fmt: skip
+        return False
+
+    def leave(self, address: str) -> None:
+        self.held[address] -= 1
+        if self.held[address] <= 0:
+            del self.held[address]
+
+    def holdings(self) -> dict[str, int]:
+        """In progress now by address, most first (what an operator reads)."""
+        return dict(self.held.most_common())

@@ -1,11 +1,7 @@
-"""A bounded gRPC front for Triton (docs/triton.md#T22): standard ``tritonclient.grpc`` clients talk to it
-unchanged, and it forwards every call of ``inference.GRPCInferenceService`` to Triton's own gRPC port on
-loopback, within :class:`serving.fronts.front_limits.FrontLimits`; a call past a bound gets a gRPC status
-naming its flag. Messages go on as raw bytes (of a stream's requests only the parameters are read, for
-:mod:`serving.fronts.call_ids`), with the client's metadata as it came and nothing of the front's own. Each
-client address's share of calls is :mod:`serving.fronts.call_shares`. What each bound does and why, the cut
-of a stream whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front.
-"""
+"""A bounded gRPC front for Triton (docs/triton.md#T22): it forwards every call of
+``inference.GRPCInferenceService`` to Triton's own gRPC port on loopback, as raw bytes, within
+:class:`serving.fronts.front_limits.FrontLimits`. What it reads, each bound and why, the cut of a stream
+whose client does not read (CUT_GRACE) and the costs: docs/operations.md#the-grpc-front."""
 
 from __future__ import annotations
 
@@ -17,17 +13,19 @@ import time
 import grpc
 import grpc.aio
 
-from engine.protocol import INVALID
+from engine.protocol import INVALID, UNAVAILABLE
 from serving.fronts.call_ids import CallIds
-from serving.fronts.call_shares import REFUSED_COUNTER, CallShares, client_address
-from serving.fronts.front_limits import FrontLimits
-from serving.fronts.front_loop import FrontLoop
-from serving.fronts.metrics_relay import LAUNCHER
+from serving.fronts.front_limits import AddressShares, FrontLimits
+from serving.fronts.metrics_relay import LAUNCHER, FrontLoop
 
 SERVICE = "inference.GRPCInferenceService"
 STREAM_METHOD = "ModelStreamInfer"  # the one streaming method; every other is unary
-ENDED_COUNTER = "tts_grpc_front_streams_ended_total"  # streams ended by the unsent-response bound
-IDLE_COUNTER = "tts_grpc_front_calls_ended_idle_total"  # stream calls ended by the call-idle bound
+ENDED_COUNTER = LAUNCHER.add("tts_grpc_front_streams_ended_total", "gRPC streams the front ended because their "
+                             "client did not take their responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
+IDLE_COUNTER = LAUNCHER.add("tts_grpc_front_calls_ended_idle_total", "gRPC stream calls the front ended because "
+                            "they held nothing (--grpc-front-call-idle-seconds)")  # fmt: skip
+REFUSED_COUNTER = LAUNCHER.add("tts_grpc_front_calls_refused_total", "gRPC calls the front refused because their "
+                               "client had its share of calls in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
 CUT_GRACE = 5.0  # seconds a cut stream's client has to take what it was sent before its handler is dropped
 _log = logging.getLogger("grpc_front")
 
@@ -42,6 +40,13 @@ UPSTREAM_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _HOP_HEADERS = ("user-agent", "content-type", "te", "host")  # set by the front's own channel
+
+
+def client_address(peer: str) -> str:
+    """gRPC's peer (``ipv4:10.0.0.7:51234``, ``ipv6:[::1]:51234``, ``unix:/path``) -> the client's address,
+    without its port (one client may open many connections)."""
+    kind, _, rest = peer.partition(":")
+    return (rest.rpartition(":")[0] or rest) if kind in ("ipv4", "ipv6") else peer
 
 
 def forwarded_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
@@ -87,20 +92,14 @@ class _Outbox:
 
 
 class GrpcFront(FrontLoop):
-    """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``), run on
-    an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
+    """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``)."""
 
     def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
-        super().__init__("grpc-front")
+        super().__init__("grpc-front", host, port)
         self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
-        self.shares = CallShares(self.limits.calls_per_client)
-        LAUNCHER.add(ENDED_COUNTER, "gRPC streams the front ended because their client did not take their "
-                     "responses (--grpc-front-max-unsent-mb / -seconds)")  # fmt: skip
-        LAUNCHER.add(IDLE_COUNTER, "gRPC stream calls the front ended because they held nothing "
-                     "(--grpc-front-call-idle-seconds)")  # fmt: skip
-        LAUNCHER.add(REFUSED_COUNTER, "gRPC calls the front refused because their client had its share of calls "
-                     "in progress (--grpc-front-max-calls-per-client)")  # fmt: skip
+        self.shares = AddressShares(self.limits.calls_per_client, _log,
+                                    "gRPC call (--grpc-front-max-calls-per-client)")  # fmt: skip
 
     async def _start(self) -> None:
         from tritonclient.grpc import service_pb2
@@ -127,10 +126,12 @@ class GrpcFront(FrontLoop):
     async def _enter(self, context: grpc.aio.ServicerContext) -> str:
         """Count the call against its client's share -> the client's address; a call past it is aborted."""
         client = client_address(context.peer())
-        refusal = self.shares.enter(client, time.monotonic())
-        if refusal:
+        if not self.shares.enter(client):
             LAUNCHER.increment(REFUSED_COUNTER)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{UNAVAILABLE}this client ({client}) has {self.shares.held[client]} calls in progress, "
+                                f"its share of the server's (--grpc-front-max-calls-per-client "
+                                f"{self.shares.share}); end one first")  # fmt: skip
         return client
 
     # ---- unary calls: one message each way ----
@@ -205,11 +206,9 @@ class GrpcFront(FrontLoop):
         """End a stream whose client does not take its responses: Triton's call cancelled, what waits dropped."""
         if outbox.end is not None:
             return
-        waiting, stalled = outbox.bytes, outbox.stalled(time.monotonic())
+        waiting, stalled, limits = outbox.bytes, outbox.stalled(time.monotonic()), self.limits
         outbox.items.clear()
-        outbox.bytes = 0
-        outbox.cut_at = time.monotonic()
-        limits = self.limits
+        outbox.bytes, outbox.cut_at = 0, time.monotonic()
         self._end(outbox, call, ENDED_COUNTER,
                   f"{INVALID}the client did not take this stream's responses ({waiting / 2**20:.1f} MiB waiting, "
                   f"nothing taken for {stalled:.0f} s; the front's bounds: {limits.max_unsent_mb:g} MiB waiting, "
@@ -219,18 +218,15 @@ class GrpcFront(FrontLoop):
                   waiting / 2**20, stalled)  # fmt: skip
 
     def _end(self, outbox: _Outbox, call, counter: str, message: str, *log) -> None:
-        """End a stream call by a bound: Triton's call cancelled (its requests' side too), the client told
-        ``message``, ``counter`` counted, ``log`` logged."""
+        """End a stream call by a bound: Triton's call cancelled, the client told ``message``, counted, logged."""
         call.cancel()
         outbox.finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         LAUNCHER.increment(counter)
         _log.warning(*log)
 
     def _reap(self, now: float) -> None:
-        """End the streams whose client has taken nothing for ``max_unsent_seconds``, and the calls that have
-        held nothing for ``call_idle_seconds``; drop the handler of a cut stream whose client still takes
-        nothing CUT_GRACE seconds later (gRPC keeps the call until the connection closes, but it no longer
-        counts against ``max_calls``)."""
+        """End the streams whose client took nothing for ``max_unsent_seconds`` and the calls that held nothing
+        for ``call_idle_seconds``; drop the handler of a cut stream whose client still takes nothing CUT_GRACE s on."""
         for outbox, call in list(self.streams):
             if outbox.end is None and outbox.stalled(now) > self.limits.max_unsent_seconds:
                 self._cut(outbox, call)
@@ -240,13 +236,9 @@ class GrpcFront(FrontLoop):
                           f"waiting; the front's bound: {seconds:g} s, --grpc-front-call-idle-seconds); the call was "
                           "ended: open a new one for the next request",
                           "ended a gRPC stream call from %s that held nothing for %.0f s (%d calls of this client "
-                          "in progress)", outbox.client, idle, self.shares.calls[outbox.client])  # fmt: skip
+                          "in progress)", outbox.client, idle, self.shares.held[outbox.client])  # fmt: skip
             elif outbox.cut_at and outbox.writing_since and now - outbox.cut_at > CUT_GRACE:
                 outbox.handler.cancel()
-
-    def close(self, grace: float = 1.0) -> None:
-        """Stop; calls in progress get ``grace`` seconds to end."""
-        self._close(self._stop(grace), grace + 10)
 
     async def _stop(self, grace: float) -> None:
         await self.server.stop(grace)

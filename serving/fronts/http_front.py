@@ -1,10 +1,6 @@
-"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): standard clients (``tritonclient.http``,
-curl) talk to it unchanged, and it forwards each request to Triton's own HTTP port on loopback, streaming both
-ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`. Each refusal is Triton's JSON error shape
-naming its flag; the client's headers go on less the hop-by-hop ones, with nothing of the front's own. What
-each bound does and why: docs/operations.md#the-http-front. A cut response ends Triton's request with the
-connection (Triton ends a ``generate_stream`` whose connection closed: ``tts`` frees its slot).
-"""
+"""A bounded HTTP/1.1 front for Triton's HTTP port (docs/triton.md#T22): it forwards each request to Triton's
+own HTTP port on loopback, streaming both ways, within :class:`serving.fronts.front_limits.HttpFrontLimits`.
+What it passes on, each bound and why: docs/operations.md#the-http-front."""
 
 from __future__ import annotations
 
@@ -17,10 +13,10 @@ import h11
 
 from engine.protocol import INVALID
 from serving.fronts.front_limits import HttpFrontLimits
-from serving.fronts.front_loop import FrontLoop
-from serving.fronts.metrics_relay import LAUNCHER
+from serving.fronts.metrics_relay import LAUNCHER, FrontLoop
 
-CUT_COUNTER = "tts_http_front_responses_cut_total"  # responses cut by the unsent bound
+CUT_COUNTER = LAUNCHER.add("tts_http_front_responses_cut_total", "HTTP responses the front cut because their "
+                           "client did not take them (--http-front-max-unsent-mb / -seconds)")  # fmt: skip
 # RFC 9110 7.6.1, plus the framing h11 sets itself on each side
 HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
                b"te", b"trailer", b"transfer-encoding", b"upgrade"}  # fmt: skip
@@ -227,19 +223,12 @@ class _Client:
 
 
 class HttpFront(FrontLoop):
-    """The front on ``host:port``, forwarding to Triton's HTTP at ``upstream`` (host, port) on loopback, run
-    on an event loop of its own thread. ``start()`` binds the port (OSError if it cannot); ``close()``."""
+    """The front on ``host:port``, forwarding to Triton's HTTP at ``upstream`` (host, port) on loopback."""
 
     def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
-        super().__init__("http-front")
-        self.host, self.port, self.upstream = host, port, upstream
-        self.limits = limits or HttpFrontLimits()
+        super().__init__("http-front", host, port)
+        self.upstream, self.limits = upstream, limits or HttpFrontLimits()
         self.clients: set[_Client] = set()
-        LAUNCHER.add(CUT_COUNTER, "HTTP responses the front cut because their client did not take them "
-                     "(--http-front-max-unsent-mb / -seconds)")  # fmt: skip
-
-    async def _start(self) -> None:
-        self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.clients) >= self.limits.max_connections:
@@ -271,10 +260,7 @@ class HttpFront(FrontLoop):
                 client.close_upstream()
                 client.writer.transport.abort()
 
-    def close(self) -> None:
-        self._close(self._stop(), 10)
-
-    async def _stop(self) -> None:
+    async def _stop(self, grace: float) -> None:
         self.server.close()
         tasks = [client.task for client in self.clients]
         for client in list(self.clients):  # each handler then ends by itself, at its next read

@@ -1,19 +1,72 @@
-"""The metrics port, as Prometheus and dashboards see it, in front of Triton's own (on a private loopback port):
-the same page, with the generator's run-secret name (:meth:`serving.security.auth.Keys.generator_model`)
-shown as ``generator``, and the launcher's own counters. Open to anyone, so bounded: MAX_CONNECTIONS at a
-time (beyond, closed unanswered), each cut CONNECTION_SECONDS after it was accepted, one request each
-(docs/operations.md, "What each port accepts"; docs/security.md).
-"""
+"""What the launcher's own ports share: :class:`FrontLoop` (each front, and the metrics relay, runs on an asyncio
+event loop of its own thread and checks its streams every REAP_SECONDS) and the launcher's counters; and the
+metrics port in front of Triton's own (on a private loopback port): the same page, with the generator's
+run-secret name shown as ``generator``, and those counters. Open to anyone, so bounded (docs/operations.md,
+"What each port accepts"; docs/security.md)."""
 
 from __future__ import annotations
 
-import socket
+import asyncio
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 from serving.security.auth import GENERATOR
+
+REAP_SECONDS = 0.5  # how often a front checks its streams against the unsent bounds
+START_SECONDS = 30.0  # a front's start (binding its port) takes at most this long
+
+
+class FrontLoop:
+    """A server on ``host:port`` on an event loop of its own thread. ``start()`` runs ``_start()`` (by default
+    an asyncio stream server whose connections go to ``_accept``; OSError if it cannot bind), then
+    ``_reap(now)`` every REAP_SECONDS (``now``: monotonic seconds); ``close()`` runs ``_stop(grace)``."""
+
+    def __init__(self, name: str, host: str, port: int):
+        self.host, self.port = host, port
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.reaper: asyncio.Future | None = None  # the check, once the front has started
+
+    def start(self) -> Self:
+        """Run ``_start()`` on the front's loop and return the front once it has (its error raised here)."""
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
+        return self
+
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+
+    async def _begin(self) -> None:
+        await self._start()
+        self.reaper = asyncio.ensure_future(self._reaping())
+
+    async def _reaping(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            self._reap(time.monotonic())
+
+    def _reap(self, now: float) -> None:
+        pass
+
+    async def _stop(self, grace: float) -> None:
+        self.server.close()
+
+    def close(self, grace: float = 1.0) -> None:
+        """Cancel the reaper and run ``_stop(grace)`` (within ``grace`` + 10 s), then end the loop and its
+        thread; calls in progress get ``grace`` seconds to end."""
+
+        async def stopping() -> None:
+            if self.reaper is not None:
+                self.reaper.cancel()
+            await self._stop(grace)
+
+        if not self.thread.is_alive():
+            return  # never started, or closed already
+        asyncio.run_coroutine_threadsafe(stopping(), self.loop).result(grace + 10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
 
 
 class Counters:
@@ -22,10 +75,11 @@ class Counters:
     def __init__(self):
         self.lock, self.values, self.help = threading.Lock(), {}, {}
 
-    def add(self, name: str, help_text: str) -> None:
+    def add(self, name: str, help_text: str) -> str:
         with self.lock:
             self.values.setdefault(name, 0)
             self.help[name] = help_text
+        return name
 
     def increment(self, name: str) -> None:
         with self.lock:
@@ -39,75 +93,51 @@ class Counters:
 
 LAUNCHER = Counters()  # one launcher per process
 MAX_CONNECTIONS = 16  # open at once (Prometheus scrapes one at a time)
-CONNECTION_SECONDS = 10.0  # a connection is cut this long after it was accepted
+CONNECTION_SECONDS = 10.0  # a connection is closed this long after it was accepted
 
 
-class MetricsRelay(ThreadingHTTPServer):
-    daemon_threads = True
+class MetricsRelay(FrontLoop):
+    """The relay on ``host:port`` of Triton's metrics page at ``source``, serving from construction (OSError if
+    it cannot bind): at most ``max_connections`` at once (beyond, closed unanswered), each closed
+    ``connection_seconds`` after it was accepted, one request each."""
 
     def __init__(self, host: str, port: int, source: str, generator_model: str,
                  max_connections: int = MAX_CONNECTIONS, connection_seconds: float = CONNECTION_SECONDS):  # fmt: skip
-        """Serve ``host:port``; ``source``: Triton's metrics page URL."""
+        super().__init__("metrics-relay", host, port)
         self.source, self.hidden = source, f'model="{generator_model}"'
-        self.max_connections, self.connection_seconds = max_connections, connection_seconds
-        self.lock = threading.Lock()
-        self.open: dict[socket.socket, float] = {}  # connection -> when it is cut (time.monotonic)
-        self._stopped = threading.Event()
-        super().__init__((host, port), _Handler)
-        self.thread = threading.Thread(target=self.serve_forever, name="metrics-relay", daemon=True)
-        self.thread.start()
-        self.reaper = threading.Thread(target=self._reap, name="metrics-relay-reaper", daemon=True)
-        self.reaper.start()
+        self.max_connections, self.connection_seconds, self.open = max_connections, connection_seconds, 0
+        self.start()
+        self.server_address = self.server.sockets[0].getsockname()
 
-    def verify_request(self, request, client_address) -> bool:
-        """Take a connection only while fewer than ``max_connections`` are open (else socketserver closes it)."""
-        with self.lock:
-            if len(self.open) >= self.max_connections:
-                return False
-            self.open[request] = time.monotonic() + self.connection_seconds
-            return True
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= self.max_connections:
+            writer.close()
+            return
+        self.open += 1
+        try:
+            await asyncio.wait_for(self._answer(reader, writer), self.connection_seconds)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError):
+            pass  # too slow, gone, or not HTTP: closed unanswered
+        finally:
+            self.open -= 1
+            if writer.transport.get_write_buffer_size():  # a client that does not read: cut
+                writer.transport.abort()
+            writer.close()
 
-    def shutdown_request(self, request) -> None:
-        with self.lock:
-            self.open.pop(request, None)
-        super().shutdown_request(request)
-
-    def _reap(self) -> None:
-        """Cut every connection past its time (a handler blocked reading or writing it then ends)."""
-        while not self._stopped.wait(0.5):
-            now = time.monotonic()
-            with self.lock:
-                late = [conn for conn, until in self.open.items() if until <= now]
-            for conn in late:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:  # already gone
-                    pass
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")  # ValueError past 64 KiB
+        if not head.startswith(b"GET "):
+            status, body = "501 Not Implemented", b"only GET\n"
+        else:
+            try:
+                status, body = "200 OK", await asyncio.to_thread(self.page)
+            except OSError as e:  # tritonserver is starting, restarting or gone
+                status, body = "503 Service Unavailable", f"metrics unavailable: {e}\n".encode()
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)  # fmt: skip
+        await writer.drain()
 
     def page(self) -> bytes:
         with urllib.request.urlopen(self.source, timeout=5) as r:
             page = r.read().replace(self.hidden.encode(), f'model="{GENERATOR}"'.encode())
         return page + LAUNCHER.text().encode()
-
-    def close(self) -> None:
-        self._stopped.set()
-        self.shutdown()
-        self.server_close()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    timeout = 10  # a client that sends nothing for this long is dropped
-
-    def do_GET(self):
-        try:
-            body, status = self.server.page(), 200
-        except OSError as e:  # tritonserver is starting, restarting or gone
-            body, status = f"metrics unavailable: {e}\n".encode(), 503
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:  # scrapes are not news
-        pass

@@ -7,15 +7,13 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import InstructRequest, TTSInputs
-from serving.intake.served import ServedModels
+from serving.intake.requests import InstructRequest, ServedModels, TTSInputs
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
 def tts_inputs(pb, request, parameters: str | dict, text: str | None = None) -> TTSInputs:
-    """A ``tts`` request's inputs, read once (:func:`serving.intake.requests.parse_request` checks them), and
-    its ``parameters`` (tts parsed them); ``text``: what stands for TEXT (a text-in stream's, whose text comes
-    in later pieces)."""
+    """A ``tts`` request's inputs, read once (``parse_request`` checks them); ``text``: what stands for TEXT (a
+    text-in stream's, whose text comes in later pieces)."""
     return TTSInputs(
         text=string(pb, request, "TEXT", "") if text is None else text,
         language=string(pb, request, "LANGUAGE", ""),
@@ -33,14 +31,9 @@ def tts_inputs(pb, request, parameters: str | dict, text: str | None = None) -> 
 def stream_request(pb, request, model, parameters: dict):
     """A generator request -> (tokens, VoicePrompt, GenerationParams, chunk schedule), or for an Instruct
     stream (InstructInput, GenerationParams, chunk schedule). ``parameters``: the request's, less the internal
-    key and the pipe (:func:`serving.contract.decode_settings` reads them).
-
-    Only the pipeline reaches the generator (its name is the run's secret): ``tts``, which checked its
-    client's request once (:func:`serving.intake.requests.parse_request`), and ``tts_ensemble``'s
-    ensemble_generator, which checks its own. So TEXT (spoken as given: the front end has run on it),
-    LANGUAGE, TASK and INSTRUCTION are taken as they come; what is checked here is what the generator
-    itself needs: the size of every tensor before anything is copied, and that it runs the model asked for.
-    """
+    key and the pipe. Only ``tts`` and ``ensemble_generator`` reach the generator, and each checked its
+    client's request: TEXT (after the front end), LANGUAGE, TASK and INSTRUCTION are taken as they come; checked
+    here is what the generator itself needs: every tensor's size before any copy, and the model asked for."""
     task = string(pb, request, "TASK", "")
     ServedModels(tuple(model.models.cores)).check(InstructRequest(task, "") if task else None)
     settings = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
@@ -65,8 +58,7 @@ def stream_request(pb, request, model, parameters: dict):
 
 
 def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -> str:
-    """A text after the front end, bounded: numbers read out make it several times what the client sent
-    ("2024" -> "twenty twenty four"; the client's own text was held to MAX_TEXT_CHARS)."""
+    """A text after the front end, bounded: numbers read out make it several times what the client sent."""
     text = string(pb, request, field, default)
     if len(text) > SPOKEN_TEXT_CHARS:
         raise ValueError(f"{field} is {len(text)} characters; the limit is {SPOKEN_TEXT_CHARS}")
@@ -78,7 +70,6 @@ def _prompt_rows(pb, request) -> np.ndarray:
 
 
 def _instruct_input(pb, request, model, task: str):
-    """The InstructInput of an Instruct stream (:func:`stream_request`)."""
     import torch
 
     from engine import instructions

@@ -1,13 +1,11 @@
-"""A ``tts`` request checked once, where it enters: :func:`parse_request` turns its inputs as read off the
-wire (:class:`TTSInputs`) into a :class:`SpeechRequest`, a frozen value the orchestrator and the generator
-streams it opens take as it is. Also the checks the other entry points share (a text field, a language, a
-voice name, a reference clip). Every error is a ValueError that names the input or parameter as the client
-spelled it. No Triton here.
-"""
+"""A ``tts`` request checked once, where it enters: :func:`parse_request` turns :class:`TTSInputs` into a
+frozen :class:`SpeechRequest` that nothing after it checks again; and the checks the other entry points share.
+Every error is a ValueError naming the input or parameter as the client spelled it. No Triton here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -24,19 +22,19 @@ from serving.security.auth import parameter_dict
 
 @dataclass(frozen=True)
 class TTSInputs:
-    """A ``tts`` request's inputs and parameters as they came (``serving.intake.request_inputs.tts_inputs``),
-    unchecked: absent inputs are "" (strings), None (REF_AUDIO, SEED) or 0 (REF_SAMPLE_RATE)."""
+    """A ``tts`` request's inputs (TEXT, LANGUAGE, ...; a text-in stream's TEXT is ``text_streams.STREAMED``)
+    and parameters (JSON text inside the stub) as they came, unchecked: absent is "", None or 0."""
 
-    text: str | None = ""  # TEXT; a text-in stream's is serving.intake.text_streams.STREAMED
-    language: str | None = ""  # LANGUAGE
-    ref_audio: np.ndarray | None = None  # REF_AUDIO, as sent
-    ref_sample_rate: int | None = 0  # REF_SAMPLE_RATE (Hz)
-    ref_text: str | None = ""  # REF_TEXT
-    voice_id: str | None = ""  # VOICE_ID
-    seed: int | None = None  # SEED
-    parameters: str | dict | None = None  # the request parameters (JSON text inside Triton's Python stub)
-    task: str | None = ""  # TASK ("" or "speak": Base, unless INSTRUCTION is given)
-    instruction: str | None = ""  # INSTRUCTION
+    text: str | None = ""
+    language: str | None = ""
+    ref_audio: np.ndarray | None = None
+    ref_sample_rate: int | None = 0  # Hz
+    ref_text: str | None = ""
+    voice_id: str | None = ""
+    seed: int | None = None
+    parameters: str | dict | None = None
+    task: str | None = ""  # "" or "speak": Base, unless INSTRUCTION is given
+    instruction: str | None = ""
 
 
 @dataclass(frozen=True)
@@ -64,10 +62,9 @@ def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
 
 
 def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
-    """A text field (TEXT, REF_TEXT, PROMPT_TEXT), which the tokenizer reads as text: besides its size, no
-    control token of the tokenizer (``<|eot|>``, ``<|sosp|>``, ...: they would become special ids), as sent
-    or once the front end has cleaned it (cleaning strips a zero-width space inside one, and it re-forms).
-    The same rule as Instruct's (:func:`engine.instructions.control_token_error`)."""
+    """A text field (TEXT, REF_TEXT, PROMPT_TEXT): its size, and no control token of the tokenizer
+    (:func:`engine.instructions.control_token_error`), as sent or once cleaned (cleaning strips a zero-width
+    space inside one, and it re-forms)."""
     if not isinstance(text, str) or (required and not text.strip()):
         raise ValueError(f"{field} must be a non-empty string")
     if len(text) > limit:
@@ -86,8 +83,7 @@ def check_name(name: str, field: str = "NAME") -> str:
 
 
 def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
-    """REF_AUDIO ([n], or [1, n] with a batch dimension) and REF_SAMPLE_RATE -> (float32 (n,), rate), as
-    :func:`engine.audio.check_reference` checks them (non-finite samples and peaks are refused, not normalised)."""
+    """REF_AUDIO ([n] or [1, n]) and REF_SAMPLE_RATE -> (float32 (n,), rate), by :func:`engine.audio.check_reference`."""
     audio = check_reference(np.asarray(audio).reshape(-1), sample_rate, "REF_AUDIO", "REF_SAMPLE_RATE")
     return audio, int(sample_rate)
 
@@ -109,21 +105,16 @@ WITH_A_VOICE = (
 
 @dataclass(frozen=True)
 class SpeechRequest:
-    """One ``tts`` request, checked (:func:`parse_request`): the orchestrator runs ``utterance`` in
-    ``voice`` as they are, and nothing after it checks them again."""
+    """One ``tts`` request, checked (:func:`parse_request`): the orchestrator runs it as it is."""
 
-    utterance: Utterance  # text, language, GenerationParams (seed, steps, cfg, max_patches), chunk schedule,
-    # split_tokens, normalize, speed, and the Instruct task ("": Base) and its stripped instruction
-    voice: Voice  # REF_AUDIO (float32, checked) and its rate, REF_TEXT, or VOICE_ID; all empty: a silent prompt
+    utterance: Utterance
+    voice: Voice  # all empty: a silent prompt
 
 
 def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
-    """Check one ``tts`` request -> what to say and in which voice; ValueError naming the input at fault.
-
-    The parameters' JSON first, then the Instruct rules (:func:`instruct_request`), then ``served.check`` (a
-    :class:`serving.intake.served.ServedModels`, if given: whether this server runs the model the request needs),
-    then the inputs' own checks. An Instruct task's defaults fill in the seed and ``cfg`` the client did
-    not give; the edits speak no text (their REF_AUDIO is the recording, at most MAX_EDIT_SECONDS long)."""
+    """Check one ``tts`` request -> what to say and in which voice; ValueError naming the input at fault. The
+    parameters' JSON first, then the Instruct rules, then ``served.check`` (a :class:`ServedModels`, if given),
+    then the inputs' own checks. The edits speak no text (their REF_AUDIO is the recording)."""
     given = parameter_dict(inputs.parameters)  # (JSON text: parsed here, once)
     given.pop(PACE, None)  # a paced request's token (serving.flow.pacing) is no speech parameter
     instruct = instruct_request(inputs)
@@ -156,16 +147,9 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
 
 
 def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
-    """Check how TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task,
-    or None for Base (TASK ``speak`` without INSTRUCTION). The rules are ``serving.contract.TASK_RULES``.
-
-    An absent input is None or "" (an INSTRUCTION of spaces is given, and empty). The voice's own checks
-    (REF_AUDIO's samples, and its length for an edit; REF_TEXT without REF_AUDIO, VOICE_ID's spelling,
-    TEXT's length) are :func:`parse_request`'s.
-
-    Raises:
-        ValueError: naming the input at fault.
-    """
+    """How TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task, or None
+    for Base (``serving.contract.TASK_RULES``; ValueError naming the input at fault). An INSTRUCTION of spaces
+    is given, and empty. The voice's own checks are :func:`parse_request`'s."""
     task = SPEAK if inputs.task is None or inputs.task == "" else inputs.task
     if task not in TASKS:
         raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
@@ -210,11 +194,49 @@ def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequ
 
 
 def with_task_defaults(request: InstructRequest | None, seed: int | None, given: dict) -> tuple[int | None, dict]:
-    """The seed and request parameters (``given``, filled in place) of a ``tts`` request with its Instruct
-    task's defaults where the client gave none (``engine.instructions.TASK_DEFAULTS``: seed 2 and cfg 1.2 for
-    design, ...), for :func:`parse_request`. Base's (None) are returned as they are."""
+    """The seed and request parameters (``given``, filled in place) with the Instruct task's defaults where the
+    client gave none (``engine.instructions.TASK_DEFAULTS``); Base's (None) as they are."""
     if request is None:
         return seed, given
     defaults = TASK_DEFAULTS[request.task]
     given.setdefault("cfg", defaults.cfg)
     return (defaults.seed if seed is None else seed), given
+
+
+MODELS = ("base", "instruct")  # the release's cores, in the checkpoint layout's order
+MODEL_DIRS = {"base": "fireredtts3_base", "instruct": "fireredtts3_instruct"}
+NAMES = {"base": "FireRedTTS3-Base", "instruct": "FireRedTTS3-Instruct"}
+
+
+def parse_models(value: str) -> tuple[str, ...]:
+    """``--models`` -> the cores, in MODELS order (ValueError for a name that is not one; () for empty)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in names if v not in MODELS]
+    if unknown:
+        raise ValueError(f"models: unknown {', '.join(unknown)}; choose base, instruct or base,instruct")
+    return tuple(m for m in MODELS if m in names)
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """Which of the release's two models this server runs (``--models``): the generator loads exactly these,
+    and tts refuses a request for another at once, naming it and how to start a server that has it."""
+
+    models: tuple[str, ...]
+
+    @classmethod
+    def of(cls, checkpoint: str | Path, option: str) -> ServedModels:
+        """``--models``, or when empty the cores the checkpoint folder holds."""
+        folder = tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
+        return cls(parse_models(option) or folder)
+
+    def check(self, instruct) -> None:
+        """ValueError when the request (its :class:`InstructRequest`, None for Base) needs a model this server does
+        not run."""
+        need = "base" if instruct is None else "instruct"
+        if need in self.models:
+            return
+        what = "this request (TASK speak, no INSTRUCTION)" if instruct is None else f"TASK {instruct.task}"
+        raise ValueError(f"{what} needs {NAMES[need]}, which this server does not run (it runs "
+                         f"{', '.join(NAMES[m] for m in self.models)}); start it with --models base,instruct on a "
+                         f"checkpoint that has {MODEL_DIRS[need]}/")  # fmt: skip

@@ -1,8 +1,6 @@
 """Text-in streams of the ``tts`` model: a client's gRPC sequence (keyed by its ``correlation_id()``) whose
-requests carry the pieces of one utterance's text; the ``tts`` model feeds it,
-:meth:`engine.orchestrator.Orchestrator.run_text` reads it. What a stream is, its bounds and why ``tts`` keeps
-the table itself: docs/serving.md, "Text in: a gRPC sequence".
-"""
+requests carry the pieces of one utterance's text, read by :meth:`engine.orchestrator.Orchestrator.run_text`.
+Its bounds and why ``tts`` keeps the table itself: docs/serving.md, "Text in: a gRPC sequence"."""
 
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ class TextStream:
 
     def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float = DEFAULT_TEXT_MAX_SECONDS,
                  place: TextPlace | None = None):  # fmt: skip
-        """``place``: the stream's admission place (None: it holds none, as in tests of the table alone)."""
         self.key, self.idle_seconds, self.max_seconds, self.place = key, idle_seconds, max_seconds, place
+        # place: the stream's admission place (None: it holds none, as in tests of the table alone)
         self.deadline = time.monotonic() + max_seconds  # its END must have come by then
         self.queue: asyncio.Queue = asyncio.Queue()  # TextPiece, None (the end) or a ValueError (failed)
         self.chars = self.pieces = 0
@@ -38,9 +36,7 @@ class TextStream:
 
     def add(self, text: str, flush: bool, end: bool) -> None:
         """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, which also fails the
-        stream (its audio request ends with the same message). A control token in the piece is refused here; one
-        split across pieces (or formed by cleaning) is refused when its unit is cut into segments
-        (:func:`engine.frontend.prepare` checks the text as the tokenizer reads it)."""
+        stream. A control token split across pieces is refused by :func:`engine.frontend.prepare`."""
         if self.ended or self.failure:
             raise ValueError(f"text stream {self.key} has ended; start a new sequence")
         try:
@@ -106,9 +102,8 @@ class TextStreams:
         if self.max_open is not None and len(self.open) >= self.max_open:
             raise Unavailable(f"too many open text streams ({len(self.open)}, limit {self.max_open}); end a "
                               "stream or retry shortly")  # fmt: skip
-        place = None if self.place is None else self.place()
-        stream = self.open[key] = TextStream(key, self.idle_seconds, self.max_seconds, place)
-        return stream
+        self.open[key] = TextStream(key, self.idle_seconds, self.max_seconds, self.place and self.place())
+        return self.open[key]
 
     def get(self, key: Hashable) -> TextStream:
         stream = self.open.get(key)
@@ -118,8 +113,7 @@ class TextStreams:
         return stream
 
     def close(self, stream: TextStream) -> None:
-        """The stream's audio request is over (or its START refused): later pieces are refused, and its place
-        goes back."""
+        """The stream's audio request is over (or its START refused): later pieces are refused, its place freed."""
         if self.open.get(stream.key) is stream:
             del self.open[stream.key]
         if stream.place is not None:
@@ -141,9 +135,8 @@ def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[Text
 
 
 def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
-    """Hand the piece of ``request`` (``pb``: triton_python_backend_utils) to stream ``key``: its TEXT,
-    FLUSH and END flag. Returns None, or the tagged error to answer it with (the stream fails with it when
-    it broke a bound, or its text found the admission gate full)."""
+    """Hand the piece of ``request`` (TEXT, FLUSH, END) to stream ``key`` -> None, or the tagged error to answer
+    it with (the stream fails with it when it broke a bound, or its text found the admission gate full)."""
     try:
         end = bool(request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
         if not request.flags() & pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:

@@ -38,24 +38,19 @@ def write_key(path: Path) -> str:
     return key
 
 
-def _written(path: Path) -> tuple[str, Path]:
-    """A new key in a private temporary file beside ``path`` -> (key, that file)."""
-    tmp = path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    return write_key(tmp), tmp
-
-
-def _path(state_dir: Path) -> Path:
+def _written(state_dir: Path) -> tuple[str, Path, Path]:
+    """A new key in a private temporary file in ``state_dir`` (created) -> (key, that file, the key's path)."""
     (path := Path(state_dir) / FILE).parent.mkdir(parents=True, exist_ok=True)
-    return path
+    tmp = path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return write_key(tmp), tmp, path
 
 
 def load_or_create(state_dir: Path) -> tuple[str, bool]:
     """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one: the
     key is written whole, then linked into place only if no key is there (a reader never sees half a key)."""
-    path = _path(state_dir)
-    if path.exists():
+    if (path := Path(state_dir) / FILE).exists():
         return _read(path), False
-    key, tmp = _written(path)
+    key, tmp, path = _written(state_dir)
     try:
         os.link(tmp, path)
     except FileExistsError:  # another launcher was first: use its key
@@ -67,8 +62,7 @@ def load_or_create(state_dir: Path) -> tuple[str, bool]:
 
 def rotate(state_dir: Path) -> str:
     """A new kept key, written whole then renamed over the old one (a reader never sees half a key)."""
-    path = _path(state_dir)
-    key, tmp = _written(path)
+    key, tmp, path = _written(state_dir)
     os.replace(tmp, path)
     return key
 

@@ -1,10 +1,7 @@
-"""Who may ask the models what: the per-run internal key (``tts``, ``ensemble_generator`` and ``voices`` attach
-it to every BLS request as the parameter ``internal_key``), the admin key's SHA-256 (adding or removing a
-voice), stream ids minted with a MAC (31 random bits + 32 bits of HMAC; no error message carries one), chunk
-seals, and the generator's secret name. The launcher puts the keys in tritonserver's environment; without it
-(a tritonserver that ``serving.serve`` did not start) every caller is trusted, and each model logs that once.
-Who reaches what, and why: docs/security.md ("Internal models"), docs/architecture.md ("Auth", "Sealing").
-"""
+"""Who may ask the models what: the run's internal key, the admin key's SHA-256, random stream ids, chunk seals
+and the generator's secret name. Without the keys in the environment (a tritonserver that ``serving.serve``
+did not start) every caller is trusted, and each model logs that once. docs/architecture.md ("Auth",
+"Sealing"), docs/security.md ("Internal models")."""
 
 from __future__ import annotations
 
@@ -30,7 +27,6 @@ INTERNAL_KEY_ENV = "TTS_INTERNAL_KEY"
 ADMIN_DIGEST_ENV = "TTS_ADMIN_KEY_SHA256"
 INTERNAL_PARAMETER = "internal_key"
 ADMIN_PARAMETER = "admin_key"
-_NONCE_BITS = 31
 
 
 def parameter_dict(raw: str | dict | None) -> dict:
@@ -53,22 +49,18 @@ class Refused(ValueError):
 
 class Keys:
     def __init__(self, internal: str = "", admin_digest: str = "", public: bool = False):
-        self.internal = internal.encode()
-        self.admin_digest = admin_digest
-        self.public = public  # key-less requests allowed: the ensemble is served
+        self.internal, self.admin_digest = internal.encode(), admin_digest
+        self.public = public  # key-less requests allowed (:meth:`admit`): the ensemble is served
 
     @classmethod
-    def from_env(cls, model: str = "", public: bool = False) -> Keys:
-        """The run's keys from the environment; ``public``: key-less requests allowed (:meth:`admit`)."""
+    def from_env(cls, model: str, public: bool = False) -> Keys:
+        """The run's keys from the environment (``model`` names the log that says there are none)."""
         keys = cls(os.environ.get(INTERNAL_KEY_ENV, ""), os.environ.get(ADMIN_DIGEST_ENV, ""), public)
         if not keys.internal:
-            logging.getLogger(model or "auth").warning(
-                "%s is not set: this model trusts every caller (start the server with serving.serve)",
-                INTERNAL_KEY_ENV,
-            )
+            logging.getLogger(model).warning("%s is not set: this model trusts every caller (start the server "
+                                             "with serving.serve)", INTERNAL_KEY_ENV)  # fmt: skip
         return keys
 
-    # ---- the internal key ----
     def parameters(self) -> dict[str, str]:
         """Request parameters that mark a BLS request as ours."""
         return {INTERNAL_PARAMETER: self.internal.decode()} if self.internal else {}
@@ -85,7 +77,6 @@ class Keys:
         if not trusted and not self.public:
             raise Refused(f"{model} is internal: send requests to the tts model")
 
-    # ---- the admin key ----
     @staticmethod
     def digest(admin_key: str) -> str:
         return hashlib.sha256(admin_key.encode()).hexdigest()
@@ -94,7 +85,7 @@ class Keys:
         """None when the request carries the admin key (or none is configured); else what to tell its
         sender, which says whether the key was missing or wrong and how each client sends it."""
         if not self.admin_digest:
-            return None  # no admin key configured (see the module docstring)
+            return None  # no admin key configured
         given = self.split(raw)[0].get(ADMIN_PARAMETER)
         if isinstance(given, str) and hmac.compare_digest(self.digest(given), self.admin_digest):
             return None
@@ -107,33 +98,19 @@ class Keys:
                 f"admin_key file: python -m serving.security.admin_key path; a rotated key counts after a restart). "
                 f"Send {how}")  # fmt: skip
 
-    # ---- the generator's name ----
     @property
     def generator_model(self) -> str:
-        """The name under which Triton serves the generator: a secret of the run, derived from the internal
-        key, so that no client can address it (a client that reaches Triton's sequence batcher can hold
-        its slots: docs/triton.md#T9, #T10).
-        Plain ``generator`` without a key (a tritonserver that serving.serve did not start)."""
+        """The generator's name in Triton: a secret of the run, derived from the internal key, so that no client
+        can address it (docs/triton.md#T9, #T10); plain ``generator`` without a key."""
         if not self.internal:
             return GENERATOR
         return f"{GENERATOR}-{hashlib.sha256(b'generator model name:' + self.internal).hexdigest()[:32]}"
 
-    # ---- stream ids ----
-    def _mac(self, nonce: int) -> int:
-        return int.from_bytes(hmac.digest(self.internal, nonce.to_bytes(4, "big"), "sha256")[:4], "big")
+    @staticmethod
+    def new_stream_id() -> int:
+        """A random 63-bit id: unguessable, never 0 (what every chunk's seal covers: no MAC of its own)."""
+        return secrets.randbits(63) | 1
 
-    def new_stream_id(self) -> int:
-        """A random 63-bit id that :meth:`valid_stream_id` accepts; never 0."""
-        nonce = secrets.randbits(_NONCE_BITS) | 1
-        return (nonce << 32) | self._mac(nonce) if self.internal else (nonce << 32) | secrets.randbits(32)
-
-    def valid_stream_id(self, stream_id: int) -> bool:
-        nonce, mac = stream_id >> 32, stream_id & 0xFFFFFFFF
-        if not 0 < nonce < (1 << _NONCE_BITS):
-            return False
-        return not self.internal or hmac.compare_digest(mac.to_bytes(4, "big"), self._mac(nonce).to_bytes(4, "big"))
-
-    # ---- chunk seals ----
     def seal(self, chunk: Chunk) -> Chunk:
         """``chunk`` with its MAC (64 bits of keyed BLAKE2b over everything the vocoder acts on)."""
         return replace(chunk, seal=self._chunk_mac(chunk)) if self.internal else chunk

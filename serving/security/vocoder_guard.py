@@ -1,17 +1,7 @@
-"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch). The vocoder is a
-step of ``tts_ensemble``, so any client can send it chunks; it acts only on what the generator made, once, in
-order, for streams the generator's board lists (docs/security.md, "the vocoder decodes only what the
-generator made"; the board: :mod:`serving.flow.side_channel`). Beyond the doc:
-
-- an id is remembered as opened while the board lists it; once its end arrives here, as finished for
-  :data:`FINISHED_SECONDS`, so a replay of a finished stream's chunk is the client's ``invalid:``, never the
-  server's ``unavailable:``;
-- a chunk that only ends a stream (cancelled or failed) needs no seal: it frees the state of an id nobody can
-  guess and decodes nothing; a stream's end, sealed or ending only, takes it off the board;
-- a cancelled chunk (its ensemble client gone) ends the vocoder stream and marks it for the generator;
-- a table past ``max_streams`` is refused as busy only if every stream in it is generating or owed to tts
-  (opened with the internal key), which ``max_streams`` > the requests admission lets in rules out.
-"""
+"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch): it acts only on what
+the generator made, once, in order, for streams the generator's board lists (:mod:`serving.flow.side_channel`).
+Why and the rules: docs/security.md ("the vocoder decodes only what the generator made"),
+docs/architecture.md ("Sealing", "The live board")."""
 
 from __future__ import annotations
 
@@ -32,11 +22,9 @@ DROPPED = "the server dropped this stream before its end (a generator or vocoder
 # milliseconds; a stranger's late replay of a kept chunk 0 holds state no longer than this.
 PUBLIC_ENDED_IDLE_SECONDS = 2.0
 
-# A stream whose end reached the vocoder is remembered as finished this long (the generator's bound on a
-# late consumer, UNCLAIMED_SECONDS), and at most MAX_FINISHED of them (oldest forgotten first); only
-# streams that were opened here count, so a stranger's ending chunks for made-up ids fill nothing.
+# A stream whose end came is remembered as finished this long (the generator's bound on a late consumer)
 FINISHED_SECONDS = UNCLAIMED_SECONDS
-MAX_FINISHED = 16384
+MAX_FINISHED = 16384  # finished streams remembered (the oldest forgotten first)
 
 
 @dataclass

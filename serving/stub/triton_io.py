@@ -55,7 +55,7 @@ def load_model(options, parts: tuple[str, ...]):
     import torch
 
     from engine.fireredtts3 import FireRedTTS3
-    from serving.intake.served import parse_models
+    from serving.intake.requests import parse_models
 
     torch.set_num_threads(int(os.environ.get("TTS_TORCH_THREADS", "1")))
     models = parse_models(getattr(options, "models", "")) or None  # None: the cores the folder holds

@@ -1,10 +1,6 @@
-"""The on-disk format of a stored voice (docs/voices.md): a *prompt* (``<key>.prompt.safetensors``: a
-:class:`VoicePrompt`'s ``latents`` and ``speaker``, with format version, checkpoint identity, preprocessing,
-transcript, creation time, sha256 and, for a named voice, the sha256 of its ``source``) and a *source*
-(``<key>.source.safetensors``: ``audio`` samples (N,) at the rate in its header, transcript, sha256). Nothing
-is unpickled; writes go to a unique ``.<name>.<pid>.<ns>.tmp`` renamed into place; a file that does not
-match its sha256, and a prompt whose ``source`` is not its voice's source, raise ValueError.
-"""
+"""The on-disk format of a stored voice: a prompt file and a source file, checksummed safetensors (nothing
+unpickled), written atomically; a damaged file, or a prompt whose ``source`` is not its voice's source,
+raises ValueError. The layout and metadata: docs/voices.md."""
 
 from __future__ import annotations
 
@@ -58,8 +54,7 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, s
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -84,11 +79,6 @@ def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torc
     if (digest or not unchecked_ok) and digest != actual:
         raise ValueError(f"{path.name}: checksum mismatch (damaged, or written before checksums)")
     return tensors, meta
-
-
-def nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    """Bytes of the tensors' data (a file is this plus a small header)."""
-    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def prompt_file(prompt: VoicePrompt, identity: str, source: str = "") -> tuple[dict[str, torch.Tensor], dict[str, str]]:

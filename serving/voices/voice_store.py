@@ -1,8 +1,6 @@
-"""Persistent, pickle-free store of encoded voice prompts: where they live and which are kept (one class: a
-voice's life in the store, locking, registration, eviction, removal). Its layout, why a writer killed at any
-point leaves a whole voice, and what is re-encoded, swept and evicted: docs/voices.md. The files' format is
-:mod:`serving.voices.voice_files`.
-"""
+"""Persistent, pickle-free store of encoded voice prompts, shared safely by several processes: locking,
+registration, eviction, removal. Its layout, why a writer killed at any point leaves a whole voice, and
+what is re-encoded, swept and evicted: docs/voices.md. The files' format: :mod:`serving.voices.voice_files`."""
 
 from __future__ import annotations
 
@@ -53,17 +51,11 @@ class VoiceInfo:
 
 
 class VoiceStore:
-    """Named and anonymous voice prompts on disk, shared safely by several processes.
-
-    Args:
-        root: store directory (created if it can be).
-        identity: checkpoint identity; prompts encoded with another checkpoint are re-encoded.
-        encode: reference (audio, sample_rate, text) -> :class:`VoicePrompt`; resamples with
-            :func:`engine.resample.resample` as the store does, so a 24 kHz source gives the same prompt.
-        max_anonymous: LRU bound for anonymous entries.
-        max_bytes: bound on all files (None: none); anonymous entries are evicted to stay under it, and
-            registering a named voice that would put named voices alone over it is refused.
-    """
+    """Named and anonymous voice prompts in ``root`` (created if it can be), encoded with the checkpoint
+    ``identity`` by ``encode`` (audio, sample_rate, text) -> :class:`VoicePrompt`, which resamples with
+    :func:`engine.resample.resample` as the store does (a 24 kHz source gives the same prompt). At most
+    ``max_anonymous`` anonymous entries and ``max_bytes`` in all files (None: no bound); registering a named
+    voice that would put named voices alone over ``max_bytes`` is refused."""
 
     def __init__(self, root: str | Path | None, identity: str, encode: Callable[..., VoicePrompt] | None,
                  max_anonymous: int = 256, max_bytes: int | None = None):  # fmt: skip
@@ -88,11 +80,8 @@ class VoiceStore:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with open(self.root / ".lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
@@ -201,7 +190,7 @@ class VoiceStore:
         with self._writing(f"register voice {name!r}"):
             if self.max_bytes is not None:
                 others = sum(b for key, (_, b) in self._entries("named").items() if key != name)
-                need = others + vf.nbytes(source) + vf.nbytes(p_file[0])
+                need = others + sum(t.nbytes for t in [*source.values(), *p_file[0].values()])  # + small headers
                 if need > self.max_bytes:
                     raise ValueError(
                         f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, over the "

@@ -50,19 +50,12 @@ def test_a_missing_and_a_wrong_admin_key_are_told_apart_and_say_how_to_send_it()
     assert Keys("k").admin_refusal({}, "add") is None  # no key configured: anyone may
 
 
-def test_issued_stream_ids_verify_and_forged_ones_do_not():
-    keys = Keys("secret")
-    ids = {keys.new_stream_id() for _ in range(1000)}
+def test_issued_stream_ids_are_random_63_bit_and_never_0():
+    ids = {Keys.new_stream_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(0 < i < 2**63 for i in ids)
-    assert all(keys.valid_stream_id(i) for i in ids)
-    other = Keys("another run")
-    assert not any(other.valid_stream_id(i) for i in ids)
-    assert not any(keys.valid_stream_id(i ^ (1 << b)) for i in list(ids)[:50] for b in range(63))
-    assert not any(keys.valid_stream_id(i) for i in (0, 1, 2**32 - 1, 2**63 - 1, 12345))
 
 
 def test_without_a_key_everyone_is_trusted():
     keys = Keys()
     assert keys.split({"steps": 4}) == ({"steps": 4}, True)
     assert keys.admin_refusal({}, "this") is None
-    assert keys.valid_stream_id(keys.new_stream_id())

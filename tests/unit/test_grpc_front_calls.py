@@ -1,4 +1,4 @@
-"""The gRPC front's bounds on calls (serving.fronts.call_ids, serving.fronts.call_shares and the call-idle bound
+"""The gRPC front's bounds on calls (serving.fronts.call_ids, front_limits.AddressShares and the call-idle bound
 of serving.fronts.grpc_front): sequence ids private to each stream call, a client's share of the calls, and
 the end of a call that holds nothing. Against a stand-in upstream whose stream echoes each request as Triton
 got it; the real path is tests/integration/test_front_calls.py."""
@@ -16,9 +16,8 @@ from tritonclient.grpc import service_pb2
 
 from loadtest.source_relay import SourceRelay
 from serving.fronts.call_ids import MAX_SEQUENCES, CallIds
-from serving.fronts.call_shares import CallShares, client_address
-from serving.fronts.front_limits import FrontLimits
-from serving.fronts.grpc_front import IDLE_COUNTER, SERVICE, GrpcFront
+from serving.fronts.front_limits import AddressShares, FrontLimits
+from serving.fronts.grpc_front import IDLE_COUNTER, SERVICE, GrpcFront, _log, client_address
 from serving.fronts.metrics_relay import LAUNCHER
 from serving.supervision.triton_env import free_port
 
@@ -99,12 +98,11 @@ def test_client_address_drops_the_port():
 
 
 def test_a_share_refuses_past_it_and_comes_free():
-    shares = CallShares(2)
-    assert shares.enter("a", 0) is None and shares.enter("a", 0) is None and shares.enter("b", 0) is None
-    refusal = shares.enter("a", 0)
-    assert refusal.startswith("unavailable: ") and "--grpc-front-max-calls-per-client 2" in refusal
+    shares = AddressShares(2, _log, "gRPC call")
+    assert shares.enter("a") and shares.enter("a") and shares.enter("b") and not shares.enter("a")
+    assert shares.holdings() == {"a": 2, "b": 1}
     shares.leave("a")
-    assert shares.enter("a", 0) is None
+    assert shares.enter("a") and AddressShares(0, _log, "gRPC call").enter("a")  # 0: no share
     assert FrontLimits(max_calls=40).calls_per_client == 10 and FrontLimits().calls_per_client == 0
     assert FrontLimits(max_calls=40, max_calls_per_client=3).calls_per_client == 3
     assert FrontLimits().for_places(40).calls_per_client == 28
@@ -223,7 +221,7 @@ def test_a_call_that_holds_nothing_is_ended_and_one_waiting_for_an_answer_is_not
             assert time.monotonic() < deadline, front.streams
             time.sleep(0.05)
         assert LAUNCHER.values[IDLE_COUNTER] == ended + 2 and len(front.streams) == 1  # the waiting call is still there
-        assert front.shares.calls == {"127.0.0.1": 1}  # the ended calls left their client's share
+        assert front.shares.held == {"127.0.0.1": 1}  # the ended calls left their client's share
     finally:
         idle.close()
         waiting.close()
@@ -236,13 +234,14 @@ def test_a_client_past_its_share_is_refused_by_name_while_another_client_is_serv
     try:
         held = [c.unary_unary(f"/{SERVICE}/ModelReady").future(b"", timeout=60) for c in mine[:2]]
         deadline = time.monotonic() + 30
-        while front.shares.calls.get("127.0.0.2", 0) < 2:
-            assert time.monotonic() < deadline, front.shares.calls
+        while front.shares.held.get("127.0.0.2", 0) < 2:
+            assert time.monotonic() < deadline, front.shares.held
             time.sleep(0.05)
         with pytest.raises(grpc.RpcError) as e:  # a third call, on a connection of its own: the same client
             mine[2].unary_unary(f"/{SERVICE}/ModelReady")(b"", timeout=30)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "127.0.0.2" in e.value.details() and "--grpc-front-max-calls-per-client 2" in e.value.details()
+        assert e.value.details().startswith("unavailable: this client (127.0.0.2) has 2 calls in progress")
+        assert "--grpc-front-max-calls-per-client 2" in e.value.details()
         other = Call(front.address)  # another client (127.0.0.1) is served meanwhile
         other.send(request(1, start=True))
         assert sequence_of(other.answer()) != 1

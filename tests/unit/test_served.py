@@ -2,8 +2,7 @@
 
 import pytest
 
-from serving.intake.requests import InstructRequest
-from serving.intake.served import ServedModels, parse_models
+from serving.intake.requests import InstructRequest, ServedModels, parse_models
 
 
 def test_parse_models():

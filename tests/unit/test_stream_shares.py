@@ -58,8 +58,10 @@ def test_a_refused_peer_is_logged_once_in_ten_seconds_with_the_holdings(caplog):
             with contextlib.suppress(APIError):
                 shares.take("10.0.0.1")
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and lines[0].startswith("a stream from 10.0.0.1 refused: it has 1 open"), lines
-    assert lines[0].endswith("streams open by address: 10.0.0.1 1")
+    assert len(lines) == 1 and lines[0].startswith(
+        "refused a Triton stream (--streams-per-peer) from 10.0.0.1: it has 1 in progress, at most 1 per address"
+    ), lines
+    assert lines[0].endswith("in progress by address: 10.0.0.1 1")
 
 
 def chunks(n: int, fail: Exception | None = None):

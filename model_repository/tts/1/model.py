@@ -19,8 +19,7 @@ from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.admission import Place, TextPlace
 from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of
 from serving.intake.request_inputs import tts_inputs
-from serving.intake.requests import parse_request
-from serving.intake.served import ServedModels
+from serving.intake.requests import ServedModels, parse_request
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.entry import Entry
