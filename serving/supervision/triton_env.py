@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ NGC_ROOT = Path("/opt/tritonserver")
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+METRICS_503_SECONDS = 2.0  # a metrics port answering 503 is asked again this long
 READY_TIMEOUT = 180.0  # seconds a starting tritonserver may take to answer ready (loading every model)
 
 
@@ -64,8 +66,11 @@ def find_triton(work_dir: Path) -> TritonInstall:
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(stub, dest / "triton_python_backend_stub")
-    libs = [Path(sysconfig.get_config_var("LIBDIR") or ""), root.parent.parent / "nvidia_pytriton.libs"]
-    return TritonInstall(root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_dir()))
+    libs = [Path(sysconfig.get_config_var("LIBDIR") or "."), root.parent.parent / "nvidia_pytriton.libs"]
+    # never an empty or relative entry: LD_LIBRARY_PATH would search the working directory
+    return TritonInstall(
+        root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_absolute() and p.is_dir())
+    )
 
 
 def free_port() -> int:
@@ -244,9 +249,19 @@ class TritonServer:
             time.sleep(0.25)
 
     def metrics_text(self, timeout: float = 10.0) -> str:
-        """The metrics port's page (Prometheus text)."""
-        with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
-            return r.read().decode()
+        """The metrics port's page (Prometheus text). A 503 (the relay's while Triton's own page does not answer,
+        as just after ready) is asked again for up to METRICS_503_SECONDS before it is an error."""
+        deadline = time.monotonic() + METRICS_503_SECONDS
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout
+                ) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as e:
+                if e.code != 503 or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.1)
 
     def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
         """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""

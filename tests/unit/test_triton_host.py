@@ -4,8 +4,12 @@ relay, which bound what a client may send and hold)."""
 from __future__ import annotations
 
 import argparse
+import http.server
 import os
 import socket
+import threading
+import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +115,65 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
         path.write_bytes(b"x")
     assert remove_orphan_segments(tmp_path) == [dead.name]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A metrics port that answers 503 for its first ``server.fails`` scrapes (Triton's, just after ready)."""
+
+    def do_GET(self):
+        self.server.fails -= 1
+        status, body = (503, b"metrics unavailable\n") if self.server.fails >= 0 else (200, b"tts_up 1\n")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky_metrics(tmp_path):
+    port = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    port.fails = 3
+    threading.Thread(target=port.serve_forever, daemon=True).start()
+    (tmp_path / "repo").mkdir()
+    yield port, TritonServer(tmp_path / "repo", tmp_path, Ports(1, 2, port.server_address[1]))
+    port.shutdown()
+    port.server_close()
+
+
+def test_a_metrics_port_answering_503_briefly_is_read_again(flaky_metrics):
+    port, server = flaky_metrics
+    assert server.metrics_text(timeout=2) == "tts_up 1\n" and port.fails == -1
+
+
+def test_a_metrics_port_answering_503_for_good_is_an_error(flaky_metrics, monkeypatch):
+    import serving.supervision.triton_env as triton_env
+
+    port, server = flaky_metrics
+    port.fails = 10**6
+    monkeypatch.setattr(triton_env, "METRICS_503_SECONDS", 0.2)
+    with pytest.raises(urllib.error.HTTPError, match="503"):
+        server.metrics_text(timeout=2)
+
+
+def test_the_supervisor_counts_a_brief_503_as_an_answer(flaky_metrics, tmp_path):
+    """A 503 right after ready is not 'the metrics port has not answered' (the --stall-seconds rule)."""
+    from serving.supervision.supervise import Supervisor
+
+    _, server = flaky_metrics
+    assert Supervisor(server, tmp_path)._observe().metrics == {}
+
+
+@pytest.mark.parametrize("libdir", ["", None, "relative/lib"])
+def test_no_empty_or_relative_library_folder_reaches_ld_library_path(tmp_path, monkeypatch, libdir):
+    import sysconfig
+
+    from serving.supervision.triton_env import find_triton
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "relative" / "lib").mkdir(parents=True)
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: libdir if name == "LIBDIR" else None)
+    install = find_triton(tmp_path / "work")
+    assert all(p.is_absolute() for p in install.lib_dirs) and Path(".") not in install.lib_dirs
