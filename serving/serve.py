@@ -1,12 +1,7 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
-Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
-:mod:`serving.supervision.triton_env`) and runs it (model-control mode none: no model loads later) under a
-:class:`Supervisor`, which restarts it when a backend dies, hangs or stalls. SIGINT/SIGTERM drain running
-tts streams for ``--drain-seconds`` (a second signal cuts the drain short) and stop everything; a killed
-launcher takes tritonserver with it.
-Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
-"""
+Renders the model repository into a run folder of its own and runs tritonserver under a :class:`Supervisor`;
+restarts, signals and a killed launcher: docs/operations.md, Supervision and shutdown."""
 
 from __future__ import annotations
 
@@ -48,10 +43,8 @@ def is_loopback(host: str) -> bool:
 
 def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: str | None = None,
                front_host: str | None = None, http_front_host: str | None = None) -> list[str]:  # fmt: skip
-    """Every port that cannot be bound, each with the option that moves it (they are held open together, so
-    a port given twice is busy too): Triton's HTTP and gRPC on ``triton_host`` (default ``host``; the gRPC
-    port on ``front_host`` when the gRPC front holds it, the HTTP port on ``http_front_host`` when the HTTP
-    front does), the metrics and OpenAI ports on ``host``."""
+    """Every port that cannot be bound where it will listen, with the option that moves it (held open together:
+    a port given twice is busy too). HTTP and gRPC: on ``triton_host`` (default ``host``), or their front's host."""
     triton_host = triton_host or host
     named = [("HTTP", ports.http, "--http-port", http_front_host or triton_host),
              ("gRPC", ports.grpc, "--grpc-port", front_host or triton_host),
@@ -70,16 +63,12 @@ def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: 
 
 
 def run_folder(parent: Path | None) -> Path:
-    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``, mode 0700 (its model repository and logs
-    name the generator's secret model name)."""
+    """``<parent>/<UTC time>-<pid>``, mode 0700 (its repository and logs name the generator's secret name)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
     path.mkdir(parents=True, mode=0o700)
     path.chmod(0o700)  # whatever the umask
     return path
-
-
-GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
 
 
 def say(line: str) -> None:
@@ -207,16 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     say("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything answers")
 
     def ready() -> None:
-        """The gateway's addresses, once it reaches the ready tritonserver (never before: a request sent
-        earlier would be refused)."""
-        if gateway is None:
-            return
-        if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():
-            say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; its "
-                "addresses:")  # fmt: skip
-        for line in gateway.addresses():
-            say(line)
-        say("ready: every address above answers" + (" (random weights: see the note above)" if random_weights else ""))
+        if gateway is not None:
+            gateway.announce(stopping)
+            say("ready: every address above answers" + (" (random weights: see the note above)" * random_weights))
 
     try:
         supervisor.run(stopping=stopping, tick=gateway.keep_up if gateway else lambda: None, ready=ready)

@@ -1,11 +1,6 @@
-"""The server's options, written once: :class:`ServeOptions`, and the launcher's flags generated from it.
-
-A field with ``help`` is a launcher flag (``--max-len`` for ``max_len``), its type, default, choices
-and help taken from the field: ``int``/``float``/``str`` values, a :data:`Folder` as a path (the
-launcher resolves it), a ``bool`` as ``--flag``/``--no-flag``. The others are set by the launcher
-(``cancel_dir``, ``run_dir``) or are tuning constants. What each model reads of them is
-:mod:`serving.config.model_options`.
-"""
+"""The server's options, written once (:class:`ServeOptions`): a field with ``help`` is a launcher flag
+(``--max-len`` for ``max_len``; a :data:`Folder` a path, a ``bool`` ``--flag``/``--no-flag``), the others are set
+by the launcher or are tuning constants. What each model reads of them: :mod:`serving.config.model_options`."""
 
 from __future__ import annotations
 
@@ -159,8 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
-    """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
-    launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
+    """Parsed flags and the fields the launcher ``resolved`` itself (folders) -> ServeOptions (ValueError: out of
+    range); a folder neither given nor resolved keeps its default."""
     given = {f.name: getattr(args, f.name) for f in fields(ServeOptions) if "help" in f.metadata}
     values = {name: str(v) if isinstance(v, Path) else v for name, v in given.items() if v is not None}
     return ServeOptions(**(values | resolved))

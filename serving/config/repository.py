@@ -1,10 +1,5 @@
-"""Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`serving.contract` and
-the serving options (:mod:`serving.config.options`), its parameters those of the model's options
-(:mod:`serving.config.model_options`); ``model.py`` files are copied from ``model_repository/`` as they are.
-
-The committed ``model_repository/*/config.pbtxt`` are this module's output for the default options
-(a unit test keeps them in sync), so the folder also works when pointed at directly.
-"""
+"""Render the Triton model repository: each ``config.pbtxt`` from :mod:`serving.contract` and the model's options,
+each ``model.py`` copied from ``model_repository/``, whose committed configs are the defaults' (a test checks)."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ RENDERED = "# Rendered by serving.config.repository from serving/contract.py; ed
 
 
 def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
-    """A Python-backend model's config.pbtxt: one CPU instance, its options as parameters (string values,
-    quoted as protobuf text)."""
+    """A Python-backend model's config.pbtxt: one CPU instance, its options as (quoted) string parameters."""
     quoted = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
             + ("model_transaction_policy { decoupled: true }\n" if decoupled else "") + batching + _io(inputs, outputs,
@@ -79,11 +73,8 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
 
 
 def ensemble() -> str:
-    """tts_ensemble: the client's inputs -> prompt_encoder -> ensemble_generator -> vocoder, outputs of the
-    vocoder. ensemble_generator runs a generator stream (over BLS, with the internal key) and passes its
-    chunks on; they carry every vocoder input, so each one becomes one vocoder request. Request parameters
-    reach ensemble_generator as the client sent them.
-    """
+    """tts_ensemble: prompt_encoder -> ensemble_generator (a generator stream over BLS; its chunks carry every
+    vocoder input, and it gets the client's request parameters as sent) -> vocoder (one request a chunk)."""
     given = {s.name for s in contract.ENSEMBLE_INPUTS}
     prompt_in = {s.name: s.name for s in contract.PROMPT_INPUTS if s.name in given}
     prompt_out = {s.name: f"_{s.name.lower()}" for s in contract.PROMPT_OUTPUTS}
@@ -106,8 +97,8 @@ def ensemble() -> str:
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:
-    """Write a complete model repository to ``dest`` (replacing it), readable by this user only: the launcher
-    renames the generator's folder to its secret model name (serving.security.auth.Keys.generator_model)."""
+    """Write a complete model repository to ``dest`` (replacing it), readable by this user only (the generator's
+    folder gets its secret name: serving.security.auth.Keys.generator_model)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, mode=0o700)
     dest.chmod(0o700)  # whatever the umask

@@ -1,5 +1,4 @@
-"""The OpenAI gateway's process under the launcher (:mod:`serving.serve`): ``python -m gateway`` started
-beside tritonserver, dying with the launcher, restarted with a growing wait when it exits on its own."""
+"""The OpenAI gateway's process under the launcher (:mod:`serving.serve`)."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from serving.supervision.triton_env import REPO_ROOT, die_with_parent
 BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
 GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
 GATEWAY_RESTARTS = "tts_gateway_restarts_total"
+GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
 
 
 class Gateway:
@@ -32,26 +32,24 @@ class Gateway:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
         self.base = f"http://{shown}:{port}"
 
-    def addresses(self) -> list[str]:
-        return [f"OpenAI-compatible speech API: {self.base}/v1/audio/speech", f"web page: {self.base}/"]
-
-    def answers(self) -> bool:
-        """Whether the gateway's ``/health`` is 200: it is up and reaches a ready tritonserver."""
-        try:
-            with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:  # refused, not ready (HTTPError 503), timed out
-            return False
-
-    def wait_answering(self, seconds: float, stopping) -> bool:
-        """Up to ``seconds`` for :meth:`answers` (restarting a gateway that exits meanwhile)."""
-        deadline = time.monotonic() + seconds
-        while not self.answers():
-            if stopping() or time.monotonic() > deadline:
-                return False
+    def announce(self, stopping) -> None:
+        """Its addresses once it reaches the ready tritonserver (``/health`` 200; never before: a request sent
+        earlier would be refused), at most GATEWAY_WAIT s later (restarting a gateway that exits meanwhile)."""
+        deadline = time.monotonic() + GATEWAY_WAIT
+        while not stopping():
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # refused, not ready (HTTPError 503), timed out
+                pass
+            if time.monotonic() > deadline:
+                say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
+                    "its addresses:", prefix="")  # fmt: skip
+                break
             self.keep_up()
             time.sleep(0.1)
-        return True
+        say(f"OpenAI-compatible speech API: {self.base}/v1/audio/speech\nweb page: {self.base}/", prefix="")
 
     def _start(self) -> subprocess.Popen:
         return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)

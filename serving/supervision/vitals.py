@@ -1,9 +1,6 @@
-"""Is a tritonserver alive and making progress? The supervisor (:mod:`serving.supervision.supervise`) looks at
-its stubs' heartbeat files and its metrics port at every poll; this module judges what it saw
-(:class:`Observation`) by the heartbeat, progress and leak rules, and tells a pause, with no processes, files or
-clocks of its own, so that the rules are tested on hand-built observations. The rules, their numbers and why:
-docs/operations.md, Supervision and shutdown. Time is the supervisor's own monotonic clock, from its looks.
-"""
+"""The supervisor's heartbeat, progress and leak rules and its pause, judged on what it saw at each poll
+(:class:`Observation`, times from its own monotonic clock) with no processes, files or clocks here, so that they
+are tested on hand-built observations. The rules, their numbers and why: docs/operations.md, Supervision."""
 
 from __future__ import annotations
 
@@ -11,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it is touched every second)
-# Every stub silent this long is an incident even though none beat (a stall of the whole machine longer than
-# this is not one a listener survives anyway; the stall measured is in docs/operations.md, Supervision and shutdown).
+# Every stub silent this long is an incident even though none beat (a longer stall of the whole machine is not
+# one a listener survives anyway; the stall measured: docs/operations.md).
 ALL_QUIET_SECONDS = 4 * STALE_SECONDS
 # Requests waiting this long for a model that executes nothing: a stall. Well above the longest execute
 # measured (docs/operations.md): a false stall kills every running stream.
@@ -32,8 +29,7 @@ WAITS_ON = {"voices": ("prompt_encoder",)}
 
 
 def samples(text: str, names: Iterable[str]) -> dict[str, dict[str, float]]:
-    """Prometheus text -> {metric name: {its ``model`` label ("" without one): value}} for ``names``, summed
-    over the other labels (versions); a name with no sample is absent. One pass over the text."""
+    """Prometheus text -> {name: {its ``model`` label or "": value summed over other labels}} for ``names``."""
     wanted, out = set(names), {}
     for line in text.splitlines():
         if not line or line[0] == "#":

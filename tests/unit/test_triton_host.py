@@ -104,7 +104,7 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from serving.supervision.triton_env import remove_orphan_segments
+    from serving.supervision.supervise import remove_segments
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -113,7 +113,7 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     other = tmp_path / "not_ours"
     for path in (dead, live, other):
         path.write_bytes(b"x")
-    assert remove_orphan_segments(tmp_path) == [dead.name]
+    assert remove_segments(shm_dir=tmp_path) == [dead.name]
     assert not dead.exists() and live.exists() and other.exists()
 
 

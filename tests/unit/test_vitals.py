@@ -363,9 +363,10 @@ class FakeServer:
     def start(self):
         self.events.append("start")
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return self
 
-    def is_ready(self) -> bool:
-        return True
+    def wait_ready(self, timeout: float, stopping) -> bool:
+        return not stopping()
 
 
 @pytest.fixture
