@@ -8,14 +8,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import os
 import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from engine.config import cache_dir
@@ -24,12 +27,13 @@ from serving.config.options import add_arguments, from_arguments
 from serving.config.repository import build
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
+from serving.fronts.metrics_relay import LAUNCHER
 from serving.security.admin_key import FILE as ADMIN_KEY_FILE
 from serving.security.admin_key import default_state_dir, load_or_create, write_key
-from serving.supervision.gateway_process import Gateway
+from serving.supervision import supervise
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
-from serving.supervision.triton_env import Ports, TritonServer
+from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
 from serving.supervision.vitals import STALL_SECONDS
 from serving.voices.voice_store import default_dir as default_voice_dir
 
@@ -71,8 +75,74 @@ def run_folder(parent: Path | None) -> Path:
     return path
 
 
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+say = functools.partial(supervise.say, prefix="")  # the launcher's own lines
+BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
+GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
+GATEWAY_RESTARTS = "tts_gateway_restarts_total"
+GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
+
+
+class Gateway:
+    """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, which starts it again
+    (and says so) if it exits on its own (docs/operations.md, Supervision and shutdown)."""
+
+    def __init__(self, host: str, triton: str, port: int, random_weights: bool, more: list[str]):
+        """``triton``: ``TritonServer.triton_grpc``; ``more``: ``--gateway-args``, checked by the launcher."""
+        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port),
+                    *(["--random-weights"] if random_weights else []), *more]  # fmt: skip
+        self.proc, self.started = self._start(), time.monotonic()
+        self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
+        LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
+        self.base = f"http://{shown}:{port}"
+
+    def announce(self, stopping) -> None:
+        """Its addresses once it reaches the ready tritonserver (``/health`` 200; never before: a request sent
+        earlier would be refused), at most GATEWAY_WAIT s later (restarting a gateway that exits meanwhile)."""
+        deadline = time.monotonic() + GATEWAY_WAIT
+        while not stopping():
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # refused, not ready (HTTPError 503), timed out
+                pass
+            if time.monotonic() > deadline:
+                say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
+                    "its addresses:")  # fmt: skip
+                break
+            self.keep_up()
+            time.sleep(0.1)
+        say(f"OpenAI-compatible speech API: {self.base}/v1/audio/speech\nweb page: {self.base}/")
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
+
+    def keep_up(self) -> None:
+        """Restart a gateway that exited, after a wait doubled at each exit in a row (one that cannot start does
+        not spin)."""
+        now = time.monotonic()
+        if self.proc is None:
+            if now >= self.restart_at:
+                self.proc, self.started = self._start(), now
+            return
+        if self.proc.poll() is None:
+            return
+        self.restarts += 1
+        LAUNCHER.increment(GATEWAY_RESTARTS)
+        self.backoff = BACKOFF_FIRST if now - self.started >= BACKOFF_RESET else min(2 * self.backoff, BACKOFF_MOST)
+        supervise.say(f"gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
+            f"({self.restarts} restarts so far)")  # fmt: skip
+        self.proc, self.restart_at = None, now + self.backoff
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(GATEWAY_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
