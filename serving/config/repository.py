@@ -7,15 +7,7 @@ import shutil
 from pathlib import Path
 
 from serving import contract
-from serving.config.model_options import (
-    EnsembleGeneratorOptions,
-    GeneratorOptions,
-    ModelOptions,
-    PromptEncoderOptions,
-    TTSOptions,
-    VocoderOptions,
-    VoicesOptions,
-)
+from serving.config import model_options as mo
 from serving.config.options import ServeOptions
 
 SOURCE = Path(__file__).resolve().parents[2] / "model_repository"
@@ -30,7 +22,7 @@ def _io(inputs, outputs, ragged=()) -> str:
 RENDERED = "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
 
 
-def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
+def _python(options: mo.ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
     """A Python-backend model's config.pbtxt: one CPU instance, its options as (quoted) string parameters."""
     quoted = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
@@ -42,24 +34,24 @@ def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), d
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    gen, prompt = ("PROMPT_LATENTS", "SPEAKER"), PromptEncoderOptions.of(opts)
+    gen, prompt = ("PROMPT_LATENTS", "SPEAKER"), mo.PromptEncoderOptions.of(opts)
     # its queue is bounded: key-less requests (tts_ensemble's first step) are answered here before the gate
     batching = ("dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
                 f"  default_queue_policy {{ max_queue_size: {2 * prompt.capacity} }}\n}}\n")  # fmt: skip
     models = {
-        "tts": _python(TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
+        "tts": _python(mo.TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
         "tts_ensemble": ensemble(),
         "prompt_encoder": _python(prompt, 8, contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ("REF_AUDIO",),
                                   decoupled=False, batching=batching),
-        "ensemble_generator": _python(EnsembleGeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+        "ensemble_generator": _python(mo.EnsembleGeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
                                       contract.GENERATOR_OUTPUTS, gen),
         # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.stub.generator_host)
-        "generator": _python(GeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+        "generator": _python(mo.GeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
                              contract.GENERATOR_OUTPUTS + contract.PIPE_OUTPUTS, gen),
         # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
-        "vocoder": _python(VocoderOptions.of(opts), opts.vocoder_batch, contract.VOCODER_INPUTS,
+        "vocoder": _python(mo.VocoderOptions.of(opts), opts.vocoder_batch, contract.VOCODER_INPUTS,
                            contract.VOCODER_OUTPUTS, ("LATENTS", "PROMPT_LATENTS")),
-        "voices": _python(VoicesOptions.of(opts), 0, contract.VOICES_INPUTS, contract.VOICES_OUTPUTS, decoupled=False),
+        "voices": _python(mo.VoicesOptions.of(opts), 0, contract.VOICES_INPUTS, contract.VOICES_OUTPUTS, decoupled=False),
     }  # fmt: skip
     if not opts.ensemble:
         del models["tts_ensemble"], models["ensemble_generator"]

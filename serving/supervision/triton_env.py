@@ -65,10 +65,8 @@ def find_triton(work_dir: Path) -> TritonInstall:
     shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(stub, dest / "triton_python_backend_stub")
     libs = [Path(sysconfig.get_config_var("LIBDIR") or "."), root.parent.parent / "nvidia_pytriton.libs"]
-    # never an empty or relative entry: LD_LIBRARY_PATH would search the working directory
-    return TritonInstall(
-        root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_absolute() and p.is_dir())
-    )
+    libs = tuple(p for p in libs if p.is_absolute() and p.is_dir())  # a relative one: the working directory
+    return TritonInstall(root / "bin" / "tritonserver", dest.parent, libs)
 
 
 def free_port() -> int:
@@ -154,26 +152,20 @@ class TritonServer:
         return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
 
     def command(self, install: TritonInstall) -> list[str]:
-        return [
-            str(install.binary),
-            f"--model-repository={self.model_repository}",
-            f"--backend-directory={install.backend_dir}",
-            "--model-control-mode=none",  # every model of the repository loads at start; none later
-            # Stopping waits this long for the models to unload (the launcher drains streams before).
-            "--exit-timeout-secs=5",
-            f"--http-address={'127.0.0.1' if self.http_front else self.host}",
-            f"--grpc-address={'127.0.0.1' if self.grpc_front else self.host}",
-            "--metrics-address=127.0.0.1",
-            f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
-            f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
-            f"--metrics-port={self.triton_metrics_port}",
-            "--backend-config=python,shm-default-byte-size=67108864",
-            "--backend-config=python,shm-growth-byte-size=16777216",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            "--log-verbose=0",
-            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
-            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
-        ]
+        http, grpc = ("127.0.0.1" if front else self.host for front in (self.http_front, self.grpc_front))
+        restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}"
+        return [str(install.binary), f"--model-repository={self.model_repository}",
+                f"--backend-directory={install.backend_dir}",
+                "--model-control-mode=none",  # every model of the repository loads at start; none later
+                "--exit-timeout-secs=5",  # stopping waits this long for the models to unload (after the drain)
+                f"--http-address={http}", f"--grpc-address={grpc}", "--metrics-address=127.0.0.1",
+                f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
+                f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
+                f"--metrics-port={self.triton_metrics_port}", "--log-verbose=0",
+                "--backend-config=python,shm-default-byte-size=67108864",
+                "--backend-config=python,shm-growth-byte-size=16777216",
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+                f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]  # fmt: skip
 
     def start(self) -> TritonServer:
         remove_segments()  # of servers whose starter was SIGKILLed
