@@ -173,10 +173,7 @@ ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS
 
 # ---- prompt_encoder (dynamic batching) ----
 PROMPT_INPUTS = (
-    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True),
-    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
-    Spec("REF_TEXT", "TYPE_STRING", (1,), True),
-    Spec("VOICE_ID", "TYPE_STRING", (1,), True),
+    *(Spec(s.name, s.dtype, s.dims, True) for s in BASE_INPUTS[2:6]),  # REF_AUDIO, its rate, REF_TEXT, VOICE_ID
     Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
     # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not in the
     # generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its orchestrator

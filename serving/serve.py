@@ -185,28 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.stall_seconds < 0 or args.drain_seconds < 0:
         ap.error("--stall-seconds and --drain-seconds must be >= 0")
-    gateway_args = shlex.split(args.gateway_args)
-    if gateway_args:
+    if gateway_args := shlex.split(args.gateway_args):
         from gateway.__main__ import check as check_gateway_args
 
         if problem := check_gateway_args(gateway_args):
             ap.error(f"--gateway-args: {problem}")
 
-    admin_key = args.admin_key
-    if args.admin_key_file:
-        try:
-            admin_key = args.admin_key_file.read_text().partition("\n")[0].strip()
-        except OSError as e:
-            ap.error(f"cannot read --admin-key-file: {e}")
+    try:
+        admin_key, file = args.admin_key, args.admin_key_file
+        admin_key = file.read_text().partition("\n")[0].strip() if file else admin_key
+    except OSError as e:
+        ap.error(f"cannot read --admin-key-file: {e}")
     if admin_key == "":
         ap.error("the admin key is empty")
     triton_host = args.triton_host or args.host
     if not (is_loopback(args.host) and is_loopback(triton_host)) and admin_key is None and not args.insecure:
         ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    front = front_wanted(args.grpc_front, not is_loopback(triton_host))
-    http_front = front_wanted(args.http_front, not is_loopback(triton_host))
+    ports, public = Ports(args.http_port, args.grpc_port, args.metrics_port), not is_loopback(triton_host)
+    front, http_front = front_wanted(args.grpc_front, public), front_wanted(args.http_front, public)
     busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port, triton_host,
                       args.host if front else None, args.host if http_front else None)  # fmt: skip
     if busy:  # before anything is written: a running server's files stay as they are
@@ -250,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(repo, work, ports, host=triton_host, metrics_host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
                           triton_key=triton_key, grpc_front=limits, http_front=http_limits)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
-    signals = []
+    signals = []  # a second one cuts the drain short
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, _frame: signals.append(signum))
     say(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}")

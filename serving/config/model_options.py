@@ -63,18 +63,15 @@ class ModelOptions:
                              f"known: {[f.name for f in fields(cls)]}")  # fmt: skip
         return cls(**values)
 
-
-class _Gate:
-    """The admission gate's size, for the models that admit (or refuse) new streams."""
-
     @property
     def capacity(self) -> int:
-        """Requests running or waiting at once, tts and tts_ensemble together (serving.flow.admission)."""
+        """Of the models that admit (with slots and max_queue): requests running or waiting at once, tts and
+        tts_ensemble together (serving.flow.admission)."""
         return self.slots + self.max_queue
 
 
 @dataclass(frozen=True)
-class TTSOptions(ModelOptions, _Gate):
+class TTSOptions(ModelOptions):
     MODEL = "tts"
     checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
@@ -97,7 +94,7 @@ class TTSOptions(ModelOptions, _Gate):
 
 
 @dataclass(frozen=True)
-class PromptEncoderOptions(ModelOptions, _Gate):
+class PromptEncoderOptions(ModelOptions):
     MODEL = "prompt_encoder"
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the prompt encoder and CAM++
@@ -113,7 +110,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
 
 
 @dataclass(frozen=True)
-class EnsembleGeneratorOptions(ModelOptions, _Gate):
+class EnsembleGeneratorOptions(ModelOptions):
     MODEL = "ensemble_generator"
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
     cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default

@@ -189,9 +189,9 @@ class Supervisor:
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
         for pid, model in self.stubs.items() if not incident.dead else ():  # which thread holds the GIL
-            if model == incident.model and f"(pid {pid})" in incident.how:
-                if native_stacks(pid, dump := self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"):
-                    say(f"{model}: its native stacks: {dump}")
+            dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
+            if model == incident.model and f"(pid {pid})" in incident.how and native_stacks(pid, dump):
+                say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload
