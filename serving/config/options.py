@@ -33,10 +33,8 @@ class ServeOptions:
     checkpoint: Folder = option("", "official-layout checkpoint folder (default: the tiny checkpoint)")  # noqa: RUF009
     slots: int = option(8, "generator streams batched together (KV cache rows)")
     max_len: int = option(2048, "backbone positions a stream may reach (prompt + text + generated patches)")
-    # The backbone's paged KV cache (its size, and the attention path over it).
-    kv_memory_gb: float = option(
-        0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len positions)"
-    )
+    kv_memory_gb: float = option(0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len "
+                                 "positions)")  # fmt: skip
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
@@ -58,10 +56,8 @@ class ServeOptions:
     # under bls_timeout_seconds (a paused stream's reader gives up waiting for its next chunk at that)
     pace_hold_seconds: float = option(30.0, "a paced request (request parameter pace) whose client takes no audio "
                                       "for this long while its generation is paused is ended, its slot freed")  # fmt: skip
-    # tts -> generator cancellation marks (default: serving.flow.side_channel.default_dir())
-    cancel_dir: Folder = Folder("")
-    # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    run_dir: Folder = Folder("")
+    cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: flow.side_channel.default_dir())
+    run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats, flags (supervision.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)")  # fmt: skip
     # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,

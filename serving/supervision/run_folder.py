@@ -49,9 +49,7 @@ class Beats:
     wall-clock time it ended (rewritten when it grows): ``2.680 11:31:40`` (often the stub's start)."""
 
     def __init__(self, path: Path, clock=time.monotonic):
-        self.path, self.clock = path, clock
-        self.last: float | None = None
-        self.longest = 0.0
+        self.path, self.clock, self.last, self.longest = path, clock, None, 0.0
 
     def beat(self) -> None:
         now = self.clock()
