@@ -26,7 +26,9 @@ if TYPE_CHECKING:  # the watchdog (python -m serving.supervision.supervise) stay
     from serving.supervision.triton_env import TritonServer
 
 POLL_SECONDS = 0.5  # the launcher checks stubs, heartbeats and progress this often
-METRICS_TIMEOUT = 0.5  # one read of the metrics port at a poll (no answer: no progress news this poll)
+# One read of the metrics port at a poll (no answer: no progress news this poll), a 503 asked again within it:
+# a poll that took over vitals.PAUSE_SECONDS would read as a pause, which starts every timer over.
+METRICS_TIMEOUT = 0.5
 DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restart or shutdown
 # Models no running stream uses (a request's first step; no stream): when one dies, the running streams finish
 # first (docs/operations.md has the table); any other dead model breaks them: restart at once.
@@ -146,7 +148,7 @@ class Supervisor:
                 beats[pid] = None
         if self.stall_seconds:
             try:
-                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), PROGRESS)
+                metrics = samples(self.server.metrics_text(METRICS_TIMEOUT, METRICS_TIMEOUT), PROGRESS)
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
         return Observation(at, dict(self.stubs), beats, metrics, self._held())
@@ -227,7 +229,7 @@ class Supervisor:
             if self.server.proc is None or self.server.proc.poll() is not None:
                 return
             try:
-                in_flight = samples(self.server.metrics_text(timeout=1), IN_FLIGHT)
+                in_flight = samples(self.server.metrics_text(1, retry_503=0), IN_FLIGHT)  # this loop asks again
                 if not sum(v for by_model in in_flight.values() for v in by_model.values()):
                     return
             except (OSError, http.client.HTTPException) as e:

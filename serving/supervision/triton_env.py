@@ -226,10 +226,10 @@ class TritonServer:
             time.sleep(0.25)
         return True
 
-    def metrics_text(self, timeout: float = 10.0) -> str:
+    def metrics_text(self, timeout: float = 10.0, retry_503: float = METRICS_503_SECONDS) -> str:
         """The metrics port's page (Prometheus text). A 503 (the relay's while Triton's own page does not answer,
-        as just after ready) is asked again for up to METRICS_503_SECONDS before it is an error."""
-        url, deadline = f"http://{self.local_host}:{self.ports.metrics}/metrics", time.monotonic() + METRICS_503_SECONDS
+        as just after ready) is asked again for up to ``retry_503`` seconds before it is an error."""
+        url, deadline = f"http://{self.local_host}:{self.ports.metrics}/metrics", time.monotonic() + retry_503
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=timeout) as r:

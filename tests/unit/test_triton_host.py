@@ -159,11 +159,18 @@ def test_a_metrics_port_answering_503_for_good_is_an_error(flaky_metrics, monkey
 
 
 def test_the_supervisor_counts_a_brief_503_as_an_answer(flaky_metrics, tmp_path):
-    """A 503 right after ready is not 'the metrics port has not answered' (the --stall-seconds rule)."""
-    from serving.supervision.supervise import Supervisor
+    """A 503 right after ready is not 'the metrics port has not answered' (the --stall-seconds rule); the retry
+    stays within the poll's read, so that a poll never looks like a pause (vitals.PAUSE_SECONDS)."""
+    from serving.supervision.supervise import POLL_SECONDS, Supervisor
+    from serving.supervision.vitals import PAUSE_SECONDS
 
-    _, server = flaky_metrics
+    port, server = flaky_metrics
+    port.fails, read, asked = 2, server.metrics_text, []  # two 503s, 0.1 s apart
+    server.metrics_text = lambda timeout, retry_503: asked.append(timeout + retry_503) or read(timeout, retry_503)
     assert Supervisor(server, tmp_path)._observe().metrics == {}
+    port.fails = 10**6  # for good: no answer this poll
+    assert Supervisor(server, tmp_path)._observe().metrics is None
+    assert all(seconds + 0.1 + POLL_SECONDS < PAUSE_SECONDS for seconds in asked)
 
 
 @pytest.mark.parametrize("libdir", ["", None, "relative/lib"])
