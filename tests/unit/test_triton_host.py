@@ -148,14 +148,12 @@ def test_a_metrics_port_answering_503_briefly_is_read_again(flaky_metrics):
     assert server.metrics_text(timeout=2) == "tts_up 1\n" and port.fails == -1
 
 
-def test_a_metrics_port_answering_503_for_good_is_an_error(flaky_metrics, monkeypatch):
-    import serving.supervision.triton_env as triton_env
-
+def test_a_metrics_port_answering_503_for_good_is_an_error(flaky_metrics):
     port, server = flaky_metrics
     port.fails = 10**6
-    monkeypatch.setattr(triton_env, "METRICS_503_SECONDS", 0.2)
     with pytest.raises(urllib.error.HTTPError, match="503"):
-        server.metrics_text(timeout=2)
+        server.metrics_text(timeout=2, retry_503=0.2)
+    assert port.fails < 10**6 - 1  # asked again before
 
 
 def test_the_supervisor_counts_a_brief_503_as_an_answer(flaky_metrics, tmp_path):
