@@ -22,8 +22,7 @@ Folder = NewType("Folder", str)
 MAX_SLOTS = 1024
 
 
-def option(default, help: str, choices: tuple | None = None):
-    """A launcher flag's field."""
+def option(default, help: str, choices: tuple | None = None):  # a launcher flag's field
     return field(default=default, metadata={"help": help, "choices": choices})
 
 

@@ -102,12 +102,7 @@ def build(dest: Path, opts: ServeOptions) -> Path:
     return dest
 
 
-def main() -> None:
-    """Rewrite the committed default configs: ``python -m serving.config.repository``."""
+if __name__ == "__main__":  # rewrite the committed default configs: python -m serving.config.repository
     for name, text in render(ServeOptions()).items():
         (SOURCE / name / "1").mkdir(parents=True, exist_ok=True)
         (SOURCE / name / "config.pbtxt").write_text(text)
-
-
-if __name__ == "__main__":
-    main()
