@@ -1,10 +1,6 @@
-"""Tensors and request parameters crossing Triton: names, dtypes, shapes, defaults and limits, written once,
-and the one encoding of a generator stream's settings (:func:`encode_settings`, :func:`decode_settings`).
-
-``config.pbtxt`` files are rendered from these specs, and the tables in docs/serving.md are checked against
-them (``python -m tests.docs`` prints them; docs/serving.md, "Inside").
-Shapes exclude the batch dimension of models with ``max_batch_size > 0``. Defaults and limits: :mod:`engine.params`.
-"""
+"""Tensors and request parameters crossing Triton (names, dtypes, shapes without a batched model's batch dimension,
+limits), written once: configs are rendered from them and docs/serving.md's tables checked against them; and the one
+encoding of a generator stream's settings (:func:`encode_settings`). Defaults and limits: :mod:`engine.params`."""
 
 from __future__ import annotations
 
@@ -40,7 +36,7 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # SEED: an int64 (bool is no seed)
 
 
 def is_seed(value) -> bool:
-    """Whether ``value`` is a seed a request may carry: an int (not a bool) in :data:`SEED_RANGE`."""
+    """An int (not a bool) in :data:`SEED_RANGE`."""
     return isinstance(value, int) and not isinstance(value, bool) and SEED_RANGE[0] <= value <= SEED_RANGE[1]
 
 
@@ -66,8 +62,7 @@ class Spec:
     doc: str = ""
 
     @property
-    def datatype(self) -> str:
-        """The wire datatype (``FP32``, ``BYTES``, ...) that clients put in an input."""
+    def datatype(self) -> str:  # on the wire: FP32, BYTES, ...
         return _TYPES[self.dtype][0]
 
     @property
@@ -178,10 +173,7 @@ ENSEMBLE_PARAMETERS: tuple[Parameter, ...] = GENERATION_PARAMETERS
 
 # ---- prompt_encoder (dynamic batching) ----
 PROMPT_INPUTS = (
-    Spec("REF_AUDIO", "TYPE_FP32", (-1,), True),
-    Spec("REF_SAMPLE_RATE", "TYPE_INT32", (1,), True),
-    Spec("REF_TEXT", "TYPE_STRING", (1,), True),
-    Spec("VOICE_ID", "TYPE_STRING", (1,), True),
+    *(Spec(s.name, s.dtype, s.dims, True) for s in BASE_INPUTS[2:6]),  # REF_AUDIO, its rate, REF_TEXT, VOICE_ID
     Spec("REGISTER_NAME", "TYPE_STRING", (1,), True, "with REF_AUDIO: store the prompt as this named voice"),
     # tts_ensemble's text and language: its front end runs here, in admission work at low priority, not in the
     # generator's batched step (2,000 characters take ~200 ms of wetext). tts sends neither: its orchestrator

@@ -1,26 +1,24 @@
 """Launch the Triton server for a checkpoint: ``python -m serving.serve [--checkpoint DIR] ...``.
 
-Renders the model repository for the options into a run folder of its own, finds ``tritonserver`` (see
-:mod:`serving.supervision.triton_env`) and runs it (model-control mode none: no model loads later) under a
-:class:`Supervisor`, which restarts it when a backend dies, hangs or stalls. SIGINT/SIGTERM drain running
-tts streams for ``--drain-seconds`` (a second signal cuts the drain short) and stop everything; a killed
-launcher takes tritonserver with it.
-Without ``--checkpoint`` the tiny random-weight checkpoint is generated on first use in the cache.
-"""
+Renders the model repository into a run folder of its own and runs tritonserver under a :class:`Supervisor`;
+restarts, signals and a killed launcher: docs/operations.md, Supervision and shutdown."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import os
 import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from engine.config import cache_dir
@@ -29,12 +27,13 @@ from serving.config.options import add_arguments, from_arguments
 from serving.config.repository import build
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
+from serving.fronts.metrics_relay import LAUNCHER
 from serving.security.admin_key import FILE as ADMIN_KEY_FILE
 from serving.security.admin_key import default_state_dir, load_or_create, write_key
-from serving.supervision.gateway_process import Gateway
+from serving.supervision import supervise
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
-from serving.supervision.triton_env import Ports, TritonServer
+from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
 from serving.supervision.vitals import STALL_SECONDS
 from serving.voices.voice_store import default_dir as default_voice_dir
 
@@ -48,10 +47,8 @@ def is_loopback(host: str) -> bool:
 
 def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: str | None = None,
                front_host: str | None = None, http_front_host: str | None = None) -> list[str]:  # fmt: skip
-    """Every port that cannot be bound, each with the option that moves it (they are held open together, so
-    a port given twice is busy too): Triton's HTTP and gRPC on ``triton_host`` (default ``host``; the gRPC
-    port on ``front_host`` when the gRPC front holds it, the HTTP port on ``http_front_host`` when the HTTP
-    front does), the metrics and OpenAI ports on ``host``."""
+    """Every port that cannot be bound where it will listen, with the option that moves it (held open together:
+    a port given twice is busy too). HTTP and gRPC: on ``triton_host`` (default ``host``), or their front's host."""
     triton_host = triton_host or host
     named = [("HTTP", ports.http, "--http-port", http_front_host or triton_host),
              ("gRPC", ports.grpc, "--grpc-port", front_host or triton_host),
@@ -70,8 +67,7 @@ def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: 
 
 
 def run_folder(parent: Path | None) -> Path:
-    """A folder of this run's own: ``<parent>/<UTC time>-<pid>``, mode 0700 (its model repository and logs
-    name the generator's secret model name)."""
+    """``<parent>/<UTC time>-<pid>``, mode 0700 (its repository and logs name the generator's secret name)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
     path.mkdir(parents=True, mode=0o700)
@@ -79,11 +75,74 @@ def run_folder(parent: Path | None) -> Path:
     return path
 
 
+say = functools.partial(supervise.say, prefix="")  # the launcher's own lines
+BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
+GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
+GATEWAY_RESTARTS = "tts_gateway_restarts_total"
 GATEWAY_WAIT = 30.0  # seconds the launcher waits, once tritonserver is ready, for the gateway to answer
 
 
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+class Gateway:
+    """``python -m gateway`` on ``host:port`` for this server: it dies with the launcher, which starts it again
+    (and says so) if it exits on its own (docs/operations.md, Supervision and shutdown)."""
+
+    def __init__(self, host: str, triton: str, port: int, random_weights: bool, more: list[str]):
+        """``triton``: ``TritonServer.triton_grpc``; ``more``: ``--gateway-args``, checked by the launcher."""
+        self.cmd = [sys.executable, "-m", "gateway", "--triton", triton, "--host", host, "--port", str(port),
+                    *(["--random-weights"] if random_weights else []), *more]  # fmt: skip
+        self.proc, self.started = self._start(), time.monotonic()
+        self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
+        LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
+        self.base = f"http://{shown}:{port}"
+
+    def announce(self, stopping) -> None:
+        """Its addresses once it reaches the ready tritonserver (``/health`` 200; never before: a request sent
+        earlier would be refused), at most GATEWAY_WAIT s later (restarting a gateway that exits meanwhile)."""
+        deadline = time.monotonic() + GATEWAY_WAIT
+        while not stopping():
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # refused, not ready (HTTPError 503), timed out
+                pass
+            if time.monotonic() > deadline:
+                say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
+                    "its addresses:")  # fmt: skip
+                break
+            self.keep_up()
+            time.sleep(0.1)
+        say(f"OpenAI-compatible speech API: {self.base}/v1/audio/speech\nweb page: {self.base}/")
+
+    def _start(self) -> subprocess.Popen:
+        return subprocess.Popen(self.cmd, cwd=REPO_ROOT, preexec_fn=die_with_parent)
+
+    def keep_up(self) -> None:
+        """Restart a gateway that exited, after a wait doubled at each exit in a row (one that cannot start does
+        not spin)."""
+        now = time.monotonic()
+        if self.proc is None:
+            if now >= self.restart_at:
+                self.proc, self.started = self._start(), now
+            return
+        if self.proc.poll() is None:
+            return
+        self.restarts += 1
+        LAUNCHER.increment(GATEWAY_RESTARTS)
+        self.backoff = BACKOFF_FIRST if now - self.started >= BACKOFF_RESET else min(2 * self.backoff, BACKOFF_MOST)
+        supervise.say(f"gateway exited with {self.proc.returncode}; restarting it in {self.backoff:g} s "
+            f"({self.restarts} restarts so far)")  # fmt: skip
+        self.proc, self.restart_at = None, now + self.backoff
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(GATEWAY_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,28 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.stall_seconds < 0 or args.drain_seconds < 0:
         ap.error("--stall-seconds and --drain-seconds must be >= 0")
-    gateway_args = shlex.split(args.gateway_args)
-    if gateway_args:
+    if gateway_args := shlex.split(args.gateway_args):
         from gateway.__main__ import check as check_gateway_args
 
         if problem := check_gateway_args(gateway_args):
             ap.error(f"--gateway-args: {problem}")
 
-    admin_key = args.admin_key
-    if args.admin_key_file:
-        try:
-            admin_key = args.admin_key_file.read_text().partition("\n")[0].strip()
-        except OSError as e:
-            ap.error(f"cannot read --admin-key-file: {e}")
+    try:
+        admin_key, file = args.admin_key, args.admin_key_file
+        admin_key = file.read_text().partition("\n")[0].strip() if file else admin_key
+    except OSError as e:
+        ap.error(f"cannot read --admin-key-file: {e}")
     if admin_key == "":
         ap.error("the admin key is empty")
     triton_host = args.triton_host or args.host
     if not (is_loopback(args.host) and is_loopback(triton_host)) and admin_key is None and not args.insecure:
         ap.error(f"--host {args.host} is reachable from other machines: give --admin-key or --admin-key-file "
                  "(or --insecure to use a generated key anyway)")  # fmt: skip
-    ports = Ports(args.http_port, args.grpc_port, args.metrics_port)
-    front = front_wanted(args.grpc_front, not is_loopback(triton_host))
-    http_front = front_wanted(args.http_front, not is_loopback(triton_host))
+    ports, public = Ports(args.http_port, args.grpc_port, args.metrics_port), not is_loopback(triton_host)
+    front, http_front = front_wanted(args.grpc_front, public), front_wanted(args.http_front, public)
     busy = busy_ports(args.host, ports, None if args.no_openai else args.openai_port, triton_host,
                       args.host if front else None, args.host if http_front else None)  # fmt: skip
     if busy:  # before anything is written: a running server's files stay as they are
@@ -191,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     server = TritonServer(repo, work, ports, host=triton_host, metrics_host=args.host, log_path=work / "tritonserver.log", admin_key=admin_key,
                           triton_key=triton_key, grpc_front=limits, http_front=http_limits)  # fmt: skip
     start_watchdog(repo, server.shm_prefix)
-    signals = []
+    signals = []  # a second one cuts the drain short
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, _frame: signals.append(signum))
     say(f"starting tritonserver (checkpoint {ckpt}); log: {server.log_path}")
@@ -207,16 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     say("starting: the models load (a minute or so on a laptop CPU); the addresses follow once everything answers")
 
     def ready() -> None:
-        """The gateway's addresses, once it reaches the ready tritonserver (never before: a request sent
-        earlier would be refused)."""
-        if gateway is None:
-            return
-        if not gateway.wait_answering(GATEWAY_WAIT, stopping) and not stopping():
-            say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; its "
-                "addresses:")  # fmt: skip
-        for line in gateway.addresses():
-            say(line)
-        say("ready: every address above answers" + (" (random weights: see the note above)" if random_weights else ""))
+        if gateway is not None:
+            gateway.announce(stopping)
+            say("ready: every address above answers" + (" (random weights: see the note above)" * random_weights))
 
     try:
         supervisor.run(stopping=stopping, tick=gateway.keep_up if gateway else lambda: None, ready=ready)

@@ -1,12 +1,7 @@
-"""What each Triton model reads from its ``config.pbtxt`` parameters: one frozen dataclass per model.
-
-:mod:`serving.config.repository` writes ``XOptions.of(serve_options).parameters()`` into the model's rendered
-config, and the model's ``initialize`` reads them back with ``XOptions.read(args)``. Every field is the
-parameter of the same name; Triton's parameters are strings, parsed here by the field's type. A
-parameter that is missing, unknown or does not parse is a ValueError naming it. There are no defaults
-here: they are :class:`serving.config.options.ServeOptions`', and every config is rendered from those.
-
-No torch here (every stub imports this module).
+"""What each Triton model reads from its ``config.pbtxt`` parameters: one frozen dataclass per model, its fields
+the parameters (strings, parsed by the field's type), written by :mod:`serving.config.repository` from
+``XOptions.of(serve_options)`` and read in ``initialize`` by ``XOptions.read(args)``; a parameter missing, unknown
+or unparsable is a ValueError naming it. No defaults here (ServeOptions' are), and no torch (every stub imports it).
 """
 
 from __future__ import annotations
@@ -68,18 +63,15 @@ class ModelOptions:
                              f"known: {[f.name for f in fields(cls)]}")  # fmt: skip
         return cls(**values)
 
-
-class _Gate:
-    """The admission gate's size, for the models that admit (or refuse) new streams."""
-
     @property
     def capacity(self) -> int:
-        """Requests running or waiting at once, tts and tts_ensemble together (serving.flow.admission)."""
+        """Of the models that admit (with slots and max_queue): requests running or waiting at once, tts and
+        tts_ensemble together (serving.flow.admission)."""
         return self.slots + self.max_queue
 
 
 @dataclass(frozen=True)
-class TTSOptions(ModelOptions, _Gate):
+class TTSOptions(ModelOptions):
     MODEL = "tts"
     checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
@@ -102,7 +94,7 @@ class TTSOptions(ModelOptions, _Gate):
 
 
 @dataclass(frozen=True)
-class PromptEncoderOptions(ModelOptions, _Gate):
+class PromptEncoderOptions(ModelOptions):
     MODEL = "prompt_encoder"
     checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
     device: str  # torch device of the prompt encoder and CAM++
@@ -118,7 +110,7 @@ class PromptEncoderOptions(ModelOptions, _Gate):
 
 
 @dataclass(frozen=True)
-class EnsembleGeneratorOptions(ModelOptions, _Gate):
+class EnsembleGeneratorOptions(ModelOptions):
     MODEL = "ensemble_generator"
     run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
     cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default
@@ -170,22 +162,14 @@ class VoicesOptions(ModelOptions):
 
 def _parse(kind: type, text: str, what: str):
     """A parameter's string -> a value of ``kind`` (str, bool, int or float); ValueError naming ``what``."""
-    if kind is str:
-        return text
-    if kind is bool:
-        if text not in ("1", "0"):
-            raise ValueError(f"{what} must be 1 or 0, got {text!r}")
-        return text == "1"
-    if kind is int:
-        if not _INTEGER.fullmatch(text):
-            raise ValueError(f"{what} must be an integer, got {text!r}")
-        return int(text)
-    if kind is float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise ValueError(f"{what} must be a finite number, got {text!r}")
-        return value
-    raise TypeError(f"{what}: no parser for {kind}")
+    parse = {str: str, bool: {"1": True, "0": False}.get, int: lambda t: _INTEGER.fullmatch(t) and int(t), float: float}
+    try:
+        value = parse[kind](text)
+    except KeyError:
+        raise TypeError(f"{what}: no parser for {kind}") from None
+    except ValueError:
+        value = None
+    if value is None or (kind is float and not math.isfinite(value)):
+        must = {bool: "1 or 0", int: "an integer", float: "a finite number"}[kind]
+        raise ValueError(f"{what} must be {must}, got {text!r}")
+    return value

@@ -1,11 +1,6 @@
-"""The server's options, written once: :class:`ServeOptions`, and the launcher's flags generated from it.
-
-A field with ``help`` is a launcher flag (``--max-len`` for ``max_len``), its type, default, choices
-and help taken from the field: ``int``/``float``/``str`` values, a :data:`Folder` as a path (the
-launcher resolves it), a ``bool`` as ``--flag``/``--no-flag``. The others are set by the launcher
-(``cancel_dir``, ``run_dir``) or are tuning constants. What each model reads of them is
-:mod:`serving.config.model_options`.
-"""
+"""The server's options, written once (:class:`ServeOptions`): a field with ``help`` is a launcher flag
+(``--max-len`` for ``max_len``; a :data:`Folder` a path, a ``bool`` ``--flag``/``--no-flag``), the others are set
+by the launcher or are tuning constants. What each model reads of them: :mod:`serving.config.model_options`."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ Folder = NewType("Folder", str)
 MAX_SLOTS = 1024
 
 
-def option(default, help: str, choices: tuple | None = None):
-    """A launcher flag's field."""
+def option(default, help: str, choices: tuple | None = None):  # a launcher flag's field
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
@@ -38,10 +32,8 @@ class ServeOptions:
     checkpoint: Folder = option("", "official-layout checkpoint folder (default: the tiny checkpoint)")  # noqa: RUF009
     slots: int = option(8, "generator streams batched together (KV cache rows)")
     max_len: int = option(2048, "backbone positions a stream may reach (prompt + text + generated patches)")
-    # The backbone's paged KV cache (its size, and the attention path over it).
-    kv_memory_gb: float = option(
-        0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len positions)"
-    )
+    kv_memory_gb: float = option(0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len "
+                                 "positions)")  # fmt: skip
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
@@ -63,10 +55,8 @@ class ServeOptions:
     # under bls_timeout_seconds (a paused stream's reader gives up waiting for its next chunk at that)
     pace_hold_seconds: float = option(30.0, "a paced request (request parameter pace) whose client takes no audio "
                                       "for this long while its generation is paused is ended, its slot freed")  # fmt: skip
-    # tts -> generator cancellation marks (default: serving.flow.side_channel.default_dir())
-    cancel_dir: Folder = Folder("")
-    # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    run_dir: Folder = Folder("")
+    cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: flow.side_channel.default_dir())
+    run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats, flags (supervision.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)")  # fmt: skip
     # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
@@ -159,8 +149,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_arguments(args: argparse.Namespace, **resolved) -> ServeOptions:
-    """Parsed flags -> ServeOptions (ValueError if they are out of range). ``resolved``: fields the
-    launcher sets itself (the folders); a folder not given and not resolved keeps its default."""
+    """Parsed flags and the fields the launcher ``resolved`` itself (folders) -> ServeOptions (ValueError: out of
+    range); a folder neither given nor resolved keeps its default."""
     given = {f.name: getattr(args, f.name) for f in fields(ServeOptions) if "help" in f.metadata}
     values = {name: str(v) if isinstance(v, Path) else v for name, v in given.items() if v is not None}
     return ServeOptions(**(values | resolved))

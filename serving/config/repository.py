@@ -1,10 +1,5 @@
-"""Render the Triton model repository: ``config.pbtxt`` of each model from :mod:`serving.contract` and
-the serving options (:mod:`serving.config.options`), its parameters those of the model's options
-(:mod:`serving.config.model_options`); ``model.py`` files are copied from ``model_repository/`` as they are.
-
-The committed ``model_repository/*/config.pbtxt`` are this module's output for the default options
-(a unit test keeps them in sync), so the folder also works when pointed at directly.
-"""
+"""Render the Triton model repository: each ``config.pbtxt`` from :mod:`serving.contract` and the model's options,
+each ``model.py`` copied from ``model_repository/``, whose committed configs are the defaults' (a test checks)."""
 
 from __future__ import annotations
 
@@ -12,15 +7,7 @@ import shutil
 from pathlib import Path
 
 from serving import contract
-from serving.config.model_options import (
-    EnsembleGeneratorOptions,
-    GeneratorOptions,
-    ModelOptions,
-    PromptEncoderOptions,
-    TTSOptions,
-    VocoderOptions,
-    VoicesOptions,
-)
+from serving.config import model_options as mo
 from serving.config.options import ServeOptions
 
 SOURCE = Path(__file__).resolve().parents[2] / "model_repository"
@@ -35,9 +22,8 @@ def _io(inputs, outputs, ragged=()) -> str:
 RENDERED = "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
 
 
-def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
-    """A Python-backend model's config.pbtxt: one CPU instance, its options as parameters (string values,
-    quoted as protobuf text)."""
+def _python(options: mo.ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
+    """A Python-backend model's config.pbtxt: one CPU instance, its options as (quoted) string parameters."""
     quoted = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
             + ("model_transaction_policy { decoupled: true }\n" if decoupled else "") + batching + _io(inputs, outputs,
@@ -48,24 +34,24 @@ def _python(options: ModelOptions, max_batch: int, inputs, outputs, ragged=(), d
 
 def render(opts: ServeOptions) -> dict[str, str]:
     """model name -> config.pbtxt text."""
-    gen, prompt = ("PROMPT_LATENTS", "SPEAKER"), PromptEncoderOptions.of(opts)
+    gen, prompt = ("PROMPT_LATENTS", "SPEAKER"), mo.PromptEncoderOptions.of(opts)
     # its queue is bounded: key-less requests (tts_ensemble's first step) are answered here before the gate
     batching = ("dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
                 f"  default_queue_policy {{ max_queue_size: {2 * prompt.capacity} }}\n}}\n")  # fmt: skip
     models = {
-        "tts": _python(TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
+        "tts": _python(mo.TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
         "tts_ensemble": ensemble(),
         "prompt_encoder": _python(prompt, 8, contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ("REF_AUDIO",),
                                   decoupled=False, batching=batching),
-        "ensemble_generator": _python(EnsembleGeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+        "ensemble_generator": _python(mo.EnsembleGeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
                                       contract.GENERATOR_OUTPUTS, gen),
         # decoupled, one request per stream, stepped by its own engine thread: no batcher (serving.stub.generator_host)
-        "generator": _python(GeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
+        "generator": _python(mo.GeneratorOptions.of(opts), 1, contract.GENERATOR_INPUTS,
                              contract.GENERATOR_OUTPUTS + contract.PIPE_OUTPUTS, gen),
         # decoupled with its own engine thread, not Triton's dynamic batcher: see model_repository/vocoder
-        "vocoder": _python(VocoderOptions.of(opts), opts.vocoder_batch, contract.VOCODER_INPUTS,
+        "vocoder": _python(mo.VocoderOptions.of(opts), opts.vocoder_batch, contract.VOCODER_INPUTS,
                            contract.VOCODER_OUTPUTS, ("LATENTS", "PROMPT_LATENTS")),
-        "voices": _python(VoicesOptions.of(opts), 0, contract.VOICES_INPUTS, contract.VOICES_OUTPUTS, decoupled=False),
+        "voices": _python(mo.VoicesOptions.of(opts), 0, contract.VOICES_INPUTS, contract.VOICES_OUTPUTS, decoupled=False),
     }  # fmt: skip
     if not opts.ensemble:
         del models["tts_ensemble"], models["ensemble_generator"]
@@ -79,11 +65,8 @@ def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
 
 
 def ensemble() -> str:
-    """tts_ensemble: the client's inputs -> prompt_encoder -> ensemble_generator -> vocoder, outputs of the
-    vocoder. ensemble_generator runs a generator stream (over BLS, with the internal key) and passes its
-    chunks on; they carry every vocoder input, so each one becomes one vocoder request. Request parameters
-    reach ensemble_generator as the client sent them.
-    """
+    """tts_ensemble: prompt_encoder -> ensemble_generator (a generator stream over BLS; its chunks carry every
+    vocoder input, and it gets the client's request parameters as sent) -> vocoder (one request a chunk)."""
     given = {s.name for s in contract.ENSEMBLE_INPUTS}
     prompt_in = {s.name: s.name for s in contract.PROMPT_INPUTS if s.name in given}
     prompt_out = {s.name: f"_{s.name.lower()}" for s in contract.PROMPT_OUTPUTS}
@@ -106,8 +89,8 @@ def ensemble() -> str:
 
 
 def build(dest: Path, opts: ServeOptions) -> Path:
-    """Write a complete model repository to ``dest`` (replacing it), readable by this user only: the launcher
-    renames the generator's folder to its secret model name (serving.security.auth.Keys.generator_model)."""
+    """Write a complete model repository to ``dest`` (replacing it), readable by this user only (the generator's
+    folder gets its secret name: serving.security.auth.Keys.generator_model)."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, mode=0o700)
     dest.chmod(0o700)  # whatever the umask
@@ -119,12 +102,7 @@ def build(dest: Path, opts: ServeOptions) -> Path:
     return dest
 
 
-def main() -> None:
-    """Rewrite the committed default configs: ``python -m serving.config.repository``."""
+if __name__ == "__main__":  # rewrite the committed default configs: python -m serving.config.repository
     for name, text in render(ServeOptions()).items():
         (SOURCE / name / "1").mkdir(parents=True, exist_ok=True)
         (SOURCE / name / "config.pbtxt").write_text(text)
-
-
-if __name__ == "__main__":
-    main()

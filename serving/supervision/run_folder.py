@@ -1,9 +1,5 @@
-"""The stubs' side of the launcher's run folder: heartbeats out, flags in.
-
-Every model's stub beats a heartbeat file (:func:`start_heartbeat`), which the launcher's supervisor
-(:mod:`serving.supervision.supervise`) watches, and reads the launcher's word to it as files (:class:`RunFlags`,
-read by :meth:`serving.flow.side_channel.SideChannel.flag`). Kept apart from the supervisor so that the stubs load only this.
-"""
+"""The launcher's run folder, the stubs' side (kept apart from the supervisor so that the stubs load only this):
+heartbeats out, the launcher's flags in (docs/operations.md, Supervision and shutdown; docs/architecture.md, Flags)."""
 
 from __future__ import annotations
 
@@ -17,19 +13,15 @@ HEARTBEAT_SECONDS = 1.0  # a stub touches its heartbeat file this often
 HEARTBEATS = "heartbeat"  # the run folder's subfolder of heartbeat files, <model>.<pid>
 # A beat this late dumps every thread's Python stack into <run_dir>/stacks/<model>.<pid>.txt, until the file has
 # STACKS_BYTES (a dump is ~100 threads' stacks at most): LateStacks; docs/operations.md, Late heartbeats.
-LATE_SECONDS = 2.0
-STACKS = "stacks"
-STACKS_BYTES = 4 << 20
+LATE_SECONDS, STACKS, STACKS_BYTES = 2.0, "stacks", 4 << 20
 SHUTTING_DOWN = "unavailable: server is shutting down"
 BROKEN, DRAINING, DEAD = "broken", "draining", "dead."  # the launcher's flags: files in the run folder
 
 
 def start_heartbeat(run_dir: str, model: str) -> None:
-    """From a model's ``initialize``: touch ``<run_dir>/heartbeat/<model>.<pid>`` every second on a daemon
-    thread, and exit the stub once its tritonserver is gone (stubs outlive it otherwise: an orphan was
-    still there an hour later). Does nothing without ``run_dir`` (a plain tritonserver on model_repository/).
-    The file holds the longest interval between two beats so far (:class:`Beats`); a beat LATE_SECONDS late
-    dumps the stub's stacks (:class:`LateStacks`)."""
+    """From a model's ``initialize`` (nothing without ``run_dir``): beat ``<run_dir>/heartbeat/<model>.<pid>``
+    every second on a daemon thread (:class:`Beats`, :class:`LateStacks`), and exit the stub once its
+    tritonserver is gone (an orphan stub was still there an hour later)."""
     if not run_dir:
         return
     path = Path(run_dir, HEARTBEATS, f"{model}.{os.getpid()}")
@@ -53,14 +45,11 @@ def start_heartbeat(run_dir: str, model: str) -> None:
 
 
 class Beats:
-    """A heartbeat file: touched at every beat, its text the longest interval between two beats so far (in
-    seconds) and the wall-clock time it ended (rewritten only when it grows), for a soak or an operator to
-    read: ``2.680 11:31:40`` (a stub's start, before the launcher watches, often has the longest)."""
+    """A heartbeat file: touched at every beat, its text the longest interval between two beats so far and the
+    wall-clock time it ended (rewritten when it grows): ``2.680 11:31:40`` (often the stub's start)."""
 
     def __init__(self, path: Path, clock=time.monotonic):
-        self.path, self.clock = path, clock
-        self.last: float | None = None
-        self.longest = 0.0
+        self.path, self.clock, self.last, self.longest = path, clock, None, 0.0
 
     def beat(self) -> None:
         now = self.clock()
@@ -73,8 +62,7 @@ class Beats:
 
 
 def longest_beat(path: Path) -> tuple[float, str] | None:
-    """The longest interval between two beats a heartbeat file records, and when it ended (None: none yet,
-    or no file)."""
+    """A heartbeat file's longest interval between two beats and when it ended (None: none yet, or no file)."""
     try:
         seconds, _, at = path.read_text().strip().partition(" ")
         return float(seconds), at
@@ -83,9 +71,8 @@ def longest_beat(path: Path) -> tuple[float, str] | None:
 
 
 class LateStacks:
-    """faulthandler's ``dump_traceback_later``, re-armed at every beat: a beat ``late`` seconds late dumps every
-    thread's Python stack to ``path`` (appended) from faulthandler's watchdog thread, which needs no GIL; the next
-    beat adds a line saying when. One per process (faulthandler has one such timer). Stops at ``cap`` bytes."""
+    """faulthandler's ``dump_traceback_later`` (one timer per process), re-armed at every beat: a beat ``late`` s
+    late appends every thread's stack to ``path``, up to ``cap`` bytes (docs/operations.md, Late heartbeats)."""
 
     def __init__(self, path: Path, late: float = LATE_SECONDS, cap: int = STACKS_BYTES):
         self.path, self.late, self.cap = path, late, cap
@@ -123,12 +110,8 @@ class LateStacks:
 
 
 class RunFlags:
-    """The launcher's word to the stubs, as files in the run folder, written here and read by
-    :meth:`serving.flow.side_channel.SideChannel.flag`: ``broken`` holds the message for clients while a failed
-    server is replaced (tts fails its running requests with it), ``draining`` the message for new requests
-    while the running ones may finish (shutdown, or a restart that waits for them), ``dead.<model>`` the
-    message for a request waiting on ``model`` when its stub has died (the launcher restarts the server once
-    the running streams end, but that request would not get its answer before)."""
+    """The launcher's flags, written whole (read by serving.flow.side_channel.SideChannel.flag): ``broken``,
+    ``draining`` and ``dead.<model>``, each holding its message for clients (docs/architecture.md, Flags)."""
 
     def __init__(self, run_dir: str | Path):
         self.dir = str(run_dir)

@@ -1,15 +1,13 @@
-"""Supervision of the tritonserver the launcher runs (:mod:`serving.serve`): Triton neither restarts a dead
-stub nor stops reporting ready (docs/triton.md#T15). :class:`Supervisor` watches the stubs, their heartbeats
-(stub side: :mod:`serving.supervision.run_folder`) and the models' progress (the rules:
-:mod:`serving.supervision.vitals`); on an incident it raises ``broken`` and restarts the whole tritonserver,
-after a drain when the dead model is DEFERRABLE. Why and how: docs/operations.md, Supervision and shutdown.
-"""
+"""The launcher's supervisor of tritonserver (Triton neither restarts a dead stub nor stops reporting ready:
+docs/triton.md#T15), and its watchdog process. Why and how: docs/operations.md, Supervision and shutdown."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,7 +26,9 @@ if TYPE_CHECKING:  # the watchdog (python -m serving.supervision.supervise) stay
     from serving.supervision.triton_env import TritonServer
 
 POLL_SECONDS = 0.5  # the launcher checks stubs, heartbeats and progress this often
-METRICS_TIMEOUT = 0.5  # one read of the metrics port at a poll (no answer: no progress news this poll)
+# One read of the metrics port at a poll (no answer: no progress news this poll), a 503 asked again within it:
+# a poll that took over vitals.PAUSE_SECONDS would read as a pause, which starts every timer over.
+METRICS_TIMEOUT = 0.5
 DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restart or shutdown
 # Models no running stream uses (a request's first step; no stream): when one dies, the running streams finish
 # first (docs/operations.md has the table); any other dead model breaks them: restart at once.
@@ -40,8 +40,7 @@ GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, befor
 
 
 def find_stubs(repo: Path) -> dict[int, str]:
-    """pid -> model of the stubs serving ``repo``'s models, tritonserver's children or orphans (a stub's
-    command line is ``triton_python_backend_stub <repo>/<model>/1/model.py ...``)."""
+    """pid -> model of the stubs serving ``repo`` (argv: ``triton_python_backend_stub <repo>/<model>/1/model.py``)."""
     found, prefix = {}, f"{repo}{os.sep}".encode()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -56,8 +55,7 @@ def find_stubs(repo: Path) -> dict[int, str]:
 
 
 def model_of(folder: Path) -> str:
-    """The model a repository folder serves, as logs and metrics name it (the generator's folder name carries the
-    run's secret: serving.security.auth.Keys.generator_model)."""
+    """The model a repository folder serves, without the generator's secret suffix (serving.security.auth)."""
     return folder.name.partition("-")[0]
 
 
@@ -71,15 +69,14 @@ def is_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def say(message: str) -> None:
-    print(f"[supervisor] {message}", file=sys.stderr, flush=True)
+def say(message: str, prefix: str = "[supervisor] ") -> None:
+    print(f"{prefix}{message}", file=sys.stderr, flush=True)
 
 
 @dataclass
 class Supervisor:
-    """Runs tritonserver for one launcher run: starts it, restarts it after a stub dies, wedges or stalls,
-    and drains and stops it. Runs on the launcher's main thread (it spawns tritonserver, whose parent-death
-    signal is tied to the spawning thread)."""
+    """Starts, restarts (a stub died, wedged or stalled), drains and stops one run's tritonserver. On the
+    launcher's main thread: tritonserver's parent-death signal is tied to the thread that spawned it."""
 
     server: TritonServer
     run_dir: Path
@@ -94,9 +91,8 @@ class Supervisor:
         self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
     def run(self, stopping: Callable[[], bool], tick: Callable[[], None], ready: Callable[[], None]) -> None:
-        """Serve until ``stopping()``, calling ``tick()`` at every check (the launcher's own upkeep);
-        RuntimeError when tritonserver exits before it is ready. Once tritonserver is first ready: the
-        addresses (``[supervisor] ready in ...``), then ``ready()``, the launcher's own announcement."""
+        """Serve until ``stopping()``, calling ``tick()`` at every check and ``ready()`` once first ready (after
+        the addresses); RuntimeError when tritonserver exits before it is ready."""
         t0 = time.monotonic()
         if not self._start(stopping):
             return
@@ -114,13 +110,8 @@ class Supervisor:
 
     def _start(self, stopping: Callable[[], bool]) -> bool:
         """Start tritonserver and wait until it is ready (False: asked to stop first); note its stubs."""
-        if stopping():
+        if stopping() or not self.server.start().wait_ready(math.inf, stopping):
             return False
-        self.server.start()
-        while not self.server.is_ready():  # raises once the server has exited
-            if stopping():
-                return False
-            time.sleep(0.25)
         self.stubs = find_stubs(self.server.model_repository)
         self.vitals.reset()
         self.gate = None  # a new server makes a new one
@@ -157,7 +148,7 @@ class Supervisor:
                 beats[pid] = None
         if self.stall_seconds:
             try:
-                metrics = samples(self.server.metrics_text(timeout=METRICS_TIMEOUT), PROGRESS)
+                metrics = samples(self.server.metrics_text(METRICS_TIMEOUT, METRICS_TIMEOUT), PROGRESS)
             except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
                 pass
         return Observation(at, dict(self.stubs), beats, metrics, self._held())
@@ -172,8 +163,8 @@ class Supervisor:
         return self.gate.total()
 
     def recover(self, incident: Incident, stopping: Callable[[], bool]) -> None:
-        """Fail tts's requests with the incident's message, then replace the whole tritonserver; for a dead
-        stub that no running stream uses, refuse new requests and let the running ones finish first."""
+        """Fail tts's requests with the incident's message and replace the whole tritonserver; a DEFERRABLE
+        dead stub lets the running streams finish first (new ones refused)."""
         t0, how = time.monotonic(), incident.how
         if incident.dead and incident.model in DEFERRABLE:
             say(f"{incident.model}: {how}; restarting tritonserver once the running streams end "
@@ -200,9 +191,9 @@ class Supervisor:
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
         self.flags.set_broken(incident.message)
         for pid, model in self.stubs.items() if not incident.dead else ():  # which thread holds the GIL
-            if model == incident.model and f"(pid {pid})" in incident.how:
-                if native_stacks(pid, dump := self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"):
-                    say(f"{model}: its native stacks: {dump}")
+            dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
+            if model == incident.model and f"(pid {pid})" in incident.how and native_stacks(pid, dump):
+                say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload
@@ -213,8 +204,8 @@ class Supervisor:
             say(f"{incident.model}: recovered, serving again {time.monotonic() - t0:.1f} s after detection")
 
     def stop(self, grace: float) -> None:
-        """Stop tritonserver's process group (SIGKILL after ``grace`` s; its shared memory goes too) and any
-        stub of this run that outlived it; clear the heartbeats and cancellation marks."""
+        """Stop tritonserver's process group (SIGKILL after ``grace`` s) and any stub of this run that outlived it;
+        clear the heartbeats and cancellation marks."""
         self.server.stop(timeout=grace)
         kill_stubs(self.server.model_repository, 2)
         for name in (HEARTBEATS, "cancel"):
@@ -222,8 +213,8 @@ class Supervisor:
         self.stubs = {}
 
     def shutdown(self, drain_seconds: float, hurry: Callable[[], bool]) -> None:
-        """Refuse new tts requests, let running ones finish for up to ``drain_seconds``, fail the rest with a
-        message, then stop; skips the waits once ``hurry()``. Returns within drain_seconds + about 4 s."""
+        """Refuse new requests, let running ones finish for up to ``drain_seconds`` (less once ``hurry()``), fail
+        the rest, stop. Returns within drain_seconds + about 4 s."""
         self.flags.set_draining()
         self._wait_idle(drain_seconds, hurry)
         self.flags.set_broken(SHUTTING_DOWN)  # the streams still running fail with this
@@ -232,14 +223,13 @@ class Supervisor:
         self.flags.clear()
 
     def _wait_idle(self, seconds: float, hurry: Callable[[], bool]) -> None:
-        """Until the IN_FLIGHT gauges sum to 0, at most ``seconds``; at once when nothing listens on the metrics
-        port (no request can be in flight)."""
+        """Until the IN_FLIGHT gauges sum to 0 (or the metrics port refuses), at most ``seconds``."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not hurry():
             if self.server.proc is None or self.server.proc.poll() is not None:
                 return
             try:
-                in_flight = samples(self.server.metrics_text(timeout=1), IN_FLIGHT)
+                in_flight = samples(self.server.metrics_text(1, retry_503=0), IN_FLIGHT)  # this loop asks again
                 if not sum(v for by_model in in_flight.values() for v in by_model.values()):
                     return
             except (OSError, http.client.HTTPException) as e:
@@ -249,8 +239,8 @@ class Supervisor:
 
 
 def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
-    """Append gdb's backtrace of every thread of ``pid`` to ``path`` (the thread that holds the GIL is the
-    one not waiting in ``take_gil``); False without gdb. Python's own dump (faulthandler) cannot show it."""
+    """Append gdb's backtrace of every thread of ``pid`` to ``path`` (False without gdb): the thread holding the
+    GIL is the one not in ``take_gil``, which Python's own dump (faulthandler) cannot show."""
     if (gdb := shutil.which("gdb")) is None:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -266,14 +256,14 @@ def native_stacks(pid: int, path: Path, timeout: float = GDB_SECONDS) -> bool:
 
 
 def start_watchdog(repo: Path, shm_prefix: str) -> None:
-    """A process in its own session: once the launcher is gone (even by ``kill -9``) it kills the stubs serving
-    ``repo`` and removes the shared memory named ``shm_prefix`` (why: docs/operations.md, Supervision)."""
+    """Once this launcher is gone (even by ``kill -9``) a process of its own session kills ``repo``'s stubs and
+    removes the shared memory ``shm_prefix*`` (docs/operations.md, Supervision)."""
     subprocess.Popen([sys.executable, "-m", "serving.supervision.supervise", str(os.getpid()), str(repo), shm_prefix],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
 
 
 def kill_stubs(repo: Path, seconds: float) -> None:
-    """SIGKILL every stub serving ``repo`` (a stopped one too) until none is left, for at most ``seconds``."""
+    """SIGKILL (a stopped one too) every stub serving ``repo`` until none is left, for at most ``seconds``."""
     deadline = time.monotonic() + seconds
     while (left := find_stubs(repo)) and time.monotonic() < deadline:
         for pid in left:
@@ -283,10 +273,18 @@ def kill_stubs(repo: Path, seconds: float) -> None:
         time.sleep(0.05)
 
 
-def remove_segments(prefix: str) -> None:
-    """Remove the /dev/shm segments named ``prefix*`` (a server's Python backend leaves them when killed)."""
-    for segment in Path("/dev/shm").glob(f"{prefix}*"):
-        segment.unlink(missing_ok=True)
+SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
+
+
+def remove_segments(prefix: str = "", shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove (and name) the segments ``prefix*`` that a killed server's Python backend leaves; without a prefix,
+    those of servers whose starting process is gone (SIGKILLed: no ``stop``, no watchdog), never a live one's."""
+    removed = []
+    for segment in shm_dir.glob(f"{prefix or 'tts'}*"):
+        if prefix or ((owner := SHM_OWNER.match(segment.name)) and not Path(f"/proc/{owner[1]}").exists()):
+            segment.unlink(missing_ok=True)
+            removed.append(segment.name)
+    return removed
 
 
 if __name__ == "__main__":  # the watchdog: python -m serving.supervision.supervise LAUNCHER_PID REPO SHM_PREFIX

@@ -1,13 +1,11 @@
-"""Find a ``tritonserver`` and run it: the NGC image's /opt/tritonserver, else the binary bundled in the
-``nvidia-pytriton`` wheel with a private Python-backend directory and the stub for this Python. Used by the
-launcher (:mod:`serving.serve`) and by the integration tests."""
+"""Find a ``tritonserver`` (the NGC image's, else the ``nvidia-pytriton`` wheel's with a private Python-backend
+folder and the stub for this Python) and run it: for the launcher (:mod:`serving.serve`) and the tests."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -16,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ NGC_ROOT = Path("/opt/tritonserver")
 RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace", "statistics", "model-config")
 ADMIN_HEADER = "admin-key"
 GRPC_ADMIN_HEADER = "triton-grpc-protocol-admin-key"
+METRICS_503_SECONDS = 2.0  # a metrics port answering 503 is asked again this long
 READY_TIMEOUT = 180.0  # seconds a starting tritonserver may take to answer ready (loading every model)
 
 
@@ -64,8 +64,9 @@ def find_triton(work_dir: Path) -> TritonInstall:
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(root / "backends" / "python", dest, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(stub, dest / "triton_python_backend_stub")
-    libs = [Path(sysconfig.get_config_var("LIBDIR") or ""), root.parent.parent / "nvidia_pytriton.libs"]
-    return TritonInstall(root / "bin" / "tritonserver", dest.parent, tuple(p for p in libs if p.is_dir()))
+    libs = [Path(sysconfig.get_config_var("LIBDIR") or "."), root.parent.parent / "nvidia_pytriton.libs"]
+    libs = tuple(p for p in libs if p.is_absolute() and p.is_dir())  # a relative one: the working directory
+    return TritonInstall(root / "bin" / "tritonserver", dest.parent, libs)
 
 
 def free_port() -> int:
@@ -85,30 +86,13 @@ class Ports:
         return cls(free_port(), free_port(), free_port())
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
+_LIBC, PR_SET_PDEATHSIG = ctypes.CDLL(None, use_errno=True), 1
 
 
 def die_with_parent() -> None:
-    """``preexec_fn`` of tritonserver: the kernel SIGKILLs it when the thread that started it dies (a killed launcher
-    or test run leaves no server; its stubs exit on their own: run_folder). Between fork and exec: no imports."""
+    """``preexec_fn``: the kernel SIGKILLs the child when the thread that started it dies (its stubs exit on their
+    own: run_folder). Runs between fork and exec: no imports."""
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
-
-
-def remove_orphan_segments(shm_dir: Path = Path("/dev/shm")) -> list[str]:
-    """Remove the Python backend's segments left by servers whose starting process is gone without
-    stopping them (a test run or launcher killed by SIGKILL: neither ``stop`` nor the launcher's watchdog
-    ran). A segment whose owner still runs is never touched. Returns the names removed."""
-    removed = []
-    for segment in shm_dir.glob("tts*_*"):
-        owner = SHM_OWNER.match(segment.name)
-        if owner and not Path(f"/proc/{owner[1]}").exists():
-            segment.unlink(missing_ok=True)
-            removed.append(segment.name)
-    return removed
 
 
 @dataclass
@@ -152,45 +136,39 @@ class TritonServer:
         return f"[{host}]" if ":" in host else host
 
     @property
-    def grpc_host(self) -> str:  # Where ports.grpc listens: the front's host, or Triton's
+    def grpc_host(self) -> str:  # where ports.grpc listens (ports.http: http_host): the front's host, or Triton's
         return (self.metrics_host or self.host) if self.grpc_front else self.host
 
     @property
-    def http_host(self) -> str:  # Where ports.http listens: the front's host, or Triton's
+    def http_host(self) -> str:
         return (self.metrics_host or self.host) if self.http_front else self.host
 
     @property
-    def triton_http(self) -> str:  # Triton's own HTTP host:port as this machine reaches it (behind any front)
+    def triton_http(self) -> str:  # Triton's own host:port (triton_grpc: gRPC) as this machine reaches it
         return f"127.0.0.1:{self.triton_http_port}" if self.http_front else f"{self.local_host}:{self.ports.http}"
 
     @property
-    def triton_grpc(self) -> str:  # Triton's own gRPC host:port as this machine reaches it (behind any front)
+    def triton_grpc(self) -> str:
         return f"127.0.0.1:{self.triton_grpc_port}" if self.grpc_front else f"{self.local_host}:{self.ports.grpc}"
 
     def command(self, install: TritonInstall) -> list[str]:
-        return [
-            str(install.binary),
-            f"--model-repository={self.model_repository}",
-            f"--backend-directory={install.backend_dir}",
-            "--model-control-mode=none",  # every model of the repository loads at start; none later
-            # Stopping waits this long for the models to unload (the launcher drains streams before).
-            "--exit-timeout-secs=5",
-            f"--http-address={'127.0.0.1' if self.http_front else self.host}",
-            f"--grpc-address={'127.0.0.1' if self.grpc_front else self.host}",
-            "--metrics-address=127.0.0.1",
-            f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
-            f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
-            f"--metrics-port={self.triton_metrics_port}",
-            "--backend-config=python,shm-default-byte-size=67108864",
-            "--backend-config=python,shm-growth-byte-size=16777216",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            "--log-verbose=0",
-            f"--http-restricted-api={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
-            f"--grpc-restricted-protocol={','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}",
-        ]
+        http, grpc = ("127.0.0.1" if front else self.host for front in (self.http_front, self.grpc_front))
+        restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_HEADER}={self.triton_key}"
+        return [str(install.binary), f"--model-repository={self.model_repository}",
+                f"--backend-directory={install.backend_dir}",
+                "--model-control-mode=none",  # every model of the repository loads at start; none later
+                "--exit-timeout-secs=5",  # stopping waits this long for the models to unload (after the drain)
+                f"--http-address={http}", f"--grpc-address={grpc}", "--metrics-address=127.0.0.1",
+                f"--http-port={self.triton_http_port if self.http_front else self.ports.http}",
+                f"--grpc-port={self.triton_grpc_port if self.grpc_front else self.ports.grpc}",
+                f"--metrics-port={self.triton_metrics_port}", "--log-verbose=0",
+                "--backend-config=python,shm-default-byte-size=67108864",
+                "--backend-config=python,shm-growth-byte-size=16777216",
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+                f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]  # fmt: skip
 
     def start(self) -> TritonServer:
-        remove_orphan_segments()
+        remove_segments()  # of servers whose starter was SIGKILLed
         # the generator is served under its secret name: its folder and config renamed (once)
         plain, hidden = self.model_repository / GENERATOR, self.model_repository / self.generator_model
         if plain.is_dir() and plain != hidden:
@@ -235,21 +213,34 @@ class TritonServer:
         except OSError:
             return False
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+    def wait_ready(self, timeout: float = READY_TIMEOUT, stopping=lambda: False) -> bool:
+        """Until ready (True) or ``stopping()`` (False); RuntimeError once it exited, TimeoutError (and stopped)
+        after ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while not self.is_ready():
+            if stopping():
+                return False
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
             time.sleep(0.25)
+        return True
 
-    def metrics_text(self, timeout: float = 10.0) -> str:
-        """The metrics port's page (Prometheus text)."""
-        with urllib.request.urlopen(f"http://{self.local_host}:{self.ports.metrics}/metrics", timeout=timeout) as r:
-            return r.read().decode()
+    def metrics_text(self, timeout: float = 10.0, retry_503: float = METRICS_503_SECONDS) -> str:
+        """The metrics port's page (Prometheus text). A 503 (the relay's while Triton's own page does not answer,
+        as just after ready) is asked again for up to ``retry_503`` seconds before it is an error."""
+        url, deadline = f"http://{self.local_host}:{self.ports.metrics}/metrics", time.monotonic() + retry_503
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as r:
+                    return r.read().decode()
+            except urllib.error.HTTPError as e:
+                if e.code != 503 or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.1)
 
     def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
-        """Prometheus samples whose names start with ``prefixes``, keyed by name with its labels."""
+        """Samples whose names start with ``prefixes``, keyed by name with its labels."""
         lines = (line.rpartition(" ") for line in self.metrics_text(timeout).splitlines())
         return {name: float(value) for name, _, value in lines if name.startswith(prefixes)}
 
@@ -258,8 +249,7 @@ class TritonServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:]) if exists else ""
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group (stubs included), then SIGKILL if it lingers; remove the
-        shared memory a killed server leaves behind."""
+        """SIGTERM the server's process group (stubs included), SIGKILL it after ``timeout``; remove its shm."""
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
                 if self.proc.poll() is None:
@@ -272,7 +262,7 @@ class TritonServer:
         remove_segments(self.shm_prefix)
 
     def close(self) -> None:
-        """Stop the server and its metrics relay."""
+        """Stop the server, its metrics relay and its fronts."""
         self.stop()
         for name in ("relay", "front", "http_proxy"):
             if (part := getattr(self, name)) is not None:

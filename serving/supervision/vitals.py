@@ -1,9 +1,6 @@
-"""Is a tritonserver alive and making progress? The supervisor (:mod:`serving.supervision.supervise`) looks at
-its stubs' heartbeat files and its metrics port at every poll; this module judges what it saw
-(:class:`Observation`) by the heartbeat, progress and leak rules, and tells a pause, with no processes, files or
-clocks of its own, so that the rules are tested on hand-built observations. The rules, their numbers and why:
-docs/operations.md, Supervision and shutdown. Time is the supervisor's own monotonic clock, from its looks.
-"""
+"""The supervisor's heartbeat, progress and leak rules and its pause, judged on what it saw at each poll
+(:class:`Observation`, times from its own monotonic clock) with no processes, files or clocks here, so that they
+are tested on hand-built observations. The rules, their numbers and why: docs/operations.md, Supervision."""
 
 from __future__ import annotations
 
@@ -11,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 STALE_SECONDS = 3.0  # a heartbeat file unchanged this long: a wedged stub (it is touched every second)
-# Every stub silent this long is an incident even though none beat (a stall of the whole machine longer than
-# this is not one a listener survives anyway; the stall measured is in docs/operations.md, Supervision and shutdown).
+# Every stub silent this long is an incident even though none beat (a longer stall of the whole machine is not
+# one a listener survives anyway; the stall measured: docs/operations.md).
 ALL_QUIET_SECONDS = 4 * STALE_SECONDS
 # Requests waiting this long for a model that executes nothing: a stall. Well above the longest execute
 # measured (docs/operations.md): a false stall kills every running stream.
@@ -32,12 +29,9 @@ WAITS_ON = {"voices": ("prompt_encoder",)}
 
 
 def samples(text: str, names: Iterable[str]) -> dict[str, dict[str, float]]:
-    """Prometheus text -> {metric name: {its ``model`` label ("" without one): value}} for ``names``, summed
-    over the other labels (versions); a name with no sample is absent. One pass over the text."""
+    """Prometheus text -> {name: {its ``model`` label or "": value summed over other labels}} for ``names``."""
     wanted, out = set(names), {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
+    for line in text.splitlines():  # a comment's or an empty line's name is never wanted
         head, _, value = line.rpartition(" ")
         name, _, labels = head.partition("{")
         if name not in wanted:
@@ -80,54 +74,52 @@ class Observation:
 
 @dataclass
 class Vitals:
-    """The heartbeat and progress rules over successive observations of one tritonserver."""
+    """The heartbeat, progress and leak rules over successive observations of one tritonserver."""
 
     models: frozenset[str]  # the models with a stub, which the progress rule watches (not ensembles)
-    stall_seconds: float = STALL_SECONDS  # 0: no progress rule
+    stall_seconds: float = STALL_SECONDS  # 0: no progress or leak rule
     pause: float = 0.0  # the gap the last observe() took for a pause, 0 if none
     _last: float | None = None  # when the last observation was made
-    _beats: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # pid -> (mtime, seen since)
-    _silent: dict[int, float] = field(default_factory=dict)  # pid -> seconds silent while another stub beat
-    # model -> (its and its callees' execution counts, since when) while it has requests waiting
-    _waiting: dict[str, tuple[tuple[float, ...], float]] = field(default_factory=dict)
     _answered: float | None = None  # when the metrics port last answered (or supervision began)
-    _held: tuple[float, float] | None = None  # (all models' execution count, since when) while places are held
+    # what -> (its value, since when it stands): ("beat", pid) a stub's heartbeat mtime, ("wait", model) a model's
+    # and its callees' execution counts while it has requests waiting, "held" every execution while places are held
+    _since: dict = field(default_factory=dict)
+    _silent: dict[int, float] = field(default_factory=dict)  # pid -> seconds silent while another stub beat
 
     def reset(self) -> None:
         """Forget everything: a new tritonserver."""
-        self.pause, self._last, self._answered, self._held = 0.0, None, None, None
-        self._beats, self._silent, self._waiting = {}, {}, {}
+        self.pause, self._last, self._answered, self._since, self._silent = 0.0, None, None, {}, {}
+
+    def _stood(self, what, value, at: float) -> float:
+        """How long ``what`` has had ``value`` (0: new or changed now)."""
+        if (last := self._since.get(what)) is None or last[0] != value:
+            self._since[what] = (value, at)
+            return 0.0
+        return at - last[1]
 
     def observe(self, seen: Observation) -> Incident | None:
         at = seen.at
         gap = 0.0 if self._last is None else at - self._last
         self.pause, self._last = (gap if gap > PAUSE_SECONDS else 0.0), at
         if self.pause:  # whatever was quiet was paused with us: start every timer over
-            self._beats = {pid: (mtime, at) for pid, (mtime, _) in self._beats.items()}
-            self._silent = {}
-            self._waiting = {model: (counts, at) for model, (counts, _) in self._waiting.items()}
+            self._since, self._silent = {what: (value, at) for what, (value, _) in self._since.items()}, {}
             self._answered = at if self._answered is not None else None
-            self._held = None if self._held is None else (self._held[0], at)
         return self._heartbeats(seen, 0.0 if self.pause else gap) or self._progress(seen) or self._leak(seen)
 
     def _heartbeats(self, seen: Observation, gap: float) -> Incident | None:
         """``gap``: the time since the previous observation (0 at the first, and after a pause)."""
-        self._beats = {pid: beat for pid, beat in self._beats.items() if pid in seen.stubs}
-        for pid in seen.stubs:
-            mtime, last = seen.beats.get(pid), self._beats.get(pid)
-            if last is None or last[0] != mtime:
-                self._beats[pid] = (mtime, seen.at)
-        beat = {pid for pid, (_, since) in self._beats.items() if since == seen.at}  # since the last look
+        quiet = {pid: self._stood(("beat", pid), seen.beats.get(pid), seen.at) for pid in seen.stubs}
+        beat = {pid for pid, q in quiet.items() if not q}  # since the last look
         silent = {}
         for pid, model in seen.stubs.items():
-            mtime, since = self._beats[pid]
             if pid in beat:
                 continue
             counted = bool(beat) or len(seen.stubs) == 1  # another stub beat meanwhile, or it has none
             silent[pid] = self._silent.get(pid, 0.0) + (gap if counted else 0.0)
-            quiet = seen.at - since
-            if silent[pid] > STALE_SECONDS or quiet > ALL_QUIET_SECONDS:
-                how = "has no heartbeat file" if mtime is None else f"has not beaten for {quiet:.1f} s"
+            if silent[pid] > STALE_SECONDS or quiet[pid] > ALL_QUIET_SECONDS:
+                how = (
+                    "has no heartbeat file" if seen.beats.get(pid) is None else f"has not beaten for {quiet[pid]:.1f} s"
+                )
                 return Incident(model, f"its stub (pid {pid}) {how} (wedged)", dead=False)
         self._silent = silent
         return None
@@ -145,13 +137,10 @@ class Vitals:
         pending, executed = seen.metrics.get(PENDING, {}), seen.metrics.get(EXECUTED, {})
         for model in sorted(self.models):
             if pending.get(model, 0.0) <= 0:
-                self._waiting.pop(model, None)
+                self._since.pop(("wait", model), None)
                 continue
             counts = tuple(executed.get(m, 0.0) for m in (model, *WAITS_ON.get(model, ())))
-            last = self._waiting.get(model)
-            if last is None or last[0] != counts:
-                self._waiting[model] = (counts, seen.at)
-            elif (stalled := seen.at - last[1]) >= self.stall_seconds:
+            if (stalled := self._stood(("wait", model), counts, seen.at)) >= self.stall_seconds:
                 how = f"requests waiting ({pending[model]:.0f}), no execution for {stalled:.1f} s (stalled)"
                 return Incident(model, how, dead=False)
         return None
@@ -160,12 +149,10 @@ class Vitals:
         if not self.stall_seconds or seen.metrics is None:
             return None
         if seen.held <= 0 or any(v > 0 for v in seen.metrics.get(PENDING, {}).values()):
-            self._held = None  # nothing held, or requests queued: the progress rule watches those
+            self._since.pop("held", None)  # nothing held, or requests queued: the progress rule watches those
             return None
         executed = sum(seen.metrics.get(EXECUTED, {}).values()) + sum(seen.metrics.get(STEPPED, {}).values())
-        if self._held is None or self._held[0] != executed:
-            self._held = (executed, seen.at)
-        elif (idle := seen.at - self._held[1]) >= self.stall_seconds:
+        if (idle := self._stood("held", executed, seen.at)) >= self.stall_seconds:
             how = f"{seen.held} admission places held while no model executed for {idle:.1f} s (requests lost)"
             return Incident("tts", how, dead=False)
         return None

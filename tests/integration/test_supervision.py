@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from client import ServerBusy, TTSError
-from serving.supervision.gateway_process import GATEWAY_STOP_SECONDS
+from serving.serve import GATEWAY_STOP_SECONDS
 from serving.supervision.run_folder import HEARTBEATS
 from serving.supervision.supervise import (
     GDB_SECONDS,

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from client.voices import VoiceClient, kept_admin_key_file
+from serving import serve as gateway_process
 from serving.security import admin_key
-from serving.supervision import gateway_process
 
 
 def test_a_generated_key_is_kept_private_and_reused(tmp_path):

@@ -4,8 +4,12 @@ relay, which bound what a client may send and hold)."""
 from __future__ import annotations
 
 import argparse
+import http.server
 import os
 import socket
+import threading
+import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -100,7 +104,7 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from serving.supervision.triton_env import remove_orphan_segments
+    from serving.supervision.supervise import remove_segments
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -109,5 +113,72 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     other = tmp_path / "not_ours"
     for path in (dead, live, other):
         path.write_bytes(b"x")
-    assert remove_orphan_segments(tmp_path) == [dead.name]
+    assert remove_segments(shm_dir=tmp_path) == [dead.name]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+class _Flaky(http.server.BaseHTTPRequestHandler):
+    """A metrics port that answers 503 for its first ``server.fails`` scrapes (Triton's, just after ready)."""
+
+    def do_GET(self):
+        self.server.fails -= 1
+        status, body = (503, b"metrics unavailable\n") if self.server.fails >= 0 else (200, b"tts_up 1\n")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky_metrics(tmp_path):
+    port = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    port.fails = 3
+    threading.Thread(target=port.serve_forever, daemon=True).start()
+    (tmp_path / "repo").mkdir()
+    yield port, TritonServer(tmp_path / "repo", tmp_path, Ports(1, 2, port.server_address[1]))
+    port.shutdown()
+    port.server_close()
+
+
+def test_a_metrics_port_answering_503_briefly_is_read_again(flaky_metrics):
+    port, server = flaky_metrics
+    assert server.metrics_text(timeout=2) == "tts_up 1\n" and port.fails == -1
+
+
+def test_a_metrics_port_answering_503_for_good_is_an_error(flaky_metrics):
+    port, server = flaky_metrics
+    port.fails = 10**6
+    with pytest.raises(urllib.error.HTTPError, match="503"):
+        server.metrics_text(timeout=2, retry_503=0.2)
+    assert port.fails < 10**6 - 1  # asked again before
+
+
+def test_the_supervisor_counts_a_brief_503_as_an_answer(flaky_metrics, tmp_path):
+    """A 503 right after ready is not 'the metrics port has not answered' (the --stall-seconds rule); the retry
+    stays within the poll's read, so that a poll never looks like a pause (vitals.PAUSE_SECONDS)."""
+    from serving.supervision.supervise import POLL_SECONDS, Supervisor
+    from serving.supervision.vitals import PAUSE_SECONDS
+
+    port, server = flaky_metrics
+    port.fails, read, asked = 2, server.metrics_text, []  # two 503s, 0.1 s apart
+    server.metrics_text = lambda timeout, retry_503: asked.append(timeout + retry_503) or read(timeout, retry_503)
+    assert Supervisor(server, tmp_path)._observe().metrics == {}
+    port.fails = 10**6  # for good: no answer this poll
+    assert Supervisor(server, tmp_path)._observe().metrics is None
+    assert all(seconds + 0.1 + POLL_SECONDS < PAUSE_SECONDS for seconds in asked)
+
+
+@pytest.mark.parametrize("libdir", ["", None, "relative/lib"])
+def test_no_empty_or_relative_library_folder_reaches_ld_library_path(tmp_path, monkeypatch, libdir):
+    import sysconfig
+
+    from serving.supervision.triton_env import find_triton
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "relative" / "lib").mkdir(parents=True)
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: libdir if name == "LIBDIR" else None)
+    install = find_triton(tmp_path / "work")
+    assert all(p.is_absolute() for p in install.lib_dirs) and Path(".") not in install.lib_dirs

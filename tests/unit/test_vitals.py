@@ -346,7 +346,7 @@ class FakeServer:
         self.in_flight = {"tts_requests_in_flight": 0, "tts_ensemble_requests_in_flight": 0}
         self.events: list[str] = []
 
-    def metrics_text(self, timeout: float) -> str:
+    def metrics_text(self, timeout: float, retry_503: float) -> str:
         self.events.append(f"refusing {self.flags.refusal()!r}, in flight {sum(self.in_flight.values())}")
         page = "".join(f"{name} {value}\n" for name, value in self.in_flight.items())
         for name in self.in_flight:  # a stream ends each time it is asked
@@ -363,9 +363,10 @@ class FakeServer:
     def start(self):
         self.events.append("start")
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        return self
 
-    def is_ready(self) -> bool:
-        return True
+    def wait_ready(self, timeout: float, stopping) -> bool:
+        return not stopping()
 
 
 @pytest.fixture
@@ -433,7 +434,7 @@ def test_heartbeats_are_judged_when_looked_at_not_after_the_metrics_read(supervi
     supervisor.stubs = {101: "tts"}
     now, read_at = [100.0], []
 
-    def slow_read(timeout: float) -> str:
+    def slow_read(timeout: float, retry_503: float) -> str:
         read_at.append(now[0])
         now[0] += 2.0  # the read takes 2 s
         return ""
