@@ -1,57 +1,43 @@
 """The generator model's Prometheus metrics (each is described in docs/operations.md, "Metrics"), kept in step
-with its :class:`~engine.streams.GeneratorService`. Triton keeps a metric only while its object lives, so every
-one is held here.
-"""
+with its :class:`~engine.streams.GeneratorService`."""
 
 from __future__ import annotations
 
 import time
 
-from serving.stub.metric_batch import Level
+from serving.stub.metric_batch import FAMILIES, Level, family
 
 STEP_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+ATTENTION = "tts_generator_attention"
 HELD_EVERY_SECONDS = 1.0  # the held-response counters are sent at most this often (each send is a round trip)
 
 
 class GeneratorMetrics:
     def __init__(self, pb, service):
         self.service = service
-        self.families = {
-            "active": pb.MetricFamily("tts_generator_active_slots", "generator slots holding a stream",
-                                      pb.MetricFamily.GAUGE),
-            "slots": pb.MetricFamily("tts_generator_slots", "generator slots served", pb.MetricFamily.GAUGE),
-            "step": pb.MetricFamily("tts_generator_step_seconds", "wall time of one batched generator step",
-                                    pb.MetricFamily.HISTOGRAM),
-            "stream_steps": pb.MetricFamily("tts_generator_stream_steps_total",
-                                            "streams stepped, summed over the generator's steps (/ steps: mean batch)",
-                                            pb.MetricFamily.COUNTER),
-            "pages": pb.MetricFamily("tts_kv_pages", "pages of the backbone's KV cache", pb.MetricFamily.GAUGE),
-            "in_use": pb.MetricFamily("tts_kv_pages_in_use", "KV-cache pages holding positions of live streams",
-                                      pb.MetricFamily.GAUGE),
-            "waiting": pb.MetricFamily("tts_generator_waiting_for_kv", "streams holding a slot, waiting for KV pages",
-                                       pb.MetricFamily.GAUGE),
-            "attention": pb.MetricFamily("tts_generator_attention", "attention path in use (why not FlashInfer)",
-                                         pb.MetricFamily.GAUGE),
-            "held": pb.MetricFamily("tts_generator_held_responses",
-                                    "responses waiting for their reader to read the one before", pb.MetricFamily.GAUGE),
-            "holds": pb.MetricFamily("tts_generator_held_responses_total",
-                                     "responses that waited for their reader to read the one before",
-                                     pb.MetricFamily.COUNTER),
-            "held_seconds": pb.MetricFamily("tts_generator_held_seconds_total",
-                                            "time those responses waited, summed (/ their count: the mean wait)",
-                                            pb.MetricFamily.COUNTER),
-        }  # fmt: skip
+
+        def metric(name: str, about: str, kind: str = "GAUGE", **made):
+            return family(pb, name, about, kind).Metric(**made)
+
         # gauges move by increment, never Metric.set (it keeps the GIL through its round trip: docs/triton.md#T19)
-        self.active = Level(self.families["active"].Metric())
-        self.slots = Level(self.families["slots"].Metric(), service.slots)
-        self.step = self.families["step"].Metric(buckets=STEP_BUCKETS)
-        self.stream_steps = self.families["stream_steps"].Metric()
-        self.pages = Level(self.families["pages"].Metric(), service.scheduler.blocks.num_pages)
-        self.in_use, self.waiting = Level(self.families["in_use"].Metric()), Level(self.families["waiting"].Metric())
+        self.active = Level(metric("tts_generator_active_slots", "generator slots holding a stream"))
+        self.slots = Level(metric("tts_generator_slots", "generator slots served"), service.slots)
+        self.step = metric("tts_generator_step_seconds", "wall time of one batched generator step", "HISTOGRAM",
+                           buckets=STEP_BUCKETS)  # fmt: skip
+        self.stream_steps = metric("tts_generator_stream_steps_total", "streams stepped, summed over the "
+                                   "generator's steps (/ steps: mean batch)", "COUNTER")  # fmt: skip
+        pages = service.scheduler.blocks.num_pages
+        self.pages = Level(metric("tts_kv_pages", "pages of the backbone's KV cache"), pages)
+        self.in_use = Level(metric("tts_kv_pages_in_use", "KV-cache pages holding positions of live streams"))
+        self.waiting = Level(metric("tts_generator_waiting_for_kv", "streams holding a slot, waiting for KV pages"))
+        family(pb, ATTENTION, "attention path in use (why not FlashInfer)", "GAUGE")  # a gauge per path, 1 in use
         self.attention_shown: tuple[str, str] | None = None
         self.attention = None
-        self.held = Level(self.families["held"].Metric())
-        self.holds, self.held_seconds = self.families["holds"].Metric(), self.families["held_seconds"].Metric()
+        waited = "waiting for their reader to read the one before"
+        self.held = Level(metric("tts_generator_held_responses", f"responses {waited}"))
+        self.holds = metric("tts_generator_held_responses_total", f"responses that waited {waited[8:]}", "COUNTER")
+        self.held_seconds = metric("tts_generator_held_seconds_total",
+                                   "time those responses waited, summed (/ their count: the mean wait)", "COUNTER")  # fmt: skip
         self.unsent = [0, 0.0]  # holds and their seconds not sent yet
         self.sent_at = time.monotonic()
         self.update()
@@ -84,5 +70,5 @@ class GeneratorMetrics:
             if self.attention is not None:
                 self.attention.set(0)
             labels = {"backend": now[0], "fallback_reason": now[1] or "none"}
-            self.attention = Level(self.families["attention"].Metric(labels=labels), 1)
+            self.attention = Level(FAMILIES[ATTENTION].Metric(labels=labels), 1)
             self.attention_shown = now

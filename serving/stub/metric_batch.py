@@ -1,15 +1,34 @@
-"""Metric updates of one event-loop turn, sent together (docs/architecture.md, "Inside each stub"); ``tts``'s
-metric families; the synthetic-math banner. No Triton here.
+"""Triton metrics in the stubs: every model's metric families, held for its life and dropped in its
+``finalize``; metric updates of one event-loop turn sent together (:class:`MetricBatch`), gauges moved by
+``increment`` (:class:`Level`); ``tts``'s metrics; the synthetic-math banner. Why: docs/architecture.md,
+"Inside each stub". No Triton here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 
 log = logging.getLogger("tts")
 FIRST_CHUNK_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
+FAMILIES: dict = {}  # name -> this process's metric family (a stub serves one model); nothing else holds them
+
+
+def family(pb, name: str, description: str, kind: str):
+    """A ``pb.MetricFamily`` of ``kind`` (COUNTER, GAUGE or HISTOGRAM), held in :data:`FAMILIES` (Triton keeps
+    a metric only while its family lives). Keep its metrics, never the family (look it up by name)."""
+    FAMILIES[name] = pb.MetricFamily(name, description, getattr(pb.MetricFamily, kind))
+    return FAMILIES[name]
+
+
+def drop_families() -> None:
+    """In a model's ``finalize``, once nothing updates its metrics any more: a family destroyed in the stub's
+    destructor segfaults the stub on Triton 2.51 (python_backend PR #429, fixed after 2.51). Ending a family
+    ends its metrics, so their own later end is safe."""
+    FAMILIES.clear()
+    gc.collect()
 
 
 class MetricBatch:
@@ -90,25 +109,20 @@ class Level:
 
 class TTSMetrics:
     """Requests by outcome, the gauges of requests in flight, waiting and text-in streams open, the audio
-    streamed and the first chunk's latency."""
+    streamed and the first chunk's latency, moved by ``batch`` (a :class:`MetricBatch`)."""
 
     def __init__(self, pb, batch):
-        """``batch``: the :class:`MetricBatch` that moves them."""
         self.batch = batch
-        self.requests = pb.MetricFamily("tts_requests_total", "tts requests by outcome", pb.MetricFamily.COUNTER)
-        self.outcome = {k: self.requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.gauges = [
-            pb.MetricFamily("tts_requests_in_flight", "tts requests holding an admission place", pb.MetricFamily.GAUGE),
-            pb.MetricFamily("tts_requests_waiting", "tts requests with no audio sent yet", pb.MetricFamily.GAUGE),
-            pb.MetricFamily("tts_text_streams_open", "text-in streams open", pb.MetricFamily.GAUGE),
-        ]
-        self.in_flight, self.waiting, self.open = (g.Metric() for g in self.gauges)
+        requests = family(pb, "tts_requests_total", "tts requests by outcome", "COUNTER")
+        self.outcome = {k: requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.in_flight, self.waiting, self.open = (family(pb, *g, "GAUGE").Metric() for g in (
+            ("tts_requests_in_flight", "tts requests holding an admission place"),
+            ("tts_requests_waiting", "tts requests with no audio sent yet"),
+            ("tts_text_streams_open", "text-in streams open")))  # fmt: skip
         self.counts = [0, 0]  # requests in flight, waiting
-        self.audio_family = pb.MetricFamily("tts_audio_seconds_total", "audio streamed", pb.MetricFamily.COUNTER)
-        self.audio_seconds = self.audio_family.Metric()
-        self.first_family = pb.MetricFamily("tts_first_chunk_seconds", "request arrival to first audio chunk sent",
-                                            pb.MetricFamily.HISTOGRAM)  # fmt: skip
-        self.first_chunk = self.first_family.Metric(buckets=FIRST_CHUNK_BUCKETS)
+        self.audio_seconds = family(pb, "tts_audio_seconds_total", "audio streamed", "COUNTER").Metric()
+        self.first_chunk = family(pb, "tts_first_chunk_seconds", "request arrival to first audio chunk sent",
+                                  "HISTOGRAM").Metric(buckets=FIRST_CHUNK_BUCKETS)  # fmt: skip
 
     def count(self, in_flight: int, waiting: int) -> None:
         """Requests that took (1) or gave back (-1) an admission place, or began (-1) to wait for audio."""
@@ -121,16 +135,11 @@ class TTSMetrics:
         self.batch.set(self.open, n)
 
 
-def announce(pb, log: logging.Logger, model: str) -> tuple:
+def announce(pb, log: logging.Logger, model: str) -> Level:
     """A model serving synthetic math (``--synthetic-math``, engine.synthetic) says so where operators look:
-    a warning in the log and the gauge ``tts_synthetic_math{model="..."} 1``. Returns what must be kept
-    alive for Triton to keep the gauge."""
+    a warning in the log and the gauge ``tts_synthetic_math{model="..."} 1``."""
     from engine.synthetic import BANNER  # only a model serving synthetic math imports it
 
     log.warning("%s: %s", model, BANNER)
-    family = pb.MetricFamily(
-        "tts_synthetic_math",
-        "1: this model's math is replaced by ready-made output (benchmarks only, no speech)",
-        pb.MetricFamily.GAUGE,
-    )
-    return family, Level(family.Metric(labels={"model": model}), 1)
+    about = "1: this model's math is replaced by ready-made output (benchmarks only, no speech)"
+    return Level(family(pb, "tts_synthetic_math", about, "GAUGE").Metric(labels={"model": model}), 1)

@@ -144,3 +144,34 @@ def test_a_level_moves_its_gauge_by_the_difference_and_only_on_a_change():
     for value in (4, 6, 6, 1, 0):
         level.set(value)
     assert (gauge.value, gauge.calls) == (0, 4)  # 4, +2, -5, -1: never set()
+
+
+def test_a_models_metric_families_are_held_until_its_finalize_drops_them(monkeypatch):
+    """Triton keeps a metric only while its family's object lives, and a family still alive when the stub's
+    destructor runs segfaults the stub on Triton 2.51 (python_backend PR #429): ``drop_families`` (every
+    model's ``finalize``) ends them while the stub can still tell Triton."""
+    import gc
+    import weakref
+
+    from serving.stub import metric_batch
+
+    class Family:
+        COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+
+        def __init__(self, name, description, kind):
+            self.kind = kind
+
+        def Metric(self, **_):  # noqa: N802 (Triton's name); a metric does not hold its family, as in Triton
+            return Metric()
+
+    class PB:
+        MetricFamily = Family
+
+    monkeypatch.setattr(metric_batch, "FAMILIES", {})
+    gauge = metric_batch.family(PB, "g", "a gauge", "GAUGE").Metric()
+    family = weakref.ref(metric_batch.FAMILIES["g"])
+    assert family().kind == Family.GAUGE
+    gc.collect()
+    assert family() is not None  # held while the model serves, though only its metric is kept
+    metric_batch.drop_families()
+    assert family() is None and gauge is not None

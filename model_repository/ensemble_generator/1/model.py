@@ -23,6 +23,7 @@ from serving.flow.admission import Place
 from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
 from serving.stub.entry import Entry
+from serving.stub.metric_batch import drop_families, family
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
@@ -44,13 +45,10 @@ TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 class TritonPythonModel:
     def initialize(self, args):
         self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args), "ensemble")
-        self.families = [
-            pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
-            pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
-                            pb.MetricFamily.GAUGE),
-        ]  # fmt: skip
-        self.outcome = {k: self.families[0].Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight = self.families[1].Metric()
+        outcomes = family(pb, "tts_ensemble_requests_total", "tts_ensemble streams by outcome", "COUNTER")
+        self.outcome = {k: outcomes.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.in_flight = family(pb, "tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
+                                "GAUGE").Metric()  # fmt: skip
 
     async def execute(self, requests):
         await self.entry.threads.serve(requests, self._serve)  # on the stub's threads (serving.stub.stub_threads)
@@ -109,6 +107,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.entry.finalize()
+        drop_families()
 
 
 def finish(sender, chunk: Chunk) -> None:

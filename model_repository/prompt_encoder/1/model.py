@@ -18,6 +18,7 @@ from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
+from serving.stub.metric_batch import drop_families, family
 from serving.stub.triton_io import error_response, get, load_model, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceNotFound, VoiceStore
@@ -42,13 +43,8 @@ class TritonPythonModel:
         # is taken by ensemble_generator, the step that generates)
         self.admission = Admission(SideChannel(opts.cancel_dir or None).dir, None, opts.capacity)
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
-        self.families = [
-            pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
-            pb.MetricFamily(
-                "tts_prompt_cache_hits_total", "voice prompts served from the store", pb.MetricFamily.COUNTER
-            ),
-        ]
-        self.encodes, self.hits = (f.Metric() for f in self.families)
+        self.encodes = family(pb, "tts_prompt_encodes_total", "reference clips encoded", "COUNTER").Metric()
+        self.hits = family(pb, "tts_prompt_cache_hits_total", "voice prompts served from the store", "COUNTER").Metric()
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.model.identity)
 
     def _prompt(self, r, trusted: bool):
@@ -99,6 +95,9 @@ class TritonPythonModel:
             self.encodes.increment(self.store.encodes - enc0)
             self.hits.increment(self.store.hits - hit0)
         return out
+
+    def finalize(self):
+        drop_families()
 
 
 def _read(r) -> tuple[Voice, str]:

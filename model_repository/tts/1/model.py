@@ -25,7 +25,7 @@ from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.entry import Entry
-from serving.stub.metric_batch import MetricBatch, TTSMetrics
+from serving.stub.metric_batch import MetricBatch, TTSMetrics, drop_families
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.vocoder_batch import BLSVocoder
@@ -178,3 +178,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.entry.finalize()
+        self.metrics.sender.shutdown()  # its updates sent: nothing moves the metrics now
+        drop_families()

@@ -14,7 +14,7 @@ import triton_python_backend_utils as pb
 from engine.protocol import failure_reason
 from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import Level
+from serving.stub.metric_batch import Level, drop_families, family
 from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
@@ -40,10 +40,8 @@ class TritonPythonModel:
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         self.guard = VocoderGuard(self.keys, SideChannel(opts.cancel_dir or None), opts.max_streams)
         self.batch = opts.batch
-        self.family = pb.MetricFamily(
-            "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
-        )
-        self.gauge = Level(self.family.Metric())  # moved by increment, never Metric.set (docs/triton.md#T19)
+        active = family(pb, "tts_vocoder_active_streams", "vocoder streams holding decoder state", "GAUGE")
+        self.gauge = Level(active.Metric())  # moved by increment, never Metric.set (docs/triton.md#T19)
         self.refusals = Throttled(log)  # anyone can send chunks that are refused
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = threading.Event()
@@ -126,6 +124,7 @@ class TritonPythonModel:
     def finalize(self):
         self.stopping.set()
         self.engine.join(5)
+        drop_families()
 
 
 def take(q: queue.SimpleQueue, most: int, size, timeout: float) -> list:
