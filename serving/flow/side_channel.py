@@ -1,34 +1,8 @@
-"""The run's side channel: one private folder of small files (tmpfs where available) through which the
-stubs of one server tell each other about streams, where Triton has no way to (docs/triton.md#T6, #T13).
-A restart of the server clears it with the run folder. :class:`SideChannel` is its one API:
-
-=============================  ===========================================  ======================================
-file                           written by                                   read by
-=============================  ===========================================  ======================================
-``cancel-<id>``                tts, ensemble_generator, vocoder             generator (:meth:`~SideChannel.poll`,
-                               (``mark("cancel", id)``)                     once per step), removed by it when
-                                                                            acted on, else by the marker
-``pause-<id>``                 tts (``mark("pause", id)``, its pacers)      generator (the same listing), which
-                                                                            skips it; removed at the stream's end
-``lost-<id>``                  generator (``mark("lost", id)``)             tts, for all its pipes' streams
-``live/<id>``,                 generator (:meth:`LiveStreams.sync`)         vocoder (:meth:`LiveStreams.state`),
-``live/ended-<id>``                                                         which removes ``ended-`` (``claim``)
-``admission``                  tts, ensemble_generator (places, generator   every admitter, prompt_encoder, the
-                               slots, their waiters), the generator (its    launcher (leaks: serving.supervision.vitals)
-                               slot cap): serving.flow.admission
-``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a stream's
-                               (serving.flow.receipts: responses read)      next response (docs/triton.md#T23)
-``<run folder>/broken``,       the launcher                                 tts, ensemble_generator
-``draining``, ``dead.<model>`` (serving.supervision.run_folder.RunFlags)    (:meth:`~SideChannel.flag`)
-=============================  ===========================================  ======================================
-
-Ends: :class:`SideChannel` is their one carrier (docs/architecture.md, "Cancellation: one carrier"): marks
-``<kind>-<id>`` read in one listing for all kinds, swept once a minute old, and the launcher's flags, each read
-at most once per interval for all the requests of a process. The live board (:class:`LiveStreams`):
-docs/architecture.md, "The live board".
-
-One file rather than three modules: the folder, its sweep and its file helpers are one subject, and
-every stub that uses one part opens the same folder.
+"""The run's side channel: one private folder of small files through which the stubs of one server tell each
+other about streams, where Triton has no way to (docs/triton.md#T6, #T13). :class:`SideChannel` is its one API:
+stream marks ``<kind>-<id>`` read in one listing for all kinds and swept once a minute old, and the launcher's
+flags, each read at most once per interval for all the requests of a process; :class:`LiveStreams` is the live
+board. Who writes and reads each file: docs/architecture.md, "Cancellation: one carrier" and "The live board".
 """
 
 from __future__ import annotations

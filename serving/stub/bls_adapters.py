@@ -23,9 +23,9 @@ from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice
 from serving.stub.bls import BLS
+from serving.stub.cancel_watch import RETIRED
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import NO_PROMPT, Inbox, PipeReader
-from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, outputs, read_chunk, tensors
 
 log = logging.getLogger("tts")
@@ -72,10 +72,6 @@ class BLSGenerator:
         ``pipe_ids``: new ids for this process's pipe (serving.stub.pipe_reader)."""
         self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
         self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
-
-    def close(self) -> None:
-        """At the model's unload: the generator ends this process's pipe."""
-        self.pipe.close()
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The segment's chunks. A read-ahead segment (``segment.ahead``) takes a slot only if one is free and

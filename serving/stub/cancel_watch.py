@@ -1,9 +1,8 @@
-"""Whether a running request's client left (``request.is_cancelled()``), asked on one thread per stub for every
-watched request in turn, at most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all (on the
-event loop, these round trips took a third of its busy time with hundreds of streams starting: docs/triton.md#T20).
-Its two rules (no question after the final response, T3; every question through
-:data:`serving.stub.retired_iterators.RETIRED`, T18): docs/architecture.md, "Cancellation: one carrier".
-No Triton here: a request is anything with ``is_cancelled()``.
+"""A running request's watch: whether its client left (``request.is_cancelled()``), asked on one thread per stub
+for every watched request in turn, at most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all
+(docs/triton.md#T20), never after the final response (T3); and the retired BLS response iterators its questions
+let go of (T18). Why and how: docs/architecture.md, "Cancellation: one carrier". No Triton here: a request is
+anything with ``is_cancelled()``.
 """
 
 from __future__ import annotations
@@ -13,12 +12,63 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
 
-from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS
-from serving.stub.retired_iterators import RETIRED
+from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS, LINGERING, watch
 from serving.stub.stub_threads import finished
+from serving.supervision.run_folder import BROKEN
 
 log = logging.getLogger("tts")
+
+
+async def watch_request(request, run: Coroutine, channel, stop: Callable[[], bool] | None = None):
+    """Run ``run`` as ``request``'s task until it ends, its client leaves (or ``stop()``: a paced request held
+    past its bound) or the server breaks (the launcher's ``broken`` flag, ``channel.flag``) -> (the task, the
+    breaking's reason or None). On None the task's cleanup has ended (its BLS requests outlive it: T4) and the
+    watch thread has let go of the request (T3), so the caller's final response may follow."""
+    lingering: set = set()
+    LINGERING.set(lingering)  # this task's context, and so the request's task's
+    task = asyncio.ensure_future(run)
+    entry, broken = CANCELS.add(request), None
+    left = (lambda: entry.cancelled) if stop is None else (lambda: entry.cancelled or stop())
+    try:
+        broken = await watch(task, left, lambda: channel.flag(BROKEN), lingering)
+    finally:  # the iterators this request's streams left (T18) are let go by the watch's last call
+        await CANCELS.remove(entry, last=broken is None)
+    return task, broken
+
+
+class RetiredIterators:
+    """Decoupled BLS response iterators the code reading them is done with (retired on the event loop), held
+    until Triton's stub has let go of them: until an ``is_cancelled()`` begun after they were retired came back
+    False through the stub's queue, on the thread that asked, with the GIL (docs/triton.md#T18)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.held: list = []  # iterators retired since the last call that went through the stub's queue
+
+    def retire(self, iterator) -> None:
+        """Hold ``iterator`` (read to its end, or never to be read again) until the stub has let it go."""
+        with self.lock:
+            self.held.append(iterator)
+
+    def is_cancelled(self, request) -> bool:
+        """``request.is_cancelled()``; when the stub's queue answered it, the iterators retired before it are
+        let go (here, with the GIL)."""
+        with self.lock:
+            held, self.held = self.held, []
+        try:
+            cancelled = request.is_cancelled()
+        except BaseException:
+            self._keep(held)
+            raise
+        if cancelled:  # maybe the stub's cached answer: nothing went through its queue
+            self._keep(held)
+        return cancelled  # ``held`` is dropped on return: the last references, with the GIL
+
+    def _keep(self, held: list) -> None:
+        with self.lock:
+            self.held[:0] = held
 
 
 class Watched:
@@ -112,4 +162,5 @@ def _resolve(done: asyncio.Future) -> None:
         done.set_result(None)
 
 
+RETIRED = RetiredIterators()  # the stub's table is one per process, and so is this
 CANCELS = CancelWatch()  # one per stub process, like the stub's queue it asks through

@@ -9,8 +9,7 @@ import time
 import weakref
 
 from serving.stub import cancel_watch
-from serving.stub.cancel_watch import CancelWatch
-from serving.stub.retired_iterators import RetiredIterators
+from serving.stub.cancel_watch import CancelWatch, RetiredIterators
 
 
 class Request:

@@ -22,6 +22,7 @@ from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.admission import Place
 from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
+from serving.stub.cancel_watch import watch_request
 from serving.stub.entry import Entry
 from serving.stub.metric_batch import drop_families, family
 from serving.stub.stub_threads import Responses
@@ -44,7 +45,7 @@ TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args), "ensemble")
+        self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args))
         outcomes = family(pb, "tts_ensemble_requests_total", "tts_ensemble streams by outcome", "COUNTER")
         self.outcome = {k: outcomes.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
         self.in_flight = family(pb, "tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
@@ -65,7 +66,7 @@ class TritonPythonModel:
             finish(sender, end_chunk(0, tagged(Unavailable(self.entry.admission.busy_message()))))
             return
         try:
-            last = await self._watch(request, self.entry.responses(sender))
+            last = await self._watch(request, Responses(sender, self.entry.threads.sends))
         finally:
             place.give()
         outcome = "cancelled" if last is None or last.finish_reason == "cancelled" else "error" if last.failed else "ok"
@@ -76,7 +77,7 @@ class TritonPythonModel:
         (after the last is_cancelled(): docs/triton.md#T3)."""
         stream_id = self.entry.keys.new_stream_id()
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
-        task, broken = await self.entry.watch(request, self._relay(request, responses, stream_id))
+        task, broken = await watch_request(request, self._relay(request, responses, stream_id), self.entry.channel)
         if broken:
             with contextlib.suppress(BaseException):
                 await task

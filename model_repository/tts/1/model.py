@@ -24,6 +24,7 @@ from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
 from serving.stub.bls_adapters import BLSPrompts
+from serving.stub.cancel_watch import watch_request
 from serving.stub.entry import Entry
 from serving.stub.metric_batch import MetricBatch, TTSMetrics, drop_families
 from serving.stub.stub_threads import Responses
@@ -43,7 +44,7 @@ def refuse(sender, message: str) -> None:
 class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
-        self.entry = e = Entry(pb, "tts", opts, "tts", opts.start_rate)  # admission, BLS, pipe, threads, flags
+        self.entry = e = Entry(pb, "tts", opts, opts.start_rate)  # admission, BLS, pipe, threads, flags
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
@@ -103,7 +104,7 @@ class TritonPythonModel:
             return
         try:
             PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
-            responses = self.entry.responses(sender)
+            responses = Responses(sender, self.entry.threads.sends)  # sent on a thread: the loop serves others
             run = self._stream(request, parameters, responses, stream, place, pacer)
             await self._serve_admitted(request, run, responses, pacer)
         finally:
@@ -117,7 +118,7 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, run, responses: Responses, pacer: Pacer):
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
-        task, broken = await self.entry.watch(request, run, pacer.held)
+        task, broken = await watch_request(request, run, self.entry.channel, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
