@@ -22,8 +22,7 @@ from serving.flow.pacing import PACING
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice
-from serving.stub.bls import BLS
-from serving.stub.cancel_watch import RETIRED
+from serving.stub.bls import BLS, first_response
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import NO_PROMPT, Inbox, PipeReader
 from serving.stub.triton_io import bls_error, outputs, read_chunk, tensors
@@ -66,10 +65,8 @@ class BLSGenerator:
 
     def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: Admission,
                  receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
-        """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
-        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.admission);
-        ``receipts``: this sender's read receipts, one entry per pipe it reads (serving.flow.receipts);
-        ``pipe_ids``: new ids for this process's pipe (serving.stub.pipe_reader)."""
+        """``model``: the generator's secret name; ``slots``: one taken before a stream is sent; ``receipts``:
+        this sender's read receipts (one entry per pipe); ``pipe_ids``: new ids for this process's pipes."""
         self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
         self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
 
@@ -141,11 +138,7 @@ class BLSGenerator:
         admitted it: its chunks come on the pipe), a chunk (refused before it started, or cancelled while
         waiting for a slot) or the error. ``request`` is held until then: Triton reads its inputs (T4)."""
         try:
-            responses = await request.async_exec(decoupled=True)
-            try:  # it came with the iterator: reading it does not block (docs/triton.md#T26)
-                response = next(responses, None)
-            finally:
-                RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+            response = await first_response(request)
             if response is None or not (response.has_error() or response.output_tensors()):
                 item = None
             else:

@@ -32,16 +32,15 @@ def drop_families() -> None:
 
 
 class MetricBatch:
-    """``increment``, ``set`` and ``observe`` on Triton metrics, sent at the end of the event loop's turn (at
+    """``increment``, ``observe`` (Triton metrics) and ``set`` (a :class:`Level`), sent at the end of the loop's turn (at
     once when no loop runs). Used from one event loop only. ``threaded``: the round trips themselves go out on
     a thread of their own, in order, so that the loop never waits for Triton's process (an ``observe`` per
     request on the loop took a fifth of its busy time with hundreds of streams starting together)."""
 
     def __init__(self, threaded: bool = False):
         self.adds: dict = {}  # metric -> amount not sent yet
-        self.values: dict = {}  # gauge -> value not sent yet
+        self.values: dict = {}  # Level -> value not sent yet
         self.observed: list = []  # (histogram, value) not sent yet
-        self.sent: dict = {}  # gauge -> its value in Triton (0 until one is sent)
         self.scheduled = False
         self.sender = concurrent.futures.ThreadPoolExecutor(1, "metrics") if threaded else None
 
@@ -49,7 +48,7 @@ class MetricBatch:
         self.adds[metric] = self.adds.get(metric, 0) + amount
         self._schedule()
 
-    def set(self, gauge, value: float) -> None:
+    def set(self, gauge: Level, value: float) -> None:
         self.values[gauge] = value
         self._schedule()
 
@@ -74,10 +73,7 @@ class MetricBatch:
         values, self.values = self.values, {}
         observed, self.observed = self.observed, []
         calls = [(metric.increment, amount) for metric, amount in adds.items() if amount]
-        for gauge, value in values.items():
-            if delta := value - self.sent.get(gauge, 0):  # a Triton metric starts at 0
-                calls.append((gauge.increment, delta))
-                self.sent[gauge] = value
+        calls += [(gauge.set, value) for gauge, value in values.items()]  # each Level sends only a change
         calls += [(histogram.observe, value) for histogram, value in observed]
         if calls and self.sender is not None:
             self.sender.submit(_send, calls)
@@ -115,7 +111,7 @@ class TTSMetrics:
         self.batch = batch
         requests = family(pb, "tts_requests_total", "tts requests by outcome", "COUNTER")
         self.outcome = {k: requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight, self.waiting, self.open = (family(pb, *g, "GAUGE").Metric() for g in (
+        self.in_flight, self.waiting, self.open = (Level(family(pb, *g, "GAUGE").Metric()) for g in (
             ("tts_requests_in_flight", "tts requests holding an admission place"),
             ("tts_requests_waiting", "tts requests with no audio sent yet"),
             ("tts_text_streams_open", "text-in streams open")))  # fmt: skip

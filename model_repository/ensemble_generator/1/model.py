@@ -1,14 +1,6 @@
-"""ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
-
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.flow.admission),
-runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
-the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
-client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
-or restarting server answers every entry point alike, and a stream whose client goes is ended: a
-direct caller's cancellation is seen here, an ensemble client's by the vocoder (serving.security.vocoder_guard).
-Every request ends with one final response, a normal one even on failure (an error response from a
-decoupled step leaves an ensemble request hanging), whose FINISH_REASON carries the tagged reason.
-"""
+"""ensemble_generator: tts_ensemble's generation step (docs/architecture.md, "Other entry points"). One
+generator stream per request, admitted as tts's are, its sealed chunks sent on as its own responses; one
+final response, a normal one even on failure, its FINISH_REASON the tagged reason (docs/triton.md#T12)."""
 
 import asyncio
 import contextlib

@@ -1,9 +1,6 @@
-"""prompt_encoder: reference audio + transcript (or a named voice) -> voice prompt.
-
-Prompts are kept in the persistent voice store: a reference clip seen before is not re-encoded, also
-after a restart, and named voices are registered here (REGISTER_NAME) and looked up by VOICE_ID.
-For tts_ensemble it also runs the text front end on TEXT (SPOKEN_TEXT, SPOKEN_LANGUAGE).
-"""
+"""prompt_encoder: reference audio + transcript (or a named voice) -> voice prompt, kept in the persistent
+voice store (a clip seen before is not encoded again, also after a restart; named voices are registered here,
+REGISTER_NAME, and looked up by VOICE_ID). For tts_ensemble it also runs the text front end on TEXT."""
 
 import os
 from dataclasses import replace

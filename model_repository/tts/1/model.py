@@ -1,8 +1,6 @@
-"""tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
-calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
-(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once; so
-are pace requests, before anything else (serving.flow.pacing: a request with a pace token is paced)."""
+"""tts: the decoupled front door (docs/architecture.md, "One request, hop by hop"): the orchestrator over BLS,
+AUDIO chunks streamed, exactly one final response. A text-in stream's later pieces and pace requests are
+answered at once (serving.intake.text_streams, serving.flow.pacing)."""
 
 import asyncio
 import contextlib

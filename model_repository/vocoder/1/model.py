@@ -1,9 +1,6 @@
-"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
-
-One instance; decoupled, with an engine thread (the vllm_backend pattern), not Triton's dynamic batcher
-(docs/triton.md#T13). ``execute`` queues each request; the engine thread takes what has queued and decodes
-it in one batched forward. Docs: docs/architecture.md, "Vocoder batching" and "Sealing".
-"""
+"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID; decoupled,
+``execute`` queues, an engine thread decodes what queued in one forward (docs/triton.md#T13;
+docs/architecture.md, "Vocoder batching", "Sealing")."""
 
 import queue
 import threading
