@@ -7,6 +7,7 @@ board. Who writes and reads each file: docs/architecture.md, "Cancellation: one 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -29,9 +30,8 @@ def default_dir() -> Path:
 
 
 class SideChannel:
-    """The ends of streams and of the server, as one process sees them: stream marks in the run's side-channel
-    folder (``directory`` None: :func:`default_dir`) and the launcher's flags in its run folder (``run_dir``
-    empty: none are ever raised). Stream ids are ints only: an id never names another path."""
+    """Stream marks in the side-channel folder (``directory`` None: :func:`default_dir`) and the launcher's
+    flags in its run folder (``run_dir`` empty: none are ever raised). Ids are ints: never another path."""
 
     def __init__(self, directory: str | Path | None = None, run_dir: str | Path = ""):
         self.dir = Path(directory) if directory else default_dir()
@@ -49,9 +49,6 @@ class SideChannel:
 
     # ---- marks: cancel, pause (tts, ensemble_generator, vocoder -> the generator); lost (the generator -> tts) ----
     def mark(self, kind: str, stream_id: int) -> None:
-        """``cancel``: the stream's caller left, the generator ends it at its next step; ``pause``: its client
-        is far behind, the generator does not step it until it is unmarked; ``lost``: the generator gave it up
-        (its responses could not be sent)."""
         _touch(self._path(kind, stream_id))
 
     def unmark(self, kind: str, stream_id: int) -> None:
@@ -65,8 +62,7 @@ class SideChannel:
         return _remove(self._path(kind, stream_id))
 
     def poll(self) -> dict[str, set[int]]:
-        """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed (the
-        generator asks once per step for all its streams, tts once per look at all its pipes' streams)."""
+        """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed."""
         mtime = os.stat(self.dir).st_mtime_ns
         if mtime != self._listed_mtime or self._listed_at - mtime < _TIMESTAMP_SLACK_NS:
             marks: dict[str, set[int]] = {kind: set() for kind in KINDS}
@@ -85,8 +81,7 @@ class SideChannel:
     # ---- flags: the launcher -> the stubs (serving.supervision.run_folder.RunFlags raises them) ----
     def flag(self, name: str, within: float = CANCEL_POLL_SECONDS) -> str | None:
         """The launcher's flag ``name`` (``broken``, ``draining``, ``dead.<model>``): its message, or None when
-        it is down. Read from its file at most once per ``within`` seconds for all who ask (0: now): every
-        running request polls ``broken``, and 256 of them polling one open() each made 5,000 a second."""
+        it is down; read from its file at most once per ``within`` seconds for all who ask (0: now)."""
         now = time.monotonic()
         read_at, message = self._flags.get(name, (-math.inf, None))
         if now - read_at >= within:
@@ -113,9 +108,8 @@ class SideChannel:
         return SHUTTING_DOWN if name == DRAINING else f"unavailable: {name[len(DEAD) :]} backend died; retry shortly"
 
     def sweep(self, max_age: float = 60.0) -> int:
-        """Remove cancel and lost marks older than ``max_age`` seconds (a live stream acts on its mark within
-        one step), and pause marks as old whose stream is not live; the live board sweeps itself
-        (:meth:`LiveStreams.sync`)."""
+        """Remove cancel and lost marks older than ``max_age`` seconds, and pause marks as old whose stream is
+        not live (the live board sweeps itself: :meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
         for entry in os.scandir(self.dir):
             kind, _, number = entry.name.partition("-")
@@ -123,12 +117,10 @@ class SideChannel:
                 continue
             if kind == "pause" and self.live.state(int(number)) == LIVE:  # a paused stream may wait long
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if entry.stat().st_mtime < cutoff:
                     os.unlink(entry.path)
                     removed += 1
-            except FileNotFoundError:
-                pass
         return removed
 
 
@@ -171,12 +163,10 @@ class LiveStreams:
         live = set(live)
         if live != self.known:
             for stream_id in live - self.known:
-                os.close(os.open(self._path(int(stream_id)), os.O_CREAT | os.O_WRONLY, 0o600))
+                _touch(self._path(int(stream_id)))
             for stream_id in self.known - live:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.replace(self._path(stream_id), self._path(f"{ENDED}{stream_id}"))
-                except FileNotFoundError:
-                    pass
                 self.ended[stream_id] = now
             self.known = live
         while self.ended:  # insertion order is end order: only the expired are visited

@@ -115,6 +115,21 @@ def error_response(pb, error: BaseException | str):
     return pb.InferenceResponse(error=pb.TritonError(message, code))
 
 
+def answer_each(pb, requests, answer, log: logging.Logger) -> list:
+    """A plain ``execute``: ``answer(request)`` -> its response, for each request; what it raises -> its error
+    response (ValueError and Unavailable keep their tags; anything else is logged)."""
+    out = []
+    for r in requests:
+        try:
+            out.append(answer(r))
+        except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
+            out.append(error_response(pb, e))
+        except Exception as e:
+            log.exception("%s request failed", log.name)
+            out.append(error_response(pb, RuntimeError(f"{log.name}: {e}")))
+    return out
+
+
 def bls_error(pb, model: str, response) -> Exception | None:
     """A BLS response's error as the exception of its kind: ValueError (the request was invalid),
     :class:`~engine.protocol.Unavailable` (retry later) or RuntimeError naming the model."""
