@@ -32,10 +32,9 @@ LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chu
 
 
 class BLSPrompts:
-    """The prompt encoder over BLS. The default voice (no reference, no voice id, no reference text) is the
-    checkpoint's silent prompt, the same for every request of the server's life: it is asked for once and
-    kept (one BLS round trip per request fewer); every other voice is asked for each time (a voice id's
-    prompt may change as the voice is registered again). A failed call is not kept."""
+    """The prompt encoder over BLS. The default voice (no reference, voice id or reference text) is the same
+    for the server's life: asked for once and kept (a failed call is not); every other voice each time (a
+    voice id's prompt changes as the voice is registered again)."""
 
     def __init__(self, bls: BLS):
         self.bls = bls
@@ -71,10 +70,9 @@ class BLSGenerator:
         self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        """The segment's chunks. A read-ahead segment (``segment.ahead``) takes a slot only if one is free and
-        no start waits for one (else :class:`~engine.orchestrator.Yielded`). A paced request's
-        (serving.flow.pacing.PACING, set by tts) pacer knows the stream from its start to its end: it pauses it
-        while the request's client is far behind."""
+        """The segment's chunks. A read-ahead segment takes only a free slot no start waits for (else
+        :class:`~engine.orchestrator.Yielded`). A paced request's pacer (PACING, set by tts) knows the stream
+        from its start to its end."""
         if not segment.ahead:
             await self.slots.take_slot()
         elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
@@ -134,9 +132,8 @@ class BLSGenerator:
                 await asyncio.shield(linger(self._cancel(stream_id, inbox)))
 
     async def _own_end(self, request, inbox: Inbox) -> None:
-        """Send a stream's request and put its one final response in ``inbox``: None (the generator
-        admitted it: its chunks come on the pipe), a chunk (refused before it started, or cancelled while
-        waiting for a slot) or the error. ``request`` is held until then: Triton reads its inputs (T4)."""
+        """Send a stream's request and put its one final response in ``inbox``: None (admitted: its chunks come
+        on the pipe), a chunk (it never started) or the error. ``request`` is held until then (T4)."""
         try:
             response = await first_response(request)
             if response is None or not (response.has_error() or response.output_tensors()):
