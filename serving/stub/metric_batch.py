@@ -27,10 +27,13 @@ def family(pb, name: str, description: str, kind: str):
     return FAMILIES[name]
 
 
-def drop_families() -> None:
-    """In a model's ``finalize``, once nothing updates its metrics any more: a family destroyed in the stub's
-    destructor segfaults the stub on Triton 2.51 (python_backend PR #429, fixed after 2.51). Ending a family
-    ends its metrics, so their own later end is safe."""
+def release(model) -> None:
+    """The end of a model's ``finalize``, once nothing updates its metrics: all it holds, its metrics and their
+    families included, is let go of now, while the stub can still tell Triton. One left to the stub's end
+    segfaults the stub at shutdown on Triton 2.51: a family in the stub's destructor (python_backend PR #429,
+    fixed after 2.51), a metric in a reference cycle in the interpreter's last collection, after the stub's
+    shared memory is gone (the generator's)."""
+    vars(model).clear()
     FAMILIES.clear()
     gc.collect()
 

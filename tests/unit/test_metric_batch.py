@@ -147,10 +147,10 @@ def test_a_level_moves_its_gauge_by_the_difference_and_only_on_a_change():
     assert (gauge.value, gauge.calls) == (0, 4)  # 4, +2, -5, -1: never set()
 
 
-def test_a_models_metric_families_are_held_until_its_finalize_drops_them(monkeypatch):
-    """Triton keeps a metric only while its family's object lives, and a family still alive when the stub's
-    destructor runs segfaults the stub on Triton 2.51 (python_backend PR #429): ``drop_families`` (every
-    model's ``finalize``) ends them while the stub can still tell Triton."""
+def test_a_models_metrics_and_families_are_held_until_its_finalize_releases_them(monkeypatch):
+    """Triton keeps a metric only while its family's object lives; one still alive at the stub's end segfaults
+    the stub on Triton 2.51 (a family in its destructor: python_backend PR #429; a metric in a reference cycle
+    in the interpreter's last collection). ``release`` (the end of every model's ``finalize``) lets go of all."""
     import gc
     import weakref
 
@@ -168,11 +168,16 @@ def test_a_models_metric_families_are_held_until_its_finalize_drops_them(monkeyp
     class PB:
         MetricFamily = Family
 
+    class Model:
+        pass
+
     monkeypatch.setattr(metric_batch, "FAMILIES", {})
-    gauge = metric_batch.family(PB, "g", "a gauge", "GAUGE").Metric()
-    family = weakref.ref(metric_batch.FAMILIES["g"])
+    model = Model()
+    model.gauge = Level(metric_batch.family(PB, "g", "a gauge", "GAUGE").Metric())
+    model.cycle = model  # held in a reference cycle, as the generator's host holds its metrics
+    family, gauge = weakref.ref(metric_batch.FAMILIES["g"]), weakref.ref(model.gauge)
     assert family().kind == Family.GAUGE
     gc.collect()
-    assert family() is not None  # held while the model serves, though only its metric is kept
-    metric_batch.drop_families()
-    assert family() is None and gauge is not None
+    assert family() is not None and gauge() is not None  # held while the model serves
+    metric_batch.release(model)
+    assert family() is None and gauge() is None and not vars(model)

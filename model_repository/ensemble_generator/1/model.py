@@ -16,7 +16,7 @@ from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
 from serving.stub.cancel_watch import watch_request
 from serving.stub.entry import Entry
-from serving.stub.metric_batch import drop_families, family
+from serving.stub.metric_batch import family, release
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
@@ -100,7 +100,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.entry.finalize()
-        drop_families()
+        release(self)
 
 
 def finish(sender, chunk: Chunk) -> None:

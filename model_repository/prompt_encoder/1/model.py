@@ -15,7 +15,7 @@ from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import drop_families, family
+from serving.stub.metric_batch import family, release
 from serving.stub.triton_io import answer_each, get, load_model, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceNotFound, VoiceStore
@@ -90,7 +90,7 @@ class TritonPythonModel:
         return pb.InferenceResponse(tensors(pb, contract.PROMPT_OUTPUTS, values))
 
     def finalize(self):
-        drop_families()
+        release(self)
 
 
 def _voice(r, trusted: bool) -> tuple[Voice, str]:

@@ -24,7 +24,7 @@ from serving.intake.text_streams import STREAMED, TextStreams, release_of, start
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.cancel_watch import watch_request
 from serving.stub.entry import Entry
-from serving.stub.metric_batch import MetricBatch, TTSMetrics, drop_families
+from serving.stub.metric_batch import MetricBatch, TTSMetrics, release
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.vocoder_batch import BLSVocoder
@@ -144,13 +144,13 @@ class TritonPythonModel:
         that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         inputs = tts_inputs(pb, request, parameters, None if stream is None else STREAMED)
-        release = None if stream is None else release_of(pb, request)
+        text_release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
         pacer.paced_by(utterance.schedule, utterance.speed)
         sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
-               else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
+               else self.orchestrator.run_text(utterance, speech.voice, stream.read(), text_release,
                                                stream.place.idle))  # fmt: skip
         async with contextlib.aclosing(run) as pieces:
             async for piece in pieces:
@@ -178,4 +178,4 @@ class TritonPythonModel:
     def finalize(self):
         self.entry.finalize()
         self.metrics.sender.shutdown()  # its updates sent: nothing moves the metrics now
-        drop_families()
+        release(self)

@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb
 from engine.protocol import failure_reason
 from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import Level, drop_families, family
+from serving.stub.metric_batch import Level, family, release
 from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
@@ -121,7 +121,7 @@ class TritonPythonModel:
     def finalize(self):
         self.stopping.set()
         self.engine.join(5)
-        drop_families()
+        release(self)
 
 
 def take(q: queue.SimpleQueue, most: int, size, timeout: float) -> list:
