@@ -1,6 +1,6 @@
 """A request's lifetime and the cleanup it leaves: :func:`watch` runs a request's task until it ends, its
 client leaves, or the server breaks, and then waits for the work the task left behind (:func:`linger`). No
-Triton: the checks are callables (``serving.stub.cancel_watch.watch_request`` binds them to a Triton request), so the
+Triton: the checks are callables (``serving.stub.bls.watch_request`` binds them to a Triton request), so the
 orchestrator, which lingers its streams' cleanup, stays free of ``serving``.
 
 Why a request waits for its cleanup: BLS requests made on its behalf still read its memory until they end

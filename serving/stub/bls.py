@@ -1,18 +1,29 @@
-"""The BLS calls of an async model (``tts``, ``ensemble_generator``) to the other Triton models; the
-orchestrator's interfaces over them are in :mod:`serving.stub.bls_adapters`."""
+"""The BLS calls of an async model (``tts``, ``ensemble_generator``) to the other Triton models (the
+orchestrator's interfaces over them are in :mod:`serving.stub.bls_adapters`), and the watch of a running
+request: whether its client left (``request.is_cancelled()``), asked on one thread per stub for every watched
+request in turn, at most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all (T20), never
+after the final response (T3), and the retired BLS response iterators its questions let go of (T18). Why and
+how: docs/architecture.md, "Cancellation: one carrier". The watch has no Triton: a request is anything with
+``is_cancelled()``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
+from collections import deque
+from collections.abc import Callable, Coroutine
 
-from engine.lifetime import linger
+from engine.lifetime import CANCEL_CHECKS_PER_SECOND, CANCEL_POLL_SECONDS, LINGERING, linger, watch
 from engine.protocol import Unavailable, error_kind
 from serving.flow.side_channel import SideChannel
-from serving.stub.cancel_watch import RETIRED
+from serving.stub.stub_threads import finished
 from serving.stub.triton_io import bls_error
-from serving.supervision.run_folder import DEAD
+from serving.supervision.run_folder import BROKEN, DEAD
 
+log = logging.getLogger("tts")
 DEAD_POLL_SECONDS = 0.2  # a call waiting on a model asks this often whether its stub died
 LOST = "the generator lost this stream: its responses could not be sent; retry"
 
@@ -52,3 +63,148 @@ class BLS:
         if (error := bls_error(self.pb, model, response := task.result())) is not None:
             raise error
         return {n: self.pb.get_output_tensor_by_name(response, n).as_numpy() for n in outputs}
+
+
+async def watch_request(request, run: Coroutine, channel, stop: Callable[[], bool] | None = None):
+    """Run ``run`` as ``request``'s task until it ends, its client leaves (or ``stop()``: a paced request held
+    past its bound) or the server breaks (the launcher's ``broken`` flag, ``channel.flag``) -> (the task, the
+    breaking's reason or None). On None the task's cleanup has ended (its BLS requests outlive it: T4) and the
+    watch thread has let go of the request (T3), so the caller's final response may follow."""
+    lingering: set = set()
+    LINGERING.set(lingering)  # this task's context, and so the request's task's
+    task = asyncio.ensure_future(run)
+    entry, broken = CANCELS.add(request), None
+    left = (lambda: entry.cancelled) if stop is None else (lambda: entry.cancelled or stop())
+    try:
+        broken = await watch(task, left, lambda: channel.flag(BROKEN), lingering)
+    finally:  # the iterators this request's streams left (T18) are let go by the watch's last call
+        await CANCELS.remove(entry, last=broken is None)
+    return task, broken
+
+
+class RetiredIterators:
+    """Decoupled BLS response iterators the code reading them is done with (retired on the event loop), held
+    until Triton's stub has let go of them: until an ``is_cancelled()`` begun after they were retired came back
+    False through the stub's queue, on the thread that asked, with the GIL (docs/triton.md#T18)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.held: list = []  # iterators retired since the last call that went through the stub's queue
+
+    def retire(self, iterator) -> None:
+        """Hold ``iterator`` (read to its end, or never to be read again) until the stub has let it go."""
+        with self.lock:
+            self.held.append(iterator)
+
+    def is_cancelled(self, request) -> bool:
+        """``request.is_cancelled()``; when the stub's queue answered it, the iterators retired before it are
+        let go (here, with the GIL)."""
+        with self.lock:
+            held, self.held = self.held, []
+        try:
+            cancelled = request.is_cancelled()
+        except BaseException:
+            self._keep(held)
+            raise
+        if cancelled:  # maybe the stub's cached answer: nothing went through its queue
+            self._keep(held)
+        return cancelled  # ``held`` is dropped on return: the last references, with the GIL
+
+    def _keep(self, held: list) -> None:
+        with self.lock:
+            self.held[:0] = held
+
+
+class Watched:
+    """A request under watch: ``cancelled`` turns True (from the watch's thread) once its client left."""
+
+    __slots__ = ("cancelled", "removed", "request")
+
+    def __init__(self, request):
+        self.request, self.cancelled, self.removed = request, False, False
+
+
+class CancelWatch:
+    """The thread that asks ``is_cancelled()`` of the watched requests, one after another: each request
+    about every ``max(poll, n / rate)`` seconds for n watched, never faster than ``rate`` calls a second in
+    all. :meth:`add` and :meth:`remove` are called from event loops."""
+
+    def __init__(self, rate: float = CANCEL_CHECKS_PER_SECOND, poll: float = CANCEL_POLL_SECONDS):
+        self.rate, self.poll = rate, poll
+        self.lock = threading.Lock()
+        self.turn: deque[Watched] = deque()  # the requests in the order they are asked (the thread's)
+        self.added: list[Watched] = []  # added since the thread last looked
+        self.removals: list[tuple[Watched, bool, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, request) -> Watched:
+        entry = Watched(request)
+        with self.lock:
+            self.added.append(entry)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="cancel-watch", daemon=True)
+                self.thread.start()
+        return entry
+
+    async def remove(self, entry: Watched, last: bool) -> None:
+        """Stop watching ``entry``; returns once the thread will never touch its request again, having asked
+        it once more if ``last`` and retired iterators wait for such a call (T18). A cancellation meanwhile
+        is raised once that is so: the caller's final response must not overtake the thread's last call."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        with self.lock:
+            self.removals.append((entry, last, loop, done))
+        self.wake.set()
+        await finished(done)
+
+    def _run(self) -> None:
+        next_at = 0.0  # when the next question may be asked (a removal wakes the thread, not the questions)
+        while True:
+            self._take()
+            n, now = len(self.turn), time.monotonic()
+            if not n or now < next_at:
+                self.wake.wait(1.0 if not n else next_at - now)
+                self.wake.clear()
+                continue
+            entry = self.turn.popleft()
+            self._ask(entry)
+            self.turn.append(entry)
+            next_at = now + max(self.poll / n, 1.0 / self.rate)
+
+    def _take(self) -> None:
+        """Take the requests added and removed since the last look (the removed ones let go here)."""
+        with self.lock:
+            added, self.added = self.added, []
+            removals, self.removals = self.removals, []
+        self.turn.extend(added)
+        if not removals:
+            return
+        for entry, _, _, _ in removals:
+            entry.removed = True
+        self.turn = deque(e for e in self.turn if not e.removed)
+        for entry, last, loop, done in removals:
+            if last and RETIRED.held:  # the iterators its streams left (T18): let go of them now
+                self._ask(entry)
+            entry.request = None  # never asked again (T3)
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:  # its loop is closed: nobody waits any more
+                pass
+
+    @staticmethod
+    def _ask(entry: Watched) -> None:
+        try:
+            if RETIRED.is_cancelled(entry.request):
+                entry.cancelled = True
+        except Exception:  # noqa: BLE001 (a failed check is not a cancellation; the next one may work)
+            log.exception("is_cancelled() failed")
+
+
+def _resolve(done: asyncio.Future) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+RETIRED = RetiredIterators()  # the stub's table is one per process, and so is this
+CANCELS = CancelWatch()  # one per stub process, like the stub's queue it asks through

@@ -1,4 +1,4 @@
-"""serving.stub.cancel_watch: ``is_cancelled()`` asked on a thread of its own, never after the request's final
+"""serving.stub.bls: ``is_cancelled()`` asked on a thread of its own, never after the request's final
 response (docs/triton.md#T3), within its rate however many requests run, and the retired iterators let go by
 the last question (docs/triton.md#T18)."""
 
@@ -8,8 +8,8 @@ import threading
 import time
 import weakref
 
-from serving.stub import cancel_watch
-from serving.stub.cancel_watch import CancelWatch, RetiredIterators
+from serving.stub import bls
+from serving.stub.bls import CancelWatch, RetiredIterators
 
 
 class Request:
@@ -99,7 +99,7 @@ def test_the_questions_stay_within_the_rate_at_any_concurrency():
 
 def test_the_last_question_lets_go_of_the_retired_iterators(monkeypatch):
     retired = RetiredIterators()
-    monkeypatch.setattr(cancel_watch, "RETIRED", retired)
+    monkeypatch.setattr(bls, "RETIRED", retired)
 
     class Iterator:
         pass

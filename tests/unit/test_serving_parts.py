@@ -474,7 +474,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_
     import asyncio
 
     from engine.lifetime import linger
-    from serving.stub.cancel_watch import watch_request as watch
+    from serving.stub.bls import watch_request as watch
     from serving.supervision.run_folder import RunFlags
 
     class Request:

@@ -14,7 +14,7 @@ from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.admission import Place
 from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
-from serving.stub.cancel_watch import watch_request
+from serving.stub.bls import watch_request
 from serving.stub.entry import Entry
 from serving.stub.metric_batch import family, release
 from serving.stub.stub_threads import Responses

@@ -21,8 +21,8 @@ from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import parse_request
 from serving.intake.served import ServedModels
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
+from serving.stub.bls import watch_request
 from serving.stub.bls_adapters import BLSPrompts
-from serving.stub.cancel_watch import watch_request
 from serving.stub.entry import Entry
 from serving.stub.metric_batch import MetricBatch, TTSMetrics, release
 from serving.stub.stub_threads import Responses
