@@ -50,13 +50,12 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         # its place, one gate with tts's (serving.flow.admission), in the gauge (increment(), not set(): T19)
         place = Place(self.entry.admission, lambda held, _: self.in_flight.increment(held))
-        if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
-            finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
-            return
-        if not place.take():
-            self.outcome["busy"].increment(1)
-            finish(sender, end_chunk(0, tagged(Unavailable(self.entry.admission.busy_message()))))
-            return
+        refusal = self.entry.channel.refusal()  # the launcher restarts or stops the server
+        if refusal or not place.take():
+            if not refusal:
+                self.outcome["busy"].increment(1)
+            last = end_chunk(0, tagged(Unavailable(refusal or self.entry.admission.busy_message())))
+            return sender.send(pb.InferenceResponse(chunk_tensors(pb, last)), flags=FINAL)
         try:
             last = await self._watch(request, Responses(sender, self.entry.threads.sends))
         finally:
@@ -101,10 +100,6 @@ class TritonPythonModel:
     def finalize(self):
         self.entry.finalize()
         release(self)
-
-
-def finish(sender, chunk: Chunk) -> None:
-    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL)
 
 
 def read_segment(request, stream_id: int) -> Segment:

@@ -34,11 +34,6 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 
 
-def refuse(sender, message: str) -> None:
-    """End a request as ``unavailable``: the server cannot take it now (busy, restarting, shutting down)."""
-    sender.send(error_response(pb, Unavailable(message)), flags=FINAL)
-
-
 class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
@@ -75,7 +70,7 @@ class TritonPythonModel:
             return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         sender = request.get_response_sender()
         if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
-            return refuse(sender, refusal)
+            return sender.send(error_response(pb, Unavailable(refusal)), flags=FINAL)
         try:  # its pacer (a token names a paced request: one running request's at a time)
             pacer = self.paces.start(parameters, time.monotonic())
         except ValueError as e:
@@ -98,8 +93,7 @@ class TritonPythonModel:
             self.families.streams_open(len(self.text_streams.open))
         elif not place.take():
             self.metrics.increment(self.outcome["busy"], 1)
-            refuse(sender, self.entry.admission.busy_message())
-            return
+            return sender.send(error_response(pb, Unavailable(self.entry.admission.busy_message())), flags=FINAL)
         try:
             PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
             responses = Responses(sender, self.entry.threads.sends)  # sent on a thread: the loop serves others

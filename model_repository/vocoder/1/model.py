@@ -48,7 +48,6 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             self.queue.put(r)
-        return None
 
     def _run(self):
         """The engine thread: batches of queued chunks, and the reaper between them (one thread: no lock)."""
