@@ -101,18 +101,14 @@ class RetiredIterators:
         let go (here, with the GIL)."""
         with self.lock:
             held, self.held = self.held, []
+        cancelled = True
         try:
             cancelled = request.is_cancelled()
-        except BaseException:
-            self._keep(held)
-            raise
-        if cancelled:  # maybe the stub's cached answer: nothing went through its queue
-            self._keep(held)
+        finally:
+            if cancelled:  # it raised, or maybe the stub's cached answer: nothing went through its queue
+                with self.lock:
+                    self.held[:0] = held
         return cancelled  # ``held`` is dropped on return: the last references, with the GIL
-
-    def _keep(self, held: list) -> None:
-        with self.lock:
-            self.held[:0] = held
 
 
 class Watched:

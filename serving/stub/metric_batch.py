@@ -1,7 +1,7 @@
-"""Triton metrics in the stubs: every model's metric families, held for its life and dropped in its
+"""Triton metrics in the stubs: every model's metric families, held for its life and released in its
 ``finalize``; metric updates of one event-loop turn sent together (:class:`MetricBatch`), gauges moved by
-``increment`` (:class:`Level`); ``tts``'s and the generator's metrics; the synthetic-math banner. Why: docs/architecture.md,
-"Inside each stub". No Triton here.
+``increment`` (:class:`Level`); ``tts``'s and the generator's metrics; the synthetic-math banner. Why:
+docs/architecture.md, "Inside each stub". No Triton here.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def release(model) -> None:
 
 
 class MetricBatch:
-    """``increment``, ``observe`` (Triton metrics) and ``set`` (a :class:`Level`), sent at the end of the loop's turn (at
-    once when no loop runs). Used from one event loop only. ``threaded``: the round trips themselves go out on
-    a thread of their own, in order, so that the loop never waits for Triton's process (an ``observe`` per
-    request on the loop took a fifth of its busy time with hundreds of streams starting together)."""
+    """``increment``, ``observe`` (Triton metrics) and ``set`` (a :class:`Level`), sent at the end of the event
+    loop's turn (at once when no loop runs), from one event loop. ``threaded``: the round trips go out on a
+    thread of their own, in order (an ``observe`` per request on the loop took a fifth of its busy time with
+    hundreds of streams starting together)."""
 
     def __init__(self, threaded: bool = False):
         self.adds: dict = {}  # metric -> amount not sent yet
@@ -165,8 +165,8 @@ class GeneratorMetrics:
         waited = "waiting for their reader to read the one before"
         self.held = Level(metric("tts_generator_held_responses", f"responses {waited}"))
         self.holds = metric("tts_generator_held_responses_total", f"responses that waited {waited[8:]}", "COUNTER")
-        self.held_seconds = metric("tts_generator_held_seconds_total",
-                                   "time those responses waited, summed (/ their count: the mean wait)", "COUNTER")  # fmt: skip
+        about = "time those responses waited, summed (/ their count: the mean wait)"
+        self.held_seconds = metric("tts_generator_held_seconds_total", about, "COUNTER")
         self.unsent = [0, 0.0]  # holds and their seconds not sent yet
         self.sent_at = time.monotonic()
         self.update()

@@ -29,9 +29,8 @@ class StubThreads:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def warm(self, threads: int, seconds: float = 30.0) -> bool:
-        """Start ``threads`` of ``pool`` now, at load -> whether they all started within ``seconds``. A BLS
-        call holds one for its round trip; started on demand, a burst of new streams starts them on the
-        event loop's thread, each waiting for its thread to run (a tenth of ``tts``'s loop at 512 streams)."""
+        """Start ``threads`` of ``pool`` at load -> whether they all started within ``seconds`` (started on
+        demand, a burst of new streams started them on the event loop: a tenth of ``tts``'s loop at 512)."""
         threads = min(threads, BLS_THREADS)  # more could never all wait at once: the barrier would time out
         barrier = threading.Barrier(threads + 1)
         for _ in range(threads):  # each waits at the barrier: none is idle, so each submit starts a thread

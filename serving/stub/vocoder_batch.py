@@ -86,19 +86,14 @@ class BLSVocoder:
         chunks = [c for c, _ in group]
         results: list = [RuntimeError("the vocoder request was cut short")] * len(chunks)
         try:
-            values = request_values(chunks)
-            inputs = [self.bls.pb.Tensor(name, value) for name, value in values.items()]
+            inputs = [self.bls.pb.Tensor(name, value) for name, value in request_values(chunks).items()]
             results = split(await self.bls.call("vocoder", inputs, OUTPUTS, decoupled=True), chunks)
         except Exception as e:  # the request failed: so did every chunk in it
             results = [e] * len(chunks)
         finally:  # every caller gets an answer, whatever happened
             for (_, answered), result in zip(group, results, strict=True):
-                if answered.done():  # its caller was cancelled
-                    continue
-                if isinstance(result, Exception):
-                    answered.set_exception(result)
-                else:
-                    answered.set_result(result)
+                if not answered.done():  # (else its caller was cancelled)
+                    (answered.set_exception if isinstance(result, Exception) else answered.set_result)(result)
 
 
 def split(out: dict[str, np.ndarray], chunks: list[Chunk]) -> list[np.ndarray | Exception]:
@@ -106,11 +101,6 @@ def split(out: dict[str, np.ndarray], chunks: list[Chunk]) -> list[np.ndarray | 
     audio, samples = out["AUDIO"], out["SAMPLES"].reshape(-1)  # (rows, longest), (rows,)
     if len(audio) != len(chunks) or len(samples) != len(chunks):
         raise RuntimeError(f"vocoder: {len(chunks)} chunks sent, {len(audio)} answered")
-    results: list[np.ndarray | Exception] = []
-    for row, chunk in enumerate(chunks):
-        reason = contract.text_of(out["FINISH_REASON"][row])
-        if reason.startswith(KINDS) and reason != chunk.finish_reason:
-            results.append(StreamFailed(reason))
-        else:
-            results.append(audio[row, : int(samples[row])])
-    return results
+    reasons = [contract.text_of(reason) for reason in out["FINISH_REASON"]]
+    failed = [r.startswith(KINDS) and r != c.finish_reason for c, r in zip(chunks, reasons, strict=True)]
+    return [StreamFailed(r) if f else audio[i, : int(samples[i])] for i, (r, f) in enumerate(zip(reasons, failed))]
