@@ -63,21 +63,17 @@ def load_model(options, parts: tuple[str, ...]):
 def get(pb, request, name: str, required: bool = True):
     """Input tensor as numpy (None when an optional input is absent)."""
     t = pb.get_input_tensor_by_name(request, name)
-    if t is None:
-        if required:
-            raise ValueError(f"missing input {name}")
-        return None
-    return t.as_numpy()
+    if t is None and required:
+        raise ValueError(f"missing input {name}")
+    return None if t is None else t.as_numpy()
 
 
 def scalar(pb, request, name: str, default):
     """First element of an input as a Python number; ``default`` when the input is absent."""
     arr = get(pb, request, name, required=False)
-    if arr is None:
-        return default
-    if arr.size == 0:
+    if arr is not None and arr.size == 0:
         raise ValueError(f"{name} is empty")
-    return arr.reshape(-1)[0].item()
+    return default if arr is None else arr.reshape(-1)[0].item()
 
 
 def string(pb, request, name: str, default: str | None = None) -> str | None:

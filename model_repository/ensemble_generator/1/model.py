@@ -69,13 +69,11 @@ class TritonPythonModel:
         stream_id = self.entry.keys.new_stream_id()
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
         task, broken = await watch_request(request, self._relay(request, responses, stream_id), self.entry.channel)
-        if broken:
-            with contextlib.suppress(BaseException):
-                await task
-            last = end_chunk(stream_id, tagged(Unavailable(broken)))
-            await responses.final(pb.InferenceResponse(chunk_tensors(pb, last)), FINAL)
-            return last
         try:
+            if broken:  # the server is about to be replaced
+                with contextlib.suppress(BaseException):
+                    await task
+                raise StreamFailed(tagged(Unavailable(broken)))
             last = task.result()
         except asyncio.CancelledError:
             await responses.final(flags=FINAL)
