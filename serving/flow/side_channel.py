@@ -51,15 +51,12 @@ class SideChannel:
     def mark(self, kind: str, stream_id: int) -> None:
         _touch(self._path(kind, stream_id))
 
-    def unmark(self, kind: str, stream_id: int) -> None:
-        """The mark is obsolete (the stream ended without seeing it; a paused stream may step again)."""
-        self._marks[kind].discard(stream_id)
-        _remove(self._path(kind, stream_id))
-
     def take(self, kind: str, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
         self._marks[kind].discard(stream_id)
         return _remove(self._path(kind, stream_id))
+
+    unmark = take  # the mark is obsolete (the stream ended without seeing it; a paused stream may step again)
 
     def poll(self) -> dict[str, set[int]]:
         """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed."""

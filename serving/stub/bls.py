@@ -10,6 +10,7 @@ how: docs/architecture.md, "Cancellation: one carrier". The watch has no Triton:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -114,10 +115,10 @@ class RetiredIterators:
 class Watched:
     """A request under watch: ``cancelled`` turns True (from the watch's thread) once its client left."""
 
-    __slots__ = ("cancelled", "removed", "request")
+    __slots__ = ("cancelled", "request")
 
     def __init__(self, request):
-        self.request, self.cancelled, self.removed = request, False, False
+        self.request, self.cancelled = request, False
 
 
 class CancelWatch:
@@ -176,17 +177,14 @@ class CancelWatch:
         self.turn.extend(added)
         if not removals:
             return
-        for entry, _, _, _ in removals:
-            entry.removed = True
-        self.turn = deque(e for e in self.turn if not e.removed)
+        removed = {id(entry) for entry, *_ in removals}
+        self.turn = deque(e for e in self.turn if id(e) not in removed)
         for entry, last, loop, done in removals:
             if last and RETIRED.held:  # the iterators its streams left (T18): let go of them now
                 self._ask(entry)
             entry.request = None  # never asked again (T3)
-            try:
-                loop.call_soon_threadsafe(_resolve, done)
-            except RuntimeError:  # its loop is closed: nobody waits any more
-                pass
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(lambda done=done: done.done() or done.set_result(None))
 
     @staticmethod
     def _ask(entry: Watched) -> None:
@@ -195,11 +193,6 @@ class CancelWatch:
                 entry.cancelled = True
         except Exception:  # noqa: BLE001 (a failed check is not a cancellation; the next one may work)
             log.exception("is_cancelled() failed")
-
-
-def _resolve(done: asyncio.Future) -> None:
-    if not done.done():
-        done.set_result(None)
 
 
 RETIRED = RetiredIterators()  # the stub's table is one per process, and so is this

@@ -158,7 +158,7 @@ def test_a_cancelled_remover_still_waits_for_the_thread():
         while not request.calls:  # the thread is inside a slow question now
             await asyncio.sleep(0.005)
         remover = asyncio.ensure_future(watch.remove(entry, last=False))
-        while not (watch.removals or entry.removed):  # the removal is filed: the remover waits for the thread
+        while not (watch.removals or entry.request is None):  # the removal is filed: the remover waits for the thread
             await asyncio.sleep(0)
         assert request.inside  # still inside its 0.2 s question: the cancel comes while the remover waits
         remover.cancel()
