@@ -20,7 +20,6 @@ from serving import contract
 from serving.flow.admission import Admission
 from serving.flow.pacing import PACING
 from serving.flow.receipts import Receipts
-from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice
 from serving.stub.bls import BLS, first_response
 from serving.stub.chunk_pipe import PARAMETER as PIPE
@@ -62,12 +61,11 @@ class BLSGenerator:
     """Generator streams, their chunks on this process's pipe (serving.stub.chunk_pipe); closing one before
     its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: Admission,
-                 receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
+    def __init__(self, bls: BLS, model: str, slots: Admission, receipts: Receipts | None, pipe_ids: Callable[[], int]):
         """``model``: the generator's secret name; ``slots``: one taken before a stream is sent; ``receipts``:
         this sender's read receipts (one entry per pipe); ``pipe_ids``: new ids for this process's pipes."""
-        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
-        self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
+        self.bls, self.channel, self.model, self.slots = bls, bls.channel, model, slots
+        self.pipe = PipeReader(bls, bls.channel, model, receipts, pipe_ids)
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
         """The segment's chunks. A read-ahead segment takes only a free slot no start waits for (else

@@ -30,8 +30,8 @@ class Entry:
         self.admission = Admission(self.channel.dir, model, opts.capacity, opts.slots, start_rate)
         self.admission.clear()  # one instance per model: slots a dead server held are nobody's
         receipts = Receipts(self.channel.dir, model)  # its pipes' (docs/triton.md#T23)
-        self.generator = BLSGenerator(self.bls, self.channel, self.keys.generator_model, self.admission, receipts,
-                                      self.keys.new_stream_id)  # fmt: skip
+        keys = self.keys
+        self.generator = BLSGenerator(self.bls, keys.generator_model, self.admission, receipts, keys.new_stream_id)
 
     def finalize(self) -> None:
         self.generator.pipe.close()  # the generator ends this process's pipe

@@ -41,9 +41,8 @@ class TritonPythonModel:
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
-        self.paces = PaceTable(
-            opts.pace_hold_seconds, partial(e.channel.mark, "pause"), partial(e.channel.unmark, "pause")
-        )  # by token
+        pause = partial(e.channel.mark, "pause"), partial(e.channel.unmark, "pause")
+        self.paces = PaceTable(opts.pace_hold_seconds, *pause)  # by token
         vocoder = BLSVocoder(e.bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(e.bls), e.generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), e.keys.new_stream_id,
