@@ -1,37 +1,13 @@
-"""The run's side channel: one private folder of small files (tmpfs where available) through which the
-stubs of one server tell each other about streams, where Triton has no way to (docs/triton.md#T6, #T13).
-A restart of the server clears it with the run folder. :class:`SideChannel` is its one API:
-
-=============================  ===========================================  ======================================
-file                           written by                                   read by
-=============================  ===========================================  ======================================
-``cancel-<id>``                tts, ensemble_generator, vocoder             generator (:meth:`~SideChannel.poll`,
-                               (``mark("cancel", id)``)                     once per step), removed by it when
-                                                                            acted on, else by the marker
-``lost-<id>``                  generator (``mark("lost", id)``)             tts, for all its pipes' streams
-``live/<id>``,                 generator (:meth:`LiveStreams.sync`)         vocoder (:meth:`LiveStreams.state`),
-``live/ended-<id>``                                                         which removes ``ended-`` (``claim``)
-``admission``                  tts, ensemble_generator (places, generator   every admitter, prompt_encoder, the
-                               slots, their waiters), the generator (its    launcher (leaks: serving.supervision.vitals)
-                               slot cap): serving.flow.admission
-``receipts-<sender>``          tts, ensemble_generator                      generator, before it sends a pipe's
-                               (serving.flow.receipts: responses read,      next response (docs/triton.md#T23)
-                               held streams)                                and as it steps
-``<run folder>/broken``,       the launcher                                 tts, ensemble_generator
-``draining``, ``dead.<model>`` (serving.supervision.run_folder.RunFlags)    (:meth:`~SideChannel.flag`)
-=============================  ===========================================  ======================================
-
-Ends: :class:`SideChannel` is their one carrier (docs/architecture.md, "Cancellation: one carrier"): marks
-``<kind>-<id>`` read in one listing for all kinds, swept once a minute old, and the launcher's flags, each read
-at most once per interval for all the requests of a process. The live board (:class:`LiveStreams`):
-docs/architecture.md, "The live board".
-
-One file rather than three modules: the folder, its sweep and its file helpers are one subject, and
-every stub that uses one part opens the same folder.
+"""The run's side channel: one private folder of small files through which the stubs of one server tell each
+other about streams, where Triton has no way to (docs/triton.md#T6, #T13). :class:`SideChannel` is its one API:
+stream marks ``<kind>-<id>`` read in one listing for all kinds and swept once a minute old, and the launcher's
+flags, each read at most once per interval for all the requests of a process; :class:`LiveStreams` is the live
+board. Who writes and reads each file: docs/architecture.md, "Cancellation: one carrier" and "The live board".
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -54,9 +30,8 @@ def default_dir() -> Path:
 
 
 class SideChannel:
-    """The ends of streams and of the server, as one process sees them: stream marks in the run's side-channel
-    folder (``directory`` None: :func:`default_dir`) and the launcher's flags in its run folder (``run_dir``
-    empty: none are ever raised). Stream ids are ints only: an id never names another path."""
+    """Stream marks in the side-channel folder (``directory`` None: :func:`default_dir`) and the launcher's
+    flags in its run folder (``run_dir`` empty: none are ever raised). Ids are ints: never another path."""
 
     def __init__(self, directory: str | Path | None = None, run_dir: str | Path = ""):
         self.dir = Path(directory) if directory else default_dir()
@@ -74,23 +49,17 @@ class SideChannel:
 
     # ---- marks: cancel (tts, ensemble_generator, vocoder -> the generator); lost (the generator -> tts) ----
     def mark(self, kind: str, stream_id: int) -> None:
-        """``cancel``: the stream's caller left, the generator ends it at its next step; ``lost``: the
-        generator gave it up (its responses could not be sent)."""
         _touch(self._path(kind, stream_id))
-
-    def unmark(self, kind: str, stream_id: int) -> None:
-        """The mark is obsolete (the stream ended without seeing it)."""
-        self._marks[kind].discard(stream_id)
-        _remove(self._path(kind, stream_id))
 
     def take(self, kind: str, stream_id: int) -> bool:
         """Whether the stream is marked; the mark is removed (the caller acts on it now)."""
         self._marks[kind].discard(stream_id)
         return _remove(self._path(kind, stream_id))
 
+    unmark = take  # the mark is obsolete (the stream ended without seeing it)
+
     def poll(self) -> dict[str, set[int]]:
-        """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed (the
-        generator asks once per step for all its streams, tts once per look at all its pipes' streams)."""
+        """The marked ids of every kind: a ``stat`` of the folder, and a listing only when it changed."""
         mtime = os.stat(self.dir).st_mtime_ns
         if mtime != self._listed_mtime or self._listed_at - mtime < _TIMESTAMP_SLACK_NS:
             marks: dict[str, set[int]] = {kind: set() for kind in KINDS}
@@ -105,8 +74,7 @@ class SideChannel:
     # ---- flags: the launcher -> the stubs (serving.supervision.run_folder.RunFlags raises them) ----
     def flag(self, name: str, within: float = CANCEL_POLL_SECONDS) -> str | None:
         """The launcher's flag ``name`` (``broken``, ``draining``, ``dead.<model>``): its message, or None when
-        it is down. Read from its file at most once per ``within`` seconds for all who ask (0: now): every
-        running request polls ``broken``, and 256 of them polling one open() each made 5,000 a second."""
+        it is down; read from its file at most once per ``within`` seconds for all who ask (0: now)."""
         now = time.monotonic()
         read_at, message = self._flags.get(name, (-math.inf, None))
         if now - read_at >= within:
@@ -140,12 +108,10 @@ class SideChannel:
             kind, _, number = entry.name.partition("-")
             if kind not in KINDS or not number.isdigit():
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if entry.stat().st_mtime < cutoff:
                     os.unlink(entry.path)
                     removed += 1
-            except FileNotFoundError:
-                pass
         return removed
 
 
@@ -188,12 +154,10 @@ class LiveStreams:
         live = set(live)
         if live != self.known:
             for stream_id in live - self.known:
-                os.close(os.open(self._path(int(stream_id)), os.O_CREAT | os.O_WRONLY, 0o600))
+                _touch(self._path(int(stream_id)))
             for stream_id in self.known - live:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.replace(self._path(stream_id), self._path(f"{ENDED}{stream_id}"))
-                except FileNotFoundError:
-                    pass
                 self.ended[stream_id] = now
             self.known = live
         while self.ended:  # insertion order is end order: only the expired are visited

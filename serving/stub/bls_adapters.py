@@ -20,12 +20,10 @@ from serving import contract
 from serving.flow.admission import Admission
 from serving.flow.pacing import PACING
 from serving.flow.receipts import Receipts
-from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice
-from serving.stub.bls import BLS
+from serving.stub.bls import BLS, first_response
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.pipe_reader import NO_PROMPT, Inbox, PipeReader
-from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, outputs, read_chunk, tensors
 
 log = logging.getLogger("tts")
@@ -33,10 +31,9 @@ LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chu
 
 
 class BLSPrompts:
-    """The prompt encoder over BLS. The default voice (no reference, no voice id, no reference text) is the
-    checkpoint's silent prompt, the same for every request of the server's life: it is asked for once and
-    kept (one BLS round trip per request fewer); every other voice is asked for each time (a voice id's
-    prompt may change as the voice is registered again). A failed call is not kept."""
+    """The prompt encoder over BLS. The default voice (no reference, voice id or reference text) is the same
+    for the server's life: asked for once and kept (a failed call is not); every other voice each time (a
+    voice id's prompt changes as the voice is registered again)."""
 
     def __init__(self, bls: BLS):
         self.bls = bls
@@ -64,24 +61,16 @@ class BLSGenerator:
     """Generator streams, their chunks on this process's pipe (serving.stub.chunk_pipe); closing one before
     its last chunk marks it cancelled and waits for its end."""
 
-    def __init__(self, bls: BLS, channel: SideChannel, model: str, slots: Admission,
-                 receipts: Receipts | None, pipe_ids: Callable[[], int]):  # fmt: skip
-        """``model``: the generator's name in Triton (a secret of the run: serving.security.auth.Keys.generator_model);
-        ``slots``: the generator's slots, one taken before a stream is sent (serving.flow.admission);
-        ``receipts``: this sender's read receipts, one entry per pipe it reads (serving.flow.receipts);
-        ``pipe_ids``: new ids for this process's pipe (serving.stub.pipe_reader)."""
-        self.bls, self.channel, self.model, self.slots = bls, channel, model, slots
-        self.pipe = PipeReader(bls, channel, model, receipts, pipe_ids)
-
-    def close(self) -> None:
-        """At the model's unload: the generator ends this process's pipe."""
-        self.pipe.close()
+    def __init__(self, bls: BLS, model: str, slots: Admission, receipts: Receipts | None, pipe_ids: Callable[[], int]):
+        """``model``: the generator's secret name; ``slots``: one taken before a stream is sent; ``receipts``:
+        this sender's read receipts (one entry per pipe); ``pipe_ids``: new ids for this process's pipes."""
+        self.bls, self.channel, self.model, self.slots = bls, bls.channel, model, slots
+        self.pipe = PipeReader(bls, bls.channel, model, receipts, pipe_ids)
 
     async def stream(self, segment: Segment) -> AsyncIterator[Chunk]:
-        """The segment's chunks. A read-ahead segment (``segment.ahead``) takes a slot only if one is free and
-        no start waits for one (else :class:`~engine.orchestrator.Yielded`). A paced request's
-        (serving.flow.pacing.PACING, set by tts) pacer knows the stream from its start to its end: it pauses it
-        while the request's client is far behind."""
+        """The segment's chunks. A read-ahead segment takes only a free slot no start waits for (else
+        :class:`~engine.orchestrator.Yielded`). A paced request's pacer (PACING, set by tts) knows the stream
+        from its start to its end."""
         if not segment.ahead:
             await self.slots.take_slot()
         elif not self.slots.take_ahead():  # a read-ahead segment never waits, nor takes a waiting start's slot
@@ -141,15 +130,10 @@ class BLSGenerator:
                 await asyncio.shield(linger(self._cancel(stream_id, inbox)))
 
     async def _own_end(self, request, inbox: Inbox) -> None:
-        """Send a stream's request and put its one final response in ``inbox``: None (the generator
-        admitted it: its chunks come on the pipe), a chunk (refused before it started, or cancelled while
-        waiting for a slot) or the error. ``request`` is held until then: Triton reads its inputs (T4)."""
+        """Send a stream's request and put its one final response in ``inbox``: None (admitted: its chunks come
+        on the pipe), a chunk (it never started) or the error. ``request`` is held until then (T4)."""
         try:
-            responses = await request.async_exec(decoupled=True)
-            try:  # it came with the iterator: reading it does not block (docs/triton.md#T26)
-                response = next(responses, None)
-            finally:
-                RETIRED.retire(responses)  # held until the stub has let go of it: docs/triton.md#T18
+            response = await first_response(request)
             if response is None or not (response.has_error() or response.output_tensors()):
                 item = None
             else:

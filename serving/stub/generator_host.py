@@ -23,8 +23,8 @@ from serving.flow.admission import Admission
 from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
-from serving.stub.generator_metrics import GeneratorMetrics
 from serving.stub.generator_pipes import PipeOpening, Pipes
+from serving.stub.metric_batch import GeneratorMetrics
 from serving.stub.triton_io import load_model
 from serving.supervision.run_folder import start_heartbeat
 

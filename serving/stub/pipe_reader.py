@@ -22,9 +22,8 @@ from serving import contract
 from serving.flow.receipts import PARAMETER as RECEIPT
 from serving.flow.receipts import Receipts
 from serving.flow.side_channel import SideChannel
-from serving.stub.bls import BLS, LOST
+from serving.stub.bls import BLS, LOST, RETIRED
 from serving.stub.chunk_pipe import OPEN, PARAMETER, unpack
-from serving.stub.retired_iterators import RETIRED
 from serving.stub.triton_io import bls_error, outputs, tensors
 
 log = logging.getLogger("tts")

@@ -19,21 +19,18 @@ SETTLE_SECONDS = 0.05
 
 
 class StubThreads:
-    """An async model's two thread pools: ``pool`` for every blocking BLS wait (``async_exec`` uses the
-    event loop's default executor: docs/triton.md#T5; a generator pipe is read on a thread of its own),
-    ``sends`` for its response sends (:class:`Responses`)."""
+    """``pool`` for every blocking BLS wait (the event loop's default executor: docs/triton.md#T5), ``sends``
+    for response sends (:class:`Responses`)."""
 
     def __init__(self, name: str):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=BLS_THREADS, thread_name_prefix=f"{name}-bls")
-        # response sends (:class:`Responses`): apart, so that BLS calls waiting on the pool's threads never
-        # hold them up; each takes a round trip, so a few overlap
+        # apart, so that BLS calls waiting on the pool's threads never hold them up; a few sends overlap
         self.sends = concurrent.futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix=f"{name}-send")
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def warm(self, threads: int, seconds: float = 30.0) -> bool:
-        """Start ``threads`` of ``pool`` now, at load -> whether they all started within ``seconds``. A BLS
-        call holds one for its round trip; started on demand, a burst of new streams starts them on the
-        event loop's thread, each waiting for its thread to run (a tenth of ``tts``'s loop at 512 streams)."""
+        """Start ``threads`` of ``pool`` at load -> whether they all started within ``seconds`` (started on
+        demand, a burst of new streams started them on the event loop: a tenth of ``tts``'s loop at 512)."""
         threads = min(threads, BLS_THREADS)  # more could never all wait at once: the barrier would time out
         barrier = threading.Barrier(threads + 1)
         for _ in range(threads):  # each waits at the barrier: none is idle, so each submit starts a thread
@@ -61,18 +58,13 @@ class StubThreads:
 
 
 class Responses:
-    """A request's response sender whose sends run on a pool thread: the round trip to Triton's process
-    (docs/triton.md#T20) no longer holds up the event loop, and the sends of different requests overlap.
+    """A request's response sender whose sends (a round trip each: docs/triton.md#T20) run on ``pool``, one
+    at a time and in order, each going out even if its caller is cancelled. ``send`` returns while at most
+    :data:`SENDS_AHEAD` are queued or under way (the caller makes its next chunk meanwhile); :meth:`final`
+    goes after all of them. A send that failed is raised by the next ``send``."""
 
-    ``send`` queues a response behind the request's earlier ones and returns at once while fewer than
-    ``ahead`` are queued or under way (else it waits for the oldest to end): the caller makes the next
-    chunk (its vocoder round trip) while this one is sent, instead of one after the other. One request's
-    sends go out one at a time, in order, each started once the one before has ended, and a send queued
-    goes out even if its caller is cancelled meanwhile; :meth:`final` goes out after all of them, so a
-    final response can never overtake a chunk. A send that failed is raised by the next ``send``."""
-
-    def __init__(self, sender, pool, ahead: int = SENDS_AHEAD):
-        self.sender, self.pool, self.ahead = sender, pool, ahead
+    def __init__(self, sender, pool):
+        self.sender, self.pool = sender, pool
         self.sending: asyncio.Future | None = None  # the send under way
         self.queued: collections.deque = collections.deque()  # (response, flags) not started yet
         self.failed: BaseException | None = None
@@ -86,7 +78,7 @@ class Responses:
             raise self.failed
         self.queued.append((response, flags))
         self._next()
-        while self.pending() > self.ahead:
+        while self.pending() > SENDS_AHEAD:
             await asyncio.wait({self.sending})
         if self.failed is not None:
             raise self.failed

@@ -1,7 +1,5 @@
-"""Helpers shared by the ``model.py`` adapters (they run inside Triton's Python stub).
-
-``pb`` is ``triton_python_backend_utils``, passed in because it only exists inside the stub.
-"""
+"""Helpers shared by the ``model.py`` adapters. ``pb`` is ``triton_python_backend_utils``, passed in because
+it only exists inside the stub."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ def checkpoint_path(checkpoint: str) -> str:
 
 
 def load_model(options, parts: tuple[str, ...]):
-    """The model's parts of FireRedTTS3 for ``options`` (any of serving.config.model_options with ``checkpoint``
-    and ``device``)."""
+    """The model's ``parts`` of FireRedTTS3 (``options``: serving.config.model_options, with ``checkpoint``)."""
     import torch
 
     from engine.fireredtts3 import FireRedTTS3
@@ -66,21 +63,17 @@ def load_model(options, parts: tuple[str, ...]):
 def get(pb, request, name: str, required: bool = True):
     """Input tensor as numpy (None when an optional input is absent)."""
     t = pb.get_input_tensor_by_name(request, name)
-    if t is None:
-        if required:
-            raise ValueError(f"missing input {name}")
-        return None
-    return t.as_numpy()
+    if t is None and required:
+        raise ValueError(f"missing input {name}")
+    return None if t is None else t.as_numpy()
 
 
 def scalar(pb, request, name: str, default):
     """First element of an input as a Python number; ``default`` when the input is absent."""
     arr = get(pb, request, name, required=False)
-    if arr is None:
-        return default
-    if arr.size == 0:
+    if arr is not None and arr.size == 0:
         raise ValueError(f"{name} is empty")
-    return arr.reshape(-1)[0].item()
+    return default if arr is None else arr.reshape(-1)[0].item()
 
 
 def string(pb, request, name: str, default: str | None = None) -> str | None:
@@ -109,15 +102,28 @@ def scrub(message: str) -> str:
 
 
 def error_response(pb, error: BaseException | str):
-    """An error response whose message carries its kind (``invalid: ``, ``unavailable: ``, ``error: ``, ...;
-    see :func:`engine.protocol.tagged`): clients and the gateway read the kind from the message,
-    since status codes do not survive Triton (docs/triton.md#T1).
-    The status code follows the kind for the clients that see it (gRPC unary calls)."""
+    """An error response whose message carries its kind (:func:`engine.protocol.tagged`: status codes do not
+    survive Triton, docs/triton.md#T1); its status code follows the kind (gRPC unary calls see it)."""
     message = scrub(tagged(error) if isinstance(error, BaseException) else error)
     kind = error_kind(message)[0]
     code = {INVALID: pb.TritonError.INVALID_ARG, UNAVAILABLE: pb.TritonError.UNAVAILABLE,
             NOT_FOUND: pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
     return pb.InferenceResponse(error=pb.TritonError(message, code))
+
+
+def answer_each(pb, requests, answer, log: logging.Logger) -> list:
+    """A plain ``execute``: ``answer(request)`` -> its response, for each request; what it raises -> its error
+    response (ValueError and Unavailable keep their tags; anything else is logged)."""
+    out = []
+    for r in requests:
+        try:
+            out.append(answer(r))
+        except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
+            out.append(error_response(pb, e))
+        except Exception as e:
+            log.exception("%s request failed", log.name)
+            out.append(error_response(pb, RuntimeError(f"{log.name}: {e}")))
+    return out
 
 
 def bls_error(pb, model: str, response) -> Exception | None:
@@ -159,8 +165,8 @@ def outputs(pb, response):
 
 
 def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
-    """``value`` as (rows, 64) latents, a view; ValueError naming ``name`` for values that are not whole
-    rows or more than ``most`` rows (checked before anything is copied: no caller's size is trusted)."""
+    """``value`` as (rows, 64) latents, a view; ValueError naming ``name`` unless whole rows, at most ``most``
+    (checked before anything is copied: no caller's size is trusted)."""
     if value.size % contract.LATENT_DIM:
         raise ValueError(f"{name} must have {contract.LATENT_DIM} values per row, got shape {value.shape}")
     if value.size // contract.LATENT_DIM > most:
@@ -169,9 +175,8 @@ def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
 
 
 def read_chunk(tensor):
-    """The generator's outputs or the vocoder's inputs -> Chunk; ``tensor(name)`` gives each as numpy.
-    ValueError naming the tensor for anything a generator never sends (a missing tensor, the wrong number
-    of values, more latents than the contract's bounds), checked before anything is copied or decoded."""
+    """The generator's outputs or the vocoder's inputs (``tensor(name)``: numpy) -> Chunk; ValueError naming
+    the tensor for anything a generator never sends, checked before anything is copied or decoded."""
 
     def arr(name, size: int | None = None, rows: int | None = None):
         value = tensor(name)

@@ -1,6 +1,5 @@
 """Vocoder requests that carry a batch of chunks: tts's side (:class:`BLSVocoder`) and the vocoder's
-(:func:`rows`, :func:`answer`). Why and how: docs/architecture.md, "Vocoder batching". No torch.
-"""
+(:func:`rows`, :func:`answer`); docs/architecture.md, "Vocoder batching". No torch."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ OUTPUTS = [s.name for s in contract.VOCODER_OUTPUTS]
 
 
 def request_values(chunks: list[Chunk]) -> dict[str, np.ndarray]:
-    """The vocoder's inputs for ``chunks`` (equal latents and prompt latents lengths), one row each: the
-    arrays ``Spec.array`` makes per chunk, stacked, built a column at a time (a chunk's own arrays, six
-    per chunk, cost ~40 us of tts's event loop)."""
+    """The vocoder's inputs for ``chunks`` (equal latents and prompt latents lengths), one row each, built a
+    column at a time (``Spec.array`` per chunk cost ~40 us of tts's event loop)."""
     n = len(chunks)
     columns = {"STREAM_ID": [c.stream_id for c in chunks], "LATENTS": [c.latents for c in chunks],
                "PROMPT_LATENTS": [c.prompt_latents for c in chunks], "LAST": [c.last for c in chunks],
@@ -30,8 +28,8 @@ def request_values(chunks: list[Chunk]) -> dict[str, np.ndarray]:
 
 
 def rows(tensor: Callable[[str], np.ndarray | None]) -> list[Callable[[str], np.ndarray | None]]:
-    """A vocoder request's inputs (``tensor(name)``, batch first) -> one ``tensor``-like accessor per row,
-    as :func:`serving.stub.triton_io.read_chunk` takes it. ValueError when the inputs disagree on the batch."""
+    """A vocoder request's inputs (``tensor(name)``, batch first) -> one accessor per row, as
+    :func:`serving.stub.triton_io.read_chunk` takes it; ValueError when the inputs disagree on the batch."""
     batch = tensor("STREAM_ID")
     if batch is None or batch.size <= 1:  # one chunk, however its sender shaped it (HTTP generate flattens)
         return [tensor]
@@ -56,10 +54,8 @@ def answer(results: list[tuple[np.ndarray | None, str]]) -> dict[str, np.ndarray
 
 
 class BLSVocoder:
-    """The orchestrator's vocoder (:class:`engine.orchestrator.Vocoder`) over BLS: the ``decode`` calls made
-    in one turn of the event loop go out at the end of it, one request per shape of at most ``most`` chunks.
-    A pipe response wakes all its streams in one turn (serving.stub.pipe_reader), so a step's chunks go
-    together with no timer."""
+    """The orchestrator's vocoder over BLS: the ``decode`` calls of one turn of the event loop go out at its
+    end, one request per shape of at most ``most`` chunks."""
 
     def __init__(self, bls, most: int):
         if most < 1:
@@ -90,19 +86,14 @@ class BLSVocoder:
         chunks = [c for c, _ in group]
         results: list = [RuntimeError("the vocoder request was cut short")] * len(chunks)
         try:
-            values = request_values(chunks)
-            inputs = [self.bls.pb.Tensor(name, value) for name, value in values.items()]
+            inputs = [self.bls.pb.Tensor(name, value) for name, value in request_values(chunks).items()]
             results = split(await self.bls.call("vocoder", inputs, OUTPUTS, decoupled=True), chunks)
         except Exception as e:  # the request failed: so did every chunk in it
             results = [e] * len(chunks)
         finally:  # every caller gets an answer, whatever happened
             for (_, answered), result in zip(group, results, strict=True):
-                if answered.done():  # its caller was cancelled
-                    continue
-                if isinstance(result, Exception):
-                    answered.set_exception(result)
-                else:
-                    answered.set_result(result)
+                if not answered.done():  # (else its caller was cancelled)
+                    (answered.set_exception if isinstance(result, Exception) else answered.set_result)(result)
 
 
 def split(out: dict[str, np.ndarray], chunks: list[Chunk]) -> list[np.ndarray | Exception]:
@@ -110,11 +101,6 @@ def split(out: dict[str, np.ndarray], chunks: list[Chunk]) -> list[np.ndarray | 
     audio, samples = out["AUDIO"], out["SAMPLES"].reshape(-1)  # (rows, longest), (rows,)
     if len(audio) != len(chunks) or len(samples) != len(chunks):
         raise RuntimeError(f"vocoder: {len(chunks)} chunks sent, {len(audio)} answered")
-    results: list[np.ndarray | Exception] = []
-    for row, chunk in enumerate(chunks):
-        reason = contract.text_of(out["FINISH_REASON"][row])
-        if reason.startswith(KINDS) and reason != chunk.finish_reason:
-            results.append(StreamFailed(reason))
-        else:
-            results.append(audio[row, : int(samples[row])])
-    return results
+    reasons = [contract.text_of(reason) for reason in out["FINISH_REASON"]]
+    failed = [r.startswith(KINDS) and r != c.finish_reason for c, r in zip(chunks, reasons, strict=True)]
+    return [StreamFailed(r) if f else audio[i, : int(samples[i])] for i, (r, f) in enumerate(zip(reasons, failed))]

@@ -17,7 +17,7 @@ STALL_SECONDS = 30.0
 PAUSE_SECONDS = 2.0  # a gap between two polls longer than this is a pause (polls are ~0.5-1 s apart)
 PENDING, EXECUTED = "nv_inference_pending_request_count", "nv_inference_exec_count"
 # The generator's own progress: its streams are one request each, stepped by its engine thread, so its
-# execution count moves only when a stream arrives; its steps count here (serving.stub.generator_metrics).
+# execution count moves only when a stream arrives; its steps count here (serving.stub.metric_batch.GeneratorMetrics).
 STEPPED = "tts_generator_stream_steps_total"
 PROGRESS = (PENDING, EXECUTED, STEPPED)  # what the supervisor reads at every poll (Observation.metrics)
 # A drain waits for their sum: 0. An open text-in stream holds no place while it has nothing to say

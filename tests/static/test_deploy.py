@@ -313,11 +313,21 @@ def test_autoscaler_scales_the_deployment_on_a_declared_metric():
 
 
 def declared_metrics() -> dict[str, str]:
-    """Metric families the Python models declare: name -> COUNTER / GAUGE / HISTOGRAM."""
-    pattern = re.compile(r'MetricFamily\(\s*"(\w+)"\s*,\s*"[^"]*"\s*,\s*\w+\.MetricFamily\.(\w+)')
+    """Metric families the Python models declare: name -> COUNTER / GAUGE / HISTOGRAM. Every declaration goes
+    through ``serving.stub.metric_batch.family(pb, name, about, kind)``, written out, through the generator's
+    ``metric(name, about[, kind])`` (a gauge unless named), or as a ``(name, about)`` row of gauges made by
+    ``family(pb, *g, "GAUGE")``."""
+    about = r'(?:(?:"[^"]*"\s*)+|\w+\s*)'  # a description: string literals (maybe adjacent over lines), or a name
+    written = re.compile(rf'family\(\s*pb\s*,\s*"(\w+)"\s*,\s*{about},\s*"(\w+)"')
+    helper = re.compile(rf'\bmetric\(\s*"(\w+)"\s*,\s*{about}(?:,\s*"(COUNTER|GAUGE|HISTOGRAM)")?')
+    row = re.compile(rf'\(\s*"(tts_\w+)"\s*,\s*{about}\)')
     found = {}
     for path in sorted([*(ROOT / "model_repository").glob("*/1/model.py"), *(ROOT / "serving").rglob("*.py")]):
-        found.update(pattern.findall(path.read_text()))
+        text = path.read_text()
+        found.update(written.findall(text))
+        found.update((name, kind or "GAUGE") for name, kind in helper.findall(text))
+        if 'family(pb, *g, "GAUGE")' in text:
+            found.update((name, "GAUGE") for name in row.findall(text))
     assert "tts_first_chunk_seconds" in found, "no MetricFamily declarations found in model_repository"
     return found
 

@@ -1,5 +1,5 @@
 """serving.stub.stub_threads.Responses: a request's sends run on a thread, one at a time and in order; ``send``
-returns while at most ``ahead`` are queued or under way, so the caller makes its next chunk meanwhile; a
+returns while at most ``SENDS_AHEAD`` are queued or under way, so the caller makes its next chunk meanwhile; a
 send queued goes out even when its caller is cancelled, and the final response after all of them."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_send_returns_while_few_are_queued_and_a_failed_send_is_raised_by_the_ne
     sender, pool = Gated(), concurrent.futures.ThreadPoolExecutor(4)
 
     async def run():
-        responses = Responses(sender, pool, ahead=2)
+        responses = Responses(sender, pool)  # SENDS_AHEAD: 2
         await responses.send("chunk 0")  # under way (held at its gate)
         await responses.send("chunk 1")  # queued behind it: still returns at once
         third = asyncio.ensure_future(responses.send("chunk 2"))

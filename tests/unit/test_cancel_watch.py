@@ -1,4 +1,4 @@
-"""serving.stub.cancel_watch: ``is_cancelled()`` asked on a thread of its own, never after the request's final
+"""serving.stub.bls: ``is_cancelled()`` asked on a thread of its own, never after the request's final
 response (docs/triton.md#T3), within its rate however many requests run, and the retired iterators let go by
 the last question (docs/triton.md#T18)."""
 
@@ -8,9 +8,8 @@ import threading
 import time
 import weakref
 
-from serving.stub import cancel_watch
-from serving.stub.cancel_watch import CancelWatch
-from serving.stub.retired_iterators import RetiredIterators
+from serving.stub import bls
+from serving.stub.bls import CancelWatch, RetiredIterators
 
 
 class Request:
@@ -100,7 +99,7 @@ def test_the_questions_stay_within_the_rate_at_any_concurrency():
 
 def test_the_last_question_lets_go_of_the_retired_iterators(monkeypatch):
     retired = RetiredIterators()
-    monkeypatch.setattr(cancel_watch, "RETIRED", retired)
+    monkeypatch.setattr(bls, "RETIRED", retired)
 
     class Iterator:
         pass
@@ -159,7 +158,7 @@ def test_a_cancelled_remover_still_waits_for_the_thread():
         while not request.calls:  # the thread is inside a slow question now
             await asyncio.sleep(0.005)
         remover = asyncio.ensure_future(watch.remove(entry, last=False))
-        while not (watch.removals or entry.removed):  # the removal is filed: the remover waits for the thread
+        while not (watch.removals or entry.request is None):  # the removal is filed: the remover waits for the thread
             await asyncio.sleep(0)
         assert request.inside  # still inside its 0.2 s question: the cancel comes while the remover waits
         remover.cancel()

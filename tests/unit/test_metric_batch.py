@@ -25,27 +25,28 @@ class Metric:
 
 def test_one_turns_updates_go_out_once_per_metric_with_the_same_values():
     ok, audio, gauge = Metric(), Metric(), Metric()
+    level = Level(gauge)  # a gauge moves by increment (docs/triton.md#T19), only on a change
 
     async def turn():
         batch = MetricBatch()
         for _ in range(64):  # 64 requests ending in one turn of the loop
             batch.increment(ok, 1)
             batch.increment(audio, 0.5)
-            batch.set(gauge, 3)
-        batch.set(gauge, 2)
+            batch.set(level, 3)
+        batch.set(level, 2)
         assert (ok.calls, audio.calls, gauge.calls) == (0, 0, 0)  # not before the turn ends
         await asyncio.sleep(0)
         assert (ok.value, audio.value, gauge.value) == (64, 32.0, 2)
         assert (ok.calls, audio.calls, gauge.calls) == (1, 1, 1)
-        batch.set(gauge, 2)  # the value it has: not sent again
+        batch.set(level, 2)  # the value it has: not sent again
         batch.increment(ok, 0)
         await asyncio.sleep(0)
         assert (ok.calls, gauge.calls) == (1, 1)
-        batch.set(gauge, 0)
+        batch.set(level, 0)
         await asyncio.sleep(0)
         assert (gauge.value, gauge.calls) == (0, 2)
-        batch.set(gauge, 5)
-        batch.set(gauge, 0)  # back to the value Triton has within the turn: nothing to send
+        batch.set(level, 5)
+        batch.set(level, 0)  # back to the value Triton has within the turn: nothing to send
         await asyncio.sleep(0)
         assert (gauge.value, gauge.calls) == (0, 2)
 
@@ -144,3 +145,39 @@ def test_a_level_moves_its_gauge_by_the_difference_and_only_on_a_change():
     for value in (4, 6, 6, 1, 0):
         level.set(value)
     assert (gauge.value, gauge.calls) == (0, 4)  # 4, +2, -5, -1: never set()
+
+
+def test_a_models_metrics_and_families_are_held_until_its_finalize_releases_them(monkeypatch):
+    """Triton keeps a metric only while its family's object lives; one still alive at the stub's end segfaults
+    the stub on Triton 2.51 (a family in its destructor: python_backend PR #429; a metric in a reference cycle
+    in the interpreter's last collection). ``release`` (the end of every model's ``finalize``) lets go of all."""
+    import gc
+    import weakref
+
+    from serving.stub import metric_batch
+
+    class Family:
+        COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+
+        def __init__(self, name, description, kind):
+            self.kind = kind
+
+        def Metric(self, **_):  # noqa: N802 (Triton's name); a metric does not hold its family, as in Triton
+            return Metric()
+
+    class PB:
+        MetricFamily = Family
+
+    class Model:
+        pass
+
+    monkeypatch.setattr(metric_batch, "FAMILIES", {})
+    model = Model()
+    model.gauge = Level(metric_batch.family(PB, "g", "a gauge", "GAUGE").Metric())
+    model.cycle = model  # held in a reference cycle, as the generator's host holds its metrics
+    family, gauge = weakref.ref(metric_batch.FAMILIES["g"]), weakref.ref(model.gauge)
+    assert family().kind == Family.GAUGE
+    gc.collect()
+    assert family() is not None and gauge() is not None  # held while the model serves
+    metric_batch.release(model)
+    assert family() is None and gauge() is None and not vars(model)

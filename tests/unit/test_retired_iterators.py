@@ -1,4 +1,4 @@
-"""serving.stub.retired_iterators: a retired BLS response iterator is let go of only after an ``is_cancelled()``
+"""serving.stub.bls.RetiredIterators: a retired BLS response iterator is let go of only after an ``is_cancelled()``
 that went through the stub's queue (returned False) began after it was retired (docs/triton.md#T18)."""
 
 import asyncio
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from serving.stub.retired_iterators import RetiredIterators
+from serving.stub.bls import RetiredIterators
 
 
 class Iterator:  # stands in for the stub's ResponseIterator: all that matters is who holds it
@@ -63,10 +63,10 @@ def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
     """A request's streams retire their iterators as they end, after its last ``is_cancelled()`` poll: once
     the request is over (``watch`` returned None), ``watch_request`` asks once more, so that they are let go of
     now, on the watch's thread, not at some later request's poll (docs/triton.md#T18)."""
-    from serving.stub import bls, cancel_watch
+    from serving.stub import bls
 
     retired = RetiredIterators()
-    monkeypatch.setattr(cancel_watch, "RETIRED", retired)
+    monkeypatch.setattr(bls, "RETIRED", retired)
 
     class Flags:  # the launcher's flags (serving.flow.side_channel.SideChannel.flag): none raised
         def flag(self, name):
@@ -78,7 +78,8 @@ def test_watch_request_lets_go_at_the_end_of_a_request(monkeypatch):
         async def stream():  # ends before any poll, retiring its iterator on its way out, as a BLS stream does
             refs.append(retired_one(retired))
 
-        answer = await bls.watch_request(asyncio.ensure_future(stream()), request, Flags(), set())
+        task, answer = await bls.watch_request(request, stream(), Flags())
+        assert task.done()
         return answer, refs[0], 2 - len(request.answers)
 
     answer, ref, asked = asyncio.run(scenario())

@@ -102,7 +102,7 @@ def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
 
     async def main():
         LINGERING.set(set())
-        bls = BLS(pb, timeout=60.0, channel=flags)
+        bls = BLS(pb, 60.0, {}, flags)
         call = asyncio.create_task(bls.call("prompt_encoder", [], ["X"]))
         for _ in range(1000):  # the call looked at the flag three times, found the model alive and went on
             if flags.asked.get("prompt_encoder", 0) >= 3 or call.done():

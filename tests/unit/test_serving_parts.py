@@ -452,6 +452,7 @@ def test_kv_cache_and_attention_options_reach_the_generator():
 def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_path):
     import asyncio
 
+    from engine.lifetime import linger
     from serving.stub.bls import watch_request as watch
     from serving.supervision.run_folder import RunFlags
 
@@ -462,7 +463,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_
             return self.cancelled
 
     async def run(leave: bool, broken: str | None):
-        request, lingering = Request(), set()
+        request, lingering = Request(), []
         launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
         launcher.clear()
         cleanup = asyncio.Event()
@@ -471,19 +472,17 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_
             try:
                 await asyncio.sleep(10)
             finally:  # a cleanup that outlives the cancelled task, as the orchestrator's does
-                done = asyncio.ensure_future(asyncio.wait_for(cleanup.wait(), 1))
-                lingering.add(done)  # as engine.lifetime.linger tracks it: gone from the set once over
-                done.add_done_callback(lingering.discard)
+                lingering.append(linger(asyncio.wait_for(cleanup.wait(), 1)))
 
-        task = asyncio.ensure_future(stream())
         asyncio.get_running_loop().call_later(0.1, lambda: (setattr(request, "cancelled", leave),
                                                             broken and launcher.set_broken(broken)))  # fmt: skip
         asyncio.get_running_loop().call_later(0.3, cleanup.set)
-        answer = await watch(task, request, flags, lingering)
+        task, answer = await watch(request, stream(), flags)
         asked_to_stop = task.cancelled() or task.cancelling() > 0  # a broken server: returned without waiting
+        awaited = bool(lingering) and all(t.done() for t in lingering)  # the cleanup, linger()ed by the task
         cleanup.set()
         await asyncio.gather(task, *lingering, return_exceptions=True)
-        return answer, asked_to_stop, not lingering
+        return answer, asked_to_stop, awaited
 
     assert asyncio.run(run(True, None)) == (None, True, True)  # cancelled, and its cleanup awaited
     answer, cancelled, _ = asyncio.run(run(False, "unavailable: restarting"))

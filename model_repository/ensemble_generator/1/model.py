@@ -1,14 +1,6 @@
-"""ensemble_generator: tts_ensemble's generation step, between prompt_encoder and the vocoder.
-
-It takes the generator's inputs, passes the admission gate that tts also answers to (serving.flow.admission),
-runs one generator stream over BLS with the internal key and a random 63-bit correlation id, and sends
-the generator's sealed chunks on as its own responses; the ensemble feeds each to the vocoder. So no
-client ever addresses the generator's sequence batcher (ensemble clients need no sequence id), a busy
-or restarting server answers every entry point alike, and a stream whose client goes is ended: a
-direct caller's cancellation is seen here, an ensemble client's by the vocoder (serving.security.vocoder_guard).
-Every request ends with one final response, a normal one even on failure (an error response from a
-decoupled step leaves an ensemble request hanging), whose FINISH_REASON carries the tagged reason.
-"""
+"""ensemble_generator: tts_ensemble's generation step (docs/architecture.md, "Other entry points"). One
+generator stream per request, admitted as tts's are, its sealed chunks sent on as its own responses; one
+final response, a normal one even on failure, its FINISH_REASON the tagged reason (docs/triton.md#T12)."""
 
 import asyncio
 import contextlib
@@ -22,7 +14,9 @@ from serving.config.model_options import EnsembleGeneratorOptions
 from serving.flow.admission import Place
 from serving.intake.requests import check_language, check_text
 from serving.security.auth import parameter_dict
+from serving.stub.bls import watch_request
 from serving.stub.entry import Entry
+from serving.stub.metric_batch import family, release
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import (
     SPOKEN_TEXT_CHARS,
@@ -43,14 +37,11 @@ TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args), "ensemble")
-        self.families = [
-            pb.MetricFamily("tts_ensemble_requests_total", "tts_ensemble streams by outcome", pb.MetricFamily.COUNTER),
-            pb.MetricFamily("tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
-                            pb.MetricFamily.GAUGE),
-        ]  # fmt: skip
-        self.outcome = {k: self.families[0].Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight = self.families[1].Metric()
+        self.entry = Entry(pb, "ensemble_generator", EnsembleGeneratorOptions.read(args))
+        outcomes = family(pb, "tts_ensemble_requests_total", "tts_ensemble streams by outcome", "COUNTER")
+        self.outcome = {k: outcomes.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
+        self.in_flight = family(pb, "tts_ensemble_requests_in_flight", "tts_ensemble streams generating or waiting",
+                                "GAUGE").Metric()  # fmt: skip
 
     async def execute(self, requests):
         await self.entry.threads.serve(requests, self._serve)  # on the stub's threads (serving.stub.stub_threads)
@@ -59,15 +50,14 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         # its place, one gate with tts's (serving.flow.admission), in the gauge (increment(), not set(): T19)
         place = Place(self.entry.admission, lambda held, _: self.in_flight.increment(held))
-        if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
-            finish(sender, end_chunk(0, tagged(Unavailable(refusal))))
-            return
-        if not place.take():
-            self.outcome["busy"].increment(1)
-            finish(sender, end_chunk(0, tagged(Unavailable(self.entry.admission.busy_message()))))
-            return
+        refusal = self.entry.channel.refusal()  # the launcher restarts or stops the server
+        if refusal or not place.take():
+            if not refusal:
+                self.outcome["busy"].increment(1)
+            last = end_chunk(0, tagged(Unavailable(refusal or self.entry.admission.busy_message())))
+            return sender.send(pb.InferenceResponse(chunk_tensors(pb, last)), flags=FINAL)
         try:
-            last = await self._watch(request, self.entry.responses(sender))
+            last = await self._watch(request, Responses(sender, self.entry.threads.sends))
         finally:
             place.give()
         outcome = "cancelled" if last is None or last.finish_reason == "cancelled" else "error" if last.failed else "ok"
@@ -78,14 +68,12 @@ class TritonPythonModel:
         (after the last is_cancelled(): docs/triton.md#T3)."""
         stream_id = self.entry.keys.new_stream_id()
         # a direct caller that leaves is seen here; an ensemble's client never is (the vocoder sees it)
-        task, broken = await self.entry.watch(request, self._relay(request, responses, stream_id))
-        if broken:
-            with contextlib.suppress(BaseException):
-                await task
-            last = end_chunk(stream_id, tagged(Unavailable(broken)))
-            await responses.final(pb.InferenceResponse(chunk_tensors(pb, last)), FINAL)
-            return last
+        task, broken = await watch_request(request, self._relay(request, responses, stream_id), self.entry.channel)
         try:
+            if broken:  # the server is about to be replaced
+                with contextlib.suppress(BaseException):
+                    await task
+                raise StreamFailed(tagged(Unavailable(broken)))
             last = task.result()
         except asyncio.CancelledError:
             await responses.final(flags=FINAL)
@@ -109,10 +97,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.entry.finalize()
-
-
-def finish(sender, chunk: Chunk) -> None:
-    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL)
+        release(self)
 
 
 def read_segment(request, stream_id: int) -> Segment:

@@ -16,6 +16,7 @@ from serving.stub.chunk_pipe import OPEN, pack
 from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.generator_host import Arrival, GeneratorHost
 from serving.stub.generator_pipes import PipeOpening
+from serving.stub.metric_batch import release
 from serving.stub.triton_io import chunk_tensors, error_response, setup_logging
 
 log = setup_logging("generator")
@@ -52,6 +53,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.host.close()
+        release(self)
 
 
 def send(sender, chunk: Chunk) -> None:

@@ -1,9 +1,6 @@
-"""prompt_encoder: reference audio + transcript (or a named voice) -> voice prompt.
-
-Prompts are kept in the persistent voice store: a reference clip seen before is not re-encoded, also
-after a restart, and named voices are registered here (REGISTER_NAME) and looked up by VOICE_ID.
-For tts_ensemble it also runs the text front end on TEXT (SPOKEN_TEXT, SPOKEN_LANGUAGE).
-"""
+"""prompt_encoder: reference audio + transcript (or a named voice) -> voice prompt, kept in the persistent
+voice store (a clip seen before is not encoded again, also after a restart; named voices are registered here,
+REGISTER_NAME, and looked up by VOICE_ID). For tts_ensemble it also runs the text front end on TEXT."""
 
 import os
 from dataclasses import replace
@@ -18,7 +15,8 @@ from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
 from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.triton_io import error_response, get, load_model, scalar, setup_logging, string, tensors
+from serving.stub.metric_batch import family, release
+from serving.stub.triton_io import answer_each, get, load_model, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceNotFound, VoiceStore
 
@@ -42,17 +40,12 @@ class TritonPythonModel:
         # is taken by ensemble_generator, the step that generates)
         self.admission = Admission(SideChannel(opts.cancel_dir or None).dir, None, opts.capacity)
         frontend.warm_up()  # wetext's grammars, before tts_ensemble's first request
-        self.families = [
-            pb.MetricFamily("tts_prompt_encodes_total", "reference clips encoded", pb.MetricFamily.COUNTER),
-            pb.MetricFamily(
-                "tts_prompt_cache_hits_total", "voice prompts served from the store", pb.MetricFamily.COUNTER
-            ),
-        ]
-        self.encodes, self.hits = (f.Metric() for f in self.families)
+        self.encodes = family(pb, "tts_prompt_encodes_total", "reference clips encoded", "COUNTER").Metric()
+        self.hits = family(pb, "tts_prompt_cache_hits_total", "voice prompts served from the store", "COUNTER").Metric()
         log.info("voice store at %s (checkpoint %s)", self.store.root, self.model.identity)
 
     def _prompt(self, r, trusted: bool):
-        voice, register = (_sent if trusted else _checked)(r)
+        voice, register = _voice(r, trusted)
         if voice.voice_id:
             try:
                 return self.store.get(voice.voice_id)
@@ -76,50 +69,40 @@ class TritonPythonModel:
         return prepared.segments[0], prepared.language
 
     def execute(self, requests):
-        out = []
-        for r in requests:
-            enc0, hit0 = self.store.encodes, self.store.hits
-            try:
-                trusted = self.keys.split(r.parameters())[1]
-                self.keys.admit(trusted, "prompt_encoder")
-                if not trusted and self.admission.full():
-                    raise Unavailable(self.admission.busy_message())
-                spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
-                prompt = self._prompt(r, trusted)
-                values = {"PROMPT_LATENTS": prompt.latents.numpy(), "SPEAKER": prompt.speaker.numpy(),
-                          "PROMPT_TEXT": prompt.text, "SPOKEN_TEXT": spoken, "SPOKEN_LANGUAGE": language}  # fmt: skip
-                out.append(pb.InferenceResponse(tensors(pb, contract.PROMPT_OUTPUTS, values)))
-            except (ValueError, Unavailable) as e:
-                out.append(error_response(pb, e))
-            except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault
-                out.append(error_response(pb, ValueError(str(e))))
-            except Exception as e:
-                log.exception("prompt encoding failed")
-                out.append(error_response(pb, RuntimeError(f"prompt encoding failed: {e}")))
-            self.encodes.increment(self.store.encodes - enc0)
-            self.hits.increment(self.store.hits - hit0)
+        encodes, hits = self.store.encodes, self.store.hits
+        out = answer_each(pb, requests, self._answer, log)
+        self.encodes.increment(self.store.encodes - encodes)
+        self.hits.increment(self.store.hits - hits)
         return out
 
+    def _answer(self, r):
+        trusted = self.keys.split(r.parameters())[1]
+        self.keys.admit(trusted, "prompt_encoder")
+        if not trusted and self.admission.full():
+            raise Unavailable(self.admission.busy_message())
+        spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
+        try:
+            prompt = self._prompt(r, trusted)
+        except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault
+            raise ValueError(str(e)) from None
+        values = {"PROMPT_LATENTS": prompt.latents.numpy(), "SPEAKER": prompt.speaker.numpy(),
+                  "PROMPT_TEXT": prompt.text, "SPOKEN_TEXT": spoken, "SPOKEN_LANGUAGE": language}  # fmt: skip
+        return pb.InferenceResponse(tensors(pb, contract.PROMPT_OUTPUTS, values))
 
-def _read(r) -> tuple[Voice, str]:
-    """The voice inputs and REGISTER_NAME as sent (REF_AUDIO as it came, [1, n] or (n,))."""
+    def finalize(self):
+        release(self)
+
+
+def _voice(r, trusted: bool) -> tuple[Voice, str]:
+    """The voice and REGISTER_NAME. With the internal key (tts or voices, which checked the voice where it
+    entered: serving.intake.requests.parse_request, voices' add) as sent; key-less (tts_ensemble's first step,
+    or anyone while the ensemble is served), every check."""
     audio = get(pb, r, "REF_AUDIO", required=False)
     rate = 0 if audio is None else scalar(pb, r, "REF_SAMPLE_RATE", 0)
     voice = Voice(audio, rate, string(pb, r, "REF_TEXT", ""), string(pb, r, "VOICE_ID", ""))
-    return voice, string(pb, r, "REGISTER_NAME", "")
-
-
-def _sent(r) -> tuple[Voice, str]:
-    """A request with the internal key: tts or voices, which checked the voice where it entered
-    (serving.intake.requests.parse_request; voices' add), so it is taken as they sent it."""
-    voice, register = _read(r)
-    audio = None if voice.ref_audio is None else voice.ref_audio.reshape(-1)
-    return replace(voice, ref_audio=audio), register
-
-
-def _checked(r) -> tuple[Voice, str]:
-    """A key-less request (tts_ensemble's first step, or anyone while the ensemble is served): every check."""
-    voice, register = _read(r)
+    register = string(pb, r, "REGISTER_NAME", "")
+    if trusted:  # REF_AUDIO as it came, [1, n] or (n,)
+        return replace(voice, ref_audio=None if audio is None else audio.reshape(-1)), register
     if register:
         raise Refused("voices are registered through the voices model")
     text = check_text(voice.ref_text, "REF_TEXT", required=False)

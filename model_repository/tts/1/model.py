@@ -1,8 +1,6 @@
-"""tts: the decoupled front door. Parses a request, runs the orchestrator (engine.orchestrator) over BLS
-calls to prompt_encoder, generator and vocoder (serving.stub.bls), and streams AUDIO chunks to the client;
-every request ends with exactly one final response. A request with a sequence id is a piece of a text-in stream
-(serving.intake.text_streams): START opens it and carries its audio, later pieces are answered at once; so
-are pace requests, before anything else (serving.flow.pacing: a request with a pace token is paced)."""
+"""tts: the decoupled front door (docs/architecture.md, "One request, hop by hop"): the orchestrator over BLS,
+AUDIO chunks streamed, exactly one final response. A text-in stream's later pieces and pace requests are
+answered at once (serving.intake.text_streams, serving.flow.pacing)."""
 
 import asyncio
 import contextlib
@@ -21,9 +19,10 @@ from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import ServedModels, parse_request
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
+from serving.stub.bls import watch_request
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.entry import Entry
-from serving.stub.metric_batch import MetricBatch, TTSMetrics
+from serving.stub.metric_batch import MetricBatch, TTSMetrics, release
 from serving.stub.stub_threads import Responses
 from serving.stub.triton_io import checkpoint_path, error_response, setup_logging, tensors
 from serving.stub.vocoder_batch import BLSVocoder
@@ -33,15 +32,10 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 
 
-def refuse(sender, message: str) -> None:
-    """End a request as ``unavailable``: the server cannot take it now (busy, restarting, shutting down)."""
-    sender.send(error_response(pb, Unavailable(message)), flags=FINAL)
-
-
 class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
-        self.entry = e = Entry(pb, "tts", opts, "tts", opts.start_rate)  # admission, BLS, pipe, threads, flags
+        self.entry = e = Entry(pb, "tts", opts, opts.start_rate)  # admission, BLS, pipe, threads, flags
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
@@ -72,7 +66,7 @@ class TritonPythonModel:
             return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
         sender = request.get_response_sender()
         if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
-            return refuse(sender, refusal)
+            return sender.send(error_response(pb, Unavailable(refusal)), flags=FINAL)
         try:  # its pacer (a token names a paced request: one running request's at a time)
             pacer = self.paces.start(parameters, time.monotonic())
         except ValueError as e:
@@ -95,11 +89,10 @@ class TritonPythonModel:
             self.families.streams_open(len(self.text_streams.open))
         elif not place.take():
             self.metrics.increment(self.outcome["busy"], 1)
-            refuse(sender, self.entry.admission.busy_message())
-            return
+            return sender.send(error_response(pb, Unavailable(self.entry.admission.busy_message())), flags=FINAL)
         try:
             PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
-            responses = self.entry.responses(sender)
+            responses = Responses(sender, self.entry.threads.sends)  # sent on a thread: the loop serves others
             run = self._stream(request, parameters, responses, stream, place, pacer)
             await self._serve_admitted(request, run, responses, pacer)
         finally:
@@ -113,7 +106,7 @@ class TritonPythonModel:
 
     async def _serve_admitted(self, request, run, responses: Responses, pacer: Pacer):
         # the orchestrator cleans up a cancelled one (its client left, or took no audio for the hold bound)
-        task, broken = await self.entry.watch(request, run, pacer.held)
+        task, broken = await watch_request(request, run, self.entry.channel, pacer.held)
         if broken:  # the server is about to be replaced
             self.metrics.increment(self.outcome["error"], 1)
             return await responses.final(error_response(pb, Unavailable(broken)), FINAL)
@@ -141,13 +134,13 @@ class TritonPythonModel:
         that piece and the samples in all."""
         t0, waiting = time.perf_counter(), True
         inputs = tts_inputs(pb, request, parameters, None if stream is None else STREAMED)
-        release = None if stream is None else release_of(pb, request)
+        text_release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
         pacer.paced_by(utterance.schedule, utterance.speed)
         sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
-               else self.orchestrator.run_text(utterance, speech.voice, stream.read(), release,
+               else self.orchestrator.run_text(utterance, speech.voice, stream.read(), text_release,
                                                stream.place.idle))  # fmt: skip
         async with contextlib.aclosing(run) as pieces:
             async for piece in pieces:
@@ -174,3 +167,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.entry.finalize()
+        self.metrics.sender.shutdown()  # its updates sent: nothing moves the metrics now
+        release(self)

@@ -1,9 +1,6 @@
-"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID.
-
-One instance; decoupled, with an engine thread (the vllm_backend pattern), not Triton's dynamic batcher
-(docs/triton.md#T13). ``execute`` queues each request; the engine thread takes what has queued and decodes
-it in one batched forward. Docs: docs/architecture.md, "Vocoder batching" and "Sealing".
-"""
+"""vocoder: latent chunks -> PCM chunks with per-stream RedAE decoder state, keyed by STREAM_ID; decoupled,
+``execute`` queues, an engine thread decodes what queued in one forward (docs/triton.md#T13;
+docs/architecture.md, "Vocoder batching", "Sealing")."""
 
 import queue
 import threading
@@ -14,7 +11,7 @@ import triton_python_backend_utils as pb
 from engine.protocol import failure_reason
 from serving.config.model_options import VocoderOptions
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import Level
+from serving.stub.metric_batch import Level, family, release
 from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
@@ -40,10 +37,8 @@ class TritonPythonModel:
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         self.guard = VocoderGuard(self.keys, SideChannel(opts.cancel_dir or None), opts.max_streams)
         self.batch = opts.batch
-        self.family = pb.MetricFamily(
-            "tts_vocoder_active_streams", "vocoder streams holding decoder state", pb.MetricFamily.GAUGE
-        )
-        self.gauge = Level(self.family.Metric())  # moved by increment, never Metric.set (docs/triton.md#T19)
+        active = family(pb, "tts_vocoder_active_streams", "vocoder streams holding decoder state", "GAUGE")
+        self.gauge = Level(active.Metric())  # moved by increment, never Metric.set (docs/triton.md#T19)
         self.refusals = Throttled(log)  # anyone can send chunks that are refused
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = threading.Event()
@@ -53,7 +48,6 @@ class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
             self.queue.put(r)
-        return None
 
     def _run(self):
         """The engine thread: batches of queued chunks, and the reaper between them (one thread: no lock)."""
@@ -126,6 +120,7 @@ class TritonPythonModel:
     def finalize(self):
         self.stopping.set()
         self.engine.join(5)
+        release(self)
 
 
 def take(q: queue.SimpleQueue, most: int, size, timeout: float) -> list:

@@ -5,12 +5,12 @@ import json
 
 import triton_python_backend_utils as pb
 
-from engine.protocol import NOT_FOUND, Unavailable
+from engine.protocol import NOT_FOUND
 from serving import contract
 from serving.config.model_options import VoicesOptions
 from serving.intake.requests import check_name, check_ref_audio, check_text
 from serving.security.auth import Keys, Refused
-from serving.stub.triton_io import bls_error, error_response, get, scalar, setup_logging, string, tensors
+from serving.stub.triton_io import answer_each, bls_error, get, scalar, setup_logging, string, tensors
 from serving.supervision.run_folder import start_heartbeat
 from serving.voices.voice_store import VoiceStore
 
@@ -41,31 +41,23 @@ class TritonPythonModel:
         return {"name": name, "text": text, "seconds": round(audio.size / sr, 3)}
 
     def execute(self, requests):
-        out = []
-        for r in requests:
-            try:
-                action = string(pb, r, "ACTION", "")
-                if action == "list":
-                    result = [v.__dict__ for v in self.store.list()]
-                elif action in ("add", "remove", "check"):
-                    refusal = self.keys.admin_refusal(r.parameters(), "add" if action == "check" else action)
-                    if refusal:
-                        raise Refused(refusal)
-                    if action == "check":  # the admin key, before a caller does costly work (a voice design)
-                        result = {"admin": True}
-                    elif action == "add":
-                        result = self._add(r, check_name(string(pb, r, "NAME", "")))
-                    elif self.store.remove(name := check_name(string(pb, r, "NAME", ""))):
-                        result = {"name": name, "removed": True}
-                    else:
-                        raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
-                else:
-                    raise ValueError(f"ACTION must be add, list, remove or check, got {action!r}")
-                result = tensors(pb, contract.VOICES_OUTPUTS, {"RESULT": json.dumps(result)}, batch=False)
-                out.append(pb.InferenceResponse(result))
-            except (ValueError, Unavailable) as e:  # Refused and NOT_FOUND keep their own tags
-                out.append(error_response(pb, e))
-            except Exception as e:
-                log.exception("voices request failed")
-                out.append(error_response(pb, RuntimeError(f"voices: {e}")))
-        return out
+        return answer_each(pb, requests, self._answer, log)
+
+    def _answer(self, r):
+        action = string(pb, r, "ACTION", "")
+        if action == "list":
+            result = [v.__dict__ for v in self.store.list()]
+        elif action in ("add", "remove", "check"):
+            if refusal := self.keys.admin_refusal(r.parameters(), "add" if action == "check" else action):
+                raise Refused(refusal)
+            if action == "check":  # the admin key, before a caller does costly work (a voice design)
+                result = {"admin": True}
+            elif action == "add":
+                result = self._add(r, check_name(string(pb, r, "NAME", "")))
+            elif self.store.remove(name := check_name(string(pb, r, "NAME", ""))):
+                result = {"name": name, "removed": True}
+            else:
+                raise ValueError(f"{NOT_FOUND}voice {name!r} is not registered")
+        else:
+            raise ValueError(f"ACTION must be add, list, remove or check, got {action!r}")
+        return pb.InferenceResponse(tensors(pb, contract.VOICES_OUTPUTS, {"RESULT": json.dumps(result)}, batch=False))
