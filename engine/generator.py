@@ -50,6 +50,8 @@ class Generator:
         if self.batch_invariant:
             for core in self.cores.values():
                 install(core)
+            if self.cache.attention == "flashinfer":  # its kernels split a row's keys by the batch's work
+                self.cache.fall_back("batch_invariant")
 
     @property
     def cores(self) -> dict[str, FireRedTTS3Core]:

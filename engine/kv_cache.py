@@ -209,8 +209,8 @@ class PagedCache:
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.
 
         The pages for those keys must be in the page table already (:meth:`assign`); builds the step's
-        page metadata once for all layers. ``rowwise``: each row attends over its own keys alone, on
-        SDPA (batch-invariant: :mod:`engine.invariant`).
+        page metadata once for all layers. ``rowwise``: each row attends over its own keys alone
+        (batch-invariant: :mod:`engine.invariant`; the generator leaves FlashInfer then).
         """
         for s, p in zip(slots, starts):
             if not 0 <= s < self.slots:
@@ -222,7 +222,7 @@ class PagedCache:
                     f"slot {s}: positions up to {p + length} need {pages_for(p + length, self.page_size)} pages; "
                     f"its row of the page table has {self.held[s]} (the step's plan assigns them)"
                 )
-        if self._flashinfer is not None and not rowwise:
+        if self._flashinfer is not None:
             try:
                 return self._flashinfer.batch(self, slots, starts, length)
             except Exception as e:
