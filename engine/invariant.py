@@ -6,10 +6,10 @@ shape), but at a fixed row count a row's result does not depend on its place or 
 inside :func:`batch_invariant` the ``nn.Linear`` layers of a module passed to :func:`install` (all of the
 engine's products are ``nn.Linear``) multiply in tiles of :data:`TILE` rows, the last zero-padded, as one
 batched product (``bmm`` of the tiles: on this CPU a tile's bits do not depend on the number of tiles, and
-it is twice as fast as a product per tile for small layers).
-Attention over the paged cache is made invariant by :class:`engine.kv_cache.RowAttention` (each row over
-its own keys); the vocoder decodes each stream alone. docs/serving.md "What a seed guarantees" has the
-measurements and the cost.
+it is twice as fast as a product per tile for small layers). The generator's step and the vocoder's
+decode run inside it; the backbone's attention over the paged cache takes each row over exactly its own
+keys (:class:`engine.kv_cache.RowAttention`). docs/serving.md "What a seed guarantees" has what was
+measured and what it costs.
 """
 
 from __future__ import annotations
