@@ -132,7 +132,8 @@ class Generator:
     def _backbone(self, core: FireRedTTS3Core, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
         """``core``'s backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""
         x = x.to(self.backbone_dtype)
-        rows = {"rowwise": True} if self.batch_invariant else {}  # each row over its own keys, on SDPA
+        # batch-invariant: each decode row over its own keys (a prefill, T > 1, always runs alone)
+        rows = {"rowwise": True} if self.batch_invariant and x.shape[1] == 1 else {}
         view = self.cache.batch(slots, starts, x.shape[1], **rows)
         try:
             h = core.backbone(x, positions=view.positions, cache=view, mask=view.mask())
@@ -162,9 +163,10 @@ class Generator:
             self.cache.assign(pages)
         hidden: dict[int, torch.Tensor] = {}  # index -> (1, hidden) newest backbone state
         old = [i for i, s in enumerate(streams) if s.prefilled]
-        for i, s in enumerate(streams):
-            if not s.prefilled:
-                hidden[i] = self._prefill(s) if s.instruct is None else self._prefill_instruct(s)
+        with batch_invariant(False):  # a prefill always runs alone: the plain products are its same bits
+            for i, s in enumerate(streams):
+                if not s.prefilled:
+                    hidden[i] = self._prefill(s) if s.instruct is None else self._prefill_instruct(s)
         for model, core in self.cores.items():  # one backbone call per core
             rows = [i for i in old if streams[i].model == model]
             if not rows:

@@ -55,9 +55,9 @@ def install(module: nn.Module) -> None:
 
 @contextlib.contextmanager
 def batch_invariant(on: bool = True):
-    """Installed ``nn.Linear`` layers tile in this thread while inside (nothing changes when ``on`` is false)."""
+    """Installed ``nn.Linear`` layers tile in this thread while inside if ``on`` (and do not if not)."""
     before = getattr(_on, "tiles", False)
-    _on.tiles = before or on
+    _on.tiles = on
     try:
         yield
     finally:
