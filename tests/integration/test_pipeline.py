@@ -291,6 +291,19 @@ def test_read_ahead_gives_the_sequential_audio_byte_for_byte(server, task):
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 
 
+def test_a_request_beside_others_is_the_same_bytes_as_alone(server):
+    """Four requests at once (their rows in one generator batch, their chunks in one vocoder batch) give each
+    one's audio alone byte for byte: batch-invariant mode (docs/serving.md#what-a-seed-guarantees)."""
+    params = {"max_patches": 8, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True}
+    texts = [f"Request number {i} speaks beside the others." for i in range(4)]
+    alone = [grpc(server).synthesize(t, seed=20 + i, parameters=params) for i, t in enumerate(texts)]
+    together = in_parallel(lambda i: grpc(server).synthesize(texts[i], seed=20 + i, parameters=params), 4)
+    for i in range(4):
+        assert together[i].tobytes() == alone[i].tobytes(), i
+    m = wait_gauges_zero(server)
+    assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
+
+
 def test_starts_beside_a_request_reading_ahead_are_served_and_everything_is_freed(server):
     """A request reading ahead holds every free slot (4 segments at once on 4 slots) while three other
     requests start: read-ahead yields them its slots (docs/serving.md#long-form-text-read-ahead), every
