@@ -307,7 +307,7 @@ def test_a_request_beside_others_is_the_same_bytes_as_alone(server):
 def test_starts_beside_a_request_reading_ahead_are_served_and_everything_is_freed(server):
     """A request reading ahead holds every free slot (4 segments at once on 4 slots) while three other
     requests start: read-ahead yields them its slots (docs/serving.md#long-form-text-read-ahead), every
-    request ends well, each one's audio is its own (float-close to it alone), and nothing stays held."""
+    request ends well, each one's audio is its bytes alone, and nothing stays held."""
     text = " ".join(f"Sentence number {n} is spoken here, one of several in a row." for n in range(4))
     params = {"max_patches": 8, "split_tokens": 12, "chunk_fixed": True}
     short = ["A second request comes in.", "A third one as well.", "And a fourth one too."]
@@ -321,8 +321,8 @@ def test_starts_beside_a_request_reading_ahead_are_served_and_everything_is_free
         return grpc(server).synthesize(short[i - 1], seed=3, parameters=params)
 
     got = in_parallel(request, 4, timeout=300)
-    assert got[0].shape == sequential.shape and snr_db(sequential, got[0]) >= 60
+    assert got[0].tobytes() == sequential.tobytes()  # segments cancelled and run again included
     for i, want in enumerate(alone, 1):
-        assert got[i].shape == want.shape and snr_db(want, got[i]) >= 60
+        assert got[i].tobytes() == want.tobytes(), i  # batch-invariant mode: the same bytes as alone
     m = wait_gauges_zero(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
