@@ -2,7 +2,8 @@
 time and with more, on a server this starts (:mod:`bench.server`: a no-stop checkpoint, so every part is
 exactly ``--max-patches`` long). Prints, per ``--parts-at-once``, the wall time from submit to done, the
 audio made, audio seconds per wall second, and whether the file's bytes equal the first run's (parts are
-independent requests with the job's seed; parts run beside each other are float-close, not bitwise equal:
+independent requests with the job's seed: in the server's batch-invariant mode, the default, the bytes are
+equal however many run at once; with ``--no-batch-invariant`` parts run beside each other are float-close:
 docs/serving.md#what-a-seed-guarantees), with the largest sample difference and the SNR when they differ.
 """
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=int, default=40, help="sentences, one part each")
     ap.add_argument("--max-patches", type=int, default=12, help="each part's length (the checkpoint never stops)")
     ap.add_argument("--parts-at-once", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                    help="the server's batch-invariant mode (engine/invariant.py)")  # fmt: skip
     args = ap.parse_args(argv)
 
     from bench.server import local_server
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = {"response_format": "wav", "seed": 7, "max_patches": args.max_patches, "chunk_first": 1,
               "chunk_next": 2, "chunk_fixed": True}  # fmt: skip
     rows, first = [], None
-    with local_server(args.preset, args.slots) as server:
+    with local_server(args.preset, args.slots, batch_invariant=args.batch_invariant) as server:
         for k in args.parts_at_once:
             with tempfile.TemporaryDirectory() as folder:
                 jobs = JobOptions(Path(folder), part_chars=30, parts_at_once=k, running=1)
@@ -68,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                    if samples.size == first.size and same == "no" else float("inf"))  # fmt: skip
             rows.append((k, job["parts_total"], wall, job["audio_seconds"], job["audio_seconds"] / wall, same, diff,
                          snr, hashlib.sha256(wav).hexdigest()[:12]))  # fmt: skip
-    print(f"\n{args.parts} parts of {args.max_patches} patches, preset {args.preset}, {args.slots} slots, one job at "
-          "a time, WAV", file=sys.stderr)  # fmt: skip
+    mode = "batch-invariant" if args.batch_invariant else "not batch-invariant"
+    print(f"\n{args.parts} parts of {args.max_patches} patches, preset {args.preset}, {args.slots} slots ({mode}), "
+          "one job at a time, WAV", file=sys.stderr)  # fmt: skip
     print("| parts at once | parts | wall s | audio s | audio s / wall s | bytes = first run | max diff (16-bit steps) "
           "| SNR vs first (dB) | sha256 |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")

@@ -7,7 +7,8 @@ Prints a markdown table: the wall time of the whole request, audio seconds per w
 audio compares with K = 1's (bytes equal; else the 16-bit samples that differ and the largest difference).
 Fixed chunks (``chunk_fixed``), so that chunk sizes do not move the numbers. In-process every stream is
 stepped alone (no batching: no speed-up, and the bytes are equal); on a server the segments side by side
-share generator steps.
+share generator steps, and the bytes are equal in its batch-invariant mode (the default;
+``--no-batch-invariant`` measures the server without it: faster steps, float-close audio).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=8, help="the server's generator slots")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--offline", action="store_true", help="in this process instead of a server")
+    ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                    help="the server's batch-invariant mode (engine/invariant.py)")  # fmt: skip
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     text = long_text(args.segments)
@@ -92,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench.server import local_server
         from client import TTSClient
 
-        with local_server(args.preset, args.slots, read_ahead_cap=max(ks)) as server:
+        with local_server(
+            args.preset, args.slots, read_ahead_cap=max(ks), batch_invariant=args.batch_invariant
+        ) as server:
             client = TTSClient(f"127.0.0.1:{server.ports.grpc}", "grpc", timeout=600)
             client.synthesize("Warm up.", seed=args.seed, parameters={"max_patches": 2})
             for k in ks:
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 audio = client.synthesize(text, seed=args.seed, parameters={**params, "read_ahead": k})
                 rows.append({"k": k, "wall": time.perf_counter() - t0, "audio": audio})
                 print(f"read_ahead {k}: {rows[-1]['wall']:.2f} s", file=sys.stderr, flush=True)
-    where = "in-process" if args.offline else f"server, {args.slots} slots"
+    mode = "batch-invariant" if args.batch_invariant else "not batch-invariant"
+    where = "in-process" if args.offline else f"server, {args.slots} slots, {mode}"
     print(f"{args.segments} sentences, {segments} segments of {args.max_patches} patches (the front end cuts a "
           f"sentence longer than max_patches), {args.preset} preset, {where}\n")  # fmt: skip
     print(table(rows))

@@ -140,7 +140,7 @@ class FireRedTTS3:
 
     def generator(
         self, slots: int, max_len: int, kv_pages: int | None = None, kv_memory_gb: float | None = None,
-        page_size: int = PAGE_SIZE, attention: str = "auto",
+        page_size: int = PAGE_SIZE, attention: str = "auto", batch_invariant: bool = False,
     ) -> Generator:  # fmt: skip
         """A batched generator whose backbone keys live in a paged cache.
 
@@ -150,6 +150,7 @@ class FireRedTTS3:
                 the memory a per-slot cache of these sizes took.
             attention: ``auto`` (FlashInfer when usable), ``sdpa`` or ``flashinfer``; see
                 :func:`engine.layers.attention.select_attention`.
+            batch_invariant: a stream's bits the same alone or beside others (:mod:`engine.invariant`).
         """
         core = next(iter(self.cores.values()))  # Base and Instruct share the cache (Generator checks the shapes)
         bb = core.cfg.backbone
@@ -161,7 +162,7 @@ class FireRedTTS3:
         choice = select_attention(attention, self.device, dtype, bb.head_dim)
         cache = PagedCache(bb, slots, max_len, self.device, dtype, kv_pages, page_size, choice)
         log.info(capacity_line(bb, dtype, cache.num_pages, slots, MAX_PATCHES.default, page_size))
-        return Generator(self.models.core, cache, self.models.instruct)
+        return Generator(self.models.core, cache, self.models.instruct, batch_invariant)
 
     @torch.inference_mode()
     def decoder_stream(self, prompt_latents: torch.Tensor) -> PrimedDecoder:

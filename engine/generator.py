@@ -19,6 +19,7 @@ import torch
 from engine.chatml import AUDIO_SOS_ID, LATENT_IN_ID, LATENT_OUT_ID, MAX_TEXT_TOKENS, TEXT_EOT_ID
 from engine.config import REDAE_SCALE
 from engine.generator_state import InstructInput, Phase, StepResult, Stream, TextStep, check_prompt, new_rng
+from engine.invariant import batch_invariant, install
 from engine.kv_cache import PagedCache
 from engine.layers.attention import AttentionFallback
 from engine.models.core import FireRedTTS3Core, cosine_schedule
@@ -38,6 +39,7 @@ class Generator:
     core: FireRedTTS3Core | None
     cache: PagedCache
     instruct: FireRedTTS3Core | None = None
+    batch_invariant: bool = False  # a stream's bits the same alone or beside others (engine/invariant.py)
     _t_spans: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -45,6 +47,11 @@ class Generator:
             raise ValueError("a generator needs a core")
         if self.core is not None and self.instruct is not None and self.core.cfg.backbone != self.instruct.cfg.backbone:
             raise ValueError("the Base and Instruct backbones differ in shape: they cannot share one KV cache")
+        if self.batch_invariant:
+            for core in self.cores.values():
+                install(core)
+            if self.cache.attention == "flashinfer":  # its kernels split a row's keys by the batch's work
+                self.cache.fall_back("batch_invariant")
 
     @property
     def cores(self) -> dict[str, FireRedTTS3Core]:
@@ -125,12 +132,14 @@ class Generator:
     def _backbone(self, core: FireRedTTS3Core, x: torch.Tensor, slots: list[int], starts: list[int]) -> torch.Tensor:
         """``core``'s backbone over ``x`` (B, T, hidden), row b being slot ``slots[b]`` from ``starts[b]``."""
         x = x.to(self.backbone_dtype)
-        view = self.cache.batch(slots, starts, x.shape[1])
+        # batch-invariant: each decode row over its own keys (a prefill, T > 1, always runs alone)
+        rows = {"rowwise": True} if self.batch_invariant and x.shape[1] == 1 else {}
+        view = self.cache.batch(slots, starts, x.shape[1], **rows)
         try:
             h = core.backbone(x, positions=view.positions, cache=view, mask=view.mask())
         except AttentionFallback as e:  # FlashInfer could not run: the same forward on SDPA
             self.cache.fall_back(e.reason, e.error)
-            view = self.cache.batch(slots, starts, x.shape[1])
+            view = self.cache.batch(slots, starts, x.shape[1], **rows)
             h = core.backbone(x, positions=view.positions, cache=view, mask=view.mask())
         return h.to(self.dtype)
 
@@ -144,15 +153,20 @@ class Generator:
         """Advance each stream by one backbone position: a patch (audio phase) or a text token (text
         phase). Streams must be live and own distinct slots; ``pages`` are the step plan's new KV-cache
         pages (:attr:`engine.scheduler.StepPlan.pages`), written into the page table first."""
+        with batch_invariant(self.batch_invariant):
+            return self._step(streams, pages)
+
+    def _step(self, streams: list[Stream], pages: dict | None) -> list[StepResult]:
         if len({s.slot for s in streams}) != len(streams):
             raise ValueError("two streams share a slot")
         if pages:
             self.cache.assign(pages)
         hidden: dict[int, torch.Tensor] = {}  # index -> (1, hidden) newest backbone state
         old = [i for i, s in enumerate(streams) if s.prefilled]
-        for i, s in enumerate(streams):
-            if not s.prefilled:
-                hidden[i] = self._prefill(s) if s.instruct is None else self._prefill_instruct(s)
+        with batch_invariant(False):  # a prefill always runs alone: the plain products are its same bits
+            for i, s in enumerate(streams):
+                if not s.prefilled:
+                    hidden[i] = self._prefill(s) if s.instruct is None else self._prefill_instruct(s)
         for model, core in self.cores.items():  # one backbone call per core
             rows = [i for i in old if streams[i].model == model]
             if not rows:

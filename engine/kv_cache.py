@@ -15,10 +15,11 @@ import copy
 import math
 
 import torch
+import torch.nn.functional as F
 
 from engine.block_manager import PAGE_SIZE, pages_for, pool_pages
 from engine.config import Qwen3Config
-from engine.layers.attention import window_mask
+from engine.layers.attention import PlannedAttention, window_mask
 
 
 class WindowCache:
@@ -204,11 +205,12 @@ class PagedCache:
                 self.table[s, index] = page
                 self.held[s] = index + 1
 
-    def batch(self, slots: list[int], starts: list[int], length: int):
+    def batch(self, slots: list[int], starts: list[int], length: int, rowwise: bool = False):
         """A view for one forward: row b writes ``length`` keys of slot ``slots[b]`` from ``starts[b]``.
 
         The pages for those keys must be in the page table already (:meth:`assign`); builds the step's
-        page metadata once for all layers.
+        page metadata once for all layers. ``rowwise``: each row attends over its own keys alone
+        (batch-invariant: :mod:`engine.invariant`; the generator leaves FlashInfer then).
         """
         for s, p in zip(slots, starts):
             if not 0 <= s < self.slots:
@@ -225,7 +227,7 @@ class PagedCache:
                 return self._flashinfer.batch(self, slots, starts, length)
             except Exception as e:
                 self.fall_back("plan_failed", e)
-        return PagedBatch(self, slots, starts, length)
+        return PagedBatch(self, slots, starts, length, rowwise)
 
 
 class PagedBatch:
@@ -237,8 +239,8 @@ class PagedBatch:
     serves every layer.
     """
 
-    def __init__(self, cache: PagedCache, slots: list[int], starts: list[int], length: int):
-        self.cache = cache
+    def __init__(self, cache: PagedCache, slots: list[int], starts: list[int], length: int, rowwise: bool = False):
+        self.cache, self.rowwise, self.ends = cache, rowwise, [p + length for p in starts]
         dev = cache.k.device
         p = cache.page_size
         self.n = len(slots)
@@ -253,7 +255,10 @@ class PagedBatch:
         self.write = torch.gather(self.gather, 1, self.positions)  # (B, T) where the new keys go
 
     def mask(self):
-        """Causal mask over each row's own keys; "causal" for a single row starting at 0."""
+        """Causal mask over each row's own keys; "causal" for a single row starting at 0; a
+        :class:`RowAttention` when ``rowwise``."""
+        if self.rowwise:
+            return RowAttention(self)
         if self.from_zero:
             return "causal"
         k_pos = torch.arange(self.kv_len, device=self.positions.device).expand(self.n, -1)
@@ -266,3 +271,23 @@ class PagedBatch:
         ck[self.write] = k.transpose(1, 2).to(ck.dtype)  # (B, T, Hkv, D)
         cv[self.write] = v.transpose(1, 2).to(cv.dtype)
         return ck[self.gather].transpose(1, 2), cv[self.gather].transpose(1, 2)
+
+
+class RowAttention(PlannedAttention):
+    """A :class:`PagedBatch`'s rows attended one at a time, each over exactly its own keys: what a row
+    computes then does not depend on the batch's size or longest row (batch-invariant mode)."""
+
+    def __init__(self, batch: PagedBatch):
+        self.batch = batch
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, gqa, t = self.batch, q.shape[1] != k.shape[1], q.shape[2]
+        out = []
+        for row, end in enumerate(b.ends):
+            qr, kr, vr = (x[row : row + 1].contiguous() for x in (q, k[:, :, :end], v[:, :, :end]))
+            if t == 1:  # one new query: every key of the row is visible
+                out.append(F.scaled_dot_product_attention(qr, kr, vr, enable_gqa=gqa))
+            else:
+                mask = window_mask(b.positions[row : row + 1], torch.arange(end, device=q.device)[None], None)
+                out.append(F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, enable_gqa=gqa))
+        return torch.cat(out)

@@ -141,7 +141,8 @@ SPEED = Parameter(
 READ_AHEAD = Parameter(
     "read_ahead", int, 1, 1, 16,
     "segments of a long text that may generate at once on free generator slots (1: one after another); "
-    "the audio is the same, byte for byte in-process; a server caps it (--read-ahead-cap) and lets a "
+    "the audio is the same, byte for byte (a server in its default batch-invariant mode too); a server caps it "
+    "(--read-ahead-cap) and lets a "
     "waiting new request go first",
 )  # fmt: skip
 UTTERANCE_PARAMETERS = (*GENERATION_PARAMETERS, SPLIT_TOKENS, NORMALIZE, SPEED, READ_AHEAD)

@@ -59,12 +59,14 @@ class GeneratorService:
     def __init__(
         self, model: FireRedTTS3, slots: int, max_len: int, kv_pages: int | None = None,
         kv_memory_gb: float | None = None, attention: str = "auto", clock: Callable[[], float] = time.monotonic,
+        batch_invariant: bool = False,
     ):  # fmt: skip
         if slots < 1:
             raise ValueError("need at least one slot")
         self.model = model
         self.slots = slots
-        self.gen = model.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention)
+        self.gen = model.generator(slots, max_len, kv_pages=kv_pages, kv_memory_gb=kv_memory_gb, attention=attention,
+                                   batch_invariant=batch_invariant)  # fmt: skip
         cache = self.gen.cache
         self.scheduler = Scheduler(slots, BlockManager(cache.slots, cache.max_len, cache.num_pages, cache.page_size))
         self.live: dict[int, GeneratorStream] = {}

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.fireredtts3 import FireRedTTS3, PrimedDecoder
+from engine.invariant import batch_invariant, install
 from engine.models.redae import decode_together, joinable
 from engine.protocol import LENGTH, STOP, Chunk
 
@@ -34,8 +35,13 @@ class VocoderService:
     once per distinct prompt and kept in a small LRU: streams of a stored voice start from a copy.
     """
 
-    def __init__(self, model: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32, max_streams: int = 1024):
-        self.model = model
+    def __init__(
+        self, model: FireRedTTS3, idle_seconds: float = 60.0, primed_cache: int = 32, max_streams: int = 1024,
+        batch_invariant: bool = False,
+    ):  # fmt: skip
+        self.model, self.batch_invariant = model, batch_invariant  # engine/invariant.py
+        if batch_invariant:
+            install(model.models.redae.decoder)
         self.idle_seconds, self.max_streams = idle_seconds, max_streams
         self.streams: dict[int, VocoderStream] = {}
         self.primed: OrderedDict[bytes, PrimedDecoder] = OrderedDict()
@@ -84,8 +90,9 @@ class VocoderService:
             if k == len(rounds):
                 rounds.append([])
             rounds[k].append(i)
-        for idx in rounds:
-            self._round(chunks, idx, results)
+        with batch_invariant(self.batch_invariant):  # a chunk's audio the same bits decoded alone or together
+            for idx in rounds:
+                self._round(chunks, idx, results)
         return results
 
     def _round(self, chunks: list[Chunk], idx: list[int], results: list) -> None:

@@ -100,6 +100,7 @@ FALLBACK_REASONS = {
     "dtype": "FlashInfer needs float16 or bfloat16 (the backbone runs in another dtype)",
     "plan_failed": "planning a FlashInfer step raised",
     "run_failed": "running a FlashInfer step raised",
+    "batch_invariant": "batch-invariant mode attends row by row on SDPA (--no-batch-invariant uses FlashInfer)",
 }
 _logged: set[str] = set()
 

@@ -130,6 +130,7 @@ class GeneratorOptions(ModelOptions):
     max_len: int  # backbone positions per stream
     kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
     attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
+    batch_invariant: bool  # a stream's bits the same alone or beside others (engine.invariant)
     synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
     synthetic_step: str  # how long a synthetic step lasts (engine.step_cost.StepCost.parse; "": free)
     step_budget_ms: float  # the generator's step budget (engine.step_cost.StepBudget; 0: none)
@@ -148,6 +149,7 @@ class VocoderOptions(ModelOptions):
     batch: int  # chunks decoded together by the engine thread (at least: a request is never split)
     public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
     synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
+    batch_invariant: bool  # a chunk's audio the same bits decoded alone or with others (engine.invariant)
     DERIVED = {**ModelOptions.DERIVED, "max_streams": lambda o: o.slots + o.queue + VOCODER_SPARE_STREAMS,
                "idle_seconds": lambda o: o.vocoder_idle_seconds, "batch": lambda o: o.vocoder_batch}  # fmt: skip
 

@@ -65,7 +65,7 @@ class GeneratorHost:
             log.warning("synthetic step: %s", cost)
         # kv_memory_gb 0: the default pool (slots x max_len positions)
         self.service = GeneratorService(self.model, opts.slots, opts.max_len, kv_memory_gb=opts.kv_memory_gb or None,
-                                        attention=opts.attention)  # fmt: skip
+                                        attention=opts.attention, batch_invariant=opts.batch_invariant)  # fmt: skip
         self.channel = SideChannel(opts.cancel_dir or None)  # cancel marks in, lost marks and live streams out
         self.channel.live.clear()
         self.receipts = ReceiptBoard(self.channel.dir)  # the readers' boards: receipts and held streams

@@ -88,6 +88,7 @@ def host(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv(INTERNAL_KEY_ENV, "k" * 32)
     opts = GeneratorOptions(checkpoint=str(tiny_ckpt), device="cpu", run_dir="", cancel_dir=str(tmp_path),
                             slots=2, max_len=512, kv_memory_gb=0.0, attention="sdpa", synthetic_math=False, synthetic_step="", step_budget_ms=0.0,
+                            batch_invariant=True,
                             models="")  # fmt: skip
     h = GeneratorHost(FakePb, opts, lambda sender, chunk: sender.send(chunk),
                       lambda sender, chunks, final: sender.pipe(chunks, final))  # fmt: skip

@@ -31,8 +31,9 @@ class TritonPythonModel:
 
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
-        service = SyntheticVocoderService if opts.synthetic_math else VocoderService  # engine.synthetic
-        self.service = service(load_model(opts, parts=("decoder",)), opts.idle_seconds, max_streams=opts.max_streams)
+        model, kw = load_model(opts, parts=("decoder",)), {"batch_invariant": opts.batch_invariant}
+        service, kw = (SyntheticVocoderService, {}) if opts.synthetic_math else (VocoderService, kw)  # engine.synthetic
+        self.service = service(model, opts.idle_seconds, max_streams=opts.max_streams, **kw)
         self.synthetic = announce(pb, log, "vocoder") if opts.synthetic_math else None
         self.keys = Keys.from_env("vocoder", opts.public_steps)
         self.guard = VocoderGuard(self.keys, SideChannel(opts.cancel_dir or None), opts.max_streams)
