@@ -2,7 +2,7 @@
 time and with more, on a server this starts (:mod:`bench.server`: a no-stop checkpoint, so every part is
 exactly ``--max-patches`` long). Prints, per ``--parts-at-once``, the wall time from submit to done, the
 audio made, audio seconds per wall second, and whether the file's bytes equal the first run's (parts are
-independent requests with the job's seed: in the server's batch-invariant mode, the default, the bytes are
+independent requests with the job's seed: in the server's batch-invariant mode (on by default on CPU), the bytes are
 equal however many run at once; with ``--no-batch-invariant`` parts run beside each other are float-close:
 docs/serving.md#what-a-seed-guarantees), with the largest sample difference and the SNR when they differ.
 """
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = {"response_format": "wav", "seed": 7, "max_patches": args.max_patches, "chunk_first": 1,
               "chunk_next": 2, "chunk_fixed": True}  # fmt: skip
     rows, first = [], None
-    with local_server(args.preset, args.slots, batch_invariant=args.batch_invariant) as server:
+    with local_server(args.preset, args.slots, batch_invariant="on" if args.batch_invariant else "off") as server:
         for k in args.parts_at_once:
             with tempfile.TemporaryDirectory() as folder:
                 jobs = JobOptions(Path(folder), part_chars=30, parts_at_once=k, running=1)

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         from client import TTSClient
 
         with local_server(
-            args.preset, args.slots, read_ahead_cap=max(ks), batch_invariant=args.batch_invariant
+            args.preset, args.slots, read_ahead_cap=max(ks), batch_invariant="on" if args.batch_invariant else "off"
         ) as server:
             client = TTSClient(f"127.0.0.1:{server.ports.grpc}", "grpc", timeout=600)
             client.synthesize("Warm up.", seed=args.seed, parameters={"max_patches": 2})

@@ -141,7 +141,7 @@ SPEED = Parameter(
 READ_AHEAD = Parameter(
     "read_ahead", int, 1, 1, 16,
     "segments of a long text that may generate at once on free generator slots (1: one after another); "
-    "the audio is the same, byte for byte (a server in its default batch-invariant mode too); a server caps it "
+    "the audio is the same, byte for byte (a server in batch-invariant mode too: the default on CPU); a server caps it "
     "(--read-ahead-cap) and lets a "
     "waiting new request go first",
 )  # fmt: skip

@@ -32,6 +32,9 @@ class ModelOptions:
     DERIVED: ClassVar[dict] = {  # field -> Callable[[ServeOptions], value]
         "max_queue": lambda opts: opts.queue,  # -1 resolved
         "public_steps": lambda opts: opts.ensemble,  # key-less requests are tts_ensemble's (serving.security.auth)
+        "batch_invariant": lambda opts: (
+            opts.batch_invariant == "on" or (opts.batch_invariant == "auto" and not opts.device.startswith("cuda"))
+        ),  # auto: on for cpu
     }
 
     @classmethod

@@ -36,9 +36,10 @@ class ServeOptions:
                                  "positions)")  # fmt: skip
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
-    batch_invariant: bool = option(True, "a stream's audio the same bytes whoever shares its batch (a read_ahead "
-                                   "text equals read_ahead 1's; --no-batch-invariant: faster steps, float-close "
-                                   "audio; engine/invariant.py)")  # fmt: skip
+    batch_invariant: str = option("auto", "a stream's audio the same bytes whoever shares its batch (a read_ahead "
+                                  "text equals read_ahead 1's; off: faster steps, float-close audio; auto: on for "
+                                  "cpu, off for cuda, where its cost is not measured; engine/invariant.py)",
+                                  choices=("auto", "on", "off"))  # fmt: skip
     vocoder_batch: int = 64  # vocoder chunks decoded together (its engine thread's batch)
     vocoder_idle_seconds: int = 60  # vocoder state without a chunk for this long is reclaimed
     # empty: serving.voices.voice_store.default_dir(), where the launcher's default points too

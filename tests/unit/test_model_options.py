@@ -118,3 +118,15 @@ def test_the_docs_name_every_launcher_option():
     for action in ap._actions[1:]:
         flag = action.option_strings[-1]  # --no-ensemble for a boolean
         assert re.search(rf"{re.escape(flag)}(?![\w-])", readme), flag
+
+
+@pytest.mark.parametrize(("given", "device", "on"), [("auto", "cpu", True), ("auto", "cuda", False),
+                         ("auto", "cuda:1", False), ("on", "cuda", True), ("off", "cpu", False)])  # fmt: skip
+def test_batch_invariant_auto_is_on_for_cpu_and_off_for_cuda(given, device, on):
+    opts = ServeOptions(batch_invariant=given, device=device)
+    assert GeneratorOptions.of(opts).batch_invariant is on and VocoderOptions.of(opts).batch_invariant is on
+
+
+def test_batch_invariant_takes_auto_on_or_off():
+    with pytest.raises(ValueError, match="batch_invariant"):
+        ServeOptions(batch_invariant="yes")
