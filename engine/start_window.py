@@ -19,17 +19,10 @@ step without a stall (docs/benchmarks.md, "The start window"); a window that let
 second and growing) gave first audio sooner but stalled listeners at 128 requests a second. A larger
 machine can take a higher ``--start-rate``.
 
-- **The way out steers it.** Each chunk's way out (the vocoder's round trip as the orchestrator awaits it,
-  queueing in this process's event loop included) is reported to :meth:`carried`. Once a round (the
-  smoothed time to first audio) the window compares the least way out of the round with the least of the
-  last :data:`FLOOR_ROUNDS` rounds (the path with nothing queued). A round whose every chunk waited more
-  than ``max(QUEUE_TARGET, floor)`` beyond that floor has a standing queue (CoDel's test: the least of a
-  round ignores a burst, not a queue) and halves the window's ``gain``; a round without one, in which a
-  start had to wait for a place, multiplies the gain by :data:`GROWTH` (up to :data:`GAIN_MOST`). So an idle
-  path lets a burst in within a few rounds, and a full one is seen while its chunks queue, before any
-  listener is late. ``least`` stays the floor of the window.
-- **A late listener backs it off too.** A playing stream whose chunk goes out when its listener holds less
-  than ``late_seconds`` of audio (:meth:`played`) halves the gain, at most once a round.
+- **A late listener backs it off.** A playing stream whose chunk goes out when its listener holds less than
+  ``late_seconds`` of audio (:meth:`played`) halves the rate part of the window (never below ``least``), at
+  most once a round (the smoothed time to first audio); each round with no late listener gives back a tenth
+  of what was taken.
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
 
@@ -74,10 +67,6 @@ class Start:
 
 BASE_STARTS = 256  # starts whose least time to first audio is the window's base
 FIRST_GUESS_SECONDS = 0.25  # the base before any start has reached its first audio
-FLOOR_ROUNDS = 16  # rounds whose least way out is the path's floor
-QUEUE_TARGET = 0.02  # s a round's every chunk may wait beyond the floor (or the floor itself, if larger)
-GROWTH = 1.1  # the gain's growth a clear round in which starts waited
-GAIN_MOST, GAIN_LEAST = 32.0, 1 / 64  # the gain's bounds (the window's are least and most)
 
 
 class StartWindow:
@@ -89,19 +78,15 @@ class StartWindow:
         if not rate > 0 or not 1 <= least <= most:
             raise ValueError(f"need rate > 0 and 1 <= least <= most, got {rate}, {least}, {most}")
         self.rate, self.least, self.most, self.late_seconds, self.clock = rate, least, most, late_seconds, clock
-        self.gain = 1.0  # what the way out and late listeners made of the rate part (halved, grown by GROWTH)
+        self.penalty = 1.0  # what late listeners left of the window (0.5 after one, back to 1 a tenth a round)
         self.starting = 0  # places held
         self.waiting: deque[asyncio.Future] = deque()  # starts waiting for a place, oldest first
         self.listeners: dict[Hashable, float] = {}  # playing stream -> when its listener runs dry
         self.recent: deque[float] = deque(maxlen=BASE_STARTS)  # the latest starts' times to first audio
         self.first: float | None = None  # time to first audio, smoothed (None: none measured yet)
         self.backed_off = -float("inf")  # when the window last halved
+        self.recovered = -float("inf")  # when it last gave some back
         self.late = 0  # late chunks seen (a counter for metrics and tests)
-        self.began = clock()  # the round's start
-        self.least_way: float | None = None  # the round's least way out (None: no chunk carried yet)
-        self.floors: deque[float] = deque(maxlen=FLOOR_ROUNDS)  # the last rounds' least ways out
-        self.queued = False  # a start waited for a place this round
-        self.congested = 0  # rounds with a standing queue (a counter for metrics and tests)
 
     @classmethod
     def of(cls, rate: float) -> StartWindow | None:
@@ -114,7 +99,7 @@ class StartWindow:
 
     @property
     def limit(self) -> int:
-        return max(self.least, min(self.most, math.ceil(self.gain * self.rate * self.base)))
+        return max(self.least, min(self.most, math.ceil(self.penalty * self.rate * self.base)))
 
     @property
     def round(self) -> float:
@@ -127,7 +112,6 @@ class StartWindow:
             return Start(self, self.clock())
         place = asyncio.get_running_loop().create_future()
         self.waiting.append(place)
-        self.queued = True
         try:
             await place
         except asyncio.CancelledError:
@@ -146,30 +130,10 @@ class StartWindow:
         runs_dry = self.listeners.get(key)
         if runs_dry is not None and counted and runs_dry - now < self.late_seconds:
             self.late += 1
-            self._back_off(now)
+            if now - self.backed_off >= self.round:
+                self.backed_off = now
+                self.penalty = max(self.penalty / 2, 1e-3)
         self.listeners[key] = max(now, runs_dry or now) + seconds
-
-    def carried(self, seconds: float) -> None:
-        """A chunk's way out took ``seconds`` (sent to the vocoder until its audio was back); once a round
-        the window grows or halves on what the round's chunks say (see the module's description)."""
-        self.least_way = seconds if self.least_way is None else min(self.least_way, seconds)
-        now = self.clock()
-        if now - self.began < self.round:
-            return
-        self.floors.append(self.least_way)
-        floor = min(self.floors)
-        if self.least_way > floor + max(QUEUE_TARGET, floor):
-            self.congested += 1
-            self._back_off(now)
-        elif self.queued and now - self.backed_off >= self.round:
-            self.gain = min(GAIN_MOST, self.gain * GROWTH)
-            self._admit()
-        self.began, self.least_way, self.queued = now, None, bool(self.waiting)
-
-    def _back_off(self, now: float) -> None:
-        if now - self.backed_off >= self.round:
-            self.backed_off = now
-            self.gain = max(self.gain / 2, GAIN_LEAST)
 
     def stopped(self, key: Hashable) -> None:
         """Stream ``key`` has no more audio (its end, or a wait for its client's text)."""
@@ -182,6 +146,9 @@ class StartWindow:
             took = now - start.began
             self.recent.append(took)
             self.first = took if self.first is None else self.first + 0.25 * (took - self.first)
+            if self.penalty < 1 and now - max(self.backed_off, self.recovered) >= self.round:  # no late listener
+                self.recovered = now
+                self.penalty = min(1.0, self.penalty + 0.1)
         self._admit()
 
     def _admit(self) -> None:
