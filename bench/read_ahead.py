@@ -69,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offline", action="store_true", help="in this process instead of a server")
     ap.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                     help="the server's batch-invariant mode (engine/invariant.py)")  # fmt: skip
+    ap.add_argument("--synthetic-step", default="", metavar="COST",
+                    help="a server with synthetic math whose step lasts COST (engine/step_cost.py: FIXED+ROW ms, "
+                    "h100, l4): a GPU-like step's timing; its audio is made up, so equal bytes say little")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.synthetic_step and args.offline:
+        ap.error("--synthetic-step times a server, not --offline")
     ks = [int(k) for k in args.ks.split(",")]
     text = long_text(args.segments)
     segments = count_segments(args.preset, text, args.max_patches)
@@ -95,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.server import local_server
         from client import TTSClient
 
+        synthetic = {"synthetic_math": True, "synthetic_step": args.synthetic_step} if args.synthetic_step else {}
+        invariant = "on" if args.batch_invariant else "off"
         with local_server(
-            args.preset, args.slots, read_ahead_cap=max(ks), batch_invariant="on" if args.batch_invariant else "off"
+            args.preset, args.slots, read_ahead_cap=max(ks), batch_invariant=invariant, **synthetic
         ) as server:
             client = TTSClient(f"127.0.0.1:{server.ports.grpc}", "grpc", timeout=600)
             client.synthesize("Warm up.", seed=args.seed, parameters={"max_patches": 2})
@@ -107,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"read_ahead {k}: {rows[-1]['wall']:.2f} s", file=sys.stderr, flush=True)
     mode = "batch-invariant" if args.batch_invariant else "not batch-invariant"
     where = "in-process" if args.offline else f"server, {args.slots} slots, {mode}"
+    if args.synthetic_step:
+        where += f", synthetic math with a {args.synthetic_step} ms step"
     print(f"{args.segments} sentences, {segments} segments of {args.max_patches} patches (the front end cuts a "
           f"sentence longer than max_patches), {args.preset} preset, {where}\n")  # fmt: skip
     print(table(rows))
