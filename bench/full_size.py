@@ -44,9 +44,9 @@ from torch import nn
 
 from engine.checkpoint import CAMPP_FILE, CORE_DIR, REDAE_DIR, TOKENIZER_DIR, RedAE, count_parameters
 from engine.config import PRESETS, Preset, nostop
-from engine.models.campp import CamppConfig, SpeakerEncoder, save_campp
+from engine.models.campp import save_campp
 from engine.models.core import FireRedTTS3Core
-from engine.random_checkpoint import randomize
+from engine.random_checkpoint import random_campp, randomize
 from engine.text import write_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,14 +168,7 @@ def write_checkpoint(
         n = write_network(tmp / sub, build, cfgs[sub], p.init_std_scale, dtype, int(shard_gb * 1e9),
                           p.stop_bias if sub == CORE_DIR else None, progress)  # fmt: skip
         progress(f"{sub}: {n / 1e9:.2f} B parameters written in {time.perf_counter() - t0:.0f} s")
-    c = p.campp
-    campp = SpeakerEncoder(
-        CamppConfig(
-            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
-            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
-        )
-    )  # fmt: skip
-    randomize(campp, 1.0)
+    campp = random_campp(p)
     (tmp / CAMPP_FILE).parent.mkdir(parents=True, exist_ok=True)
     save_campp(campp, tmp / CAMPP_FILE)
     write_tiny_tokenizer(tmp / TOKENIZER_DIR)

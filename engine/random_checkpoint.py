@@ -68,6 +68,19 @@ def bias_text_end(core: FireRedTTS3Core, scale: float, every: float, eot: float,
     weight[TEXT_EOT_ID, 0] = eot
 
 
+def random_campp(p: Preset) -> SpeakerEncoder:
+    """The preset's CAM++ speaker encoder with random weights."""
+    c = p.campp
+    campp = SpeakerEncoder(
+        CamppConfig(
+            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
+            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
+        )
+    )  # fmt: skip
+    randomize(campp, 1.0)
+    return campp
+
+
 def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Path:
     """Write a random-weight checkpoint of ``preset`` in the official layout; same seed, same files.
 
@@ -81,14 +94,7 @@ def make_checkpoint(preset: str | Preset, out: str | Path, seed: int = 0) -> Pat
     randomize(redae, p.init_std_scale)
     with torch.no_grad():
         core.stop_head.bias.fill_(p.stop_bias)
-    c = p.campp
-    campp = SpeakerEncoder(
-        CamppConfig(
-            feat_dim=80, embedding_size=p.core.spk_in_dim, m_channels=c.m_channels, init_channels=c.init_channels,
-            growth_rate=c.growth_rate, bn_size=c.bn_size, block_layers=c.block_layers,
-        )
-    )  # fmt: skip
-    randomize(campp, 1.0)
+    campp = random_campp(p)
     instruct = FireRedTTS3Core(p.instruct)
     randomize(instruct, p.init_std_scale)
     with torch.no_grad():
