@@ -1,12 +1,6 @@
-"""Admission: the one owner that decides whether a stream may enter and when (docs/architecture.md, "Admission:
-one owner", and its limits table). ``slots + max_queue`` places, held from admission to the end of a request
-(beyond them: refused at once as busy, at ``tts`` and ``tts_ensemble`` alike); ``slots`` generator slots,
-waited for here and never in Triton (docs/triton.md#T14), capped by the generator's step budget
-(:meth:`Admission.set_cap`); their waiters, which read-ahead yields to; and this process's start window.
-Every count is in one shared file under one ``flock``, written as whole bytes (docs/triton.md#T27).
-:class:`Place` and :class:`TextPlace`: a request's place with its gauges, and a text-in stream's rule (it
-holds its place only while it has text to speak: docs/serving.md, text-in streams).
-"""
+"""Admission, the one owner of places, generator slots (T14), their cap and waiters, and the start window, in one
+shared file under one ``flock`` (T27); :class:`Place` and :class:`TextPlace`, a request's place with its gauges.
+docs/architecture.md, "Admission: one owner", "Generator slots wait" and the limits table."""
 
 from __future__ import annotations
 
@@ -33,14 +27,12 @@ POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free 
 
 
 class Admission:
-    """The places, generator slots and slot waiters of the run, as ``model`` sees them (one of
-    :data:`ADMITTERS`; None: a reader, such as prompt_encoder asking whether the gate is full, the launcher
-    counting places, or the generator writing its cap)."""
+    """The run's places (``places``: slots + max_queue), generator slots and slot waiters, as ``model`` sees them
+    (one of :data:`ADMITTERS`; None: a reader: prompt_encoder, the launcher, the generator writing its cap).
+    ``start_rate``: the start window's (0: none); ``create`` False: FileNotFoundError until a model made the file."""
 
     def __init__(self, board: str | Path, model: str | None, places: int, slots: int = 1, start_rate: float = 0.0,
                  create: bool = True):  # fmt: skip
-        """``places``: slots + max_queue; ``start_rate``: the start window's (0: none); ``create`` False:
-        FileNotFoundError until a model made the file."""
         if places < 1 or slots < 1:
             raise ValueError(f"places and slots must be >= 1, got {places}, {slots}")
         self.index, self.capacity, self.slots = (None if model is None else ADMITTERS.index(model)), places, slots
@@ -61,19 +53,16 @@ class Admission:
         """Places (or ``kind``'s counts) held by each of :data:`ADMITTERS`."""
         return struct.unpack_from(f"<{_N}q", self.map, kind)
 
-    def total(self) -> int:
-        """Places held by every admitter together."""
+    def total(self) -> int:  # places held by every admitter together
         return sum(self.counts())
 
     def full(self) -> bool:
         return self.total() >= self.capacity
 
-    def enter(self) -> bool:
-        """Take a place; False (nothing taken) when all are held."""
+    def enter(self) -> bool:  # take a place; False (nothing taken) when all are held
         return self._take(PLACES, self.capacity)
 
-    def leave(self) -> None:
-        """Give back a place taken by :meth:`enter`."""
+    def leave(self) -> None:  # give back a place taken by enter
         self._add(PLACES, -1)
 
     def busy_message(self) -> str:
@@ -89,21 +78,18 @@ class Admission:
     def set_cap(self, cap: int) -> None:
         """Hold the slots to ``cap`` (0: no cap) for every stream sent from now on; those inside stay. The
         generator sets it from its step budget (engine.step_cost.StepBudget)."""
-        self.map[_CAP : _CAP + 8] = max(0, int(cap)).to_bytes(8, "little", signed=True)
+        self.map[_CAP : _CAP + 8] = int64(max(0, cap))
 
-    def slots_held(self) -> int:
-        """Slots held by every sender together."""
+    def slots_held(self) -> int:  # by every sender together
         return sum(self.counts(SLOTS))
 
     def free_slots(self) -> int:
         return max(0, self.limit() - self.slots_held())  # under the generator's cap, as try_slot
 
-    def starts_waiting(self) -> int:
-        """Streams waiting for a slot in every sender (read-ahead segments never wait)."""
+    def starts_waiting(self) -> int:  # streams waiting for a slot in every sender (read-ahead never waits)
         return sum(self.counts(WAITERS))
 
-    def try_slot(self) -> bool:
-        """Take a slot at once if one is free under the cap (False: nothing taken)."""
+    def try_slot(self) -> bool:  # take a slot at once if one is free under the cap (False: nothing taken)
         return self._take(SLOTS, None)
 
     async def take_slot(self) -> None:
@@ -158,18 +144,21 @@ class Admission:
             self._write(kind, max(0, self.counts(kind)[self.index] + delta))
 
     def _write(self, kind: int, count: int) -> None:
-        """This model's count, copied in whole: ``struct.pack_into`` zero-fills its target first, and a
-        reader without the lock (``full``, in another process) would see 0 for an instant."""
         at = kind + 8 * self.index
-        self.map[at : at + 8] = count.to_bytes(8, "little", signed=True)
+        self.map[at : at + 8] = int64(count)
+
+
+def int64(value: int) -> bytes:
+    """``value`` as 8 bytes, to be copied in whole: ``struct.pack_into`` zero-fills its target first, and a reader
+    without a lock (another process) saw 0 for an instant (T27)."""
+    return int(value).to_bytes(8, "little", signed=True)
 
 
 class Place:
     """One request's admission place (taken at most once at a time; ``give`` is safe to repeat)."""
 
     def __init__(self, gate: Admission, count: Callable[[int, int], None]):
-        """``gate``: its ``enter``, ``leave`` and ``busy_message``; ``count(in_flight, waiting)``: add to the
-        gauges (places held; held and no audio sent since)."""
+        # count(in_flight, waiting): add to the gauges (places held; held and no audio sent since)
         self.gate, self.count = gate, count
         self.held = self.waiting = False
 
@@ -183,14 +172,12 @@ class Place:
         self.count(1, 1)
         return True
 
-    def audio(self) -> None:
-        """Audio was sent: the request no longer waits (until the place is taken anew)."""
+    def audio(self) -> None:  # audio was sent: the request no longer waits (until the place is taken anew)
         if self.waiting:
             self.waiting = False
             self.count(0, -1)
 
-    def give(self) -> None:
-        """Give the place back, if held, with what the gauges count of it."""
+    def give(self) -> None:  # the place back, if held, with what the gauges count of it
         if self.held:
             self.gate.leave()
             self.count(-1, -1 if self.waiting else 0)
@@ -214,8 +201,7 @@ class TextPlace:
             raise Unavailable(self.place.gate.busy_message())
         self.unread += 1
 
-    def read(self, text: str) -> None:
-        """The orchestrator read a piece (it is the orchestrator's to report on from now)."""
+    def read(self, text: str) -> None:  # the orchestrator read a piece (it is the orchestrator's to report on)
         if text.strip():
             self.unread -= 1
 
@@ -225,6 +211,5 @@ class TextPlace:
         if self.unread == 0:
             self.place.give()
 
-    def close(self) -> None:
-        """The stream is over (ended, failed or cancelled): whatever it holds goes back."""
+    def close(self) -> None:  # the stream is over (ended, failed or cancelled): whatever it holds goes back
         self.place.give()

@@ -1,8 +1,5 @@
-"""Pacing (docs/triton.md#T22): a paced request's generator streams are held on its reader's board
-(serving.flow.receipts) while it is :func:`lead_seconds` ahead of what its client took, and it ends with
-:data:`HOLD_ERROR` when held too long without delivery. Rules and bounds: docs/serving.md, "Pacing: a client
-that does not read". No Triton here: ``tts`` holds a :class:`Pacer` per request in a :class:`PaceTable`.
-"""
+"""Pacing (T22): ``tts``'s :class:`Pacer` per request, in a :class:`PaceTable` by token. No Triton here. Rules and
+bounds: docs/architecture.md, "Pacing (``pace``)", and docs/serving.md, "Pacing: a client that does not read"."""
 
 from __future__ import annotations
 
@@ -68,24 +65,20 @@ class Pacer:
         if self.token:
             self.lead, self.speed = lead_seconds(schedule), speed
 
-    def held(self) -> bool:
-        """:meth:`expired` now."""
+    def held(self) -> bool:  # expired now
         return self.expired(time.monotonic())
 
-    def open(self, stream_id: int) -> None:
-        """A generator stream of this request starts (paused at once if the request is)."""
+    def open(self, stream_id: int) -> None:  # a generator stream of this request starts (held if it is paused)
         self.streams.add(stream_id)
         if self.paused:
             self.mark(stream_id)
 
-    def close(self, stream_id: int) -> None:
-        """It ended: its pause mark, if any, is obsolete."""
+    def close(self, stream_id: int) -> None:  # it ended: its hold, if any, is obsolete
         self.streams.discard(stream_id)
         if self.paused:
             self.unmark(stream_id)
 
-    def on_sent(self, seconds: float, now: float) -> None:
-        """The request has sent its client ``seconds`` of audio in all."""
+    def on_sent(self, seconds: float, now: float) -> None:  # the request sent its client ``seconds`` in all
         self.sent = seconds
         self._decide(now)
 
@@ -106,8 +99,7 @@ class Pacer:
             self._decide(now)
 
     @property
-    def ahead(self) -> float:
-        """Seconds made (or sent) and not yet delivered."""
+    def ahead(self) -> float:  # seconds made (or sent) and not yet delivered
         return max(self.made, self.sent) - self.delivered
 
     def _decide(self, now: float) -> None:
@@ -131,8 +123,7 @@ class Pacer:
     def failure(self) -> str:
         return HOLD_ERROR.format(hold=self.hold)
 
-    def end(self) -> None:
-        """Resume (the request's end included: no pause mark outlives it)."""
+    def end(self) -> None:  # resume (the request's end included: no hold outlives it)
         if self.paused:
             self.paused = False
             for stream_id in self.streams:
@@ -159,8 +150,7 @@ class PaceTable:
             self.pacers[token] = pacer
         return pacer
 
-    def end(self, pacer: Pacer) -> None:
-        """The request is over: no pause mark outlives it, its token is free (if its entry is this pacer's)."""
+    def end(self, pacer: Pacer) -> None:  # the request is over: no hold outlives it, its token is free
         pacer.end()
         if self.pacers.get(pacer.token) is pacer:
             del self.pacers[pacer.token]

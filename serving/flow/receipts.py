@@ -1,10 +1,6 @@
-"""The reader's board: all the generator waits for on a reader's side, in one mmap per reading model
-(``receipts-tts``, ``receipts-ensemble_generator``) that the reader (:class:`Receipts`) writes and the
-generator (:class:`ReceiptBoard`) reads. Little-endian int64s: the reader's pid; :data:`HELD` held streams
-(0: free; serving.flow.pacing: a far-behind client's, not stepped, docs/triton.md#T22); then per pipe (pipe id,
-responses read), its next response sent only once the one before was read (docs/triton.md#T23). Protocol
-and rules: docs/architecture.md, "Read receipts and pacing: the reader's board".
-"""
+"""The reader's board, one mmap per reading model, written by it (:class:`Receipts`) and read by the generator
+(:class:`ReceiptBoard`): docs/architecture.md, "Read receipts and pacing: the reader's board" (T22, T23).
+Little-endian int64s: the reader's pid, :data:`HELD` held streams (0: free), then per pipe (id, responses read)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.flow.admission import ADMITTERS
+from serving.flow.admission import ADMITTERS, int64
 
 PARAMETER = "receipt"  # a pipe opening's entry on its reader's board: "<reader>:<index>"
 FILE = "receipts-"  # + the reading model's name
@@ -36,12 +32,6 @@ def _path(board: str | Path, sender: str) -> Path:
     return Path(board) / f"{FILE}{sender}"
 
 
-def _int64(value: int) -> bytes:
-    # an int64 is copied in whole, never packed: struct's pack_into zero-fills its target before it writes
-    # the fields, and the generator (another process) then saw id 0 for an instant (T27)
-    return int(value).to_bytes(8, "little", signed=True)
-
-
 class Receipts:
     """A reading model's board (``tts`` or ``ensemble_generator``), ``capacity`` entries; one per process, used
     from its event loop (:meth:`open`, :meth:`hold`) and its pipes' reading threads (:meth:`Receipt.read`)."""
@@ -59,7 +49,7 @@ class Receipts:
         finally:
             os.close(fd)
         self.map[:] = bytes(size)  # a dead run's entries and holds are void
-        self.map[:_HELD] = _int64(os.getpid())
+        self.map[:_HELD] = int64(os.getpid())
         self.free = list(range(capacity - 1, -1, -1))  # entries nobody uses, the lowest taken first
         self.held: dict[int, int] = {}  # held stream -> its place (the event loop only, as the places)
         self.places = list(range(HELD - 1, -1, -1))  # places no stream holds
@@ -78,7 +68,7 @@ class Receipts:
         """The generator does not step the stream until :meth:`release` (a pace mark: serving.flow.pacing)."""
         if stream_id not in self.held:  # (places run out only past MAX_SLOTS streams: IndexError)
             place = self.held[stream_id] = self.places.pop()
-            self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = _int64(stream_id)
+            self.map[_HELD + 8 * place : _HELD + 8 * place + 8] = int64(stream_id)
 
     def release(self, stream_id: int) -> None:
         """The stream may step again (or it ended); releasing one not held does nothing."""
@@ -89,32 +79,26 @@ class Receipts:
 
 
 class Receipt:
-    """One pipe's entry on its reader's board."""
+    """One pipe's entry on its reader's board; :attr:`parameter`: the pipe opening's :data:`PARAMETER`."""
 
     def __init__(self, receipts: Receipts, index: int, pipe_id: int):
         self.receipts, self.index, self.pipe_id = receipts, index, pipe_id
-        self.closed = False
-
-    @property
-    def parameter(self) -> str:
-        """The value of the pipe opening's :data:`PARAMETER`."""
-        return f"{self.receipts.sender}:{self.index}"
+        self.at, self.parameter = HEAD + _ENTRY.size * index, f"{receipts.sender}:{index}"
 
     def read(self) -> None:
-        """One more response of the pipe was read (from the thread that read it)."""
-        at = HEAD + _ENTRY.size * self.index
+        """One more response of the pipe was read (from the thread that read it); a late read of a closed
+        entry counts nothing (pipe ids are never 0, nor reused)."""
         with self.receipts.lock:
-            pipe_id, count = _ENTRY.unpack_from(self.receipts.map, at)
-            if pipe_id == self.pipe_id and not self.closed:  # a late read of a closed entry counts nothing
-                self.receipts.map[at + 8 : at + 16] = _int64(count + 1)  # the count alone
+            pipe_id, count = _ENTRY.unpack_from(self.receipts.map, self.at)
+            if pipe_id == self.pipe_id:
+                self.receipts.map[self.at + 8 : self.at + 16] = int64(count + 1)  # the count alone
 
     def close(self) -> None:
-        """Nobody reads the pipe any more: the generator ends it, and the entry is free."""
-        if self.closed:
-            return
-        self.closed = True
+        """Nobody reads the pipe any more: the generator ends it, and the entry is free (once)."""
         with self.receipts.lock:
-            _ENTRY.pack_into(self.receipts.map, HEAD + _ENTRY.size * self.index, 0, 0)
+            if _ENTRY.unpack_from(self.receipts.map, self.at)[0] != self.pipe_id:
+                return
+            _ENTRY.pack_into(self.receipts.map, self.at, 0, 0)
         self.receipts.free.append(self.index)
 
 

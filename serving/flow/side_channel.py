@@ -1,9 +1,6 @@
-"""The run's side channel: one private folder of small files through which the stubs of one server tell each
-other about streams, where Triton has no way to (docs/triton.md#T6, #T13). :class:`SideChannel` is its one API:
-stream marks ``<kind>-<id>`` read in one listing for all kinds and swept once a minute old, and the launcher's
-flags, each read at most once per interval for all the requests of a process; :class:`LiveStreams` is the live
-board. Who writes and reads each file: docs/architecture.md, "Cancellation: one carrier" and "The live board".
-"""
+"""The run's side channel (T6, T13): :class:`SideChannel`, its one API (stream marks, the launcher's flags, the
+sweep), and :class:`LiveStreams`, the live board. docs/architecture.md, "Cancellation: one carrier" and "The
+live board"."""
 
 from __future__ import annotations
 

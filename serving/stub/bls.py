@@ -1,11 +1,6 @@
-"""The BLS calls of an async model (``tts``, ``ensemble_generator``) to the other Triton models (the
-orchestrator's interfaces over them are in :mod:`serving.stub.bls_adapters`), and the watch of a running
-request: whether its client left (``request.is_cancelled()``), asked on one thread per stub for every watched
-request in turn, at most :data:`engine.lifetime.CANCEL_CHECKS_PER_SECOND` times a second in all (T20), never
-after the final response (T3), and the retired BLS response iterators its questions let go of (T18). Why and
-how: docs/architecture.md, "Cancellation: one carrier". The watch has no Triton: a request is anything with
-``is_cancelled()``.
-"""
+"""The BLS calls of ``tts`` and ``ensemble_generator`` (their orchestrator's interfaces: serving.stub.bls_adapters),
+and the watch of a running request's ``is_cancelled()`` (T3, T18, T20; no Triton: a request is anything with that
+method): docs/architecture.md, "Cancellation: one carrier"."""
 
 from __future__ import annotations
 

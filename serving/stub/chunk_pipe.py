@@ -1,7 +1,4 @@
-"""A pipe: one long-lived generator request per reading process (``tts``, ``ensemble_generator``) that
-carries the chunks of all its streams, a step's chunks in one response: its parameter and its packing.
-Why, and the protocol: docs/architecture.md, "The generator pipe" and "Read receipts and pacing: the reader's board".
-"""
+"""A generator pipe's parameter and packing: docs/architecture.md, "The generator pipe"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The generator model's engine: one thread that steps every live stream, Triton's request objects aside
-(the triton vllm_backend pattern: docs/triton.md#T21, #T17). ``execute`` (model_repository/generator/1/model.py)
-parses each new request and hands it here (:attr:`GeneratorHost.arrivals`); only the engine thread touches
-:attr:`service`, the senders and the side channels. What it does between two steps, and the pipe protocol:
-docs/architecture.md, "The generator's engine thread", "The generator pipe" and "Read receipts and pacing:
-the reader's board".
-"""
+"""The generator's engine thread, Triton's request objects aside (T17, T21): docs/architecture.md, "The
+generator's engine thread", "The generator pipe" and "Read receipts and pacing: the reader's board"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The generator's pipes (serving.stub.chunk_pipe): per reading process, one long-lived request on which
-the chunks of all its streams go out, a step's chunks in one response. Used by the engine thread only
-(serving.stub.generator_host)."""
+"""The generator's end of the pipes (serving.stub.chunk_pipe), used by its engine thread only."""
 
 from __future__ import annotations
 

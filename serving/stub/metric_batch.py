@@ -1,8 +1,6 @@
-"""Triton metrics in the stubs: every model's metric families, held for its life and released in its
-``finalize``; metric updates of one event-loop turn sent together (:class:`MetricBatch`), gauges moved by
-``increment`` (:class:`Level`); ``tts``'s and the generator's metrics; the synthetic-math banner. Why:
-docs/architecture.md, "Inside each stub". No Triton here.
-"""
+"""Triton metrics in the stubs (T19, T30): families held and released, updates batched per event-loop turn
+(:class:`MetricBatch`), gauges moved by ``increment`` (:class:`Level`), ``tts``'s and the generator's metrics.
+docs/architecture.md, "Inside each stub". No Triton here."""
 
 from __future__ import annotations
 

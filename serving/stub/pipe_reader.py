@@ -1,9 +1,5 @@
-"""The reading end of a generator pipe (serving.stub.chunk_pipe), in ``tts`` or ``ensemble_generator``: one
-open pipe per process, read on a thread of its own, each response's chunks handed to their streams'
-:class:`Inbox` in one turn of the event loop; rotated after :data:`ROTATE_BYTES` or :data:`ROTATE_RESPONSES`
-(docs/triton.md#T25). Docs: docs/architecture.md, "The generator pipe" and "Read receipts and pacing: the
-reader's board".
-"""
+"""The reading end of a generator pipe in ``tts`` or ``ensemble_generator`` (rotated: T25): docs/architecture.md,
+"The generator pipe"."""
 
 from __future__ import annotations
 

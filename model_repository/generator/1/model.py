@@ -1,9 +1,5 @@
-"""generator: latent chunks for every live stream, stepped together on one engine thread
-(serving.stub.generator_host). Decoupled, one long-lived request per stream; each reading process's pipe
-(serving.stub.chunk_pipe) carries its streams' chunks. Only our own pipeline may call it: every key-less
-request is refused (docs/triton.md#T9). Docs: docs/architecture.md, "The generator's engine thread",
-"The generator pipe" and "Read receipts and pacing: the reader's board".
-"""
+"""generator: every live stream stepped on one engine thread (serving.stub.generator_host); key-less requests
+refused (T9). docs/architecture.md, "The generator's engine thread" and "The generator pipe"."""
 
 import triton_python_backend_utils as pb
 
