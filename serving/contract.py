@@ -241,7 +241,7 @@ def decode_settings(seed, parameters: dict, known: tuple[Parameter, ...] = _ep.G
 
 
 # A pipe response (serving.stub.chunk_pipe): the chunks of many streams of one reader, packed; the
-# generator sends either these or GENERATOR_OUTPUTS in a response, never both.
+# generator sends every response so (a stream's own request's refusal too).
 PIPE_COLUMNS = 6
 PIPE_OUTPUTS = (
     Spec("PIPE_CHUNKS", "TYPE_UINT64", (-1, PIPE_COLUMNS),

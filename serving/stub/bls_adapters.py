@@ -23,8 +23,9 @@ from serving.flow.receipts import Receipts
 from serving.intake.requests import Voice
 from serving.stub.bls import BLS, first_response
 from serving.stub.chunk_pipe import PARAMETER as PIPE
+from serving.stub.chunk_pipe import unpack
 from serving.stub.pipe_reader import NO_PROMPT, Inbox, PipeReader
-from serving.stub.triton_io import bls_error, outputs, read_chunk, tensors
+from serving.stub.triton_io import bls_error, outputs, tensors
 
 log = logging.getLogger("tts")
 LATENT_SECONDS = PATCH_SECONDS / PATCH_SIZE  # speech in one latent row of a chunk
@@ -97,7 +98,7 @@ class BLSGenerator:
         return pb.InferenceRequest(
             model_name=self.model, inputs=tensors(pb, contract.GENERATOR_INPUTS, values),
             parameters={**settings, **self.bls.parameters, PIPE: f"{pipe_id:x}"},
-            requested_output_names=[s.name for s in contract.GENERATOR_OUTPUTS], correlation_id=segment.stream_id,
+            requested_output_names=[s.name for s in contract.PIPE_OUTPUTS], correlation_id=segment.stream_id,
             flags=pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
         )  # fmt: skip
 
@@ -137,7 +138,7 @@ class BLSGenerator:
             if response is None or not (response.has_error() or response.output_tensors()):
                 item = None
             else:
-                item = bls_error(self.bls.pb, "generator", response) or read_chunk(outputs(self.bls.pb, response))
+                item = bls_error(self.bls.pb, "generator", response) or unpack(outputs(self.bls.pb, response))[0]
         except Exception as e:  # noqa: BLE001 (the stream fails with it)
             item = e
         inbox.put(item)

@@ -3,6 +3,7 @@ generator's engine thread", "The generator pipe" and "Read receipts and pacing: 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -30,9 +31,7 @@ RECEIPT_POLL_SECONDS = 0.002  # with nothing to step but chunks waiting for rece
 
 
 @dataclass
-class Arrival:
-    """A new stream, parsed by ``execute``; the engine thread admits it when a slot is free."""
-
+class Arrival:  # a new stream, parsed by execute; the engine thread admits it when a slot is free
     stream_id: int  # the request's correlation id (63 random bits from tts or ensemble_generator)
     inputs: tuple  # serving.intake.request_inputs.stream_request's parse of its tensors and parameters
     sender: object  # its own request's response sender: the empty final at admission, or a refusal
@@ -40,13 +39,12 @@ class Arrival:
 
 
 class GeneratorHost:
-    """The generator's streams and the thread that steps them. ``send(sender, chunk)`` sends one chunk as
-    a final response (a refusal on a stream's own request); ``send_pipe(sender, chunks, final)`` sends
-    ``chunks`` packed (serving.stub.chunk_pipe) as one response (none: a response without tensors, a pipe's
-    opening), or only the FINAL flag when ``chunks`` is None; both raise when the response cannot go out."""
+    """The generator's streams and the thread that steps them. ``send(sender, chunks, final)``, its one way to send
+    (a pipe's responses, and a stream's own request's refusal), sends ``chunks`` packed (serving.stub.chunk_pipe) as
+    one response (none: without tensors, a pipe's opening), or only the FINAL flag when ``chunks`` is None; it
+    raises when the response cannot go out."""
 
-    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, Chunk], None],
-                 send_pipe: Callable[[object, list[Chunk] | None, bool], None]):  # fmt: skip
+    def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, list[Chunk] | None, bool], None]):
         from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
@@ -71,11 +69,10 @@ class GeneratorHost:
         self._set_cap()
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
-        self.send, self.send_pipe = send, send_pipe
         # execute -> engine thread: streams are admitted between two steps, in arrival order
         self.arrivals: queue.SimpleQueue[Arrival | PipeOpening] = queue.SimpleQueue()
         self.waiting: deque[Arrival] = deque()  # arrived, no slot yet, oldest first (engine thread only)
-        self.pipes = Pipes(send_pipe, self._lose, self.metrics.waited)
+        self.pipes = Pipes(send, self._lose, self.metrics.waited)
         self.stopping = threading.Event()
         self.engine = threading.Thread(target=self._run, name="generator-engine", daemon=True)
         self.engine.start()
@@ -108,13 +105,11 @@ class GeneratorHost:
     def _take(self, wait: float) -> None:
         """Move what ``execute`` queued to :attr:`waiting` (waiting up to ``wait`` seconds for it); one
         that names a live stream is refused at once, and the live stream is left alone."""
-        try:
+        with contextlib.suppress(queue.Empty):
             if wait:
                 self._arrived(self.arrivals.get(timeout=wait))
             while True:
                 self._arrived(self.arrivals.get_nowait())
-        except queue.Empty:
-            pass
 
     def _arrived(self, a: Arrival | PipeOpening) -> None:
         if isinstance(a, PipeOpening):
@@ -170,7 +165,7 @@ class GeneratorHost:
                 continue
             self.pipes.add(a.pipe, a.stream_id)  # its chunks, the last included, go on the pipe
             # its own request is answered now (T28); a caller that is gone: its pipe's reader drops its chunks
-            self.pipes.safely(self.send_pipe, a.sender, None, True)
+            self.pipes.safely(a.sender, None, True)
             admitted = True
         if admitted:
             self.channel.live.sync(self.service.live)
@@ -206,10 +201,8 @@ class GeneratorHost:
             self.slot_cap.set_cap(cap)
             self.cap = cap
 
-    def _answer(self, sender, chunk: Chunk) -> None:
-        """A stream's own request ends with ``chunk`` (a refusal or a cancel before it started); a caller
-        that is gone has nothing to hear."""
-        self.pipes.safely(self.send, sender, chunk)
+    def _answer(self, sender, chunk: Chunk) -> None:  # a stream's own request ends: refused, or cancelled waiting
+        self.pipes.safely(sender, [chunk], True)
 
     def _lose(self, stream_ids: set[int], why: str) -> None:
         """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:

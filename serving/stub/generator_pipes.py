@@ -63,13 +63,13 @@ class Pipes:
     def start(self, p: PipeOpening) -> None:
         """Register a pipe and answer it at once with an empty response (its reader waits for one)."""
         if p.pipe_id in self.open or not p.pipe_id:
-            self.safely(self.send, p.sender, [end_chunk(0, failure_reason(ValueError("this pipe id is in use")))], True)
+            self.safely(p.sender, [end_chunk(0, failure_reason(ValueError("this pipe id is in use")))], True)
             return
         if len(self.open) >= MAX_PIPES:
             oldest = next(iter(self.open))
             log.warning("more than %d pipes: pipe %x, the oldest, is ended", MAX_PIPES, oldest)
             self.end(oldest, f"more than {MAX_PIPES} pipes were opened")
-        if self.safely(self.send, p.sender, [], False):
+        if self.safely(p.sender, [], False):
             pipe = self.open[p.pipe_id] = Pipe(p.sender, p.receipt)
             pipe.sent = 1
 
@@ -108,7 +108,7 @@ class Pipes:
             if pipe.held:
                 self.waited(time.monotonic() - pipe.since)
                 pipe.held = False
-            if not self.safely(self.send, pipe.sender, chunks, False):
+            if not self.safely(pipe.sender, chunks, False):
                 self.end(pipe_id, "a response could not be sent")
                 continue
             pipe.sent += 1
@@ -125,13 +125,13 @@ class Pipes:
         if pipe.streams:
             log.warning("pipe %x ended (%s): its %d streams are lost", pipe_id, why, len(pipe.streams))
             self.lose(pipe.streams, why)
-        self.safely(self.send, pipe.sender, None, True)
+        self.safely(pipe.sender, None, True)
 
-    def safely(self, send: Callable, *args) -> bool:
-        """``send(*args)``: whether it went out. The generator's one way to send: a failure means the
-        request's reader or caller is gone, and is logged (throttled), never raised."""
+    def safely(self, sender, chunks: list[Chunk] | None, final: bool) -> bool:
+        """``send``: whether it went out. A failure means the request's reader or caller is gone, and is logged
+        (throttled), never raised."""
         try:
-            send(*args)
+            self.send(sender, chunks, final)
             return True
         except Exception as e:  # noqa: BLE001 (any failure to send: the reader or the caller is gone)
             self.failures.warning("generator: a response could not be sent (%s)", e)

@@ -172,13 +172,13 @@ class GeneratorPipe:
 
     def answer(self, request_id: str, timeout: float = 60.0) -> str | None:
         """A stream's own request's one response: None (admitted: its chunks come on the pipe), or its
-        FINISH_REASON (refused) or error."""
-        from serving.contract import text_of
+        FINISH_REASON (refused: one chunk, packed as the pipe's) or error."""
+        from serving.stub.chunk_pipe import unpack
 
         result, error = self.queues[request_id].get(timeout=timeout)
         if error is not None:
             return str(error)
-        return text_of(result.as_numpy("FINISH_REASON")) if result.get_response().outputs else None
+        return unpack(result.as_numpy)[0].finish_reason if result.get_response().outputs else None
 
     def read(self, stream_id: int, timeout: float = 60.0) -> list:
         """The stream's chunks (engine.protocol.Chunk), read on the pipe until its last one came (or

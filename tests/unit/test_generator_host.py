@@ -76,9 +76,6 @@ class PipeSender:
         if final:
             self.done.set()
 
-    def send(self, chunk):  # a refusal before the stream started, or a lost stream's end: a chunk of its own
-        self.pipe([chunk], chunk.last)
-
     def chunks(self, stream_id: int | None = None) -> list:
         return [c for chunks, _ in self.responses for c in chunks or () if stream_id in (None, c.stream_id)]
 
@@ -90,8 +87,7 @@ def host(tiny_ckpt, tmp_path, monkeypatch):
                             slots=2, max_len=512, kv_memory_gb=0.0, attention="sdpa", synthetic_math=False, synthetic_step="", step_budget_ms=0.0,
                             batch_invariant=True,
                             models="")  # fmt: skip
-    h = GeneratorHost(FakePb, opts, lambda sender, chunk: sender.send(chunk),
-                      lambda sender, chunks, final: sender.pipe(chunks, final))  # fmt: skip
+    h = GeneratorHost(FakePb, opts, lambda sender, chunks, final: sender.pipe(chunks, final))
     yield h
     h.close()
 

@@ -279,8 +279,8 @@ def test_generator_streams_one_request_to_its_last_chunk_on_its_pipe_and_refuses
     pipeless = fake.request(inputs, stream, correlation_id=sid + 2, flags=start)
     gen.execute([pipeless])
     assert pipeless.sender.finals == 1 and pipeless.sender.closed.is_set()
-    (refused,) = pipeless.sender.outputs()
-    assert "pipe" in refused["FINISH_REASON"].reshape(-1)[0].decode() and refused["LAST"].reshape(-1)[0]
+    ((refused,),) = [unpack(out.get) for out in pipeless.sender.outputs()]  # packed, as every response it sends
+    assert "pipe" in refused.finish_reason and refused.last
     pipe = fake.request(inputs, {INTERNAL_PARAMETER: KEY, "pipe": "open"}, correlation_id=pipe_id, flags=start)
     gen.execute([pipe])
     request = fake.request(inputs, {**stream, "pipe": f"{pipe_id:x}"}, correlation_id=sid, flags=start)

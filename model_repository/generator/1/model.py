@@ -13,7 +13,7 @@ from serving.stub.chunk_pipe import PARAMETER as PIPE
 from serving.stub.generator_host import Arrival, GeneratorHost
 from serving.stub.generator_pipes import PipeOpening
 from serving.stub.metric_batch import release
-from serving.stub.triton_io import chunk_tensors, error_response, setup_logging
+from serving.stub.triton_io import error_response, setup_logging
 
 log = setup_logging("generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -21,7 +21,7 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.host = GeneratorHost(pb, GeneratorOptions.read(args), send, send_pipe)
+        self.host = GeneratorHost(pb, GeneratorOptions.read(args), send)
 
     def execute(self, requests):
         host = self.host
@@ -45,18 +45,14 @@ class TritonPythonModel:
             except Exception as e:  # bad input fails this request only
                 if not isinstance(e, ValueError):
                     log.exception("could not read a stream request")
-                send(sender, end_chunk(0, failure_reason(e)))
+                send(sender, [end_chunk(0, failure_reason(e))], True)
 
     def finalize(self):
         self.host.close()
         release(self)
 
 
-def send(sender, chunk: Chunk) -> None:
-    sender.send(pb.InferenceResponse(chunk_tensors(pb, chunk)), flags=FINAL if chunk.last else 0)
-
-
-def send_pipe(sender, chunks: list[Chunk] | None, final: bool) -> None:  # GeneratorHost's send_pipe
+def send(sender, chunks: list[Chunk] | None, final: bool) -> None:  # GeneratorHost's one way to send
     if chunks is None:
         sender.send(flags=FINAL)
         return

@@ -55,16 +55,12 @@ class TritonPythonModel:
 
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
-        raw = request.parameters()
+        raw, key, sender = request.parameters(), request.correlation_id(), request.get_response_sender()
         parameters = parameters_of(raw)  # parsed once; {} when malformed (parse_request names the fault)
-        if DELIVERED in parameters:  # a pace request (serving.flow.pacing): answered at once, before any admission
-            error = self.paces.answer(parameters, time.monotonic())
-            return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
-        key = request.correlation_id()
-        if key and not request.flags() & START:  # a text-in stream's later piece: answered at once
-            error = take_piece(pb, self.text_streams, request, key)
-            return request.get_response_sender().send(error and error_response(pb, error), flags=FINAL)
-        sender = request.get_response_sender()
+        if DELIVERED in parameters or key and not request.flags() & START:  # answered at once, before any admission
+            error = (self.paces.answer(parameters, time.monotonic()) if DELIVERED in parameters  # a pace request
+                     else take_piece(pb, self.text_streams, request, key))  # a text-in stream's later piece  # fmt: skip
+            return sender.send(error and error_response(pb, error), flags=FINAL)
         if refusal := self.entry.channel.refusal():  # the launcher restarts or stops the server
             return sender.send(error_response(pb, Unavailable(refusal)), flags=FINAL)
         try:  # its pacer (a token names a paced request: one running request's at a time)
