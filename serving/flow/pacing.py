@@ -13,7 +13,6 @@ from collections.abc import Callable
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
 from serving.contract import DELIVERED, PACE, PACE_REQUEST
-from serving.security.auth import parameter_dict
 
 log = logging.getLogger("tts")
 PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
@@ -169,11 +168,3 @@ class PaceTable:
         except ValueError as e:
             return str(e)
         return None
-
-
-def parameters_of(raw) -> dict:
-    """A request's parameters (Triton's JSON text) as a dict; {} when malformed (its parse names the fault)."""
-    try:
-        return parameter_dict(raw)
-    except ValueError:
-        return {}

@@ -120,8 +120,7 @@ class GeneratorHost:
             self.waiting.append(a)
 
     def _cancel_marked(self) -> None:
-        """End the streams whose callers asked to (live or still waiting for a slot), each with its
-        cancelled last chunk."""
+        """End the streams whose callers asked to (live or waiting for a slot), each with its cancelled last chunk."""
         marked = self.channel.poll()["cancel"]  # one listing per step
         if not marked:
             return

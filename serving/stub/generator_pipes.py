@@ -43,11 +43,9 @@ class Pipe:
 
 
 class Pipes:
-    """The open pipes, oldest first.
-
-    ``send(sender, chunks, final)``: one response, ``chunks`` packed (None: the FINAL flag alone); raises
-    when it cannot go out. ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and
-    marked lost. ``waited(seconds)``: how long chunks waited for a receipt (a metric)."""
+    """The open pipes, oldest first. ``send``: the generator's (serving.stub.generator_host.GeneratorHost);
+    ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and marked lost;
+    ``waited(seconds)``: how long chunks waited for a receipt (a metric)."""
 
     def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
                  lose: Callable[[set[int], str], None], waited: Callable[[float], None]):  # fmt: skip

@@ -27,10 +27,8 @@ def family(pb, name: str, description: str, kind: str):
 
 def release(model) -> None:
     """The end of a model's ``finalize``, once nothing updates its metrics: all it holds, its metrics and their
-    families included, is let go of now, while the stub can still tell Triton. One left to the stub's end
-    segfaults the stub at shutdown on Triton 2.51: a family in the stub's destructor (python_backend PR #429,
-    fixed after 2.51), a metric in a reference cycle in the interpreter's last collection, after the stub's
-    shared memory is gone (the generator's)."""
+    families included, is let go of now, while the stub can still tell Triton (one left to the stub's end
+    segfaults it: docs/triton.md#T30)."""
     vars(model).clear()
     FAMILIES.clear()
     gc.collect()
@@ -137,8 +135,7 @@ class TTSMetrics:
 
 
 class GeneratorMetrics:
-    """The generator's metrics (docs/operations.md, "Metrics"), kept in step with its
-    :class:`~engine.streams.GeneratorService`."""
+    """The generator's metrics (docs/operations.md, "Metrics"), kept in step with its GeneratorService."""
 
     def __init__(self, pb, service):
         self.service = service

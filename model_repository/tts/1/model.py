@@ -15,10 +15,11 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.admission import Place, TextPlace
-from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable, parameters_of
+from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import ServedModels, parse_request
 from serving.intake.text_streams import STREAMED, TextStreams, release_of, start_stream, take_piece
+from serving.security.auth import parameter_dict
 from serving.stub.bls import watch_request
 from serving.stub.bls_adapters import BLSPrompts
 from serving.stub.entry import Entry
@@ -56,7 +57,9 @@ class TritonPythonModel:
     async def _serve(self, request):
         # Nothing awaits before a piece is handed over: a sequence's requests are taken in their tasks' order.
         raw, key, sender = request.parameters(), request.correlation_id(), request.get_response_sender()
-        parameters = parameters_of(raw)  # parsed once; {} when malformed (parse_request names the fault)
+        parameters = {}  # parsed once; {} when malformed (parse_request names the fault)
+        with contextlib.suppress(ValueError):
+            parameters = parameter_dict(raw)
         if DELIVERED in parameters or key and not request.flags() & START:  # answered at once, before any admission
             error = (self.paces.answer(parameters, time.monotonic()) if DELIVERED in parameters  # a pace request
                      else take_piece(pb, self.text_streams, request, key))  # a text-in stream's later piece  # fmt: skip
@@ -128,13 +131,12 @@ class TritonPythonModel:
         """Run one request (``parameters``: its own, parsed or as sent; ``stream``: its text-in stream, or None;
         ``place``: its admission place; ``pacer``: a paced request's), sending all but the final piece; returns
         that piece and the samples in all."""
-        t0, waiting = time.perf_counter(), True
+        t0, waiting, sent = time.perf_counter(), True, 0
         inputs = tts_inputs(pb, request, parameters, None if stream is None else STREAMED)
         text_release = None if stream is None else release_of(pb, request)
         speech = parse_request(inputs, self.served)  # checked once: what follows trusts it
         utterance = speech.utterance
         pacer.paced_by(utterance.schedule, utterance.speed)
-        sent = 0
         run = (self.orchestrator.run(utterance, speech.voice) if stream is None
                else self.orchestrator.run_text(utterance, speech.voice, stream.read(), text_release,
                                                stream.place.idle))  # fmt: skip
