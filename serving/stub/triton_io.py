@@ -152,7 +152,7 @@ def tensors(pb, specs, values: dict, batch: bool = True) -> list:
 
 
 def chunk_tensors(pb, chunk) -> list:
-    """A :class:`~engine.protocol.Chunk` as the generator's outputs."""
+    """A :class:`~engine.protocol.Chunk` as ensemble_generator's outputs (the generator packs its own)."""
     values = {"STREAM_ID": chunk.stream_id, "LATENTS": chunk.latents, "PROMPT_LATENTS": chunk.prompt_latents,
               "LAST": chunk.last, "FINISH_REASON": chunk.finish_reason, "SEAL": (chunk.seq, chunk.seal),
               "TEXT": chunk.text}  # fmt: skip
@@ -175,8 +175,8 @@ def latent_rows(value: np.ndarray, name: str, most: int) -> np.ndarray:
 
 
 def read_chunk(tensor):
-    """The generator's outputs or the vocoder's inputs (``tensor(name)``: numpy) -> Chunk; ValueError naming
-    the tensor for anything a generator never sends, checked before anything is copied or decoded."""
+    """The vocoder's inputs, one chunk (``tensor(name)``: numpy) -> Chunk; ValueError naming the tensor for
+    anything a generator never sends, checked before anything is copied or decoded."""
 
     def arr(name, size: int | None = None, rows: int | None = None):
         value = tensor(name)
@@ -195,5 +195,4 @@ def read_chunk(tensor):
         finish_reason=contract.text_of(arr("FINISH_REASON", 1)),
         seq=seq,
         seal=seal,
-        text="" if tensor("TEXT") is None else contract.text_of(arr("TEXT", 1)),  # the vocoder gets none
     )
