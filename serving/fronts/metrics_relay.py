@@ -81,10 +81,9 @@ class Counters:
             self.help[name] = help_text
         return name
 
-    def increment(self, name: str) -> None:
+    def increment(self, name: str) -> None:  # of a counter added before
         with self.lock:
-            self.values[name] = self.values.get(name, 0) + 1
-            self.help.setdefault(name, name)
+            self.values[name] += 1
 
     def text(self) -> str:
         with self.lock:
