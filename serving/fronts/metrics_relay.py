@@ -81,9 +81,10 @@ class Counters:
             self.help[name] = help_text
         return name
 
-    def increment(self, name: str) -> None:  # of a counter added before
+    def increment(self, name: str) -> None:
         with self.lock:
-            self.values[name] += 1
+            self.values[name] = self.values.get(name, 0) + 1
+            self.help.setdefault(name, name)
 
     def text(self) -> str:
         with self.lock:
