@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from engine.frontend.text_in import TextInSegmenter
 from engine.instructions import DESIGN, EDITS
 from engine.lifetime import linger
 from engine.params import DEFAULT_SCHEDULE, DEFAULT_SPLIT_TOKENS, READ_AHEAD, SPEED, GenerationParams
-from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk
+from engine.protocol import CANCELLED, ERROR, LENGTH, SAMPLE_RATE, STOP, Chunk, StreamFailed, end_chunk, new_stream_id
 from engine.segments import Joiner, ahead_may_start, ahead_to_yield, segment_schedule
 from engine.start_window import StartWindow
 from engine.time_stretch import TimeStretch
@@ -143,11 +142,6 @@ class Vocoder(Protocol):
 PREPARED_KEPT = 512  # texts whose front-end result an orchestrator keeps (the least recently used goes)
 READ_AHEAD_SECONDS = 60.0  # default bound on a request's read-ahead audio waiting to be sent
 AHEAD_POLL_SECONDS = 0.02  # how often an utterance with read-ahead looks at the generator's slots
-
-
-def new_stream_id() -> int:
-    """Random 63-bit ids: unguessable, never 0, and far from Triton's own sequence ids."""
-    return secrets.randbits(63) | 1
 
 
 class Orchestrator:

@@ -10,6 +10,7 @@ and every model process load this.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +124,12 @@ class Chunk:
     def plan(self) -> bool:
         """The plan chunk of an Instruct stream: text only (every audio chunk before the last has latents)."""
         return not self.last and len(self.latents) == 0 and len(self.prompt_latents) == 0
+
+
+def new_stream_id() -> int:
+    """A stream's id, the one place ids are minted: 63 random bits, unguessable, never 0, far from Triton's own
+    sequence ids; no MAC of its own (every chunk's seal covers it)."""
+    return secrets.randbits(63) | 1
 
 
 def end_chunk(stream_id: int, reason: str = CANCELLED) -> Chunk:

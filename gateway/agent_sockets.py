@@ -37,7 +37,8 @@ async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | N
     handshake (a bad query parameter): the socket gets that error, then is closed."""
     host = ws.client.host if ws.client else "unknown"
     peer = f"{host}:{ws.client.port}" if ws.client else host
-    if refusal is None and (full := sockets.open_sockets.refusal(host)) is not None:
+    # counted before the first await: the next connection sees it
+    if refusal is None and (full := sockets.open_sockets.take(host)) is not None:
         log.warning("an agent socket from %s refused: %s", peer, full)
         refusal = (503, full, TRY_AGAIN_LATER)
     if refusal is not None:
@@ -48,11 +49,10 @@ async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | N
             await asyncio.wait_for(ws.send_text(reply), sockets.bounds.send_seconds)
             await asyncio.wait_for(ws.close(code), sockets.bounds.send_seconds)
         return
-    sockets.open_sockets.open(host)  # before the first await: the next connection sees it
     try:
         await ws.accept()
         open_text = held_text(sockets.open_text, sockets.shares, host)  # each context holds the address's share
         await TextSocket(ws, dialect, open_text, sockets.voices, bounds or sockets.bounds,
                          sockets.unsent_seconds, peer).run()  # fmt: skip
     finally:
-        sockets.open_sockets.close(host)
+        sockets.open_sockets.leave(host)

@@ -4,10 +4,11 @@ error reply starts with its name, so a client (and docs/agents.md) can tell them
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, fields
 
+from gateway.errors import log
 from serving.contract import DEFAULT_TEXT_IDLE_SECONDS, MAX_STREAM_CHARS
+from serving.fronts.front_limits import AddressShares
 
 
 @dataclass(frozen=True)
@@ -49,30 +50,18 @@ TRY_AGAIN_LATER = 1013  # the WebSocket close code for "try again later"
 NOT_TAKING = "not reading: a reply waited {s:g} s for its socket to take it"
 
 
-class OpenSockets:
-    """The gateway's agent sockets open now, in all and by peer address, within ``bounds``."""
+class OpenSockets(AddressShares):
+    """The gateway's agent sockets open now, in all and by peer address (the count: :class:`AddressShares`)."""
 
     def __init__(self, bounds: SocketBounds):
-        self.bounds = bounds
-        self.total, self.by_peer = 0, Counter()
+        super().__init__(bounds.sockets_per_peer, log, "agent socket (--agent-sockets-per-peer)")
+        self.sockets = bounds.sockets
 
-    def refusal(self, peer: str) -> str | None:
-        """The named refusal of one more socket from ``peer`` (None: it may open)."""
-        if self.total >= self.bounds.sockets:
-            return TOO_MANY_SOCKETS.format(n=self.bounds.sockets)
-        if self.by_peer[peer] >= self.bounds.sockets_per_peer:
-            return TOO_MANY_FROM_PEER.format(n=self.bounds.sockets_per_peer)
-        return None
-
-    def open(self, peer: str) -> None:
-        self.total += 1
-        self.by_peer[peer] += 1
-
-    def close(self, peer: str) -> None:
-        self.total -= 1
-        self.by_peer[peer] -= 1
-        if not self.by_peer[peer]:
-            del self.by_peer[peer]
+    def take(self, peer: str) -> str | None:
+        """One more socket from ``peer`` -> None (counted; :meth:`leave` gives it back), else its named refusal."""
+        if sum(self.held.values()) >= self.sockets:
+            return TOO_MANY_SOCKETS.format(n=self.sockets)
+        return None if self.enter(peer, quiet=True) else TOO_MANY_FROM_PEER.format(n=self.share)
 
 
 class MessageRate:

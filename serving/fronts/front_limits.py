@@ -38,6 +38,7 @@ class _Bounds:
     and one launcher flag per field, ``--{FLAG}-{name}``."""
 
     FLAG: ClassVar[str]  # the flags' prefix: grpc-front, http-front
+    MODE_HELP: ClassVar[str]  # the help of --{FLAG} itself (auto|on|off)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -50,10 +51,10 @@ class _Bounds:
 
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(f"--{cls.FLAG}", choices=FRONT_MODES, default="auto", help=cls.MODE_HELP)
         for f in fields(cls):
             help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
-            metavar = ("MB" if f.name.endswith("_mb") else "KB" if f.name.endswith("_kb")
-                       else "SECONDS" if f.name.endswith("_seconds") else "N")  # fmt: skip
+            metavar = {"mb": "MB", "kb": "KB", "seconds": "SECONDS"}.get(f.name.rpartition("_")[2], "N")
             parser.add_argument(f"--{cls.FLAG}-" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                                 metavar=metavar, help=help)  # fmt: skip
 
@@ -66,6 +67,9 @@ class _Bounds:
 @dataclass(frozen=True)
 class FrontLimits(_Bounds):
     FLAG: ClassVar[str] = "grpc-front"
+    MODE_HELP: ClassVar[str] = ("the bounded gRPC front on --grpc-port, with Triton's own gRPC on a private loopback port "
+                                "(serving.fronts.grpc_front); auto: on when Triton's gRPC would otherwise be reachable "
+                                "from other machines (a non-loopback --triton-host, or --host without it)")  # fmt: skip
     max_message_mb: float = bound(0.0, ">= 0", "largest request message in MiB; larger: RESOURCE_EXHAUSTED before "
                                   "Triton sees it (default 0: the longest reference at the highest rate, 44.9 MiB)")  # fmt: skip
     max_calls: int = bound(0, ">= 0", "calls in progress at once, all connections together; more: RESOURCE_EXHAUSTED "
@@ -134,6 +138,8 @@ class FrontLimits(_Bounds):
 @dataclass(frozen=True)
 class HttpFrontLimits(_Bounds):
     FLAG: ClassVar[str] = "http-front"
+    MODE_HELP: ClassVar[str] = ("the bounded HTTP front on --http-port, with Triton's own HTTP on a private loopback "
+                                "port (serving.fronts.http_front); auto: as --grpc-front")  # fmt: skip
     max_body_mb: float = bound(0.0, ">= 0", "largest request body in MiB (Content-Length, or a chunked body as it "
                                "streams); larger: 413 before Triton sees it (default 0: as --grpc-front-max-message-mb, "
                                "the longest reference at the highest rate as binary float32)")  # fmt: skip
@@ -158,14 +164,7 @@ class HttpFrontLimits(_Bounds):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grpc-front", choices=FRONT_MODES, default="auto",
-                        help="the bounded gRPC front on --grpc-port, with Triton's own gRPC on a private "
-                             "loopback port (serving.fronts.grpc_front); auto: on when Triton's gRPC would otherwise "
-                             "be reachable from other machines (a non-loopback --triton-host, or --host without it)")  # fmt: skip
     FrontLimits.add_flags(parser)
-    parser.add_argument("--http-front", choices=FRONT_MODES, default="auto",
-                        help="the bounded HTTP front on --http-port, with Triton's own HTTP on a private loopback "
-                             "port (serving.fronts.http_front); auto: as --grpc-front")  # fmt: skip
     HttpFrontLimits.add_flags(parser)
 
 

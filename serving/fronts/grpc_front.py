@@ -32,13 +32,9 @@ _log = logging.getLogger("grpc_front")
 
 # Triton is ours and on loopback: no message bound towards it (the front bounded what comes in), and
 # after a restart it is reached again within a second.
-UPSTREAM_OPTIONS = [
-    ("grpc.max_receive_message_length", -1),
-    ("grpc.max_send_message_length", -1),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
+UPSTREAM_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000)]  # fmt: skip
 _HOP_HEADERS = ("user-agent", "content-type", "te", "host")  # set by the front's own channel
 
 
@@ -151,23 +147,19 @@ class GrpcFront(FrontLoop):
     # ---- the stream: requests forwarded as they come, responses as the client takes them ----
     async def _stream(self, requests, context: grpc.aio.ServicerContext) -> None:
         outbox, ids = _Outbox(await self._enter(context)), CallIds()
+        outbox.handler = asyncio.current_task()
 
         async def forward_requests():
             async for request in requests:
                 outbox.moved_at, outbox.asked = time.monotonic(), True
                 yield ids.rewrite(request)
 
+        call = entry = pump = None
         try:
             call = self.stream_call(forward_requests(), metadata=forwarded_metadata(context.invocation_metadata()),
                                     timeout=context.time_remaining())  # fmt: skip
-        except BaseException:
-            self.shares.leave(outbox.client)
-            raise
-        outbox.handler = asyncio.current_task()
-        entry = (outbox, call)
-        self.streams.add(entry)
-        pump = asyncio.ensure_future(self._pump(call, outbox))
-        try:
+            self.streams.add(entry := (outbox, call))
+            pump = asyncio.ensure_future(self._pump(call, outbox))
             while True:
                 await outbox.ready.wait()
                 if outbox.items:
@@ -187,8 +179,9 @@ class GrpcFront(FrontLoop):
         finally:  # the client left, or the stream ended: nothing of it stays upstream
             self.shares.leave(outbox.client)
             self.streams.discard(entry)
-            call.cancel()
-            pump.cancel()
+            for task in (call, pump):
+                if task is not None:
+                    task.cancel()
 
     async def _pump(self, call, outbox: _Outbox) -> None:
         """Triton's responses -> ``outbox``, as fast as Triton sends them; then how the stream ended."""

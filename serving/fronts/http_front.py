@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import time
+from http import HTTPStatus
 
 import h11
 
@@ -38,12 +39,11 @@ def forwarded_headers(headers, keep_framing: bool = False) -> list[tuple[bytes, 
     return out
 
 
-def error_response(status: int, message: str) -> list:
-    """The h11 events of an error answer in Triton's shape, ``{"error": message}``."""
+def error_response(status: int, message: str) -> bytes:
+    """An error answer in Triton's shape, ``{"error": message}``, that closes the connection."""
     body = json.dumps({"error": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]  # fmt: skip
-    return [h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()]
+    return (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\ncontent-length: "
+            f"{len(body)}\r\nconnection: close\r\n\r\n").encode() + body  # fmt: skip
 
 
 class _Client:
@@ -70,8 +70,7 @@ class _Client:
         """An error response, then close (only before the response to this request began)."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             try:
-                for event in error_response(status, message):
-                    self.send(event)
+                self.writer.write(error_response(status, message))
                 await asyncio.wait_for(self.writer.drain(), 5)
                 # stop writing, and discard what the client still sends for up to LINGER seconds, so that a
                 # client still sending its body reads the answer instead of a reset
@@ -80,7 +79,7 @@ class _Client:
                 while (left := end - time.monotonic()) > 0:
                     if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
                         break
-            except (h11.LocalProtocolError, OSError, asyncio.TimeoutError):
+            except (OSError, asyncio.TimeoutError):
                 pass
         raise Closed
 
@@ -232,11 +231,8 @@ class HttpFront(FrontLoop):
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.clients) >= self.limits.max_connections:
-            conn = h11.Connection(h11.SERVER)
-            conn.receive_data(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # only so that h11 writes a response
-            conn.next_event()
-            writer.write(b"".join(conn.send(e) for e in error_response(503, f"unavailable: the server has "
-                                  f"{len(self.clients)} connections open (--http-front-max-connections)")))  # fmt: skip
+            writer.write(error_response(503, f"unavailable: the server has {len(self.clients)} connections open "
+                                             "(--http-front-max-connections)"))  # fmt: skip
             self.loop.call_later(1.0, writer.transport.abort)
             return
         client = _Client(self, reader, writer)

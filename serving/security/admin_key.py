@@ -14,18 +14,13 @@ from pathlib import Path
 from engine.config import cache_dir
 
 FILE = "admin_key"
-
-
-def default_state_dir() -> Path:
-    return cache_dir()
+default_state_dir = cache_dir  # where the kept key lives unless --state-dir says
 
 
 def _read(path: Path) -> str:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
+    if (mode := stat.S_IMODE(path.stat().st_mode)) & 0o077:
         raise PermissionError(f"{path} is readable by others (mode {mode:o}): chmod 600 it, or rotate the key")
-    key = path.read_text().partition("\n")[0].strip()
-    if not key:
+    if not (key := path.read_text().partition("\n")[0].strip()):
         raise ValueError(f"{path} holds no key: rotate it (python -m serving.security.admin_key rotate)")
     return key
 
@@ -38,33 +33,32 @@ def write_key(path: Path) -> str:
     return key
 
 
-def _written(state_dir: Path) -> tuple[str, Path, Path]:
-    """A new key in a private temporary file in ``state_dir`` (created) -> (key, that file, the key's path)."""
+def _kept(state_dir: Path, place) -> str:
+    """A new key written whole in a private temporary file in ``state_dir`` (created), then put in place by
+    ``place(tmp, path)`` (a reader never sees half a key) -> the key."""
     (path := Path(state_dir) / FILE).parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    return write_key(tmp), tmp, path
+    key = write_key(tmp := path.with_name(f".{FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp"))
+    try:
+        place(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return key
 
 
 def load_or_create(state_dir: Path) -> tuple[str, bool]:
     """The kept key -> (key, whether it was generated now). Two launchers starting at once agree on one: the
-    key is written whole, then linked into place only if no key is there (a reader never sees half a key)."""
-    if (path := Path(state_dir) / FILE).exists():
-        return _read(path), False
-    key, tmp, path = _written(state_dir)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:  # another launcher was first: use its key
-        return _read(path), False
-    finally:
-        tmp.unlink()
-    return key, True
+    new key is linked into place only if no key is there."""
+    if not (path := Path(state_dir) / FILE).exists():
+        try:
+            return _kept(state_dir, os.link), True
+        except FileExistsError:  # another launcher was first: use its key
+            pass
+    return _read(path), False
 
 
 def rotate(state_dir: Path) -> str:
-    """A new kept key, written whole then renamed over the old one (a reader never sees half a key)."""
-    key, tmp, path = _written(state_dir)
-    os.replace(tmp, path)
-    return key
+    """A new kept key, renamed over the old one."""
+    return _kept(state_dir, os.replace)
 
 
 def main(argv: list[str] | None = None) -> int:

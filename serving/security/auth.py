@@ -10,14 +10,13 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import struct
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.protocol import FORBIDDEN
+from engine.protocol import FORBIDDEN, new_stream_id
 
 if TYPE_CHECKING:  # the stubs import this module: keep it light
     from engine.protocol import Chunk
@@ -106,10 +105,7 @@ class Keys:
             return GENERATOR
         return f"{GENERATOR}-{hashlib.sha256(b'generator model name:' + self.internal).hexdigest()[:32]}"
 
-    @staticmethod
-    def new_stream_id() -> int:
-        """A random 63-bit id: unguessable, never 0 (what every chunk's seal covers: no MAC of its own)."""
-        return secrets.randbits(63) | 1
+    new_stream_id = staticmethod(new_stream_id)  # engine.protocol's, the one minter
 
     def seal(self, chunk: Chunk) -> Chunk:
         """``chunk`` with its MAC (64 bits of keyed BLAKE2b over everything the vocoder acts on)."""

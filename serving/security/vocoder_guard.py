@@ -1,7 +1,6 @@
-"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch): it acts only on what
-the generator made, once, in order, for streams the generator's board lists (:mod:`serving.flow.side_channel`).
-Why and the rules: docs/security.md ("the vocoder decodes only what the generator made"),
-docs/architecture.md ("Sealing", "The live board")."""
+"""What the vocoder may do with a chunk, decided before any decoding (no Triton, no torch): only what the generator
+made, once, in order, for streams its board lists. Why and the rules: docs/security.md ("the vocoder decodes only
+what the generator made"), docs/architecture.md ("Sealing", "The live board")."""
 
 from __future__ import annotations
 
@@ -62,13 +61,10 @@ class VocoderGuard:
             self.next_seq.pop(sid, None)
             self._end(sid)
             return Decision(True)  # frees the state, decodes nothing
-        if not self.keys.sealed(chunk):
-            return Decision(False, error=ValueError(UNKNOWN))
-        if sid in self.finished:  # its end came: every chunk of it was used (or will never be)
+        # not the generator's, or its end came (every chunk of it was used, or will never be), or opened before
+        if not self.keys.sealed(chunk) or sid in self.finished or (chunk.seq == 0 and sid in self.opened):
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.seq == 0:
-            if sid in self.opened:
-                return Decision(False, error=ValueError(UNKNOWN))
             if self.live_streams.state(sid) == GONE:
                 return Decision(False, error=Unavailable(DROPPED))
             if len(streams) + opening >= self.max_streams and not self._make_room(streams):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,14 +81,17 @@ def read_checked(path: Path, unchecked_ok: bool = False) -> tuple[dict[str, torc
     return tensors, meta
 
 
+def _file(tensors: dict[str, torch.Tensor], text: str, **meta: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A file's tensors and header: the format version, the transcript, the checksum and ``meta``."""
+    return tensors, {"format_version": FORMAT_VERSION, "text": text, "sha256": checksum(tensors, text), **meta}
+
+
 def prompt_file(prompt: VoicePrompt, identity: str, source: str = "") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and header of ``prompt``'s file, encoded with the checkpoint ``identity`` from the
-    source whose sha256 is ``source`` (a named voice's; "" for an anonymous prompt, which has none)."""
+    """``prompt``'s file, encoded with the checkpoint ``identity`` from the source whose sha256 is ``source``
+    (a named voice's; "" for an anonymous prompt, which has none)."""
     tensors = {"latents": prompt.latents.float(), "speaker": prompt.speaker.float()}
-    meta = {"format_version": FORMAT_VERSION, "checkpoint": identity, "preprocessing": PREPROCESSING,
-            "text": prompt.text, "created": repr(time.time()), "sha256": checksum(tensors, prompt.text),
-            "source": source}  # fmt: skip
-    return tensors, meta
+    return _file(tensors, prompt.text, checkpoint=identity, preprocessing=PREPROCESSING, created=repr(time.time()),
+                 source=source)  # fmt: skip
 
 
 def load_prompt(p_path: Path, identity: str, source: str | None = None) -> VoicePrompt:
@@ -111,11 +114,8 @@ def load_prompt(p_path: Path, identity: str, source: str | None = None) -> Voice
 
 
 def source_file(audio: np.ndarray, sample_rate: int, text: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors and header of a source file: float32 samples (N,) at ``sample_rate`` Hz and their transcript."""
-    source = {"audio": torch.from_numpy(audio)}
-    s_meta = {"format_version": FORMAT_VERSION, "sample_rate": str(sample_rate), "text": text,
-              "sha256": checksum(source, text)}  # fmt: skip
-    return source, s_meta
+    """A source file: float32 samples (N,) at ``sample_rate`` Hz and their transcript."""
+    return _file({"audio": torch.from_numpy(audio)}, text, sample_rate=str(sample_rate))
 
 
 @dataclass(frozen=True)
@@ -144,17 +144,15 @@ def source_digest(s_path: Path) -> str:
         return dict(f.metadata() or {}).get("sha256", "")
 
 
-def source_info(s_path: Path) -> tuple[str, float]:
-    """(transcript, seconds) of a source file, from its header and the audio's shape (no samples read)."""
-    with safe_open(str(s_path), framework="pt") as f:
-        meta = dict(f.metadata() or {})
-        n = f.get_slice("audio").get_shape()[0]
-    return meta.get("text", ""), n / int(meta["sample_rate"])
-
-
 def is_source(s_path: Path, digest: str) -> bool:
     """Whether the source file at ``s_path`` is there and is the one whose sha256 is ``digest``."""
-    try:
+    with suppress(FileNotFoundError, ValueError):
         return source_digest(s_path) == digest
-    except (FileNotFoundError, ValueError):
-        return False
+    return False
+
+
+def source_info(s_path: Path) -> tuple[str, float]:
+    """(transcript, seconds) of a source file, from its header and the audio's shape (no samples read)."""
+    with opened(s_path) as f:
+        meta, n = dict(f.metadata() or {}), f.get_slice("audio").get_shape()[0]
+    return meta.get("text", ""), n / int(meta["sample_rate"])

@@ -192,11 +192,9 @@ class VoiceStore:
                 others = sum(b for key, (_, b) in self._entries("named").items() if key != name)
                 need = others + sum(t.nbytes for t in [*source.values(), *p_file[0].values()])  # + small headers
                 if need > self.max_bytes:
-                    raise ValueError(
-                        f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, over the "
-                        f"voice store's cap of {self.max_bytes / 1e9:g} GB (--voice-store-max-gb); remove voices "
-                        "or raise the cap"
-                    )
+                    raise ValueError(f"cannot register voice {name!r}: named voices would take {need / 1e9:.3f} GB, "
+                                     f"over the voice store's cap of {self.max_bytes / 1e9:g} GB "
+                                     "(--voice-store-max-gb); remove voices or raise the cap")  # fmt: skip
             vf.write_atomic(s_path, source, s_meta)  # the voice is registered (or replaced) here
             vf.write_atomic(p_path, *p_file)
             self._evict()

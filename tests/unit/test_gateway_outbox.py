@@ -154,11 +154,12 @@ def test_an_idle_sockets_watchdog_is_not_held_by_a_send_that_never_completes(cap
 def test_the_per_peer_share_and_the_gateways_bound_are_both_kept():
     sockets = OpenSockets(SocketBounds(sockets=3, sockets_per_peer=2))
     for peer in ("a", "a", "b"):
-        assert sockets.refusal(peer) is None
-        sockets.open(peer)
-    assert sockets.refusal("c").startswith("too many sockets: the server has 3")
-    sockets.close("b")
-    assert sockets.refusal("a").startswith("too many sockets from your address: at most 2")
-    assert sockets.refusal("c") is None
-    sockets.close("a")
-    assert sockets.refusal("a") is None and sockets.by_peer == {"a": 1}
+        assert sockets.take(peer) is None
+    assert sockets.take("c").startswith("too many sockets: the server has 3")
+    sockets.leave("b")
+    assert sockets.take("a").startswith("too many sockets from your address: at most 2")
+    assert sockets.take("c") is None
+    sockets.leave("c")
+    sockets.leave("a")
+    assert sockets.take("a") is None and sockets.holdings() == {"a": 2}
+    assert sockets.take("a").startswith("too many sockets from your address")
