@@ -38,9 +38,10 @@ class Admission:
     counting places, or the generator writing its cap)."""
 
     def __init__(self, board: str | Path, model: str | None, places: int, slots: int = 1, start_rate: float = 0.0,
-                 create: bool = True):  # fmt: skip
-        """``places``: slots + max_queue; ``start_rate``: the start window's (0: none); ``create`` False:
-        FileNotFoundError until a model made the file."""
+                 create: bool = True, share: int = 1):  # fmt: skip
+        """``places``: slots + max_queue; ``start_rate``: the start window's (0: none), ``share``: the processes
+        of ``model`` (tts's instances), each with its share of the window; ``create`` False: FileNotFoundError
+        until a model made the file."""
         if places < 1 or slots < 1:
             raise ValueError(f"places and slots must be >= 1, got {places}, {slots}")
         self.index, self.capacity, self.slots = (None if model is None else ADMITTERS.index(model)), places, slots
@@ -53,7 +54,7 @@ class Admission:
             os.close(self.fd)
             raise FileNotFoundError(f"{ADMISSION} is not made yet")
         self.map = mmap.mmap(self.fd, _SIZE)
-        self.starts = StartWindow.of(start_rate)  # this process's starts (the orchestrator asks it)
+        self.starts = StartWindow.of(start_rate, share)  # this process's starts (the orchestrator asks it)
         self.turn = asyncio.Lock()  # this process's slot waiters, first come first served
 
     # ---- places: admission to the end of a request ----

@@ -6,6 +6,7 @@ that does not read". No Triton here: ``tts`` holds a :class:`Pacer` per request 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import math
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
 from serving.contract import DELIVERED, PACE, PACE_REQUEST
+from serving.flow.pace_board import FULL, POLL_SECONDS, UNKNOWN, PaceBoard
 from serving.security.auth import parameter_dict
 
 log = logging.getLogger("tts")
@@ -25,6 +27,7 @@ MAX_UPDATES = 10_000  # pace requests one request may take
 HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
     "(--pace-hold-seconds); the stream was ended"  # fmt: skip
 UNKNOWN_TOKEN = INVALID + PACE_REQUEST + "no running request has this pace token"
+TOO_MANY = f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them"
 # The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
 # streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
 PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
@@ -62,6 +65,7 @@ class Pacer:
         self.progress = now  # when delivery last grew, or the pause began
         self.held_out = False  # expired: the request is ended with :attr:`failure`
         self.token = ""  # its token in the table (PaceTable.start)
+        self.shared = None  # its delivery on the run's PaceBoard (tts's instances share it), if any
 
     def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
         """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
@@ -99,8 +103,12 @@ class Pacer:
         """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
         ValueError past :data:`MAX_UPDATES`."""
         if self.updates >= MAX_UPDATES:
-            raise ValueError(f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them")
+            raise ValueError(TOO_MANY)
         self.updates += 1
+        self.took(seconds, now)
+
+    def took(self, seconds: float, now: float) -> None:
+        """Its client has taken ``seconds`` in all (only growth counts; a pace request counted elsewhere)."""
         if seconds > self.delivered:
             self.delivered, self.progress = seconds, now
             self._decide(now)
@@ -141,11 +149,14 @@ class Pacer:
 
 class PaceTable:
     """The running paced requests by token; bounded by the running requests (one entry each). ``hold`` and
-    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them)."""
+    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them). ``board``: the run's, when tts has
+    several instances (a pace request reaches any of them: serving.flow.pace_board); None: this table is all."""
 
-    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None]):
+    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None],
+                 board: PaceBoard | None = None):  # fmt: skip
         self.pacers: dict[str, Pacer] = {}
-        self.hold, self.mark, self.unmark = hold, mark, unmark
+        self.hold, self.mark, self.unmark, self.board = hold, mark, unmark, board
+        self.poller: asyncio.Task | None = None  # (with a board) reads the board for every pacer here
 
     def start(self, parameters: dict, now: float) -> Pacer:
         """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
@@ -154,16 +165,28 @@ class PaceTable:
         token = parameters.get(PARAMETER)
         if token is not None:
             pacer.token = check_token(token)
-            if token in self.pacers:
+            if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
                 raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
             self.pacers[token] = pacer
+            pacer.shared = self.board and shared
+            if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
+                self.poller = asyncio.get_running_loop().create_task(self._poll())
         return pacer
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            now = time.monotonic()
+            for pacer in list(self.pacers.values()):
+                pacer.took(PaceBoard.delivered(pacer.shared), now)
 
     def end(self, pacer: Pacer) -> None:
         """The request is over: no pause mark outlives it, its token is free (if its entry is this pacer's)."""
         pacer.end()
         if self.pacers.get(pacer.token) is pacer:
             del self.pacers[pacer.token]
+            if pacer.shared is not None:
+                self.board.close(pacer.token, pacer.shared)
 
     def answer(self, parameters: dict, now: float) -> str | None:
         """A pace request -> the error of its answer (a bad ``delivered``, an unknown token, past
@@ -172,6 +195,13 @@ class PaceTable:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
         pacer = self.pacers.get(token) if isinstance(token, str) else None
+        if self.board is not None:  # counted on the board, whichever instance runs the request
+            if not isinstance(token, str) or not TOKEN.fullmatch(token):
+                return UNKNOWN_TOKEN
+            error = self.board.deliver(token, float(value), MAX_UPDATES)
+            if pacer is not None and error is None:
+                pacer.took(float(value), now)
+            return {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(error)
         if pacer is None:
             return UNKNOWN_TOKEN
         try:
