@@ -168,17 +168,18 @@ class PaceTable:
             if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
                 raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
             self.pacers[token] = pacer
-            pacer.shared = self.board and shared
+            pacer.shared = shared if self.board else None
             if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
                 self.poller = asyncio.get_running_loop().create_task(self._poll())
         return pacer
 
-    async def _poll(self) -> None:
-        while True:
+    async def _poll(self) -> None:  # while paced requests run here
+        while self.pacers:
             await asyncio.sleep(POLL_SECONDS)
             now = time.monotonic()
             for pacer in list(self.pacers.values()):
                 pacer.took(PaceBoard.delivered(pacer.shared), now)
+        self.poller = None
 
     def end(self, pacer: Pacer) -> None:
         """The request is over: no pause mark outlives it, its token is free (if its entry is this pacer's)."""

@@ -189,7 +189,7 @@ def test_tts_instances_share_the_board_of_paced_requests(tmp_path):
         a.end(paced)  # its token is free in both
         assert b.answer({"pace": token, "delivered": 9.0}, 3.0) == UNKNOWN_TOKEN
         b.end(b.start({"pace": token}, 4.0))
-        a.poller.cancel()
-        b.poller.cancel()
+        await asyncio.sleep(3 * POLL_SECONDS)
+        assert a.poller is None and b.poller is None  # no paced request runs: nobody polls
 
     asyncio.run(run())
