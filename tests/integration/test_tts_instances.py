@@ -68,12 +68,14 @@ def test_two_stub_processes_each_beating(two):
 def test_concurrent_requests_get_the_single_instance_audio(two, server):
     expected = {seed: audio(server, seed) for seed in SEEDS}  # one instance (the session's server), one by one
     pids = tts_stubs(two)
-    before = {pid: cpu(pid) for pid in pids}
+    before, ok = {pid: cpu(pid) for pid in pids}, metrics(two).get('tts_requests_total{outcome="ok"}', 0)
     with ThreadPoolExecutor(len(SEEDS)) as pool:  # twice, so that both instances are handed some
         got = list(pool.map(lambda s: audio(two, s % len(SEEDS)), range(2 * len(SEEDS))))
     for i, a in enumerate(got):
         assert a.tobytes() == expected[i % len(SEEDS)].tobytes()
     assert all(cpu(pid) > before[pid] for pid in pids), "an instance served nothing"
+    # the instances' metric families of one name are one: both count into it (serving.stub.metric_batch)
+    assert metrics(two)['tts_requests_total{outcome="ok"}'] == ok + 2 * len(SEEDS)
 
 
 async def paced(server, **kw) -> tuple[int, Exception | None]:
