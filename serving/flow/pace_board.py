@@ -1,10 +1,6 @@
-"""Pace requests between ``tts``'s instances (``--tts-instances`` N > 1; docs/architecture.md, "Pacing"): Triton
-hands a pace request to any instance, and the request it paces runs in one. Each running paced request's delivery
-is then one file ``pace/<token>`` in the side-channel folder, made by the instance that runs the request (made
-once: a token is in use in one instance at a time) and removed at its end: the seconds its client took (a
-float64) and the pace requests taken (an int64). Any instance counts a pace request into it under a ``flock``
-(only growth counts, at most ``limit`` of them); the owner reads the seconds from an mmap (no system call) as
-its pace requests come and every :data:`POLL_SECONDS` (serving.flow.pacing.PaceTable).
+"""Pace requests between ``tts``'s instances (``--tts-instances`` N > 1): a running paced request's delivery, one
+file ``pace/<token>`` in the side-channel folder (seconds taken: float64, pace requests taken: int64), made and
+removed by the instance running it, counted into by any (docs/architecture.md, "tts's instances").
 """
 
 from __future__ import annotations
