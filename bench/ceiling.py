@@ -102,7 +102,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def server_cpu(server) -> dict:
-    """CPU seconds of tritonserver and of each model's stub (named by its model folder)."""
+    """CPU seconds of tritonserver and of each model's stubs together (named by its model folder)."""
     root = server.proc.pid
     out = {"tritonserver": cpu_seconds(root)}
     for entry in Path("/proc").iterdir():
@@ -114,7 +114,8 @@ def server_cpu(server) -> dict:
                 continue
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             model = Path(argv[1].decode()).parent.parent.name  # .../model_repository/NAME/1/model.py
-            out["generator" if model == server.generator_model else model] = cpu_seconds(int(entry.name))
+            model = "generator" if model == server.generator_model else model  # (tts may have several)
+            out[model] = out.get(model, 0.0) + cpu_seconds(int(entry.name))
         except (OSError, IndexError, ValueError):  # a process that just ended
             continue
     return out
@@ -313,6 +314,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="how long the synthetic generator's step lasts: FIXED+ROW ms for a step of N streams "
                     "(FIXED + N x ROW), or a GPU-like preset (h100, l4): engine/step_cost.py "
                     "(default: free math, a burst rather than live streams)")  # fmt: skip
+    ap.add_argument("--tts-instances", type=int, default=1, help="the server's --tts-instances: tts's stub "
+                    "processes (default 1)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     from engine.step_cost import StepCost
@@ -348,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         server = stack.enter_context(local_server(args.preset, args.slots, args.device, synthetic_math=not args.real,
                                                   max_len=max(256, args.patches + 192),
                                                   start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
-                                                  synthetic_step=args.synthetic_step))  # fmt: skip
+                                                  synthetic_step=args.synthetic_step,
+                                                  tts_instances=args.tts_instances))  # fmt: skip
         url = f"127.0.0.1:{server.ports.grpc}"
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
@@ -400,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         + f", {args.slots} slots, {args.patches} patches per stream, "
         f"start rate {f'{args.start_rate:g}/s' if args.start_rate else 'no window'}, "
         f"step budget {f'{args.step_budget_ms:g} ms' if args.step_budget_ms else 'none'}, "
+        f"{args.tts_instances} tts instance{'s' if args.tts_instances > 1 else ''}, "
         f"request parameters {params}; {platform.node()} ({os.cpu_count()} CPUs, {args.client} client on the same "
         "machine), "
         f"1-min load average {load_before:.1f} before, {time.strftime('%Y-%m-%d %H:%M')}"
@@ -411,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
                "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
+               "tts_instances": args.tts_instances,
                "synthetic_step": str(args.step_cost), "real": args.real, "device": args.device}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)

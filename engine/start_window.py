@@ -89,9 +89,10 @@ class StartWindow:
         self.late = 0  # late chunks seen (a counter for metrics and tests)
 
     @classmethod
-    def of(cls, rate: float) -> StartWindow | None:
-        """A window for ``rate`` starts a second; None for 0 (no window)."""
-        return cls(rate) if rate else None
+    def of(cls, rate: float, share: int = 1) -> StartWindow | None:
+        """A window for ``rate`` starts a second; None for 0 (no window). ``share``: the processes that start
+        streams on one delivery path (tts's instances), each with this share of the rate and of ``least``."""
+        return cls(rate / share, least=math.ceil(32 / share)) if rate else None
 
     @property
     def base(self) -> float:

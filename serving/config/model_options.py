@@ -83,6 +83,7 @@ class TTSOptions(ModelOptions):
     slots: int  # generator streams stepped together
     max_queue: int  # requests that may wait for a slot beyond the running ones
     start_rate: float  # starts a second the delivery path takes (engine.start_window; 0: no limit)
+    tts_instances: int  # tts's stub processes: each gets its share of the start window; text-in needs 1
     models: str  # the release's models served (serving.intake.requests; empty: what the checkpoint holds)
     vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
     text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)

@@ -20,6 +20,8 @@ Folder = NewType("Folder", str)
 # The most generator slots a server may have. The engine thread steps them all each step (the KV cache's
 # size is the real bound: slots x max_len positions unless kv_memory_gb says otherwise).
 MAX_SLOTS = 1024
+# The most tts instances (stub processes): each reads its own generator pipes (chunk_pipe.MAX_PIPES counts them).
+MAX_TTS_INSTANCES = 8
 
 
 def option(default, help: str, choices: tuple | None = None):  # a launcher flag's field
@@ -74,6 +76,10 @@ class ServeOptions:
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
                                    "stream keeps real time; 8 streams are always batched (0: no budget)")  # fmt: skip
+    # tts, the front door, is the first process a GPU-like step saturates (docs/benchmarks.md): N instances are N
+    # stub processes, each with its share of the start window; what they share is per run (docs/architecture.md)
+    tts_instances: int = option(1, f"tts stub processes (Triton instances of the front door, 1..{MAX_TTS_INSTANCES}); "
+                                "text-in streams need 1")  # fmt: skip
     # A long text's later segments may generate while an earlier one plays (the request parameter read_ahead,
     # engine.orchestrator._ReadAhead): on free generator slots only, yielding them to any waiting stream.
     read_ahead_cap: int = option(4, "most segments of one tts request generating at once, whatever its read_ahead "
@@ -98,6 +104,8 @@ class ServeOptions:
         for ok, problem in [
             (1 <= self.slots <= MAX_SLOTS, f"slots must be in 1..{MAX_SLOTS}, got {self.slots}"),
             (self.max_len >= 64, "max_len must be >= 64"),
+            (1 <= self.tts_instances <= MAX_TTS_INSTANCES,
+             f"tts_instances must be in 1..{MAX_TTS_INSTANCES}, got {self.tts_instances}"),
             (self.voice_store_max_gb > 0, f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}"),
             (self.kv_memory_gb >= 0, f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}"),
             (1 <= self.read_ahead_cap <= READ_AHEAD.high,

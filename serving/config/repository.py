@@ -22,12 +22,14 @@ def _io(inputs, outputs, ragged=()) -> str:
 RENDERED = "# Rendered by serving.config.repository from serving/contract.py; edit those, not this file.\n"
 
 
-def _python(options: mo.ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="") -> str:
-    """A Python-backend model's config.pbtxt: one CPU instance, its options as (quoted) string parameters."""
+def _python(options: mo.ModelOptions, max_batch: int, inputs, outputs, ragged=(), decoupled=True, batching="",
+            instances: int = 1) -> str:  # fmt: skip
+    """A Python-backend model's config.pbtxt: ``instances`` CPU instances (stub processes), its options as (quoted)
+    string parameters."""
     quoted = lambda text: text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")  # noqa: E731
     return (f'name: "{options.MODEL}"\n{RENDERED}backend: "python"\nmax_batch_size: {max_batch}\n'
             + ("model_transaction_policy { decoupled: true }\n" if decoupled else "") + batching + _io(inputs, outputs,
-            ragged) + "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+            ragged) + f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
             + "".join(f'parameters {{ key: "{k}" value {{ string_value: "{quoted(v)}" }} }}\n'
                       for k, v in options.parameters().items()))  # fmt: skip
 
@@ -39,7 +41,7 @@ def render(opts: ServeOptions) -> dict[str, str]:
     batching = ("dynamic_batching {\n  max_queue_delay_microseconds: 2000\n"
                 f"  default_queue_policy {{ max_queue_size: {2 * prompt.capacity} }}\n}}\n")  # fmt: skip
     models = {
-        "tts": _python(mo.TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS),
+        "tts": _python(mo.TTSOptions.of(opts), 0, contract.TTS_INPUTS, contract.TTS_OUTPUTS, instances=opts.tts_instances),
         "tts_ensemble": ensemble(),
         "prompt_encoder": _python(prompt, 8, contract.PROMPT_INPUTS, contract.PROMPT_OUTPUTS, ("REF_AUDIO",),
                                   decoupled=False, batching=batching),

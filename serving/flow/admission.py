@@ -29,10 +29,11 @@ POLL_SECONDS = 0.02  # how often the first waiter of a process looks for a free 
 class Admission:
     """The run's places (``places``: slots + max_queue), generator slots and slot waiters, as ``model`` sees them
     (one of :data:`ADMITTERS`; None: a reader: prompt_encoder, the launcher, the generator writing its cap).
-    ``start_rate``: the start window's (0: none); ``create`` False: FileNotFoundError until a model made the file."""
+    ``start_rate``: the start window's (0: none), ``share``: the processes of ``model`` (tts's instances), each with
+    its share of the window; ``create`` False: FileNotFoundError until a model made the file."""
 
     def __init__(self, board: str | Path, model: str | None, places: int, slots: int = 1, start_rate: float = 0.0,
-                 create: bool = True):  # fmt: skip
+                 create: bool = True, share: int = 1):  # fmt: skip
         if places < 1 or slots < 1:
             raise ValueError(f"places and slots must be >= 1, got {places}, {slots}")
         self.index, self.capacity, self.slots = (None if model is None else ADMITTERS.index(model)), places, slots
@@ -45,7 +46,7 @@ class Admission:
             os.close(self.fd)
             raise FileNotFoundError(f"{ADMISSION} is not made yet")
         self.map = mmap.mmap(self.fd, _SIZE)
-        self.starts = StartWindow.of(start_rate)  # this process's starts (the orchestrator asks it)
+        self.starts = StartWindow.of(start_rate, share)  # this process's starts (the orchestrator asks it)
         self.turn = asyncio.Lock()  # this process's slot waiters, first come first served
 
     # ---- places: admission to the end of a request ----

@@ -3,6 +3,7 @@ bounds: docs/architecture.md, "Pacing (``pace``)", and docs/serving.md, "Pacing:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import math
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from engine.chunking import PATCH_SECONDS, ChunkSchedule
 from engine.protocol import INVALID
 from serving.contract import DELIVERED, PACE, PACE_REQUEST
+from serving.flow.pace_board import FULL, POLL_SECONDS, UNKNOWN, PaceBoard
 
 log = logging.getLogger("tts")
 PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
@@ -21,6 +23,7 @@ MAX_UPDATES = 10_000  # pace requests one request may take
 HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
     "(--pace-hold-seconds); the stream was ended"  # fmt: skip
 UNKNOWN_TOKEN = INVALID + PACE_REQUEST + "no running request has this pace token"
+TOO_MANY = f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them"
 # The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
 # streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
 PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
@@ -58,6 +61,7 @@ class Pacer:
         self.progress = now  # when delivery last grew, or the pause began
         self.held_out = False  # expired: the request is ended with :attr:`failure`
         self.token = ""  # its token in the table (PaceTable.start)
+        self.shared = None  # its delivery on the run's PaceBoard (tts's instances share it), if any
 
     def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
         """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
@@ -91,8 +95,12 @@ class Pacer:
         """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
         ValueError past :data:`MAX_UPDATES`."""
         if self.updates >= MAX_UPDATES:
-            raise ValueError(f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of them")
+            raise ValueError(TOO_MANY)
         self.updates += 1
+        self.took(seconds, now)
+
+    def took(self, seconds: float, now: float) -> None:
+        """Its client has taken ``seconds`` in all (only growth counts; a pace request counted elsewhere)."""
         if seconds > self.delivered:
             self.delivered, self.progress = seconds, now
             self._decide(now)
@@ -131,11 +139,14 @@ class Pacer:
 
 class PaceTable:
     """The running paced requests by token; bounded by the running requests (one entry each). ``hold`` and
-    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them)."""
+    ``mark``/``unmark``: every :class:`Pacer`'s (:meth:`start` makes them). ``board``: the run's, when tts has
+    several instances (a pace request reaches any of them: serving.flow.pace_board); None: this table is all."""
 
-    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None]):
+    def __init__(self, hold: float, mark: Callable[[int], None], unmark: Callable[[int], None],
+                 board: PaceBoard | None = None):  # fmt: skip
         self.pacers: dict[str, Pacer] = {}
-        self.hold, self.mark, self.unmark = hold, mark, unmark
+        self.hold, self.mark, self.unmark, self.board = hold, mark, unmark, board
+        self.poller: asyncio.Task | None = None  # (with a board) reads the board for every pacer here
 
     def start(self, parameters: dict, now: float) -> Pacer:
         """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
@@ -144,15 +155,28 @@ class PaceTable:
         token = parameters.get(PARAMETER)
         if token is not None:
             pacer.token = check_token(token)
-            if token in self.pacers:
+            if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
                 raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
             self.pacers[token] = pacer
+            pacer.shared = shared if self.board else None
+            if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
+                self.poller = asyncio.get_running_loop().create_task(self._poll())
         return pacer
+
+    async def _poll(self) -> None:  # while paced requests run here
+        while self.pacers:
+            await asyncio.sleep(POLL_SECONDS)
+            now = time.monotonic()
+            for pacer in list(self.pacers.values()):
+                pacer.took(PaceBoard.delivered(pacer.shared), now)
+        self.poller = None
 
     def end(self, pacer: Pacer) -> None:  # the request is over: no hold outlives it, its token is free
         pacer.end()
         if self.pacers.get(pacer.token) is pacer:
             del self.pacers[pacer.token]
+            if pacer.shared is not None:
+                self.board.close(pacer.token, pacer.shared)
 
     def answer(self, parameters: dict, now: float) -> str | None:
         """A pace request -> the error of its answer (a bad ``delivered``, an unknown token, past
@@ -161,6 +185,13 @@ class PaceTable:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
         pacer = self.pacers.get(token) if isinstance(token, str) else None
+        if self.board is not None:  # counted on the board, whichever instance runs the request
+            if not isinstance(token, str) or not TOKEN.fullmatch(token):
+                return UNKNOWN_TOKEN
+            error = self.board.deliver(token, float(value), MAX_UPDATES)
+            if pacer is not None and error is None:
+                pacer.took(float(value), now)
+            return {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(error)
         if pacer is None:
             return UNKNOWN_TOKEN
         try:

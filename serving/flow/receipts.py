@@ -27,7 +27,9 @@ HEAD = _HELD + 8 * HELD  # bytes before the entries
 
 
 def _path(board: str | Path, sender: str) -> Path:
-    if sender not in ADMITTERS:
+    """``sender``: a reading model, or one process of it (``tts.<pid>``: tts has several instances)."""
+    model, dot, process = sender.partition(".")
+    if model not in ADMITTERS or dot and not process.isdigit():
         raise ValueError(f"unknown sender {sender!r}")
     return Path(board) / f"{FILE}{sender}"
 

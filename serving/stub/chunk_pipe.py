@@ -9,7 +9,9 @@ from serving import contract
 
 PARAMETER = "pipe"  # a generator request's pipe: OPEN to open one, or the pipe's id in hex to use it
 OPEN = "open"
-MAX_PIPES = 16  # pipes a generator keeps at once (one per reading process; a new one past it ends the oldest)
+# pipes a generator keeps at once (a new one past it ends the oldest): each reading process (tts's instances,
+# ensemble_generator: serving.config.options.MAX_TTS_INSTANCES + 1) reads its open pipe and up to 4 rotated ones
+MAX_PIPES = 48
 _COLUMNS = contract.PIPE_COLUMNS
 
 

@@ -155,3 +155,41 @@ def test_made_counts_before_it_is_sent_and_a_caught_up_client_resumes():
     assert p.paused
     p.on_delivered(0.5, 1.4)  # it took all it was sent: what it waits for is on its way
     assert not p.paused and marks[-1] == ("resume", 1)
+
+
+def test_tts_instances_share_the_board_of_paced_requests(tmp_path):
+    """Two instances (serving.flow.pace_board): a token is in use in one at a time, a pace request counts in
+    whichever takes it, its bound is the request's, and the owner resumes on what the other took."""
+    import asyncio
+
+    from serving.flow.pace_board import POLL_SECONDS, PaceBoard
+    from serving.flow.pacing import TOO_MANY
+
+    async def run():
+        marks: list = []
+        a = PaceTable(30.0, lambda i: marks.append(("pause", i)), lambda i: marks.append(("resume", i)),
+                      PaceBoard(tmp_path))  # fmt: skip
+        b = PaceTable(30.0, print, print, PaceBoard(tmp_path))
+        token = "s" * 16
+        paced = a.start({"pace": token}, 0.0)
+        with pytest.raises(ValueError, match="in use"):
+            b.start({"pace": token}, 0.0)
+        paced.paced_by(ChunkSchedule(3, 24))  # a lead of 7.68 s
+        paced.open(1)
+        paced.on_sent(8.0, 1.0)
+        assert marks == [("pause", 1)]
+        assert b.answer({"pace": token, "delivered": 7.5}, 2.0) is None  # (the other instance)
+        await asyncio.sleep(3 * POLL_SECONDS)
+        assert paced.delivered == 7.5 and marks == [("pause", 1), ("resume", 1)]
+        assert a.answer({"pace": token, "delivered": 7.0}, 2.0) is None and paced.delivered == 7.5  # only growth
+        assert b.answer({"pace": "u" * 16, "delivered": 1.0}, 2.0) == UNKNOWN_TOKEN
+        for k in range(MAX_UPDATES - 2):
+            assert (a, b)[k % 2].answer({"pace": token, "delivered": 8.0}, 3.0) is None
+        assert b.answer({"pace": token, "delivered": 9.0}, 3.0) == TOO_MANY
+        a.end(paced)  # its token is free in both
+        assert b.answer({"pace": token, "delivered": 9.0}, 3.0) == UNKNOWN_TOKEN
+        b.end(b.start({"pace": token}, 4.0))
+        await asyncio.sleep(3 * POLL_SECONDS)
+        assert a.poller is None and b.poller is None  # no paced request runs: nobody polls
+
+    asyncio.run(run())

@@ -229,3 +229,14 @@ def test_a_generator_that_closes_sends_a_held_pipe_everything(host, model):  # n
     closer.join(60)
     assert pipe.responses[0] == ([], False) and pipe.responses[-1] == (None, True)
     assert len(pipe.responses) == 3 and len(pipe.chunks(9)) == 4 and pipe.chunks(9)[-1].last
+
+
+def test_a_board_per_tts_instance(tmp_path):
+    """tts with several instances (--tts-instances): a board per process, ``tts.<pid>``, named in its entries."""
+    mine = Receipts(tmp_path, "tts.123", 2)
+    receipt = mine.open(7)
+    assert receipt.parameter == "tts.123:0" and (tmp_path / "receipts-tts.123").exists()
+    assert ReceiptBoard.read(ReceiptBoard(tmp_path).entry(receipt.parameter), 7) == 0
+    for bad in ("tts.x", "tts.", "voices.1"):
+        with pytest.raises(ValueError, match="unknown sender"):
+            Receipts(tmp_path, bad)

@@ -235,3 +235,10 @@ def test_the_window_needs_a_rate_and_least_le_most():
     for bad in ({"rate": 0}, {"least": 0}, {"least": 9, "most": 8}):
         with pytest.raises(ValueError, match="need rate > 0 and 1 <= least <= most"):
             StartWindow(**bad)
+
+
+def test_instances_of_tts_share_the_window():
+    """--tts-instances N: each process's window is its share of the rate and of the least (0: none)."""
+    one, two = StartWindow.of(96.0), StartWindow.of(96.0, 2)
+    assert (one.rate, one.least) == (96.0, 32) and (two.rate, two.least) == (48.0, 16)
+    assert StartWindow.of(96.0, 3).least == 11 and StartWindow.of(0.0, 2) is None

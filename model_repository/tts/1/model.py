@@ -15,6 +15,7 @@ from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
 from serving.flow.admission import Place, TextPlace
+from serving.flow.pace_board import PaceBoard
 from serving.flow.pacing import DELIVERED, PACING, Pacer, PaceTable
 from serving.intake.request_inputs import tts_inputs
 from serving.intake.requests import ServedModels, parse_request
@@ -31,16 +32,20 @@ from serving.stub.vocoder_batch import BLSVocoder
 log = setup_logging("tts")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 START = pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+# Triton hands each request to any instance: a sequence's pieces would reach others than its START's
+ONE_INSTANCE = INVALID + "text-in streams need --tts-instances 1 (this server runs {n} tts instances)"
 
 
 class TritonPythonModel:
     def initialize(self, args):
         opts = TTSOptions.read(args)
-        self.entry = e = Entry(pb, "tts", opts, opts.start_rate)  # admission, BLS, pipe, threads, flags
+        self.instances = n = opts.tts_instances  # (each a process: what they share is per run)
+        self.entry = e = Entry(pb, "tts", opts, opts.start_rate, n)  # admission, BLS, pipe, threads, flags
         tokenizer = TextTokenizer.from_dir(f"{checkpoint_path(opts.checkpoint)}/text_tokenizer")
         self.served = ServedModels.of(checkpoint_path(opts.checkpoint), opts.models)
         frontend.warm_up()
-        self.paces = PaceTable(opts.pace_hold_seconds, e.receipts.hold, e.receipts.release)  # by token
+        board = PaceBoard(e.channel.dir) if n > 1 else None  # a pace request reaches any instance
+        self.paces = PaceTable(opts.pace_hold_seconds, e.receipts.hold, e.receipts.release, board)  # by token
         vocoder = BLSVocoder(e.bls, opts.vocoder_batch)  # chunks due together: one request
         self.orchestrator = Orchestrator(BLSPrompts(e.bls), e.generator, vocoder,
                                          lambda text: len(tokenizer.encode(text)), e.keys.new_stream_id,
@@ -60,6 +65,8 @@ class TritonPythonModel:
         parameters = {}  # parsed once; {} when malformed (parse_request names the fault)
         with contextlib.suppress(ValueError):
             parameters = parameter_dict(raw)
+        if key and self.instances > 1:  # a text-in stream: Triton hands its pieces to any instance
+            return sender.send(error_response(pb, ONE_INSTANCE.format(n=self.instances)), flags=FINAL)
         if DELIVERED in parameters or key and not request.flags() & START:  # answered at once, before any admission
             error = (self.paces.answer(parameters, time.monotonic()) if DELIVERED in parameters  # a pace request
                      else take_piece(pb, self.text_streams, request, key))  # a text-in stream's later piece  # fmt: skip
