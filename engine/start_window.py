@@ -83,7 +83,6 @@ COST_CHUNKS = 64  # chunks a reading needs before it teaches the cost of one
 LEAST_PACE = 4.0  # starts a second the CPUs always let in
 
 
-
 class Busy:
     """How busy the CPUs that carry this process's work were since the last call, 0..1: the larger of this
     process's CPU time over one core (a Python process is one core at most for its Python work) and the
