@@ -68,10 +68,10 @@ class ServeOptions:
     # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
     # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
     # front of the next chunk of streams already playing (engine.start_window: the window follows the step).
-    start_rate: float = option(96.0, "starts a second the delivery path takes: tts lets the larger of 32 and this "
-                               "rate x the least recent time to first audio be between their start and their "
-                               "first audio at once (a late listener halves the rate part), so a burst cannot "
-                               "stall streams already playing (0: no limit)")  # fmt: skip
+    start_rate: float = option(256.0, "the most starts a second: tts lets the larger of 32 and this rate x the least "
+                               "recent time to first audio be between their start and their first audio at once, "
+                               "and paces starts by what a chunk costs its CPUs (a late listener halves both), so "
+                               "a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
     # A generator step that grows with its batch (a GPU's) makes too large a batch too slow for all in it
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
