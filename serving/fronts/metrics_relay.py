@@ -32,7 +32,12 @@ class FrontLoop:
     def start(self) -> Self:
         """Run ``_start()`` on the front's loop and return the front once it has (its error raised here)."""
         self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
+        try:
+            asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
+        except BaseException:  # (cannot bind): its loop and thread end with it
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            raise
         return self
 
     async def _start(self) -> None:

@@ -53,3 +53,28 @@ def test_idle_connections_are_bounded_in_number_and_time():
     finally:
         relay.close()
         source.shutdown()
+
+
+def test_a_front_that_cannot_bind_leaves_no_loop_thread():
+    from serving.fronts.metrics_relay import FrontLoop
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+
+        class Front(FrontLoop):
+            async def _accept(self, reader, writer):
+                writer.close()
+
+        front = Front("front-that-cannot-bind", "127.0.0.1", taken.getsockname()[1])
+        try:
+            front.start()
+        except OSError:
+            pass
+        else:
+            front.close()
+            raise AssertionError("bound a port that is taken")
+        assert not front.thread.is_alive() and not front.loop.is_running()
+    finally:
+        taken.close()
