@@ -81,6 +81,7 @@ class ServeOptions:
                                "first audio at once (a late listener halves the rate part), so a burst cannot "
                                "stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
     # A generator step that grows with its batch (a GPU's) makes too large a batch too slow for all in it
+    # (engine.step_cost.StepBudget)
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
                                    "stream keeps real time; 8 streams are always batched (0: no budget)", low=0, high=10_000)  # fmt: skip
