@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import re
-import typing
 from dataclasses import fields
 from typing import TYPE_CHECKING, ClassVar, Self
 
@@ -72,13 +71,12 @@ class ModelOptions:
         given = dict(args_or_params)
         if "model_config" in given:  # the model config's parameters (name -> string value)
             given = {k: v["string_value"] for k, v in json.loads(given["model_config"]).get("parameters", {}).items()}
-        types = typing.get_type_hints(cls)
         values = {}
         for f in fields(cls):
             if f.name not in given:
                 raise ValueError(f"{cls.MODEL}: config.pbtxt has no parameter {f.name!r} (render the repository "
                                  "with serving.config.repository)")  # fmt: skip
-            values[f.name] = _parse(types[f.name], given.pop(f.name), f"{cls.MODEL} parameter {f.name!r}")
+            values[f.name] = _parse(TYPES[f.name], given.pop(f.name), f"{cls.MODEL} parameter {f.name!r}")
         if given:
             raise ValueError(f"{cls.MODEL}: unknown parameters {sorted(given)} in config.pbtxt; "
                              f"known: {[f.name for f in fields(cls)]}")  # fmt: skip
@@ -120,8 +118,6 @@ def _parse(kind: type, text: str, what: str):
     parse = {str: str, bool: {"1": True, "0": False}.get, int: lambda t: _INTEGER.fullmatch(t) and int(t), float: float}
     try:
         value = parse[kind](text)
-    except KeyError:
-        raise TypeError(f"{what}: no parser for {kind}") from None
     except ValueError:
         value = None
     if value is None or (kind is float and not math.isfinite(value)):

@@ -73,27 +73,22 @@ class ServeOptions:
     run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats, flags (supervision.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)", low=-1)  # fmt: skip
-    # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
-    # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
-    # front of the next chunk of streams already playing (engine.start_window: the window follows the step).
+    # why: docs/architecture.md, The start window (engine.start_window: the window follows the step)
     start_rate: float = option(96.0, "starts a second the delivery path takes: tts lets the larger of 32 and this "
                                "rate x the least recent time to first audio be between their start and their "
                                "first audio at once (a late listener halves the rate part), so a burst cannot "
                                "stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
-    # A generator step that grows with its batch (a GPU's) makes too large a batch too slow for all in it
-    # (engine.step_cost.StepBudget)
+    # why: docs/architecture.md, The step budget (engine.step_cost.StepBudget)
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
                                    "stream keeps real time; 8 streams are always batched (0: no budget)", low=0, high=10_000)  # fmt: skip
-    # A long text's later segments may generate while an earlier one plays (the request parameter read_ahead,
-    # engine.orchestrator._ReadAhead): on free generator slots only, yielding them to any waiting stream.
+    # the request parameter read_ahead: docs/architecture.md, Read-ahead (engine.orchestrator._ReadAhead)
     read_ahead_cap: int = option(4, "most segments of one tts request generating at once, whatever its read_ahead "
                                  "asks (1: one after another)", low=1, high=READ_AHEAD.high)  # fmt: skip
     read_ahead_seconds: float = option(60.0, "a tts request starts no further segment ahead while it holds this "
                                        "much audio made ahead and not yet sent", above=0, high=3600)  # fmt: skip
-    # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
-    # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
-    # they refuse them. The generator never does.
+    # with it the internal models (never the generator) take key-less requests for tts_ensemble's steps, which
+    # cannot carry the internal key: docs/architecture.md, Sealing (serving.security.auth)
     ensemble: bool = option(True, "serve tts_ensemble (--no-ensemble: the internal models then refuse every "
                             "request but tts's)")  # fmt: skip
     synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
