@@ -101,12 +101,10 @@ class Gateway:
         earlier would be refused), at most GATEWAY_WAIT s later (restarting a gateway that exits meanwhile)."""
         deadline = time.monotonic() + GATEWAY_WAIT
         while not stopping():
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:  # refused, not ready (HTTPError 503), timed out
-                pass
+            # refused, not ready (HTTPError 503), timed out: not yet
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
             if time.monotonic() > deadline:
                 say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
                     "its addresses:")  # fmt: skip
@@ -151,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                     "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the "
                     "fronts with --grpc-front/--http-front on), which "
                     "bound what a client may send and hold (Triton's own ports do not: docs/triton.md#T22)")  # fmt: skip
-    ap.add_argument("--http-port", type=int, default=8000, help="HTTP: the bounded front when it is on "
-                    "(--http-front), else Triton's own")  # fmt: skip
-    ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC: the bounded front when it is on "
-                    "(--grpc-front), else Triton's own")  # fmt: skip
-    ap.add_argument("--metrics-port", type=int, default=8002)
+    for name, port in (("HTTP", Ports.http), ("gRPC", Ports.grpc)):
+        ap.add_argument(f"--{name.lower()}-port", type=int, default=port, help=f"{name}: the bounded front when it "
+                        f"is on (--{name.lower()}-front), else Triton's own")  # fmt: skip
+    ap.add_argument("--metrics-port", type=int, default=Ports.metrics)
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
     ap.add_argument("--gateway-args", default="", metavar="'OPTIONS'",
