@@ -42,15 +42,11 @@ GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, befor
 def find_stubs(repo: Path) -> dict[int, str]:
     """pid -> model of the stubs serving ``repo`` (argv: ``triton_python_backend_stub <repo>/<model>/1/model.py``)."""
     found, prefix = {}, f"{repo}{os.sep}".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
-            found[int(entry.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            argv = cmdline.read_bytes().split(b"\0")
+            if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
+                found[int(cmdline.parent.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
     return found
 
 
@@ -62,8 +58,7 @@ def model_of(folder: Path) -> str:
 def is_alive(pid: int) -> bool:
     """Running or stopped; not exited (a zombie counts as exited)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
