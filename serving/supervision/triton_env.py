@@ -201,23 +201,28 @@ class TritonServer:
         log.close()
         return self
 
+    def is_ready(self) -> bool:
+        """One readiness probe; raises RuntimeError if the server has exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://{self.triton_http}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout: float = READY_TIMEOUT, stopping=lambda: False) -> bool:
         """Until ready (True) or ``stopping()`` (False); RuntimeError once it exited, TimeoutError (and stopped)
         after ``timeout`` s."""
         deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}; log:\n{self.log_tail()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{self.triton_http}/v2/health/ready",
-                                                                      timeout=2) as r:  # fmt: skip
-                if r.status == 200:
-                    return True
+        while not self.is_ready():
             if stopping():
                 return False
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s; log:\n{self.log_tail()}")
             time.sleep(0.25)
+        return True
 
     def metrics_text(self, timeout: float = 10.0, retry_503: float = METRICS_503_SECONDS) -> str:
         """The metrics port's page (Prometheus text). A 503 (the relay's while Triton's own page does not answer,
