@@ -78,11 +78,8 @@ class Spec:
         return arr.reshape(self.dims)
 
     def pbtxt(self, ragged: bool = False) -> str:
-        parts = [f'name: "{self.name}"', f"data_type: {self.dtype}", f"dims: [ {', '.join(map(str, self.dims))} ]"]
-        if self.optional:
-            parts.append("optional: true")
-        if ragged:
-            parts.append("allow_ragged_batch: true")
+        parts = [f'name: "{self.name}"', f"data_type: {self.dtype}", f"dims: [ {', '.join(map(str, self.dims))} ]",
+                 *(["optional: true"] if self.optional else []), *(["allow_ragged_batch: true"] if ragged else [])]  # fmt: skip
         return "{ " + "  ".join(parts) + " }"
 
 
@@ -274,17 +271,10 @@ VOICES_INPUTS = (
 )
 VOICES_OUTPUTS = (Spec("RESULT", "TYPE_STRING", (1,), doc="JSON: the voice (add, remove) or the list of voices"),)
 
-# What clients call, by model name: the inputs they send and the parameters those take.
-ENTRY_POINTS: dict[str, tuple[tuple[Spec, ...], tuple[Parameter, ...]]] = {
-    "tts": (TTS_INPUTS, TTS_PARAMETERS),
-    "tts_ensemble": (ENSEMBLE_INPUTS, ENSEMBLE_PARAMETERS),
-    "voices": (VOICES_INPUTS, ()),
-}
-
 
 def input_spec(model: str, name: str) -> Spec:
     """The spec of input ``name`` of a client-facing model (KeyError names what exists)."""
-    specs = {s.name: s for s in ENTRY_POINTS[model][0]}
+    specs = {s.name: s for s in {"tts": TTS_INPUTS, "tts_ensemble": ENSEMBLE_INPUTS, "voices": VOICES_INPUTS}[model]}
     if name not in specs:
         raise KeyError(f"model {model} has no input {name}; it has {sorted(specs)}")
     return specs[name]

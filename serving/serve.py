@@ -101,12 +101,10 @@ class Gateway:
         earlier would be refused), at most GATEWAY_WAIT s later (restarting a gateway that exits meanwhile)."""
         deadline = time.monotonic() + GATEWAY_WAIT
         while not stopping():
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:  # refused, not ready (HTTPError 503), timed out
-                pass
+            # refused, not ready (HTTPError 503), timed out: not yet
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
             if time.monotonic() > deadline:
                 say(f"warning: the OpenAI gateway does not answer {GATEWAY_WAIT:g} s after tritonserver got ready; "
                     "its addresses:")  # fmt: skip
@@ -136,13 +134,11 @@ class Gateway:
         self.proc, self.restart_at = None, now + self.backoff
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(GATEWAY_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc is not None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(GATEWAY_STOP_SECONDS)
+            self.proc.kill()  # nothing once it has exited
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,11 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                     "127.0.0.1 with a public --host exposes only the OpenAI gateway and the metrics relay (and the "
                     "fronts with --grpc-front/--http-front on), which "
                     "bound what a client may send and hold (Triton's own ports do not: docs/triton.md#T22)")  # fmt: skip
-    ap.add_argument("--http-port", type=int, default=8000, help="HTTP: the bounded front when it is on "
-                    "(--http-front), else Triton's own")  # fmt: skip
-    ap.add_argument("--grpc-port", type=int, default=8001, help="gRPC: the bounded front when it is on "
-                    "(--grpc-front), else Triton's own")  # fmt: skip
-    ap.add_argument("--metrics-port", type=int, default=8002)
+    for name, port in (("HTTP", Ports.http), ("gRPC", Ports.grpc)):
+        ap.add_argument(f"--{name.lower()}-port", type=int, default=port, help=f"{name}: the bounded front when it "
+                        f"is on (--{name.lower()}-front), else Triton's own")  # fmt: skip
+    ap.add_argument("--metrics-port", type=int, default=Ports.metrics)
     ap.add_argument("--openai-port", type=int, default=8080, help="the OpenAI-compatible speech API (gateway/)")
     ap.add_argument("--no-openai", action="store_true", help="do not start the OpenAI-compatible gateway")
     ap.add_argument("--gateway-args", default="", metavar="'OPTIONS'",
@@ -229,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             "code for every request: run as an unprivileged user, or in the image (uid 1000)")  # fmt: skip
     work = run_folder(args.work_dir)
     say(f"run folder: {work}")
+    state = (args.state_dir or default_state_dir()).resolve()
     if admin_key is None:
-        state = (args.state_dir or default_state_dir()).resolve()
         try:
             admin_key, made = load_or_create(state)
         except (OSError, ValueError) as e:
@@ -256,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     supervisor, code = Supervisor(server, work, args.stall_seconds, args.drain_seconds), 0
     # the gateway is ours: it reaches Triton's own gRPC port, behind the front when there is one
     if not any(a.split("=", 1)[0] == "--jobs-dir" for a in gateway_args):  # jobs are kept with the state
-        gateway_args = [*gateway_args, "--jobs-dir", str((args.state_dir or default_state_dir()).resolve() / "jobs")]
+        gateway_args = [*gateway_args, "--jobs-dir", str(state / "jobs")]
     gateway = None if args.no_openai else Gateway(args.host, server.triton_grpc, args.openai_port, random_weights,
                                                   gateway_args)  # fmt: skip
     stopping = lambda: bool(signals)  # noqa: E731
@@ -278,13 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         if gateway is not None:  # after the drain: it was carrying the streams that finished
             gateway.stop()
         for dump in (work / STACKS).glob("*"):  # the stubs' stacks at late heartbeats: only those dumped stay
-            if not dump.stat().st_size:
-                dump.unlink()
+            dump.stat().st_size or dump.unlink()
         for entry in work.iterdir():  # keep the log and any stack dumps; the key dies with the server
-            if entry.is_dir() and not (entry.name == STACKS and any(entry.iterdir())):
-                shutil.rmtree(entry)
-            elif not entry.is_dir() and entry.name != "tritonserver.log":
-                entry.unlink()
+            if entry.name != "tritonserver.log" and not (entry.name == STACKS and any(entry.iterdir())):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         say(f"tritonserver stopped in {time.monotonic() - t0:.1f} s")
     return code
 

@@ -6,11 +6,11 @@ or unparsable is a ValueError naming it. No defaults here (ServeOptions' are), a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING, ClassVar, Self
 
 if TYPE_CHECKING:
@@ -24,8 +24,20 @@ VOCODER_SPARE_STREAMS = 64
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
+# Each parameter's type (ServeOptions' for a field of its name, but batch_invariant: resolved here).
+TYPES = {name: kind for kind, names in [
+    (str, "checkpoint device run_dir cancel_dir voice_dir attention models synthetic_step"),
+    (int, "slots max_len max_queue tts_instances bls_timeout_seconds vocoder_batch read_ahead_cap max_anonymous_voices "
+          "max_streams idle_seconds batch"),
+    (float, "kv_memory_gb start_rate text_idle_seconds text_max_seconds pace_hold_seconds read_ahead_seconds "
+            "voice_store_max_gb step_budget_ms"),
+    (bool, "public_steps batch_invariant synthetic_math"),
+] for name in names.split()}  # fmt: skip
+
+
 class ModelOptions:
-    """A model's options as config parameters and back (the base of the frozen dataclasses below)."""
+    """A model's options as config parameters and back: the base of the frozen dataclasses :func:`_model` makes
+    below, each field the ServeOptions field of its name (what it means: there) or DERIVED."""
 
     MODEL: ClassVar[str] = ""  # the Triton model that reads them, for error messages
     # The fields not named as in ServeOptions, each with how the server's options give it.
@@ -35,6 +47,11 @@ class ModelOptions:
         "batch_invariant": lambda opts: (
             opts.batch_invariant == "on" or (opts.batch_invariant == "auto" and not opts.device.startswith("cuda"))
         ),  # auto: on for cpu
+        # the vocoder's: streams holding decoder state at once; a stream idle this long is reclaimed; chunks its
+        # engine thread decodes together (at least: a request is never split)
+        "max_streams": lambda opts: opts.slots + opts.queue + VOCODER_SPARE_STREAMS,
+        "idle_seconds": lambda opts: opts.vocoder_idle_seconds,
+        "batch": lambda opts: opts.vocoder_batch,
     }
 
     @classmethod
@@ -54,13 +71,12 @@ class ModelOptions:
         given = dict(args_or_params)
         if "model_config" in given:  # the model config's parameters (name -> string value)
             given = {k: v["string_value"] for k, v in json.loads(given["model_config"]).get("parameters", {}).items()}
-        types = typing.get_type_hints(cls)
         values = {}
         for f in fields(cls):
             if f.name not in given:
                 raise ValueError(f"{cls.MODEL}: config.pbtxt has no parameter {f.name!r} (render the repository "
                                  "with serving.config.repository)")  # fmt: skip
-            values[f.name] = _parse(types[f.name], given.pop(f.name), f"{cls.MODEL} parameter {f.name!r}")
+            values[f.name] = _parse(TYPES[f.name], given.pop(f.name), f"{cls.MODEL} parameter {f.name!r}")
         if given:
             raise ValueError(f"{cls.MODEL}: unknown parameters {sorted(given)} in config.pbtxt; "
                              f"known: {[f.name for f in fields(cls)]}")  # fmt: skip
@@ -73,97 +89,28 @@ class ModelOptions:
         return self.slots + self.max_queue
 
 
-@dataclass(frozen=True)
-class TTSOptions(ModelOptions):
-    MODEL = "tts"
-    checkpoint: str  # the checkpoint folder, for its text tokenizer (empty: $FIRERED_CHECKPOINT)
-    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default
-    bls_timeout_seconds: int  # every BLS call to prompt_encoder, generator and vocoder
-    slots: int  # generator streams stepped together
-    max_queue: int  # requests that may wait for a slot beyond the running ones
-    start_rate: float  # starts a second the delivery path takes (engine.start_window; 0: no limit)
-    tts_instances: int  # tts's stub processes: each gets its share of the start window; text-in needs 1
-    models: str  # the release's models served (serving.intake.requests; empty: what the checkpoint holds)
-    vocoder_batch: int  # the vocoder's max_batch_size: the most chunks one vocoder request carries
-    text_idle_seconds: float  # a text-in stream's longest wait for its next piece (serving.intake.text_streams)
-    text_max_seconds: float  # a text-in stream's longest time open, START to END (serving.intake.text_streams)
-    pace_hold_seconds: float  # a paced request paused this long with no delivery is ended (serving.flow.pacing)
-    read_ahead_cap: int  # most segments of one request generating at once (engine.orchestrator)
-    read_ahead_seconds: float  # a request's read-ahead audio not yet sent, before no further segment starts ahead
-
-    def read_ahead(self) -> dict:
-        """The orchestrator's read-ahead keywords (engine.orchestrator.Orchestrator)."""
-        return {"read_ahead_cap": self.read_ahead_cap, "read_ahead_seconds": self.read_ahead_seconds}
+def _model(cls: str, model: str, names: str, **namespace) -> type[ModelOptions]:
+    """The frozen dataclass ``cls`` of ``model``'s options: the parameters ``names`` (their types: TYPES)."""
+    return dataclasses.make_dataclass(cls, [(name, TYPES[name]) for name in names.split()], bases=(ModelOptions,),
+                                      frozen=True, namespace={"MODEL": model, "__module__": __name__, **namespace})  # fmt: skip
 
 
-@dataclass(frozen=True)
-class PromptEncoderOptions(ModelOptions):
-    MODEL = "prompt_encoder"
-    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
-    device: str  # torch device of the prompt encoder and CAM++
-    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
-    # where the admission file lives (serving.flow.admission), beside the marks; empty: serving.flow.side_channel's default
-    cancel_dir: str
-    voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
-    max_anonymous_voices: int  # LRU bound of anonymous reference prompts kept on disk
-    voice_store_max_gb: float  # bound on the voice store's files (1 GB = 1e9 bytes)
-    public_steps: bool  # key-less requests are tts_ensemble's first step (serving.security.auth)
-    slots: int  # generator streams stepped together
-    max_queue: int  # requests that may wait for a slot beyond the running ones
-
-
-@dataclass(frozen=True)
-class EnsembleGeneratorOptions(ModelOptions):
-    MODEL = "ensemble_generator"
-    run_dir: str  # the launcher's run folder: heartbeats and flags (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: its default
-    bls_timeout_seconds: int  # every BLS call to the generator
-    slots: int  # generator streams stepped together
-    max_queue: int  # requests that may wait for a slot beyond the running ones
-
-
-@dataclass(frozen=True)
-class GeneratorOptions(ModelOptions):
-    MODEL = "generator"
-    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
-    device: str  # torch device of the backbone
-    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
-    slots: int  # streams stepped together (batch rows)
-    max_len: int  # backbone positions per stream
-    kv_memory_gb: float  # the paged KV cache's size in GiB (0: slots x max_len positions)
-    attention: str  # attention over the KV cache (engine.layers.attention.ATTENTION_CHOICES)
-    batch_invariant: bool  # a stream's bits the same alone or beside others (engine.invariant)
-    synthetic_math: bool  # benchmarks only: ready-made latents instead of the model (engine.synthetic)
-    synthetic_step: str  # how long a synthetic step lasts (engine.step_cost.StepCost.parse; "": free)
-    step_budget_ms: float  # the generator's step budget (engine.step_cost.StepBudget; 0: none)
-    models: str  # the release's models to load (serving.intake.requests; empty: what the checkpoint holds)
-
-
-@dataclass(frozen=True)
-class VocoderOptions(ModelOptions):
-    MODEL = "vocoder"
-    checkpoint: str  # the checkpoint folder (empty: $FIRERED_CHECKPOINT)
-    device: str  # torch device of the decoder
-    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
-    cancel_dir: str  # cancellation marks and the live stream list (serving.flow.side_channel); empty: its default
-    max_streams: int  # streams holding decoder state at once (slots + queue + VOCODER_SPARE_STREAMS)
-    idle_seconds: int  # a stream without a chunk for this long is reclaimed
-    batch: int  # chunks decoded together by the engine thread (at least: a request is never split)
-    public_steps: bool  # key-less requests are tts_ensemble's last step (serving.security.auth)
-    synthetic_math: bool  # benchmarks only: ready-made audio instead of the decoder (engine.synthetic)
-    batch_invariant: bool  # a chunk's audio the same bits decoded alone or with others (engine.invariant)
-    DERIVED = {**ModelOptions.DERIVED, "max_streams": lambda o: o.slots + o.queue + VOCODER_SPARE_STREAMS,
-               "idle_seconds": lambda o: o.vocoder_idle_seconds, "batch": lambda o: o.vocoder_batch}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class VoicesOptions(ModelOptions):
-    MODEL = "voices"
-    run_dir: str  # the launcher's run folder (serving.supervision.run_folder); empty: none
-    voice_dir: str  # the voice store (empty: serving.voices.voice_store.default_dir())
-    bls_timeout_seconds: int  # registration's BLS call to prompt_encoder
+# run_dir: heartbeats and flags (serving.supervision.run_folder); cancel_dir: cancellation marks, the live stream
+# list (serving.flow.side_channel) and the admission file (serving.flow.admission); empty: none / their default.
+# tts's vocoder_batch: the vocoder's max_batch_size, the most chunks one of its vocoder requests carries.
+TTSOptions = _model("TTSOptions", "tts", "checkpoint run_dir cancel_dir bls_timeout_seconds slots max_queue start_rate "
+                    "tts_instances models vocoder_batch text_idle_seconds text_max_seconds pace_hold_seconds "
+                    "read_ahead_cap read_ahead_seconds", read_ahead=lambda self: {  # the orchestrator's keywords
+                        "read_ahead_cap": self.read_ahead_cap, "read_ahead_seconds": self.read_ahead_seconds})  # fmt: skip
+PromptEncoderOptions = _model("PromptEncoderOptions", "prompt_encoder", "checkpoint device run_dir cancel_dir "
+                              "voice_dir max_anonymous_voices voice_store_max_gb public_steps slots max_queue")  # fmt: skip
+EnsembleGeneratorOptions = _model("EnsembleGeneratorOptions", "ensemble_generator",
+                                  "run_dir cancel_dir bls_timeout_seconds slots max_queue")  # fmt: skip
+GeneratorOptions = _model("GeneratorOptions", "generator", "checkpoint device run_dir cancel_dir slots max_len "
+                          "kv_memory_gb attention batch_invariant synthetic_math synthetic_step step_budget_ms models")  # fmt: skip
+VocoderOptions = _model("VocoderOptions", "vocoder", "checkpoint device run_dir cancel_dir max_streams idle_seconds "
+                        "batch public_steps synthetic_math batch_invariant")  # fmt: skip
+VoicesOptions = _model("VoicesOptions", "voices", "run_dir voice_dir bls_timeout_seconds")
 
 
 def _parse(kind: type, text: str, what: str):
@@ -171,8 +118,6 @@ def _parse(kind: type, text: str, what: str):
     parse = {str: str, bool: {"1": True, "0": False}.get, int: lambda t: _INTEGER.fullmatch(t) and int(t), float: float}
     try:
         value = parse[kind](text)
-    except KeyError:
-        raise TypeError(f"{what}: no parser for {kind}") from None
     except ValueError:
         value = None
     if value is None or (kind is float and not math.isfinite(value)):

@@ -24,18 +24,28 @@ MAX_SLOTS = 1024
 MAX_TTS_INSTANCES = 8
 
 
-def option(default, help: str, choices: tuple | None = None):  # a launcher flag's field
-    return field(default=default, metadata={"help": help, "choices": choices})
+def option(default, help: str, choices: tuple | None = None, low=None, high=None, above=None):
+    """A launcher flag's field: its value one of ``choices``, within ``low``..``high``, or over ``above``."""
+    return field(default=default, metadata={"help": help, "choices": choices, "range": (low, high, above)})
+
+
+def _out_of_range(value, low, high, above) -> str | None:
+    """What ``value`` is not (``in 1..8``, ``in (0, 60]``, ``>= 0``, ``> 0``), or None: it is in range."""
+    if (low is None or value >= low) and (above is None or value > above) and (high is None or value <= high):
+        return None
+    if high is None:
+        return f">= {low}" if above is None else f"> {above}"
+    return f"in {low}..{high}" if above is None else f"in ({above}, {high}]"
 
 
 @dataclass(frozen=True)
 class ServeOptions:
     # empty (a config rendered without the launcher): the models read $FIRERED_CHECKPOINT
     checkpoint: Folder = option("", "official-layout checkpoint folder (default: the tiny checkpoint)")  # noqa: RUF009
-    slots: int = option(8, "generator streams batched together (KV cache rows)")
-    max_len: int = option(2048, "backbone positions a stream may reach (prompt + text + generated patches)")
+    slots: int = option(8, "generator streams batched together (KV cache rows)", low=1, high=MAX_SLOTS)
+    max_len: int = option(2048, "backbone positions a stream may reach (prompt + text + generated patches)", low=64)
     kv_memory_gb: float = option(0.0, "size of the backbone's paged KV cache in GiB (default 0: slots x max-len "
-                                 "positions)")  # fmt: skip
+                                 "positions)", low=0)  # fmt: skip
     attention: str = option("auto", "attention over the KV cache; auto = FlashInfer when usable, else SDPA (the "
                             "log says why)", choices=ATTENTION_CHOICES)  # fmt: skip
     batch_invariant: str = option("auto", "a stream's audio the same bytes whoever shares its batch (a read_ahead "
@@ -48,15 +58,15 @@ class ServeOptions:
     voice_dir: Folder = option("", "the voice store (default: ~/.cache/fireredtts3-triton/voices)")  # noqa: RUF009
     max_anonymous_voices: int = option(256, "LRU bound of stored reference prompts")
     voice_store_max_gb: float = option(2.0, "bound on the voice store's files (1 GB = 1e9 bytes); anonymous "
-                                       "prompts are evicted to stay under it, named voices are kept")  # fmt: skip
+                                       "prompts are evicted to stay under it, named voices are kept", above=0)  # fmt: skip
     device: str = option("cpu", "torch device of the models (cpu, cuda, cuda:1, ...)")
     models: str = option("", "the release's models to serve: base, instruct or base,instruct (default: those the "
                          "checkpoint folder holds)")  # fmt: skip
     bls_timeout_seconds: int = 120  # every BLS call from tts, ensemble_generator and voices
     text_idle_seconds: float = option(float(DEFAULT_TEXT_IDLE_SECONDS), "a text-in stream that sends no text for "
-                                      "this long is closed, its place freed")  # fmt: skip
+                                      "this long is closed, its place freed", above=0, high=3600)  # fmt: skip
     text_max_seconds: float = option(float(DEFAULT_TEXT_MAX_SECONDS), "a text-in stream still open (no END) this "
-                                     "long after its START is closed; send a stream per turn")  # fmt: skip
+                                     "long after its START is closed; send a stream per turn", above=0, high=86400)  # fmt: skip
     # a paced request (serving.flow.pacing) whose client takes no audio this long while it is paused is ended;
     # under bls_timeout_seconds (a paused stream's reader gives up waiting for its next chunk at that)
     pace_hold_seconds: float = option(30.0, "a paced request (request parameter pace) whose client takes no audio "
@@ -64,31 +74,27 @@ class ServeOptions:
     cancel_dir: Folder = Folder("")  # tts -> generator cancellation marks (default: flow.side_channel.default_dir())
     run_dir: Folder = Folder("")  # the launcher's run folder: heartbeats, flags (supervision.run_folder); empty: none
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
-                            "(default -1: 4 x slots)")  # fmt: skip
-    # A stream's first chunks and the rest of the server's work share one delivery path (tts, the vocoder,
-    # Triton's sends): a burst of new streams, each of which the generator runs far ahead, queues there in
-    # front of the next chunk of streams already playing (engine.start_window: the window follows the step).
+                            "(default -1: 4 x slots)", low=-1)  # fmt: skip
+    # why: docs/architecture.md, The start window (engine.start_window: the window follows the step)
     start_rate: float = option(256.0, "the most starts a second: tts lets the larger of 32 and this rate x the least "
                                "recent time to first audio be between their start and their first audio at once, "
                                "and paces starts by what a chunk costs its CPUs (a late listener halves both), so "
-                               "a burst cannot stall streams already playing (0: no limit)")  # fmt: skip
-    # A generator step that grows with its batch (a GPU's) makes too large a batch too slow for all in it
+                               "a burst cannot stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
+    # why: docs/architecture.md, The step budget (engine.step_cost.StepBudget)
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
-                                   "stream keeps real time; 8 streams are always batched (0: no budget)")  # fmt: skip
+                                   "stream keeps real time; 8 streams are always batched (0: no budget)", low=0, high=10_000)  # fmt: skip
     # tts, the front door, is the first process a GPU-like step saturates (docs/benchmarks.md): N instances are N
     # stub processes, each with its share of the start window; what they share is per run (docs/architecture.md)
     tts_instances: int = option(1, f"tts stub processes (Triton instances of the front door, 1..{MAX_TTS_INSTANCES}); "
-                                "text-in streams need 1")  # fmt: skip
-    # A long text's later segments may generate while an earlier one plays (the request parameter read_ahead,
-    # engine.orchestrator._ReadAhead): on free generator slots only, yielding them to any waiting stream.
+                                "text-in streams need 1", low=1, high=MAX_TTS_INSTANCES)  # fmt: skip
+    # the request parameter read_ahead: docs/architecture.md, Read-ahead (engine.orchestrator._ReadAhead)
     read_ahead_cap: int = option(4, "most segments of one tts request generating at once, whatever its read_ahead "
-                                 "asks (1: one after another)")  # fmt: skip
+                                 "asks (1: one after another)", low=1, high=READ_AHEAD.high)  # fmt: skip
     read_ahead_seconds: float = option(60.0, "a tts request starts no further segment ahead while it holds this "
-                                       "much audio made ahead and not yet sent")  # fmt: skip
-    # tts_ensemble's steps cannot carry the internal key, so prompt_encoder, ensemble_generator and the
-    # vocoder then also take key-less requests for what the ensemble does (see serving.security.auth); without it
-    # they refuse them. The generator never does.
+                                       "much audio made ahead and not yet sent", above=0, high=3600)  # fmt: skip
+    # with it the internal models (never the generator) take key-less requests for tts_ensemble's steps, which
+    # cannot carry the internal key: docs/architecture.md, Sealing (serving.security.auth)
     ensemble: bool = option(True, "serve tts_ensemble (--no-ensemble: the internal models then refuse every "
                             "request but tts's)")  # fmt: skip
     synthetic_math: bool = option(False, "benchmarks only, no speech: the generator and the vocoder return "
@@ -102,37 +108,19 @@ class ServeOptions:
         from serving.intake.requests import parse_models
 
         for ok, problem in [
-            (1 <= self.slots <= MAX_SLOTS, f"slots must be in 1..{MAX_SLOTS}, got {self.slots}"),
-            (self.max_len >= 64, "max_len must be >= 64"),
-            (1 <= self.tts_instances <= MAX_TTS_INSTANCES,
-             f"tts_instances must be in 1..{MAX_TTS_INSTANCES}, got {self.tts_instances}"),
-            (self.voice_store_max_gb > 0, f"voice_store_max_gb must be > 0, got {self.voice_store_max_gb}"),
-            (self.kv_memory_gb >= 0, f"kv_memory_gb must be >= 0 (0: slots x max_len), got {self.kv_memory_gb}"),
-            (1 <= self.read_ahead_cap <= READ_AHEAD.high,
-             f"read_ahead_cap must be in 1..{READ_AHEAD.high}, got {self.read_ahead_cap}"),
-            (0 < self.read_ahead_seconds <= 3600,
-             f"read_ahead_seconds must be in (0, 3600], got {self.read_ahead_seconds}"),
             (StepCost.parse(self.synthetic_step).free or self.synthetic_math,
              "synthetic_step needs synthetic_math (--synthetic-step times the synthetic generator)"),
-            (0 <= self.start_rate <= 100_000,
-             f"start_rate must be in [0, 100000] starts a second (0: no limit), got {self.start_rate}"),
-            (0 <= self.step_budget_ms <= 10_000,
-             f"step_budget_ms must be in [0, 10000] (0: no budget), got {self.step_budget_ms}"),
-            (self.max_queue >= -1, f"max_queue must be >= 0 (or -1 for 4 x slots), got {self.max_queue}"),
-            (0 < self.text_idle_seconds <= 3600,
-             f"text_idle_seconds must be in (0, 3600], got {self.text_idle_seconds}"),
             (0 < self.pace_hold_seconds < self.bls_timeout_seconds, f"pace_hold_seconds must be in "
              f"(0, {self.bls_timeout_seconds}) (the BLS timeout), got {self.pace_hold_seconds}"),
-            (0 < self.text_max_seconds <= 86400,
-             f"text_max_seconds must be in (0, 86400], got {self.text_max_seconds}"),
         ]:  # fmt: skip
             if not ok:
                 raise ValueError(problem)
         for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                listed = f"{', '.join(choices[:-1])} or {choices[-1]}"
-                raise ValueError(f"{f.name} must be {listed}, got {getattr(self, f.name)!r}")
+            value, choices = getattr(self, f.name), f.metadata.get("choices")
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+            if f.metadata and (out := _out_of_range(value, *f.metadata["range"])):
+                raise ValueError(f"{f.name} must be {out}, got {value}")
         parse_models(self.models)  # ValueError names a model that is not one
 
     @property

@@ -114,23 +114,14 @@ class RunFlags:
     ``draining`` and ``dead.<model>``, each holding its message for clients (docs/architecture.md, Flags)."""
 
     def __init__(self, run_dir: str | Path):
-        self.dir = str(run_dir)
+        self.dir = Path(run_dir)
 
-    def set_broken(self, message: str) -> None:
-        self._write(BROKEN, message)
-
-    def set_draining(self, message: str = SHUTTING_DOWN) -> None:
-        self._write(DRAINING, message)
-
-    def set_dead(self, model: str, message: str) -> None:
-        self._write(f"{DEAD}{model}", message)
-
-    def _write(self, name: str, message: str) -> None:
-        path = os.path.join(self.dir, name)
-        tmp = f"{path}.tmp"  # written whole, then renamed: a reader never sees half a message
-        Path(tmp).write_text(message)
-        os.replace(tmp, path)
+    def set(self, name: str, message: str = SHUTTING_DOWN) -> None:
+        """Raise flag ``name`` (BROKEN, DRAINING or DEAD + a model) with ``message``."""
+        tmp = self.dir / f"{name}.tmp"  # written whole, then renamed: a reader never sees half a message
+        tmp.write_text(message)
+        tmp.replace(self.dir / name)
 
     def clear(self) -> None:
-        for path in (BROKEN, DRAINING, *(p.name for p in Path(self.dir).glob(f"{DEAD}*"))):
-            Path(self.dir, path).unlink(missing_ok=True)
+        for path in (self.dir / BROKEN, self.dir / DRAINING, *self.dir.glob(f"{DEAD}*")):
+            path.unlink(missing_ok=True)

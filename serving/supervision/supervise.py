@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from serving.flow.admission import Admission
-from serving.supervision.run_folder import HEARTBEATS, SHUTTING_DOWN, STACKS, RunFlags
+from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, HEARTBEATS, STACKS, RunFlags
 from serving.supervision.vitals import IN_FLIGHT, PROGRESS, STALL_SECONDS, Incident, Observation, Vitals, samples
 
 if TYPE_CHECKING:  # the watchdog (python -m serving.supervision.supervise) stays light
@@ -42,15 +42,11 @@ GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, befor
 def find_stubs(repo: Path) -> dict[int, str]:
     """pid -> model of the stubs serving ``repo`` (argv: ``triton_python_backend_stub <repo>/<model>/1/model.py``)."""
     found, prefix = {}, f"{repo}{os.sep}".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
-            found[int(entry.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            argv = cmdline.read_bytes().split(b"\0")
+            if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
+                found[int(cmdline.parent.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
     return found
 
 
@@ -62,8 +58,7 @@ def model_of(folder: Path) -> str:
 def is_alive(pid: int) -> bool:
     """Running or stopped; not exited (a zombie counts as exited)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
@@ -171,8 +166,8 @@ class Supervisor:
                 f"(within {self.drain_seconds:g} s)")  # fmt: skip
             message = (f"unavailable: {incident.model} backend died; the server restarts once the running streams "
                        "end, retry shortly")  # fmt: skip
-            self.flags.set_dead(incident.model, message)  # a request waiting on it is answered now
-            self.flags.set_draining(message)
+            self.flags.set(DEAD + incident.model, message)  # a request waiting on it is answered now
+            self.flags.set(DRAINING, message)
             worse = []  # a death that breaks the running streams ends the wait
 
             def hurry() -> bool:
@@ -189,7 +184,7 @@ class Supervisor:
         if not incident.dead:  # a stub's late heartbeats dumped its threads' stacks (serving.supervision.run_folder)
             for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
-        self.flags.set_broken(incident.message)
+        self.flags.set(BROKEN, incident.message)
         for pid, model in self.stubs.items() if not incident.dead else ():  # which thread holds the GIL
             dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
             if model == incident.model and f"(pid {pid})" in incident.how and native_stacks(pid, dump):
@@ -215,9 +210,9 @@ class Supervisor:
     def shutdown(self, drain_seconds: float, hurry: Callable[[], bool]) -> None:
         """Refuse new requests, let running ones finish for up to ``drain_seconds`` (less once ``hurry()``), fail
         the rest, stop. Returns within drain_seconds + about 4 s."""
-        self.flags.set_draining()
+        self.flags.set(DRAINING)
         self._wait_idle(drain_seconds, hurry)
-        self.flags.set_broken(SHUTTING_DOWN)  # the streams still running fail with this
+        self.flags.set(BROKEN)  # the streams still running fail with this
         self._wait_idle(GRACE_SECONDS, hurry)
         self.stop(grace=STOP_SECONDS)  # with nothing in flight tritonserver exits at once, freeing its shm
         self.flags.clear()

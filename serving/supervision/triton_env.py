@@ -192,12 +192,10 @@ class TritonServer:
         # 0600: Triton logs the generator's secret model name (its stub's name, its load and unload)
         log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         os.fchmod(log.fileno(), 0o600)
-        env, path = dict(os.environ), lambda *parts: os.pathsep.join(str(p) for p in parts if p)
-        env["LD_LIBRARY_PATH"] = path(*install.lib_dirs, env.get("LD_LIBRARY_PATH"))
-        env["PATH"] = path(Path(sys.executable).parent, env.get("PATH"))
-        env["PYTHONPATH"] = path(REPO_ROOT, env.get("PYTHONPATH"))
-        env = {"OMP_NUM_THREADS": "1", **env, INTERNAL_KEY_ENV: self.internal_key,
-               ADMIN_DIGEST_ENV: Keys.digest(self.admin_key)}  # fmt: skip
+        path = lambda name, *first: os.pathsep.join(str(p) for p in (*first, os.environ.get(name)) if p)  # noqa: E731
+        env = {"OMP_NUM_THREADS": "1", **os.environ, "LD_LIBRARY_PATH": path("LD_LIBRARY_PATH", *install.lib_dirs),
+               "PATH": path("PATH", Path(sys.executable).parent), "PYTHONPATH": path("PYTHONPATH", REPO_ROOT),
+               INTERNAL_KEY_ENV: self.internal_key, ADMIN_DIGEST_ENV: Keys.digest(self.admin_key)}  # fmt: skip
         self.proc = subprocess.Popen(self.command(install), env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
         log.close()

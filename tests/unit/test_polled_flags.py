@@ -2,7 +2,7 @@
 is asked at a bounded rate however many requests run; the flags carry the launcher's messages."""
 
 from serving.flow.side_channel import SideChannel
-from serving.supervision.run_folder import RunFlags
+from serving.supervision.run_folder import BROKEN, DRAINING, RunFlags
 
 
 class Flags(SideChannel):
@@ -19,7 +19,7 @@ class Flags(SideChannel):
 
 def test_many_polls_within_the_interval_read_the_flag_once(tmp_path):
     flags = Flags(tmp_path)
-    RunFlags(tmp_path).set_broken("unavailable: restarting")
+    RunFlags(tmp_path).set(BROKEN, "unavailable: restarting")
     assert [flags.flag("broken", 3600) for _ in range(256)] == ["unavailable: restarting"] * 256
     assert flags.reads == 1
 
@@ -27,7 +27,7 @@ def test_many_polls_within_the_interval_read_the_flag_once(tmp_path):
 def test_a_flag_set_later_is_seen_once_the_interval_is_over(tmp_path):
     flags = Flags(tmp_path)
     assert flags.flag("broken", 0) is None  # every poll is past the interval
-    RunFlags(tmp_path).set_broken("unavailable: restarting")
+    RunFlags(tmp_path).set(BROKEN, "unavailable: restarting")
     assert flags.flag("broken", 0) == "unavailable: restarting"
     assert flags.reads == 2
 
@@ -35,9 +35,9 @@ def test_a_flag_set_later_is_seen_once_the_interval_is_over(tmp_path):
 def test_run_flags_carry_their_messages(tmp_path):
     launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
     assert flags.refusal() is None
-    launcher.set_draining()
+    launcher.set(DRAINING)
     assert flags.flag("draining", 0) == flags.refusal() == "unavailable: server is shutting down"
-    launcher.set_broken("unavailable: generator backend died; the server is restarting, retry shortly")
+    launcher.set(BROKEN, "unavailable: generator backend died; the server is restarting, retry shortly")
     assert flags.refusal().startswith("unavailable: generator")  # broken wins: running requests fail too
     launcher.clear()
     assert flags.refusal() is None and SideChannel(tmp_path / "marks").refusal() is None

@@ -15,7 +15,7 @@ from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.bls import BLS
 from serving.stub.triton_io import bls_error, error_response
-from serving.supervision.run_folder import RunFlags
+from serving.supervision.run_folder import DEAD, RunFlags
 
 SECRET = Keys("ab" * 32).generator_model
 
@@ -67,7 +67,7 @@ def test_no_error_response_carries_the_secret_name():
 def test_dead_flags_are_per_model_and_cleared(tmp_path):
     launcher, flags = RunFlags(tmp_path), SideChannel(tmp_path / "marks", run_dir=tmp_path)
     assert flags.flag("dead.prompt_encoder", 0) is None
-    launcher.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry")
+    launcher.set(DEAD + "prompt_encoder", "unavailable: prompt_encoder backend died; retry")
     assert flags.flag("dead.prompt_encoder", 0).startswith("unavailable: ") and flags.flag("dead.voices", 0) is None
     launcher.clear()
     assert flags.flag("dead.prompt_encoder", 0) is None
@@ -109,7 +109,7 @@ def test_a_call_waiting_on_a_dead_model_ends_at_once(tmp_path):
                 break
             await asyncio.sleep(0.01)
         assert flags.asked.get("prompt_encoder", 0) >= 3 and not call.done()  # it waits while the model lives
-        launcher.set_dead("prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
+        launcher.set(DEAD + "prompt_encoder", "unavailable: prompt_encoder backend died; retry shortly")
         with pytest.raises(Unavailable, match="prompt_encoder backend died"):
             await asyncio.wait_for(call, 10)  # well before the 60 s timeout
         never.set()

@@ -454,7 +454,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_
 
     from engine.lifetime import linger
     from serving.stub.bls import watch_request as watch
-    from serving.supervision.run_folder import RunFlags
+    from serving.supervision.run_folder import BROKEN, RunFlags
 
     class Request:
         cancelled = False
@@ -475,7 +475,7 @@ def test_watch_cancels_for_a_client_that_left_and_stops_for_a_broken_server(tmp_
                 lingering.append(linger(asyncio.wait_for(cleanup.wait(), 1)))
 
         asyncio.get_running_loop().call_later(0.1, lambda: (setattr(request, "cancelled", leave),
-                                                            broken and launcher.set_broken(broken)))  # fmt: skip
+                                                            broken and launcher.set(BROKEN, broken)))  # fmt: skip
         asyncio.get_running_loop().call_later(0.3, cleanup.set)
         task, answer = await watch(request, stream(), flags)
         asked_to_stop = task.cancelled() or task.cancelling() > 0  # a broken server: returned without waiting
