@@ -103,18 +103,23 @@ def serving(server: TritonServer, then=None) -> Iterator[TritonServer]:
     try:
         yield server
     finally:
+        stop_later(server, then)
 
-        def stop():
-            try:
-                server.close()
-                if then is not None:
-                    then(server)
-            except BaseException as e:  # noqa: BLE001 (raised at the session's end: conftest's _stops_joined)
-                STOP_ERRORS.append(e)
 
-        thread = threading.Thread(target=stop, name=f"stop {server.work_dir}")
-        thread.start()
-        STOPPING.append(thread)
+def stop_later(server: TritonServer, then=None) -> None:
+    """``server.close()`` on a thread (then ``then(server)``): ``serving``'s stop, for a server started otherwise."""
+
+    def stop():
+        try:
+            server.close()
+            if then is not None:
+                then(server)
+        except BaseException as e:  # noqa: BLE001 (raised at the session's end: conftest's _stops_joined)
+            STOP_ERRORS.append(e)
+
+    thread = threading.Thread(target=stop, name=f"stop {server.work_dir}")
+    thread.start()
+    STOPPING.append(thread)
 
 
 def stops_done() -> None:
