@@ -10,7 +10,14 @@ from engine.config import nostop
 from engine.random_checkpoint import make_checkpoint
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import GRPC_FRONT_LIMITS, HTTP_FRONT_LIMITS, behind_fronts, gateway_for
+from tests.integration.helpers import (
+    GRPC_FRONT_LIMITS,
+    HTTP_FRONT_LIMITS,
+    STOP_ERRORS,
+    behind_fronts,
+    gateway_for,
+    stops_done,
+)
 
 # The stop head of this checkpoint never fires, so an utterance lasts exactly max_patches: lengths
 # are chosen by the tests and long streams exist for cancellation.
@@ -30,6 +37,16 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(("launcher output (last 6,000 characters)", launcher.text()[-6000:]))
         except OSError as e:
             report.sections.append(("launcher output", f"unreadable: {e}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stops_joined():
+    """Every server that ``helpers.serving`` stops on a thread has stopped, and passed its check, before the
+    session ends (set up first, so torn down last)."""
+    yield
+    stops_done()
+    if STOP_ERRORS:
+        raise STOP_ERRORS[0]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """What the integration tests share besides fixtures: gauges read from a server, work in parallel, the
 gateway in front of a server, the inputs of a generator request that carries no voice, a server behind
-the fronts."""
+the fronts, a server stopped on a thread."""
 
 from __future__ import annotations
 
@@ -88,6 +88,47 @@ def in_parallel(fn, n: int, timeout: float = 120.0) -> dict:
     return results
 
 
+# the stops that ``serving`` left running, and what they and their checks raised: conftest's ``_stops_joined``
+# waits for them at the session's end and raises the first error
+STOPPING: list[threading.Thread] = []
+STOP_ERRORS: list[BaseException] = []
+
+
+@contextmanager
+def serving(server: TritonServer, then=None) -> Iterator[TritonServer]:
+    """``with server``, but its stop (SIGTERM, then Triton unloads its models: ~4 s, mostly Triton polling
+    once a second) runs on a thread while the next tests go on; ``then(server)``, if given, runs on that
+    thread once it has stopped (a check of its log: what it raises fails the session, at its end)."""
+    server.__enter__()  # started and ready (or stopped, and raised)
+    try:
+        yield server
+    finally:
+        stop_later(server, then)
+
+
+def stop_later(server: TritonServer, then=None) -> None:
+    """``server.close()`` on a thread (then ``then(server)``): ``serving``'s stop, for a server started otherwise."""
+
+    def stop():
+        try:
+            server.close()
+            if then is not None:
+                then(server)
+        except BaseException as e:  # noqa: BLE001 (raised at the session's end: conftest's _stops_joined)
+            STOP_ERRORS.append(e)
+
+    thread = threading.Thread(target=stop, name=f"stop {server.work_dir}")
+    thread.start()
+    STOPPING.append(thread)
+
+
+def stops_done() -> None:
+    """Once every server ``serving`` stops on a thread has stopped (and been checked): for a test that the
+    load of a stopping server could fail (a count of live streams), before it starts."""
+    while STOPPING:
+        STOPPING.pop().join()
+
+
 def gateway_for(server):
     """The OpenAI-compatible gateway in front of ``server``, on a free loopback port -> a context of its base URL."""
     from gateway.server import in_thread
@@ -118,7 +159,7 @@ def behind_fronts(ckpt: Path, work: Path, grpc_front: FrontLimits | None = None,
                         voice_dir=str(work / "voices"), run_dir=str(work), ensemble=ensemble)  # fmt: skip
     server = TritonServer(build(work / "model_repository", opts), work, Ports.free(), grpc_front=grpc_front,
                           http_front=http_front)  # fmt: skip
-    with server:
+    with serving(server):
         yield server
 
 

@@ -26,7 +26,7 @@ from client import TTSClient
 from serving.config.repository import ServeOptions, build
 from serving.flow.admission import Admission
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import in_parallel
+from tests.integration.helpers import in_parallel, serving
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -43,9 +43,12 @@ def served(nostop_ckpt, tmp_path_factory):
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=SLOTS, max_queue=QUEUE, max_len=2048,
                         cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"),
                         run_dir=str(work))  # fmt: skip
-    srv = TritonServer(build(work / "model_repository", opts), work, Ports.free())
-    with srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free()), then=none_waited) as srv:
         yield srv, work / "cancel"
+
+
+def none_waited(srv) -> None:
+    """Checked once the module's server has stopped (a failure fails the session at its end)."""
     log = srv.log_path.read_text("utf-8", "replace")
     assert "must specify the START flag" not in log  # no stream of ours waited in the sequence batcher
 

@@ -19,6 +19,7 @@ from client.aio import RECONNECT_MAX_MS
 from gateway.errors import STARTING
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
+from tests.integration.helpers import stop_later
 
 pytestmark = pytest.mark.integration
 # compared byte for byte: chunk sizes move float32 rounding, so fixed ones
@@ -74,7 +75,7 @@ def test_a_gateway_started_before_tritonserver_says_starting_then_serves_at_once
             assert statuses == [200] * 4
             assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ok"}
         finally:
-            srv.close()
+            stop_later(srv)
 
 
 def test_every_stock_voice_of_the_sdk_and_the_id_form(sdk, server):

@@ -23,7 +23,7 @@ import soundfile as sf
 
 from client import InvalidRequest, TTSClient
 from engine.chunking import ChunkSchedule
-from tests.integration.helpers import in_parallel, wait_gauges_zero
+from tests.integration.helpers import in_parallel, serving, wait_gauges_zero
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -337,7 +337,7 @@ def test_a_designed_voice_survives_a_restart(server, server_options, gateway, tm
         assert httpx.post(f"{gateway}/v1/audio/voices", json=body, headers=admin, timeout=300).status_code == 200
         before = client(server).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
         options = replace(server_options, cancel_dir=str(tmp_path / "cancel"), run_dir=str(tmp_path))
-        with TritonServer(build(tmp_path / "repo", options), tmp_path, Ports.free()) as srv:
+        with serving(TritonServer(build(tmp_path / "repo", options), tmp_path, Ports.free())) as srv:
             after = client(srv).synthesize("After restart.", voice_id="designed-kept", seed=4, parameters=SHORT)
     finally:
         httpx.delete(f"{gateway}/v1/audio/voices/designed-kept", headers=admin, timeout=30)

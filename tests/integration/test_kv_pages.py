@@ -13,7 +13,7 @@ from client import TTSClient, TTSError
 from engine.kv_cache import PAGE_SIZE
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import wait_gauges_zero
+from tests.integration.helpers import serving, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 PAGES = 6  # the tiny backbone in float32: 512 bytes a position, so 8 KiB a page
@@ -25,7 +25,7 @@ def small_pool(nostop_ckpt, tmp_path_factory):
     gib = PAGES * PAGE_SIZE * 512 / 2**30
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=1024, kv_memory_gb=gib, attention="auto",
                         cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
-    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free())) as srv:
         yield srv
 
 

@@ -22,7 +22,7 @@ from loadtest import attacks
 from serving import contract
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import stuck_stacks
+from tests.integration.helpers import serving, stuck_stacks
 from tests.reference import snr_db
 
 pytestmark = pytest.mark.integration
@@ -39,9 +39,12 @@ def server(nostop_ckpt, tmp_path_factory):
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=SLOTS, max_queue=QUEUE, max_len=2048,
                         cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"),
                         run_dir=str(work))  # fmt: skip
-    srv = TritonServer(build(work / "model_repository", opts), work, Ports.free())
-    with srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free()), then=none_in_flight) as srv:
         yield srv
+
+
+def none_in_flight(srv) -> None:
+    """Checked once the module's server has stopped (a failure fails the session at its end)."""
     import re
 
     log = srv.log_path.read_text("utf-8", "replace")

@@ -11,7 +11,7 @@ from engine.config import PATCH_SAMPLES
 from engine.synthetic import TONE_LEVEL
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import in_parallel, wait_gauges_zero
+from tests.integration.helpers import in_parallel, serving, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ def synthetic(nostop_ckpt, tmp_path_factory):
     work = tmp_path_factory.mktemp("synthetic")
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=256, synthetic_math=True,
                         cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
-    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free())) as srv:
         yield srv
 
 

@@ -18,7 +18,7 @@ from serving.contract import TEXT_STREAMS_PER_PLACE
 from serving.flow.admission import Admission
 from serving.intake.requests import MAX_TEXT_CHARS
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import wait_gauges_zero
+from tests.integration.helpers import serving, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 SLOTS, QUEUE = 1, 1
@@ -34,7 +34,7 @@ def small(nostop_ckpt, tmp_path_factory):
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=SLOTS, max_queue=QUEUE, max_len=1024,
                         text_max_seconds=LIFETIME, cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"),
                         run_dir=str(work))  # fmt: skip
-    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free())) as srv:
         srv.cancel_dir = work / "cancel"
         yield srv
 

@@ -18,7 +18,7 @@ from serving.config.repository import ServeOptions, build
 from serving.contract import MAX_STREAM_CHARS, MAX_STREAM_PIECES
 from serving.intake.requests import MAX_TEXT_CHARS
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import wait_gauges_zero
+from tests.integration.helpers import serving, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 IDLE = 3  # seconds a stream may wait for its next piece, on this server
@@ -34,7 +34,7 @@ def text_server(nostop_ckpt, tmp_path_factory):
     work = tmp_path_factory.mktemp("textin")
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=2, max_len=1024, text_idle_seconds=IDLE,
                         cancel_dir=str(work / "cancel"), voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
-    with TritonServer(build(work / "model_repository", opts), work, Ports.free()) as srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free())) as srv:
         yield srv
 
 

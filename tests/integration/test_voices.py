@@ -9,7 +9,7 @@ from client import TTSClient, TTSError
 from client.voices import VoiceClient
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import metrics
+from tests.integration.helpers import metrics, serving
 
 pytestmark = pytest.mark.integration
 # compared bit for bit: chunk sizes move float32 rounding, so fixed ones
@@ -91,7 +91,7 @@ def test_voices_survive_restart(nostop_ckpt, tmp_path):
         named1 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
         anon1 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)
         assert metrics(srv)["tts_prompt_encodes_total"] == 2
-    with serve("second") as srv:
+    with serving(serve("second")) as srv:  # stopped on a thread: nothing reads its files after
         url = f"127.0.0.1:{srv.ports.grpc}"
         named2 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
         anon2 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)

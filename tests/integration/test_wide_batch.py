@@ -19,7 +19,7 @@ from client import TTSClient
 from engine.config import PATCH_SAMPLES
 from serving.config.repository import ServeOptions, build
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import in_parallel, wait_gauges_zero
+from tests.integration.helpers import in_parallel, serving, stops_done, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,8 @@ def test_more_streams_are_live_in_the_generator_than_the_backend_has_threads(nos
     # start_rate=0: all 40 start at once (the default window lets ~32 be between their start and their first audio)
     opts = ServeOptions(checkpoint=str(nostop_ckpt), slots=STREAMS, max_len=256, cancel_dir=str(tmp_path / "cancel"),
                         voice_dir=str(tmp_path / "voices"), run_dir=str(tmp_path), start_rate=0)  # fmt: skip
-    with TritonServer(build(tmp_path / "model_repository", opts), tmp_path, Ports.free()) as srv:
+    stops_done()  # no server of an earlier module still stopping: 40 streams must be live at once on 2 cores
+    with serving(TritonServer(build(tmp_path / "model_repository", opts), tmp_path, Ports.free())) as srv:
         tts = TTSClient(f"127.0.0.1:{srv.ports.grpc}", timeout=120)
         tts.synthesize("Warm up.", parameters={"max_patches": 2})
         live, done = [], threading.Event()
