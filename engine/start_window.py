@@ -29,11 +29,10 @@ listeners (docs/benchmarks.md, "The start window").
   already stall, seconds after the starts that caused it were let in. What a chunk costs does not lag: every
   ``SAMPLE_SECONDS`` the window reads how busy the CPUs were (:class:`Busy`: the larger of this process's
   share of one core and the machine's busy share) and how many chunks went out meanwhile, and learns the
-  busy share of one chunk a second (the last ``READINGS`` readings' busy time over their chunks); it counts
-  the chunks of each segment that ends (smoothed).
+  busy share of one chunk a second (smoothed); it counts the chunks of each segment that ends (smoothed).
   Starts then go in at most at ``penalty x TARGET_BUSY / (cost of a chunk a second x chunks a segment)`` a
-  second, counted over the last second. The rest of the CPUs is headroom for bursts. Until the readings have
-  seen ``READINGS_CHUNKS`` chunks, the places alone bound the starts; a reading waits for ``COST_CHUNKS`` (up to
+  second, counted over the last second. The rest of the CPUs is headroom for bursts. Until a reading has
+  seen ``COST_CHUNKS`` chunks, the places alone bound the starts; a reading waits for that many (up to
   ``SAMPLE_MOST_SECONDS``), so even the slowest pace (``LEAST_PACE``) keeps learning and comes back.
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
@@ -83,8 +82,6 @@ TARGET_BUSY = 0.7  # the busy share the starts may fill; the rest is headroom fo
 SAMPLE_SECONDS = 0.5  # the least time between two readings of the CPUs
 SAMPLE_MOST_SECONDS = 5.0  # the most: a reading waits this long for COST_CHUNKS chunks
 COST_CHUNKS = 16  # chunks a reading needs before it teaches the cost of one
-READINGS = 8  # the readings whose busy time over their chunks is the cost of one (a ratio of sums)
-READINGS_CHUNKS = 64  # chunks those readings need before the pace counts
 LEAST_PACE = 4.0  # starts a second the CPUs always let in
 
 
@@ -138,7 +135,7 @@ class StartWindow:
         self.recovered = -float("inf")  # when it last gave some back
         self.late = 0  # late chunks seen (a counter for metrics and tests)
         self.busy = busy  # how busy the CPUs were since the last call (None: the CPUs cap nothing)
-        self.readings: deque[tuple[float, int]] = deque(maxlen=READINGS)  # (busy seconds, chunks) of the last
+        self.cost: float | None = None  # busy share of one chunk a second, smoothed (None: not learned yet)
         self.per_segment = 0.0  # chunks a segment sends, smoothed (0: none ended yet)
         self.chunks = 0  # chunks sent since the last reading
         self.sent: dict[Hashable, int] = {}  # playing stream -> its chunks so far in this segment
@@ -164,17 +161,9 @@ class StartWindow:
     @property
     def pace(self) -> float:
         """Starts a second the CPUs carry within TARGET_BUSY (inf: not learned yet, or no reading)."""
-        cost = self.cost
-        if not cost or not self.per_segment:
+        if not self.cost or not self.per_segment:
             return math.inf
-        return max(LEAST_PACE, self.penalty * TARGET_BUSY / (cost * self.per_segment))
-
-    @property
-    def cost(self) -> float | None:
-        """The busy share of one chunk a second: the last readings' busy seconds over their chunks, so a
-        reading of many chunks weighs more than one of a few (None: fewer than READINGS_CHUNKS yet)."""
-        chunks = sum(c for _, c in self.readings)
-        return sum(b for b, _ in self.readings) / chunks if chunks >= READINGS_CHUNKS else None
+        return max(LEAST_PACE, self.penalty * TARGET_BUSY / (self.cost * self.per_segment))
 
     def _room(self) -> bool:
         if self.starting >= self.limit:
@@ -242,7 +231,8 @@ class StartWindow:
             return
         busy = self.busy()
         if self.chunks >= COST_CHUNKS:
-            self.readings.append((busy * since, self.chunks))
+            cost = busy * since / self.chunks
+            self.cost = cost if self.cost is None else self.cost + 0.25 * (cost - self.cost)
         self.sampled, self.chunks = now, 0
         self._admit()
 
