@@ -32,8 +32,7 @@ listeners (docs/benchmarks.md, "The start window").
   busy share of one chunk a second (smoothed); it counts the chunks of each segment that ends (smoothed).
   Starts then go in at most at ``penalty x TARGET_BUSY / (cost of a chunk a second x chunks a segment)`` a
   second, counted over the last second. The rest of the CPUs is headroom for bursts. Until a reading has
-  seen ``COST_CHUNKS`` chunks, the places alone bound the starts; a reading waits for that many (up to
-  ``SAMPLE_MOST_SECONDS``), so even the slowest pace (``LEAST_PACE``) keeps learning and comes back.
+  seen ``COST_CHUNKS`` chunks, the places alone bound the starts.
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
 
@@ -80,8 +79,7 @@ BASE_STARTS = 256  # starts whose least time to first audio is the window's base
 FIRST_GUESS_SECONDS = 0.25  # the base before any start has reached its first audio
 TARGET_BUSY = 0.7  # the busy share the starts may fill; the rest is headroom for bursts
 SAMPLE_SECONDS = 0.5  # the least time between two readings of the CPUs
-SAMPLE_MOST_SECONDS = 5.0  # the most: a reading waits this long for COST_CHUNKS chunks
-COST_CHUNKS = 16  # chunks a reading needs before it teaches the cost of one
+COST_CHUNKS = 64  # chunks a reading needs before it teaches the cost of one
 LEAST_PACE = 4.0  # starts a second the CPUs always let in
 
 
@@ -222,16 +220,13 @@ class StartWindow:
             self.per_segment = sent if not self.per_segment else self.per_segment + 0.05 * (sent - self.per_segment)
 
     def _sample(self) -> None:
-        """Reads the CPUs once SAMPLE_SECONDS have passed and COST_CHUNKS chunks went out (or SAMPLE_MOST_SECONDS
-        passed: a reading then teaches nothing), and learns what a chunk a second costs. A slow pace still sends
-        enough chunks to learn from, so the pace comes back when the CPUs are free again."""
+        """Reads the CPUs once every SAMPLE_SECONDS and learns what a chunk a second costs."""
         now = self.clock()
-        since = now - self.sampled
-        if self.busy is None or since < SAMPLE_SECONDS or self.chunks < COST_CHUNKS and since < SAMPLE_MOST_SECONDS:
+        if self.busy is None or now - self.sampled < SAMPLE_SECONDS:
             return
-        busy = self.busy()
+        busy, per_second = self.busy(), self.chunks / (now - self.sampled)
         if self.chunks >= COST_CHUNKS:
-            cost = busy * since / self.chunks
+            cost = busy / per_second
             self.cost = cost if self.cost is None else self.cost + 0.25 * (cost - self.cost)
         self.sampled, self.chunks = now, 0
         self._admit()

@@ -313,24 +313,6 @@ def test_the_pace_holds_starts_beyond_it_for_the_rest_of_the_second():
     run(main())
 
 
-def test_a_pace_learned_on_busy_cpus_comes_back_when_they_are_free():
-    clock, busy = Clock(), [0.95]
-    w = StartWindow(rate=10_000, clock=clock, busy=lambda: busy[0])
-    w.played("a", 1.0)
-    w.stopped("a")  # one chunk a segment
-    for _ in range(19):  # 20 chunks in half a second, the CPUs 95 % busy: pace 0.7 x 40 / 0.95 = 29 a second
-        w.played("b", 1.0)
-    clock.now = 0.5
-    w.played("b", 1.0)
-    slow = w.pace
-    assert 20 < slow < 40
-    busy[0] = 0.01  # the CPUs free again: 4 chunks a second (the slowest pace's) still teach it, 16 a reading
-    for _ in range(160):
-        clock.now += 0.25
-        w.played("b", 1.0)
-    assert w.late == 0 and w.pace > 5 * slow
-
-
 def test_busy_is_the_larger_of_this_process_and_the_machine_without_niced_work(tmp_path):
     from engine.start_window import Busy
 
