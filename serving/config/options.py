@@ -76,10 +76,10 @@ class ServeOptions:
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)", low=-1)  # fmt: skip
     # why: docs/architecture.md, The start window (engine.start_window: the window follows the step)
-    start_rate: float = option(256.0, "the most starts a second: tts lets the larger of 32 and this rate x the least "
-                               "recent time to first audio be between their start and their first audio at once, "
-                               "and paces starts by what a chunk costs its CPUs (a late listener halves both), so "
-                               "a burst cannot stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
+    start_rate: float = option(96.0, "starts a second the delivery path takes: tts lets the larger of 32 and this "
+                               "rate x the least recent time to first audio be between their start and their "
+                               "first audio at once (a late listener halves the rate part), so a burst cannot "
+                               "stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
     # why: docs/architecture.md, The step budget (engine.step_cost.StepBudget)
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "
                                    "room for it within this many ms (0.8 x the 160 ms a step adds), so every live "
