@@ -93,8 +93,10 @@ class PaceFeed:
 async def next_response(responses, pace: Pace | None, own: bool, limit: float | None):
     """``anext(responses)`` within ``limit`` seconds (None: no limit); a client that counts its own chunks (``own``) and gets no
     response for :data:`CAUGHT_UP_SECONDS` has taken all it was given (:meth:`Pace.caught_up`)."""
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that comes as the response does
     if pace is None or not own or pace.taken == pace.reported:
-        return await asyncio.wait_for(anext(responses), limit)
+        async with asyncio.timeout(limit):
+            return await anext(responses)
     task = asyncio.ensure_future(anext(responses))
     try:
         done, _ = await asyncio.wait({task}, timeout=CAUGHT_UP_SECONDS)
@@ -103,4 +105,5 @@ async def next_response(responses, pace: Pace | None, own: bool, limit: float | 
         raise
     if not done:
         pace.caught_up()
-    return await asyncio.wait_for(task, None if limit is None else max(0.0, limit - CAUGHT_UP_SECONDS))
+    async with asyncio.timeout(None if limit is None else max(0.0, limit - CAUGHT_UP_SECONDS)):
+        return await task
