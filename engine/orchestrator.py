@@ -392,7 +392,10 @@ class Orchestrator:
                 if chunk.plan:
                     yield np.zeros(0, np.float32), "", chunk.text
                     continue
+                sent = self.starts.clock() if self.starts is not None else 0.0
                 audio = await self.vocoder.decode(chunk)
+                if self.starts is not None:  # the way out's time steers the start window
+                    self.starts.carried(self.starts.clock() - sent)
                 vocoder_ended = chunk.last
                 if chunk.failed:
                     raise StreamFailed(chunk.finish_reason)

@@ -5,24 +5,35 @@ path (the vocoder, the sends), and the generator runs a new stream far ahead of 
 new streams queues its chunks there in front of the next chunk of streams already playing, which then
 stall. Holding a start back costs it first-audio latency, never a stall.
 
-Why it is not only a fixed number: a window of W places, each held from a start to its first audio (about
-four generator steps), admits at most W / (4 x step) starts a second. So a fixed window admits fewer starts
-a second the slower the step, while what the delivery path can take is a rate of starts (each start puts
-about five chunks on it in its first seconds: engine.chunking's doubling). The window is therefore the
-larger of ``least`` (32: what the fixed window measured safe here) and that rate times the time a start
-takes to reach its first audio when nothing queues (Little's law): ``W = max(least, rate x base)``, where
-``base`` is the least time to first audio of the last :data:`BASE_STARTS` starts. ``base`` follows the step
-and not the queue: a window that grew with queued time would let in more the more congested the path (a
-start that waits in line is still counted in the window, so the starts in flight stay W and the path
-self-clocks). The default rate, 96 starts a second, is what a 2-core machine's path carried at an 80 ms
-step without a stall (docs/benchmarks.md, "The start window"); a window that let in more there (128 a
-second and growing) gave first audio sooner but stalled listeners at 128 requests a second. A larger
-machine can take a higher ``--start-rate``.
+**Where it starts.** A window of W places, each held from a start to its first audio (about four generator
+steps), admits at most W / (4 x step) starts a second, while what the delivery path can take is a rate of
+starts (each puts about five chunks on it in its first seconds: engine.chunking's doubling). So the window
+starts at the larger of ``least`` (32: what a fixed window measured safe on a 2-core machine) and ``rate``
+times the least time to first audio of the last :data:`BASE_STARTS` starts (Little's law); ``base`` follows
+the step, not the queue.
 
-- **A late listener backs it off.** A playing stream whose chunk goes out when its listener holds less than
-  ``late_seconds`` of audio (:meth:`played`) halves the rate part of the window (never below ``least``), at
-  most once a round (the smoothed time to first audio); each round with no late listener gives back a tenth
-  of what was taken.
+**How it moves: the way out steers it, once a lag.** Each chunk's way out (the vocoder's round trip as the
+orchestrator awaits it, this process's event-loop queue included) is reported to :meth:`carried`. Once a
+round (the base, at least :data:`SHORTEST_ROUND`) the least way out of the round is compared with the least of the last :data:`FLOOR_ROUNDS`
+rounds: a round whose every chunk waited more than ``max(QUEUE_TARGET, floor)`` beyond that floor has a
+standing queue (CoDel's test: a round's least ignores a burst, not a queue). A chunk that goes out when its
+listener holds less than ``late_seconds`` (:meth:`played`) is a late listener.
+
+- A late listener multiplies the window's ``gain`` by :data:`BACK_OFF` (down to :data:`GAIN_LEAST`); a standing
+  queue does too, but never below 1 (the start: on a 2-core machine with free math the way out always has a
+  queue while every listener is ahead, and there a window below the start only made first audio later). Either
+  backs off at most once a lag (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where
+  it backed off from for :data:`CEILING_SECONDS`;
+- a lag without either, in which a start had to wait and the median round's least waited at most
+  ``max(GROW_TARGET, floor)`` beyond the floor, multiplies the gain by :data:`GROWTH`.
+
+The lag is the point: a start's chunks keep reaching the path for seconds after it is let in (its first four
+within about 15 steps), so what the path says now answers the starts of a lag ago. A window that grew every
+round (x1.1 a round, tried) let in 2.6 times what the path carried before the first answer came back, and
+stalled a third of the streams at twice the path's rate; one that never goes below ``least`` cannot back off
+from a rate that overloads the path. The gain stays within :data:`GAIN_LEAST` and :data:`GAIN_MOST`, the
+window within 1 and ``most`` places.
+
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
 
@@ -39,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -65,28 +77,43 @@ class Start:
             self.window._ended(self, False)
 
 
-BASE_STARTS = 256  # starts whose least time to first audio is the window's base
+BASE_STARTS = 4096  # starts whose least time to first audio is the window's base
 FIRST_GUESS_SECONDS = 0.25  # the base before any start has reached its first audio
+FLOOR_ROUNDS = 128  # rounds whose least way out is the path's floor (about 30 s at an 80 ms step)
+GROW_TARGET = 0.005  # s the median round of a lag may wait beyond the floor (or the floor, if larger) to grow
+QUEUE_TARGET = 0.02  # s a round's every chunk may wait beyond the floor (or the floor itself, if larger)
+SHORTEST_ROUND = 0.1  # s: a round is the base (the least time to first audio), and long enough to hear a queue
+LAG_ROUNDS = 6  # rounds between two moves of the window: what the path says is the answer to a lag ago
+GROWTH, BACK_OFF = 1.2, 0.7  # the gain's moves (see the module's description)
+CEILING_SHARE = 0.85  # after a back-off the gain grows to this share of where it was
+CEILING_SECONDS = 60.0  # for this long
+GAIN_MOST, GAIN_LEAST = 32.0, 1 / 8  # the gain's bounds: 4 to 1,024 places at least 32
 
 
 class StartWindow:
-    """Places for starts (see the module's description): ``rate`` starts a second times the base time to
-    first audio, within ``least`` and ``most`` places."""
+    """Places for starts (see the module's description): ``gain`` times the larger of ``least`` and ``rate``
+    starts a second times the base time to first audio, within 1 and ``most`` places."""
 
     def __init__(self, rate: float = 96.0, least: int = 32, most: int = 4096, late_seconds: float = 0.05,
                  clock: Callable[[], float] = time.monotonic):  # fmt: skip
         if not rate > 0 or not 1 <= least <= most:
             raise ValueError(f"need rate > 0 and 1 <= least <= most, got {rate}, {least}, {most}")
         self.rate, self.least, self.most, self.late_seconds, self.clock = rate, least, most, late_seconds, clock
-        self.penalty = 1.0  # what late listeners left of the window (0.5 after one, back to 1 a tenth a round)
+        self.gain = 1.0  # what the way out and late listeners made of the window
         self.starting = 0  # places held
         self.waiting: deque[asyncio.Future] = deque()  # starts waiting for a place, oldest first
         self.listeners: dict[Hashable, float] = {}  # playing stream -> when its listener runs dry
         self.recent: deque[float] = deque(maxlen=BASE_STARTS)  # the latest starts' times to first audio
-        self.first: float | None = None  # time to first audio, smoothed (None: none measured yet)
-        self.backed_off = -float("inf")  # when the window last halved
-        self.recovered = -float("inf")  # when it last gave some back
+        self.backed_off = -float("inf")  # when the gain last backed off
+        self.ceiling, self.ceiling_until = GAIN_MOST, -float("inf")  # the gain's most after a back-off, until when
+        self.lag_began = clock()  # the lag's start: it grows the window if nothing said stop in it
+        self.busy = 0  # the most starts holding or waiting for a place in this lag
         self.late = 0  # late chunks seen (a counter for metrics and tests)
+        self.congested = 0  # rounds with a standing queue (a counter for metrics and tests)
+        self.lag_ways: list[float] = []  # the lag's rounds' least ways out beyond the floor
+        self.round_began = clock()
+        self.least_way: float | None = None  # the round's least way out (None: no chunk carried yet)
+        self.floors: deque[float] = deque(maxlen=FLOOR_ROUNDS)  # the last rounds' least ways out
 
     @classmethod
     def of(cls, rate: float, share: int = 1) -> StartWindow | None:
@@ -99,20 +126,22 @@ class StartWindow:
         return min(self.recent) if self.recent else FIRST_GUESS_SECONDS
 
     @property
-    def limit(self) -> int:
-        return max(self.least, min(self.most, math.ceil(self.penalty * self.rate * self.base)))
+    def round(self) -> float:  # how often the way out is judged (a lag is LAG_ROUNDS of it)
+        return max(self.base, SHORTEST_ROUND)
 
     @property
-    def round(self) -> float:
-        return FIRST_GUESS_SECONDS if self.first is None else self.first
+    def limit(self) -> int:
+        return max(1, min(self.most, math.ceil(self.gain * max(self.least, self.rate * self.base))))
 
     async def acquire(self) -> Start:
         """A place for one start, waiting in arrival order while the window is full (cancellable)."""
         if not self.waiting and self.starting < self.limit:
             self.starting += 1
+            self.busy = max(self.busy, self.starting)
             return Start(self, self.clock())
         place = asyncio.get_running_loop().create_future()
         self.waiting.append(place)
+        self.busy = max(self.busy, self.starting + len(self.waiting))
         try:
             await place
         except asyncio.CancelledError:
@@ -131,25 +160,49 @@ class StartWindow:
         runs_dry = self.listeners.get(key)
         if runs_dry is not None and counted and runs_dry - now < self.late_seconds:
             self.late += 1
-            if now - self.backed_off >= self.round:
-                self.backed_off = now
-                self.penalty = max(self.penalty / 2, 1e-3)
+            self._back_off(now)
         self.listeners[key] = max(now, runs_dry or now) + seconds
+
+    def carried(self, seconds: float) -> None:
+        """A chunk's way out took ``seconds`` (sent to the vocoder until its audio was back); once a round the
+        round's least is judged, and once a lag the window may grow (see the module's description)."""
+        self.least_way = seconds if self.least_way is None else min(self.least_way, seconds)
+        now = self.clock()
+        if now - self.round_began < self.round:
+            return
+        self.floors.append(self.least_way)
+        floor = min(self.floors)
+        queued = self.least_way > floor + max(QUEUE_TARGET, floor)
+        if queued:  # no growth, and what growth gave is given back (never below the start: listeners say that)
+            self.congested += 1
+            self._back_off(now, 1.0)
+        else:
+            self.lag_ways.append(self.least_way - floor)
+        if not queued and now - self.lag_began >= LAG_ROUNDS * self.round:  # a lag without a standing queue
+            if self.busy > self.limit and statistics.median(self.lag_ways) <= max(GROW_TARGET, floor):
+                most = self.ceiling if now < self.ceiling_until else GAIN_MOST
+                self.gain = max(self.gain, min(most, self.gain * GROWTH))
+                self._admit()
+            self._new_lag(now)
+        self.round_began, self.least_way = now, None
 
     def stopped(self, key: Hashable) -> None:
         """Stream ``key`` has no more audio (its end, or a wait for its client's text)."""
         self.listeners.pop(key, None)
 
+    def _back_off(self, now: float, least: float = GAIN_LEAST) -> None:
+        self._new_lag(now)  # no growth for a lag from now, and at most one back-off a lag
+        if now - self.backed_off >= LAG_ROUNDS * self.round and self.gain > least:
+            self.backed_off, self.ceiling, self.ceiling_until = now, CEILING_SHARE * self.gain, now + CEILING_SECONDS
+            self.gain = max(least, self.gain * BACK_OFF)
+
+    def _new_lag(self, now: float) -> None:
+        self.lag_began, self.busy, self.lag_ways = now, self.starting + len(self.waiting), []
+
     def _ended(self, start: Start, delivered: bool) -> None:
         self.starting -= 1
         if delivered:
-            now = self.clock()
-            took = now - start.began
-            self.recent.append(took)
-            self.first = took if self.first is None else self.first + 0.25 * (took - self.first)
-            if self.penalty < 1 and now - max(self.backed_off, self.recovered) >= self.round:  # no late listener
-                self.recovered = now
-                self.penalty = min(1.0, self.penalty + 0.1)
+            self.recent.append(self.clock() - start.began)
         self._admit()
 
     def _admit(self) -> None:

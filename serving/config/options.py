@@ -76,9 +76,10 @@ class ServeOptions:
     max_queue: int = option(-1, "tts requests that may wait for a slot; more are refused at once, 'server busy' "
                             "(default -1: 4 x slots)", low=-1)  # fmt: skip
     # why: docs/architecture.md, The start window (engine.start_window: the window follows the step)
-    start_rate: float = option(96.0, "starts a second the delivery path takes: tts lets the larger of 32 and this "
-                               "rate x the least recent time to first audio be between their start and their "
-                               "first audio at once (a late listener halves the rate part), so a burst cannot "
+    start_rate: float = option(96.0, "starts a second the delivery path takes at first: tts's start window (the "
+                               "requests between their start and their first audio at once) starts at the larger "
+                               "of 32 and this rate x the least time to first audio, then grows while the way out "
+                               "stays clear and backs off when it queues or a listener is late, so a burst cannot "
                                "stall streams already playing (0: no limit)", low=0, high=100_000)  # fmt: skip
     # why: docs/architecture.md, The step budget (engine.step_cost.StepBudget)
     step_budget_ms: float = option(128.0, "the generator admits a stream only while its measured step leaves "

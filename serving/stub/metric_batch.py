@@ -110,14 +110,17 @@ class TTSMetrics:
     """Requests by outcome, the gauges of requests in flight, waiting and text-in streams open, the audio
     streamed and the first chunk's latency, moved by ``batch`` (a :class:`MetricBatch`)."""
 
-    def __init__(self, pb, batch):
-        self.batch = batch
+    def __init__(self, pb, batch, window=None):  # window: the start window (engine.start_window), if any
+        self.batch, self.window = batch, window
         requests = family(pb, "tts_requests_total", "tts requests by outcome", "COUNTER")
         self.outcome = {k: requests.Metric(labels={"outcome": k}) for k in ("ok", "error", "cancelled", "busy")}
-        self.in_flight, self.waiting, self.open = (Level(family(pb, *g, "GAUGE").Metric()) for g in (
+        self.in_flight, self.waiting, self.open, self.places = (Level(family(pb, *g, "GAUGE").Metric()) for g in (
             ("tts_requests_in_flight", "tts requests holding an admission place"),
             ("tts_requests_waiting", "tts requests with no audio sent yet"),
-            ("tts_text_streams_open", "text-in streams open")))  # fmt: skip
+            ("tts_text_streams_open", "text-in streams open"),
+            ("tts_start_window", "requests that may be between their start and first audio at once (0: no window)")))  # fmt: skip
+        if window is not None:
+            self.places.set(window.limit)
         self.counts = [0, 0]  # requests in flight, waiting
         self.audio_seconds = family(pb, "tts_audio_seconds_total", "audio streamed", "COUNTER").Metric()
         self.first_chunk = family(pb, "tts_first_chunk_seconds", "request arrival to first audio chunk sent",
@@ -129,6 +132,8 @@ class TTSMetrics:
         self.counts[1] += waiting
         self.batch.set(self.in_flight, self.counts[0])
         self.batch.set(self.waiting, self.counts[1])
+        if self.window is not None:  # it moves with what the way out says: docs/architecture.md, The start window
+            self.batch.set(self.places, self.window.limit)
 
     def streams_open(self, n: int) -> None:
         self.batch.set(self.open, n)

@@ -60,6 +60,7 @@ def settled(server, seconds: float = 30.0) -> dict:
         time.sleep(0.2)
     assert {g: m[g] for g in names} == dict.fromkeys(names, 0)
     assert Admission(server.cancel_dir, None, CAPACITY, create=False).total() == 0
+    assert 4 <= m["tts_start_window"] <= 1024  # the default window's bounds (engine.start_window)
     return m
 
 

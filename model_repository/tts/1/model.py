@@ -53,7 +53,7 @@ class TritonPythonModel:
         self.text_streams = TextStreams(opts.text_idle_seconds, opts.text_max_seconds,
                                         TEXT_STREAMS_PER_PLACE * opts.capacity, lambda: TextPlace(self._place()))  # fmt: skip
         self.metrics = MetricBatch(threaded=True)  # once per turn, off the loop
-        self.families = m = TTSMetrics(pb, self.metrics)
+        self.families = m = TTSMetrics(pb, self.metrics, e.admission.starts)
         self.outcome, self.audio_seconds, self.first_chunk = m.outcome, m.audio_seconds, m.first_chunk
 
     async def execute(self, requests):
