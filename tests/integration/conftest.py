@@ -16,6 +16,7 @@ from tests.integration.helpers import (
     STOP_ERRORS,
     behind_fronts,
     gateway_for,
+    serving,
     stops_done,
 )
 
@@ -72,12 +73,11 @@ def server_options(nostop_ckpt, tmp_path_factory) -> ServeOptions:
 
 @pytest.fixture(scope="session")
 def server(server_options):
+    """Stopped on a thread at the session's end, beside the other servers still stopping then."""
     work = Path(server_options.run_dir)
     repo = build(work / "model_repository", server_options)
-    srv = TritonServer(repo, work, Ports.free())
-    with srv:
+    with serving(TritonServer(repo, work, Ports.free()), then=lambda srv: print(srv.log_tail(40))) as srv:
         yield srv
-    print(srv.log_tail(40))
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def wait_gauges_zero(server, timeout: float = 10.0) -> dict[str, float]:
         if time.monotonic() > deadline:
             stuck_stacks(server)
             return m
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def stuck_stacks(server, seconds_each: float = 10.0) -> list[Path]:

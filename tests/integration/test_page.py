@@ -42,9 +42,23 @@ def chromium(tmp_path):
         driver.quit()
 
 
+@pytest.fixture(scope="module")
+def module_chromium(tmp_path_factory):
+    """One Chromium for the module (a start and a quit cost a second or more each here), and its first window size."""
+    drivers = chromium(tmp_path_factory.mktemp("chromium"))
+    driver = next(drivers)
+    yield driver, driver.get_window_size()
+    drivers.close()  # quit
+
+
 @pytest.fixture()
-def browser(tmp_path):
-    yield from chromium(tmp_path)
+def browser(module_chromium):
+    """The module's Chromium at its first window size; left on a blank page after each test, which drops what
+    the test's page still streamed, as quitting did."""
+    driver, size = module_chromium
+    driver.set_window_size(size["width"], size["height"])
+    yield driver
+    driver.get("about:blank")
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "the page"):

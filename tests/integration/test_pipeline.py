@@ -269,7 +269,8 @@ def test_read_ahead_gives_the_sequential_audio_byte_for_byte(server, task):
     same request with read_ahead 1: the same bytes, streamed (chunk for chunk) and whole, for Base and an
     Instruct task: the server's batch-invariant mode (engine/invariant.py) makes a row's arithmetic the same
     whoever shares its batch (docs/serving.md#what-a-seed-guarantees). Fixed chunks: chunk sizes that
-    follow the clock would move the vocoder's rounding."""
+    follow the clock would move the vocoder's rounding. The two requests compared run side by side (1 + 3
+    of the session server's 4 slots: none waits), which that mode allows too."""
     kw = {"instruction": "a calm older man, slightly hoarse"} if task == "design" else {}
     small = {"max_patches": 6, "split_tokens": 12, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True}
     large = {**small, "chunk_first": 6, "chunk_next": 6}
@@ -278,15 +279,17 @@ def test_read_ahead_gives_the_sequential_audio_byte_for_byte(server, task):
         chunks = grpc(server).stream(READ_AHEAD_TEXT, seed=5, parameters={**small, "read_ahead": read_ahead}, **kw)
         return [c.audio for c in chunks]
 
-    one = streamed(1)
+    def whole(read_ahead: int) -> np.ndarray:
+        return grpc(server).synthesize(READ_AHEAD_TEXT, seed=5, parameters={**large, "read_ahead": read_ahead}, **kw)
+
+    runs = in_parallel(lambda i: streamed((1, 3)[i]), 2, timeout=300)
+    one, three = runs[0], runs[1]
     assert len(one) > 10 and sum(map(len, one)) > 5 * 6 * 3840 - 6 * 1200
-    three = streamed(3)
     assert [a.tobytes() for a in three] == [a.tobytes() for a in one]
     if task == "base":
         assert [a.tobytes() for a in streamed(1)] == [a.tobytes() for a in one]  # and every run
-    whole = [grpc(server).synthesize(READ_AHEAD_TEXT, seed=5, parameters={**large, "read_ahead": k}, **kw)
-             for k in (1, 3)]  # fmt: skip
-    assert whole[0].size == sum(map(len, one)) and whole[0].tobytes() == whole[1].tobytes()
+    wholes = in_parallel(lambda i: whole((1, 3)[i]), 2, timeout=300)
+    assert wholes[0].size == sum(map(len, one)) and wholes[0].tobytes() == wholes[1].tobytes()
     m = wait_gauges_zero(server)
     assert m["tts_generator_active_slots"] == 0 and m["tts_vocoder_active_streams"] == 0
 

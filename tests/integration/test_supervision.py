@@ -41,7 +41,10 @@ from tests.integration.launcher import HeldStream, Launcher, ReadyWatch, Stream,
 pytestmark = pytest.mark.integration
 
 LONG = {"max_patches": 400, "chunk_first": 1, "chunk_next": 1}  # a patch a chunk; about 8 s: still running when hit
-DRAIN = 12
+# Streams that only have to be running for a while (the slots full while a fifth request waits, the generator's
+# slots held while requests on their ids are refused) and then end by themselves: their end is waited for.
+SHORTER = {**LONG, "max_patches": 120}
+DRAIN = 8  # the SIGTERM test waits all of it (its long stream outlasts it)
 # Below the default: the module's executes are short, and the pause test's 10 s pause outlasts it.
 STALL, PAUSE = 8, 10.0
 # One check of the supervisor: its sleep, then a read of the metrics port that may time out.
@@ -107,7 +110,7 @@ def serving_again(launcher: Launcher, since: float) -> float:
         except (TTSError, ConnectionError, TimeoutError):
             took = f"{time.monotonic() - since:.0f} s, the first start {launcher.first_start():.1f} s"
             assert time.monotonic() - since < within, f"not serving within {within:.0f} s ({took}):\n{launcher.text()}"
-            time.sleep(0.5)
+            time.sleep(0.2)
 
 
 def near_its_end(stream: Stream, patches: int, seconds: float) -> int:
@@ -227,9 +230,9 @@ def test_a_dead_prompt_encoder_fails_the_next_request_naming_it(launcher):
         watch.stop()
 
 
-def fill_the_slots(launcher: Launcher, tag: str) -> tuple[list[Stream], Stream]:
+def fill_the_slots(launcher: Launcher, tag: str, parameters: dict = LONG) -> tuple[list[Stream], Stream]:
     """4 long streams running (the launcher has 4 slots) and a fifth request waiting for a slot."""
-    running = [Stream(launcher.client(timeout=60), f"{tag} {i}", LONG) for i in range(4)]
+    running = [Stream(launcher.client(timeout=60), f"{tag} {i}", parameters) for i in range(4)]
     assert all(s.started.wait(30) for s in running) and not any(s.error for s in running)
     waiting = Stream(launcher.client(timeout=60), f"{tag}: waiting", {"max_patches": 4})
     deadline = time.monotonic() + 20
@@ -284,7 +287,7 @@ def wedge_generator(launcher: Launcher, slots: int) -> list:
     url = f"127.0.0.1:{launcher.ports.grpc}"
     pipe = GeneratorPipe(url, Keys(key).generator_model, key, launcher.run_dir / "cancel")
     for i in ids:
-        pipe.send(SILENT, i, LONG)
+        pipe.send(SILENT, i, SHORTER)  # the waiting request below is served once one of them has ended
     deadline = time.monotonic() + 30
     while launcher.metrics().get("tts_generator_active_slots", 0) < slots:
         assert time.monotonic() < deadline, "the generator streams did not start"
@@ -371,7 +374,7 @@ def test_a_pause_of_everything_is_no_incident(launcher):
     for pid in reversed(pids):
         with_pid(os.kill, pid, signal.SIGCONT)
     resumed, t0 = time.time(), time.monotonic()  # heartbeat files carry wall-clock times
-    running, waiting = fill_the_slots(launcher, "After a pause")
+    running, waiting = fill_the_slots(launcher, "After a pause", SHORTER)
     for stream in (*running, waiting):
         assert stream.done.wait(60), "a stream had no answer after the pause"
     assert launcher.client(timeout=30).synthesize("After the pause", parameters={"max_patches": 4}).size

@@ -21,7 +21,7 @@ from serving.flow.admission import Admission
 from serving.supervision.run_folder import HEARTBEATS
 from serving.supervision.supervise import find_stubs
 from serving.supervision.triton_env import Ports, TritonServer
-from tests.integration.helpers import gateway_for, metrics, wait_gauges_zero
+from tests.integration.helpers import gateway_for, metrics, serving, wait_gauges_zero
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +35,9 @@ def two(server_options, tmp_path_factory):
     work = tmp_path_factory.mktemp("two")
     opts = dataclasses.replace(server_options, tts_instances=2, cancel_dir=str(work / "cancel"),
                                voice_dir=str(work / "voices"), run_dir=str(work))  # fmt: skip
-    srv = TritonServer(build(work / "model_repository", opts), work, Ports.free())
-    with srv:
+    with serving(TritonServer(build(work / "model_repository", opts), work, Ports.free()),
+                 then=lambda srv: print(srv.log_tail(40))) as srv:  # fmt: skip
         yield srv
-    print(srv.log_tail(40))
 
 
 def url(server) -> str:

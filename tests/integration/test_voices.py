@@ -85,13 +85,15 @@ def test_voices_survive_restart(nostop_ckpt, tmp_path):
                                                  voice_dir=str(voice_dir), cancel_dir=str(work / "cancel")))  # fmt: skip
         return TritonServer(repo, work, Ports.free())
 
-    with serve("first") as srv:
+    # each stopped on a thread (the store is shared safely by several processes: the second may start while the
+    # first stops); nothing reads their files after
+    with serving(serve("first")) as srv:
         url = f"127.0.0.1:{srv.ports.grpc}"
         VoiceClient(url, admin_key=srv.admin_key).add("keeper", clip, 24000, "kept voice")
         named1 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
         anon1 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)
         assert metrics(srv)["tts_prompt_encodes_total"] == 2
-    with serving(serve("second")) as srv:  # stopped on a thread: nothing reads its files after
+    with serving(serve("second")) as srv:
         url = f"127.0.0.1:{srv.ports.grpc}"
         named2 = TTSClient(url).synthesize("After restart", voice_id="keeper", **kw)
         anon2 = TTSClient(url).synthesize("After restart", ref_audio=clip[:20000], ref_sample_rate=24000, **kw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -153,7 +154,8 @@ def test_cli_writes_identical_wavs(tiny_ckpt, tmp_path):
         assert "RTF" in r.stderr
         return out
 
-    a, b, c = run(7, "a.wav"), run(7, "b.wav"), run(8, "c.wav")
+    with ThreadPoolExecutor(3) as pool:  # three processes side by side
+        a, b, c = pool.map(run, (7, 7, 8), ("a.wav", "b.wav", "c.wav"))
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
     info = sf.info(str(a))
@@ -161,27 +163,29 @@ def test_cli_writes_identical_wavs(tiny_ckpt, tmp_path):
 
 
 def test_cli_normalizes_unless_told_not_to(tiny_ckpt, tmp_path):
-    def run(*flags):
+    def run(flags):
         out = tmp_path / f"n{len(flags)}.wav"
         cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "I have 3 apples."]
         r = subprocess.run(cmd + ["--max-patches", "6", "--out", str(out), *flags], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         return out.read_bytes()
 
-    assert run() != run("--no-normalize")  # "three" and "3" are other tokens, so other audio
+    with ThreadPoolExecutor(2) as pool:  # both processes side by side
+        normalized, raw = pool.map(run, ((), ("--no-normalize",)))
+    assert normalized != raw  # "three" and "3" are other tokens, so other audio
 
 
 def test_cli_speed(tiny_ckpt, tmp_path):
-    def run(*flags):
-        out = tmp_path / f"s{len(flags)}.wav"
+    def run(flags):
+        out = tmp_path / f"s{'-'.join(flags)}.wav"
         cmd = [sys.executable, "-m", "engine.synthesize", "--checkpoint", str(tiny_ckpt), "--text", "Faster"]
         return subprocess.run(cmd + ["--max-patches", "6", "--out", str(out), *flags], capture_output=True,
                               text=True), out  # fmt: skip
 
-    (plain, a), (fast, b) = run(), run("--speed", "2")
+    with ThreadPoolExecutor(3) as pool:  # the three processes side by side
+        (plain, a), (fast, b), (refused, _) = pool.map(run, ((), ("--speed", "2"), ("--speed", "5")))
     assert plain.returncode == 0 and fast.returncode == 0, plain.stderr + fast.stderr
     assert sf.info(str(b)).frames == round(sf.info(str(a)).frames / 2)
-    refused, _ = run("--speed", "5")
     assert refused.returncode == 2 and "speed must be in 0.25..4.0" in refused.stderr
 
 
