@@ -17,10 +17,9 @@ orchestrator awaits it, this process's event-loop queue included) is reported to
 round (the base, at least :data:`SHORTEST_ROUND`) the least way out of the round is compared with the least of the last :data:`FLOOR_ROUNDS`
 rounds: a round whose every chunk waited more than ``max(QUEUE_TARGET, floor)`` beyond that floor has a
 standing queue (CoDel's test: a round's least ignores a burst, not a queue). A chunk that goes out when its
-listener holds less than ``late_seconds`` (:meth:`played`) is late; a round with :data:`LATE_SHARE` of its
-chunks late (and at least 2: one listener may be late on its own account) has late listeners.
+listener holds less than ``late_seconds`` (:meth:`played`) is a late listener.
 
-- Late listeners multiply the window's ``gain`` by :data:`BACK_OFF` (down to :data:`GAIN_LEAST`); a standing
+- A late listener multiplies the window's ``gain`` by :data:`BACK_OFF` (down to :data:`GAIN_LEAST`); a standing
   queue does too, but never below 1 (the start: on a 2-core machine with free math the way out always has a
   queue while every listener is ahead, and there a window below the start only made first audio later). Either
   backs off at most once a lag (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where
@@ -86,7 +85,6 @@ QUEUE_TARGET = 0.02  # s a round's every chunk may wait beyond the floor (or the
 SHORTEST_ROUND = 0.1  # s: a round is the base (the least time to first audio), and long enough to hear a queue
 LAG_ROUNDS = 6  # rounds between two moves of the window: what the path says is the answer to a lag ago
 GROWTH, BACK_OFF = 1.2, 0.7  # the gain's moves (see the module's description)
-LATE_SHARE = 0.02  # of a round's chunks late (and at least 2) back the window off
 CEILING_SHARE = 0.85  # after a back-off the gain grows to this share of where it was
 CEILING_SECONDS = 60.0  # for this long
 GAIN_MOST, GAIN_LEAST = 32.0, 1 / 8  # the gain's bounds: 4 to 1,024 places at least 32
@@ -111,7 +109,6 @@ class StartWindow:
         self.lag_began = clock()  # the lag's start: it grows the window if nothing said stop in it
         self.busy = 0  # the most starts holding or waiting for a place in this lag
         self.late = 0  # late chunks seen (a counter for metrics and tests)
-        self.heard = self.late_heard = 0  # this round's chunks of playing listeners, and the late ones
         self.congested = 0  # rounds with a standing queue (a counter for metrics and tests)
         self.lag_ways: list[float] = []  # the lag's rounds' least ways out beyond the floor
         self.round_began = clock()
@@ -161,11 +158,9 @@ class StartWindow:
         ``late_seconds`` (``counted``: False for a stream that waited for its own client)."""
         now = self.clock()
         runs_dry = self.listeners.get(key)
-        if runs_dry is not None and counted:
-            self.heard += 1
-            if runs_dry - now < self.late_seconds:
-                self.late += 1
-                self.late_heard += 1
+        if runs_dry is not None and counted and runs_dry - now < self.late_seconds:
+            self.late += 1
+            self._back_off(now)
         self.listeners[key] = max(now, runs_dry or now) + seconds
 
     def carried(self, seconds: float) -> None:
@@ -177,17 +172,13 @@ class StartWindow:
             return
         self.floors.append(self.least_way)
         floor = min(self.floors)
-        late = self.late_heard >= max(2, LATE_SHARE * self.heard)  # one listener may be late on its own account
-        self.heard = self.late_heard = 0
-        if late:
-            self._back_off(now)
         queued = self.least_way > floor + max(QUEUE_TARGET, floor)
         if queued:  # no growth, and what growth gave is given back (never below the start: listeners say that)
             self.congested += 1
             self._back_off(now, 1.0)
         else:
             self.lag_ways.append(self.least_way - floor)
-        if not (queued or late) and now - self.lag_began >= LAG_ROUNDS * self.round:  # a lag without a standing queue
+        if not queued and now - self.lag_began >= LAG_ROUNDS * self.round:  # a lag without a standing queue
             if self.busy > self.limit and statistics.median(self.lag_ways) <= max(GROW_TARGET, floor):
                 most = self.ceiling if now < self.ceiling_until else GAIN_MOST
                 self.gain = max(self.gain, min(most, self.gain * GROWTH))
