@@ -104,6 +104,7 @@ class StartWindow:
         self.waiting: deque[asyncio.Future] = deque()  # starts waiting for a place, oldest first
         self.listeners: dict[Hashable, float] = {}  # playing stream -> when its listener runs dry
         self.recent: deque[float] = deque(maxlen=BASE_STARTS)  # the latest starts' times to first audio
+        self.least_first = math.inf  # their least (kept as they come: the window reads it at every start)
         self.backed_off = -float("inf")  # when the gain last backed off
         self.ceiling, self.ceiling_until = GAIN_MOST, -float("inf")  # the gain's most after a back-off, until when
         self.lag_began = clock()  # the lag's start: it grows the window if nothing said stop in it
@@ -123,7 +124,7 @@ class StartWindow:
 
     @property
     def base(self) -> float:
-        return min(self.recent) if self.recent else FIRST_GUESS_SECONDS
+        return self.least_first if self.recent else FIRST_GUESS_SECONDS
 
     @property
     def round(self) -> float:  # how often the way out is judged (a lag is LAG_ROUNDS of it)
@@ -202,7 +203,10 @@ class StartWindow:
     def _ended(self, start: Start, delivered: bool) -> None:
         self.starting -= 1
         if delivered:
-            self.recent.append(self.clock() - start.began)
+            took = self.clock() - start.began
+            leaves = self.recent[0] if len(self.recent) == BASE_STARTS else math.inf
+            self.recent.append(took)
+            self.least_first = min(self.recent) if leaves <= self.least_first else min(self.least_first, took)
         self._admit()
 
     def _admit(self) -> None:

@@ -9,7 +9,7 @@ from collections import deque
 
 import pytest
 
-from engine.start_window import StartWindow
+from engine.start_window import BASE_STARTS, StartWindow
 
 
 class Clock:
@@ -135,6 +135,20 @@ def test_the_window_stays_within_its_bounds():
     w = StartWindow(rate=128, least=32, most=100, clock=clock)
     rounds(w, clock, [0.003] * 600, busy=10_000)
     assert w.limit == 100
+
+
+def test_the_base_is_the_least_of_the_last_starts_and_an_old_least_leaves():
+    async def main():
+        clock = Clock()
+        w = StartWindow(rate=100, least=1, most=10_000, clock=clock)
+        for took in [0.1] + [1.0] * BASE_STARTS + [0.5] + [2.0] * BASE_STARTS:
+            s = await w.acquire()
+            clock.now += took
+            s.delivered()
+            assert w.base == min(w.recent)
+        assert w.base == 2.0
+
+    run(main())
 
 
 def test_a_stream_that_waited_for_its_own_client_is_not_late():
