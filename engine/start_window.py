@@ -19,20 +19,22 @@ rounds: a round whose every chunk waited more than ``max(QUEUE_TARGET, floor)`` 
 standing queue (CoDel's test: a round's least ignores a burst, not a queue). A chunk that goes out when its
 listener holds less than ``late_seconds`` (:meth:`played`) is a late listener.
 
-- A late listener multiplies the window's ``gain`` by :data:`BACK_OFF` (down to :data:`GAIN_LEAST`); a standing
-  queue does too, but never below 1 (the start: on a 2-core machine with free math the way out always has a
-  queue while every listener is ahead, and there a window below the start only made first audio later). Either
-  backs off at most once a lag (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where
-  it backed off from for :data:`CEILING_SECONDS`;
+- A late listener or a standing queue multiplies the window's ``gain`` by :data:`BACK_OFF`, but never below
+  1, the start. A listener is late at ``tts``'s hand-off also when its own client reads slowly (a paced
+  request the generator held for it): a window that late listeners could take lower let one slow reader
+  throttle every start. And on a 2-core machine with free math the way out always has a queue while every
+  listener is ahead, so there a window below the start only made first audio later. Either backs off at most
+  once a lag (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where it backed off from
+  for :data:`CEILING_SECONDS`;
 - a lag without either, in which a start had to wait and the median round's least waited at most
   ``max(GROW_TARGET, floor)`` beyond the floor, multiplies the gain by :data:`GROWTH`.
 
 The lag is the point: a start's chunks keep reaching the path for seconds after it is let in (its first four
 within about 15 steps), so what the path says now answers the starts of a lag ago. A window that grew every
 round (x1.1 a round, tried) let in 2.6 times what the path carried before the first answer came back, and
-stalled a third of the streams at twice the path's rate; one that never goes below ``least`` cannot back off
-from a rate that overloads the path. The gain stays within :data:`GAIN_LEAST` and :data:`GAIN_MOST`, the
-window within 1 and ``most`` places.
+stalled a third of the streams at twice the path's rate. The gain stays within 1 and :data:`GAIN_MOST`, the
+window within 1 and ``most`` places: at most, it gives back what it grew, so it is never smaller than the
+fixed window it replaced.
 
 - Waiting starts are admitted in arrival order, and a start that ends without audio (failed, cancelled)
   gives its place back and teaches the window nothing.
@@ -87,7 +89,7 @@ LAG_ROUNDS = 6  # rounds between two moves of the window: what the path says is 
 GROWTH, BACK_OFF = 1.2, 0.7  # the gain's moves (see the module's description)
 CEILING_SHARE = 0.85  # after a back-off the gain grows to this share of where it was
 CEILING_SECONDS = 60.0  # for this long
-GAIN_MOST, GAIN_LEAST = 32.0, 1 / 8  # the gain's bounds: 4 to 1,024 places at least 32
+GAIN_MOST = 32.0  # the gain's most (1,024 places at least 32); its least is 1, the start
 
 
 class StartWindow:
@@ -174,9 +176,9 @@ class StartWindow:
         self.floors.append(self.least_way)
         floor = min(self.floors)
         queued = self.least_way > floor + max(QUEUE_TARGET, floor)
-        if queued:  # no growth, and what growth gave is given back (never below the start: listeners say that)
+        if queued:  # no growth, and what growth gave is given back
             self.congested += 1
-            self._back_off(now, 1.0)
+            self._back_off(now)
         else:
             self.lag_ways.append(self.least_way - floor)
         if not queued and now - self.lag_began >= LAG_ROUNDS * self.round:  # a lag without a standing queue
@@ -191,11 +193,11 @@ class StartWindow:
         """Stream ``key`` has no more audio (its end, or a wait for its client's text)."""
         self.listeners.pop(key, None)
 
-    def _back_off(self, now: float, least: float = GAIN_LEAST) -> None:
+    def _back_off(self, now: float) -> None:
         self._new_lag(now)  # no growth for a lag from now, and at most one back-off a lag
-        if now - self.backed_off >= LAG_ROUNDS * self.round and self.gain > least:
+        if now - self.backed_off >= LAG_ROUNDS * self.round and self.gain > 1:
             self.backed_off, self.ceiling, self.ceiling_until = now, CEILING_SHARE * self.gain, now + CEILING_SECONDS
-            self.gain = max(least, self.gain * BACK_OFF)
+            self.gain = max(1.0, self.gain * BACK_OFF)
 
     def _new_lag(self, now: float) -> None:
         self.lag_began, self.busy, self.lag_ways = now, self.starting + len(self.waiting), []
