@@ -41,9 +41,11 @@ fixed window it replaced.
 
 A listener is measured where the orchestrator hands its audio on: it holds what was sent minus the time
 since its playback began, and one that runs dry starts again from its next chunk (the clock of
-:mod:`engine.chunking`). A stream that waits for its own client (a text-in stream between turns) is not
-late because of the server: the orchestrator watches a listener within a segment only (:meth:`stopped` at
-each segment's end), and :meth:`played` with ``counted=False`` resumes one without a verdict.
+:mod:`engine.chunking`). A stream that waits for its own client is not late because of the server: a text-in
+stream between turns (the orchestrator watches a listener within a segment only: :meth:`stopped` at each
+segment's end), and a paced request its slow client paused (:data:`CLIENT_PAUSES`: a chunk after a pause
+began or ended gets no verdict and starts the listener's clock again). Counted, one slow reader would hold back every
+start's growth: each of its late chunks backs off and opens a new lag.
 
 Plain Python on one event loop (no torch); times are seconds of ``clock``.
 """
@@ -51,6 +53,7 @@ Plain Python on one event loop (no torch); times are seconds of ``clock``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import statistics
 import time
@@ -79,6 +82,10 @@ class Start:
             self.window._ended(self, False)
 
 
+# How many pauses its own client's pace began and ended so far, in a paced request's context (serving's tts
+# sets its pacer's count); None: a request nobody paces. Both ends count: a chunk on its way as a pause began
+# may come during it, and the one after the pause must get no verdict either.
+CLIENT_PAUSES: contextvars.ContextVar[Callable[[], int] | None] = contextvars.ContextVar("pauses", default=None)
 BASE_STARTS = 4096  # starts whose least time to first audio is the window's base
 FIRST_GUESS_SECONDS = 0.25  # the base before any start has reached its first audio
 FLOOR_ROUNDS = 128  # rounds whose least way out is the path's floor (about 30 s at an 80 ms step)
@@ -104,7 +111,8 @@ class StartWindow:
         self.gain = 1.0  # what the way out and late listeners made of the window
         self.starting = 0  # places held
         self.waiting: deque[asyncio.Future] = deque()  # starts waiting for a place, oldest first
-        self.listeners: dict[Hashable, float] = {}  # playing stream -> when its listener runs dry
+        self.listeners: dict[Hashable, tuple[float, int]] = {}  # playing stream -> when its listener runs dry,
+        # and its client's pauses then
         self.recent: deque[float] = deque(maxlen=BASE_STARTS)  # the latest starts' times to first audio
         self.least_first = math.inf  # their least (kept as they come: the window reads it at every start)
         self.backed_off = -float("inf")  # when the gain last backed off
@@ -156,15 +164,16 @@ class StartWindow:
             raise
         return Start(self, self.clock())
 
-    def played(self, key: Hashable, seconds: float, counted: bool = True) -> None:
+    def played(self, key: Hashable, seconds: float) -> None:
         """``seconds`` of stream ``key``'s audio go out now. Late if its listener held less than
-        ``late_seconds`` (``counted``: False for a stream that waited for its own client)."""
-        now = self.clock()
-        runs_dry = self.listeners.get(key)
-        if runs_dry is not None and counted and runs_dry - now < self.late_seconds:
+        ``late_seconds``, unless a pause of its client's began or ended since its last chunk (:data:`CLIENT_PAUSES`)."""
+        now, pauses = self.clock(), CLIENT_PAUSES.get()
+        paused = 0 if pauses is None else pauses()
+        runs_dry, seen = self.listeners.get(key, (None, paused))
+        if runs_dry is not None and paused == seen and runs_dry - now < self.late_seconds:
             self.late += 1
             self._back_off(now)
-        self.listeners[key] = max(now, runs_dry or now) + seconds
+        self.listeners[key] = max(now, runs_dry or now) + seconds, paused
 
     def carried(self, seconds: float) -> None:
         """A chunk's way out took ``seconds`` (sent to the vocoder until its audio was back); once a round the

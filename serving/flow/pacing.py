@@ -58,6 +58,7 @@ class Pacer:
         self.updates = 0
         self.streams: set[int] = set()
         self.paused = False
+        self.pauses = 0  # pauses begun and ended so far (engine.start_window.CLIENT_PAUSES: not the server's lateness)
         self.progress = now  # when delivery last grew, or the pause began
         self.held_out = False  # expired: the request is ended with :attr:`failure`
         self.token = ""  # its token in the table (PaceTable.start)
@@ -112,6 +113,7 @@ class Pacer:
     def _decide(self, now: float) -> None:
         if not self.paused and self.ahead > self.lead:
             self.paused, self.progress = True, now
+            self.pauses += 1
             for stream_id in self.streams:
                 self.mark(stream_id)
         elif self.paused and (self.ahead < self.lead / 2 or 0 < self.sent <= self.delivered):
@@ -133,6 +135,7 @@ class Pacer:
     def end(self) -> None:  # resume (the request's end included: no hold outlives it)
         if self.paused:
             self.paused = False
+            self.pauses += 1
             for stream_id in self.streams:
                 self.unmark(stream_id)
 

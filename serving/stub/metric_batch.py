@@ -119,6 +119,9 @@ class TTSMetrics:
             ("tts_requests_waiting", "tts requests with no audio sent yet"),
             ("tts_text_streams_open", "text-in streams open"),
             ("tts_start_window", "requests that may be between their start and first audio at once (0: no window)")))  # fmt: skip
+        self.late, self.queued = (Level(family(pb, *c, "COUNTER").Metric()) for c in (
+            ("tts_start_late_chunks_total", "chunks handed on with their listener under 50 ms from running dry"),
+            ("tts_start_queued_rounds_total", "rounds of the start window with a standing queue on the way out")))  # fmt: skip
         if window is not None:
             self.places.set(window.limit)
         self.counts = [0, 0]  # requests in flight, waiting
@@ -134,6 +137,8 @@ class TTSMetrics:
         self.batch.set(self.waiting, self.counts[1])
         if self.window is not None:  # it moves with what the way out says: docs/architecture.md, The start window
             self.batch.set(self.places, self.window.limit)
+            self.batch.set(self.late, self.window.late)
+            self.batch.set(self.queued, self.window.congested)
 
     def streams_open(self, n: int) -> None:
         self.batch.set(self.open, n)

@@ -34,12 +34,13 @@ def url(server) -> str:
 
 
 async def collect(server, **kw) -> tuple[list[np.ndarray], Exception | None]:
-    """The chunks of one request (reading each after ``delay`` s), and the error that ended it, if any."""
-    delay = kw.pop("delay", 0.0)
+    """The chunks of one request (reading each after ``delay`` s; ``parameters``: PARAMS), and the error that
+    ended it, if any."""
+    delay, params = kw.pop("delay", 0.0), kw.pop("parameters", PARAMS)
     chunks, error = [], None
     async with AsyncTTSClient(url(server), timeout=60) as tts:
         try:
-            async for chunk in tts.stream(TEXT, seed=3, parameters=PARAMS, **kw):
+            async for chunk in tts.stream(TEXT, seed=3, parameters=params, **kw):
                 chunks.append(chunk.audio)
                 await asyncio.sleep(delay)
         except TTSError as e:
@@ -113,6 +114,21 @@ def test_a_slow_reader_is_paced_and_gets_the_same_audio(server, server_options, 
     assert marks, "the stream was never paused"
     assert not board.held()  # no hold outlives its request
     assert "no running request has this pace token" in forged
+
+
+def test_a_reader_slower_than_real_time_is_not_a_late_listener(server):
+    """A paced reader at half real time (a 0.32 s chunk each 0.6 s) is paused at its lead again and again;
+    each resumed chunk finds its listener dry by the server's clock, but it was its client's own pause, not the
+    server's lateness: the start window counts no late chunk and stays at least its start (32 places). Counted,
+    one slow reader would back the window off every lag and hold back everyone's starts."""
+    names = ("tts_start_late_chunks_total", "tts_start_window")
+    before = server.metrics(names)
+    params = {"max_patches": 16, "chunk_first": 2, "chunk_next": 2, "chunk_fixed": True}  # a 0.64 s lead
+    chunks, error = asyncio.run(collect(server, pace=True, delay=0.6, parameters=params))
+    after = server.metrics(names)
+    assert error is None and len(chunks) == 8
+    assert after["tts_start_late_chunks_total"] == before["tts_start_late_chunks_total"]
+    assert after["tts_start_window"] >= 32
 
 
 async def forge(server) -> str:

@@ -38,6 +38,7 @@ def test_pauses_past_the_lead_and_resumes_below_half_of_it():
     assert p.paused
     p.end()
     assert not p.paused and marks[-1] == ("resume", 2)
+    assert p.pauses == 4  # two pauses, each begun and ended (the start window's excuse: engine.start_window)
 
 
 def test_delivered_only_grows():

@@ -1,15 +1,17 @@
-"""The start window (engine.start_window): slow start clocked by first audio, halving on a late listener,
-arrival order, and a simulated burst on a delivery path of fixed capacity (an injected clock, no wall time)."""
+"""The start window (engine.start_window): growth clocked by first audio, backing off on a late listener (not
+one its own client paused), arrival order, and a simulated burst on a delivery path of fixed capacity (an injected
+clock, no wall time)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections import deque
+from contextvars import copy_context
 
 import pytest
 
-from engine.start_window import BASE_STARTS, StartWindow
+from engine.start_window import BASE_STARTS, CLIENT_PAUSES, StartWindow
 
 
 class Clock:
@@ -153,13 +155,26 @@ def test_the_base_is_the_least_of_the_last_starts_and_an_old_least_leaves():
     run(main())
 
 
-def test_a_stream_that_waited_for_its_own_client_is_not_late():
-    clock = Clock()
-    w = StartWindow(rate=128, clock=clock)
-    w.played("t", 0.5)
-    clock.now += 10.0
-    w.played("t", 0.5, counted=False)
-    assert w.late == 0 and w.limit == 32
+def test_a_stream_its_own_client_paused_is_not_late():
+    """A paced request's chunk after a pause its slow client asked for gets no verdict and restarts its
+    listener's clock; without pauses, the same gaps are late."""
+    clock, pauses = Clock(), [0]
+
+    def listen(w: StartWindow, key: str, paused: bool) -> None:
+        for _ in range(8):  # a 0.48 s chunk every 2 s: a reader at a quarter of real time
+            w.played(key, 0.48)
+            clock.now += 2.0
+            pauses[0] += paused
+
+    paced, unpaced, request = StartWindow(rate=128, clock=clock), StartWindow(rate=128, clock=clock), copy_context()
+    request.run(CLIENT_PAUSES.set, lambda: pauses[0])  # the paced request's context, as tts sets it
+    request.run(listen, paced, "p", True)
+    listen(unpaced, "u", False)
+    assert paced.late == 0 and unpaced.late == 7 and unpaced.limit == paced.limit == 32
+    request.run(paced.played, "p", 0.48)  # paused since its last chunk: no verdict
+    clock.now += 2.0
+    request.run(paced.played, "p", 0.48)  # not since: late like any
+    assert paced.late == 1
 
 
 def test_waiting_starts_are_admitted_in_arrival_order_and_a_cancelled_one_leaks_no_place():
@@ -200,7 +215,7 @@ class FixedWindow:
 
         return Start()
 
-    def played(self, key, seconds, counted=True):
+    def played(self, key, seconds):
         pass
 
     def carried(self, seconds):

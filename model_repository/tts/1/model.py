@@ -11,6 +11,7 @@ import triton_python_backend_utils as pb
 from engine import frontend
 from engine.orchestrator import Orchestrator
 from engine.protocol import INVALID, LENGTH, SAMPLE_RATE, UNAVAILABLE, StreamFailed, Unavailable, tagged
+from engine.start_window import CLIENT_PAUSES
 from engine.text import TextTokenizer
 from serving.config.model_options import TTSOptions
 from serving.contract import TEXT_STREAMS_PER_PLACE, TTS_OUTPUTS
@@ -98,6 +99,7 @@ class TritonPythonModel:
             return sender.send(error_response(pb, Unavailable(self.entry.admission.busy_message())), flags=FINAL)
         try:
             PACING.set(pacer)  # this task's context, and so its generator streams': serving.stub.bls_adapters
+            CLIENT_PAUSES.set(lambda: pacer.pauses)  # and its start window's (engine.start_window)
             responses = Responses(sender, self.entry.threads.sends)  # sent on a thread: the loop serves others
             run = self._stream(request, parameters, responses, stream, place, pacer)
             await self._serve_admitted(request, run, responses, pacer)
