@@ -20,6 +20,7 @@ from client.tts_client import Chunk
 from gateway import cartesia, socket_bounds
 from gateway.app import add_agent_routes
 from gateway.rates import QUALITY
+from serving.config.options import ServeOptions
 from tests.fixtures.cartesia_plugins import CONTEXT, SCENARIOS, VOICE_ID
 from tests.unit.test_g711 import mulaw_decode
 
@@ -289,6 +290,16 @@ def test_idle_sockets_and_contexts_are_ended_by_name():
     assert [r["type"] for r in replies] == ["chunk", "timestamps", "error", "done", "error"]
     assert replies[2]["error"].startswith("context idle") and replies[4]["error"].startswith("socket idle")
     assert closed["type"] == "websocket.close" and streams.opened[0].cancelled
+
+
+def test_by_default_a_context_waiting_for_text_ends_by_the_sockets_bound_before_the_servers():
+    """The default context idle bound is 5 s under the server's default --text-idle-seconds, so that the client
+    gets its name and 408, not the server's 400 (the 408 against a real server: test_agent_socket_server's
+    idle test, with a 1 s bound; the gateway forwards text at once or later, so the server's clock of a
+    context's silence never starts sooner than the socket's)."""
+    idle = socket_bounds.SocketBounds().context_idle_seconds
+    assert idle == ServeOptions().text_idle_seconds - 5 == 25
+    assert socket_bounds.CONTEXT_IDLE.format(s=idle).startswith("context idle: no text for 25 s")
 
 
 def test_sockets_beyond_the_bound_are_refused_by_name():
