@@ -66,6 +66,7 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "Please hold the line, 
 MODELS = ("tts", "prompt_encoder", "generator", "vocoder")
 STEP = "tts_generator_step_seconds"
 STREAM_STEPS = "tts_generator_stream_steps_total"  # streams stepped, summed over the steps
+WINDOW = "tts_start_"  # the start window: its size at a level's end, its signals during it (docs/serving.md)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Snapshot:
     step_count: float  # steps it counted
     stream_steps: float  # streams stepped, summed over those steps
     cpu: dict  # process ("tritonserver", a model's name, "client") -> CPU seconds
+    window: dict  # the start window's tts_start_* metrics (its size, late chunks, rounds with a queue)
 
 
 def model_stats(server) -> dict:
@@ -123,10 +125,10 @@ def server_cpu(server) -> dict:
 
 def snapshot(server, load: LoadProcess | None = None) -> Snapshot:
     """``load``: the load process, whose CPU counts as the client's with this one's."""
-    metrics = server.metrics((STEP, STREAM_STEPS))
+    metrics = server.metrics((STEP, STREAM_STEPS, WINDOW))
     cpu = server_cpu(server) | {"client": time.process_time() + (cpu_seconds(load.pid) if load else 0.0)}
     return Snapshot(model_stats(server), metrics.get(f"{STEP}_sum", 0.0), metrics.get(f"{STEP}_count", 0.0),
-                    metrics.get(STREAM_STEPS, 0.0), cpu)  # fmt: skip
+                    metrics.get(STREAM_STEPS, 0.0), cpu, {k: v for k, v in metrics.items() if k.startswith(WINDOW)})  # fmt: skip
 
 
 def costs(before: Snapshot, after: Snapshot) -> dict:
@@ -158,6 +160,11 @@ def costs(before: Snapshot, after: Snapshot) -> dict:
         "cpu_ms_per_chunk": {k: 1000 * cpu.get(k, 0.0) / chunks for k in ("vocoder", "tts", "client")},
         "cpu_ms_per_stream_step_all": 1000 * sum(cpu.values()) / stream_steps,
         "cpu_s": cpu,
+        # the window's size at the level's end; its late chunks and rounds with a queue during the level
+        "start_window": {
+            k.removeprefix(WINDOW): v - (0 if k.endswith("window") else before.window.get(k, 0))
+            for k, v in after.window.items()
+        },
     }
 
 

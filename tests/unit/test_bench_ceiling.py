@@ -45,12 +45,18 @@ def counters(executions, requests, compute_ns, queue_ns) -> dict:
 def test_costs_are_per_stream_step_and_per_chunk():
     zero = {m: counters(0, 0, 0, 0) for m in MODELS}
     cpu = {"tritonserver": 5.0, "generator": 1.0, "vocoder": 2.0, "tts": 3.0, "client": 0.5}
-    before = Snapshot(zero, 1.0, 10, 100, cpu)
+    window = {"tts_start_window": 32.0, "tts_start_late_chunks_total": 2.0, "tts_start_queued_rounds_total": 5.0}
+    before = Snapshot(zero, 1.0, 10, 100, cpu, window)
     # 20 streams (20 generator requests: 0.2 s of execute, 0.4 s queued) stepped 400 times in 40 batched steps
     # (0.08 s in the step itself); 50 chunks
     stats = {**zero, "generator": counters(20, 20, 200_000_000, 400_000_000), "vocoder": counters(50, 50, 5e6, 1e7)}
     after = Snapshot(
-        stats, 1.08, 50, 500, {"tritonserver": 5.4, "generator": 1.2, "vocoder": 2.1, "tts": 3.5, "client": 0.6}
+        stats,
+        1.08,
+        50,
+        500,
+        {"tritonserver": 5.4, "generator": 1.2, "vocoder": 2.1, "tts": 3.5, "client": 0.6},
+        {"tts_start_window": 46.0, "tts_start_late_chunks_total": 3.0, "tts_start_queued_rounds_total": 5.0},
     )
     c = costs(before, after)
     assert (c["stream_steps"], c["generator_steps"], c["chunks"], c["mean_batch"]) == (400, 40, 50, 10)
@@ -61,6 +67,7 @@ def test_costs_are_per_stream_step_and_per_chunk():
     assert c["cpu_ms_per_stream_step"] == pytest.approx({"generator": 0.5, "tritonserver": 1.0})
     assert c["cpu_ms_per_chunk"] == pytest.approx({"vocoder": 2.0, "tts": 10.0, "client": 2.0})
     assert c["cpu_ms_per_stream_step_all"] == pytest.approx(1000 * 1.3 / 400)
+    assert c["start_window"] == {"window": 46, "late_chunks_total": 1, "queued_rounds_total": 0}  # its end; counts
 
 
 def test_a_rate_level_fails_on_a_failure_or_an_underrun_and_names_its_first_error():
