@@ -20,12 +20,10 @@ standing queue (CoDel's test: a round's least ignores a burst, not a queue). A c
 listener holds less than ``late_seconds`` (:meth:`played`) is a late listener.
 
 - A late listener or a standing queue multiplies the window's ``gain`` by :data:`BACK_OFF`, but never below
-  1, the start. A listener is late at ``tts``'s hand-off also when its own client reads slowly (a paced
-  request the generator held for it): a window that late listeners could take lower let one slow reader
-  throttle every start. And on a 2-core machine with free math the way out always has a queue while every
-  listener is ahead, so there a window below the start only made first audio later. Either backs off at most
-  once a lag (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where it backed off from
-  for :data:`CEILING_SECONDS`;
+  1, the start (on a 2-core machine with free math the way out always has a queue while every listener is
+  ahead, and there a window below the start only made first audio later). Either backs off at most once a lag
+  (:data:`LAG_ROUNDS` rounds) and caps growth at :data:`CEILING_SHARE` of where it backed off from for
+  :data:`CEILING_SECONDS`;
 - a lag without either, in which a start had to wait and the median round's least waited at most
   ``max(GROW_TARGET, floor)`` beyond the floor, multiplies the gain by :data:`GROWTH`.
 
@@ -44,8 +42,8 @@ since its playback began, and one that runs dry starts again from its next chunk
 :mod:`engine.chunking`). A stream that waits for its own client is not late because of the server: a text-in
 stream between turns (the orchestrator watches a listener within a segment only: :meth:`stopped` at each
 segment's end), and a paced request its slow client paused (:data:`CLIENT_PAUSES`: a chunk after a pause
-began or ended gets no verdict and starts the listener's clock again). Counted, one slow reader would hold back every
-start's growth: each of its late chunks backs off and opens a new lag.
+began or ended gets no verdict and starts the listener's clock again). Counted, one slow reader would hold
+back every start's growth: each of its late chunks backs off and opens a new lag.
 
 Plain Python on one event loop (no torch); times are seconds of ``clock``.
 """
