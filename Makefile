@@ -8,6 +8,11 @@ TEST_STAMP := $(VENV)/.installed-test
 # setuptools prints a notice on every editable install ("Editable installation..."): not ours to act on
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q
 TORCH := torch==2.13.0
+# The tests run in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them (its servers
+# are shared by its tests): 2 by default, the CI machine's cores; most of a test's time is a server's
+# answer, so two halve the wall time. TEST_WORKERS=0 runs them in pytest's own process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install serve test lint test-browser browser-deps unit integration static bench bench-gpu clean
 
@@ -47,7 +52,7 @@ test: $(TEST_STAMP)
 	  echo "NOTE: no chromium/chromedriver here: the browser tests are skipped (make test-browser installs them)"
 	$(PY) -m ruff check --quiet .
 	$(PY) -m ruff format --check --quiet .
-	$(PY) -m pytest -q --durations=15 tests
+	$(PYTEST) --durations=15 tests
 
 # ruff's rules (pyproject [tool.ruff.lint]) and its layout (ruff format; `ruff format .` applies it) on the
 # whole tree; `make test` runs both first
@@ -68,14 +73,14 @@ browser-deps:
 	fi
 
 unit: $(TEST_STAMP)
-	$(PY) -m pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 integration: $(TEST_STAMP)
-	$(PY) -m pytest -q tests/integration
+	$(PYTEST) tests/integration
 
 # hadolint on the Dockerfile, Kubernetes manifests against the schemas, the Grafana dashboard's structure
 static: $(TEST_STAMP)
-	$(PY) -m pytest -q tests/static
+	$(PYTEST) tests/static
 
 # streaming latency and throughput against concurrency; e.g. make bench ARGS="--preset small --max-patches 24"
 bench: $(TEST_STAMP)

