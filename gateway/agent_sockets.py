@@ -46,8 +46,10 @@ async def serve(ws, dialect: Dialect, sockets: Sockets, bounds: SocketBounds | N
         with contextlib.suppress(Exception):  # a new socket's buffers are empty: this cannot wait long
             await ws.accept()
             reply = json.dumps(dialect.error(None, status, message))
-            await asyncio.wait_for(ws.send_text(reply), sockets.bounds.send_seconds)
-            await asyncio.wait_for(ws.close(code), sockets.bounds.send_seconds)
+            async with asyncio.timeout(sockets.bounds.send_seconds):
+                await ws.send_text(reply)
+            async with asyncio.timeout(sockets.bounds.send_seconds):
+                await ws.close(code)
         return
     try:
         await ws.accept()

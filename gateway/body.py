@@ -47,7 +47,8 @@ async def read_capped(request: Request, limit: int, too_big: str, seconds: float
             parts.append(part)
 
     try:
-        await asyncio.wait_for(read(), seconds)
+        async with asyncio.timeout(seconds):
+            await read()
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {seconds:g} s", close=True) from None
     request._body = b"".join(parts)  # Starlette's cache of the body: form() and body() read it from here

@@ -149,11 +149,11 @@ class TextSocket:
         while True:
             reply = await self.outbox.get()
             try:
+                async with asyncio.timeout(self.bounds.send_seconds):
+                    await (self.ws.close() if reply is CLOSE else self.ws.send_text(reply))
                 if reply is CLOSE:
-                    await asyncio.wait_for(self.ws.close(), self.bounds.send_seconds)
                     self.closed = True
                     return
-                await asyncio.wait_for(self.ws.send_text(reply), self.bounds.send_seconds)
             except TimeoutError:
                 self._cut(NOT_TAKING.format(s=self.bounds.send_seconds))
                 return

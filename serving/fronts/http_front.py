@@ -71,14 +71,16 @@ class _Client:
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             try:
                 self.writer.write(error_response(status, message))
-                await asyncio.wait_for(self.writer.drain(), 5)
+                async with asyncio.timeout(5):
+                    await self.writer.drain()
                 # stop writing, and discard what the client still sends for up to LINGER seconds, so that a
                 # client still sending its body reads the answer instead of a reset
                 self.writer.write_eof()
                 end = time.monotonic() + LINGER
                 while (left := end - time.monotonic()) > 0:
-                    if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
-                        break
+                    async with asyncio.timeout(left):
+                        if not await self.reader.read(READ_SIZE):
+                            break
             except (OSError, asyncio.TimeoutError):
                 pass
         raise Closed
@@ -98,7 +100,8 @@ class _Client:
             if limit is not None and limit <= 0:
                 raise Closed
             try:
-                data = await asyncio.wait_for(self.reader.read(READ_SIZE), limit)
+                async with asyncio.timeout(limit):
+                    data = await self.reader.read(READ_SIZE)
             except asyncio.TimeoutError:
                 raise Closed from None
             if deadline is not None and self.conn.their_state is h11.IDLE and data and not self._started:

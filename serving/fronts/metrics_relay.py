@@ -120,7 +120,8 @@ class MetricsRelay(FrontLoop):
             return
         self.open += 1
         try:
-            await asyncio.wait_for(self._answer(reader, writer), self.connection_seconds)
+            async with asyncio.timeout(self.connection_seconds):
+                await self._answer(reader, writer)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, OSError):
             pass  # too slow, gone, or not HTTP: closed unanswered
         finally:

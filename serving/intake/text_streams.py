@@ -72,7 +72,8 @@ class TextStream:
                 item = self.queue.get_nowait()  # never empty: the failure is in it, after what came before
             else:
                 try:
-                    item = await asyncio.wait_for(self.queue.get(), min(self.idle_seconds, left))
+                    async with asyncio.timeout(min(self.idle_seconds, left)):
+                        item = await self.queue.get()
                 except TimeoutError:
                     if time.monotonic() < self.deadline:
                         self.fail(f"text stream: no text for {self.idle_seconds:g} s; the stream is closed")

@@ -1,7 +1,7 @@
 """The repository's shape: offline synthesis loads nothing Triton-facing (the static import rules are in
 test_import_graph.py); the contract tables in docs/serving.md are the ones the serving contract defines, the
 layout in docs/development.md names the modules that exist, and the README and docs/ link only to pages and
-headings that exist."""
+headings that exist; no await is bounded with asyncio.wait_for."""
 
 from __future__ import annotations
 
@@ -88,3 +88,13 @@ def test_test_modules_have_unique_names():
     the whole run at collection."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_no_await_is_bounded_with_asyncio_wait_for():
+    """On Python 3.11 ``asyncio.wait_for`` loses a cancellation that comes as the awaited thing completes
+    (it returns the result; the caller reads on until an idle timeout): bound an await with
+    ``async with asyncio.timeout(s)`` (tests/unit/test_text_streams.py shows the race)."""
+    found = [f"{p.relative_to(ROOT)}:{i}" for top in ("engine", "serving", "gateway", "client", "model_repository")
+             for p in (ROOT / top).rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "asyncio.wait_for(" in line]  # fmt: skip
+    assert not found, found

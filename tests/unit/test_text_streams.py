@@ -86,3 +86,28 @@ def test_an_idle_stream_fails_by_name():
         asyncio.run(go())
     with pytest.raises(ValueError, match="has ended"):
         stream.add("late", False, False)
+
+
+def test_a_reader_cancelled_as_a_piece_arrives_is_cancelled():
+    """A cancellation that comes in the same turn of the loop as the piece it waited for ends the reader
+    (asyncio.wait_for on Python 3.11 returned the piece and lost the cancellation: the reader then read on
+    until the stream's end or its idle timeout)."""
+    stream = TextStreams(idle_seconds=5).start(1)
+
+    async def go():
+        got = []
+
+        async def reader():
+            async for piece in stream.read():
+                got.append(piece)
+
+        task = asyncio.ensure_future(reader())
+        await asyncio.sleep(0.01)  # waiting for its first piece
+        stream.add("Hello ", False, False)
+        task.cancel()
+        stream.add("there.", False, False)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return got
+
+    assert asyncio.run(go()) == []
