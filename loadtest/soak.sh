@@ -14,7 +14,8 @@
 # gateway, the launcher) and the Python backend's /dev/shm regions to rss.csv every SECONDS, and prints a
 # table (start / 25 % / 50 % / 75 % / end) at the end. --rss-from: that table's start, SECONDS after ready
 # (default a quarter of the soak, at most 300 s: the first minutes are warm-up, docs/benchmarks.md); the
-# sample at ready stays in the table, with the change from it.
+# sample at ready stays in the table, with the change from it. Beside it, how many generator pipes tts and
+# ensemble_generator rotated: each holds a pipe's responses until it rotates (docs/triton.md, T25).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -139,6 +140,11 @@ echo "RSS at end: $(rss)"
 kill -TERM $sampler 2>/dev/null || true
 wait $sampler || true
 $PY -m loadtest.rss_sampler report "$out/rss.csv" --from "$rss_from" || true
+# tts and ensemble_generator hold every response of a generator pipe until it is rotated (docs/triton.md#T25):
+# their memory is judged over a soak that rotated each a few times
+for model in tts ensemble_generator; do
+    echo "  $model: $(cat "$out"/runs/*/tritonserver.log | grep -c "^\[$model\] INFO pipe .* new streams go on a new pipe") pipes rotated"
+done
 echo "after the load:"
 gauges | sed 's/^/  /'
 # read receipts (docs/triton.md#T23): responses the generator held for their reader, and how long in all
