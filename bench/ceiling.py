@@ -25,6 +25,8 @@ With ``--rate-start R`` the levels are arrival rates instead (open loop, :mod:`b
 rate, streams of the same length arrive on a seeded Poisson schedule for ``--duration`` s, whether or not
 earlier ones have finished; rates double from R up to ``--rate-max``, then bisect the same way. A level
 passes on the same terms; the ceiling is the largest rate with no failure and no underrun.
+``--first-audio-rule`` adds the headline's (docs/benchmarks.md): first audio p95 within 4 generator steps
+(the rate's mean step, as measured) + 200 ms.
 
 The server's default chunks follow the listener's deadline (docs/serving.md, Chunk sizes). With a fixed
 schedule of 3, then 12 patches (``--chunk-fixed --chunk-next 12``) the second chunk must come within the
@@ -191,7 +193,8 @@ def measure_rate(server, client: TTSClient | LoadProcess, rate: float, args: arg
     else:
         level = run_rate(client, arrivals, rate, args.duration, request, args.drain_timeout,
                          console_progress(f"rate {rate:g}/s"))  # fmt: skip
-    row = judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server, load)))
+    row = judged(level.summary(), [s.result for s in level.streams], costs(before, snapshot(server, load)),
+                 args.first_audio_rule)  # fmt: skip
     row["peak_streams"] = peak_streams([(s.sent, s.sent + s.result.total) for s in level.streams])
     return row
 
@@ -207,10 +210,14 @@ def peak_streams(spans: Sequence[tuple[float, float]]) -> int:
     return most
 
 
-def judged(summary: dict, streams: Sequence[StreamResult], cost: dict) -> dict:
-    """A level's row: its listener summary, what it cost, and whether it passed (no failure, no underrun)."""
+def judged(summary: dict, streams: Sequence[StreamResult], cost: dict, first_audio_rule: bool = False) -> dict:
+    """A level's row: its listener summary, what it cost, and whether it passed (no failure, no underrun;
+    with ``first_audio_rule`` also first audio p95 within 4 of the level's mean generator steps + 200 ms)."""
     row = {**summary, **cost}
     row["passed"] = row["errors"] == 0 and row["underruns"] == 0
+    if first_audio_rule:
+        row["first_audio_limit_ms"] = 4 * row["generator_step_ms"] + 200
+        row["passed"] = row["passed"] and row["first_chunk_ms"]["p95"] <= row["first_audio_limit_ms"]
     row["first_error"] = next((s.error for s in streams if s.error), None)
     row["load_average"] = os.getloadavg()[0]
     return row
@@ -323,6 +330,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(default: free math, a burst rather than live streams)")  # fmt: skip
     ap.add_argument("--tts-instances", type=int, default=1, help="the server's --tts-instances: tts's stub "
                     "processes (default 1)")  # fmt: skip
+    ap.add_argument("--first-audio-rule", action="store_true",
+                    help="open loop: a rate passes only if first audio p95 is also within 4 generator steps (the "
+                    "rate's mean step) + 200 ms, the headline's rule (docs/benchmarks.md)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write every level's numbers here")
     args = ap.parse_args(argv)
     from engine.step_cost import StepCost
@@ -341,6 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("need 0 < --rate-start <= --rate-max")
     if args.duration <= 0 or args.drain_timeout < 0:
         ap.error("need --duration > 0 and --drain-timeout >= 0 seconds")
+    if args.first_audio_rule and args.rate_start is None:
+        ap.error("--first-audio-rule judges open-loop rates: give --rate-start")
     return args
 
 
@@ -379,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             row = measure_rate(server, client, n, args, request) if open_loop else measure(server, client, n, request)
             rows.append(row)
             verdict = "pass" if row["passed"] else "FAIL"
+            if "first_audio_limit_ms" in row:
+                p95, limit = row["first_chunk_ms"]["p95"], row["first_audio_limit_ms"]
+                verdict += f" (first audio p95 {p95:.0f} ms, limit {limit:.0f})"
             print(f"  {n:g} {unit}: {verdict}, {row['underruns']} underruns, {row['errors']} errors, worst gap "
                   f"{row['worst_gap_ms']:.0f} ms, generator step {row['generator_step_ms']:.1f} ms "
                   f"(batch {row['mean_batch']:.1f}), CPU {row['cpu_ms_per_stream_step_all']:.2f} ms per stream-step; "
@@ -397,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if open_loop:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling:g}, --rate-max)"
         peak = max((r["peak_streams"] for r in rows if r["passed"]), default=0)
-        print(f"ceiling: {ceiling:g} requests/s of Poisson arrivals with no underrun and no failure{top}, up to "
+        rule = " and first audio p95 within 4 steps + 200 ms" if args.first_audio_rule else ""
+        print(f"ceiling: {ceiling:g} requests/s of Poisson arrivals with no underrun and no failure{rule}{top}, up to "
               f"{peak} streams at once; {args.duration:g} s of arrivals per rate, seed {args.seed}")  # fmt: skip
     else:
         top = "" if any(not r["passed"] for r in rows) else f" (every level passed: at least {ceiling}, the slot limit)"
@@ -423,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = {"ceiling": ceiling, "unit": unit, "patches": args.patches, "parameters": params, "slots": args.slots,
                "preset": args.preset, "levels": rows, "cpus": os.cpu_count(), "load_before": load_before,
                "start_rate": args.start_rate, "step_budget_ms": args.step_budget_ms,
-               "tts_instances": args.tts_instances,
+               "tts_instances": args.tts_instances, "first_audio_rule": args.first_audio_rule,
                "synthetic_step": str(args.step_cost), "real": args.real, "device": args.device}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)

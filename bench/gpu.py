@@ -256,13 +256,14 @@ TRITON_TIMED_BUDGET_S, TRITON_END_S = 150, 465
 
 def ceiling_command(device: str, smoke: bool) -> list[str]:
     """The open-loop ceiling of the real networks (``bench.ceiling --real``): the full preset on ``device``
-    (Poisson arrivals, rates 4 to 64 requests/s, 15 s each), or the tiny one in seconds with ``smoke``."""
+    (Poisson arrivals, rates 4 to 64 requests/s, 15 s each, judged by the headline's rule: no underrun and
+    first audio p95 within 4 steps + 200 ms), or the tiny one in seconds with ``smoke``."""
     if smoke:
         sizes = ["--preset", "tiny", "--slots", "4", "--start", "1", "--rate-start", "1", "--rate-max", "1", "--duration", "2",
                  "--patches", "4", "--bisect", "0"]  # fmt: skip
     else:
         sizes = ["--preset", "full", "--slots", "256", "--rate-start", "4", "--rate-max", "64", "--duration", "15",
-                 "--drain-timeout", "30", "--patches", "48", "--bisect", "1"]  # fmt: skip
+                 "--drain-timeout", "30", "--patches", "48", "--bisect", "1", "--first-audio-rule"]  # fmt: skip
     return [sys.executable, "-m", "bench.ceiling", "--real", "--device", device, *sizes]
 
 

@@ -84,6 +84,19 @@ def test_a_rate_level_fails_on_a_failure_or_an_underrun_and_names_its_first_erro
     assert rows[0]["rate"] == 2.0 and rows[0]["mean_batch"] == 1.0
 
 
+def test_the_first_audio_rule_fails_a_rate_whose_p95_is_past_4_steps_and_200_ms():
+    def level(first: float):
+        results = [StreamResult(first, 8.0, 7.68, None, 0.0)] * 20
+        streams = tuple(ScheduledStream(Arrival(0.1 * i, "t", i), 0.1 * i, r) for i, r in enumerate(results))
+        return judged(RateLevelResult(2.0, 4.0, 5.0, streams).summary(), results, {"generator_step_ms": 80.0}, True)
+
+    quick, slow = level(0.51), level(0.53)  # 4 x 80 ms + 200 ms = 520 ms
+    assert quick["first_audio_limit_ms"] == pytest.approx(520.0) and quick["passed"] and not slow["passed"]
+    assert slow["underruns"] == 0 and slow["errors"] == 0  # only the rule failed it
+    plain = judged(RateLevelResult(2.0, 4.0, 5.0, ()).summary(), [], {"generator_step_ms": 80.0})
+    assert "first_audio_limit_ms" not in plain
+
+
 def test_an_open_loop_level_counts_the_most_streams_in_flight_at_once():
     assert peak_streams([]) == 0
     assert peak_streams([(0.0, 2.0), (1.0, 3.0), (2.0, 4.0), (5.0, 6.0)]) == 2  # an end frees its place first
