@@ -9,8 +9,8 @@ TEST_STAMP := $(VENV)/.installed-test
 PIP_QUIET := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q
 TORCH := torch==2.13.0
 # The tests run in TEST_WORKERS processes (pytest-xdist), each test module whole in one of them (its servers
-# are shared by its tests): 2 by default, the CI machine's cores; most of a test's time is a server's
-# answer, so two halve the wall time. TEST_WORKERS=0 runs them in pytest's own process.
+# are shared by its tests): 2 by default, the CI machine's cores. Most of a test's time is spent waiting for a
+# server, so two took a third off the wall time here. TEST_WORKERS=0 runs them in pytest's own process.
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

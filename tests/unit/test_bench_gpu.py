@@ -94,7 +94,7 @@ def test_the_triton_ceiling_command_parses():
         args = ceiling.parse_args(cmd[3:])
         assert (args.real, args.device, args.preset, args.synthetic_step) == (True, device, preset, "")
         assert args.rate_start is not None  # open loop
-        assert args.first_audio_rule is not smoke  # the headline's rule on the GPU; the smoke run only runs
+        assert args.first_audio_rule is not smoke  # the headline's rule on the GPU; the smoke run checks the path
     with pytest.raises(SystemExit):  # --synthetic-step times the synthetic generator only
         ceiling.parse_args(["--real", "--synthetic-step", "h100"])
     with pytest.raises(SystemExit):  # the first-audio rule judges rates
