@@ -26,8 +26,7 @@ log = logging.getLogger("tts")
 CLOSE_SECONDS = 5.0  # how long an unloading reader waits for the generator to end its pipe
 WATCH_SECONDS = 0.25  # how often the streams waiting on a pipe are looked at (lost, or waiting too long)
 ROTATE_BYTES = 32 << 20  # tensor bytes a pipe carries before new streams go on a new one (T25)
-ROTATE_RESPONSES = 500  # responses a pipe carries before new streams go on a new one (T25: 7-20 KB each; one a
-# generator step at most, so at a CPU preset's slow steps 2,000 took more than a 10-minute soak)
+ROTATE_RESPONSES = 500  # responses a pipe carries before new streams go on a new one (T25: 7-20 KB each)
 MAX_DRAINING = 4  # rotated pipes that may still carry streams at once
 # The prompt tensors of a stream without a voice prompt (Instruct's voice design; a pipe's opening request).
 NO_PROMPT = {"PROMPT_LATENTS": np.zeros((0, LATENT_DIM), np.float32), "SPEAKER": np.zeros(0, np.float32),
