@@ -13,11 +13,14 @@ from engine.params import GenerationParams
 from tests.generation import Planned
 
 
-def reference_latents(model, text: str, params: GenerationParams, prompt=None, language: str = "English"):
-    """(4N, 64) latents of one segment, generated patch by patch in a batch of one."""
+def reference_latents(
+    model, text: str, params: GenerationParams, prompt=None, language: str = "English", invariant: bool = False
+):
+    """(4N, 64) latents of one segment, generated patch by patch in a batch of one. ``invariant``: in the
+    batch-invariant arithmetic (engine/invariant.py) a served generator uses on a CPU, to compare its bits."""
     prompt = prompt or model.encode_prompt(None)
     tokens = model.tokens(text, language, prompt)
-    gen = model.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches)
+    gen = model.generator(1, 1 + len(tokens) + prompt.num_patches + params.max_patches, batch_invariant=invariant)
     stream = gen.new_stream(0, tokens, prompt, params)
     planned = Planned(gen)
     planned.admit(stream)  # the default pool holds a whole row
