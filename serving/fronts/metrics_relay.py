@@ -27,25 +27,22 @@ class FrontLoop:
         self.host, self.port = host, port
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.reaper: asyncio.Future | None = None  # the check, once the front has started
+        self.reaper = None  # the check (a concurrent Future), once the front has started
 
     def start(self) -> Self:
         """Run ``_start()`` on the front's loop and return the front once it has (its error raised here)."""
         self.thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
+            asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(START_SECONDS)
         except BaseException:  # (cannot bind): its loop and thread end with it
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(5)
             raise
+        self.reaper = asyncio.run_coroutine_threadsafe(self._reaping(), self.loop)
         return self
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
-
-    async def _begin(self) -> None:
-        await self._start()
-        self.reaper = asyncio.ensure_future(self._reaping())
 
     async def _reaping(self) -> None:
         while True:
@@ -61,15 +58,11 @@ class FrontLoop:
     def close(self, grace: float = 1.0) -> None:
         """Cancel the reaper and run ``_stop(grace)`` (within ``grace`` + 10 s), then end the loop and its
         thread; calls in progress get ``grace`` seconds to end."""
-
-        async def stopping() -> None:
-            if self.reaper is not None:
-                self.reaper.cancel()
-            await self._stop(grace)
-
         if not self.thread.is_alive():
             return  # never started, or closed already
-        asyncio.run_coroutine_threadsafe(stopping(), self.loop).result(grace + 10)
+        if self.reaper is not None:
+            self.reaper.cancel()  # (its task is cancelled on the loop, before _stop runs there)
+        asyncio.run_coroutine_threadsafe(self._stop(grace), self.loop).result(grace + 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
@@ -88,8 +81,7 @@ class Counters:
 
     def increment(self, name: str) -> None:
         with self.lock:
-            self.values[name] = self.values.get(name, 0) + 1
-            self.help.setdefault(name, name)
+            self.values[name] += 1  # (added first: every counter is added where it is defined)
 
     def text(self) -> str:
         with self.lock:
