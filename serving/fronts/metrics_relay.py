@@ -81,7 +81,8 @@ class Counters:
 
     def increment(self, name: str) -> None:
         with self.lock:
-            self.values[name] += 1  # (added first: every counter is added where it is defined)
+            self.values[name] = self.values.get(name, 0) + 1
+            self.help.setdefault(name, name)
 
     def text(self) -> str:
         with self.lock:
