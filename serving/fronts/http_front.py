@@ -76,11 +76,9 @@ class _Client:
                 # stop writing, and discard what the client still sends for up to LINGER seconds, so that a
                 # client still sending its body reads the answer instead of a reset
                 self.writer.write_eof()
-                end = time.monotonic() + LINGER
-                while (left := end - time.monotonic()) > 0:
-                    async with asyncio.timeout(left):
-                        if not await self.reader.read(READ_SIZE):
-                            break
+                async with asyncio.timeout(LINGER):
+                    while await self.reader.read(READ_SIZE):
+                        pass
             except (OSError, asyncio.TimeoutError):
                 pass
         raise Closed
@@ -190,8 +188,7 @@ class _Client:
         while True:
             event = up.next_event()
             if event is h11.NEED_DATA:
-                data = await up_reader.read(READ_SIZE)
-                up.receive_data(data)
+                up.receive_data(await up_reader.read(READ_SIZE))
                 continue
             if isinstance(event, (h11.InformationalResponse, h11.Response)):
                 self.send(type(event)(status_code=event.status_code, headers=forwarded_headers(event.headers),
