@@ -52,19 +52,14 @@ def load_or_create(state_dir: Path) -> tuple[str, bool]:
     return key, False
 
 
-def rotate(state_dir: Path) -> str:
-    """A new kept key, renamed over the old one."""
-    return _kept(state_dir, os.replace)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m serving.security.admin_key", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("path", "rotate"))
     ap.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
     args = ap.parse_args(argv)
     state = args.state_dir or default_state_dir()
-    if args.action == "rotate":
-        rotate(state)
+    if args.action == "rotate":  # a new kept key, renamed over the old one
+        _kept(state, os.replace)
         print(f"a new admin key is in {state / FILE}; running servers keep the old one until they restart",
               file=sys.stderr)  # fmt: skip
     else:
