@@ -24,10 +24,7 @@ HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authen
 READ_SIZE = 64 * 1024
 LINGER = 2.0  # seconds an answered connection may still send before it is closed
 _log = logging.getLogger("http_front")
-
-
-class Closed(Exception):
-    """The connection is to be closed (the reason is logged or already answered)."""
+Closed = ConnectionAbortedError  # the connection is to be closed (the reason is logged or answered): an OSError
 
 
 def forwarded_headers(headers, keep_framing: bool = False) -> list[tuple[bytes, bytes]]:
@@ -123,7 +120,7 @@ class _Client:
                     return
                 self.conn.start_next_cycle()
                 deadline = time.monotonic() + limits.idle_seconds
-        except (Closed, OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
             return
         finally:
             self.close_upstream()
