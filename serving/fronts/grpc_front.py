@@ -90,9 +90,9 @@ class _Outbox:
 class GrpcFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``)."""
 
-    def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
+    def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits):
         super().__init__("grpc-front", host, port)
-        self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
+        self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
         self.shares = AddressShares(self.limits.calls_per_client, _log,
                                     "gRPC call (--grpc-front-max-calls-per-client)")  # fmt: skip

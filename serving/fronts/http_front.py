@@ -221,9 +221,9 @@ class _Client:
 class HttpFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's HTTP at ``upstream`` (host, port) on loopback."""
 
-    def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
+    def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits):
         super().__init__("http-front", host, port)
-        self.upstream, self.limits = upstream, limits or HttpFrontLimits()
+        self.upstream, self.limits = upstream, limits
         self.clients: set[_Client] = set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
