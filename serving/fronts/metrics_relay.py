@@ -1,8 +1,7 @@
-"""What the launcher's own ports share: :class:`FrontLoop` (each front, and the metrics relay, runs on an asyncio
-event loop of its own thread and checks its streams every REAP_SECONDS) and the launcher's counters; and the
-metrics port in front of Triton's own (on a private loopback port): the same page, with the generator's
-run-secret name shown as ``generator``, and those counters. Open to anyone, so bounded (docs/operations.md,
-"What each port accepts"; docs/security.md)."""
+"""What the launcher's own ports share: :class:`FrontLoop` and the launcher's counters; and the metrics port in
+front of Triton's own (on a private loopback port): the same page, with the generator's run-secret name shown
+as ``generator``, and those counters. Open to anyone, so bounded (docs/operations.md, "What each port
+accepts"; docs/security.md)."""
 
 from __future__ import annotations
 
