@@ -104,7 +104,6 @@ class MetricsRelay(FrontLoop):
         self.source, self.hidden = source, f'model="{generator_model}"'
         self.max_connections, self.connection_seconds, self.open = max_connections, connection_seconds, 0
         self.start()
-        self.server_address = self.server.sockets[0].getsockname()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.max_connections:
