@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tritonclient.grpc import service_pb2
 
-from serving.security.auth import Keys
+from engine.protocol import new_stream_id
 
 MAX_SEQUENCES = 16  # sequences one call may have STARTed and not ENDed (client/text_in.py opens one a call)
 PARAMETERS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["parameters"].number  # 4
@@ -82,9 +82,9 @@ class CallIds:
         if ("sequence_start" in params and params["sequence_start"].bool_param) and client_id not in self.open:
             if len(self.open) >= MAX_SEQUENCES:
                 del self.open[next(iter(self.open))]
-            self.open[client_id] = Keys.new_stream_id()
+            self.open[client_id] = new_stream_id()
         end = "sequence_end" in params and params["sequence_end"].bool_param
-        ours = (self.open.pop(client_id, None) if end else self.open.get(client_id)) or Keys.new_stream_id()
+        ours = (self.open.pop(client_id, None) if end else self.open.get(client_id)) or new_stream_id()
         given.Clear()
         if kind == "string_param":
             given.string_param = f"{ours:x}"

@@ -13,7 +13,6 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, fields, replace
 from typing import ClassVar
 
-FRONT_MODES = ("auto", "on", "off")
 LOG_EVERY = 10.0  # seconds between two log lines about one address's refusals
 LOGGED_ADDRESSES = 1024  # addresses whose last log line is remembered (the oldest are forgotten first)
 RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1}  # NaN passes none
@@ -35,7 +34,7 @@ def bound(default, rule: str, help: str):
 
 class _Bounds:
     """What the two fronts' bounds share: each field checked against its rule, the unsent bound in bytes,
-    and one launcher flag per field, ``--{FLAG}-{name}``."""
+    and one launcher flag per field, ``--{FLAG}-{name}`` (:func:`add_arguments`)."""
 
     FLAG: ClassVar[str]  # the flags' prefix: grpc-front, http-front
     MODE_HELP: ClassVar[str]  # the help of --{FLAG} itself (auto|on|off)
@@ -48,15 +47,6 @@ class _Bounds:
     @property
     def unsent_bytes(self) -> int:
         return int(self.max_unsent_mb * 2**20)
-
-    @classmethod
-    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(f"--{cls.FLAG}", choices=FRONT_MODES, default="auto", help=cls.MODE_HELP)
-        for f in fields(cls):
-            help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
-            metavar = {"mb": "MB", "kb": "KB", "seconds": "SECONDS"}.get(f.name.rpartition("_")[2], "N")
-            parser.add_argument(f"--{cls.FLAG}-" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                                metavar=metavar, help=help)  # fmt: skip
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace):
@@ -164,8 +154,13 @@ class HttpFrontLimits(_Bounds):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    FrontLimits.add_flags(parser)
-    HttpFrontLimits.add_flags(parser)
+    for cls in (FrontLimits, HttpFrontLimits):
+        parser.add_argument(f"--{cls.FLAG}", choices=("auto", "on", "off"), default="auto", help=cls.MODE_HELP)
+        for f in fields(cls):
+            help = f.metadata["help"] + ("" if "default" in f.metadata["help"] else f" (default: {f.default:g})")
+            metavar = {"mb": "MB", "kb": "KB", "seconds": "SECONDS"}.get(f.name.rpartition("_")[2], "N")
+            parser.add_argument(f"--{cls.FLAG}-" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                                metavar=metavar, help=help)  # fmt: skip
 
 
 def front_wanted(mode: str, triton_reachable_from_outside: bool) -> bool:
@@ -204,7 +199,3 @@ class AddressShares:
         self.held[address] -= 1
         if self.held[address] <= 0:
             del self.held[address]
-
-    def holdings(self) -> dict[str, int]:
-        """In progress now by address, most first (what an operator reads)."""
-        return dict(self.held.most_common())

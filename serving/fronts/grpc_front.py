@@ -90,9 +90,9 @@ class _Outbox:
 class GrpcFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's gRPC at ``upstream`` (``127.0.0.1:PORT``)."""
 
-    def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits | None = None):
+    def __init__(self, host: str, port: int, upstream: str, limits: FrontLimits):
         super().__init__("grpc-front", host, port)
-        self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits or FrontLimits()
+        self.address, self.upstream, self.limits = f"{host}:{port}", upstream, limits
         self.streams: set[tuple[_Outbox, grpc.aio.Call]] = set()
         self.shares = AddressShares(self.limits.calls_per_client, _log,
                                     "gRPC call (--grpc-front-max-calls-per-client)")  # fmt: skip
@@ -101,15 +101,10 @@ class GrpcFront(FrontLoop):
         from tritonclient.grpc import service_pb2
 
         self.channel = grpc.aio.insecure_channel(self.upstream, options=UPSTREAM_OPTIONS)
-        handlers = {}
-        for method in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:  # every one
-            name = method.name
-            path = f"/{SERVICE}/{name}"
-            if name == STREAM_METHOD:
-                self.stream_call = self.channel.stream_stream(path)
-                handlers[name] = grpc.stream_stream_rpc_method_handler(self._stream)
-            else:
-                handlers[name] = grpc.unary_unary_rpc_method_handler(self._unary(self.channel.unary_unary(path)))
+        self.stream_call = self.channel.stream_stream(f"/{SERVICE}/{STREAM_METHOD}")
+        methods = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods  # every one
+        handlers = {m.name: grpc.unary_unary_rpc_method_handler(self._unary(m.name)) for m in methods}
+        handlers[STREAM_METHOD] = grpc.stream_stream_rpc_method_handler(self._stream)
         # a unary call naming a sequence is passed on as it is: only tts takes text-in streams, and Triton
         # refuses a unary call to a decoupled model before the model sees it
         self.server = grpc.aio.server(options=self.limits.server_options(),
@@ -131,7 +126,9 @@ class GrpcFront(FrontLoop):
         return client
 
     # ---- unary calls: one message each way ----
-    def _unary(self, upstream):
+    def _unary(self, name: str):
+        upstream = self.channel.unary_unary(f"/{SERVICE}/{name}")
+
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             client = await self._enter(context)
             try:

@@ -24,10 +24,7 @@ HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authen
 READ_SIZE = 64 * 1024
 LINGER = 2.0  # seconds an answered connection may still send before it is closed
 _log = logging.getLogger("http_front")
-
-
-class Closed(Exception):
-    """The connection is to be closed (the reason is logged or already answered)."""
+Closed = ConnectionAbortedError  # the connection is to be closed (the reason is logged or answered): an OSError
 
 
 def forwarded_headers(headers, keep_framing: bool = False) -> list[tuple[bytes, bytes]]:
@@ -76,11 +73,9 @@ class _Client:
                 # stop writing, and discard what the client still sends for up to LINGER seconds, so that a
                 # client still sending its body reads the answer instead of a reset
                 self.writer.write_eof()
-                end = time.monotonic() + LINGER
-                while (left := end - time.monotonic()) > 0:
-                    async with asyncio.timeout(left):
-                        if not await self.reader.read(READ_SIZE):
-                            break
+                async with asyncio.timeout(LINGER):
+                    while await self.reader.read(READ_SIZE):
+                        pass
             except (OSError, asyncio.TimeoutError):
                 pass
         raise Closed
@@ -125,7 +120,7 @@ class _Client:
                     return
                 self.conn.start_next_cycle()
                 deadline = time.monotonic() + limits.idle_seconds
-        except (Closed, OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
             return
         finally:
             self.close_upstream()
@@ -190,8 +185,7 @@ class _Client:
         while True:
             event = up.next_event()
             if event is h11.NEED_DATA:
-                data = await up_reader.read(READ_SIZE)
-                up.receive_data(data)
+                up.receive_data(await up_reader.read(READ_SIZE))
                 continue
             if isinstance(event, (h11.InformationalResponse, h11.Response)):
                 self.send(type(event)(status_code=event.status_code, headers=forwarded_headers(event.headers),
@@ -227,9 +221,9 @@ class _Client:
 class HttpFront(FrontLoop):
     """The front on ``host:port``, forwarding to Triton's HTTP at ``upstream`` (host, port) on loopback."""
 
-    def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits | None = None):
+    def __init__(self, host: str, port: int, upstream: tuple[str, int], limits: HttpFrontLimits):
         super().__init__("http-front", host, port)
-        self.upstream, self.limits = upstream, limits or HttpFrontLimits()
+        self.upstream, self.limits = upstream, limits
         self.clients: set[_Client] = set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

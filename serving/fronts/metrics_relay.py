@@ -1,8 +1,7 @@
-"""What the launcher's own ports share: :class:`FrontLoop` (each front, and the metrics relay, runs on an asyncio
-event loop of its own thread and checks its streams every REAP_SECONDS) and the launcher's counters; and the
-metrics port in front of Triton's own (on a private loopback port): the same page, with the generator's
-run-secret name shown as ``generator``, and those counters. Open to anyone, so bounded (docs/operations.md,
-"What each port accepts"; docs/security.md)."""
+"""What the launcher's own ports share: :class:`FrontLoop` and the launcher's counters; and the metrics port in
+front of Triton's own (on a private loopback port): the same page, with the generator's run-secret name shown
+as ``generator``, and those counters. Open to anyone, so bounded (docs/operations.md, "What each port
+accepts"; docs/security.md)."""
 
 from __future__ import annotations
 
@@ -27,25 +26,22 @@ class FrontLoop:
         self.host, self.port = host, port
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.reaper: asyncio.Future | None = None  # the check, once the front has started
+        self.reaper = None  # the check (a concurrent Future), once the front has started
 
     def start(self) -> Self:
         """Run ``_start()`` on the front's loop and return the front once it has (its error raised here)."""
         self.thread.start()
         try:
-            asyncio.run_coroutine_threadsafe(self._begin(), self.loop).result(START_SECONDS)
+            asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(START_SECONDS)
         except BaseException:  # (cannot bind): its loop and thread end with it
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(5)
             raise
+        self.reaper = asyncio.run_coroutine_threadsafe(self._reaping(), self.loop)
         return self
 
     async def _start(self) -> None:
         self.server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
-
-    async def _begin(self) -> None:
-        await self._start()
-        self.reaper = asyncio.ensure_future(self._reaping())
 
     async def _reaping(self) -> None:
         while True:
@@ -61,15 +57,11 @@ class FrontLoop:
     def close(self, grace: float = 1.0) -> None:
         """Cancel the reaper and run ``_stop(grace)`` (within ``grace`` + 10 s), then end the loop and its
         thread; calls in progress get ``grace`` seconds to end."""
-
-        async def stopping() -> None:
-            if self.reaper is not None:
-                self.reaper.cancel()
-            await self._stop(grace)
-
         if not self.thread.is_alive():
             return  # never started, or closed already
-        asyncio.run_coroutine_threadsafe(stopping(), self.loop).result(grace + 10)
+        if self.reaper is not None:
+            self.reaper.cancel()  # (its task is cancelled on the loop, before _stop runs there)
+        asyncio.run_coroutine_threadsafe(self._stop(grace), self.loop).result(grace + 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
@@ -112,7 +104,6 @@ class MetricsRelay(FrontLoop):
         self.source, self.hidden = source, f'model="{generator_model}"'
         self.max_connections, self.connection_seconds, self.open = max_connections, connection_seconds, 0
         self.start()
-        self.server_address = self.server.sockets[0].getsockname()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.max_connections:

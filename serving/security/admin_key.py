@@ -17,14 +17,6 @@ FILE = "admin_key"
 default_state_dir = cache_dir  # where the kept key lives unless --state-dir says
 
 
-def _read(path: Path) -> str:
-    if (mode := stat.S_IMODE(path.stat().st_mode)) & 0o077:
-        raise PermissionError(f"{path} is readable by others (mode {mode:o}): chmod 600 it, or rotate the key")
-    if not (key := path.read_text().partition("\n")[0].strip()):
-        raise ValueError(f"{path} holds no key: rotate it (python -m serving.security.admin_key rotate)")
-    return key
-
-
 def write_key(path: Path) -> str:
     """A new key in a new private (0600) file ``path`` -> the key."""
     key = secrets.token_urlsafe(24)
@@ -53,12 +45,11 @@ def load_or_create(state_dir: Path) -> tuple[str, bool]:
             return _kept(state_dir, os.link), True
         except FileExistsError:  # another launcher was first: use its key
             pass
-    return _read(path), False
-
-
-def rotate(state_dir: Path) -> str:
-    """A new kept key, renamed over the old one."""
-    return _kept(state_dir, os.replace)
+    if (mode := stat.S_IMODE(path.stat().st_mode)) & 0o077:
+        raise PermissionError(f"{path} is readable by others (mode {mode:o}): chmod 600 it, or rotate the key")
+    if not (key := path.read_text().partition("\n")[0].strip()):
+        raise ValueError(f"{path} holds no key: rotate it (python -m serving.security.admin_key rotate)")
+    return key, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", type=Path, default=None, help=f"default: {default_state_dir()}")
     args = ap.parse_args(argv)
     state = args.state_dir or default_state_dir()
-    if args.action == "rotate":
-        rotate(state)
+    if args.action == "rotate":  # a new kept key, renamed over the old one
+        _kept(state, os.replace)
         print(f"a new admin key is in {state / FILE}; running servers keep the old one until they restart",
               file=sys.stderr)  # fmt: skip
     else:

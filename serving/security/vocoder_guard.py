@@ -58,7 +58,6 @@ class VocoderGuard:
             self._end(sid)
             return Decision(False, CANCELLED)
         if ends_only:
-            self.next_seq.pop(sid, None)
             self._end(sid)
             return Decision(True)  # frees the state, decodes nothing
         # not the generator's, or its end came (every chunk of it was used, or will never be), or opened before
@@ -78,14 +77,14 @@ class VocoderGuard:
         elif self.next_seq.get(sid) != chunk.seq or len(chunk.prompt_latents):
             return Decision(False, error=ValueError(UNKNOWN))
         if chunk.last:
-            self.next_seq.pop(sid, None)
             self._end(sid)
         else:
             self.next_seq[sid] = chunk.seq + 1
         return Decision(True)
 
     def _end(self, sid: int) -> None:
-        """The stream's end reached the vocoder: off the board, and finished here if it was opened here."""
+        """The stream's end reached the vocoder: no next chunk, off the board, finished here if opened here."""
+        self.next_seq.pop(sid, None)
         self.live_streams.claim(sid)
         if sid in self.opened:
             self.finished[sid] = time.monotonic()

@@ -18,8 +18,9 @@ def test_a_generated_key_is_kept_private_and_reused(tmp_path):
     path = tmp_path / "state" / "admin_key"
     assert made and path.read_text() == key + "\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert admin_key.load_or_create(tmp_path / "state") == (key, False)  # a restart: the same key
-    new = admin_key.rotate(tmp_path / "state")
-    assert new != key and admin_key.load_or_create(tmp_path / "state") == (new, False)
+    assert admin_key.main(["rotate", "--state-dir", str(tmp_path / "state")]) == 0
+    new, made = admin_key.load_or_create(tmp_path / "state")
+    assert new != key and not made
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and sorted(os.listdir(tmp_path / "state")) == ["admin_key"]
 
 

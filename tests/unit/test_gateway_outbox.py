@@ -161,5 +161,5 @@ def test_the_per_peer_share_and_the_gateways_bound_are_both_kept():
     assert sockets.take("c") is None
     sockets.leave("c")
     sockets.leave("a")
-    assert sockets.take("a") is None and sockets.holdings() == {"a": 2}
+    assert sockets.take("a") is None and sockets.held == {"a": 2}
     assert sockets.take("a").startswith("too many sockets from your address")

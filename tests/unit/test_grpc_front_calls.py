@@ -100,7 +100,7 @@ def test_client_address_drops_the_port():
 def test_a_share_refuses_past_it_and_comes_free():
     shares = AddressShares(2, _log, "gRPC call")
     assert shares.enter("a") and shares.enter("a") and shares.enter("b") and not shares.enter("a")
-    assert shares.holdings() == {"a": 2, "b": 1}
+    assert shares.held == {"a": 2, "b": 1}
     shares.leave("a")
     assert shares.enter("a") and AddressShares(0, _log, "gRPC call").enter("a")  # 0: no share
     assert FrontLimits(max_calls=40).calls_per_client == 10 and FrontLimits().calls_per_client == 0

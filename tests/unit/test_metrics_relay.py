@@ -33,7 +33,7 @@ def test_idle_connections_are_bounded_in_number_and_time():
     threading.Thread(target=source.serve_forever, daemon=True).start()
     relay = MetricsRelay("127.0.0.1", 0, f"http://127.0.0.1:{source.server_address[1]}/metrics",
                          "generator-secret", max_connections=4, connection_seconds=1.0)  # fmt: skip
-    port = relay.server_address[1]
+    port = relay.server.sockets[0].getsockname()[1]
     try:
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]  # send nothing
         for s in idle:

@@ -36,13 +36,13 @@ def test_a_peer_gets_at_most_its_share_and_other_peers_are_not_counted_against_i
     assert refused.value.status == 429 and refused.value.message == REFUSED
     assert refused.value.response().headers["Retry-After"] == "1"
     other = shares.take("10.0.0.2")  # another address is not refused
-    assert shares.holdings() == {"10.0.0.1": 2, "10.0.0.2": 1}
+    assert shares.held == {"10.0.0.1": 2, "10.0.0.2": 1}
     a.give_back()
     a.give_back()  # twice (two end paths): counted once, never below zero
-    assert shares.holdings() == {"10.0.0.1": 1, "10.0.0.2": 1}
+    assert shares.held == {"10.0.0.1": 1, "10.0.0.2": 1}
     shares.take("10.0.0.1")  # the freed place is taken again
     b.give_back(), other.give_back()
-    assert shares.holdings() == {"10.0.0.1": 1}
+    assert shares.held == {"10.0.0.1": 1}
 
 
 def test_a_share_below_one_is_refused():
@@ -83,7 +83,7 @@ def test_an_http_stream_gives_its_share_back_however_it_ends(way):
 
     async def run():
         stream = held(chunks(3, ServerBusy("busy") if way == "failed" else None), shares, "p")()
-        assert await anext(stream) is not None and shares.holdings() == {"p": 1}
+        assert await anext(stream) is not None and shares.held == {"p": 1}
         if way == "closed early":
             await stream.aclose()
         else:
@@ -92,7 +92,7 @@ def test_an_http_stream_gives_its_share_back_however_it_ends(way):
                     pass
 
     asyncio.run(run())
-    assert shares.holdings() == {}
+    assert shares.held == {}
 
 
 def test_an_http_stream_over_the_share_is_a_429_and_the_next_after_one_ends_is_served():
@@ -113,7 +113,7 @@ def test_an_http_stream_over_the_share_is_a_429_and_the_next_after_one_ends_is_s
 
     refused, body = asyncio.run(run())
     assert refused.status == 429 and refused.message == REFUSED and len(body) == 2 * 4 * 2  # 16-bit PCM
-    assert shares.holdings() == {}
+    assert shares.held == {}
 
 
 def test_a_text_stream_gives_its_share_back_at_its_end_its_cancel_and_a_failed_open():
@@ -131,14 +131,14 @@ def test_a_text_stream_gives_its_share_back_at_its_end_its_cancel_and_a_failed_o
         await stream.end()
         async for _ in stream:  # the end: the iteration stops
             pass
-        assert shares.holdings() == {}
+        assert shares.held == {}
         stream = await open_text()
         await stream.cancel()
         await stream.cancel()
-        assert shares.holdings() == {}
+        assert shares.held == {}
         with pytest.raises(ServerBusy):
             await held_text(failing, shares, "p")()
-        assert shares.holdings() == {}
+        assert shares.held == {}
 
     asyncio.run(run())
 
@@ -156,13 +156,13 @@ def test_a_sockets_context_over_the_share_is_refused_by_name_and_served_once_ano
         refused = until_done(second, "c")
         assert [r["type"] for r in refused] == ["error", "done"]
         assert refused[0]["error"] == REFUSED and refused[0]["status_code"] == 429
-        assert shares.holdings() == {"testclient": 2}
+        assert shares.held == {"testclient": 2}
         ws.send_text(json.dumps({"context_id": "a", "cancel": True}))
         ws.send_text(json.dumps({**GOOD, "context_id": "d"}))
         served = until_done(ws, "d")
         assert "error" not in [r["type"] for r in served] and "chunk" in [r["type"] for r in served]
     assert streams.opened[0].cancelled and len(streams.opened) == 3  # a, b, d: c never opened a stream
-    assert shares.holdings() == {}
+    assert shares.held == {}
 
 
 def test_the_gateways_flag_sets_the_share_and_refuses_zero():
