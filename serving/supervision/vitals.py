@@ -86,10 +86,6 @@ class Vitals:
     _since: dict = field(default_factory=dict)
     _silent: dict[int, float] = field(default_factory=dict)  # pid -> seconds silent while another stub beat
 
-    def reset(self) -> None:
-        """Forget everything: a new tritonserver."""
-        self.pause, self._last, self._answered, self._since, self._silent = 0.0, None, None, {}, {}
-
     def _stood(self, what, value, at: float) -> float:
         """How long ``what`` has had ``value`` (0: new or changed now)."""
         if (last := self._since.get(what)) is None or last[0] != value:
