@@ -97,9 +97,9 @@ class Vitals:
         at = seen.at
         gap = 0.0 if self._last is None else at - self._last
         self.pause, self._last = (gap if gap > PAUSE_SECONDS else 0.0), at
-        if self.pause:  # whatever was quiet was paused with us: start every timer over
+        if self.pause or self._answered is None:  # the first look, or a pause (what was quiet was paused with us):
             self._since, self._silent = {what: (value, at) for what, (value, _) in self._since.items()}, {}
-            self._answered = at if self._answered is not None else None
+            self._answered = at  # every timer starts over
         return self._heartbeats(seen, 0.0 if self.pause else gap) or self._progress(seen) or self._leak(seen)
 
     def _heartbeats(self, seen: Observation, gap: float) -> Incident | None:
@@ -124,9 +124,7 @@ class Vitals:
         if not self.stall_seconds:
             return None
         if seen.metrics is None:
-            if self._answered is None:
-                self._answered = seen.at
-            elif (silent := seen.at - self._answered) >= self.stall_seconds:
+            if (silent := seen.at - self._answered) >= self.stall_seconds:
                 return Incident("tritonserver", f"its metrics port has not answered for {silent:.1f} s", dead=False)
             return None
         self._answered = seen.at
