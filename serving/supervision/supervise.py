@@ -139,11 +139,9 @@ class Supervisor:
                 beats[pid] = os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime_ns
             except FileNotFoundError:
                 beats[pid] = None
-        if self.stall_seconds:
-            try:
+        if self.stall_seconds:  # no answer in time: no progress news this poll
+            with contextlib.suppress(OSError, http.client.HTTPException):
                 metrics = samples(self.server.metrics_text(METRICS_TIMEOUT, METRICS_TIMEOUT), PROGRESS)
-            except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
-                pass
         return Observation(at, dict(self.stubs), beats, metrics, self._held())
 
     def _held(self) -> int:
