@@ -80,7 +80,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.flags = RunFlags(self.run_dir)
-        self.models = {model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py")}
+        self.models = frozenset(model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py"))
         self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
     def run(self, stopping: Callable[[], bool], tick: Callable[[], None], ready: Callable[[], None]) -> None:
@@ -106,7 +106,7 @@ class Supervisor:
         if stopping() or not self.server.start().wait_ready(math.inf, stopping):
             return False
         self.stubs = find_stubs(self.server.model_repository)
-        self.vitals = Vitals(frozenset(self.models), self.stall_seconds)  # a new server: nothing remembered
+        self.vitals = Vitals(self.models, self.stall_seconds)  # a new server: nothing remembered
         self.gate = None  # a new server makes a new one
         return True
 
