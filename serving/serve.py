@@ -66,15 +66,6 @@ def busy_ports(host: str, ports: Ports, openai: int | None = None, triton_host: 
     return busy
 
 
-def run_folder(parent: Path | None) -> Path:
-    """``<parent>/<UTC time>-<pid>``, mode 0700 (its repository and logs name the generator's secret name)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = ((parent or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
-    path.mkdir(parents=True, mode=0o700)
-    path.chmod(0o700)  # whatever the umask
-    return path
-
-
 say = functools.partial(supervise.say, prefix="")  # the launcher's own lines
 BACKOFF_FIRST, BACKOFF_MOST, BACKOFF_RESET = 0.5, 30.0, 60.0  # seconds: a crashing gateway's restarts
 GATEWAY_STOP_SECONDS = 5.0  # SIGTERM -> SIGKILL of the gateway at shutdown
@@ -222,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() == 0:
         say("warning: running as root, and so are tritonserver and its Python stubs, which run this repository's "
             "code for every request: run as an unprivileged user, or in the image (uid 1000)")  # fmt: skip
-    work = run_folder(args.work_dir)
+    # the run folder <UTC time>-<pid>, 0700 whatever the umask: its repository and logs name the generator's secret
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    work = ((args.work_dir or cache_dir() / "run") / f"{stamp}-{os.getpid()}").resolve()
+    work.mkdir(parents=True, mode=0o700)
+    work.chmod(0o700)
     say(f"run folder: {work}")
     state = (args.state_dir or default_state_dir()).resolve()
     if admin_key is None:

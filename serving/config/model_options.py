@@ -66,11 +66,9 @@ class ModelOptions:
         return {f.name: text(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def read(cls, args_or_params: dict) -> Self:
-        """Triton's ``initialize`` args (or the parameters themselves) -> the options."""
-        given = dict(args_or_params)
-        if "model_config" in given:  # the model config's parameters (name -> string value)
-            given = {k: v["string_value"] for k, v in json.loads(given["model_config"]).get("parameters", {}).items()}
+    def read(cls, args: dict) -> Self:
+        """Triton's ``initialize`` args -> the options."""
+        given = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
         values = {}
         for f in fields(cls):
             if f.name not in given:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NewType
 
@@ -137,7 +137,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if "help" not in f.metadata:
             continue
         kind, default, help = types[f.name], f.default, f.metadata["help"]
-        assert default is not MISSING, f.name
         kw: dict = {"dest": f.name} | ({"choices": f.metadata["choices"]} if f.metadata["choices"] else {})
         if kind is bool:
             kw |= {"action": argparse.BooleanOptionalAction, "default": default}

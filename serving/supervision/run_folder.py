@@ -3,6 +3,7 @@ heartbeats out, the launcher's flags in (docs/operations.md, Supervision and shu
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import threading
@@ -34,10 +35,8 @@ def start_heartbeat(run_dir: str, model: str) -> None:
     def beat():
         while os.getppid() == parent:  # reparented: tritonserver died
             late.arm()
-            try:
+            with contextlib.suppress(OSError):  # the run folder is being cleaned up: keep watching the parent
                 beats.beat()
-            except OSError:  # the run folder is being cleaned up: keep watching the parent
-                pass
             time.sleep(HEARTBEAT_SECONDS)
         os._exit(1)
 
@@ -77,12 +76,10 @@ class LateStacks:
     def __init__(self, path: Path, late: float = LATE_SECONDS, cap: int = STACKS_BYTES):
         self.path, self.late, self.cap = path, late, cap
         self.file, self.size, self.armed = None, 0, None  # armed: when it was last armed
-        try:
+        with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a")  # noqa: SIM115 - held open: the watchdog writes to its descriptor
             self.size = os.fstat(self.file.fileno()).st_size
-        except OSError:
-            pass
 
     def arm(self) -> None:
         """No system call unless the watchdog may have dumped since the last beat (it was armed ``late``
@@ -91,17 +88,14 @@ class LateStacks:
             return
         now = time.monotonic()
         if self.armed is not None and now - self.armed >= 0.9 * self.late:
-            try:
-                size = os.fstat(self.file.fileno()).st_size
-                if size != self.size:  # it did: say when the next beat came
+            with contextlib.suppress(OSError):
+                if (size := os.fstat(self.file.fileno()).st_size) != self.size:  # it did: say when the next beat came
                     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                     self.file.write(f"^ dumped: a heartbeat {self.late:g} s late; this beat at {stamp}\n\n")
                     self.file.flush()
                     size = os.fstat(self.file.fileno()).st_size
-            except OSError:
-                size = self.size
-            self.size = size
-            if size >= self.cap:
+                self.size = size
+            if self.size >= self.cap:
                 faulthandler.cancel_dump_traceback_later()
                 self.file = None
                 return

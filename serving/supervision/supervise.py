@@ -35,7 +35,6 @@ DRAIN_SECONDS = 10.0  # running streams may finish for this long before a restar
 DEFERRABLE = frozenset({"prompt_encoder", "voices"})
 GRACE_SECONDS = 0.3  # after raising ``broken``, tts has this long to fail its requests (it polls every 50 ms)
 STOP_SECONDS = 3.0  # SIGTERM -> SIGKILL of tritonserver at shutdown
-STUB = "triton_python_backend_stub"
 GDB_SECONDS = 20.0  # at most this long for gdb's stacks of a wedged stub, before the restart
 
 
@@ -45,7 +44,7 @@ def find_stubs(repo: Path) -> dict[int, str]:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):  # gone meanwhile
             argv = cmdline.read_bytes().split(b"\0")
-            if len(argv) > 1 and argv[0].endswith(STUB.encode()) and argv[1].startswith(prefix):
+            if len(argv) > 1 and argv[0].endswith(b"triton_python_backend_stub") and argv[1].startswith(prefix):
                 found[int(cmdline.parent.name)] = model_of(Path(os.fsdecode(argv[1])).parent.parent)
     return found
 
@@ -81,8 +80,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.flags = RunFlags(self.run_dir)
-        self.models = {model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py")}
-        self.vitals = Vitals(frozenset(self.models), self.stall_seconds)
+        self.models = frozenset(model_of(p.parent.parent) for p in self.server.model_repository.glob("*/1/model.py"))
         self.gate: Admission | None = None  # the admission gate, read once the server has made it
 
     def run(self, stopping: Callable[[], bool], tick: Callable[[], None], ready: Callable[[], None]) -> None:
@@ -108,7 +106,7 @@ class Supervisor:
         if stopping() or not self.server.start().wait_ready(math.inf, stopping):
             return False
         self.stubs = find_stubs(self.server.model_repository)
-        self.vitals.reset()
+        self.vitals = Vitals(self.models, self.stall_seconds)  # a new server: nothing remembered
         self.gate = None  # a new server makes a new one
         return True
 
@@ -141,11 +139,9 @@ class Supervisor:
                 beats[pid] = os.stat(self.run_dir / HEARTBEATS / f"{model}.{pid}").st_mtime_ns
             except FileNotFoundError:
                 beats[pid] = None
-        if self.stall_seconds:
-            try:
+        if self.stall_seconds:  # no answer in time: no progress news this poll
+            with contextlib.suppress(OSError, http.client.HTTPException):
                 metrics = samples(self.server.metrics_text(METRICS_TIMEOUT, METRICS_TIMEOUT), PROGRESS)
-            except (OSError, http.client.HTTPException):  # no answer in time: no progress news this poll
-                pass
         return Observation(at, dict(self.stubs), beats, metrics, self._held())
 
     def _held(self) -> int:
@@ -181,14 +177,14 @@ class Supervisor:
             incident = (worse or [incident])[0]
             how = incident.how if worse else f"drained in {time.monotonic() - t0:.1f} s"
         say(f"{incident.model}: {how}; restarting tritonserver")
+        self.flags.set(BROKEN, incident.message)
         if not incident.dead:  # a stub's late heartbeats dumped its threads' stacks (serving.supervision.run_folder)
             for dump in sorted((self.run_dir / STACKS).glob(f"{incident.model}.*.txt")):
                 say(f"{incident.model}: stacks at its late heartbeats: {dump}")
-        self.flags.set(BROKEN, incident.message)
-        for pid, model in self.stubs.items() if not incident.dead else ():  # which thread holds the GIL
-            dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
-            if model == incident.model and f"(pid {pid})" in incident.how and native_stacks(pid, dump):
-                say(f"{model}: its native stacks: {dump}")
+            for pid, model in self.stubs.items():  # which thread holds the GIL
+                dump = self.run_dir / STACKS / f"{model}.{pid}.gdb.txt"
+                if model == incident.model and f"(pid {pid})" in incident.how and native_stacks(pid, dump):
+                    say(f"{model}: its native stacks: {dump}")
         if incident.model not in ("tts", "tritonserver"):  # a live tts fails its streams within 50 ms
             time.sleep(GRACE_SECONDS)
         self.stop(grace=0)  # its state is being thrown away: no graceful unload

@@ -111,15 +111,15 @@ class TritonServer:
     internal_key: str = field(default_factory=lambda: secrets.token_hex(32))
     proc: subprocess.Popen | None = None
     # Triton's own metrics page, on loopback: the metrics port is a relay that does not name the generator
-    triton_metrics_port: int = field(default_factory=lambda: free_port())
+    triton_metrics_port: int = field(default_factory=free_port)
     relay: MetricsRelay | None = None
     # With grpc_front (http_front) limits, ports.grpc (ports.http) is the bounded front (serving.fronts) on
     # front_host (metrics_host, else host), and Triton's own listens on loopback at triton_grpc_port (_http_).
     grpc_front: FrontLimits | None = None
-    triton_grpc_port: int = field(default_factory=lambda: free_port())
+    triton_grpc_port: int = field(default_factory=free_port)
     front: GrpcFront | None = None
     http_front: HttpFrontLimits | None = None
-    triton_http_port: int = field(default_factory=lambda: free_port())
+    triton_http_port: int = field(default_factory=free_port)
     http_proxy: HttpFront | None = None
 
     @property
@@ -237,9 +237,9 @@ class TritonServer:
                     raise
             time.sleep(0.1)
 
-    def metrics(self, prefixes: tuple[str, ...] = ("tts_",), timeout: float = 10.0) -> dict[str, float]:
+    def metrics(self, prefixes: tuple[str, ...] = ("tts_",)) -> dict[str, float]:
         """Samples whose names start with ``prefixes``, keyed by name with its labels."""
-        lines = (line.rpartition(" ") for line in self.metrics_text(timeout).splitlines())
+        lines = (line.rpartition(" ") for line in self.metrics_text().splitlines())
         return {name: float(value) for name, _, value in lines if name.startswith(prefixes)}
 
     def log_tail(self, n: int = 60) -> str:

@@ -86,10 +86,6 @@ class Vitals:
     _since: dict = field(default_factory=dict)
     _silent: dict[int, float] = field(default_factory=dict)  # pid -> seconds silent while another stub beat
 
-    def reset(self) -> None:
-        """Forget everything: a new tritonserver."""
-        self.pause, self._last, self._answered, self._since, self._silent = 0.0, None, None, {}, {}
-
     def _stood(self, what, value, at: float) -> float:
         """How long ``what`` has had ``value`` (0: new or changed now)."""
         if (last := self._since.get(what)) is None or last[0] != value:
@@ -101,9 +97,9 @@ class Vitals:
         at = seen.at
         gap = 0.0 if self._last is None else at - self._last
         self.pause, self._last = (gap if gap > PAUSE_SECONDS else 0.0), at
-        if self.pause:  # whatever was quiet was paused with us: start every timer over
+        if self.pause or self._answered is None:  # the first look, or a pause (what was quiet was paused with us):
             self._since, self._silent = {what: (value, at) for what, (value, _) in self._since.items()}, {}
-            self._answered = at if self._answered is not None else None
+            self._answered = at  # every timer starts over
         return self._heartbeats(seen, 0.0 if self.pause else gap) or self._progress(seen) or self._leak(seen)
 
     def _heartbeats(self, seen: Observation, gap: float) -> Incident | None:
@@ -128,9 +124,7 @@ class Vitals:
         if not self.stall_seconds:
             return None
         if seen.metrics is None:
-            if self._answered is None:
-                self._answered = seen.at
-            elif (silent := seen.at - self._answered) >= self.stall_seconds:
+            if (silent := seen.at - self._answered) >= self.stall_seconds:
                 return Incident("tritonserver", f"its metrics port has not answered for {silent:.1f} s", dead=False)
             return None
         self._answered = seen.at

@@ -68,7 +68,7 @@ def test_serves_from_a_run_folder_of_its_own_with_a_private_triton_key(launcher)
     assert not (run / "admin_key").exists()  # the operator gave one
     key_file = run / "triton_admin_key"
     assert f"Triton admin key (repository index, shared memory, logging, trace): {key_file}" in text
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and stat.S_IMODE(run.stat().st_mode) == 0o700
     key = key_file.read_text().strip()
     assert key and key not in text and key != OPERATOR_KEY
     assert {p.name.split(".")[0] for p in (run / "heartbeat").iterdir()} == set(launcher.stubs())

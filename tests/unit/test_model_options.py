@@ -49,11 +49,10 @@ def test_each_model_reads_back_what_was_rendered(model, opts):
     params = parameters_of(rendered[model])
     cls = MODELS[model]
     assert cls.read(triton_args(params)) == cls.of(opts)
-    assert cls.read(params) == cls.of(opts)
 
 
 def test_rendered_values_are_the_options_given():
-    models = {name: parameters_of(text) for name, text in render(ODD).items()}
+    models = {name: triton_args(parameters_of(text)) for name, text in render(ODD).items()}
     gen = GeneratorOptions.read(models["generator"])
     assert (gen.checkpoint, gen.device, gen.slots, gen.max_len) == ('/ck "quoted" \\ dir', "cuda:1", 3, 512)
     assert (gen.kv_memory_gb, gen.attention, gen.cancel_dir, gen.run_dir) == (1.5, "sdpa", "/c", "/r")
@@ -66,9 +65,10 @@ def test_rendered_values_are_the_options_given():
     assert (prompt.public_steps, prompt.capacity) == (False, 3 + 5)
     tts = TTSOptions.read(models["tts"])
     assert (tts.bls_timeout_seconds, tts.capacity) == (33, 8)
-    assert TTSOptions.read(parameters_of(render(ServeOptions(slots=3))["tts"])).capacity == 3 + 4 * 3
+    assert TTSOptions.read(triton_args(parameters_of(render(ServeOptions(slots=3))["tts"]))).capacity == 3 + 4 * 3
     assert VoicesOptions.read(models["voices"]).bls_timeout_seconds == 33
-    assert PromptEncoderOptions.read(parameters_of(render(ServeOptions())["prompt_encoder"])).public_steps is True
+    prompt = triton_args(parameters_of(render(ServeOptions())["prompt_encoder"]))
+    assert PromptEncoderOptions.read(prompt).public_steps is True
 
 
 def test_a_bad_parameter_is_named():
@@ -77,14 +77,14 @@ def test_a_bad_parameter_is_named():
                                 ("kv_memory_gb", "lots", "'kv_memory_gb' must be a finite number"),
                                 ("kv_memory_gb", "nan", "'kv_memory_gb' must be a finite number")]:  # fmt: skip
         with pytest.raises(ValueError, match=needle):
-            GeneratorOptions.read({**good, name: value})
+            GeneratorOptions.read(triton_args({**good, name: value}))
     with pytest.raises(ValueError, match="no parameter 'max_len'"):
-        GeneratorOptions.read({k: v for k, v in good.items() if k != "max_len"})
+        GeneratorOptions.read(triton_args({k: v for k, v in good.items() if k != "max_len"}))
     with pytest.raises(ValueError, match=r"unknown parameters \['slotz'\]"):
-        GeneratorOptions.read({**good, "slotz": "3"})
+        GeneratorOptions.read(triton_args({**good, "slotz": "3"}))
     vocoder = parameters_of(render(ServeOptions())["vocoder"])
     with pytest.raises(ValueError, match="vocoder parameter 'public_steps' must be 1 or 0"):
-        VocoderOptions.read({**vocoder, "public_steps": "yes"})
+        VocoderOptions.read(triton_args({**vocoder, "public_steps": "yes"}))
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

@@ -323,15 +323,6 @@ def test_stall_seconds_zero_turns_the_progress_rule_off():
     assert run.run(120) is None
 
 
-def test_reset_forgets_the_old_server():
-    vitals = Vitals(MODELS, stall_seconds=10)
-    run = Run(vitals)
-    run.pending["generator"] = 1
-    run.run(9.5)
-    vitals.reset()
-    assert run.run(9.5) is None
-
-
 # ---- the supervisor's drain and restart policy, against a fake tritonserver ----
 class FakeServer:
     """What Supervisor uses of TritonServer; ``in_flight`` is what the metrics port says."""
@@ -374,6 +365,20 @@ def supervised(tmp_path):
     server = FakeServer(tmp_path, SideChannel(tmp_path / "marks", run_dir=tmp_path))  # what tts reads
     yield Supervisor(server, tmp_path, drain_seconds=5), server
     server.proc.kill()
+
+
+def test_a_restarted_server_is_judged_afresh(supervised):
+    """Nothing the rules saw of the old server counts against the new one."""
+    supervisor, _ = supervised
+    supervisor.stall_seconds = 10
+    assert supervisor._start(stopping=lambda: False)
+    run = Run(supervisor.vitals)
+    run.pending["generator"] = 1
+    run.run(9.5)
+    supervisor.stop(grace=0)
+    assert supervisor._start(stopping=lambda: False)
+    run.vitals = supervisor.vitals
+    assert run.run(9.5) is None
 
 
 @pytest.mark.parametrize("model", sorted(DEFERRABLE))
