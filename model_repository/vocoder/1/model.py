@@ -9,9 +9,13 @@ import time
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
+from engine.synthetic import SyntheticVocoderService
+from engine.vocoder_service import VocoderService
 from serving.config.model_options import VocoderOptions
+from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import Level, family, release
+from serving.security.vocoder_guard import VocoderGuard
+from serving.stub.metric_batch import Level, announce, family, release
 from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
@@ -23,12 +27,6 @@ REAP_EVERY_SECONDS = 1.0
 
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.synthetic import SyntheticVocoderService
-        from engine.vocoder_service import VocoderService
-        from serving.flow.side_channel import SideChannel
-        from serving.security.vocoder_guard import VocoderGuard
-        from serving.stub.metric_batch import announce
-
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
         model, kw = load_model(opts, parts=("decoder",)), {"batch_invariant": opts.batch_invariant}
@@ -84,7 +82,7 @@ class TritonPythonModel:
             if isinstance(item, tuple):
                 (reason, error), audio = item, None
             else:
-                out, reason, error = next(outs), item.finish_reason, None
+                out, reason = next(outs), item.finish_reason
                 audio, error = (None, out) if isinstance(out, Exception) else (out, None)
             if error is not None:
                 self.refusals.warning("vocoder chunk refused or failed: %s", error)
