@@ -66,10 +66,9 @@ class TritonPythonModel:
         parsed, sizes, opening = [], [], 0  # per chunk: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
             try:
-                items = self._read(r, opening)
+                items, opening = self._read(r, opening)
             except Exception as e:  # never leave a request unanswered
                 items = [("", RuntimeError(f"vocoder: {e}"))] * max(1, _batch(r))
-            opening += sum(not isinstance(c, tuple) and bool(len(c.prompt_latents)) for c in items)  # streams opened
             parsed += items
             sizes.append(len(items))
         try:
@@ -94,15 +93,16 @@ class TritonPythonModel:
             r.get_response_sender().send(pb.InferenceResponse(out), flags=FINAL)
         self.gauge.set(self.service.active)
 
-    def _read(self, request, opening: int) -> list:
-        """Per chunk of the request: the chunk if the vocoder may decode it, else (finish reason, error)."""
+    def _read(self, request, opening: int) -> tuple[list, int]:
+        """Per chunk of the request: the chunk if the vocoder may decode it, else (finish reason, error); and
+        ``opening`` (the streams this batch opens) counted on past the request's."""
         try:
             trusted = self.keys.split(request.parameters())[1]
             self.keys.admit(trusted, "vocoder")
             accessors = rows(lambda n: get(pb, request, n, required=False))
         except Exception as e:  # unreadable or refused: every chunk of it answered so
             error = e if isinstance(e, Refused) else ValueError(f"vocoder: {e}")
-            return [("", error)] * max(1, _batch(request))
+            return [("", error)] * max(1, _batch(request)), opening
         # only key-less chunks can come from an ensemble whose client left (ours are BLS requests)
         cancelled = not trusted and request.is_cancelled()
         items = []
@@ -114,7 +114,7 @@ class TritonPythonModel:
                 items.append(chunk if decision.decode else (decision.reason, decision.error))
             except Exception as e:  # this chunk alone
                 items.append(("", ValueError(f"vocoder: {e}")))
-        return items
+        return items, opening
 
     def finalize(self):
         self.stopping.set()
