@@ -31,7 +31,7 @@ from serving.stub.triton_io import (
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # An ensemble has no sequence to continue: its generator stream gets an id of ours, so a client's
-# sequence id (older clients sent one; HTTP clients send it as a parameter, Triton's own) is ignored.
+# sequence id (older clients sent one; over HTTP it comes as one of Triton's own parameters) is ignored.
 TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 
