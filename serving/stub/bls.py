@@ -184,8 +184,7 @@ class CancelWatch:
     @staticmethod
     def _ask(entry: Watched) -> None:
         try:
-            if RETIRED.is_cancelled(entry.request):
-                entry.cancelled = True
+            entry.cancelled |= RETIRED.is_cancelled(entry.request)  # once True, it stays
         except Exception:  # noqa: BLE001 (a failed check is not a cancellation; the next one may work)
             log.exception("is_cancelled() failed")
 

@@ -133,11 +133,10 @@ class BLSGenerator:
     async def _own_end(self, request, inbox: Inbox) -> None:
         """Send a stream's request and put its one final response in ``inbox``: None (admitted: its chunks come
         on the pipe), a chunk (it never started) or the error. ``request`` is held until then (T4)."""
+        item = None  # admitted, or no response at all
         try:
             response = await first_response(request)
-            if response is None or not (response.has_error() or response.output_tensors()):
-                item = None
-            else:
+            if response is not None and (response.has_error() or response.output_tensors()):
                 item = bls_error(self.bls.pb, "generator", response) or unpack(outputs(self.bls.pb, response))[0]
         except Exception as e:  # noqa: BLE001 (the stream fails with it)
             item = e

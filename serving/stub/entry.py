@@ -35,9 +35,8 @@ class Entry:
         self.admission.clear()
         reader = model if instances == 1 else f"{model}.{os.getpid()}"  # a board per process
         self.receipts = Receipts(self.channel.dir, reader)  # its pipes' receipts, its held streams (T23, T22)
-        keys = self.keys
-        self.generator = BLSGenerator(self.bls, keys.generator_model, self.admission, self.receipts,
-                                      keys.new_stream_id)  # fmt: skip
+        self.generator = BLSGenerator(self.bls, self.keys.generator_model, self.admission, self.receipts,
+                                      self.keys.new_stream_id)  # fmt: skip
 
     def finalize(self) -> None:
         self.generator.pipe.close()  # the generator ends this process's pipe

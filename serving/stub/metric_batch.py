@@ -107,8 +107,7 @@ class Level:
 
 
 class TTSMetrics:
-    """Requests by outcome, the gauges of requests in flight, waiting and text-in streams open, the audio
-    streamed and the first chunk's latency, moved by ``batch`` (a :class:`MetricBatch`)."""
+    """tts's metrics (docs/operations.md, "Metrics"), moved by ``batch`` (a :class:`MetricBatch`)."""
 
     def __init__(self, pb, batch, window=None):  # window: the start window (engine.start_window), if any
         self.batch, self.window = batch, window

@@ -48,9 +48,7 @@ class StubThreads:
             loop.set_default_executor(self.pool)
             self.loop = loop
         await asyncio.gather(*(serve_one(r) for r in requests))
-        # Every response is out by now; an execute that ended before the stub filed its future would stay
-        # filed for good and log a KeyError (docs/triton.md#T29)
-        await asyncio.sleep(SETTLE_SECONDS)
+        await asyncio.sleep(SETTLE_SECONDS)  # every response is out: the stub files this coroutine's future (T29)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -66,17 +64,17 @@ class Responses:
     def __init__(self, sender, pool):
         self.sender, self.pool = sender, pool
         self.sending: asyncio.Future | None = None  # the send under way
-        self.queued: collections.deque = collections.deque()  # (response, flags) not started yet
+        self.queued: collections.deque = collections.deque()  # responses not started yet
         self.failed: BaseException | None = None
 
     def pending(self) -> int:
         """Sends queued or under way."""
         return len(self.queued) + (self.sending is not None and not self.sending.done())
 
-    async def send(self, response=None, flags: int = 0) -> None:
+    async def send(self, response) -> None:
         if self.failed is not None:
             raise self.failed
-        self.queued.append((response, flags))
+        self.queued.append(response)
         self._next()
         while self.pending() > SENDS_AHEAD:
             await asyncio.wait({self.sending})
@@ -94,7 +92,7 @@ class Responses:
         """Start the next queued send once none is under way (on the event loop)."""
         if not self.queued or (self.sending is not None and not self.sending.done()):
             return
-        self._start(*self.queued.popleft()).add_done_callback(self._sent)
+        self._start(self.queued.popleft(), 0).add_done_callback(self._sent)
 
     def _start(self, response, flags: int) -> asyncio.Future:
         """One send, on a pool thread: :attr:`sending` until it ends."""

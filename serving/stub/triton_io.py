@@ -96,15 +96,10 @@ SECRET_NAME = re.compile(r"generator-[0-9a-f]{32}")
 STUB_DEAD = "is not healthy"
 
 
-def scrub(message: str) -> str:
-    """``message`` with the generator's secret name replaced by ``generator``."""
-    return SECRET_NAME.sub("generator", message)
-
-
 def error_response(pb, error: BaseException | str):
     """An error response whose message carries its kind (:func:`engine.protocol.tagged`: status codes do not
     survive Triton, docs/triton.md#T1); its status code follows the kind (gRPC unary calls see it)."""
-    message = scrub(tagged(error) if isinstance(error, BaseException) else error)
+    message = SECRET_NAME.sub("generator", tagged(error) if isinstance(error, BaseException) else error)
     kind = error_kind(message)[0]
     code = {INVALID: pb.TritonError.INVALID_ARG, UNAVAILABLE: pb.TritonError.UNAVAILABLE,
             NOT_FOUND: pb.TritonError.NOT_FOUND}.get(kind, pb.TritonError.INTERNAL)  # fmt: skip
@@ -132,7 +127,7 @@ def bls_error(pb, model: str, response) -> Exception | None:
     if not response.has_error():
         return None
     error = response.error()
-    text = scrub(error.message())
+    text = SECRET_NAME.sub("generator", error.message())
     kind, message = error_kind(text)
     if not text.startswith(KINDS) and STUB_DEAD in text:
         return Unavailable(f"{model} backend is not healthy; the server restarts it, retry shortly")

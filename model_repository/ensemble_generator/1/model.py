@@ -31,7 +31,7 @@ from serving.stub.triton_io import (
 log = setup_logging("ensemble_generator")
 FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # An ensemble has no sequence to continue: its generator stream gets an id of ours, so a client's
-# sequence id (older clients sent one) is ignored.
+# sequence id (older clients sent one; over HTTP it comes as one of Triton's own parameters) is ignored.
 TRITON_SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 
 
@@ -111,8 +111,6 @@ def read_segment(request, stream_id: int) -> Segment:
     language = check_language(string(pb, request, "LANGUAGE", "")) or ""
     prompt_text = check_text(string(pb, request, "PROMPT_TEXT", ""), "PROMPT_TEXT", required=False)
     prompt = {"PROMPT_LATENTS": latents, "SPEAKER": speaker.reshape(-1), "PROMPT_TEXT": prompt_text}
-    given = parameter_dict(request.parameters())
-    for name in TRITON_SEQUENCE_PARAMETERS:  # Triton's own (HTTP clients send a sequence id as one): not ours
-        given.pop(name, None)
+    given = {k: v for k, v in parameter_dict(request.parameters()).items() if k not in TRITON_SEQUENCE_PARAMETERS}
     params, schedule = contract.decode_settings(scalar(pb, request, "SEED", None), given, contract.ENSEMBLE_PARAMETERS)
     return Segment(stream_id, text, language, prompt, params, schedule)

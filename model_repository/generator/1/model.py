@@ -53,8 +53,6 @@ class TritonPythonModel:
 
 
 def send(sender, chunks: list[Chunk] | None, final: bool) -> None:  # GeneratorHost's one way to send
-    if chunks is None:
-        sender.send(flags=FINAL)
-        return
     tensors = [pb.Tensor(name, value[None]) for name, value in pack(chunks).items()] if chunks else []
-    sender.send(pb.InferenceResponse(tensors), flags=FINAL if final else 0)
+    response = None if chunks is None else pb.InferenceResponse(tensors)  # None: only the FINAL flag
+    sender.send(response, flags=FINAL if final or chunks is None else 0)

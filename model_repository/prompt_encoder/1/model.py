@@ -49,7 +49,7 @@ class TritonPythonModel:
         if voice.voice_id:
             try:
                 return self.store.get(voice.voice_id)
-            except VoiceNotFound as e:
+            except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault
                 raise ValueError(f"VOICE_ID: {e}") from None
         if voice.ref_audio is None:
             return self.model.encode_prompt(None)
@@ -81,10 +81,7 @@ class TritonPythonModel:
         if not trusted and self.admission.full():
             raise Unavailable(self.admission.busy_message())
         spoken, language = self._spoken(r)  # first: unspeakable text fails before any encoding
-        try:
-            prompt = self._prompt(r, trusted)
-        except VoiceNotFound as e:  # an unknown VOICE_ID is the request's fault
-            raise ValueError(str(e)) from None
+        prompt = self._prompt(r, trusted)
         values = {"PROMPT_LATENTS": prompt.latents.numpy(), "SPEAKER": prompt.speaker.numpy(),
                   "PROMPT_TEXT": prompt.text, "SPOKEN_TEXT": spoken, "SPOKEN_LANGUAGE": language}  # fmt: skip
         return pb.InferenceResponse(tensors(pb, contract.PROMPT_OUTPUTS, values))

@@ -90,8 +90,7 @@ class TritonPythonModel:
             stream, error = start_stream(pb, self.text_streams, request, key)
             if error:
                 self.metrics.increment(self.outcome["busy" if error.startswith(UNAVAILABLE) else "error"], 1)
-                sender.send(error_response(pb, error), flags=FINAL)
-                return
+                return sender.send(error_response(pb, error), flags=FINAL)
             place = stream.place.place
             self.families.streams_open(len(self.text_streams.open))
         elif not place.take():

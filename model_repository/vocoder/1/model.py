@@ -9,9 +9,13 @@ import time
 import triton_python_backend_utils as pb
 
 from engine.protocol import failure_reason
+from engine.synthetic import SyntheticVocoderService
+from engine.vocoder_service import VocoderService
 from serving.config.model_options import VocoderOptions
+from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys, Refused
-from serving.stub.metric_batch import Level, family, release
+from serving.security.vocoder_guard import VocoderGuard
+from serving.stub.metric_batch import Level, announce, family, release
 from serving.stub.triton_io import Throttled, get, load_model, read_chunk, setup_logging
 from serving.stub.vocoder_batch import answer, rows
 from serving.supervision.run_folder import start_heartbeat
@@ -23,12 +27,6 @@ REAP_EVERY_SECONDS = 1.0
 
 class TritonPythonModel:
     def initialize(self, args):
-        from engine.synthetic import SyntheticVocoderService
-        from engine.vocoder_service import VocoderService
-        from serving.flow.side_channel import SideChannel
-        from serving.security.vocoder_guard import VocoderGuard
-        from serving.stub.metric_batch import announce
-
         opts = VocoderOptions.read(args)
         start_heartbeat(opts.run_dir, "vocoder")
         model, kw = load_model(opts, parts=("decoder",)), {"batch_invariant": opts.batch_invariant}
@@ -68,10 +66,9 @@ class TritonPythonModel:
         parsed, sizes, opening = [], [], 0  # per chunk: a Chunk to decode, or (finish reason, error) to answer with
         for r in requests:
             try:
-                items = self._read(r, opening)
+                items, opening = self._read(r, opening)
             except Exception as e:  # never leave a request unanswered
                 items = [("", RuntimeError(f"vocoder: {e}"))] * max(1, _batch(r))
-            opening += sum(not isinstance(c, tuple) and bool(len(c.prompt_latents)) for c in items)  # streams opened
             parsed += items
             sizes.append(len(items))
         try:
@@ -84,7 +81,7 @@ class TritonPythonModel:
             if isinstance(item, tuple):
                 (reason, error), audio = item, None
             else:
-                out, reason, error = next(outs), item.finish_reason, None
+                out, reason = next(outs), item.finish_reason
                 audio, error = (None, out) if isinstance(out, Exception) else (out, None)
             if error is not None:
                 self.refusals.warning("vocoder chunk refused or failed: %s", error)
@@ -96,15 +93,16 @@ class TritonPythonModel:
             r.get_response_sender().send(pb.InferenceResponse(out), flags=FINAL)
         self.gauge.set(self.service.active)
 
-    def _read(self, request, opening: int) -> list:
-        """Per chunk of the request: the chunk if the vocoder may decode it, else (finish reason, error)."""
+    def _read(self, request, opening: int) -> tuple[list, int]:
+        """Per chunk of the request: the chunk if the vocoder may decode it, else (finish reason, error); and
+        ``opening`` (the streams this batch opens) counted on past the request's."""
         try:
             trusted = self.keys.split(request.parameters())[1]
             self.keys.admit(trusted, "vocoder")
             accessors = rows(lambda n: get(pb, request, n, required=False))
         except Exception as e:  # unreadable or refused: every chunk of it answered so
             error = e if isinstance(e, Refused) else ValueError(f"vocoder: {e}")
-            return [("", error)] * max(1, _batch(request))
+            return [("", error)] * max(1, _batch(request)), opening
         # only key-less chunks can come from an ensemble whose client left (ours are BLS requests)
         cancelled = not trusted and request.is_cancelled()
         items = []
@@ -116,7 +114,7 @@ class TritonPythonModel:
                 items.append(chunk if decision.decode else (decision.reason, decision.error))
             except Exception as e:  # this chunk alone
                 items.append(("", ValueError(f"vocoder: {e}")))
-        return items
+        return items, opening
 
     def finalize(self):
         self.stopping.set()
