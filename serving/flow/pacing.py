@@ -17,7 +17,6 @@ from serving.contract import DELIVERED, PACE, PACE_REQUEST
 from serving.flow.pace_board import FULL, POLL_SECONDS, UNKNOWN, PaceBoard
 
 log = logging.getLogger("tts")
-PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
 MAX_UPDATES = 10_000  # pace requests one request may take
 HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
@@ -39,7 +38,7 @@ def lead_seconds(schedule: ChunkSchedule) -> float:
 def check_token(token) -> str:
     """A paced request's token, or ValueError naming the rule."""
     if not isinstance(token, str) or not TOKEN.fullmatch(token):
-        raise ValueError(f"{INVALID}parameter {PARAMETER} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
+        raise ValueError(f"{INVALID}parameter {PACE} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
     return token
 
 
@@ -155,11 +154,11 @@ class PaceTable:
         """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
         A request without a token gets one that never pauses (its lead stays infinite: :meth:`Pacer.paced_by`)."""
         pacer = Pacer(math.inf, self.hold, self.mark, self.unmark, now)
-        token = parameters.get(PARAMETER)
+        token = parameters.get(PACE)
         if token is not None:
             pacer.token = check_token(token)
             if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
-                raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
+                raise ValueError(f"{INVALID}parameter {PACE}: this pace token is in use by a running request")
             self.pacers[token] = pacer
             pacer.shared = shared if self.board else None
             if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
@@ -184,7 +183,7 @@ class PaceTable:
     def answer(self, parameters: dict, now: float) -> str | None:
         """A pace request -> the error of its answer (a bad ``delivered``, an unknown token, past
         :data:`MAX_UPDATES`), or None: taken."""
-        token, value = parameters.get(PARAMETER), parameters.get(DELIVERED)
+        token, value = parameters.get(PACE), parameters.get(DELIVERED)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
         pacer = self.pacers.get(token) if isinstance(token, str) else None
