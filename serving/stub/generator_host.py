@@ -65,7 +65,6 @@ class GeneratorHost:
         # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
         self.budget = StepBudget(opts.step_budget_ms / 1000)
         self.slot_cap = Admission(self.channel.dir, None, 1, opts.slots)  # its cap: serving.flow.admission
-        self.cap = -1  # the cap last set (engine thread only)
         self._set_cap()
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
@@ -173,8 +172,7 @@ class GeneratorHost:
         """One step of every live stream but the ``held`` ones (their clients are far behind: serving.flow.pacing;
         they keep their slots); each chunk that is due, sealed, waits for its pipe's next response. A failed
         step ends every stream in it."""
-        live = list(self.service.live)
-        run = [i for i in live if i not in held] if held else live
+        run = [i for i in self.service.live if i not in held]
         t0 = time.perf_counter()
         try:
             out = self.service.step(run)  # all held (run empty): their chunk clocks rest all the same
@@ -195,15 +193,12 @@ class GeneratorHost:
     def _set_cap(self) -> None:
         """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""
         room = self.budget.room(len(self.service.live))
-        cap = 0 if room is None else len(self.service.live) + room
-        if cap != self.cap:
-            self.slot_cap.set_cap(cap)
-            self.cap = cap
+        self.slot_cap.set_cap(0 if room is None else len(self.service.live) + room)  # 8 bytes in the shared file
 
     def _answer(self, sender, chunk: Chunk) -> None:  # a stream's own request ends: refused, or cancelled waiting
         self.pipes.safely(sender, [chunk], True)
 
-    def _lose(self, stream_ids: set[int], why: str) -> None:
+    def _lose(self, stream_ids: set[int]) -> None:
         """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:
         serving.stub.pipe_reader; their own requests were answered when they were admitted)."""
         for stream_id in stream_ids:
