@@ -28,20 +28,6 @@ TOO_MANY = f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of the
 PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
 
 
-def lead_seconds(schedule: ChunkSchedule) -> float:
-    """How far the generator may get ahead of the listener: two of the largest chunks (``chunk_next``
-    patches each; 7.68 s at the default 24). A chunk is cut at most that large, so the listener then holds
-    at least one whole chunk more than the deadline rule asks for while the next one is made."""
-    return 2 * schedule.cap * PATCH_SECONDS
-
-
-def check_token(token) -> str:
-    """A paced request's token, or ValueError naming the rule."""
-    if not isinstance(token, str) or not TOKEN.fullmatch(token):
-        raise ValueError(f"{INVALID}parameter {PACE} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
-    return token
-
-
 class Pacer:
     """One paced request: seconds sent and delivered, the generator streams it has open, whether they are
     paused. ``mark(id)``/``unmark(id)`` hold and release a stream (serving.flow.receipts.Receipts); times are
@@ -64,9 +50,12 @@ class Pacer:
         self.shared = None  # its delivery on the run's PaceBoard (tts's instances share it), if any
 
     def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
-        """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
+        """The request's chunk schedule and speed are read. A paced request's lead, how far the generator may get
+        ahead of the listener, is two of its largest chunks (``chunk_next`` patches each; 7.68 s at the default 24).
+        A chunk is cut at most that large, so the listener then holds at least one whole chunk more than the
+        deadline rule asks for while the next one is made."""
         if self.token:
-            self.lead, self.speed = lead_seconds(schedule), speed
+            self.lead, self.speed = 2 * schedule.cap * PATCH_SECONDS, speed
 
     def held(self) -> bool:  # expired now
         return self.expired(time.monotonic())
@@ -156,10 +145,12 @@ class PaceTable:
         pacer = Pacer(math.inf, self.hold, self.mark, self.unmark, now)
         token = parameters.get(PACE)
         if token is not None:
-            pacer.token = check_token(token)
+            if not isinstance(token, str) or not TOKEN.fullmatch(token):
+                raise ValueError(f"{INVALID}parameter {PACE} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
             if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
                 raise ValueError(f"{INVALID}parameter {PACE}: this pace token is in use by a running request")
             self.pacers[token] = pacer
+            pacer.token = token
             pacer.shared = shared if self.board else None
             if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
                 self.poller = asyncio.get_running_loop().create_task(self._poll())

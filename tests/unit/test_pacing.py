@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.chunking import ChunkSchedule
-from serving.flow.pacing import HOLD_ERROR, MAX_UPDATES, UNKNOWN_TOKEN, Pacer, PaceTable, check_token, lead_seconds
+from serving.flow.pacing import HOLD_ERROR, MAX_UPDATES, UNKNOWN_TOKEN, Pacer, PaceTable
 
 
 def pacer(lead=8.0, hold=30.0) -> tuple[Pacer, list]:
@@ -16,8 +16,12 @@ def pacer(lead=8.0, hold=30.0) -> tuple[Pacer, list]:
 
 
 def test_lead_is_two_of_the_largest_chunks():
-    assert lead_seconds(ChunkSchedule(3, 24)) == pytest.approx(7.68)
-    assert lead_seconds(ChunkSchedule(2, 3)) == pytest.approx(0.96)
+    p, _ = pacer()
+    p.token = "t" * 16  # (a request without a token keeps its infinite lead: test_the_table_starts_...)
+    p.paced_by(ChunkSchedule(3, 24))
+    assert p.lead == pytest.approx(7.68)
+    p.paced_by(ChunkSchedule(2, 3))
+    assert p.lead == pytest.approx(0.96)
 
 
 def test_pauses_past_the_lead_and_resumes_below_half_of_it():
@@ -96,10 +100,13 @@ def test_table_refuses_a_token_in_use_and_names_an_unknown_one():
 
 
 def test_tokens():
-    assert check_token("A" * 16) and check_token("a-b_c" * 12 + "abcd")
-    for bad in ("short", "x" * 65, "has space in it!!", 1234567890123456789, None):
+    table = PaceTable(30.0, print, print)
+    for good in ("A" * 16, "a-b_c" * 12 + "abcd"):
+        assert table.start({"pace": good}, 0.0).token == good
+    for bad in ("short", "x" * 65, "has space in it!!", 1234567890123456789):
         with pytest.raises(ValueError, match="16-64 characters"):
-            check_token(bad)
+            table.start({"pace": bad}, 0.0)
+    assert table.start({"pace": None}, 0.0).token == ""  # no token: unpaced
 
 
 def test_a_request_held_out_stays_held_out():
