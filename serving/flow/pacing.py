@@ -40,7 +40,7 @@ class Pacer:
         self.lead, self.hold, self.mark, self.unmark = lead, hold, mark, unmark
         self.sent = self.made = self.delivered = 0.0
         self.speed = 1.0  # the request's speaking rate: made seconds / speed are seconds of its audio
-        self.updates = 0
+        self.updates = 0  # pace requests taken (read without a board: with one, the board counts them)
         self.streams: set[int] = set()
         self.paused = False
         self.pauses = 0  # pauses begun and ended so far (engine.start_window.CLIENT_PAUSES: not the server's lateness)
@@ -80,16 +80,8 @@ class Pacer:
         self.made += seconds / self.speed
         self._decide(now)
 
-    def on_delivered(self, seconds: float, now: float) -> None:
-        """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
-        ValueError past :data:`MAX_UPDATES`."""
-        if self.updates >= MAX_UPDATES:
-            raise ValueError(TOO_MANY)
-        self.updates += 1
-        self.took(seconds, now)
-
     def took(self, seconds: float, now: float) -> None:
-        """Its client has taken ``seconds`` in all (only growth counts; a pace request counted elsewhere)."""
+        """Its client's listener has taken ``seconds`` in all (a pace request, or the board's): only growth counts."""
         if seconds > self.delivered:
             self.delivered, self.progress = seconds, now
             self._decide(now)
@@ -177,18 +169,14 @@ class PaceTable:
         token, value = parameters.get(PACE), parameters.get(DELIVERED)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
-        pacer = self.pacers.get(token) if isinstance(token, str) else None
-        if self.board is not None:  # counted on the board, whichever instance runs the request
-            if not isinstance(token, str) or not TOKEN.fullmatch(token):
-                return UNKNOWN_TOKEN
-            error = self.board.deliver(token, float(value), MAX_UPDATES)
-            if pacer is not None and error is None:
-                pacer.took(float(value), now)
-            return {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(error)
-        if pacer is None:
+        if not isinstance(token, str) or not TOKEN.fullmatch(token):
             return UNKNOWN_TOKEN
-        try:
-            pacer.on_delivered(float(value), now)
-        except ValueError as e:
-            return str(e)
-        return None
+        pacer = self.pacers.get(token)
+        if self.board is not None:  # counted on the board, whichever instance runs the request
+            error = {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(self.board.deliver(token, float(value), MAX_UPDATES))
+        else:  # counted here: this table is all
+            error = UNKNOWN_TOKEN if pacer is None else TOO_MANY if pacer.updates >= MAX_UPDATES else None
+        if pacer is not None and error is None:
+            pacer.updates += 1
+            pacer.took(float(value), now)
+        return error
