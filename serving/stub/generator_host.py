@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
-from engine.step_cost import StepBudget
+from engine.step_cost import StepBudget, StepCost
 from serving.config.model_options import GeneratorOptions
 from serving.flow.admission import Admission
 from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_pipes import PipeOpening, Pipes
-from serving.stub.metric_batch import GeneratorMetrics
+from serving.stub.metric_batch import GeneratorMetrics, announce
 from serving.stub.triton_io import load_model
 from serving.supervision.run_folder import start_heartbeat
 
@@ -45,10 +45,8 @@ class GeneratorHost:
     raises when the response cannot go out."""
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, list[Chunk] | None, bool], None]):
-        from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
-        from serving.stub.metric_batch import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))
