@@ -17,7 +17,6 @@ from serving.contract import DELIVERED, PACE, PACE_REQUEST
 from serving.flow.pace_board import FULL, POLL_SECONDS, UNKNOWN, PaceBoard
 
 log = logging.getLogger("tts")
-PARAMETER = PACE  # request parameters: a paced request's token; a pace request's are it and DELIVERED
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")  # a token: unguessable, chosen by its client
 MAX_UPDATES = 10_000  # pace requests one request may take
 HOLD_ERROR = INVALID + "not reading: its client took no audio for {hold:g} s while the stream was paused " \
@@ -27,20 +26,6 @@ TOO_MANY = f"{INVALID}{PACE_REQUEST}a request takes at most {MAX_UPDATES} of the
 # The request a stream of the generator is made for: serving.stub.bls_adapters.BLSGenerator registers its
 # streams with it (tts sets it in the request's context, as engine.lifetime.LINGERING).
 PACING: contextvars.ContextVar[Pacer | None] = contextvars.ContextVar("pacing", default=None)
-
-
-def lead_seconds(schedule: ChunkSchedule) -> float:
-    """How far the generator may get ahead of the listener: two of the largest chunks (``chunk_next``
-    patches each; 7.68 s at the default 24). A chunk is cut at most that large, so the listener then holds
-    at least one whole chunk more than the deadline rule asks for while the next one is made."""
-    return 2 * schedule.cap * PATCH_SECONDS
-
-
-def check_token(token) -> str:
-    """A paced request's token, or ValueError naming the rule."""
-    if not isinstance(token, str) or not TOKEN.fullmatch(token):
-        raise ValueError(f"{INVALID}parameter {PARAMETER} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
-    return token
 
 
 class Pacer:
@@ -55,7 +40,7 @@ class Pacer:
         self.lead, self.hold, self.mark, self.unmark = lead, hold, mark, unmark
         self.sent = self.made = self.delivered = 0.0
         self.speed = 1.0  # the request's speaking rate: made seconds / speed are seconds of its audio
-        self.updates = 0
+        self.updates = 0  # pace requests taken (read without a board: with one, the board counts them)
         self.streams: set[int] = set()
         self.paused = False
         self.pauses = 0  # pauses begun and ended so far (engine.start_window.CLIENT_PAUSES: not the server's lateness)
@@ -65,9 +50,12 @@ class Pacer:
         self.shared = None  # its delivery on the run's PaceBoard (tts's instances share it), if any
 
     def paced_by(self, schedule: ChunkSchedule, speed: float = 1.0) -> None:
-        """The request's chunk schedule and speed are read: a paced request's lead is two of its largest chunks."""
+        """The request's chunk schedule and speed are read. A paced request's lead, how far the generator may get
+        ahead of the listener, is two of its largest chunks (``chunk_next`` patches each; 7.68 s at the default 24).
+        A chunk is cut at most that large, so the listener then holds at least one whole chunk more than the
+        deadline rule asks for while the next one is made."""
         if self.token:
-            self.lead, self.speed = lead_seconds(schedule), speed
+            self.lead, self.speed = 2 * schedule.cap * PATCH_SECONDS, speed
 
     def held(self) -> bool:  # expired now
         return self.expired(time.monotonic())
@@ -92,16 +80,8 @@ class Pacer:
         self.made += seconds / self.speed
         self._decide(now)
 
-    def on_delivered(self, seconds: float, now: float) -> None:
-        """A pace request: the client's listener has taken ``seconds`` in all (only growth counts).
-        ValueError past :data:`MAX_UPDATES`."""
-        if self.updates >= MAX_UPDATES:
-            raise ValueError(TOO_MANY)
-        self.updates += 1
-        self.took(seconds, now)
-
     def took(self, seconds: float, now: float) -> None:
-        """Its client has taken ``seconds`` in all (only growth counts; a pace request counted elsewhere)."""
+        """Its client's listener has taken ``seconds`` in all (a pace request, or the board's): only growth counts."""
         if seconds > self.delivered:
             self.delivered, self.progress = seconds, now
             self._decide(now)
@@ -155,12 +135,14 @@ class PaceTable:
         """A request's pacer, in the table under its token; ValueError (named) for a bad token or one in use.
         A request without a token gets one that never pauses (its lead stays infinite: :meth:`Pacer.paced_by`)."""
         pacer = Pacer(math.inf, self.hold, self.mark, self.unmark, now)
-        token = parameters.get(PARAMETER)
+        token = parameters.get(PACE)
         if token is not None:
-            pacer.token = check_token(token)
+            if not isinstance(token, str) or not TOKEN.fullmatch(token):
+                raise ValueError(f"{INVALID}parameter {PACE} must be 16-64 characters of A-Z, a-z, 0-9, _ and -")
             if token in self.pacers or (self.board and (shared := self.board.open(token)) is None):
-                raise ValueError(f"{INVALID}parameter {PARAMETER}: this pace token is in use by a running request")
+                raise ValueError(f"{INVALID}parameter {PACE}: this pace token is in use by a running request")
             self.pacers[token] = pacer
+            pacer.token = token
             pacer.shared = shared if self.board else None
             if self.board and self.poller is None:  # (on the stub's event loop, which calls start)
                 self.poller = asyncio.get_running_loop().create_task(self._poll())
@@ -184,21 +166,17 @@ class PaceTable:
     def answer(self, parameters: dict, now: float) -> str | None:
         """A pace request -> the error of its answer (a bad ``delivered``, an unknown token, past
         :data:`MAX_UPDATES`), or None: taken."""
-        token, value = parameters.get(PARAMETER), parameters.get(DELIVERED)
+        token, value = parameters.get(PACE), parameters.get(DELIVERED)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             return f"{INVALID}{PACE_REQUEST}parameter {DELIVERED} must be a number of seconds >= 0"
-        pacer = self.pacers.get(token) if isinstance(token, str) else None
-        if self.board is not None:  # counted on the board, whichever instance runs the request
-            if not isinstance(token, str) or not TOKEN.fullmatch(token):
-                return UNKNOWN_TOKEN
-            error = self.board.deliver(token, float(value), MAX_UPDATES)
-            if pacer is not None and error is None:
-                pacer.took(float(value), now)
-            return {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(error)
-        if pacer is None:
+        if not isinstance(token, str) or not TOKEN.fullmatch(token):
             return UNKNOWN_TOKEN
-        try:
-            pacer.on_delivered(float(value), now)
-        except ValueError as e:
-            return str(e)
-        return None
+        pacer = self.pacers.get(token)
+        if self.board is not None:  # counted on the board, whichever instance runs the request
+            error = {UNKNOWN: UNKNOWN_TOKEN, FULL: TOO_MANY}.get(self.board.deliver(token, float(value), MAX_UPDATES))
+        else:  # counted here: this table is all
+            error = UNKNOWN_TOKEN if pacer is None else TOO_MANY if pacer.updates >= MAX_UPDATES else None
+        if pacer is not None and error is None:
+            pacer.updates += 1
+            pacer.took(float(value), now)
+        return error

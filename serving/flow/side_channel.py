@@ -101,14 +101,12 @@ class SideChannel:
         """Remove marks older than ``max_age`` seconds (a live stream acts on its mark within one step); the
         live board sweeps itself (:meth:`LiveStreams.sync`)."""
         cutoff, removed = time.time() - max_age, 0
-        for entry in os.scandir(self.dir):
-            kind, _, number = entry.name.partition("-")
-            if kind not in KINDS or not number.isdigit():
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                if entry.stat().st_mtime < cutoff:
-                    os.unlink(entry.path)
-                    removed += 1
+        for kind, ids in self.poll().items():
+            for stream_id in ids:
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path := self._path(kind, stream_id)).st_mtime < cutoff:
+                        os.unlink(path)
+                        removed += 1
         return removed
 
 

@@ -12,21 +12,18 @@ OPEN = "open"
 # pipes a generator keeps at once (a new one past it ends the oldest): each reading process (tts's instances,
 # ensemble_generator: serving.config.options.MAX_TTS_INSTANCES + 1) reads its open pipe and up to 4 rotated ones
 MAX_PIPES = 48
-_COLUMNS = contract.PIPE_COLUMNS
 
 
 def pack(chunks: list[Chunk]) -> dict[str, np.ndarray]:
     """``chunks`` (of any streams; a stream's in order) -> the arrays of one pipe response."""
     n = len(chunks)
-    table = np.empty((n, _COLUMNS), np.uint64)
-    rows = []
+    table = np.empty((n, contract.PIPE_COLUMNS), np.uint64)
     strings = np.empty((n, 2), np.object_)
     for i, c in enumerate(chunks):
         table[i] = (c.stream_id, c.seq, c.seal, len(c.latents), len(c.prompt_latents), c.last)
-        rows.append(c.latents)
-        rows.append(c.prompt_latents)
         strings[i, 0] = c.finish_reason.encode("utf-8", "surrogatepass")
         strings[i, 1] = c.text.encode("utf-8", "surrogatepass")
+    rows = [a for c in chunks for a in (c.latents, c.prompt_latents)]
     latents = np.concatenate(rows).astype(np.float32, copy=False) if rows else np.zeros((0, LATENT_DIM), np.float32)
     return {"PIPE_CHUNKS": table, "PIPE_LATENTS": latents.reshape(-1, LATENT_DIM), "PIPE_TEXT": strings}
 
@@ -38,9 +35,9 @@ def unpack(tensor) -> list[Chunk]:
     table, latents, strings = tensor("PIPE_CHUNKS"), tensor("PIPE_LATENTS"), tensor("PIPE_TEXT")
     if table is None or latents is None or strings is None:
         raise ValueError("a pipe response lacks PIPE_CHUNKS, PIPE_LATENTS or PIPE_TEXT")
-    if table.size % _COLUMNS or latents.size % LATENT_DIM:
+    if table.size % contract.PIPE_COLUMNS or latents.size % LATENT_DIM:
         raise ValueError(f"PIPE_CHUNKS {table.shape} or PIPE_LATENTS {latents.shape} are not whole rows")
-    table, latents = table.reshape(-1, _COLUMNS), latents.reshape(-1, LATENT_DIM)
+    table, latents = table.reshape(-1, contract.PIPE_COLUMNS), latents.reshape(-1, LATENT_DIM)
     n = len(table)
     if strings.size != 2 * n:
         raise ValueError(f"PIPE_TEXT has {strings.size} values for {n} chunks")

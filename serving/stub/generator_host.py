@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.protocol import CANCELLED, Chunk, Unavailable, end_chunk, failure_reason
-from engine.step_cost import StepBudget
+from engine.step_cost import StepBudget, StepCost
 from serving.config.model_options import GeneratorOptions
 from serving.flow.admission import Admission
 from serving.flow.receipts import ReceiptBoard
 from serving.flow.side_channel import SideChannel
 from serving.security.auth import Keys
 from serving.stub.generator_pipes import PipeOpening, Pipes
-from serving.stub.metric_batch import GeneratorMetrics
+from serving.stub.metric_batch import GeneratorMetrics, announce
 from serving.stub.triton_io import load_model
 from serving.supervision.run_folder import start_heartbeat
 
@@ -45,10 +45,8 @@ class GeneratorHost:
     raises when the response cannot go out."""
 
     def __init__(self, pb, opts: GeneratorOptions, send: Callable[[object, list[Chunk] | None, bool], None]):
-        from engine.step_cost import StepCost
         from engine.streams import GeneratorService
         from engine.synthetic import SyntheticFireRedTTS3
-        from serving.stub.metric_batch import announce
 
         start_heartbeat(opts.run_dir, "generator")
         self.model = load_model(opts, parts=("core",))
@@ -65,7 +63,6 @@ class GeneratorHost:
         # the step budget caps the senders' generator slots: streams beyond it wait there, holding no thread
         self.budget = StepBudget(opts.step_budget_ms / 1000)
         self.slot_cap = Admission(self.channel.dir, None, 1, opts.slots)  # its cap: serving.flow.admission
-        self.cap = -1  # the cap last set (engine thread only)
         self._set_cap()
         self.keys = Keys.from_env("generator")  # never key-less
         self.metrics = GeneratorMetrics(pb, self.service)
@@ -173,8 +170,7 @@ class GeneratorHost:
         """One step of every live stream but the ``held`` ones (their clients are far behind: serving.flow.pacing;
         they keep their slots); each chunk that is due, sealed, waits for its pipe's next response. A failed
         step ends every stream in it."""
-        live = list(self.service.live)
-        run = [i for i in live if i not in held] if held else live
+        run = [i for i in self.service.live if i not in held]
         t0 = time.perf_counter()
         try:
             out = self.service.step(run)  # all held (run empty): their chunk clocks rest all the same
@@ -195,15 +191,12 @@ class GeneratorHost:
     def _set_cap(self) -> None:
         """Cap the senders' generator slots at the live streams plus the step budget's room (0: no cap)."""
         room = self.budget.room(len(self.service.live))
-        cap = 0 if room is None else len(self.service.live) + room
-        if cap != self.cap:
-            self.slot_cap.set_cap(cap)
-            self.cap = cap
+        self.slot_cap.set_cap(0 if room is None else len(self.service.live) + room)  # 8 bytes in the shared file
 
     def _answer(self, sender, chunk: Chunk) -> None:  # a stream's own request ends: refused, or cancelled waiting
         self.pipes.safely(sender, [chunk], True)
 
-    def _lose(self, stream_ids: set[int], why: str) -> None:
+    def _lose(self, stream_ids: set[int]) -> None:
         """End the streams of a pipe that ended: dropped and marked lost (their reader hears of it:
         serving.stub.pipe_reader; their own requests were answered when they were admitted)."""
         for stream_id in stream_ids:

@@ -35,7 +35,7 @@ class Pipe:
 
     def __init__(self, sender, receipt: tuple | None):
         self.sender, self.receipt = sender, receipt  # receipt None: unpaced
-        self.sent = 0  # responses sent
+        self.sent = 1  # responses sent: the pipe's opening was answered (Pipes.start)
         self.queue: list[Chunk] = []
         self.since = 0.0  # when the oldest waiting chunk was queued (monotonic)
         self.held = False  # its queue waited for the reader's receipt
@@ -44,11 +44,11 @@ class Pipe:
 
 class Pipes:
     """The open pipes, oldest first. ``send``: the generator's (serving.stub.generator_host.GeneratorHost);
-    ``lose(stream_ids, why)``: the streams of a pipe that ended, to be ended and marked lost;
+    ``lose(stream_ids)``: the streams of a pipe that ended, to be ended and marked lost;
     ``waited(seconds)``: how long chunks waited for a receipt (a metric)."""
 
     def __init__(self, send: Callable[[object, list[Chunk] | None, bool], None],
-                 lose: Callable[[set[int], str], None], waited: Callable[[float], None]):  # fmt: skip
+                 lose: Callable[[set[int]], None], waited: Callable[[float], None]):  # fmt: skip
         self.send, self.lose, self.waited = send, lose, waited
         self.open: dict[int, Pipe] = {}
         self.riding: dict[int, int] = {}  # stream -> its pipe (live, or its last chunk not sent yet)
@@ -68,8 +68,7 @@ class Pipes:
             log.warning("more than %d pipes: pipe %x, the oldest, is ended", MAX_PIPES, oldest)
             self.end(oldest, f"more than {MAX_PIPES} pipes were opened")
         if self.safely(p.sender, [], False):
-            pipe = self.open[p.pipe_id] = Pipe(p.sender, p.receipt)
-            pipe.sent = 1
+            self.open[p.pipe_id] = Pipe(p.sender, p.receipt)
 
     def add(self, pipe_id: int, stream_id: int) -> None:
         """The stream's chunks go on the pipe."""
@@ -122,7 +121,7 @@ class Pipes:
             self.riding.pop(stream_id, None)
         if pipe.streams:
             log.warning("pipe %x ended (%s): its %d streams are lost", pipe_id, why, len(pipe.streams))
-            self.lose(pipe.streams, why)
+            self.lose(pipe.streams)
         self.safely(pipe.sender, None, True)
 
     def safely(self, sender, chunks: list[Chunk] | None, final: bool) -> bool:

@@ -84,7 +84,8 @@ class PipeReader:
     async def join(self, stream_id: int) -> tuple[int, Inbox]:
         if self.watcher is None:
             self.watcher = asyncio.get_running_loop().call_later(WATCH_SECONDS, self._watch)
-        if self.pipe_id and self._worn(self.pipe_id):
+        carried = self.carried.get(self.pipe_id, (0, 0))  # past either bound, new streams go on a new pipe (T25)
+        if (carried[0] >= ROTATE_BYTES or carried[1] >= ROTATE_RESPONSES) and len(self.draining) < MAX_DRAINING:
             self._rotate()
         if not self.pipe_id:
             if self.opening is None or self.opening.done():
@@ -102,20 +103,14 @@ class PipeReader:
 
     def _alight(self, pipe_id: int, stream_id: int) -> None:
         """The pipe carries nothing more for the stream (its last chunk came, or it left)."""
-        riding = self.riding.get(pipe_id)
-        if riding is None or stream_id not in riding:
+        riding = self.riding.get(pipe_id, set())
+        if stream_id not in riding:
             return
         riding.discard(stream_id)
         if not riding:
             del self.riding[pipe_id]
             if pipe_id in self.draining:  # a rotated pipe's last stream is off it: it is ended
                 self._finish(pipe_id)
-
-    def _worn(self, pipe_id: int) -> bool:
-        """Whether the open pipe has carried enough that new streams should go on a new one (T25)."""
-        carried = self.carried.get(pipe_id)
-        return (carried is not None and (carried[0] >= ROTATE_BYTES or carried[1] >= ROTATE_RESPONSES)
-                and len(self.draining) < MAX_DRAINING)  # fmt: skip
 
     def _rotate(self) -> None:
         """New streams go on a new pipe; the open one is ended once its own streams have left."""

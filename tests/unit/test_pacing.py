@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.chunking import ChunkSchedule
-from serving.flow.pacing import HOLD_ERROR, MAX_UPDATES, UNKNOWN_TOKEN, Pacer, PaceTable, check_token, lead_seconds
+from serving.flow.pacing import HOLD_ERROR, MAX_UPDATES, UNKNOWN_TOKEN, Pacer, PaceTable
 
 
 def pacer(lead=8.0, hold=30.0) -> tuple[Pacer, list]:
@@ -16,8 +16,12 @@ def pacer(lead=8.0, hold=30.0) -> tuple[Pacer, list]:
 
 
 def test_lead_is_two_of_the_largest_chunks():
-    assert lead_seconds(ChunkSchedule(3, 24)) == pytest.approx(7.68)
-    assert lead_seconds(ChunkSchedule(2, 3)) == pytest.approx(0.96)
+    p, _ = pacer()
+    p.token = "t" * 16  # (a request without a token keeps its infinite lead: test_the_table_starts_...)
+    p.paced_by(ChunkSchedule(3, 24))
+    assert p.lead == pytest.approx(7.68)
+    p.paced_by(ChunkSchedule(2, 3))
+    assert p.lead == pytest.approx(0.96)
 
 
 def test_pauses_past_the_lead_and_resumes_below_half_of_it():
@@ -29,12 +33,12 @@ def test_pauses_past_the_lead_and_resumes_below_half_of_it():
     assert p.paused and marks == [("pause", 1)]
     p.open(2)  # the next segment's stream starts paused
     assert marks[-1] == ("pause", 2)
-    p.on_delivered(4.6, 3.0)  # 3.9 s ahead: below half the lead
+    p.took(4.6, 3.0)  # 3.9 s ahead: below half the lead
     assert not p.paused and sorted(marks[-2:]) == [("resume", 1), ("resume", 2)]
     p.close(1)
     p.on_sent(13.0, 4.0)  # 8.4 ahead
     assert p.paused and marks[-1] == ("pause", 2) and ("pause", 1) not in marks[-1:]
-    p.on_delivered(6.0, 5.0)  # 7.0 ahead: stays paused (hysteresis)
+    p.took(6.0, 5.0)  # 7.0 ahead: stays paused (hysteresis)
     assert p.paused
     p.end()
     assert not p.paused and marks[-1] == ("resume", 2)
@@ -44,12 +48,12 @@ def test_pauses_past_the_lead_and_resumes_below_half_of_it():
 def test_delivered_only_grows():
     p, _ = pacer()
     p.open(1)
-    p.on_delivered(5.0, 1.0)
-    p.on_delivered(0.0, 2.0)  # a late or forged lower figure changes nothing
+    p.took(5.0, 1.0)
+    p.took(0.0, 2.0)  # a late or forged lower figure changes nothing
     assert p.delivered == 5.0 and p.progress == 1.0
     p.on_sent(13.0, 3.0)
     assert not p.paused  # 8.0 ahead
-    p.on_delivered(1e9, 4.0)  # a forged huge figure: unpaced, never stalled
+    p.took(1e9, 4.0)  # a forged huge figure: unpaced, never stalled
     p.on_sent(20.0, 5.0)
     assert not p.paused
 
@@ -59,7 +63,7 @@ def test_hold_bound_counts_from_the_pause_or_the_last_delivery():
     p.open(1)
     p.on_sent(2.0, 10.0)
     assert p.paused and not p.expired(39.0)
-    p.on_delivered(1.2, 35.0)  # progress, but still 0.8 ahead: paused, the hold counts anew
+    p.took(1.2, 35.0)  # progress, but still 0.8 ahead: paused, the hold counts anew
     assert p.paused and not p.expired(64.0) and p.expired(65.5)
     assert p.failure == HOLD_ERROR.format(hold=30.0) and "took no audio for 30 s" in p.failure
     q, _ = pacer(lead=1.0, hold=30.0)
@@ -70,11 +74,11 @@ def test_hold_bound_counts_from_the_pause_or_the_last_delivery():
 
 
 def test_updates_are_bounded():
-    p, _ = pacer()
+    table, token = PaceTable(30.0, print, print), "t" * 16
+    p = table.start({"pace": token}, 0.0)
     for k in range(MAX_UPDATES):
-        p.on_delivered(float(k), 0.0)
-    with pytest.raises(ValueError, match="at most"):
-        p.on_delivered(1e6, 0.0)
+        assert table.answer({"pace": token, "delivered": float(k)}, 0.0) is None
+    assert "at most" in table.answer({"pace": token, "delivered": 1e6}, 0.0) and p.delivered == MAX_UPDATES - 1
 
 
 def test_table_refuses_a_token_in_use_and_names_an_unknown_one():
@@ -96,10 +100,13 @@ def test_table_refuses_a_token_in_use_and_names_an_unknown_one():
 
 
 def test_tokens():
-    assert check_token("A" * 16) and check_token("a-b_c" * 12 + "abcd")
-    for bad in ("short", "x" * 65, "has space in it!!", 1234567890123456789, None):
+    table = PaceTable(30.0, print, print)
+    for good in ("A" * 16, "a-b_c" * 12 + "abcd"):
+        assert table.start({"pace": good}, 0.0).token == good
+    for bad in ("short", "x" * 65, "has space in it!!", 1234567890123456789):
         with pytest.raises(ValueError, match="16-64 characters"):
-            check_token(bad)
+            table.start({"pace": bad}, 0.0)
+    assert table.start({"pace": None}, 0.0).token == ""  # no token: unpaced
 
 
 def test_a_request_held_out_stays_held_out():
@@ -152,9 +159,9 @@ def test_made_counts_before_it_is_sent_and_a_caught_up_client_resumes():
     p.on_made(0.48, 1.1)
     assert p.paused and marks == [("pause", 1)]
     p.on_sent(0.5, 1.2)
-    p.on_delivered(0.4, 1.3)  # 1.76 ahead of what was taken, of which 0.1 s was sent: paused
+    p.took(0.4, 1.3)  # 1.76 ahead of what was taken, of which 0.1 s was sent: paused
     assert p.paused
-    p.on_delivered(0.5, 1.4)  # it took all it was sent: what it waits for is on its way
+    p.took(0.5, 1.4)  # it took all it was sent: what it waits for is on its way
     assert not p.paused and marks[-1] == ("resume", 1)
 
 
