@@ -120,8 +120,12 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     instruct = instruct_request(inputs)
     if served is not None:
         served.check(instruct)
-    seed, given = with_task_defaults(instruct, inputs.seed, given)
-    text = "" if instruct is not None and instruct.task in EDITS else check_text(inputs.text)
+    seed, task, instruction = inputs.seed, "", ""  # "": Base
+    if instruct is not None:  # the Instruct task's defaults where the client gave none (TASK_DEFAULTS)
+        task, instruction = instruct.task, instruct.instruction
+        given.setdefault("cfg", TASK_DEFAULTS[task].cfg)
+        seed = TASK_DEFAULTS[task].seed if seed is None else seed
+    text = "" if task in EDITS else check_text(inputs.text)
     language = check_language(inputs.language)
     ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
     ref_audio, ref_sample_rate, voice_id = inputs.ref_audio, inputs.ref_sample_rate, inputs.voice_id
@@ -129,8 +133,8 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         if voice_id:
             raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
         ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
-        if instruct is not None and instruct.task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
-            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {instruct.task} "
+        if task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
+            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {task} "
                              f"edits at most {MAX_EDIT_SECONDS:g} s")  # fmt: skip
     elif ref_text:
         raise ValueError("REF_TEXT was given without REF_AUDIO")
@@ -140,7 +144,6 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         check_name(voice_id, "VOICE_ID")
     values = parse_parameters(given, TTS_PARAMETERS)
     params, schedule = generation_params(check_seed(seed), values)
-    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
                           values["speed"], task, instruction, values["read_ahead"])  # fmt: skip
     return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""))
@@ -157,7 +160,17 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     given = instruction is not None and instruction != ""
     has_voice = inputs.ref_audio is not None or bool(inputs.voice_id)
     if task in EDITS:
-        return _edit(task, instruction if given else None, inputs)
+        if inputs.voice_id:
+            raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
+        if inputs.ref_audio is None:
+            raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
+        if text is not None and text != "":
+            raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
+        if ref_text:
+            raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
+        if not given:
+            raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
+        return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
     if task == CLONE:
@@ -177,30 +190,6 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     if ref_text:
         raise ValueError("REF_TEXT was given for voice design, which takes no recording")
     return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
-
-
-def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequest:
-    if inputs.voice_id:
-        raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
-    if inputs.ref_audio is None:
-        raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
-    if inputs.text is not None and inputs.text != "":
-        raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
-    if inputs.ref_text:
-        raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
-    if instruction is None:
-        raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
-    return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
-
-
-def with_task_defaults(request: InstructRequest | None, seed: int | None, given: dict) -> tuple[int | None, dict]:
-    """The seed and request parameters (``given``, filled in place) with the Instruct task's defaults where the
-    client gave none (``engine.instructions.TASK_DEFAULTS``); Base's (None) as they are."""
-    if request is None:
-        return seed, given
-    defaults = TASK_DEFAULTS[request.task]
-    given.setdefault("cfg", defaults.cfg)
-    return (defaults.seed if seed is None else seed), given
 
 
 MODELS = ("base", "instruct")  # the release's cores, in the checkpoint layout's order

@@ -3,13 +3,15 @@ as parse_request applies it with the voice's own checks: an edit's recording and
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.instructions import ACOUSTIC_TEMPLATES, MAX_INSTRUCTION_CHARS
-from serving.intake.requests import InstructRequest, TTSInputs, instruct_request, parse_request, with_task_defaults
+from serving.intake.requests import InstructRequest, TTSInputs, instruct_request, parse_request
 
 RATE = 16000
 CLIP = np.zeros(RATE, np.float32)  # 1 s of silence
@@ -104,27 +106,27 @@ def test_thirty_seconds_is_the_edit_limit_at_any_rate():
                                     instruction="adjust the volume to 0.5"))  # fmt: skip
 
 
+EDIT = {"text": "", "ref_audio": CLIP, "ref_sample_rate": RATE}  # an edit's recording
+
+
 @pytest.mark.parametrize(
-    "task, seed, cfg",
-    [("design", 2, 1.2), ("clone", 1234, 2.0), ("semantic_edit", 1234, 1.2), ("acoustic_edit", 1234, 1.2)],
-)
-def test_the_release_defaults_reach_the_generation_settings(task, seed, cfg):
+    "inputs, seed, cfg",
+    [(TTSInputs("Hi.", task="design", instruction="a calm voice"), 2, 1.2),
+     (TTSInputs("Hi.", voice_id="alice", task="clone"), 1234, 2.0),
+     (TTSInputs(**EDIT, task="semantic_edit", instruction="Delete 'a'."), 1234, 1.2),
+     (TTSInputs(**EDIT, task="acoustic_edit", instruction="adjust the volume to 0.5"), 1234, 1.2)],
+)  # fmt: skip
+def test_the_release_defaults_reach_the_generation_settings(inputs, seed, cfg):
     """The release's seed and cfg per task (core.py) when the client gives none; the client's otherwise."""
-    request = InstructRequest(task, "")
-    utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(request, None, {}))
-    ).utterance
-    assert (utterance.params.seed, utterance.params.cfg) == (seed, cfg)
-    given_seed, given = with_task_defaults(request, 7, {"cfg": 3.5, "steps": 4})
-    utterance = parse_request(TTSInputs("Hi.", None, None, None, None, None, given_seed, given)).utterance
-    assert (utterance.params.seed, utterance.params.cfg, utterance.params.steps) == (7, 3.5, 4)
+    params = parse_request(inputs).utterance.params
+    assert (params.seed, params.cfg) == (seed, cfg)
+    params = parse_request(dataclasses.replace(inputs, seed=7, parameters={"cfg": 3.5, "steps": 4})).utterance.params
+    assert (params.seed, params.cfg, params.steps) == (7, 3.5, 4)
 
 
 def test_base_keeps_its_defaults():
-    utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(None, None, {}))
-    ).utterance
-    assert (utterance.params.seed, utterance.params.cfg) == (1234, 2.0)
+    params = parse_request(TTSInputs("Hi.")).utterance.params
+    assert (params.seed, params.cfg) == (1234, 2.0)
 
 
 texts = st.none() | st.text(max_size=8) | st.integers() | st.sampled_from(["", " ", "a calm man", "Delete 'a'."])
