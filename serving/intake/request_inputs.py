@@ -7,7 +7,7 @@ import numpy as np
 
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import InstructRequest, ServedModels, TTSInputs
+from serving.intake.requests import ServedModels, TTSInputs
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
@@ -35,7 +35,7 @@ def stream_request(pb, request, model, parameters: dict):
     client's request: TEXT (after the front end), LANGUAGE, TASK and INSTRUCTION are taken as they come; checked
     here is what the generator itself needs: every tensor's size before any copy, and the model asked for."""
     task = string(pb, request, "TASK", "")
-    ServedModels(tuple(model.models.cores)).check(InstructRequest(task, "") if task else None)
+    ServedModels(tuple(model.models.cores)).check(task)
     settings = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
     if task:
         return _instruct_input(pb, request, model, task), *settings

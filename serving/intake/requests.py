@@ -118,13 +118,13 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     given = parameter_dict(inputs.parameters)  # (JSON text: parsed here, once)
     given.pop(PACE, None)  # a paced request's token (serving.flow.pacing) is no speech parameter
     instruct = instruct_request(inputs)
-    if served is not None:
-        served.check(instruct)
     seed, task, instruction = inputs.seed, "", ""  # "": Base
     if instruct is not None:  # the Instruct task's defaults where the client gave none (TASK_DEFAULTS)
         task, instruction = instruct.task, instruct.instruction
         given.setdefault("cfg", TASK_DEFAULTS[task].cfg)
         seed = TASK_DEFAULTS[task].seed if seed is None else seed
+    if served is not None:
+        served.check(task)
     text = "" if task in EDITS else check_text(inputs.text)
     language = check_language(inputs.language)
     ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
@@ -219,13 +219,12 @@ class ServedModels:
         folder = tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
         return cls(parse_models(option) or folder)
 
-    def check(self, instruct) -> None:
-        """ValueError when the request (its :class:`InstructRequest`, None for Base) needs a model this server does
-        not run."""
-        need = "base" if instruct is None else "instruct"
+    def check(self, task: str) -> None:
+        """ValueError when a request of Instruct ``task`` ("": Base) needs a model this server does not run."""
+        need = "instruct" if task else "base"
         if need in self.models:
             return
-        what = "this request (TASK speak, no INSTRUCTION)" if instruct is None else f"TASK {instruct.task}"
+        what = f"TASK {task}" if task else "this request (TASK speak, no INSTRUCTION)"
         raise ValueError(f"{what} needs {NAMES[need]}, which this server does not run (it runs "
                          f"{', '.join(NAMES[m] for m in self.models)}); start it with --models base,instruct on a "
                          f"checkpoint that has {MODEL_DIRS[need]}/")  # fmt: skip
