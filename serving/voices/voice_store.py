@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +31,6 @@ STALE_TMP_SECONDS = 3600.0  # temporary files are written in milliseconds: one t
 class VoiceNotFound(KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
-
-
-class StoreNotWritable(RuntimeError):
-    """A registration or removal that needs to write to a store that cannot be written."""
 
 
 def default_dir() -> Path:
@@ -85,12 +81,12 @@ class VoiceStore:
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
-        """Hold the lock for a write that must happen: an OSError becomes StoreNotWritable naming ``what``."""
+        """Hold the lock for a write that must happen: an OSError becomes a RuntimeError naming ``what``."""
         try:
             with self._locked():
                 yield
         except OSError as e:
-            raise StoreNotWritable(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
+            raise RuntimeError(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
 
     def _paths(self, kind: str, key: str) -> tuple[Path, Path]:
         base = self.root / kind / key
@@ -117,11 +113,9 @@ class VoiceStore:
         now = time.time()
         for kind in ("named", "anon"):
             for p in (self.root / kind).glob(".*" + vf.TMP_SUFFIX):
-                try:
+                with suppress(FileNotFoundError):  # removed by another process meanwhile
                     if now - p.stat().st_mtime > STALE_TMP_SECONDS:
                         p.unlink()
-                except FileNotFoundError:
-                    pass
         for p in (self.root / "named").glob("*" + vf.PROMPT_SUFFIX):
             if not p.with_name(p.name.removesuffix(vf.PROMPT_SUFFIX) + vf.SOURCE_SUFFIX).exists():
                 p.unlink(missing_ok=True)
