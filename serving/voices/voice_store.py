@@ -60,18 +60,21 @@ class VoiceStore:
         self.encodes = 0  # prompts encoded by this process
         self.hits = 0  # prompts served from disk
         self._warned_read_only = False
-        try:
+        with self._unless_read_only():
             for sub in ("named", "anon"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            self._read_only(e)
 
-    def _read_only(self, error: OSError) -> None:
-        """Log, once, that the store cannot be written: it keeps serving what it holds."""
-        if not self._warned_read_only:
-            self._warned_read_only = True
-            log.warning("voice store %s is not writable (%s): serving stored voices, storing nothing new",
-                        self.root, error)  # fmt: skip
+    @contextmanager
+    def _unless_read_only(self) -> Iterator[None]:
+        """A write the store can do without: an OSError is logged, once (the store cannot be written), and it
+        keeps serving what it holds."""
+        try:
+            yield
+        except OSError as e:
+            if not self._warned_read_only:
+                self._warned_read_only = True
+                log.warning("voice store %s is not writable (%s): serving stored voices, storing nothing new",
+                            self.root, e)  # fmt: skip
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -143,12 +146,8 @@ class VoiceStore:
         except ValueError as e:
             return None, str(e)
         self.hits += 1
-        try:  # most recently used now (the LRU order); a read-only store serves without it
-            os.utime(p_path)
-        except FileNotFoundError:
-            pass  # evicted by another process meanwhile
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), suppress(FileNotFoundError):  # (evicted by another process meanwhile)
+            os.utime(p_path)  # most recently used now (the LRU order); a read-only store serves without it
         return prompt, ""
 
     # -- public API --------------------------------------------------------------------------------
@@ -164,12 +163,9 @@ class VoiceStore:
             log.warning("voice store: re-encoding anonymous entry %s from the request: %s", key, reason)
         prompt = self._encode(audio, sample_rate, text)
         self.encodes += 1
-        try:
-            with self._locked():
-                vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity))
-                self._evict()
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), self._locked():
+            vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity))
+            self._evict()
         return prompt, False
 
     def register(self, name: str, audio: np.ndarray, sample_rate: int, text: str) -> VoicePrompt:
@@ -206,12 +202,9 @@ class VoiceStore:
         source = _of_source(name, vf.load_source, s_path)  # (it may have been removed meanwhile)
         prompt = self._encode(source.audio, source.sample_rate, source.text)
         self.encodes += 1
-        try:
-            with self._locked():
-                if vf.is_source(s_path, source.digest):  # not removed or replaced while encoding
-                    vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity, source.digest))
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), self._locked():
+            if vf.is_source(s_path, source.digest):  # not removed or replaced while encoding
+                vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity, source.digest))
         return prompt
 
     def remove(self, name: str) -> bool:
