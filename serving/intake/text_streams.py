@@ -24,8 +24,7 @@ STREAMED = "(streamed)"  # a stream's TEXT for the request checks that want one 
 class TextStream:
     """The pieces of one stream, from the requests that carry them to the orchestrator that reads them."""
 
-    def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float = DEFAULT_TEXT_MAX_SECONDS,
-                 place: TextPlace | None = None):  # fmt: skip
+    def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float, place: TextPlace | None):
         self.key, self.idle_seconds, self.max_seconds, self.place = key, idle_seconds, max_seconds, place
         # place: the stream's admission place (None: it holds none, as in tests of the table alone)
         self.deadline = time.monotonic() + max_seconds  # its END must have come by then
