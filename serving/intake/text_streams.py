@@ -31,14 +31,17 @@ class TextStream:
         self.queue: asyncio.Queue = asyncio.Queue()  # TextPiece, None (the end) or a ValueError (failed)
         self.chars = self.pieces = 0
         self.ended = False
-        self.failure: str | None = None  # why the stream failed (an invalid: message); None: it did not
+        self.failure: str | None = None  # why the stream failed (a tagged message); None: it did not
 
     def add(self, text: str, flush: bool, end: bool) -> None:
-        """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, which also fails the
-        stream. A control token split across pieces is refused by :func:`engine.frontend.prepare`."""
+        """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, Unavailable when its text
+        finds the admission gate full: either fails the stream. A control token split across pieces is refused by
+        :func:`engine.frontend.prepare`."""
         if self.ended or self.failure:
             raise ValueError(f"text stream {self.key} has ended; start a new sequence")
         try:
+            if self.place is not None:
+                self.place.came(text)  # before the piece is queued: nothing is spoken without a place
             check_text(text, required=False)
             self.pieces += 1
             self.chars += len(text)
@@ -47,8 +50,8 @@ class TextStream:
             if self.chars > MAX_STREAM_CHARS:
                 raise ValueError(f"text stream: over {MAX_STREAM_CHARS} characters of text in one stream; "
                                  "start another")  # fmt: skip
-        except ValueError as e:
-            self.fail(str(e))
+        except (ValueError, Unavailable) as e:
+            self.fail(tagged(e))
             raise
         self.queue.put_nowait(TextPiece(text, flush))
         if end:
@@ -147,15 +150,7 @@ def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
         flush = scalar(pb, request, "FLUSH", False)
         if not isinstance(flush, bool):
             raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")  # noqa: TRY004 (invalid: input)
-        stream = streams.get(key)
-        text = string(pb, request, "TEXT", "")
-        if stream.place is not None and not (stream.ended or stream.failure):
-            try:
-                stream.place.came(text)  # before the piece is queued: nothing is spoken without a place
-            except Unavailable as e:
-                stream.fail(tagged(e))
-                raise
-        stream.add(text, flush, end)
+        streams.get(key).add(string(pb, request, "TEXT", ""), flush, end)
     except (ValueError, Unavailable) as e:
         return tagged(e)
     return None
