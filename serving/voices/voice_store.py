@@ -92,8 +92,7 @@ class VoiceStore:
             raise RuntimeError(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
 
     def _paths(self, kind: str, key: str) -> tuple[Path, Path]:
-        base = self.root / kind / key
-        return base.with_name(key + vf.PROMPT_SUFFIX), base.with_name(key + vf.SOURCE_SUFFIX)
+        return self.root / kind / (key + vf.PROMPT_SUFFIX), self.root / kind / (key + vf.SOURCE_SUFFIX)
 
     # -- recency and eviction ------------------------------------------------------------------------
     def _entries(self, kind: str) -> dict[str, list]:
