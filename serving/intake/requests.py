@@ -47,18 +47,16 @@ class Voice:
     voice_id: str = ""
 
 
-def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
-    """A language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
-    if language is None:
-        return None
-    if not isinstance(language, str):
-        raise ValueError(f"{field} must be a string, got {type(language).__name__}")
-    if language.strip().lower() in ("", "auto"):
+def check_language(language: str | None) -> str | None:
+    """A LANGUAGE: a language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
+    if not isinstance(language, str | None):
+        raise ValueError(f"LANGUAGE must be a string, got {type(language).__name__}")
+    if language is None or language.strip().lower() in ("", "auto"):
         return None
     try:
         return canonical_language(language)
     except ValueError as e:
-        raise ValueError(f"{field}: {e}") from None
+        raise ValueError(f"LANGUAGE: {e}") from None
 
 
 def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
