@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import instructions
 from engine.frontend.language import detect_language
 from serving import contract
 from serving.intake.requests import ServedModels, TTSInputs
@@ -67,8 +68,6 @@ def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -
 
 def _instruct_input(pb, request, model, task: str, rows: np.ndarray):
     import torch
-
-    from engine import instructions
 
     instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
     text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
