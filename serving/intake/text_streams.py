@@ -130,8 +130,7 @@ def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[Text
         stream = streams.start(key)
     except (ValueError, Unavailable) as e:
         return None, tagged(e)
-    error = take_piece(pb, streams, request, key)
-    if error:
+    if error := take_piece(pb, streams, request, key):
         streams.close(stream)
         return None, error
     return stream, None
