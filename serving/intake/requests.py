@@ -86,14 +86,6 @@ def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
     return audio, int(sample_rate)
 
 
-@dataclass(frozen=True)
-class InstructRequest:
-    """What a ``tts`` request asks of FireRedTTS3-Instruct (:func:`instruct_request`; None there: Base speaks)."""
-
-    task: str  # engine.instructions: CLONE, DESIGN, SEMANTIC_EDIT or ACOUSTIC_EDIT (never SPEAK)
-    instruction: str  # the voice description or the edit's instruction, stripped; "" for CLONE
-
-
 WITH_A_VOICE = (
     "INSTRUCTION cannot go with a voice (REF_AUDIO or VOICE_ID): FireRedTTS3-Instruct's cloning takes no "
     "instruction. Drop INSTRUCTION to clone the voice, drop the voice to design one from the instruction, or "
@@ -115,10 +107,9 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     then the inputs' own checks. The edits speak no text (their REF_AUDIO is the recording)."""
     given = parameter_dict(inputs.parameters)  # (JSON text: parsed here, once)
     given.pop(PACE, None)  # a paced request's token (serving.flow.pacing) is no speech parameter
-    instruct = instruct_request(inputs)
-    seed, task, instruction = inputs.seed, "", ""  # "": Base
-    if instruct is not None:  # the Instruct task's defaults where the client gave none (TASK_DEFAULTS)
-        task, instruction = instruct.task, instruct.instruction
+    task, instruction = instruct_request(inputs)
+    seed = inputs.seed
+    if task:  # the Instruct task's defaults where the client gave none (TASK_DEFAULTS)
         given.setdefault("cfg", TASK_DEFAULTS[task].cfg)
         seed = TASK_DEFAULTS[task].seed if seed is None else seed
     if served is not None:
@@ -147,10 +138,11 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""))
 
 
-def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
-    """How TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task, or None
-    for Base (``serving.contract.TASK_RULES``; ValueError naming the input at fault). An INSTRUCTION of spaces
-    is given, and empty. The voice's own checks are :func:`parse_request`'s."""
+def instruct_request(inputs: TTSInputs) -> tuple[str, str]:
+    """How TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> (the Instruct task, its
+    instruction stripped: "" for CLONE) as :class:`~engine.orchestrator.Utterance` carries them, ("", "") for Base
+    (``serving.contract.TASK_RULES``; ValueError naming the input at fault). An INSTRUCTION of spaces is given, and
+    empty. The voice's own checks are :func:`parse_request`'s."""
     task = SPEAK if inputs.task is None or inputs.task == "" else inputs.task
     if task not in TASKS:
         raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
@@ -168,7 +160,7 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
             raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
         if not given:
             raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
-        return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
+        return task, instructions.task_instruction(task, instruction, "INSTRUCTION")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
     if task == CLONE:
@@ -177,9 +169,9 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
                              f"(drop INSTRUCTION, or the voice and TASK to design a voice)")  # fmt: skip
         if not has_voice:
             raise ValueError(f"TASK {CLONE} needs a voice: REF_AUDIO (with REF_SAMPLE_RATE) or VOICE_ID")
-        return InstructRequest(CLONE, "")
+        return CLONE, ""
     if task == SPEAK and not given:
-        return None
+        return "", ""
     if task == DESIGN and not given:
         raise ValueError(f"TASK {DESIGN} needs INSTRUCTION, the voice description")
     if has_voice:
@@ -187,7 +179,7 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
                          "it designs one from INSTRUCTION")  # fmt: skip
     if ref_text:
         raise ValueError("REF_TEXT was given for voice design, which takes no recording")
-    return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
+    return DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION")
 
 
 MODELS = ("base", "instruct")  # the release's cores, in the checkpoint layout's order
