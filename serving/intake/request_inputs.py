@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import instructions
 from engine.frontend.language import detect_language
 from serving import contract
-from serving.intake.requests import InstructRequest, ServedModels, TTSInputs
+from serving.intake.requests import ServedModels, TTSInputs
 from serving.stub.triton_io import SPOKEN_TEXT_CHARS, get, latent_rows, scalar, string
 
 
@@ -35,13 +36,13 @@ def stream_request(pb, request, model, parameters: dict):
     client's request: TEXT (after the front end), LANGUAGE, TASK and INSTRUCTION are taken as they come; checked
     here is what the generator itself needs: every tensor's size before any copy, and the model asked for."""
     task = string(pb, request, "TASK", "")
-    ServedModels(tuple(model.models.cores)).check(InstructRequest(task, "") if task else None)
+    ServedModels(tuple(model.models.cores)).check(task)
     settings = contract.decode_settings(scalar(pb, request, "SEED", None), parameters)
+    rows = latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
     if task:
-        return _instruct_input(pb, request, model, task), *settings
+        return _instruct_input(pb, request, model, task, rows), *settings
     text = _spoken_text(pb, request)
     language = string(pb, request, "LANGUAGE", "") or detect_language(text)
-    latents = _prompt_rows(pb, request).astype(np.float32)
     speaker = get(pb, request, "SPEAKER").reshape(-1)
     if speaker.size != model.core.cfg.spk_in_dim:  # before any copy: a caller's size is never trusted
         raise ValueError(f"SPEAKER has {speaker.size} values; expected {model.core.cfg.spk_in_dim}")
@@ -50,7 +51,7 @@ def stream_request(pb, request, model, parameters: dict):
     from engine.prompt import VoicePrompt
 
     try:
-        prompt = VoicePrompt(torch.from_numpy(latents), torch.from_numpy(speaker.astype(np.float32)),
+        prompt = VoicePrompt(torch.from_numpy(rows.astype(np.float32)), torch.from_numpy(speaker.astype(np.float32)),
                              string(pb, request, "PROMPT_TEXT", ""))  # fmt: skip
     except ValueError as e:
         raise ValueError(f"PROMPT_LATENTS: {e}") from None
@@ -65,18 +66,11 @@ def _spoken_text(pb, request, field: str = "TEXT", default: str | None = None) -
     return text
 
 
-def _prompt_rows(pb, request) -> np.ndarray:
-    return latent_rows(get(pb, request, "PROMPT_LATENTS"), "PROMPT_LATENTS", contract.MAX_PROMPT_LATENTS)
-
-
-def _instruct_input(pb, request, model, task: str):
+def _instruct_input(pb, request, model, task: str, rows: np.ndarray):
     import torch
-
-    from engine import instructions
 
     instruction = string(pb, request, "INSTRUCTION", "")  # stripped and checked by tts (parse_request)
     text = _spoken_text(pb, request, default="").strip()  # Instruct's texts reach its ChatML stripped
-    rows = _prompt_rows(pb, request)
     if task == instructions.DESIGN:
         if len(rows):
             raise ValueError(f"TASK {task} takes no PROMPT_LATENTS: it designs the voice")

@@ -47,18 +47,16 @@ class Voice:
     voice_id: str = ""
 
 
-def check_language(language: str | None, field: str = "LANGUAGE") -> str | None:
-    """A language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
-    if language is None:
-        return None
-    if not isinstance(language, str):
-        raise ValueError(f"{field} must be a string, got {type(language).__name__}")
-    if language.strip().lower() in ("", "auto"):
+def check_language(language: str | None) -> str | None:
+    """A LANGUAGE: a language or dialect name in its canonical spelling; None when absent or ``auto`` (detect it)."""
+    if not isinstance(language, str | None):
+        raise ValueError(f"LANGUAGE must be a string, got {type(language).__name__}")
+    if language is None or language.strip().lower() in ("", "auto"):
         return None
     try:
         return canonical_language(language)
     except ValueError as e:
-        raise ValueError(f"{field}: {e}") from None
+        raise ValueError(f"LANGUAGE: {e}") from None
 
 
 def check_text(text: str | None, field: str = "TEXT", required: bool = True, limit: int = MAX_TEXT_CHARS) -> str:
@@ -88,14 +86,6 @@ def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
     return audio, int(sample_rate)
 
 
-@dataclass(frozen=True)
-class InstructRequest:
-    """What a ``tts`` request asks of FireRedTTS3-Instruct (:func:`instruct_request`; None there: Base speaks)."""
-
-    task: str  # engine.instructions: CLONE, DESIGN, SEMANTIC_EDIT or ACOUSTIC_EDIT (never SPEAK)
-    instruction: str  # the voice description or the edit's instruction, stripped; "" for CLONE
-
-
 WITH_A_VOICE = (
     "INSTRUCTION cannot go with a voice (REF_AUDIO or VOICE_ID): FireRedTTS3-Instruct's cloning takes no "
     "instruction. Drop INSTRUCTION to clone the voice, drop the voice to design one from the instruction, or "
@@ -117,11 +107,14 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
     then the inputs' own checks. The edits speak no text (their REF_AUDIO is the recording)."""
     given = parameter_dict(inputs.parameters)  # (JSON text: parsed here, once)
     given.pop(PACE, None)  # a paced request's token (serving.flow.pacing) is no speech parameter
-    instruct = instruct_request(inputs)
+    task, instruction = instruct_request(inputs)
+    seed = inputs.seed
+    if task:  # the Instruct task's defaults where the client gave none (TASK_DEFAULTS)
+        given.setdefault("cfg", TASK_DEFAULTS[task].cfg)
+        seed = TASK_DEFAULTS[task].seed if seed is None else seed
     if served is not None:
-        served.check(instruct)
-    seed, given = with_task_defaults(instruct, inputs.seed, given)
-    text = "" if instruct is not None and instruct.task in EDITS else check_text(inputs.text)
+        served.check(task)
+    text = "" if task in EDITS else check_text(inputs.text)
     language = check_language(inputs.language)
     ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
     ref_audio, ref_sample_rate, voice_id = inputs.ref_audio, inputs.ref_sample_rate, inputs.voice_id
@@ -129,8 +122,8 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         if voice_id:
             raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
         ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
-        if instruct is not None and instruct.task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
-            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {instruct.task} "
+        if task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
+            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {task} "
                              f"edits at most {MAX_EDIT_SECONDS:g} s")  # fmt: skip
     elif ref_text:
         raise ValueError("REF_TEXT was given without REF_AUDIO")
@@ -140,16 +133,16 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         check_name(voice_id, "VOICE_ID")
     values = parse_parameters(given, TTS_PARAMETERS)
     params, schedule = generation_params(check_seed(seed), values)
-    task, instruction = (instruct.task, instruct.instruction) if instruct else ("", "")
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
                           values["speed"], task, instruction, values["read_ahead"])  # fmt: skip
     return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""))
 
 
-def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
-    """How TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> the Instruct task, or None
-    for Base (``serving.contract.TASK_RULES``; ValueError naming the input at fault). An INSTRUCTION of spaces
-    is given, and empty. The voice's own checks are :func:`parse_request`'s."""
+def instruct_request(inputs: TTSInputs) -> tuple[str, str]:
+    """How TASK, INSTRUCTION, TEXT and the voice of one ``tts`` request combine -> (the Instruct task, its
+    instruction stripped: "" for CLONE) as :class:`~engine.orchestrator.Utterance` carries them, ("", "") for Base
+    (``serving.contract.TASK_RULES``; ValueError naming the input at fault). An INSTRUCTION of spaces is given, and
+    empty. The voice's own checks are :func:`parse_request`'s."""
     task = SPEAK if inputs.task is None or inputs.task == "" else inputs.task
     if task not in TASKS:
         raise ValueError(f"TASK must be one of {', '.join(TASKS)}, got {shown(task)}")
@@ -157,7 +150,17 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
     given = instruction is not None and instruction != ""
     has_voice = inputs.ref_audio is not None or bool(inputs.voice_id)
     if task in EDITS:
-        return _edit(task, instruction if given else None, inputs)
+        if inputs.voice_id:
+            raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
+        if inputs.ref_audio is None:
+            raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
+        if text is not None and text != "":
+            raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
+        if ref_text:
+            raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
+        if not given:
+            raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
+        return task, instructions.task_instruction(task, instruction, "INSTRUCTION")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"TEXT must be a non-empty string (TASK {task} speaks it)")
     if task == CLONE:
@@ -166,9 +169,9 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
                              f"(drop INSTRUCTION, or the voice and TASK to design a voice)")  # fmt: skip
         if not has_voice:
             raise ValueError(f"TASK {CLONE} needs a voice: REF_AUDIO (with REF_SAMPLE_RATE) or VOICE_ID")
-        return InstructRequest(CLONE, "")
+        return CLONE, ""
     if task == SPEAK and not given:
-        return None
+        return "", ""
     if task == DESIGN and not given:
         raise ValueError(f"TASK {DESIGN} needs INSTRUCTION, the voice description")
     if has_voice:
@@ -176,31 +179,7 @@ def instruct_request(inputs: TTSInputs) -> InstructRequest | None:
                          "it designs one from INSTRUCTION")  # fmt: skip
     if ref_text:
         raise ValueError("REF_TEXT was given for voice design, which takes no recording")
-    return InstructRequest(DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION"))
-
-
-def _edit(task: str, instruction: str | None, inputs: TTSInputs) -> InstructRequest:
-    if inputs.voice_id:
-        raise ValueError(f"TASK {task} edits a recording sent as REF_AUDIO; VOICE_ID is not one")
-    if inputs.ref_audio is None:
-        raise ValueError(f"TASK {task} needs REF_AUDIO (with REF_SAMPLE_RATE): the recording to edit")
-    if inputs.text is not None and inputs.text != "":
-        raise ValueError(f"TASK {task} takes no TEXT: INSTRUCTION says what to change")
-    if inputs.ref_text:
-        raise ValueError(f"TASK {task} takes no REF_TEXT: the model transcribes the recording itself")
-    if instruction is None:
-        raise ValueError(f"TASK {task} needs INSTRUCTION: what to change in the recording")
-    return InstructRequest(task, instructions.task_instruction(task, instruction, "INSTRUCTION"))
-
-
-def with_task_defaults(request: InstructRequest | None, seed: int | None, given: dict) -> tuple[int | None, dict]:
-    """The seed and request parameters (``given``, filled in place) with the Instruct task's defaults where the
-    client gave none (``engine.instructions.TASK_DEFAULTS``); Base's (None) as they are."""
-    if request is None:
-        return seed, given
-    defaults = TASK_DEFAULTS[request.task]
-    given.setdefault("cfg", defaults.cfg)
-    return (defaults.seed if seed is None else seed), given
+    return DESIGN, instructions.task_instruction(DESIGN, instruction, "INSTRUCTION")
 
 
 MODELS = ("base", "instruct")  # the release's cores, in the checkpoint layout's order
@@ -230,13 +209,12 @@ class ServedModels:
         folder = tuple(m for m in MODELS if (Path(checkpoint) / MODEL_DIRS[m] / "config.json").is_file())
         return cls(parse_models(option) or folder)
 
-    def check(self, instruct) -> None:
-        """ValueError when the request (its :class:`InstructRequest`, None for Base) needs a model this server does
-        not run."""
-        need = "base" if instruct is None else "instruct"
+    def check(self, task: str) -> None:
+        """ValueError when a request of Instruct ``task`` ("": Base) needs a model this server does not run."""
+        need = "instruct" if task else "base"
         if need in self.models:
             return
-        what = "this request (TASK speak, no INSTRUCTION)" if instruct is None else f"TASK {instruct.task}"
+        what = f"TASK {task}" if task else "this request (TASK speak, no INSTRUCTION)"
         raise ValueError(f"{what} needs {NAMES[need]}, which this server does not run (it runs "
                          f"{', '.join(NAMES[m] for m in self.models)}); start it with --models base,instruct on a "
                          f"checkpoint that has {MODEL_DIRS[need]}/")  # fmt: skip

@@ -24,22 +24,24 @@ STREAMED = "(streamed)"  # a stream's TEXT for the request checks that want one 
 class TextStream:
     """The pieces of one stream, from the requests that carry them to the orchestrator that reads them."""
 
-    def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float = DEFAULT_TEXT_MAX_SECONDS,
-                 place: TextPlace | None = None):  # fmt: skip
+    def __init__(self, key: Hashable, idle_seconds: float, max_seconds: float, place: TextPlace | None):
         self.key, self.idle_seconds, self.max_seconds, self.place = key, idle_seconds, max_seconds, place
         # place: the stream's admission place (None: it holds none, as in tests of the table alone)
         self.deadline = time.monotonic() + max_seconds  # its END must have come by then
         self.queue: asyncio.Queue = asyncio.Queue()  # TextPiece, None (the end) or a ValueError (failed)
         self.chars = self.pieces = 0
         self.ended = False
-        self.failure: str | None = None  # why the stream failed (an invalid: message); None: it did not
+        self.failure: str | None = None  # why the stream failed (a tagged message); None: it did not
 
     def add(self, text: str, flush: bool, end: bool) -> None:
-        """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, which also fails the
-        stream. A control token split across pieces is refused by :func:`engine.frontend.prepare`."""
+        """One request's piece (its TEXT may be ""); ValueError when it breaks a bound, Unavailable when its text
+        finds the admission gate full: either fails the stream. A control token split across pieces is refused by
+        :func:`engine.frontend.prepare`."""
         if self.ended or self.failure:
             raise ValueError(f"text stream {self.key} has ended; start a new sequence")
         try:
+            if self.place is not None:
+                self.place.came(text)  # before the piece is queued: nothing is spoken without a place
             check_text(text, required=False)
             self.pieces += 1
             self.chars += len(text)
@@ -48,8 +50,8 @@ class TextStream:
             if self.chars > MAX_STREAM_CHARS:
                 raise ValueError(f"text stream: over {MAX_STREAM_CHARS} characters of text in one stream; "
                                  "start another")  # fmt: skip
-        except ValueError as e:
-            self.fail(str(e))
+        except (ValueError, Unavailable) as e:
+            self.fail(tagged(e))
             raise
         self.queue.put_nowait(TextPiece(text, flush))
         if end:
@@ -128,8 +130,7 @@ def start_stream(pb, streams: TextStreams, request, key: Hashable) -> tuple[Text
         stream = streams.start(key)
     except (ValueError, Unavailable) as e:
         return None, tagged(e)
-    error = take_piece(pb, streams, request, key)
-    if error:
+    if error := take_piece(pb, streams, request, key):
         streams.close(stream)
         return None, error
     return stream, None
@@ -148,15 +149,7 @@ def take_piece(pb, streams: TextStreams, request, key: Hashable) -> str | None:
         flush = scalar(pb, request, "FLUSH", False)
         if not isinstance(flush, bool):
             raise ValueError(f"FLUSH must be a BOOL, got {type(flush).__name__}")  # noqa: TRY004 (invalid: input)
-        stream = streams.get(key)
-        text = string(pb, request, "TEXT", "")
-        if stream.place is not None and not (stream.ended or stream.failure):
-            try:
-                stream.place.came(text)  # before the piece is queued: nothing is spoken without a place
-            except Unavailable as e:
-                stream.fail(tagged(e))
-                raise
-        stream.add(text, flush, end)
+        streams.get(key).add(string(pb, request, "TEXT", ""), flush, end)
     except (ValueError, Unavailable) as e:
         return tagged(e)
     return None

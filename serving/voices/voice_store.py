@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +31,6 @@ STALE_TMP_SECONDS = 3600.0  # temporary files are written in milliseconds: one t
 class VoiceNotFound(KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
-
-
-class StoreNotWritable(RuntimeError):
-    """A registration or removal that needs to write to a store that cannot be written."""
 
 
 def default_dir() -> Path:
@@ -64,18 +60,21 @@ class VoiceStore:
         self.encodes = 0  # prompts encoded by this process
         self.hits = 0  # prompts served from disk
         self._warned_read_only = False
-        try:
+        with self._unless_read_only():
             for sub in ("named", "anon"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            self._read_only(e)
 
-    def _read_only(self, error: OSError) -> None:
-        """Log, once, that the store cannot be written: it keeps serving what it holds."""
-        if not self._warned_read_only:
-            self._warned_read_only = True
-            log.warning("voice store %s is not writable (%s): serving stored voices, storing nothing new",
-                        self.root, error)  # fmt: skip
+    @contextmanager
+    def _unless_read_only(self) -> Iterator[None]:
+        """A write the store can do without: an OSError is logged, once (the store cannot be written), and it
+        keeps serving what it holds."""
+        try:
+            yield
+        except OSError as e:
+            if not self._warned_read_only:
+                self._warned_read_only = True
+                log.warning("voice store %s is not writable (%s): serving stored voices, storing nothing new",
+                            self.root, e)  # fmt: skip
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -85,16 +84,15 @@ class VoiceStore:
 
     @contextmanager
     def _writing(self, what: str) -> Iterator[None]:
-        """Hold the lock for a write that must happen: an OSError becomes StoreNotWritable naming ``what``."""
+        """Hold the lock for a write that must happen: an OSError becomes a RuntimeError naming ``what``."""
         try:
             with self._locked():
                 yield
         except OSError as e:
-            raise StoreNotWritable(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
+            raise RuntimeError(f"cannot {what}: voice store {self.root} is not writable ({e})") from None
 
     def _paths(self, kind: str, key: str) -> tuple[Path, Path]:
-        base = self.root / kind / key
-        return base.with_name(key + vf.PROMPT_SUFFIX), base.with_name(key + vf.SOURCE_SUFFIX)
+        return self.root / kind / (key + vf.PROMPT_SUFFIX), self.root / kind / (key + vf.SOURCE_SUFFIX)
 
     # -- recency and eviction ------------------------------------------------------------------------
     def _entries(self, kind: str) -> dict[str, list]:
@@ -117,11 +115,9 @@ class VoiceStore:
         now = time.time()
         for kind in ("named", "anon"):
             for p in (self.root / kind).glob(".*" + vf.TMP_SUFFIX):
-                try:
+                with suppress(FileNotFoundError):  # removed by another process meanwhile
                     if now - p.stat().st_mtime > STALE_TMP_SECONDS:
                         p.unlink()
-                except FileNotFoundError:
-                    pass
         for p in (self.root / "named").glob("*" + vf.PROMPT_SUFFIX):
             if not p.with_name(p.name.removesuffix(vf.PROMPT_SUFFIX) + vf.SOURCE_SUFFIX).exists():
                 p.unlink(missing_ok=True)
@@ -149,12 +145,8 @@ class VoiceStore:
         except ValueError as e:
             return None, str(e)
         self.hits += 1
-        try:  # most recently used now (the LRU order); a read-only store serves without it
-            os.utime(p_path)
-        except FileNotFoundError:
-            pass  # evicted by another process meanwhile
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), suppress(FileNotFoundError):  # (evicted by another process meanwhile)
+            os.utime(p_path)  # most recently used now (the LRU order); a read-only store serves without it
         return prompt, ""
 
     # -- public API --------------------------------------------------------------------------------
@@ -170,12 +162,9 @@ class VoiceStore:
             log.warning("voice store: re-encoding anonymous entry %s from the request: %s", key, reason)
         prompt = self._encode(audio, sample_rate, text)
         self.encodes += 1
-        try:
-            with self._locked():
-                vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity))
-                self._evict()
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), self._locked():
+            vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity))
+            self._evict()
         return prompt, False
 
     def register(self, name: str, audio: np.ndarray, sample_rate: int, text: str) -> VoicePrompt:
@@ -212,12 +201,9 @@ class VoiceStore:
         source = _of_source(name, vf.load_source, s_path)  # (it may have been removed meanwhile)
         prompt = self._encode(source.audio, source.sample_rate, source.text)
         self.encodes += 1
-        try:
-            with self._locked():
-                if vf.is_source(s_path, source.digest):  # not removed or replaced while encoding
-                    vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity, source.digest))
-        except OSError as e:
-            self._read_only(e)
+        with self._unless_read_only(), self._locked():
+            if vf.is_source(s_path, source.digest):  # not removed or replaced while encoding
+                vf.write_atomic(p_path, *vf.prompt_file(prompt, self.identity, source.digest))
         return prompt
 
     def remove(self, name: str) -> bool:

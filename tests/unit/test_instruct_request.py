@@ -3,16 +3,19 @@ as parse_request applies it with the voice's own checks: an edit's recording and
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.instructions import ACOUSTIC_TEMPLATES, MAX_INSTRUCTION_CHARS
-from serving.intake.requests import InstructRequest, TTSInputs, instruct_request, parse_request, with_task_defaults
+from serving.intake.requests import TTSInputs, instruct_request, parse_request
 
 RATE = 16000
 CLIP = np.zeros(RATE, np.float32)  # 1 s of silence
+BASE = ("", "")  # what instruct_request gives for Base
 INPUTS = ("TASK", "INSTRUCTION", "TEXT", "REF_AUDIO", "REF_SAMPLE_RATE", "REF_TEXT", "VOICE_ID")
 
 
@@ -23,28 +26,28 @@ def ask(task=None, instruction=None, text="Hello.", audio=None, rate=None, ref_t
     return instruct_of(parse_request(inputs).utterance)
 
 
-def instruct_of(utterance) -> InstructRequest | None:
+def instruct_of(utterance) -> tuple[str, str]:
     """The Instruct task a checked request carries (its utterance's task and instruction; "": Base)."""
-    return InstructRequest(utterance.task, utterance.instruction) if utterance.task else None
+    return utterance.task, utterance.instruction
 
 
 @pytest.mark.parametrize(
     "kw, expected",
     [
-        ({}, None),  # plain Base
-        ({"task": "speak", "audio": CLIP}, None),  # Base cloning
-        ({"task": "", "voice_id": "narrator"}, None),  # "" is absent
-        ({"instruction": ""}, None),  # so is an empty INSTRUCTION
-        ({"instruction": " a calm older man "}, InstructRequest("design", "a calm older man")),
-        ({"task": "design", "instruction": "温柔的年轻女声"}, InstructRequest("design", "温柔的年轻女声")),
-        ({"task": "clone", "audio": CLIP, "ref_text": "hi"}, InstructRequest("clone", "")),
-        ({"task": "clone", "voice_id": "narrator"}, InstructRequest("clone", "")),
+        ({}, BASE),  # plain Base
+        ({"task": "speak", "audio": CLIP}, BASE),  # Base cloning
+        ({"task": "", "voice_id": "narrator"}, BASE),  # "" is absent
+        ({"instruction": ""}, BASE),  # so is an empty INSTRUCTION
+        ({"instruction": " a calm older man "}, ("design", "a calm older man")),
+        ({"task": "design", "instruction": "温柔的年轻女声"}, ("design", "温柔的年轻女声")),
+        ({"task": "clone", "audio": CLIP, "ref_text": "hi"}, ("clone", "")),
+        ({"task": "clone", "voice_id": "narrator"}, ("clone", "")),
         ({"task": "semantic_edit", "instruction": "Replace 'cats' with 'dogs'.", "text": None, "audio": CLIP},
-         InstructRequest("semantic_edit", "Replace 'cats' with 'dogs'.")),
+         ("semantic_edit", "Replace 'cats' with 'dogs'.")),
         ({"task": "acoustic_edit", "instruction": "adjust the speed to 0.5x", "text": "", "audio": CLIP},
-         InstructRequest("acoustic_edit", "adjust the speed to 0.5x")),
+         ("acoustic_edit", "adjust the speed to 0.5x")),
         ({"task": "acoustic_edit", "instruction": "Shift the pitch by -2 steps.", "text": "", "audio": CLIP},
-         InstructRequest("acoustic_edit", "Shift the pitch by -2 steps.")),
+         ("acoustic_edit", "Shift the pitch by -2 steps.")),
     ],
 )  # fmt: skip
 def test_accepted_combinations(kw, expected):
@@ -98,33 +101,33 @@ def test_thirty_seconds_is_the_edit_limit_at_any_rate():
     for rate in (8000, 24000, 44100):
         edit = instruct_of(parse_request(TTSInputs("", None, np.zeros(30 * rate, np.float32), rate,
                                                    task="acoustic_edit", instruction="adjust the volume to 0.5")).utterance)  # fmt: skip
-        assert edit == InstructRequest("acoustic_edit", "adjust the volume to 0.5")
+        assert edit == ("acoustic_edit", "adjust the volume to 0.5")
         with pytest.raises(ValueError, match="REF_AUDIO is 30.0 s"):  # one sample over
             parse_request(TTSInputs("", None, np.zeros(30 * rate + 1, np.float32), rate, task="acoustic_edit",
                                     instruction="adjust the volume to 0.5"))  # fmt: skip
 
 
+EDIT = {"text": "", "ref_audio": CLIP, "ref_sample_rate": RATE}  # an edit's recording
+
+
 @pytest.mark.parametrize(
-    "task, seed, cfg",
-    [("design", 2, 1.2), ("clone", 1234, 2.0), ("semantic_edit", 1234, 1.2), ("acoustic_edit", 1234, 1.2)],
-)
-def test_the_release_defaults_reach_the_generation_settings(task, seed, cfg):
+    "inputs, seed, cfg",
+    [(TTSInputs("Hi.", task="design", instruction="a calm voice"), 2, 1.2),
+     (TTSInputs("Hi.", voice_id="alice", task="clone"), 1234, 2.0),
+     (TTSInputs(**EDIT, task="semantic_edit", instruction="Delete 'a'."), 1234, 1.2),
+     (TTSInputs(**EDIT, task="acoustic_edit", instruction="adjust the volume to 0.5"), 1234, 1.2)],
+)  # fmt: skip
+def test_the_release_defaults_reach_the_generation_settings(inputs, seed, cfg):
     """The release's seed and cfg per task (core.py) when the client gives none; the client's otherwise."""
-    request = InstructRequest(task, "")
-    utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(request, None, {}))
-    ).utterance
-    assert (utterance.params.seed, utterance.params.cfg) == (seed, cfg)
-    given_seed, given = with_task_defaults(request, 7, {"cfg": 3.5, "steps": 4})
-    utterance = parse_request(TTSInputs("Hi.", None, None, None, None, None, given_seed, given)).utterance
-    assert (utterance.params.seed, utterance.params.cfg, utterance.params.steps) == (7, 3.5, 4)
+    params = parse_request(inputs).utterance.params
+    assert (params.seed, params.cfg) == (seed, cfg)
+    params = parse_request(dataclasses.replace(inputs, seed=7, parameters={"cfg": 3.5, "steps": 4})).utterance.params
+    assert (params.seed, params.cfg, params.steps) == (7, 3.5, 4)
 
 
 def test_base_keeps_its_defaults():
-    utterance = parse_request(
-        TTSInputs("Hi.", None, None, None, None, None, *with_task_defaults(None, None, {}))
-    ).utterance
-    assert (utterance.params.seed, utterance.params.cfg) == (1234, 2.0)
+    params = parse_request(TTSInputs("Hi.")).utterance.params
+    assert (params.seed, params.cfg) == (1234, 2.0)
 
 
 texts = st.none() | st.text(max_size=8) | st.integers() | st.sampled_from(["", " ", "a calm man", "Delete 'a'."])
@@ -142,6 +145,7 @@ def test_any_combination_is_a_task_or_an_error_naming_an_input(task, instruction
     except ValueError as e:
         assert any(name in str(e) for name in INPUTS), str(e)
         return
-    assert result is None or result.task in ("clone", "design", "semantic_edit", "acoustic_edit")
-    if result is not None and result.task != "clone":
-        assert result.instruction and result.instruction == result.instruction.strip()
+    task, instruction = result
+    assert result == BASE or task in ("clone", "design", "semantic_edit", "acoustic_edit")
+    if task not in ("", "clone"):
+        assert instruction and instruction == instruction.strip()
