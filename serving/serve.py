@@ -33,7 +33,7 @@ from serving.security.admin_key import default_state_dir, load_or_create, write_
 from serving.supervision import supervise
 from serving.supervision.run_folder import STACKS
 from serving.supervision.supervise import DRAIN_SECONDS, Supervisor, start_watchdog
-from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent
+from serving.supervision.triton_env import REPO_ROOT, Ports, TritonServer, die_with_parent, url_host
 from serving.supervision.vitals import STALL_SECONDS
 from serving.voices.voice_store import default_dir as default_voice_dir
 
@@ -84,8 +84,7 @@ class Gateway:
         self.proc, self.started = self._start(), time.monotonic()
         self.restarts, self.backoff, self.restart_at = 0, BACKOFF_FIRST / 2, 0.0
         LAUNCHER.add(GATEWAY_RESTARTS, "times the launcher restarted the OpenAI gateway after it exited")
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # a browser cannot open 0.0.0.0
-        self.base = f"http://{shown}:{port}"
+        self.base = f"http://{url_host(host)}:{port}"  # its /health, and the address it is announced at
 
     def announce(self, stopping) -> None:
         """Its addresses once it reaches the ready tritonserver (``/health`` 200; never before: a request sent

@@ -95,6 +95,12 @@ def die_with_parent() -> None:
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def url_host(host: str) -> str:
+    """``host`` as this machine reaches it in a URL: a wildcard address is no destination, IPv6 in brackets."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver child process. Use as a context manager; it is always stopped."""
@@ -131,9 +137,8 @@ class TritonServer:
         return f"tts{os.getpid()}_{self.ports.grpc}_"
 
     @property
-    def local_host(self) -> str:  # host as this machine reaches it in a URL (a wildcard address is no destination)
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-        return f"[{host}]" if ":" in host else host
+    def local_host(self) -> str:
+        return url_host(self.host)
 
     @property
     def grpc_host(self) -> str:  # where ports.grpc listens (ports.http: http_host): the front's host, or Triton's

@@ -15,8 +15,8 @@ import pytest
 
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits, front_wanted
 from serving.fronts.front_limits import add_arguments as add_front_arguments
-from serving.serve import busy_ports
-from serving.supervision.triton_env import Ports, TritonInstall, TritonServer, free_port
+from serving.serve import Gateway, busy_ports
+from serving.supervision.triton_env import Ports, TritonInstall, TritonServer, free_port, url_host
 
 
 def test_triton_ports_are_checked_where_triton_listens():
@@ -182,3 +182,15 @@ def test_no_empty_or_relative_library_folder_reaches_ld_library_path(tmp_path, m
     monkeypatch.setattr(sysconfig, "get_config_var", lambda name: libdir if name == "LIBDIR" else None)
     install = find_triton(tmp_path / "work")
     assert all(p.is_absolute() for p in install.lib_dirs) and Path(".") not in install.lib_dirs
+
+
+def test_the_launcher_reaches_each_host_at_an_address_a_url_can_name(monkeypatch):
+    """A wildcard address is no destination, and an IPv6 one goes in brackets: Triton's own ports and the
+    gateway's /health probe (``--host ::1`` once probed http://::1:8080, which never answers)."""
+    cases = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "::1": "[::1]", "127.0.0.2": "127.0.0.2", "host.lan": "host.lan"}
+    assert {host: url_host(host) for host in cases} == cases
+    server = TritonServer(Path("repo"), Path("run"), Ports(8000, 8001, 8002), host="::1")
+    assert server.triton_grpc == "[::1]:8001" and server.triton_http == "[::1]:8000"
+    monkeypatch.setattr(Gateway, "_start", lambda self: None)  # no process: only its address is read
+    assert Gateway("::1", server.triton_grpc, 8080, True, []).base == "http://[::1]:8080"
+    assert Gateway("0.0.0.0", server.triton_grpc, 8080, True, []).base == "http://127.0.0.1:8080"
