@@ -7,7 +7,6 @@ import contextlib
 import http.client
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from serving.flow.admission import Admission
 from serving.supervision.run_folder import BROKEN, DEAD, DRAINING, HEARTBEATS, STACKS, RunFlags
+from serving.supervision.shm import remove_segments
 from serving.supervision.vitals import IN_FLIGHT, PROGRESS, STALL_SECONDS, Incident, Observation, Vitals, samples
 
 if TYPE_CHECKING:  # the watchdog (python -m serving.supervision.supervise) stays light
@@ -262,20 +262,6 @@ def kill_stubs(repo: Path, seconds: float) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
         time.sleep(0.05)
-
-
-SHM_OWNER = re.compile(r"tts(\d+)_")  # TritonServer.shm_prefix: tts<pid of the process that started it>_
-
-
-def remove_segments(prefix: str = "", shm_dir: Path = Path("/dev/shm")) -> list[str]:
-    """Remove (and name) the segments ``prefix*`` that a killed server's Python backend leaves; without a prefix,
-    those of servers whose starting process is gone (SIGKILLed: no ``stop``, no watchdog), never a live one's."""
-    removed = []
-    for segment in shm_dir.glob(f"{prefix or 'tts'}*"):
-        if prefix or ((owner := SHM_OWNER.match(segment.name)) and not Path(f"/proc/{owner[1]}").exists()):
-            segment.unlink(missing_ok=True)
-            removed.append(segment.name)
-    return removed
 
 
 if __name__ == "__main__":  # the watchdog: python -m serving.supervision.supervise LAUNCHER_PID REPO SHM_PREFIX

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from serving.fronts.front_limits import FrontLimits, HttpFrontLimits
 from serving.fronts.metrics_relay import MetricsRelay
 from serving.security.auth import ADMIN_DIGEST_ENV, GENERATOR, INTERNAL_KEY_ENV, Keys
-from serving.supervision.supervise import remove_segments
+from serving.supervision.shm import remove_segments
 
 if TYPE_CHECKING:  # imported when the front starts: grpc stays out of a launcher without it
     from serving.fronts.grpc_front import GrpcFront

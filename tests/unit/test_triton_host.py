@@ -104,7 +104,7 @@ def test_segments_of_a_dead_starter_are_removed_and_a_live_ones_kept(tmp_path):
     import subprocess
     import sys
 
-    from serving.supervision.supervise import remove_segments
+    from serving.supervision.shm import remove_segments
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
