@@ -12,7 +12,8 @@ chunk that comes after the audio before it has run out is an underrun (``bench.l
 level passes when no stream fails and none underruns; every stream was then at least real time (6.25
 patches/s) after its first chunk. Levels double from ``--start`` until one fails (or ``--slots``, the
 server's limit, is reached); ``--bisect`` more levels then narrow the step between the last pass and
-the first failure. The ceiling is the largest level that passed.
+the first failure. The ceiling is the largest level that passed. A level after a failed one runs on a new
+server, so that no level inherits another's overload (its start window backed off, and capped for a minute).
 
 With ``--real`` the preset's networks step instead of the synthetic math, on ``--device`` (``--preset full``: the
 checkpoint :mod:`bench.full_size` writes): the ceiling of a model, which ``bench/gpu.sh --triton`` runs on a GPU.
@@ -356,6 +357,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+class BenchError(Exception):
+    """The run cannot go on (a server's warm-up stream failed): said on stderr, exit status 1."""
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench.server import local_server
 
@@ -366,7 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     request = {"parameters": params}
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
-    with contextlib.ExitStack() as stack:
+    live: list = []  # [its ExitStack, server, client]: the server of the levels since the last failed one
+
+    def start_server() -> None:
+        """A new server (and load client) for the next levels, checked by a warm-up stream (BenchError if not)."""
+        stack = contextlib.ExitStack()
+        live[:] = [stack]
         server = stack.enter_context(local_server(args.preset, args.slots, args.device, synthetic_math=not args.real,
                                                   max_len=max(256, args.patches + 192),
                                                   start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
@@ -376,18 +386,26 @@ def main(argv: list[str] | None = None) -> int:
         client = TTSClient(url, timeout=args.timeout)
         warm = one_stream(client, TEXTS[0], seed=0, request=request)
         if warm.error:
-            print(f"error: the warm-up stream failed: {warm.error}", file=sys.stderr)
-            return 1
+            raise BenchError(f"the warm-up stream failed: {warm.error}")
         expected = args.patches * 0.16
         if abs(warm.audio - expected) > 1e-6:
-            print(f"error: the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}", file=sys.stderr)
-            return 1
-
+            raise BenchError(f"the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}")
         if args.client == "aio":
             client = stack.enter_context(LoadProcess(url, args.timeout))
+        live[1:] = [server, client]
+
+    try:
+        start_server()
 
         def passed(n) -> bool:
+            # after a failed level, a new server: its overload must not carry over (the start window backed off
+            # there, and its growth stays capped for engine.start_window.CEILING_SECONDS, longer than a level)
+            if rows and not rows[-1]["passed"]:
+                print(f"  {n:g} {unit}: on a new server (the last level failed)", file=sys.stderr, flush=True)
+                live[0].close()
+                start_server()
             print(f"  {n:g} {unit}: starting", file=sys.stderr, flush=True)
+            server, client = live[1:]
             row = measure_rate(server, client, n, args, request) if open_loop else measure(server, client, n, request)
             rows.append(row)
             verdict = "pass" if row["passed"] else "FAIL"
@@ -406,6 +424,12 @@ def main(argv: list[str] | None = None) -> int:
             levels_to_run(args.rate_start, args.rate_max, args.bisect, passed, rate_midpoint)
         else:
             levels_to_run(args.start, args.slots, args.bisect, passed)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if live:
+            live[0].close()
 
     good = [r[level] for r in rows if r["passed"]]
     ceiling = max(good, default=0)

@@ -101,3 +101,39 @@ def test_an_open_loop_level_counts_the_most_streams_in_flight_at_once():
     assert peak_streams([]) == 0
     assert peak_streams([(0.0, 2.0), (1.0, 3.0), (2.0, 4.0), (5.0, 6.0)]) == 2  # an end frees its place first
     assert peak_streams([(0.0, 10.0), (1.0, 2.0), (1.5, 3.0), (1.8, 9.0)]) == 4
+
+
+def test_a_level_after_a_failed_one_runs_on_a_new_server(monkeypatch, capsys):
+    """The levels' order 32, 64, 128 (fails), 96 (bisected): 96 gets a server of its own, started once
+    128's is stopped, so it inherits no overload (its start window's back-off); a passing level's stays."""
+    import contextlib
+    import types
+
+    import bench.ceiling as ceiling
+    import bench.server
+
+    events, served = [], []
+
+    @contextlib.contextmanager
+    def fake_server(*args, **kw):
+        server = types.SimpleNamespace(ports=types.SimpleNamespace(grpc=len(served)), n=len(served))
+        served.append(server)
+        events.append(f"start {server.n}")
+        yield server
+        events.append(f"stop {server.n}")
+
+    def fake_rate(server, client, rate, args, request):
+        events.append(f"{rate:g} on {server.n}")
+        numbers = dict.fromkeys(("underruns", "errors", "worst_gap_ms", "generator_step_ms", "mean_batch",
+                                 "cpu_ms_per_stream_step_all", "load_average", "peak_streams"), 0)  # fmt: skip
+        return {"rate": rate, "passed": rate <= 100, "first_error": "", **numbers}
+
+    monkeypatch.setattr(bench.server, "local_server", fake_server)
+    monkeypatch.setattr(ceiling, "TTSClient", lambda url, timeout: None)
+    monkeypatch.setattr(ceiling, "one_stream", lambda *a, **k: types.SimpleNamespace(error="", audio=48 * 0.16))
+    monkeypatch.setattr(ceiling, "measure_rate", fake_rate)
+    monkeypatch.setattr(ceiling, "table", lambda rows, level: "")
+    argv = ["--rate-start", "32", "--rate-max", "256", "--bisect", "1", "--client", "threads"]
+    assert ceiling.main(argv) == 0
+    assert events == ["start 0", "32 on 0", "64 on 0", "128 on 0", "stop 0", "start 1", "96 on 1", "stop 1"]
+    assert "ceiling: 96 requests/s" in capsys.readouterr().out
