@@ -86,6 +86,21 @@ def check_ref_audio(audio: np.ndarray, sample_rate) -> tuple[np.ndarray, int]:
     return audio, int(sample_rate)
 
 
+def check_voice(ref_audio, ref_sample_rate, ref_text: str | None, voice_id: str | None) -> Voice:
+    """A request's voice, checked the same way wherever it enters (tts, and prompt_encoder without the key):
+    REF_AUDIO with REF_SAMPLE_RATE (and REF_TEXT, its transcript), or VOICE_ID, or neither (the default voice)."""
+    ref_text = check_text(ref_text or "", "REF_TEXT", required=False)
+    if ref_audio is not None:
+        if voice_id:
+            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
+        return Voice(*check_ref_audio(ref_audio, ref_sample_rate), ref_text)
+    if ref_text:
+        raise ValueError("REF_TEXT was given without REF_AUDIO")
+    if ref_sample_rate:
+        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
+    return Voice(voice_id=check_name(voice_id, "VOICE_ID") if voice_id else "")
+
+
 WITH_A_VOICE = (
     "INSTRUCTION cannot go with a voice (REF_AUDIO or VOICE_ID): FireRedTTS3-Instruct's cloning takes no "
     "instruction. Drop INSTRUCTION to clone the voice, drop the voice to design one from the instruction, or "
@@ -116,26 +131,15 @@ def parse_request(inputs: TTSInputs, served=None) -> SpeechRequest:
         served.check(task)
     text = "" if task in EDITS else check_text(inputs.text)
     language = check_language(inputs.language)
-    ref_text = check_text(inputs.ref_text or "", "REF_TEXT", required=False)
-    ref_audio, ref_sample_rate, voice_id = inputs.ref_audio, inputs.ref_sample_rate, inputs.voice_id
-    if ref_audio is not None:
-        if voice_id:
-            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
-        ref_audio, ref_sample_rate = check_ref_audio(ref_audio, ref_sample_rate)
-        if task in EDITS and ref_audio.size > MAX_EDIT_SECONDS * ref_sample_rate:
-            raise ValueError(f"REF_AUDIO is {ref_audio.size / ref_sample_rate:.1f} s long; TASK {task} "
-                             f"edits at most {MAX_EDIT_SECONDS:g} s")  # fmt: skip
-    elif ref_text:
-        raise ValueError("REF_TEXT was given without REF_AUDIO")
-    elif ref_sample_rate:
-        raise ValueError("REF_SAMPLE_RATE was given without REF_AUDIO")
-    if voice_id:
-        check_name(voice_id, "VOICE_ID")
+    voice = check_voice(inputs.ref_audio, inputs.ref_sample_rate, inputs.ref_text, inputs.voice_id)
+    if task in EDITS and voice.ref_audio.size > MAX_EDIT_SECONDS * voice.ref_sample_rate:  # (an edit has REF_AUDIO)
+        raise ValueError(f"REF_AUDIO is {voice.ref_audio.size / voice.ref_sample_rate:.1f} s long; TASK {task} "
+                         f"edits at most {MAX_EDIT_SECONDS:g} s")  # fmt: skip
     values = parse_parameters(given, TTS_PARAMETERS)
     params, schedule = generation_params(check_seed(seed), values)
     utterance = Utterance(text, language, params, schedule, values["split_tokens"], values["normalize"],
                           values["speed"], task, instruction, values["read_ahead"])  # fmt: skip
-    return SpeechRequest(utterance, Voice(ref_audio, int(ref_sample_rate or 0), ref_text, voice_id or ""))
+    return SpeechRequest(utterance, voice)
 
 
 def instruct_request(inputs: TTSInputs) -> tuple[str, str]:

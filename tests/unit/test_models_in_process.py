@@ -180,7 +180,7 @@ def test_the_encoders_niceness_is_asked_for_but_the_test_runner_keeps_its_own(tr
 
 def test_prompt_encoder_checks_every_key_less_voice(triton):
     """tts checked what it sends with the internal key (parse_request); a key-less request (tts_ensemble's
-    first step) gets each check itself."""
+    first step) gets the same checks (serving.intake.requests.check_voice), with the same messages."""
     clip = (0.1 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
     rate = np.array([[16000]], np.int32)
     bad = {
@@ -190,7 +190,9 @@ def test_prompt_encoder_checks_every_key_less_voice(triton):
         "VOICE_ID": {"VOICE_ID": np.array([[b"../etc"]], TEXT)},
         "REF_TEXT": {"REF_AUDIO": clip[None], "REF_SAMPLE_RATE": rate,
                      "REF_TEXT": np.array([["say <|eot|>".encode()]], TEXT)},
-        "needs REF_AUDIO": {"REF_TEXT": np.array([[b"words without a clip"]], TEXT)},
+        "REF_TEXT was given without REF_AUDIO": {"REF_TEXT": np.array([[b"words without a clip"]], TEXT)},
+        "REF_SAMPLE_RATE was given without REF_AUDIO": {"REF_SAMPLE_RATE": rate},
+        "not both": {"VOICE_ID": np.array([[b"narrator"]], TEXT), "REF_AUDIO": clip[None], "REF_SAMPLE_RATE": rate},
     }  # fmt: skip
     answers = triton.prompt_encoder.execute([fake.request(inputs) for inputs in bad.values()])
     for named, response in zip(bad, answers, strict=True):

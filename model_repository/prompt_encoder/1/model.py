@@ -3,7 +3,6 @@ voice store (a clip seen before is not encoded again, also after a restart; name
 REGISTER_NAME, and looked up by VOICE_ID). For tts_ensemble it also runs the text front end on TEXT."""
 
 import os
-from dataclasses import replace
 
 import triton_python_backend_utils as pb
 
@@ -13,7 +12,7 @@ from serving import contract
 from serving.config.model_options import PromptEncoderOptions
 from serving.flow.admission import Admission
 from serving.flow.side_channel import SideChannel
-from serving.intake.requests import Voice, check_language, check_name, check_ref_audio, check_text
+from serving.intake.requests import Voice, check_language, check_text, check_voice
 from serving.security.auth import Keys, Refused
 from serving.stub.metric_batch import family, release
 from serving.stub.triton_io import answer_each, get, load_model, scalar, setup_logging, string, tensors
@@ -95,21 +94,11 @@ def _voice(r, trusted: bool) -> tuple[Voice, str]:
     entered: serving.intake.requests.parse_request, voices' add) as sent; key-less (tts_ensemble's first step,
     or anyone while the ensemble is served), every check."""
     audio = get(pb, r, "REF_AUDIO", required=False)
-    rate = 0 if audio is None else scalar(pb, r, "REF_SAMPLE_RATE", 0)
-    voice = Voice(audio, rate, string(pb, r, "REF_TEXT", ""), string(pb, r, "VOICE_ID", ""))
+    rate = scalar(pb, r, "REF_SAMPLE_RATE", 0)
+    text, voice_id = string(pb, r, "REF_TEXT", ""), string(pb, r, "VOICE_ID", "")
     register = string(pb, r, "REGISTER_NAME", "")
     if trusted:  # REF_AUDIO as it came, [1, n] or (n,)
-        return replace(voice, ref_audio=None if audio is None else audio.reshape(-1)), register
+        return Voice(None if audio is None else audio.reshape(-1), rate, text, voice_id), register
     if register:
         raise Refused("voices are registered through the voices model")
-    text = check_text(voice.ref_text, "REF_TEXT", required=False)
-    if voice.voice_id:
-        if voice.ref_audio is not None:
-            raise ValueError("give either REF_AUDIO or VOICE_ID, not both")
-        return Voice(voice_id=check_name(voice.voice_id, "VOICE_ID")), ""
-    if voice.ref_audio is None:
-        if text:
-            raise ValueError("REF_TEXT needs REF_AUDIO")
-        return Voice(), ""
-    audio, sr = check_ref_audio(voice.ref_audio, voice.ref_sample_rate)
-    return Voice(audio, sr, text), ""
+    return check_voice(audio, rate, text, voice_id), ""
