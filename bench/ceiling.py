@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     request = {"parameters": params}
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
+    status = 0  # 1: a server's warm-up stream failed
     live: list = []  # [its ExitStack, server, client]: the server of the levels since the last failed one
 
     def start_server() -> None:
@@ -424,12 +425,14 @@ def main(argv: list[str] | None = None) -> int:
             levels_to_run(args.rate_start, args.rate_max, args.bisect, passed, rate_midpoint)
         else:
             levels_to_run(args.start, args.slots, args.bisect, passed)
-    except BenchError as e:
+    except BenchError as e:  # the levels that ran are still reported below
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        status = 1
     finally:
         if live:
             live[0].close()
+    if not rows:
+        return status
 
     good = [r[level] for r in rows if r["passed"]]
     ceiling = max(good, default=0)
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                "synthetic_step": str(args.step_cost), "real": args.real, "device": args.device}  # fmt: skip
         args.json.write_text(json.dumps(raw, indent=1))
         print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

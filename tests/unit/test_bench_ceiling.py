@@ -137,3 +137,37 @@ def test_a_level_after_a_failed_one_runs_on_a_new_server(monkeypatch, capsys):
     assert ceiling.main(argv) == 0
     assert events == ["start 0", "32 on 0", "64 on 0", "128 on 0", "stop 0", "start 1", "96 on 1", "stop 1"]
     assert "ceiling: 96 requests/s" in capsys.readouterr().out
+
+
+def test_a_new_server_that_fails_its_warm_up_ends_the_run_with_the_levels_so_far(monkeypatch, capsys):
+    import contextlib
+    import types
+
+    import bench.ceiling as ceiling
+    import bench.server
+
+    starts = []
+
+    @contextlib.contextmanager
+    def fake_server(*args, **kw):
+        starts.append(len(starts))
+        yield types.SimpleNamespace(ports=types.SimpleNamespace(grpc=0))
+
+    def warm(*a, **k):  # the first server's warm-up stream plays; the second's fails
+        return types.SimpleNamespace(error="" if len(starts) == 1 else "refused", audio=48 * 0.16)
+
+    def fake_rate(server, client, rate, args, request):
+        numbers = dict.fromkeys(("underruns", "errors", "worst_gap_ms", "generator_step_ms", "mean_batch",
+                                 "cpu_ms_per_stream_step_all", "load_average", "peak_streams"), 0)  # fmt: skip
+        return {"rate": rate, "passed": rate <= 40, "first_error": "", **numbers}
+
+    monkeypatch.setattr(bench.server, "local_server", fake_server)
+    monkeypatch.setattr(ceiling, "TTSClient", lambda url, timeout: None)
+    monkeypatch.setattr(ceiling, "one_stream", warm)
+    monkeypatch.setattr(ceiling, "measure_rate", fake_rate)
+    monkeypatch.setattr(ceiling, "table", lambda rows, level: f"{len(rows)} levels")
+    argv = ["--rate-start", "32", "--rate-max", "256", "--bisect", "1", "--client", "threads"]
+    assert ceiling.main(argv) == 1  # 32 passed, 64 failed, 48 needed a new server, whose warm-up failed
+    out, err = capsys.readouterr()
+    assert "error: the warm-up stream failed: refused" in err
+    assert "ceiling: 32 requests/s" in out and "2 levels" in out
