@@ -372,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     rows: list[dict] = []
     status = 0  # 1: a server's warm-up stream failed
-    live: list = []  # [its ExitStack, server, client]: the server of the levels since the last failed one
+    # the server of the levels since the last failed one, its load client, and the stack that stops both
+    stack, server, client = contextlib.ExitStack(), None, None
 
     def start_server() -> None:
         """A new server (and load client) for the next levels, checked by a warm-up stream (BenchError if not)."""
+        nonlocal stack, server, client
+        stack.close()
         stack = contextlib.ExitStack()
-        live[:] = [stack]
         server = stack.enter_context(local_server(args.preset, args.slots, args.device, synthetic_math=not args.real,
                                                   max_len=max(256, args.patches + 192),
                                                   start_rate=args.start_rate, step_budget_ms=args.step_budget_ms,
@@ -393,7 +395,6 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchError(f"the warm-up stream gave {warm.audio:.3f} s of audio, not {expected:.3f}")
         if args.client == "aio":
             client = stack.enter_context(LoadProcess(url, args.timeout))
-        live[1:] = [server, client]
 
     try:
         start_server()
@@ -403,10 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             # there, and its growth stays capped for engine.start_window.CEILING_SECONDS, longer than a level)
             if rows and not rows[-1]["passed"]:
                 print(f"  {n:g} {unit}: on a new server (the last level failed)", file=sys.stderr, flush=True)
-                live[0].close()
                 start_server()
             print(f"  {n:g} {unit}: starting", file=sys.stderr, flush=True)
-            server, client = live[1:]
             row = measure_rate(server, client, n, args, request) if open_loop else measure(server, client, n, request)
             rows.append(row)
             verdict = "pass" if row["passed"] else "FAIL"
@@ -429,8 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         status = 1
     finally:
-        if live:
-            live[0].close()
+        stack.close()
     if not rows:
         return status
 
